@@ -1,0 +1,42 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+# Each bootstraps .venv with `python3 -m venv` and pip, from nothing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+CONFIG ?= config.toml
+
+.PHONY: run test install install-test unit integration bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Stamp files so a second `make` does not reinstall unless pyproject.toml changed.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(VENV)/.installed $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+run: install
+	$(BIN)/appliance run --config $(CONFIG)
+
+test: install-test
+	$(BIN)/python -m pytest -q tests
+
+unit: install-test
+	$(BIN)/python -m pytest -q tests/unit
+
+integration: install-test
+	$(BIN)/python -m pytest -q tests/integration
+
+bench: install-test
+	$(BIN)/python loadtests/bench_produce.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,110 @@
+"""The API handler registry: one module per Kafka API, each registering itself here.
+
+Runs in frontend processes. A handler is ``handle(ctx, request) -> response`` (plain function or
+coroutine function). It decodes nothing and encodes nothing itself: the connection hands it the kio
+request entity and encodes whatever it returns (a kio response entity, or already-encoded bytes or
+buffer parts, or None for "send no response" as with acks=0 produce). Handlers stay thin: check,
+delegate to the broker facade (``appliance.server.broker``), build the response.
+
+The version ranges we advertise in ApiVersions are read from this registry (``api_ranges``), never
+kept by hand elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from appliance.errors import KafkaError
+from appliance.protocol import messages
+
+
+@dataclass(frozen=True)
+class Api:
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+    handle: Callable[["RequestContext", Any], Any]
+    # Builds the response that carries an error for the whole request (Kafka's getErrorResponse);
+    # None: the connection is closed instead.
+    error_response: Callable[[int, Any, KafkaError], Any] | None = None
+
+
+REGISTRY: dict[int, Api] = {}
+
+
+def handles(key: int, name: str, min_version: int, max_version: int):
+    """Register the decorated function as the handler of API ``key``."""
+    def deco(fn):
+        REGISTRY[key] = Api(key, name, min_version, max_version, fn)
+
+        def on_error(err_fn):
+            REGISTRY[key] = dataclasses.replace(REGISTRY[key], error_response=err_fn)
+            return err_fn
+        fn.on_error = on_error
+        return fn
+    return deco
+
+
+def load_handlers() -> dict[int, Api]:
+    """Import every handler module of this package (each registers itself)."""
+    for mod in pkgutil.iter_modules(__path__):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{mod.name}")
+    return REGISTRY
+
+
+def api_ranges() -> dict[int, tuple[int, int]]:
+    return {a.key: (a.min_version, a.max_version) for a in sorted(REGISTRY.values(), key=lambda a: a.key)}
+
+
+class RequestContext:
+    """What a handler gets besides the request: the broker facade and the request header."""
+
+    __slots__ = ("broker", "connection", "header")
+
+    def __init__(self, broker, connection, header) -> None:
+        self.broker = broker
+        self.connection = connection
+        self.header = header
+
+    @property
+    def version(self) -> int:
+        return self.header.api_version
+
+    def response_class(self):
+        return messages.response_class(self.header.api_key, self.header.api_version)
+
+    def response_module(self):
+        return messages.response_module(self.header.api_key, self.header.api_version)
+
+
+def encode_body(result: Any) -> list:
+    if isinstance(result, (bytes, bytearray, memoryview)):
+        return [result]
+    if isinstance(result, list):
+        return result
+    return [messages.encode_response(result)]
+
+
+def make(cls, **values):
+    """Build a kio entity of any version from the values that version has.
+
+    Values for fields the version lacks are dropped (so one handler serves every version); fields
+    absent from ``values`` take their declared default."""
+    names = _field_names(cls)
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _field_names(cls) -> frozenset[str]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    return names

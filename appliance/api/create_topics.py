@@ -1,0 +1,84 @@
+"""CreateTopics (key 19), versions 2-7.
+
+Runs in frontends; the supervisor owns the catalog, so the request is checked here for what only
+the request can tell (replication factor, manual assignments) and handed to the supervisor, which
+validates names and configs, commits the catalog, forks the new writers and answers once they have
+started.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+
+from appliance import ipc
+from appliance.api import handles, make
+from appliance.errors import ErrorCode
+from appliance.topic_config import TOPIC_CONFIGS, effective_topic_configs
+
+ZERO_UUID = uuid.UUID(int=0)
+DEFAULT_CONFIG, TOPIC_CONFIG = 5, 1
+
+
+def _precheck(ctx, t) -> tuple[ErrorCode, str] | None:
+    node = ctx.broker.node_id
+    if t.assignments:
+        if t.num_partitions != -1 or t.replication_factor != -1:
+            return (ErrorCode.invalid_request,
+                    "Both numPartitions or replicationFactor and replicasAssignments were set. "
+                    "Both cannot be used at the same time.")
+        indexes = sorted(a.partition_index for a in t.assignments)
+        if indexes != list(range(len(indexes))):
+            return ErrorCode.invalid_replica_assignment, "Partitions should be consecutive and start from 0"
+        for a in t.assignments:
+            if tuple(a.broker_ids) != (node,):
+                return (ErrorCode.invalid_replica_assignment,
+                        f"Replica assignment {list(a.broker_ids)} must be exactly [{node}] on a single node")
+        return None
+    if t.replication_factor not in (-1, 1):
+        if t.replication_factor <= 0:
+            return ErrorCode.invalid_replication_factor, "Replication factor must be larger than 0, or -1 to use the default value."
+        return (ErrorCode.invalid_replication_factor,
+                f"Unable to replicate the partition {t.replication_factor} time(s): The target "
+                f"replication factor of {t.replication_factor} cannot be reached because only 1 "
+                "broker(s) are registered.")
+    if t.num_partitions == 0 or t.num_partitions < -1:
+        return ErrorCode.invalid_partitions, "Number of partitions was set to an invalid non-positive value."
+    return None
+
+
+@handles(19, "CreateTopics", 2, 7)
+async def handle(ctx, req):
+    m = ctx.response_module()
+    results: dict[int, object] = {}
+    to_create: list[tuple[int, ipc.NewTopic]] = []
+    for i, t in enumerate(req.topics):
+        bad = _precheck(ctx, t)
+        if bad is not None:
+            results[i] = ipc.TopicResult(name=t.name, error_code=int(bad[0]), error_message=bad[1])
+            continue
+        parts = len(t.assignments) if t.assignments else t.num_partitions
+        configs = {c.name: c.value for c in t.configs if c.value is not None}
+        to_create.append((i, ipc.NewTopic(t.name, parts, configs)))
+    if to_create:
+        resp = await ctx.broker.call_supervisor(
+            lambda rid: ipc.CreateTopicsReq(rid, [nt for _, nt in to_create], req.validate_only), 70.0)
+        for (i, _), r in zip(to_create, resp.results):
+            results[i] = r
+    out = []
+    cfg = ctx.broker.cfg
+    for i, t in enumerate(req.topics):
+        r = results[i]
+        ok = r.error_code == 0
+        configs = None
+        if ok:
+            configs = tuple(
+                make(m.CreatableTopicConfigs, name=name, value=value, read_only=False,
+                     config_source=DEFAULT_CONFIG if is_default else TOPIC_CONFIG, is_sensitive=False)
+                for name, (value, is_default) in effective_topic_configs(cfg, r.configs).items())
+        out.append(make(m.CreatableTopicResult, name=t.name,
+                        topic_id=uuid.UUID(bytes=r.topic_id) if ok and r.topic_id else ZERO_UUID,
+                        error_code=ErrorCode(r.error_code), error_message=r.error_message,
+                        topic_config_error_code=0, num_partitions=r.num_partitions if ok else -1,
+                        replication_factor=1 if ok else -1, configs=configs))
+    return make(m.CreateTopicsResponse, throttle_time=datetime.timedelta(0), topics=tuple(out))

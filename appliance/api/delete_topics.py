@@ -1,0 +1,54 @@
+"""DeleteTopics (key 20), versions 1-6 (v6 may name topics by id).
+
+Runs in frontends; the supervisor commits the removal, stops the partition writers and deletes the
+directories before it answers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+
+from appliance import ipc
+from appliance.api import handles, make
+from appliance.errors import ErrorCode
+
+ZERO_UUID = uuid.UUID(int=0)
+
+
+@handles(20, "DeleteTopics", 1, 6)
+async def handle(ctx, req):
+    m = ctx.response_module()
+    catalog = ctx.broker.catalog
+    entries: list[tuple[str | None, uuid.UUID | None, ErrorCode | None, str | None]] = []
+    if ctx.version >= 6:
+        for t in req.topics:
+            if t.name is not None:
+                entries.append((t.name, None, None, None))
+            elif t.topic_id is not None and t.topic_id != ZERO_UUID:
+                info = catalog.by_id(t.topic_id.bytes)
+                if info is None:
+                    entries.append((None, t.topic_id, ErrorCode.unknown_topic_id,
+                                    "This server does not host this topic ID."))
+                else:
+                    entries.append((info.name, t.topic_id, None, None))
+            else:
+                entries.append((None, ZERO_UUID, ErrorCode.invalid_request,
+                                "Neither topic name nor id were specified."))
+    else:
+        entries = [(n, None, None, None) for n in req.topic_names]
+    names = [e[0] for e in entries if e[2] is None]
+    by_name = {}
+    if names:
+        resp = await ctx.broker.call_supervisor(lambda rid: ipc.DeleteTopicsReq(rid, names), 70.0)
+        by_name = {r.name: r for r in resp.results}
+    out = []
+    for name, tid, err, msg in entries:
+        if err is None:
+            r = by_name[name]
+            err, msg = ErrorCode(r.error_code), r.error_message
+            if tid is None:
+                tid = uuid.UUID(bytes=r.topic_id) if r.topic_id else ZERO_UUID
+        out.append(make(m.DeletableTopicResult, name=name, topic_id=tid or ZERO_UUID, error_code=err,
+                        error_message=msg))
+    return make(m.DeleteTopicsResponse, throttle_time=datetime.timedelta(0), responses=tuple(out))

@@ -1,0 +1,46 @@
+"""FindCoordinator (key 10), versions 0-6: this node coordinates every group and transaction.
+
+Runs in frontends. v0-3 ask for one key, v4+ for a batch (``coordinator_keys``). Key type 0 is a
+consumer group, 1 a transactional id; anything else is INVALID_REQUEST, as Kafka's
+CoordinatorType.forId rejects it.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from appliance.api import handles, make
+from appliance.errors import ErrorCode
+
+GROUP, TRANSACTION = 0, 1
+
+
+def _answer(ctx, key_type: int, key: str):
+    if key_type not in (GROUP, TRANSACTION):
+        return ErrorCode.invalid_request, f"Unknown coordinator type {key_type}"
+    if key_type == TRANSACTION and not key:
+        return ErrorCode.invalid_request, "Transactional id must not be empty"
+    return ErrorCode.none, None
+
+
+@handles(10, "FindCoordinator", 0, 6)
+def handle(ctx, req):
+    m = ctx.response_module()
+    broker = ctx.broker
+    host, port = broker.advertised
+    key_type = getattr(req, "key_type", GROUP)
+    if ctx.version >= 4:
+        coords = []
+        for key in req.coordinator_keys:
+            err, msg = _answer(ctx, key_type, key)
+            ok = err == ErrorCode.none
+            coords.append(make(m.Coordinator, key=key, node_id=broker.node_id if ok else -1,
+                               host=host if ok else "", port=port if ok else -1, error_code=err,
+                               error_message=msg))
+        return make(m.FindCoordinatorResponse, throttle_time=datetime.timedelta(0),
+                    coordinators=tuple(coords))
+    err, msg = _answer(ctx, key_type, req.key)
+    ok = err == ErrorCode.none
+    return make(m.FindCoordinatorResponse, throttle_time=datetime.timedelta(0), error_code=err,
+                error_message=msg, node_id=broker.node_id if ok else -1, host=host if ok else "",
+                port=port if ok else -1)

@@ -1,0 +1,64 @@
+"""ListOffsets (key 2), versions 1-11: earliest, latest (HW, or LSO for read_committed), by time.
+
+Runs in frontends; the lookups run in a fetcher (it owns the read side: state pages and read-only
+index maps). Special timestamps: -2 earliest, -1 latest, -3 max timestamp (v7+), -4 earliest local
+(v8+), -5 latest tiered (v9+; no tiered storage, so -1). With IsolationLevel READ_COMMITTED (v2+)
+"latest" is the last stable offset (seeds-digest §1.10: the wire form, not a -3 sentinel).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from appliance import ipc
+from appliance.api import handles, make
+from appliance.errors import ErrorCode
+
+
+@handles(2, "ListOffsets", 1, 11)
+async def handle(ctx, req):
+    m = ctx.response_module()
+    catalog = ctx.broker.catalog
+    isolation = getattr(req, "isolation_level", 0)
+    asks: list[ipc.ListOffsetsPart] = []
+    plan = []   # per topic: (name, [(partition, error or index into asks)])
+    for t in req.topics:
+        info = catalog.topics.get(t.name)
+        seen: set[int] = set()
+        dup = {p.partition_index for p in t.partitions
+               if sum(q.partition_index == p.partition_index for q in t.partitions) > 1}
+        rows = []
+        for p in t.partitions:
+            if p.partition_index in dup:
+                if p.partition_index not in seen:
+                    rows.append((p.partition_index, ErrorCode.invalid_request))
+                    seen.add(p.partition_index)
+                continue
+            if info is None or not 0 <= p.partition_index < info.partitions:
+                rows.append((p.partition_index, ErrorCode.unknown_topic_or_partition))
+                continue
+            rows.append((p.partition_index, len(asks)))
+            asks.append(ipc.ListOffsetsPart(info.topic_id, p.partition_index, p.timestamp))
+        plan.append((t.name, rows))
+    answers = []
+    if asks:
+        try:
+            resp = await ctx.broker.call_fetcher(
+                lambda rid: ipc.ListOffsetsReq(rid, isolation, asks), ctx.connection.fetcher, 30.0)
+            answers = resp.parts
+        except TimeoutError:
+            answers = [ipc.ListOffsetsResult(int(ErrorCode.request_timed_out))] * len(asks)
+    topics = []
+    for name, rows in plan:
+        parts = []
+        for index, what in rows:
+            if isinstance(what, ErrorCode):
+                parts.append(make(m.ListOffsetsPartitionResponse, partition_index=index, error_code=what,
+                                  timestamp=-1, offset=-1, leader_epoch=-1, old_style_offsets=()))
+                continue
+            a = answers[what]
+            parts.append(make(m.ListOffsetsPartitionResponse, partition_index=index,
+                              error_code=ErrorCode(a.error_code), timestamp=a.timestamp, offset=a.offset,
+                              leader_epoch=0 if a.offset >= 0 else -1, old_style_offsets=()))
+        topics.append(make(m.ListOffsetsTopicResponse, name=name, partitions=tuple(parts)))
+    return make(m.ListOffsetsResponse, throttle_time=datetime.timedelta(0), topics=tuple(topics))

@@ -1,0 +1,219 @@
+"""The topic catalog: which topics exist, their ids, partition counts and config overrides.
+
+Owned (read-write) by the supervisor alone. It is durable as ``<data_dir>/catalog.json`` (replaced
+atomically: write, fsync, rename, fsync the directory), which is the commit point of CreateTopics
+and DeleteTopics. Each partition directory ``<data_dir>/<topic>-<partition>/`` also holds Kafka's
+``partition.metadata`` file (``version: 0`` / ``topic_id: <base64url id>``) so that a directory can
+be matched to its topic the way Kafka does.
+
+Other processes read the catalog as published by the supervisor in the runtime directory
+(``catalog.msgpack``, replaced atomically) and notice changes through the ``catalog_version`` field
+of the supervisor's state page (``CatalogView``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import uuid
+from typing import Iterable
+
+import msgspec
+
+from .errors import ErrorCode, KafkaError
+
+CATALOG_FILE = "catalog.json"
+PUBLISHED_FILE = "catalog.msgpack"
+_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_NAME = 249
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
+class TopicInfo(msgspec.Struct, frozen=True):
+    name: str
+    topic_id: bytes          # 16 bytes
+    partitions: int
+    configs: dict[str, str] = {}
+
+
+class Catalog:
+    """An immutable snapshot: topics by name and by id, and the version it was published as."""
+
+    __slots__ = ("version", "topics", "_by_id")
+
+    def __init__(self, version: int = 0, topics: dict[str, TopicInfo] | None = None) -> None:
+        self.version = version
+        self.topics: dict[str, TopicInfo] = topics or {}
+        self._by_id: dict[bytes, TopicInfo] = {t.topic_id: t for t in self.topics.values()}
+
+    def by_id(self, topic_id: bytes) -> TopicInfo | None:
+        return self._by_id.get(topic_id)
+
+    def partition_count(self) -> int:
+        return sum(t.partitions for t in self.topics.values())
+
+
+def uuid_to_kafka_str(topic_id: bytes) -> str:
+    """Kafka's Uuid.toString(): URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(topic_id).decode().rstrip("=")
+
+
+def kafka_str_to_uuid(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def new_topic_id() -> bytes:
+    # Kafka never hands out the zero id nor ids whose string form starts with '-'.
+    while True:
+        b = uuid.uuid4().bytes
+        if uuid_to_kafka_str(b)[0] != "-":
+            return b
+
+
+def check_topic_name(name: str) -> None:
+    """Kafka's Topic.validate rules; INVALID_TOPIC_EXCEPTION otherwise."""
+    if not name:
+        raise KafkaError(ErrorCode.invalid_topic_exception, "Topic name is illegal, it can't be empty")
+    if name in (".", ".."):
+        raise KafkaError(ErrorCode.invalid_topic_exception, "Topic name cannot be \".\" or \"..\"")
+    if len(name) > MAX_TOPIC_NAME:
+        raise KafkaError(ErrorCode.invalid_topic_exception,
+                         f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME} characters")
+    if not _LEGAL.match(name):
+        raise KafkaError(ErrorCode.invalid_topic_exception,
+                         f"Topic name \"{name}\" is illegal, it contains a character other than "
+                         "ASCII alphanumerics, '.', '_' and '-'")
+
+
+def partition_dir(data_dir: str, topic: str, partition: int) -> str:
+    return os.path.join(data_dir, f"{topic}-{partition}")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if durable:
+        _fsync_dir(os.path.dirname(path) or ".")
+
+
+class CatalogStore:
+    """The supervisor's durable catalog. Single-threaded, supervisor process only."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = data_dir
+        self.catalog = Catalog()
+
+    def load(self) -> Catalog:
+        path = os.path.join(self.data_dir, CATALOG_FILE)
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                raw = json.load(f)
+            topics = {
+                name: TopicInfo(name=name, topic_id=kafka_str_to_uuid(t["id"]),
+                                partitions=int(t["partitions"]), configs=dict(t.get("configs", {})))
+                for name, t in raw.get("topics", {}).items()
+            }
+            self.catalog = Catalog(version=int(raw.get("version", 0)), topics=topics)
+        self._sweep()
+        return self.catalog
+
+    def _sweep(self) -> None:
+        """Finish what a crash interrupted: remove partition dirs that the catalog does not name
+        (a CreateTopics that never committed, or a DeleteTopics that committed but did not finish)."""
+        wanted = {f"{t.name}-{p}" for t in self.catalog.topics.values() for p in range(t.partitions)}
+        for entry in os.listdir(self.data_dir):
+            full = os.path.join(self.data_dir, entry)
+            if not os.path.isdir(full) or entry.startswith("."):
+                continue
+            if entry.endswith("-delete") or (
+                    os.path.exists(os.path.join(full, "partition.metadata")) and entry not in wanted):
+                shutil.rmtree(full, ignore_errors=True)
+
+    def _save(self, catalog: Catalog) -> None:
+        raw = {
+            "version": catalog.version,
+            "topics": {t.name: {"id": uuid_to_kafka_str(t.topic_id), "partitions": t.partitions,
+                                "configs": t.configs} for t in catalog.topics.values()},
+        }
+        atomic_write(os.path.join(self.data_dir, CATALOG_FILE),
+                     json.dumps(raw, indent=1, sort_keys=True).encode())
+        self.catalog = catalog
+
+    def add_topics(self, topics: Iterable[TopicInfo]) -> Catalog:
+        """Create partition dirs, then commit the catalog (the commit point)."""
+        new = dict(self.catalog.topics)
+        for t in topics:
+            for p in range(t.partitions):
+                d = partition_dir(self.data_dir, t.name, p)
+                os.makedirs(d, exist_ok=True)
+                atomic_write(os.path.join(d, "partition.metadata"),
+                             f"version: 0\ntopic_id: {uuid_to_kafka_str(t.topic_id)}\n".encode())
+            new[t.name] = t
+        self._save(Catalog(version=self.catalog.version + 1, topics=new))
+        return self.catalog
+
+    def remove_topics(self, names: Iterable[str]) -> list[TopicInfo]:
+        """Commit the removal. The caller stops the writers, then calls delete_dirs; a crash in
+        between is finished by the sweep at the next load."""
+        new = dict(self.catalog.topics)
+        removed = [new.pop(n) for n in names if n in new]
+        self._save(Catalog(version=self.catalog.version + 1, topics=new))
+        return removed
+
+    def delete_dirs(self, topic: TopicInfo) -> None:
+        for p in range(topic.partitions):
+            d = partition_dir(self.data_dir, topic.name, p)
+            if os.path.isdir(d):
+                gone = f"{d}.{topic.topic_id.hex()}-delete"
+                os.replace(d, gone)
+                shutil.rmtree(gone, ignore_errors=True)
+
+
+def publish(catalog: Catalog, path: str) -> None:
+    """Write the catalog for other processes (runtime dir, tmpfs: no fsync needed)."""
+    atomic_write(path, msgspec.msgpack.encode(
+        [catalog.version, [[t.name, t.topic_id, t.partitions, t.configs]
+                           for t in catalog.topics.values()]]), durable=False)
+
+
+def read_published(path: str) -> Catalog:
+    with open(path, "rb") as f:
+        version, topics = msgspec.msgpack.decode(f.read())
+    return Catalog(version=version, topics={
+        n: TopicInfo(name=n, topic_id=i, partitions=p, configs=c) for n, i, p, c in topics})
+
+
+class CatalogView:
+    """A worker's read-only view; reloads when the supervisor's page shows a new version."""
+
+    def __init__(self, path: str, version_source) -> None:
+        self.path = path
+        self._version_source = version_source   # callable -> current published version
+        self.catalog = Catalog()
+        self._seen = -1
+
+    def get(self) -> Catalog:
+        v = self._version_source()
+        if v != self._seen:
+            try:
+                self.catalog = read_published(self.path)
+            except FileNotFoundError:
+                return self.catalog
+            self._seen = v
+        return self.catalog

@@ -1,0 +1,311 @@
+"""The appliance's configuration: one typed tree decoded from one TOML file.
+
+Owns: nothing at run time. Every process receives the decoded tree from the supervisor (it is
+decoded once, before any fork, so all workers see the same values).
+
+Sources, later ones winning:
+  1. the defaults below (``config.toml`` at the top of the repository repeats them, commented);
+  2. the TOML file given with ``--config``;
+  3. environment variables ``APPLIANCE_<SECTION>__<KEY>`` (double underscore between the section
+     and the key, e.g. ``APPLIANCE_SERVER__LISTEN=0.0.0.0:9092``); the value is read as a TOML value
+     when it parses as one (numbers, booleans, quoted strings) and as a bare string otherwise;
+  4. command-line flags (``--listen``, ``--data-dir``).
+
+Unknown keys and values of the wrong type or out of range are rejected with a message that names
+the key, e.g. ``config: log.segment_bytes: Expected `int` >= 1048576, got 10``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from typing import Annotated, Any, Literal, Mapping
+
+import msgspec
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "ServerConfig",
+    "LogConfig",
+    "TopicsConfig",
+    "ShmConfig",
+    "SupervisorConfig",
+    "TransactionsConfig",
+    "load",
+    "parse_hostport",
+]
+
+ENV_PREFIX = "APPLIANCE_"
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+
+
+class ConfigError(Exception):
+    """A configuration problem; the message names the offending key."""
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    pass
+
+
+class ServerConfig(_Section):
+    # host:port the broker listens on.
+    listen: str = "127.0.0.1:9092"
+    # host:port written into Metadata/FindCoordinator answers; empty = same as listen.
+    advertised_listener: str = ""
+    # This broker's node id (Kafka's node.id).
+    node_id: NonNegative = 1
+    # Where partitions, the transaction log and the group log live.
+    data_dir: str = "./data"
+    # Where shared-memory files (rings, state pages, doorbells) live; empty = /dev/shm/appliance-<pid>
+    # (or the system temp dir when /dev/shm is missing). Removed on exit.
+    runtime_dir: str = ""
+    # Frontend processes (own client connections); 0 = one per CPU core.
+    frontends: NonNegative = 0
+    # Fetch worker processes.
+    fetchers: Positive = 1
+    # Largest request frame accepted (Kafka's socket.request.max.bytes); bigger: connection closed.
+    socket_request_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 104857600
+    # Idle client connections are closed after this long (Kafka's connections.max.idle.ms).
+    connections_max_idle_ms: Positive = 600000
+    # Default request timeout for internal round trips (frontend -> writer/fetcher/coordinator).
+    internal_request_timeout_ms: Positive = 30000
+
+
+class FlushConfig(_Section):
+    # "batch": fsync (msync) after each group of appended batches (group commit); acks=-1 waits for it.
+    # "interval": fsync every interval_ms; acks=-1 waits for the next one.
+    # "os": never fsync explicitly; the kernel writes back; acks=-1 answers after the append.
+    policy: Literal["batch", "interval", "os"] = "batch"
+    interval_ms: Positive = 1000
+
+
+class LogConfig(_Section):
+    # Roll a segment at this size (Kafka's log.segment.bytes).
+    segment_bytes: Annotated[int, msgspec.Meta(ge=14, le=2**31 - 1)] = 1073741824
+    # Roll a segment this long after its first batch (log.roll.ms).
+    segment_ms: Positive = 604800000
+    # Delete old segments past this many bytes per partition; -1 = no size limit (log.retention.bytes).
+    retention_bytes: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    # Delete segments whose newest record is older than this; -1 = keep forever (log.retention.ms).
+    retention_ms: Annotated[int, msgspec.Meta(ge=-1)] = 604800000
+    # How often writers check retention and time-based roll (log.retention.check.interval.ms).
+    retention_check_interval_ms: Positive = 300000
+    # One offset/time index entry per this many log bytes (log.index.interval.bytes).
+    index_interval_bytes: NonNegative = 4096
+    # Maximum size of an offset or time index file (log.index.size.max.bytes).
+    segment_index_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 10485760
+    # Largest record batch accepted (message.max.bytes).
+    message_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1048588
+    # "CreateTime" keeps the producer's timestamps; "LogAppendTime" stamps the broker's clock.
+    message_timestamp_type: Literal["CreateTime", "LogAppendTime"] = "CreateTime"
+    flush: FlushConfig = msgspec.field(default_factory=FlushConfig)
+
+
+class TopicsConfig(_Section):
+    # Create a topic on first Metadata or Produce reference to it (auto.create.topics.enable).
+    auto_create: bool = True
+    # Partitions of an auto-created topic, and of CreateTopics with num_partitions = -1.
+    default_partitions: Positive = 1
+    # Refuse to create more than this many partitions in all (each is a writer process).
+    max_partitions: Positive = 1024
+
+
+class ShmConfig(_Section):
+    # Capacity of each frontend -> writer produce ring; must hold two of the largest batch.
+    produce_ring_bytes: Annotated[int, msgspec.Meta(ge=65536)] = 8388608
+    # Capacity of each small ring (acks, control, coordinator requests, fetch requests and replies).
+    small_ring_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 1048576
+
+
+class SupervisorConfig(_Section):
+    # A worker whose heartbeat is older than this is killed with SIGKILL and restarted.
+    heartbeat_timeout_ms: Positive = 30000
+    # Restart backoff doubles from initial to max for a worker that keeps dying.
+    restart_backoff_initial_ms: NonNegative = 100
+    restart_backoff_max_ms: NonNegative = 10000
+    # More than crash_loop_restarts restarts of one worker within crash_loop_window_ms is a crash
+    # loop: the supervisor logs it, stops everything and exits with status 4.
+    crash_loop_restarts: Positive = 5
+    crash_loop_window_ms: Positive = 60000
+    # On SIGTERM, workers get this long to drain before SIGKILL.
+    shutdown_timeout_ms: Positive = 30000
+
+
+class TransactionsConfig(_Section):
+    # Upper bound for a producer's transaction.timeout.ms (transaction.max.timeout.ms).
+    max_timeout_ms: Positive = 900000
+    # An idle transactional id is forgotten after this long (transactional.id.expiration.ms).
+    id_expiration_ms: Positive = 604800000
+    # How often timed-out transactions are looked for (KIP-447 lowered it to 10 s).
+    abort_timed_out_interval_ms: Positive = 10000
+    # Producer state of an idle producer id is dropped after this long (producer.id.expiration.ms).
+    producer_id_expiration_ms: Positive = 86400000
+    # KIP-939: allow InitProducerId with Enable2Pc.
+    two_phase_commit_enable: bool = False
+
+
+class Config(_Section):
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
+    topics: TopicsConfig = msgspec.field(default_factory=TopicsConfig)
+    shm: ShmConfig = msgspec.field(default_factory=ShmConfig)
+    supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
+    transactions: TransactionsConfig = msgspec.field(default_factory=TransactionsConfig)
+
+    # -- derived values -------------------------------------------------------------------
+    @property
+    def listen_host(self) -> str:
+        return parse_hostport(self.server.listen, "server.listen")[0]
+
+    @property
+    def listen_port(self) -> int:
+        return parse_hostport(self.server.listen, "server.listen")[1]
+
+    def advertised(self, bound_port: int | None = None) -> tuple[str, int]:
+        """The (host, port) clients are told to connect to.
+
+        ``bound_port`` is the port actually bound, which differs from the configured one when the
+        configuration asks for port 0.
+        """
+        if self.server.advertised_listener:
+            return parse_hostport(self.server.advertised_listener, "server.advertised_listener")
+        host, port = parse_hostport(self.server.listen, "server.listen")
+        if host in ("0.0.0.0", "", "::"):
+            host = "127.0.0.1"
+        return host, (bound_port if bound_port else port)
+
+    @property
+    def frontend_count(self) -> int:
+        return self.server.frontends or (os.cpu_count() or 1)
+
+
+def parse_hostport(value: str, key: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not (0 <= int(port) <= 65535):
+        raise ConfigError(f"config: {key}: expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _env_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = name[len(ENV_PREFIX):].lower().split("__")
+        if len(path) < 2 or not all(path):
+            raise ConfigError(
+                f"config: environment {name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
+        node: dict[str, Any] = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = _env_value(raw)
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _check_consistency(cfg: Config) -> None:
+    parse_hostport(cfg.server.listen, "server.listen")
+    if cfg.server.advertised_listener:
+        parse_hostport(cfg.server.advertised_listener, "server.advertised_listener")
+    if cfg.shm.produce_ring_bytes & (cfg.shm.produce_ring_bytes - 1):
+        raise ConfigError("config: shm.produce_ring_bytes: must be a power of two")
+    if cfg.shm.small_ring_bytes & (cfg.shm.small_ring_bytes - 1):
+        raise ConfigError("config: shm.small_ring_bytes: must be a power of two")
+    # A ring record must fit in half the ring (see shm.ring); leave 64 KiB for headers.
+    if cfg.log.message_max_bytes + 65536 > cfg.shm.produce_ring_bytes // 2:
+        raise ConfigError(
+            "config: shm.produce_ring_bytes: must be at least 2 * (log.message_max_bytes + 65536) "
+            f"= {2 * (cfg.log.message_max_bytes + 65536)}")
+    if cfg.supervisor.restart_backoff_max_ms < cfg.supervisor.restart_backoff_initial_ms:
+        raise ConfigError("config: supervisor.restart_backoff_max_ms: must be >= restart_backoff_initial_ms")
+
+
+def load(path: str | os.PathLike[str] | None = None,
+         environ: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Any] | None = None) -> Config:
+    """Decode the effective configuration; raise ConfigError naming the bad key."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config: file not found: {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config: {path}: not valid TOML: {e}") from None
+    raw = _merge(raw, _env_overrides(os.environ if environ is None else environ))
+    if overrides:
+        raw = _merge(raw, overrides)
+    try:
+        cfg = msgspec.convert(raw, Config)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"config: {_explain(str(e))}") from None
+    _check_consistency(cfg)
+    return cfg
+
+
+def _explain(msg: str) -> str:
+    # msgspec says "Object contains unknown field `x` - at `$.log`" or "Expected `int`, got `str` -
+    # at `$.log.segment_bytes`"; turn the path into the dotted key the user wrote.
+    text, sep, where = msg.rpartition(" - at `")
+    if not sep:
+        text, key = msg, ""
+    else:
+        key = where.rstrip("`").removeprefix("$").lstrip(".")
+    if text.startswith("Object contains unknown field `"):
+        field = text.split("`")[1]
+        full = f"{key}.{field}" if key else field
+        return f"{full}: unknown key"
+    return f"{key}: {text}" if key else text
+
+
+def to_toml_dict(cfg: Config) -> dict[str, Any]:
+    return msgspec.to_builtins(cfg)
+
+
+def dumps_toml(cfg: Config) -> str:
+    """Render the effective configuration as TOML (for ``appliance check-config``)."""
+    lines: list[str] = []
+
+    def emit(prefix: str, table: dict[str, Any]) -> None:
+        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        subs = {k: v for k, v in table.items() if isinstance(v, dict)}
+        if prefix:
+            lines.append(f"[{prefix}]")
+        for k, v in scalars.items():
+            lines.append(f"{k} = {_toml_scalar(v)}")
+        if prefix:
+            lines.append("")
+        for k, v in subs.items():
+            emit(f"{prefix}.{k}" if prefix else k, v)
+
+    emit("", to_toml_dict(cfg))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _toml_scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,178 @@
+"""Messages that travel between the appliance's processes through shm rings.
+
+Owns nothing; imported by every process. Two encodings:
+
+* The produce path (frontend -> writer, writer -> frontend) is hot, so its messages are fixed
+  ``struct`` headers followed by raw bytes, read in place from the ring:
+
+      ProduceRequest  (frontend -> writer), little endian, 24 bytes then the record batch:
+        0  u8   kind = KIND_PRODUCE
+        1  u8   flags (reserved)
+        2  i16  acks (0, 1, -1)
+        4  u32  writer generation the frontend addressed (a restarted writer refuses older ones)
+        8  u64  request id (unique per frontend process incarnation)
+        16 i32  batch length
+        20 u32  reserved
+        24 ...  the RecordBatch, exactly as the client sent it (the writer patches the base offset)
+
+      ProduceAck (writer -> frontend), 48 bytes then an optional UTF-8 error message:
+        0  u8   kind = KIND_PRODUCE_ACK
+        1  u8   reserved
+        2  i16  error code
+        4  u32  writer generation
+        8  u64  request id
+        16 i64  base offset (-1 on error)
+        24 i64  log append time (-1 for CreateTime topics)
+        32 i64  log start offset
+        40 i32  message length, 44 u32 reserved, 48 ... message bytes
+
+* Everything else (admin, fetch, coordinator) is a msgspec Struct in a tagged union, msgpack
+  encoded with ``array_like`` (positional, small, ~1 µs). ``encode``/``decode`` below handle it; the
+  first byte of such a record is never KIND_PRODUCE/KIND_PRODUCE_ACK because msgpack arrays start
+  at 0x90 or above.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Union
+
+import msgspec
+
+KIND_PRODUCE = 1
+KIND_PRODUCE_ACK = 2
+
+PRODUCE_HDR = struct.Struct("<BBhIQiI")
+PRODUCE_ACK = struct.Struct("<BBhIQqqqiI")
+assert PRODUCE_HDR.size == 24 and PRODUCE_ACK.size == 48
+
+
+def produce_header(acks: int, generation: int, request_id: int, batch_len: int) -> bytes:
+    return PRODUCE_HDR.pack(KIND_PRODUCE, 0, acks, generation, request_id, batch_len, 0)
+
+
+def produce_ack(error: int, generation: int, request_id: int, base_offset: int,
+                log_append_time: int, log_start_offset: int, message: str | None = None) -> bytes:
+    msg = message.encode("utf-8", "replace")[:1024] if message else b""
+    return PRODUCE_ACK.pack(KIND_PRODUCE_ACK, 0, error, generation, request_id, base_offset,
+                            log_append_time, log_start_offset, len(msg), 0) + msg
+
+
+# -- msgpack messages -------------------------------------------------------------------------
+
+class _Msg(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    pass
+
+
+# Admin: frontend -> supervisor -> frontend
+
+class NewTopic(msgspec.Struct, array_like=True, frozen=True):
+    name: str
+    num_partitions: int
+    configs: dict[str, str] = {}
+
+
+class CreateTopicsReq(_Msg):
+    req_id: int
+    topics: list[NewTopic]
+    validate_only: bool = False
+
+
+class TopicResult(msgspec.Struct, array_like=True, frozen=True):
+    name: str
+    error_code: int
+    error_message: str | None = None
+    topic_id: bytes = b""
+    num_partitions: int = -1
+    configs: dict[str, str] = {}
+
+
+class CreateTopicsResp(_Msg):
+    req_id: int
+    results: list[TopicResult]
+
+
+class DeleteTopicsReq(_Msg):
+    req_id: int
+    names: list[str]
+
+
+class DeleteTopicsResp(_Msg):
+    req_id: int
+    results: list[TopicResult]
+
+
+# Fetch: frontend -> fetcher -> frontend
+
+class FetchPart(msgspec.Struct, array_like=True, frozen=True):
+    topic_id: bytes
+    partition: int
+    fetch_offset: int
+    max_bytes: int
+
+
+class FetchReq(_Msg):
+    req_id: int
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    isolation_level: int
+    parts: list[FetchPart]
+
+
+class Slice(msgspec.Struct, array_like=True, frozen=True):
+    segment_base: int
+    position: int
+    length: int
+
+
+class FetchPartResult(msgspec.Struct, array_like=True, frozen=True):
+    error_code: int
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    aborted: list[tuple[int, int]] | None = None
+    slices: list[Slice] = []
+
+
+class FetchResp(_Msg):
+    req_id: int
+    parts: list[FetchPartResult]
+
+
+class ListOffsetsPart(msgspec.Struct, array_like=True, frozen=True):
+    topic_id: bytes
+    partition: int
+    timestamp: int
+
+
+class ListOffsetsReq(_Msg):
+    req_id: int
+    isolation_level: int
+    parts: list[ListOffsetsPart]
+
+
+class ListOffsetsResult(msgspec.Struct, array_like=True, frozen=True):
+    error_code: int
+    timestamp: int = -1
+    offset: int = -1
+
+
+class ListOffsetsResp(_Msg):
+    req_id: int
+    parts: list[ListOffsetsResult]
+
+
+Message = Union[CreateTopicsReq, CreateTopicsResp, DeleteTopicsReq, DeleteTopicsResp,
+                FetchReq, FetchResp, ListOffsetsReq, ListOffsetsResp]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes | memoryview) -> Message:
+    return _decoder.decode(data)

@@ -1,0 +1,277 @@
+"""The frontend's view of the rest of the appliance: channels to writers, fetchers, supervisor.
+
+Runs inside each frontend process (asyncio, single thread). Owns this frontend's end of its rings:
+the produce rings to every writer, the request rings to fetchers, the supervisor and the
+coordinator, and the mailbox that collects their replies. Handlers (``appliance.api``) call the
+``async`` methods here; nothing in this module parses Kafka requests.
+
+Request ids are unique per frontend incarnation (the generation sits in the high bits), so acks
+addressed to a dead predecessor of this frontend, still sitting in a ring, are recognised and
+dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from appliance import ipc
+from appliance.catalog import PUBLISHED_FILE, Catalog, CatalogView, TopicInfo
+from appliance.errors import ErrorCode
+from appliance.runtime import (COORDINATOR, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, SUPERVISOR,
+                               SUPERVISOR_PAGE_FIELDS, WorkerContext, writer_name)
+from shm.doorbell import BellSender
+from shm.heartbeat import HeartbeatTable
+from shm.statepage import StatePage
+from shm.topology import Mailbox, Topology
+
+log = logging.getLogger("appliance.broker")
+
+
+@dataclass(slots=True)
+class ProduceResult:
+    error_code: int
+    base_offset: int = -1
+    log_append_time: int = -1
+    log_start_offset: int = -1
+    error_message: str | None = None
+
+
+class Channel:
+    """One outgoing ring plus the FIFO of messages waiting for room in it.
+
+    Messages are never reordered: while anything waits, new messages queue behind it, so produce
+    requests from one connection reach a writer in the order the client sent them."""
+
+    __slots__ = ("name", "ring", "bell", "waiting")
+
+    def __init__(self, topo: Topology, src: str, dst: str) -> None:
+        self.name = dst
+        self.ring = topo.open_ring(src, dst)
+        self.bell = topo.bell_path(dst)
+        self.waiting: collections.deque[tuple] = collections.deque()
+
+    def send(self, bells: BellSender, *parts) -> None:
+        if self.waiting or not self.ring.try_put(*parts):
+            self.waiting.append(parts)
+            return
+        if self.ring.consumer_waiting:
+            bells.ring(self.bell)
+
+    def flush(self, bells: BellSender) -> None:
+        sent = False
+        while self.waiting and self.ring.try_put(*self.waiting[0]):
+            self.waiting.popleft()
+            sent = True
+        if sent and self.ring.consumer_waiting:
+            bells.ring(self.bell)
+
+
+class WriterChannel(Channel):
+    __slots__ = ("page", "inflight", "gen")
+
+    def __init__(self, topo: Topology, src: str, dst: str) -> None:
+        super().__init__(topo, src, dst)
+        self.page = StatePage.open(topo.page_path(dst), PARTITION_PAGE_FIELDS, readonly=True)
+        self.inflight: dict[int, int] = {}   # request id -> generation it was addressed to
+
+
+class Broker:
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.config
+        self.name = ctx.name
+        self.topo = Topology(ctx.run_dir)
+        self.bells = BellSender()
+        self.hb = HeartbeatTable.open(os.path.join(ctx.run_dir, HEARTBEAT_FILE))
+        self.sup_page = StatePage.open(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS,
+                                       readonly=True)
+        self._catalog = CatalogView(self.topo.file_path(PUBLISHED_FILE),
+                                    lambda: self.sup_page.read().catalog_version)
+        self._catalog_seen = -1
+        self.mailbox = Mailbox(self.topo, self.name)
+        for peer in ctx.fetchers + [SUPERVISOR, COORDINATOR]:
+            self.mailbox.add(peer)
+        self.fetchers = [Channel(self.topo, self.name, fx) for fx in ctx.fetchers]
+        self.supervisor = Channel(self.topo, self.name, SUPERVISOR)
+        self.writers: dict[str, WriterChannel] = {}
+        self.futures: dict[int, asyncio.Future] = {}
+        self.produce_owner: dict[int, WriterChannel] = {}
+        self._ids = itertools.count((ctx.generation & 0xFFFFFF) << 40 | 1)
+        self._rr = itertools.count()
+        self.advertised = ctx.config.advertised(ctx.bound_port)
+        self.node_id = ctx.config.server.node_id
+        self.cluster_id = read_cluster_id(ctx.data_dir)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- wiring into the event loop -------------------------------------------------------------
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.mailbox.arm()          # producers always ring us: we sleep in epoll, not in wait()
+        loop.add_reader(self.mailbox.fileno(), self._on_bell)
+        self._sync_writers(self.catalog)
+        loop.call_soon(self._tick)
+
+    def _on_bell(self) -> None:
+        self.mailbox.drain_bell()
+        self.mailbox.arm()
+        self._drain()
+
+    def _tick(self) -> None:
+        """Every 20 ms: heartbeat, catch lost wake-ups, retry queued sends, notice writer restarts."""
+        self.hb.beat(self.ctx.heartbeat_slot)
+        self._drain()
+        for ch in self.writers.values():
+            if ch.waiting:
+                ch.flush(self.bells)
+            if ch.inflight:
+                self._check_generation(ch)
+        for ch in self.fetchers:
+            if ch.waiting:
+                ch.flush(self.bells)
+        if self.supervisor.waiting:
+            self.supervisor.flush(self.bells)
+        self.loop.call_later(0.02, self._tick)
+
+    def _drain(self) -> None:
+        for src, ring in list(self.mailbox.inputs.items()):
+            while (mv := ring.peek()) is not None:
+                try:
+                    self._deliver(mv)
+                except Exception:
+                    log.exception("bad message from %s dropped", src)
+                finally:
+                    ring.advance()
+        # Acks free room in produce rings: push what waited for it.
+        for ch in self.writers.values():
+            if ch.waiting:
+                ch.flush(self.bells)
+
+    def _deliver(self, mv: memoryview) -> None:
+        if mv[0] == ipc.KIND_PRODUCE_ACK:
+            (_, _, err, gen, req_id, base, lat, lso, mlen, _) = ipc.PRODUCE_ACK.unpack_from(mv, 0)
+            ch = self.produce_owner.pop(req_id, None)
+            if ch is not None:
+                ch.inflight.pop(req_id, None)
+            fut = self.futures.pop(req_id, None)
+            if fut is not None and not fut.done():
+                msg = bytes(mv[ipc.PRODUCE_ACK.size:ipc.PRODUCE_ACK.size + mlen]).decode() if mlen else None
+                fut.set_result(ProduceResult(err, base, lat, lso, msg))
+            return
+        msg = ipc.decode(mv)
+        fut = self.futures.pop(msg.req_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def _check_generation(self, ch: WriterChannel) -> None:
+        gen = ch.page.read().generation
+        for req_id, sent_gen in list(ch.inflight.items()):
+            if sent_gen != gen:
+                # The writer we addressed died; its successor refuses the request. The batch may or
+                # may not be in the log (as when a Kafka leader dies before answering).
+                ch.inflight.pop(req_id, None)
+                self.produce_owner.pop(req_id, None)
+                fut = self.futures.pop(req_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(ProduceResult(int(ErrorCode.not_leader_or_follower),
+                                                 error_message="partition writer restarted"))
+
+    # -- catalog --------------------------------------------------------------------------------
+    @property
+    def catalog(self) -> Catalog:
+        cat = self._catalog.get()
+        if cat.version != self._catalog_seen:
+            self._catalog_seen = cat.version
+            self._sync_writers(cat)
+        return cat
+
+    def _sync_writers(self, cat: Catalog) -> None:
+        wanted = {writer_name(t.topic_id, p) for t in cat.topics.values() for p in range(t.partitions)}
+        for name in list(self.writers):
+            if name not in wanted:
+                ch = self.writers.pop(name)
+                for req_id in list(ch.inflight):
+                    self.produce_owner.pop(req_id, None)
+                    fut = self.futures.pop(req_id, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(ProduceResult(int(ErrorCode.unknown_topic_or_partition)))
+                self.mailbox.remove(name)
+                self.topo.forget(name)
+        for name in wanted - self.writers.keys():
+            try:
+                self.writers[name] = WriterChannel(self.topo, self.name, name)
+                self.mailbox.add(name)
+            except FileNotFoundError:
+                log.warning("rings of %s not found yet", name)
+
+    # -- calls ----------------------------------------------------------------------------------
+    def _future(self, req_id: int, timeout_s: float, on_timeout) -> asyncio.Future:
+        fut = self.loop.create_future()
+        self.futures[req_id] = fut
+        handle = self.loop.call_later(timeout_s, _expire, self.futures, req_id, on_timeout)
+        fut.add_done_callback(lambda f: handle.cancel())
+        return fut
+
+    def produce(self, topic: TopicInfo, partition: int, acks: int, batch: bytes,
+                timeout_s: float) -> asyncio.Future | None:
+        """Hand one batch to its writer. Returns a future of ProduceResult, or None for acks=0."""
+        ch = self.writers.get(writer_name(topic.topic_id, partition))
+        if ch is None:
+            self._sync_writers(self.catalog)
+            ch = self.writers.get(writer_name(topic.topic_id, partition))
+        if ch is None:
+            fut = self.loop.create_future()
+            fut.set_result(ProduceResult(int(ErrorCode.unknown_topic_or_partition)))
+            return fut
+        req_id = next(self._ids)
+        gen = ch.page.read().generation
+        fut = None
+        if acks != 0:
+            fut = self._future(req_id, timeout_s,
+                               ProduceResult(int(ErrorCode.request_timed_out),
+                                             error_message="the partition writer did not answer in time"))
+            ch.inflight[req_id] = gen
+            self.produce_owner[req_id] = ch
+        ch.send(self.bells, ipc.produce_header(acks, gen, req_id, len(batch)), batch)
+        return fut
+
+    async def call_fetcher(self, make_msg, fetcher: int, timeout_s: float):
+        req_id = next(self._ids)
+        fut = self._future(req_id, timeout_s, None)
+        self.fetchers[fetcher % len(self.fetchers)].send(self.bells, ipc.encode(make_msg(req_id)))
+        return await fut
+
+    async def call_supervisor(self, make_msg, timeout_s: float):
+        req_id = next(self._ids)
+        fut = self._future(req_id, timeout_s, None)
+        self.supervisor.send(self.bells, ipc.encode(make_msg(req_id)))
+        return await fut
+
+    def next_fetcher(self) -> int:
+        return next(self._rr)
+
+
+def _expire(futures: dict, req_id: int, result) -> None:
+    fut = futures.pop(req_id, None)
+    if fut is not None and not fut.done():
+        if result is None:
+            fut.set_exception(TimeoutError("internal request timed out"))
+        else:
+            fut.set_result(result)
+
+
+def read_cluster_id(data_dir: str) -> str:
+    try:
+        with open(os.path.join(data_dir, "meta.properties")) as f:
+            for line in f:
+                k, _, v = line.strip().partition("=")
+                if k == "cluster.id":
+                    return v
+    except FileNotFoundError:
+        pass
+    return ""

@@ -1,0 +1,675 @@
+"""The supervisor: a pre-fork arbiter that owns the process table and the shared resources.
+
+Runs in the top process (``appliance run``). Owns, alone: the process table (pid, role, generation
+of every worker), the listening socket, the runtime directory with every shm file, the topic catalog
+(``appliance.catalog.CatalogStore``) and the data-dir lock.
+
+Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
+loop dispatches queued signals, serves admin requests (CreateTopics/DeleteTopics from frontends),
+reaps dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker
+that restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
+reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
+
+Start: lock the data dir, load the catalog, create the runtime dir and every ring, bind the listening
+socket, fork the writers and wait for them to recover, then fork coordinator, fetchers, frontends,
+then notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
+requests), then writers (flush, close segments cleanly), fetchers and the coordinator.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import fcntl
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from shm.doorbell import BellSender
+from shm.heartbeat import HeartbeatTable
+from shm.statepage import StatePage
+from shm.topology import Mailbox, Outbox, Topology
+
+from . import catalog as cat
+from . import ipc
+from .config import Config
+from .errors import ErrorCode, KafkaError
+from .runtime import (COORDINATOR, EXIT_CRASH_LOOP, EXIT_DATA_DIR, EXIT_OK, HEARTBEAT_FILE,
+                      HEARTBEAT_SLOTS, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
+                      RUNTIME_POINTER, STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
+                      WorkerContext, child_reset_signals, default_run_dir, fetcher_name,
+                      frontend_name, set_process_name, setup_logging, writer_name)
+from .topic_config import validate_topic_configs
+
+log = logging.getLogger("appliance.supervisor")
+
+
+@dataclass
+class WorkerSpec:
+    role: str
+    name: str
+    index: int
+    heartbeat_slot: int
+    entry: Callable[[WorkerContext], int | None]
+    topic: cat.TopicInfo | None = None
+    pid: int | None = None
+    generation: int = 0
+    started_at: float = 0.0
+    next_start: float = 0.0
+    deaths: collections.deque = field(default_factory=collections.deque)
+    removed: bool = False       # topic deleted: do not restart
+    page: StatePage | None = None
+
+
+@dataclass
+class PendingCreate:
+    src: str
+    req: ipc.CreateTopicsReq
+    results: list[ipc.TopicResult]
+    writers: list[WorkerSpec]
+    deadline: float
+
+
+@dataclass
+class PendingDelete:
+    src: str
+    req: ipc.DeleteTopicsReq
+    results: list[ipc.TopicResult]
+    writers: list[WorkerSpec]
+    topics: list[cat.TopicInfo]
+
+
+class DataDirUnusable(Exception):
+    pass
+
+
+class Supervisor:
+    def __init__(self, config: Config) -> None:
+        self.cfg = config
+        self.data_dir = os.path.abspath(config.server.data_dir)
+        self.run_dir = os.path.abspath(config.server.runtime_dir) if config.server.runtime_dir \
+            else default_run_dir()
+        self.workers: dict[str, WorkerSpec] = {}
+        self.by_pid: dict[int, WorkerSpec] = {}
+        self.signals: collections.deque[int] = collections.deque()
+        self.stopping = False
+        self.exit_code = EXIT_OK
+        self.free_slots = list(range(HEARTBEAT_SLOTS - 1, -1, -1))
+        self.pending_creates: list[PendingCreate] = []
+        self.pending_deletes: list[PendingDelete] = []
+        self.frontends = [frontend_name(i) for i in range(config.frontend_count)]
+        self.fetchers = [fetcher_name(i) for i in range(config.server.fetchers)]
+        self._lock_fd = -1
+        self.listener: socket.socket | None = None
+        self.bound_port = 0
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _prepare_data_dir(self) -> None:
+        try:
+            os.makedirs(self.data_dir, exist_ok=True)
+            probe = os.path.join(self.data_dir, f".probe.{os.getpid()}")
+            with open(probe, "wb") as f:
+                f.write(b"x")
+                os.fsync(f.fileno())
+            os.unlink(probe)
+            self._lock_fd = os.open(os.path.join(self.data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise DataDirUnusable(
+                f"data dir {self.data_dir} is locked by another appliance process") from None
+        os.ftruncate(self._lock_fd, 0)
+        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
+        self._check_meta_properties()
+
+    def _check_meta_properties(self) -> None:
+        """Kafka's meta.properties: the cluster id is made once; the node id must not change."""
+        path = os.path.join(self.data_dir, "meta.properties")
+        node = self.cfg.server.node_id
+        if not os.path.exists(path):
+            cat.atomic_write(path, (f"version=1\nnode.id={node}\n"
+                                    f"cluster.id={cat.uuid_to_kafka_str(cat.new_topic_id())}\n").encode())
+            return
+        props = {}
+        with open(path) as f:
+            for line in f:
+                k, sep, v = line.strip().partition("=")
+                if sep and not k.startswith("#"):
+                    props[k] = v
+        if props.get("node.id") != str(node):
+            raise DataDirUnusable(
+                f"data dir {self.data_dir} belongs to node.id {props.get('node.id')}, but "
+                f"server.node_id is {node}")
+
+    def _prepare_run_dir(self) -> None:
+        parent = os.path.dirname(self.run_dir)
+        # Remove runtime dirs of supervisors that died without cleaning up (kill -9).
+        for entry in os.listdir(parent) if os.path.isdir(parent) else []:
+            if entry.startswith("appliance-") and entry[10:].isdigit():
+                pid = int(entry[10:])
+                if pid != os.getpid() and not _pid_alive(pid):
+                    shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        if os.path.exists(self.run_dir):
+            shutil.rmtree(self.run_dir)
+        os.makedirs(self.run_dir, mode=0o700)
+        cat.atomic_write(os.path.join(self.data_dir, RUNTIME_POINTER), self.run_dir.encode())
+
+    def _bind(self) -> None:
+        host, port = self.cfg.listen_host, self.cfg.listen_port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        s.listen(1024)
+        s.set_inheritable(True)
+        self.listener = s
+        self.bound_port = s.getsockname()[1]
+
+    def _setup(self) -> None:
+        self._prepare_data_dir()
+        self.store = cat.CatalogStore(self.data_dir)
+        self.store.load()
+        self._prepare_run_dir()
+        self.topo = Topology(self.run_dir)
+        self.hb = HeartbeatTable.create(os.path.join(self.run_dir, HEARTBEAT_FILE), HEARTBEAT_SLOTS)
+        self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
+        self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING, pid=os.getpid())
+        cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+        self._bind()
+        small = self.cfg.shm.small_ring_bytes
+        for fe in self.frontends:
+            for fx in self.fetchers:
+                self.topo.create_ring(fe, fx, small)
+                self.topo.create_ring(fx, fe, small)
+            for peer in (SUPERVISOR, COORDINATOR):
+                self.topo.create_ring(fe, peer, small)
+                self.topo.create_ring(peer, fe, small)
+        self.bells = BellSender()
+        self.mailbox = Mailbox(self.topo, SUPERVISOR)
+        for fe in self.frontends:
+            self.mailbox.add(fe)
+        self.outboxes = {fe: Outbox(self.topo, SUPERVISOR, fe, self.bells) for fe in self.frontends}
+
+    # -- worker table ---------------------------------------------------------------------------
+    def _add_worker(self, role: str, name: str, index: int, entry, topic=None) -> WorkerSpec:
+        spec = WorkerSpec(role=role, name=name, index=index, heartbeat_slot=self.free_slots.pop(),
+                          entry=entry, topic=topic)
+        self.workers[name] = spec
+        return spec
+
+    def _add_writer(self, topic: cat.TopicInfo, partition: int) -> WorkerSpec:
+        from workers.partition_writer import main as writer_main
+        name = writer_name(topic.topic_id, partition)
+        for fe in self.frontends:
+            self.topo.create_ring(fe, name, self.cfg.shm.produce_ring_bytes)
+            self.topo.create_ring(name, fe, self.cfg.shm.small_ring_bytes)
+        self.topo.create_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
+        self.topo.create_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
+        spec = self._add_worker("writer", name, partition, writer_main, topic)
+        spec.page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
+        return spec
+
+    def _context(self, spec: WorkerSpec) -> WorkerContext:
+        t = spec.topic
+        return WorkerContext(
+            config=self.cfg, role=spec.role, name=spec.name, index=spec.index,
+            generation=spec.generation, heartbeat_slot=spec.heartbeat_slot, run_dir=self.run_dir,
+            data_dir=self.data_dir, frontends=self.frontends, fetchers=self.fetchers,
+            listen_fd=self.listener.fileno() if self.listener else -1, bound_port=self.bound_port,
+            topic=t.name if t else "", topic_id=t.topic_id if t else b"",
+            topic_configs=dict(t.configs) if t else {})
+
+    def _spawn(self, spec: WorkerSpec) -> None:
+        spec.generation += 1
+        self.hb.clear(spec.heartbeat_slot)
+        ctx = self._context(spec)
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 1
+            try:
+                child_reset_signals()
+                self._close_in_child()
+                set_process_name(f"appl-{spec.name}"[:15])
+                setup_logging(spec.name)
+                code = spec.entry(ctx) or 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except BaseException:
+                logging.getLogger(spec.name).exception("worker crashed")
+                code = 1
+            finally:
+                logging.shutdown()
+                os._exit(code)
+        spec.pid = pid
+        spec.started_at = time.monotonic()
+        self.by_pid[pid] = spec
+        log.debug("spawned %s pid %d generation %d", spec.name, pid, spec.generation)
+        self._write_processes()
+
+    def _close_in_child(self) -> None:
+        try:
+            self.selector.close()
+        except Exception:
+            pass
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.mailbox.close()
+        if self.listener is not None and self.listener.fileno() >= 0:
+            os.set_inheritable(self.listener.fileno(), True)
+        try:
+            os.close(self._lock_fd)
+        except OSError:
+            pass
+
+    def _write_processes(self) -> None:
+        rows = [{"role": s.role, "name": s.name, "pid": s.pid, "generation": s.generation,
+                 "topic": s.topic.name if s.topic else None,
+                 "partition": s.index if s.role == "writer" else None}
+                for s in self.workers.values()]
+        cat.atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
+                         json.dumps({"supervisor": os.getpid(), "port": self.bound_port,
+                                     "workers": rows}).encode(), durable=False)
+
+    # -- signals ----------------------------------------------------------------------------------
+    def _install_signals(self) -> None:
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self._wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:  # only enqueue (the wakeup fd pokes the loop)
+        self.signals.append(signum)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> int:
+        setup_logging("supervisor")
+        try:
+            self._setup()
+        except DataDirUnusable as e:
+            log.error("%s", e)
+            return EXIT_DATA_DIR
+        except OSError as e:
+            log.error("cannot start: %s", e)
+            self._cleanup()
+            return 1
+        self.selector = selectors.DefaultSelector()
+        self._install_signals()
+        self.selector.register(self._wake_r, selectors.EVENT_READ)
+        self.selector.register(self.mailbox.fileno(), selectors.EVENT_READ)
+        self.mailbox.arm()
+        log.info("appliance starting: data dir %s, listening on %s:%d, %d frontends, %d fetchers",
+                 self.data_dir, self.cfg.listen_host, self.bound_port, len(self.frontends),
+                 len(self.fetchers))
+        try:
+            for t in self.store.catalog.topics.values():
+                for p in range(t.partitions):
+                    self._spawn(self._add_writer(t, p))
+            if not self._wait_writers_ready([s for s in self.workers.values() if s.role == "writer"]):
+                return self._finish()
+            from workers.coordinator import main as coordinator_main
+            from workers.fetcher import main as fetcher_main
+            from workers.frontend import main as frontend_main
+            self._spawn(self._add_worker("coordinator", COORDINATOR, 0, coordinator_main))
+            for i, name in enumerate(self.fetchers):
+                self._spawn(self._add_worker("fetcher", name, i, fetcher_main))
+            for i, name in enumerate(self.frontends):
+                self._spawn(self._add_worker("frontend", name, i, frontend_main))
+            self.page.publish(status=READY)
+            log.info("appliance ready on %s:%d", self.cfg.listen_host, self.bound_port)
+            sd_notify("READY=1")
+            while not (self.stopping and not self.by_pid):
+                self._turn(0.1 if (self.pending_creates or self.pending_deletes) else 0.5)
+        finally:
+            pass
+        return self._finish()
+
+    def _finish(self) -> int:
+        if self.by_pid:
+            self._stop_all()
+        self._cleanup()
+        log.info("appliance stopped (exit %d)", self.exit_code)
+        return self.exit_code
+
+    def _turn(self, timeout: float) -> None:
+        for key, _ in self.selector.select(timeout):
+            if key.fd == self._wake_r:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+        while self.signals:
+            self._dispatch_signal(self.signals.popleft())
+        self._reap()
+        if not self.stopping:
+            self._serve_admin()
+            self._check_pending()
+            self._murder_stale()
+            self._respawn_due()
+
+    def _dispatch_signal(self, signum: int) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            if not self.stopping:
+                log.info("received %s: draining", signal.Signals(signum).name)
+                self._begin_stop()
+        elif signum == signal.SIGQUIT:
+            log.info("received SIGQUIT: stopping immediately")
+            self.stopping = True
+            for spec in list(self.by_pid.values()):
+                _kill(spec.pid, signal.SIGKILL)
+        elif signum == signal.SIGHUP:
+            log.info("SIGHUP: configuration reload is not supported; ignoring")
+        # SIGCHLD: reaping happens every turn.
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            spec = self.by_pid.pop(pid, None)
+            if spec is None:
+                continue
+            spec.pid = None
+            code = os.waitstatus_to_exitcode(status)
+            self._write_processes()
+            if self.stopping or spec.removed:
+                log.debug("%s exited (%d)", spec.name, code)
+                continue
+            self._on_unexpected_death(spec, code)
+
+    def _on_unexpected_death(self, spec: WorkerSpec, code: int) -> None:
+        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        if code == WORKER_BOOT_ERROR:
+            log.error("%s %s (boot error): stopping the appliance", spec.name, how)
+            self.exit_code = EXIT_CRASH_LOOP
+            self._begin_stop()
+            return
+        now = time.monotonic()
+        window = self.cfg.supervisor.crash_loop_window_ms / 1000
+        spec.deaths.append(now)
+        while spec.deaths and spec.deaths[0] < now - window:
+            spec.deaths.popleft()
+        if len(spec.deaths) > self.cfg.supervisor.crash_loop_restarts:
+            log.error("%s is crash-looping: %d restarts within %.0f s (last: %s); stopping the appliance",
+                      spec.name, len(spec.deaths) - 1, window, how)
+            self.exit_code = EXIT_CRASH_LOOP
+            self._begin_stop()
+            return
+        sc = self.cfg.supervisor
+        backoff = min(sc.restart_backoff_max_ms,
+                      sc.restart_backoff_initial_ms * (2 ** (len(spec.deaths) - 1))) / 1000
+        spec.next_start = now + backoff
+        log.warning("%s (pid gen %d) %s; restarting in %.2f s", spec.name, spec.generation, how, backoff)
+
+    def _respawn_due(self) -> None:
+        now = time.monotonic()
+        for spec in list(self.workers.values()):
+            if spec.pid is None and not spec.removed and spec.next_start and spec.next_start <= now:
+                spec.next_start = 0.0
+                self._spawn(spec)
+
+    def _murder_stale(self) -> None:
+        timeout_ns = self.cfg.supervisor.heartbeat_timeout_ms * 1_000_000
+        now_ns = time.monotonic_ns()
+        for spec in list(self.by_pid.values()):
+            last = self.hb.last(spec.heartbeat_slot)
+            if spec.page is not None:
+                st = spec.page.read()
+                if st.generation == spec.generation and st.status == RECOVERING:
+                    continue   # recovery of a big log may take longer than a heartbeat period
+            if last == 0:
+                last = int(spec.started_at * 1e9)
+            if now_ns - last > timeout_ns:
+                log.error("%s (pid %d) missed its heartbeat for %.1f s: SIGKILL", spec.name,
+                          spec.pid, (now_ns - last) / 1e9)
+                _kill(spec.pid, signal.SIGKILL)
+
+    def _wait_writers_ready(self, specs: list[WorkerSpec]) -> bool:
+        """Block (serving signals and restarts) until every writer has recovered."""
+        while True:
+            self._turn(0.05)
+            if self.stopping:
+                return False
+            if all(self._writer_ready(s) for s in specs):
+                return True
+
+    def _writer_ready(self, spec: WorkerSpec) -> bool:
+        st = spec.page.read()
+        return spec.pid is not None and st.generation == spec.generation and st.status == READY
+
+    # -- admin requests (frontends -> supervisor) -----------------------------------------------
+    def _serve_admin(self) -> None:
+        for src, ring in self.mailbox.inputs.items():
+            while (raw := ring.get()) is not None:
+                try:
+                    msg = ipc.decode(raw)
+                except Exception:
+                    log.exception("undecodable admin message from %s", src)
+                    continue
+                if isinstance(msg, ipc.CreateTopicsReq):
+                    self._create_topics(src, msg)
+                elif isinstance(msg, ipc.DeleteTopicsReq):
+                    self._delete_topics(src, msg)
+                else:
+                    log.error("unexpected admin message %r from %s", type(msg).__name__, src)
+
+    def _create_topics(self, src: str, req: ipc.CreateTopicsReq) -> None:
+        results: list[ipc.TopicResult] = []
+        accepted: list[cat.TopicInfo] = []
+        current = self.store.catalog
+        total = current.partition_count()
+        seen: set[str] = set()
+        for nt in req.topics:
+            try:
+                if nt.name in seen:
+                    raise KafkaError(ErrorCode.invalid_request,
+                                     f"Duplicate topic name {nt.name} in CreateTopics")
+                seen.add(nt.name)
+                cat.check_topic_name(nt.name)
+                if nt.name in cat.INTERNAL_TOPICS:
+                    raise KafkaError(ErrorCode.invalid_topic_exception,
+                                     f"{nt.name} is an internal topic of the appliance")
+                if nt.name in current.topics:
+                    raise KafkaError(ErrorCode.topic_already_exists,
+                                     f"Topic '{nt.name}' already exists.")
+                parts = nt.num_partitions if nt.num_partitions != -1 else self.cfg.topics.default_partitions
+                if parts <= 0:
+                    raise KafkaError(ErrorCode.invalid_partitions,
+                                     "Number of partitions must be larger than 0.")
+                if total + parts > self.cfg.topics.max_partitions:
+                    raise KafkaError(ErrorCode.policy_violation,
+                                     f"Creating {parts} partitions would exceed topics.max_partitions "
+                                     f"= {self.cfg.topics.max_partitions}")
+                configs = validate_topic_configs(dict(nt.configs))
+                info = cat.TopicInfo(name=nt.name, topic_id=cat.new_topic_id(), partitions=parts,
+                                     configs=configs)
+                total += parts
+                accepted.append(info)
+                results.append(ipc.TopicResult(name=nt.name, error_code=0, topic_id=info.topic_id,
+                                               num_partitions=parts, configs=configs))
+            except KafkaError as e:
+                results.append(ipc.TopicResult(name=nt.name, error_code=int(e.code),
+                                               error_message=e.message))
+        writers: list[WorkerSpec] = []
+        if accepted and not req.validate_only:
+            self.store.add_topics(accepted)
+            for t in accepted:
+                for p in range(t.partitions):
+                    spec = self._add_writer(t, p)
+                    self._spawn(spec)
+                    writers.append(spec)
+        self.pending_creates.append(PendingCreate(src, req, results, writers,
+                                                  time.monotonic() + 60.0))
+        self._check_pending()
+
+    def _delete_topics(self, src: str, req: ipc.DeleteTopicsReq) -> None:
+        results: list[ipc.TopicResult] = []
+        names: list[str] = []
+        for name in req.names:
+            t = self.store.catalog.topics.get(name)
+            if t is None:
+                results.append(ipc.TopicResult(name=name, error_code=int(ErrorCode.unknown_topic_or_partition),
+                                               error_message="This server does not host this topic."))
+            else:
+                names.append(name)
+                results.append(ipc.TopicResult(name=name, error_code=0, topic_id=t.topic_id))
+        removed = self.store.remove_topics(names) if names else []
+        self._publish_catalog()
+        writers = []
+        for t in removed:
+            for p in range(t.partitions):
+                spec = self.workers[writer_name(t.topic_id, p)]
+                spec.removed = True
+                if spec.pid is not None:
+                    _kill(spec.pid, signal.SIGTERM)
+                writers.append(spec)
+        self.pending_deletes.append(PendingDelete(src, req, results, writers, removed))
+        self._check_pending()
+
+    def _check_pending(self) -> None:
+        now = time.monotonic()
+        still = []
+        publish = False
+        done: list[PendingCreate] = []
+        for pc in self.pending_creates:
+            if all(self._writer_ready(s) for s in pc.writers):
+                publish = publish or bool(pc.writers)
+                done.append(pc)
+            elif now > pc.deadline:
+                pc.results = [ipc.TopicResult(name=r.name, error_code=int(ErrorCode.request_timed_out),
+                                              error_message="partition writers did not start in time")
+                              if r.error_code == 0 else r for r in pc.results]
+                publish = True
+                done.append(pc)
+            else:
+                still.append(pc)
+        self.pending_creates = still
+        if publish:
+            self._publish_catalog()
+        for pc in done:
+            self._reply(pc.src, ipc.CreateTopicsResp(req_id=pc.req.req_id, results=pc.results))
+        still_d = []
+        for pd in self.pending_deletes:
+            if any(s.pid is not None for s in pd.writers):
+                still_d.append(pd)
+                continue
+            for s in pd.writers:
+                self.topo.remove_endpoint(s.name)
+                self.workers.pop(s.name, None)
+                self.free_slots.append(s.heartbeat_slot)
+            for t in pd.topics:
+                self.store.delete_dirs(t)
+            self._write_processes()
+            self._reply(pd.src, ipc.DeleteTopicsResp(req_id=pd.req.req_id, results=pd.results))
+        self.pending_deletes = still_d
+
+    def _publish_catalog(self) -> None:
+        cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+        self.page.publish(catalog_version=self.store.catalog.version)
+
+    def _reply(self, dst: str, msg) -> None:
+        data = ipc.encode(msg)
+        box = self.outboxes[dst]
+        deadline = time.monotonic() + 5
+        while not box.send(data):
+            if time.monotonic() > deadline:
+                log.error("reply ring to %s stays full; dropping %s", dst, type(msg).__name__)
+                return
+            time.sleep(0.001)
+
+    # -- stopping -------------------------------------------------------------------------------
+    def _begin_stop(self) -> None:
+        self.stopping = True
+        sd_notify("STOPPING=1")
+        self.page.publish(status=STOPPED)
+
+    def _stop_all(self) -> None:
+        """Drain in order: frontends (finish in-flight requests), then everything else."""
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        deadline = time.monotonic() + self.cfg.supervisor.shutdown_timeout_ms / 1000
+        for phase in (("frontend",), ("fetcher", "coordinator", "writer")):
+            targets = [s for s in self.by_pid.values() if s.role in phase]
+            for s in targets:
+                _kill(s.pid, signal.SIGTERM)
+            while any(s.pid is not None for s in targets) and time.monotonic() < deadline:
+                self._wait_children(0.05)
+        for s in list(self.by_pid.values()):
+            log.error("%s (pid %d) did not stop in time: SIGKILL", s.name, s.pid)
+            _kill(s.pid, signal.SIGKILL)
+        while self.by_pid:
+            self._wait_children(0.05)
+
+    def _wait_children(self, timeout: float) -> None:
+        try:
+            self.selector.select(timeout)
+        except Exception:
+            time.sleep(timeout)
+        self.signals.clear()
+        self._reap()
+
+    def _cleanup(self) -> None:
+        try:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            ptr = os.path.join(self.data_dir, RUNTIME_POINTER)
+            if os.path.exists(ptr):
+                os.unlink(ptr)
+        except OSError:
+            pass
+        if self._lock_fd >= 0:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                os.close(self._lock_fd)
+            except OSError:
+                pass
+            self._lock_fd = -1
+
+
+def _kill(pid: int | None, sig: int) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sd_notify(state: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(addr)
+            s.sendall(state.encode())
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ECONNREFUSED):
+            log.warning("sd_notify(%s) failed: %s", state, e)

@@ -1,0 +1,82 @@
+"""The topic catalog: durable commit point, Kafka's partition.metadata, crash sweeping."""
+
+import os
+
+import pytest
+
+from appliance import catalog as cat
+from appliance.errors import KafkaError
+
+
+def test_add_and_reload(tmp_path):
+    store = cat.CatalogStore(str(tmp_path))
+    store.load()
+    t = cat.TopicInfo(name="orders", topic_id=cat.new_topic_id(), partitions=3, configs={"retention.ms": "5"})
+    store.add_topics([t])
+    again = cat.CatalogStore(str(tmp_path)).load()
+    assert again.topics["orders"] == t
+    assert again.by_id(t.topic_id) == t
+    meta = (tmp_path / "orders-2" / "partition.metadata").read_text()
+    assert meta == f"version: 0\ntopic_id: {cat.uuid_to_kafka_str(t.topic_id)}\n"
+
+
+def test_kafka_uuid_string_round_trip():
+    tid = cat.new_topic_id()
+    s = cat.uuid_to_kafka_str(tid)
+    assert len(s) == 22 and "=" not in s and not s.startswith("-")
+    assert cat.kafka_str_to_uuid(s) == tid
+
+
+def test_uncommitted_create_is_swept(tmp_path):
+    """A crash after the partition dirs were made but before the catalog commit leaves orphans."""
+    store = cat.CatalogStore(str(tmp_path))
+    store.load()
+    d = tmp_path / "ghost-0"
+    d.mkdir()
+    (d / "partition.metadata").write_text("version: 0\ntopic_id: x\n")
+    cat.CatalogStore(str(tmp_path)).load()
+    assert not d.exists()
+
+
+def test_remove_then_delete_dirs(tmp_path):
+    store = cat.CatalogStore(str(tmp_path))
+    store.load()
+    t = cat.TopicInfo(name="a", topic_id=cat.new_topic_id(), partitions=2)
+    store.add_topics([t])
+    removed = store.remove_topics(["a", "missing"])
+    assert removed == [t]
+    store.delete_dirs(t)
+    assert "a" not in cat.CatalogStore(str(tmp_path)).load().topics
+    assert not any(p.name.startswith("a-") for p in tmp_path.iterdir())
+
+
+def test_removed_but_not_deleted_is_swept(tmp_path):
+    store = cat.CatalogStore(str(tmp_path))
+    store.load()
+    t = cat.TopicInfo(name="a", topic_id=cat.new_topic_id(), partitions=1)
+    store.add_topics([t])
+    store.remove_topics(["a"])
+    assert (tmp_path / "a-0").exists()
+    cat.CatalogStore(str(tmp_path)).load()
+    assert not (tmp_path / "a-0").exists()
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a" * 250, "bad name", "bad/name", "ü"])
+def test_illegal_topic_names(name):
+    with pytest.raises(KafkaError) as e:
+        cat.check_topic_name(name)
+    assert e.value.code == 17
+
+
+def test_publish_and_view(tmp_path):
+    c = cat.Catalog(version=7, topics={"x": cat.TopicInfo("x", cat.new_topic_id(), 2, {})})
+    path = str(tmp_path / "c.mp")
+    cat.publish(c, path)
+    version = [7]
+    view = cat.CatalogView(path, lambda: version[0])
+    assert view.get().topics["x"].partitions == 2
+    c2 = cat.Catalog(version=8, topics={})
+    cat.publish(c2, path)
+    assert "x" in view.get().topics          # version not bumped yet: cached
+    version[0] = 8
+    assert view.get().topics == {}

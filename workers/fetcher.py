@@ -1,0 +1,253 @@
+"""Fetch worker: answers Fetch and ListOffsets from read-only views of the partition logs.
+
+Runs as a child of the supervisor (``server.fetchers`` of them). Owns nothing durable: only its
+parked long-polls. Reads partition state pages (high watermark, LSO, log start, active segment end)
+and read-only maps of segments and indexes (``appliance.log.reader.LogReader``); never reads at or
+past what a writer has published.
+
+A Fetch that cannot yet satisfy ``min_bytes`` is parked until ``max_wait_ms``: the fetcher sets its
+flag byte on each involved partition's state page (the writer rings this fetcher's bell after it
+publishes while the flag is set) and re-evaluates parked fetches on every wake-up. Replies carry
+byte ranges (segment, position, length); the frontend copies them from its own read-only maps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from appliance import ipc
+from appliance.catalog import PUBLISHED_FILE, CatalogView, partition_dir
+from appliance.errors import ErrorCode, KafkaError
+from appliance.log.reader import LogReader
+from appliance.runtime import (HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, STARTING, SUPERVISOR,
+                               SUPERVISOR_PAGE_FIELDS, WorkerContext, writer_name)
+from shm.doorbell import BellSender
+from shm.heartbeat import HeartbeatTable
+from shm.statepage import StatePage
+from shm.topology import Mailbox, Outbox, Topology
+
+log = logging.getLogger("appliance.fetcher")
+
+READ_COMMITTED = 1
+EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
+
+
+def main(ctx: WorkerContext) -> int:
+    return Fetcher(ctx).run()
+
+
+class PartitionHandle:
+    """Read-only access to one partition: its state page and its log reader."""
+
+    def __init__(self, topo: Topology, data_dir: str, topic: str, topic_id: bytes, partition: int) -> None:
+        self.name = writer_name(topic_id, partition)
+        self.page = StatePage.open(topo.page_path(self.name), PARTITION_PAGE_FIELDS, readonly=False)
+        self.reader = LogReader(partition_dir(data_dir, topic, partition))
+        self.seen_segments = -1
+        self.waiters = 0
+
+    def state(self):
+        st = self.page.read()
+        if st.segments_version != self.seen_segments:
+            self.reader.refresh()
+            self.seen_segments = st.segments_version
+        return st
+
+
+@dataclass
+class Parked:
+    src: str
+    req: ipc.FetchReq
+    deadline: float
+    handles: list[PartitionHandle]
+
+
+class Fetcher:
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.topo = Topology(ctx.run_dir)
+        self.hb = HeartbeatTable.open(os.path.join(ctx.run_dir, HEARTBEAT_FILE))
+        self.sup_page = StatePage.open(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS,
+                                       readonly=True)
+        self.catalog = CatalogView(self.topo.file_path(PUBLISHED_FILE),
+                                   lambda: self.sup_page.read().catalog_version)
+        self.bells = BellSender()
+        self.mailbox = Mailbox(self.topo, ctx.name)
+        for fe in ctx.frontends:
+            self.mailbox.add(fe)
+        self.outboxes = {fe: Outbox(self.topo, ctx.name, fe, self.bells) for fe in ctx.frontends}
+        self.handles: dict[tuple[bytes, int], PartitionHandle] = {}
+        self.parked: list[Parked] = []
+        self.stop = False
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while not self.stop:
+            self.hb.beat(self.ctx.heartbeat_slot)
+            for src, ring in self.mailbox.inputs.items():
+                while (raw := ring.get()) is not None:
+                    self._dispatch(src, raw)
+            self._recheck_parked()
+            timeout = 0.5
+            if self.parked:
+                timeout = max(0.0, min(timeout, min(p.deadline for p in self.parked) - time.monotonic()))
+            self.mailbox.wait(timeout)
+        for p in self.parked:   # answer what we hold so frontends can drain
+            self._reply(p.src, self._evaluate(p.req)[0])
+        return 0
+
+    def _on_term(self, signum, frame) -> None:
+        self.stop = True
+
+    def _dispatch(self, src: str, raw: bytes) -> None:
+        try:
+            msg = ipc.decode(raw)
+        except Exception:
+            log.exception("undecodable request from %s", src)
+            return
+        if isinstance(msg, ipc.FetchReq):
+            resp, nbytes, final = self._evaluate(msg)
+            if final or nbytes >= msg.min_bytes or msg.max_wait_ms <= 0:
+                self._reply(src, resp)
+            else:
+                self._park(src, msg)
+        elif isinstance(msg, ipc.ListOffsetsReq):
+            self._reply(src, self._list_offsets(msg))
+        else:
+            log.error("unexpected %s from %s", type(msg).__name__, src)
+
+    # -- fetch ----------------------------------------------------------------------------------
+    def _handle(self, topic_id: bytes, partition: int) -> PartitionHandle | None:
+        key = (topic_id, partition)
+        h = self.handles.get(key)
+        cat = self.catalog.get()
+        t = cat.by_id(topic_id)
+        if t is None or partition >= t.partitions:
+            if h is not None:
+                self.handles.pop(key, None)
+                self.topo.forget(h.name)
+            return None
+        if h is None:
+            try:
+                h = PartitionHandle(self.topo, self.ctx.data_dir, t.name, topic_id, partition)
+            except FileNotFoundError:
+                return None
+            self.handles[key] = h
+        return h
+
+    def _evaluate(self, req: ipc.FetchReq) -> tuple[ipc.FetchResp, int, bool]:
+        """Read every partition now. Returns (response, bytes, final) where final means an error
+        that makes waiting pointless (Kafka completes a delayed fetch early on partition errors)."""
+        remaining = req.max_bytes
+        total = 0
+        final = False
+        out: list[ipc.FetchPartResult] = []
+        for part in req.parts:
+            h = self._handle(part.topic_id, part.partition)
+            if h is None:
+                out.append(ipc.FetchPartResult(int(ErrorCode.unknown_topic_or_partition)))
+                final = True
+                continue
+            st = h.state()
+            if st.status == STARTING or st.generation == 0:
+                out.append(ipc.FetchPartResult(int(ErrorCode.not_leader_or_follower)))
+                final = True
+                continue
+            upper = st.last_stable_offset if req.isolation_level == READ_COMMITTED else st.high_watermark
+            try:
+                if remaining <= 0 and total > 0:
+                    slices = []
+                else:
+                    rr = h.reader.read(part.fetch_offset, min(part.max_bytes, max(remaining, 0)),
+                                       high_watermark=upper, log_start_offset=st.log_start_offset,
+                                       min_one_batch=(total == 0),
+                                       active_segment=(st.active_base_offset, st.active_end_position))
+                    slices = [ipc.Slice(s.segment_base, s.position, s.length) for s in rr.slices]
+                    remaining -= rr.bytes
+                    total += rr.bytes
+            except KafkaError as e:
+                out.append(ipc.FetchPartResult(int(e.code), st.high_watermark, st.last_stable_offset,
+                                               st.log_start_offset))
+                final = True
+                continue
+            out.append(ipc.FetchPartResult(0, st.high_watermark, st.last_stable_offset,
+                                           st.log_start_offset, None, slices))
+        return ipc.FetchResp(req_id=req.req_id, parts=out), total, final
+
+    def _park(self, src: str, req: ipc.FetchReq) -> None:
+        handles = []
+        for part in req.parts:
+            h = self._handle(part.topic_id, part.partition)
+            if h is not None:
+                h.waiters += 1
+                if h.waiters == 1:
+                    h.page.set_flag(self.ctx.index, 1)
+                handles.append(h)
+        self.parked.append(Parked(src, req, time.monotonic() + req.max_wait_ms / 1000, handles))
+
+    def _unpark(self, p: Parked) -> None:
+        for h in p.handles:
+            h.waiters -= 1
+            if h.waiters == 0:
+                h.page.set_flag(self.ctx.index, 0)
+
+    def _recheck_parked(self) -> None:
+        if not self.parked:
+            return
+        now = time.monotonic()
+        keep = []
+        for p in self.parked:
+            resp, nbytes, final = self._evaluate(p.req)
+            if final or nbytes >= p.req.min_bytes or now >= p.deadline:
+                self._unpark(p)
+                self._reply(p.src, resp)
+            else:
+                keep.append(p)
+        self.parked = keep
+
+    # -- list offsets ---------------------------------------------------------------------------
+    def _list_offsets(self, req: ipc.ListOffsetsReq) -> ipc.ListOffsetsResp:
+        out = []
+        for part in req.parts:
+            h = self._handle(part.topic_id, part.partition)
+            if h is None:
+                out.append(ipc.ListOffsetsResult(int(ErrorCode.unknown_topic_or_partition)))
+                continue
+            st = h.state()
+            if st.status == STARTING or st.generation == 0:
+                out.append(ipc.ListOffsetsResult(int(ErrorCode.not_leader_or_follower)))
+                continue
+            upper = st.last_stable_offset if req.isolation_level == READ_COMMITTED else st.high_watermark
+            ts = part.timestamp
+            if ts in (EARLIEST, EARLIEST_LOCAL):
+                out.append(ipc.ListOffsetsResult(0, -1, st.log_start_offset))
+            elif ts == LATEST:
+                out.append(ipc.ListOffsetsResult(0, -1, upper))
+            elif ts == LATEST_TIERED:
+                # No tiered storage: Kafka answers offset -1 (UnifiedLog.fetchOffsetByTimestamp).
+                out.append(ipc.ListOffsetsResult(0, -1, -1))
+            elif ts == MAX_TIMESTAMP:
+                found = h.reader.max_timestamp(upper)
+                out.append(ipc.ListOffsetsResult(0, found[1], found[0]) if found
+                           else ipc.ListOffsetsResult(0, -1, -1))
+            else:
+                # Kafka only answers offsets below the last fetchable one (HW or LSO).
+                found = h.reader.offset_for_timestamp(ts, upper)
+                out.append(ipc.ListOffsetsResult(0, found[1], found[0]) if found and found[0] < upper
+                           else ipc.ListOffsetsResult(0, -1, -1))
+        return ipc.ListOffsetsResp(req_id=req.req_id, parts=out)
+
+    def _reply(self, dst: str, msg) -> None:
+        data = ipc.encode(msg)
+        box = self.outboxes[dst]
+        deadline = time.monotonic() + 5
+        while not box.send(data):
+            if time.monotonic() > deadline:
+                log.error("reply ring to %s stays full; dropping reply %d", dst, msg.req_id)
+                return
+            time.sleep(0.0005)

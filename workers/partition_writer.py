@@ -1,0 +1,206 @@
+"""Partition writer: the one process that writes one partition.
+
+Runs as a child of the supervisor, one per partition. Owns that partition's ``PartitionLog``
+(segments, offset and time indexes, log start offset) and publishes its high watermark, log start
+and active-segment end in the partition's state page. Single-threaded: no locks on the write path.
+
+Loop: drain every input ring (produce requests from each frontend), append each batch (patch the
+base offset in place in the ring, then one copy into the mapped segment), publish the new high
+watermark once for the whole group, apply the flush policy once for the group (group commit), then
+put the acks into each frontend's ack ring and ring the bells of those that sleep. Wake fetchers
+parked on this partition. Sleep on the doorbell when there is nothing to do.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import time
+
+from appliance import ipc
+from appliance.catalog import partition_dir
+from appliance.errors import ErrorCode, KafkaError
+from appliance.log.partition_log import LogSettings, PartitionLog
+from appliance.runtime import (DRAINING, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY, RECOVERING,
+                               STOPPED, WORKER_BOOT_ERROR, WorkerContext)
+from shm.doorbell import BellSender
+from shm.heartbeat import HeartbeatTable
+from shm.statepage import StatePage
+from shm.topology import Mailbox, Topology
+
+log = logging.getLogger("appliance.writer")
+
+# How many records one input ring may hand over per loop turn before the others get a turn.
+FAIRNESS_BUDGET = 64
+
+
+def main(ctx: WorkerContext) -> int:
+    return PartitionWriter(ctx).run()
+
+
+class PartitionWriter:
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.config
+        self.gen = ctx.generation
+        self.topo = Topology(ctx.run_dir)
+        self.page = StatePage.open(self.topo.page_path(ctx.name), PARTITION_PAGE_FIELDS)
+        self.hb = HeartbeatTable.open(os.path.join(ctx.run_dir, HEARTBEAT_FILE))
+        self.bells = BellSender()
+        self.mailbox = Mailbox(self.topo, ctx.name)
+        for fe in ctx.frontends:
+            self.mailbox.add(fe)
+        self.ack_rings = {fe: self.topo.open_ring(ctx.name, fe) for fe in ctx.frontends}
+        # Acks that did not fit their ring (a slow or restarting frontend): retried next turn.
+        self.backlog: dict[str, collections.deque[bytes]] = {fe: collections.deque()
+                                                              for fe in ctx.frontends}
+        self.fetcher_bells = [self.topo.bell_path(fx) for fx in ctx.fetchers]
+        self.stop = False
+        self.policy = self.cfg.log.flush.policy
+        self.flush_interval = self.cfg.log.flush.interval_ms / 1000
+        self.last_flush = time.monotonic()
+        self.unflushed = False
+        self.await_flush: list[tuple[str, bytes]] = []
+        self.retention_every = self.cfg.log.retention_check_interval_ms / 1000
+        self.next_retention = time.monotonic() + self.retention_every
+
+    # -- life cycle -----------------------------------------------------------------------------
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # the supervisor orders the drain
+        self.page.reset_seq()
+        self.page.publish(generation=self.gen, status=RECOVERING, pid=os.getpid())
+        directory = partition_dir(self.ctx.data_dir, self.ctx.topic, self.ctx.index)
+        try:
+            settings = LogSettings.from_config(self.cfg.log, self.ctx.topic_configs)
+            self.log = PartitionLog.open(directory, settings, _now_ms())
+        except (OSError, ValueError) as e:
+            log.error("cannot open partition log %s: %s", directory, e)
+            return WORKER_BOOT_ERROR
+        self._publish(status=READY)
+        log.info("%s-%d ready: log start %d, log end %d (generation %d)", self.ctx.topic,
+                 self.ctx.index, self.log.log_start_offset, self.log.log_end_offset, self.gen)
+        try:
+            while not self.stop:
+                self._turn()
+            # Drain what is already queued, so that in-flight produce requests get answers.
+            self.page.publish(status=DRAINING)
+            while self._drain_inputs():
+                pass
+            self._flush_and_ack(force=True)
+        finally:
+            self.log.flush()
+            self.log.close(clean=True)
+            self.page.publish(status=STOPPED)
+        return 0
+
+    def _on_term(self, signum, frame) -> None:
+        self.stop = True
+
+    # -- one loop turn --------------------------------------------------------------------------
+    def _turn(self) -> None:
+        self.hb.beat(self.ctx.heartbeat_slot)
+        worked = self._drain_inputs()
+        self._flush_and_ack()
+        now = time.monotonic()
+        if now >= self.next_retention:
+            self.next_retention = now + self.retention_every
+            changed = self.log.enforce_retention(_now_ms())
+            changed = self.log.maybe_roll(_now_ms()) or changed
+            if changed:
+                self._publish()
+        if not worked:
+            timeout = 0.5
+            if self.await_flush or (self.policy == "interval" and self.unflushed):
+                timeout = max(0.0, self.last_flush + self.flush_interval - now)
+            if any(self.backlog.values()):
+                timeout = min(timeout, 0.01)
+            self.mailbox.wait(timeout)
+
+    def _drain_inputs(self) -> bool:
+        appended = False
+        acked: dict[str, list[bytes]] = {}
+        now_ms = _now_ms()
+        for src, ring in self.mailbox.inputs.items():
+            for _ in range(FAIRNESS_BUDGET):
+                mv = ring.peek()
+                if mv is None:
+                    break
+                try:
+                    ack, acks, did_append = self._handle(mv, now_ms)
+                finally:
+                    ring.advance()
+                appended |= did_append
+                if ack is None:
+                    continue
+                if acks == -1 and self.policy != "os" and did_append:
+                    self.await_flush.append((src, ack))
+                else:
+                    acked.setdefault(src, []).append(ack)
+        if appended:
+            self.unflushed = True
+            self._publish()
+        for fe, acks in acked.items():
+            self.backlog[fe].extend(acks)
+        return appended or bool(acked)
+
+    def _handle(self, mv: memoryview, now_ms: int) -> tuple[bytes | None, int, bool]:
+        kind = mv[0]
+        if kind != ipc.KIND_PRODUCE:
+            log.error("unexpected message kind %d on a produce ring; dropped", kind)
+            return None, 0, False
+        _, _, acks, gen, req_id, blen, _ = ipc.PRODUCE_HDR.unpack_from(mv, 0)
+        if gen != self.gen:
+            # Addressed to a predecessor that died: the frontend has already answered the client.
+            return ipc.produce_ack(int(ErrorCode.not_leader_or_follower), self.gen, req_id, -1, -1,
+                                   self.log.log_start_offset), acks, False
+        batch = mv[ipc.PRODUCE_HDR.size:ipc.PRODUCE_HDR.size + blen]
+        try:
+            info = self.log.append(batch, now_ms)
+        except KafkaError as e:
+            return ipc.produce_ack(int(e.code), self.gen, req_id, -1, -1, self.log.log_start_offset,
+                                   e.message), acks, False
+        if acks == 0:
+            return None, acks, True
+        return ipc.produce_ack(0, self.gen, req_id, info.base_offset, info.log_append_time,
+                               self.log.log_start_offset), acks, True
+
+    def _flush_and_ack(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.unflushed and (
+                force or (self.policy == "batch" and self.await_flush)
+                or (self.policy == "interval" and now - self.last_flush >= self.flush_interval)):
+            self.log.flush()
+            self.unflushed = False
+            self.last_flush = now
+        if self.await_flush and not self.unflushed:
+            for fe, ack in self.await_flush:
+                self.backlog[fe].append(ack)
+            self.await_flush.clear()
+        for fe, queue in self.backlog.items():
+            if not queue:
+                continue
+            ring = self.ack_rings[fe]
+            while queue and ring.try_put(queue[0]):
+                queue.popleft()
+            if ring.consumer_waiting:
+                self.bells.ring(self.topo.bell_path(fe))
+
+    def _publish(self, **extra) -> None:
+        lg = self.log
+        hw = lg.log_end_offset
+        self.page.publish(high_watermark=hw, last_stable_offset=hw, log_start_offset=lg.log_start_offset,
+                          active_base_offset=lg.active_segment_base,
+                          active_end_position=lg.active_end_position,
+                          segments_version=lg.segments_version, first_unstable_offset=-1, **extra)
+        # Wake fetchers that parked a long-poll on this partition (their flag byte is set).
+        flags = self.page.flags()
+        for j, path in enumerate(self.fetcher_bells):
+            if flags[j]:
+                self.bells.ring(path)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
