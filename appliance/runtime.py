@@ -90,6 +90,21 @@ def set_process_name(name: str) -> None:
         pass
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGTERM this worker when the supervisor dies (it then drains and exits);
+    if the supervisor is already gone, exit now."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except OSError:
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 def child_reset_signals() -> None:
     """A forked child inherits the supervisor's handlers and wakeup fd; start from defaults."""
     signal.set_wakeup_fd(-1)

@@ -41,7 +41,7 @@ from . import catalog as cat
 from . import ipc
 from .config import Config
 from .errors import ErrorCode, KafkaError
-from .runtime import (COORDINATOR, EXIT_CRASH_LOOP, EXIT_DATA_DIR, EXIT_OK, HEARTBEAT_FILE,
+from .runtime import (COORDINATOR, die_with_parent, EXIT_CRASH_LOOP, EXIT_DATA_DIR, EXIT_OK, HEARTBEAT_FILE,
                       HEARTBEAT_SLOTS, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
                       RUNTIME_POINTER, STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
                       WorkerContext, child_reset_signals, default_run_dir, fetcher_name,
@@ -175,6 +175,7 @@ class Supervisor:
         self.bound_port = s.getsockname()[1]
 
     def _setup(self) -> None:
+        self._pid = os.getpid()
         self._prepare_data_dir()
         self.store = cat.CatalogStore(self.data_dir)
         self.store.load()
@@ -237,6 +238,7 @@ class Supervisor:
             code = 1
             try:
                 child_reset_signals()
+                die_with_parent(self._pid)
                 self._close_in_child()
                 set_process_name(f"appl-{spec.name}"[:15])
                 setup_logging(spec.name)
@@ -266,12 +268,8 @@ class Supervisor:
             except OSError:
                 pass
         self.mailbox.close()
-        if self.listener is not None and self.listener.fileno() >= 0:
-            os.set_inheritable(self.listener.fileno(), True)
-        try:
-            os.close(self._lock_fd)
-        except OSError:
-            pass
+        # The data-dir lock fd stays open in every worker on purpose: the flock is released only
+        # when the last holder exits, so a new appliance cannot start beside an orphaned writer.
 
     def _write_processes(self) -> None:
         rows = [{"role": s.role, "name": s.name, "pid": s.pid, "generation": s.generation,
@@ -318,6 +316,12 @@ class Supervisor:
                     self._spawn(self._add_writer(t, p))
             if not self._wait_writers_ready([s for s in self.workers.values() if s.role == "writer"]):
                 return self._finish()
+            # Import the handlers and warm the codec tables once, before forking frontends, so
+            # every frontend shares them (pre-fork) instead of paying the import itself.
+            from appliance.api import api_ranges, load_handlers
+            from appliance.protocol.messages import preload
+            load_handlers()
+            preload(api_ranges())
             from workers.coordinator import main as coordinator_main
             from workers.fetcher import main as fetcher_main
             from workers.frontend import main as frontend_main

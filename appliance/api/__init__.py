@@ -80,7 +80,8 @@ class RequestContext:
         return messages.response_class(self.header.api_key, self.header.api_version)
 
     def response_module(self):
-        return messages.response_module(self.header.api_key, self.header.api_version)
+        """The kio module of this version's response (for its nested entity classes)."""
+        return importlib.import_module(self.response_class().__module__)
 
 
 def encode_body(result: Any) -> list:
@@ -89,22 +90,3 @@ def encode_body(result: Any) -> list:
     if isinstance(result, list):
         return result
     return [messages.encode_response(result)]
-
-
-def make(cls, **values):
-    """Build a kio entity of any version from the values that version has.
-
-    Values for fields the version lacks are dropped (so one handler serves every version); fields
-    absent from ``values`` take their declared default."""
-    names = _field_names(cls)
-    return cls(**{k: v for k, v in values.items() if k in names})
-
-
-_FIELDS: dict[type, frozenset[str]] = {}
-
-
-def _field_names(cls) -> frozenset[str]:
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = _FIELDS[cls] = frozenset(f.name for f in dataclasses.fields(cls))
-    return names

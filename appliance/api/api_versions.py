@@ -7,20 +7,13 @@ with UNSUPPORTED_VERSION (Kafka's rule, so that clients can retry with a version
 
 from __future__ import annotations
 
-import re
-
 from appliance.api import api_ranges, handles
+from appliance.errors import ErrorCode
 from appliance.protocol import messages
-
-# Kafka's ApiVersionsRequest.isValid(): client software name and version from v3 on.
-_SOFTWARE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?$")
-INVALID_REQUEST = 42
 
 
 @handles(18, "ApiVersions", 0, 4)
 def handle(ctx, req):
-    error = 0
-    if ctx.version >= 3 and not (_SOFTWARE.match(req.client_software_name or "")
-                                 and _SOFTWARE.match(req.client_software_version or "")):
-        error = INVALID_REQUEST
+    # KIP-511: a v3+ request naming its client software with forbidden characters is refused.
+    error = 0 if messages.api_versions_request_valid(req) else int(ErrorCode.invalid_request)
     return messages.build_api_versions_response(ctx.version, api_ranges(), error_code=error)

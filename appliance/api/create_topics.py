@@ -12,7 +12,8 @@ import datetime
 import uuid
 
 from appliance import ipc
-from appliance.api import handles, make
+from appliance.api import handles
+from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
 from appliance.topic_config import TOPIC_CONFIGS, effective_topic_configs
 
@@ -73,12 +74,12 @@ async def handle(ctx, req):
         configs = None
         if ok:
             configs = tuple(
-                make(m.CreatableTopicConfigs, name=name, value=value, read_only=False,
+                build(m.CreatableTopicConfigs, name=name, value=value, read_only=False,
                      config_source=DEFAULT_CONFIG if is_default else TOPIC_CONFIG, is_sensitive=False)
                 for name, (value, is_default) in effective_topic_configs(cfg, r.configs).items())
-        out.append(make(m.CreatableTopicResult, name=t.name,
+        out.append(build(m.CreatableTopicResult, name=t.name,
                         topic_id=uuid.UUID(bytes=r.topic_id) if ok and r.topic_id else ZERO_UUID,
                         error_code=ErrorCode(r.error_code), error_message=r.error_message,
                         topic_config_error_code=0, num_partitions=r.num_partitions if ok else -1,
                         replication_factor=1 if ok else -1, configs=configs))
-    return make(m.CreateTopicsResponse, throttle_time=datetime.timedelta(0), topics=tuple(out))
+    return build(m.CreateTopicsResponse, throttle_time=datetime.timedelta(0), topics=tuple(out))

@@ -10,7 +10,8 @@ import datetime
 import uuid
 
 from appliance import ipc
-from appliance.api import handles, make
+from appliance.api import handles
+from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
 
 ZERO_UUID = uuid.UUID(int=0)
@@ -49,6 +50,6 @@ async def handle(ctx, req):
             err, msg = ErrorCode(r.error_code), r.error_message
             if tid is None:
                 tid = uuid.UUID(bytes=r.topic_id) if r.topic_id else ZERO_UUID
-        out.append(make(m.DeletableTopicResult, name=name, topic_id=tid or ZERO_UUID, error_code=err,
+        out.append(build(m.DeletableTopicResult, name=name, topic_id=tid or ZERO_UUID, error_code=err,
                         error_message=msg))
-    return make(m.DeleteTopicsResponse, throttle_time=datetime.timedelta(0), responses=tuple(out))
+    return build(m.DeleteTopicsResponse, throttle_time=datetime.timedelta(0), responses=tuple(out))

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import datetime
 
-from appliance.api import handles, make
+from appliance.api import handles
+from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
 
 NO_OPS = -2147483648
@@ -21,14 +22,14 @@ def handle(ctx, req):
     host, port = b.advertised
     endpoint_type = getattr(req, "endpoint_type", 1)
     if endpoint_type not in (1, 2):
-        return make(m.DescribeClusterResponse, throttle_time=datetime.timedelta(0),
+        return build(m.DescribeClusterResponse, throttle_time=datetime.timedelta(0),
                     error_code=ErrorCode.unsupported_endpoint_type,
                     error_message=f"Unsupported endpoint type {endpoint_type}",
                     endpoint_type=endpoint_type, cluster_id=b.cluster_id, controller_id=-1,
                     brokers=(), cluster_authorized_operations=NO_OPS)
-    return make(m.DescribeClusterResponse, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none,
+    return build(m.DescribeClusterResponse, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none,
                 error_message=None, endpoint_type=endpoint_type, cluster_id=b.cluster_id,
                 controller_id=b.node_id,
-                brokers=(make(m.DescribeClusterBroker, broker_id=b.node_id, host=host, port=port,
+                brokers=(build(m.DescribeClusterBroker, broker_id=b.node_id, host=host, port=port,
                               rack=None, is_fenced=False),),
                 cluster_authorized_operations=NO_OPS)

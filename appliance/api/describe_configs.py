@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import datetime
 
-from appliance.api import handles, make
+from appliance.api import handles
+from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
 from appliance.topic_config import TOPIC_CONFIGS, effective_topic_configs
 
@@ -63,7 +64,7 @@ def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
 
 
 def _entry(m, name, value, source, ctype, doc, synonyms, req):
-    return make(m.DescribeConfigsResourceResult, name=name, value=value, read_only=source != TOPIC_CONFIG_SOURCE and source != DEFAULT_CONFIG,
+    return build(m.DescribeConfigsResourceResult, name=name, value=value, read_only=source != TOPIC_CONFIG_SOURCE and source != DEFAULT_CONFIG,
                 config_source=source, is_default=source == DEFAULT_CONFIG, is_sensitive=False,
                 synonyms=tuple(synonyms) if req.include_synonyms else (),
                 config_type=CONFIG_TYPES.get(ctype, 0),
@@ -91,10 +92,10 @@ def handle(ctx, req):
                     d = TOPIC_CONFIGS[name]
                     syn = []
                     if not is_default:
-                        syn.append(make(m.DescribeConfigsSynonym, name=name, value=value, source=TOPIC_CONFIG_SOURCE))
+                        syn.append(build(m.DescribeConfigsSynonym, name=name, value=value, source=TOPIC_CONFIG_SOURCE))
                     if name in BROKER_SYNONYM:
                         bname = BROKER_SYNONYM[name]
-                        syn.append(make(m.DescribeConfigsSynonym, name=bname, value=brokers[bname][0],
+                        syn.append(build(m.DescribeConfigsSynonym, name=bname, value=brokers[bname][0],
                                         source=STATIC_BROKER_CONFIG))
                     entries.append(_entry(m, name, value, DEFAULT_CONFIG if is_default else TOPIC_CONFIG_SOURCE,
                                           d.type, d.doc, syn, req))
@@ -106,11 +107,11 @@ def handle(ctx, req):
             else:
                 for name, (value, ctype) in brokers.items():
                     if keys is None or name in keys:
-                        syn = [make(m.DescribeConfigsSynonym, name=name, value=value, source=STATIC_BROKER_CONFIG)]
+                        syn = [build(m.DescribeConfigsSynonym, name=name, value=value, source=STATIC_BROKER_CONFIG)]
                         entries.append(_entry(m, name, value, STATIC_BROKER_CONFIG, ctype, None, syn, req))
         else:
             err, msg = ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
-        results.append(make(m.DescribeConfigsResult, error_code=err, error_message=msg,
+        results.append(build(m.DescribeConfigsResult, error_code=err, error_message=msg,
                             resource_type=res.resource_type, resource_name=res.resource_name,
                             configs=tuple(entries)))
-    return make(m.DescribeConfigsResponse, throttle_time=datetime.timedelta(0), results=tuple(results))
+    return build(m.DescribeConfigsResponse, throttle_time=datetime.timedelta(0), results=tuple(results))

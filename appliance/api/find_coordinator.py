@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime
 
-from appliance.api import handles, make
+from appliance.api import handles
+from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
 
 GROUP, TRANSACTION = 0, 1
@@ -34,13 +35,13 @@ def handle(ctx, req):
         for key in req.coordinator_keys:
             err, msg = _answer(ctx, key_type, key)
             ok = err == ErrorCode.none
-            coords.append(make(m.Coordinator, key=key, node_id=broker.node_id if ok else -1,
+            coords.append(build(m.Coordinator, key=key, node_id=broker.node_id if ok else -1,
                                host=host if ok else "", port=port if ok else -1, error_code=err,
                                error_message=msg))
-        return make(m.FindCoordinatorResponse, throttle_time=datetime.timedelta(0),
+        return build(m.FindCoordinatorResponse, throttle_time=datetime.timedelta(0),
                     coordinators=tuple(coords))
     err, msg = _answer(ctx, key_type, req.key)
     ok = err == ErrorCode.none
-    return make(m.FindCoordinatorResponse, throttle_time=datetime.timedelta(0), error_code=err,
+    return build(m.FindCoordinatorResponse, throttle_time=datetime.timedelta(0), error_code=err,
                 error_message=msg, node_id=broker.node_id if ok else -1, host=host if ok else "",
                 port=port if ok else -1)

@@ -11,15 +11,12 @@ Produce 12 (KIP-890 part 2) is advertised only once transactions support it (iss
 from __future__ import annotations
 
 import asyncio
-import datetime
 
-from appliance.api import handles, make
+from appliance.api import handles
 from appliance.errors import ErrorCode, KafkaError
+from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
 from appliance.protocol.records import validate_batch
 from appliance.server.broker import ProduceResult
-
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-
 
 def _max_bytes(cfg, info) -> int:
     v = info.configs.get("max.message.bytes")
@@ -58,17 +55,13 @@ async def handle(ctx, req):
     futures = [r for _, _, r in pending if isinstance(r, asyncio.Future)]
     if futures:
         await asyncio.gather(*futures)
-    m = ctx.response_module()
-    by_topic: dict[str, list] = {}
+    by_topic: dict[str, ProduceTopic] = {}
     for name, index, r in pending:
         if isinstance(r, asyncio.Future):
             r = r.result()
-        by_topic.setdefault(name, []).append(make(
-            m.PartitionProduceResponse, index=index, error_code=ErrorCode(r.error_code),
-            base_offset=r.base_offset,
-            log_append_time=(_EPOCH + datetime.timedelta(milliseconds=r.log_append_time)
-                             if r.log_append_time >= 0 else None),
-            log_start_offset=r.log_start_offset, record_errors=(), error_message=r.error_message))
-    return make(m.ProduceResponse, throttle_time=datetime.timedelta(0),
-                responses=tuple(make(m.TopicProduceResponse, name=n, partition_responses=tuple(ps))
-                                for n, ps in by_topic.items()))
+        topic = by_topic.get(name)
+        if topic is None:
+            topic = by_topic[name] = ProduceTopic(name, None)
+        topic.partitions.append(ProducePartition(index, r.error_code, r.base_offset, r.log_append_time,
+                                                 r.log_start_offset, (), r.error_message))
+    return encode_produce_response(ctx.version, list(by_topic.values()))

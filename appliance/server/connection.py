@@ -94,11 +94,11 @@ class KafkaConnection(asyncio.Protocol):
             if header.api_key != API_VERSIONS_KEY:
                 raise ProtocolViolation(
                     f"unsupported version {header.api_version} of api key {header.api_key}")
-            # Kafka answers an unknown ApiVersions version in the v0 layout with error 35 so the
-            # client can retry with a version from our ranges.
+            # Kafka answers an unknown ApiVersions version in the v0 layout with error 35 and its
+            # own range, so the client can retry with a version we support.
             self.slots.append(slot)
             self._complete(slot, messages.build_api_versions_response(
-                0, self.server.api_ranges, error_code=35))
+                header.api_version, self.server.api_ranges))
             return
         request = messages.decode_request(header.api_key, header.api_version, frame, body_offset)
         self.slots.append(slot)

@@ -1,0 +1,87 @@
+"""Fetch (key 1), versions 4-17: hand the read to a fetcher, splice the bytes into the response.
+
+Runs in frontends. The fetcher (``workers/fetcher.py``) finds for each partition the byte ranges
+to return and long-polls for ``min_bytes`` up to ``max_wait_ms``; this handler then copies nothing:
+it passes read-only memoryviews of the segment files to the socket through the hand-written
+encoder in ``appliance.protocol.fetch_response``.
+
+Fetch sessions (KIP-227, v7+): we never create one. A full fetch (session id 0, epoch 0 or -1) is
+answered with session id 0, which tells the client to keep sending full fetches, as it does when a
+Kafka broker's session cache is full. Anything else names a session that does not exist:
+FETCH_SESSION_ID_NOT_FOUND, as Kafka's FetchManager answers.
+"""
+
+from __future__ import annotations
+
+from appliance import ipc
+from appliance.api import handles
+from appliance.catalog import partition_dir
+from appliance.errors import ErrorCode
+from appliance.protocol.fetch_response import FetchPartition, FetchTopic, encode_fetch_response
+
+READ_COMMITTED = 1
+
+
+@handles(1, "Fetch", 4, 17)
+async def handle(ctx, req):
+    v = ctx.version
+    broker = ctx.broker
+    session_id = getattr(req, "session_id", 0)
+    session_epoch = getattr(req, "session_epoch", -1)
+    if session_id != 0 or session_epoch not in (0, -1):
+        parts, _ = encode_fetch_response(v, 0, int(ErrorCode.fetch_session_id_not_found), 0, [])
+        return parts
+    catalog = broker.catalog
+    isolation = getattr(req, "isolation_level", 0)
+    asks: list[ipc.FetchPart] = []
+    topics: list[FetchTopic] = []
+    plan: list[tuple[FetchPartition, int, str]] = []   # (response partition, ask index, dir)
+    for t in req.topics:
+        if v >= 13:
+            info = catalog.by_id(t.topic_id.bytes) if t.topic_id is not None else None
+            missing = ErrorCode.unknown_topic_id
+            ft = FetchTopic(info.name if info else "", t.topic_id)
+        else:
+            info = catalog.topics.get(t.topic)
+            missing = ErrorCode.unknown_topic_or_partition
+            ft = FetchTopic(t.topic, info.topic_id if info else None)
+        topics.append(ft)
+        for p in t.partitions:
+            fp = FetchPartition(p.partition)
+            ft.partitions.append(fp)
+            if info is None or not 0 <= p.partition < info.partitions:
+                fp.error_code = int(missing if info is None else ErrorCode.unknown_topic_or_partition)
+                continue
+            plan.append((fp, len(asks), partition_dir(broker.ctx.data_dir, info.name, p.partition)))
+            asks.append(ipc.FetchPart(info.topic_id, p.partition, p.fetch_offset, p.partition_max_bytes))
+    if asks:
+        max_wait_ms = int(req.max_wait.total_seconds() * 1000)
+        max_bytes = getattr(req, "max_bytes", 0x7FFFFFFF)
+        try:
+            resp = await broker.call_fetcher(
+                lambda rid: ipc.FetchReq(rid, max_wait_ms, req.min_bytes, max_bytes, isolation, asks),
+                ctx.connection.fetcher, max_wait_ms / 1000 + broker.cfg.server.internal_request_timeout_ms / 1000)
+            results = resp.parts
+        except TimeoutError:
+            results = [ipc.FetchPartResult(int(ErrorCode.not_leader_or_follower))] * len(asks)
+        views = broker.segment_views
+        for fp, i, directory in plan:
+            r = results[i]
+            fp.error_code = r.error_code
+            fp.high_watermark = r.high_watermark
+            fp.last_stable_offset = r.last_stable_offset
+            fp.log_start_offset = r.log_start_offset
+            fp.aborted_transactions = r.aborted if isolation == READ_COMMITTED else None
+            if isolation == READ_COMMITTED and fp.aborted_transactions is None and not r.error_code:
+                fp.aborted_transactions = []
+            records = []
+            try:
+                for s in r.slices:
+                    records.append(views.view(directory, s.segment_base, s.position, s.length))
+            except FileNotFoundError:
+                # Retention deleted the segment between the lookup and now: answer nothing for
+                # this partition; the client's next fetch gets OFFSET_OUT_OF_RANGE.
+                records = []
+            fp.records = records
+    parts, _ = encode_fetch_response(v, 0, 0, 0, topics)
+    return parts

@@ -1,0 +1,41 @@
+"""Fixtures that start the real appliance (see harness.py)."""
+
+import os
+
+import pytest
+
+from harness import Appliance
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+@pytest.fixture
+def appliance_factory(tmp_path, request):
+    """appliance_factory(**config_sections) -> a started Appliance on a free port."""
+    started: list[Appliance] = []
+
+    def make(data_dir: str | None = None, start: bool = True, **config) -> Appliance:
+        a = Appliance(data_dir=data_dir or str(tmp_path / "data"),
+                      log_path=str(tmp_path / f"appliance-{len(started)}.log"), config=config)
+        started.append(a)
+        return a.start() if start else a
+
+    yield make
+    for a in started:
+        if a.proc is not None:
+            a.terminate()
+    failed = any(getattr(request.node, f"rep_{w}", None) and getattr(request.node, f"rep_{w}").failed
+                 for w in ("setup", "call"))
+    if failed:
+        for a in started:
+            print(f"\n--- appliance log {a.log_path} (tail) ---\n{a.log_tail(200)}")
+
+
+@pytest.fixture
+def appliance(appliance_factory):
+    return appliance_factory()

@@ -1,0 +1,195 @@
+"""Start and drive the real appliance for integration tests.
+
+Every test gets its own appliance: ``appliance run`` as a subprocess (its own process group, so
+that the whole appliance can be killed with one signal), on a free port, with a temporary data dir
+and a config file written by the test. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    return json.dumps(v)
+
+
+def write_config(path: str, sections: dict) -> None:
+    lines = []
+
+    def emit(prefix, table):
+        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        if scalars or not prefix:
+            if prefix:
+                lines.append(f"[{prefix}]")
+            lines.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
+        for k, v in table.items():
+            if isinstance(v, dict):
+                emit(f"{prefix}.{k}" if prefix else k, v)
+
+    emit("", sections)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+@dataclass
+class Appliance:
+    data_dir: str
+    log_path: str
+    config: dict = field(default_factory=dict)
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        if not self.port:
+            self.port = free_port()
+        self.config_path = os.path.join(os.path.dirname(self.log_path), f"appliance-{self.port}.toml")
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, wait: bool = True, timeout: float = 60.0) -> "Appliance":
+        cfg = {"server": {"frontends": 2, "fetchers": 1}, "supervisor": {"shutdown_timeout_ms": 20000}}
+        for section, values in self.config.items():
+            cfg.setdefault(section, {})
+            for k, v in values.items():
+                if isinstance(v, dict):
+                    cfg[section].setdefault(k, {}).update(v)
+                else:
+                    cfg[section][k] = v
+        write_config(self.config_path, cfg)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [APPLIANCE, "run", "--config", self.config_path, "--listen", self.bootstrap,
+             "--data-dir", self.data_dir],
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")})
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"appliance exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self._api_versions_ok():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"appliance not ready after {timeout}s:\n{self.log_tail()}")
+
+    def _api_versions_ok(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
+                # ApiVersions v0: header v1 (key, version, correlation id, client id), empty body.
+                body = struct.pack(">hhih", 18, 0, 7, 4) + b"test"
+                s.sendall(struct.pack(">i", len(body)) + body)
+                s.settimeout(2.0)
+                head = s.recv(8)
+                return len(head) == 8 and struct.unpack(">ii", head)[1] == 7
+        except OSError:
+            return False
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-n:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def log_text(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    # -- processes ------------------------------------------------------------------------------
+    @property
+    def run_dir(self) -> str:
+        with open(os.path.join(self.data_dir, ".runtime")) as f:
+            return f.read().strip()
+
+    def processes(self) -> dict:
+        with open(os.path.join(self.run_dir, "processes.json")) as f:
+            return json.load(f)
+
+    def workers(self, role: str | None = None, topic: str | None = None) -> list[dict]:
+        return [w for w in self.processes()["workers"]
+                if (role is None or w["role"] == role) and (topic is None or w["topic"] == topic)
+                and w["pid"]]
+
+    def writer(self, topic: str, partition: int) -> dict:
+        for w in self.workers("writer", topic):
+            if w["partition"] == partition:
+                return w
+        raise KeyError((topic, partition))
+
+    def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                got = predicate()
+            except (OSError, KeyError, ValueError):
+                got = None
+            if got:
+                return got
+            time.sleep(0.05)
+        raise TimeoutError(f"timed out waiting for {what}:\n{self.log_tail()}")
+
+    # -- stopping -------------------------------------------------------------------------------
+    def terminate(self, timeout: float = 60.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._reap_group()
+
+    def kill9_all(self) -> None:
+        """kill -9 the whole process group (supervisor and every worker) at once."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
+        self._reap_group()
+
+    def _reap_group(self) -> None:
+        # Make sure no worker outlives the test, whatever happened to the supervisor.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.02)
+        if hasattr(self, "_log"):
+            self._log.close()
+
+    def restart(self, **kw) -> "Appliance":
+        return self.start(**kw)
