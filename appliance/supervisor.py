@@ -176,6 +176,7 @@ class Supervisor:
 
     def _setup(self) -> None:
         self._pid = os.getpid()
+        _raise_fd_limit()
         self._prepare_data_dir()
         self.store = cat.CatalogStore(self.data_dir)
         self.store.load()
@@ -189,16 +190,19 @@ class Supervisor:
         small = self.cfg.shm.small_ring_bytes
         for fe in self.frontends:
             for fx in self.fetchers:
-                self.topo.create_ring(fe, fx, small)
-                self.topo.create_ring(fx, fe, small)
+                self._make_ring(fe, fx, small)
+                self._make_ring(fx, fe, small)
             for peer in (SUPERVISOR, COORDINATOR):
-                self.topo.create_ring(fe, peer, small)
-                self.topo.create_ring(peer, fe, small)
+                self._make_ring(fe, peer, small)
+                self._make_ring(peer, fe, small)
         self.bells = BellSender()
         self.mailbox = Mailbox(self.topo, SUPERVISOR)
         for fe in self.frontends:
             self.mailbox.add(fe)
         self.outboxes = {fe: Outbox(self.topo, SUPERVISOR, fe, self.bells) for fe in self.frontends}
+
+    def _make_ring(self, src: str, dst: str, capacity: int) -> None:
+        self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
 
     # -- worker table ---------------------------------------------------------------------------
     def _add_worker(self, role: str, name: str, index: int, entry, topic=None) -> WorkerSpec:
@@ -211,10 +215,10 @@ class Supervisor:
         from workers.partition_writer import main as writer_main
         name = writer_name(topic.topic_id, partition)
         for fe in self.frontends:
-            self.topo.create_ring(fe, name, self.cfg.shm.produce_ring_bytes)
-            self.topo.create_ring(name, fe, self.cfg.shm.small_ring_bytes)
-        self.topo.create_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
-        self.topo.create_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
+            self._make_ring(fe, name, self.cfg.shm.produce_ring_bytes)
+            self._make_ring(name, fe, self.cfg.shm.small_ring_bytes)
+        self._make_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
+        self._make_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
         spec = self._add_worker("writer", name, partition, writer_main, topic)
         spec.page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
         return spec
@@ -267,7 +271,8 @@ class Supervisor:
                 os.close(fd)
             except OSError:
                 pass
-        self.mailbox.close()
+        # Only our copy of the fd: Mailbox.close() would disarm and unlink the supervisor's bell.
+        self.mailbox.doorbell.close(unlink=False)
         # The data-dir lock fd stays open in every worker on purpose: the flock is released only
         # when the last holder exits, so a new appliance cannot start beside an orphaned writer.
 
@@ -643,6 +648,18 @@ class Supervisor:
             except OSError:
                 pass
             self._lock_fd = -1
+
+
+def _raise_fd_limit() -> None:
+    """Every shm mapping keeps a file descriptor (Python 3.11 mmap): a frontend holds about three
+    per partition. Raise the soft limit to the hard one."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _kill(pid: int | None, sig: int) -> None:

@@ -118,7 +118,7 @@ class Broker:
         loop.call_soon(self._tick)
 
     def _on_bell(self) -> None:
-        self.mailbox.drain_bell()
+        self.mailbox.drain()
         self.mailbox.arm()
         self._drain()
 

@@ -1,0 +1,260 @@
+"""Naming and opening of channels in the runtime directory.
+
+Owns: the file names in the runtime directory and each process's cache of opened rings and pages.
+The supervisor creates the files (``create_ring``/``create_page``) before it forks the process that
+consumes them and removes an endpoint's files when it retires that endpoint (``remove_endpoint``);
+every process opens what it needs by name (``open_ring``/``open_page``). See docs/architecture.md,
+"Runtime directory and channels".
+
+Names (endpoints are ``sup``, ``co``, ``fe<i>``, ``fx<i>``, ``w<topic_id_hex>.<partition>``; they
+must not contain ``-`` or ``/``, because ``-`` separates the two ends of a ring)::
+
+    <run_dir>/ring.<src>-<dst>    SPSC ring, producer src -> consumer dst   (shm.ring)
+    <run_dir>/bell.<endpoint>     the endpoint's doorbell socket             (shm.doorbell)
+    <run_dir>/page.<name>         a state page                               (shm.statepage)
+    <run_dir>/<name>              anything else (heartbeats, catalog.msgpack)
+
+``Outbox`` and ``Mailbox`` implement the wake-up protocol on top: the producer rings the
+consumer's bell only when the ring's ``consumer_waiting`` flag is set; the consumer sets the flag
+on all its input rings, re-checks them, and only then sleeps on its bell, with a bounded timeout.
+
+The flag protocol is a store-then-load on each side (producer: store tail, load flag; consumer:
+store flag, load tail). Even x86-64 may reorder a store with a later load (the store buffer), which
+could lose a wake-up. Both sides therefore put a full barrier between the two: ``_fence()`` takes
+and releases an uncontended lock, which in CPython on Linux is a semaphore operation, i.e. a
+``lock``-prefixed instruction (a full barrier on x86-64) - no C extension needed. On other machines
+that is not guaranteed to be a full barrier; there, and for anything else we did not foresee, the
+bounded wait caps what a lost wake-up costs at the timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Sequence
+
+from .doorbell import BellSender, Doorbell
+from .ring import Buffer, Ring
+from .statepage import StatePage
+
+__all__ = ["Topology", "Outbox", "Mailbox"]
+
+_fence_lock = threading.Lock()
+
+
+def _fence() -> None:
+    """Full memory barrier, as far as CPython lets us have one (see the module docstring)."""
+    _fence_lock.acquire()
+    _fence_lock.release()
+
+
+def _check_endpoint(name: str) -> str:
+    if not name or "-" in name or "/" in name or "\0" in name or name in (".", ".."):
+        raise ValueError(f"bad endpoint name {name!r} (no '-', '/', NUL; not empty)")
+    return name
+
+
+class Topology:
+    """File names of one runtime directory plus this process's open rings and pages."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = os.fspath(run_dir)
+        self._rings: dict[tuple[str, str], Ring] = {}
+        self._pages: dict[tuple[str, bool], StatePage] = {}
+
+    # -- names -----------------------------------------------------------------------------
+    def ring_path(self, src: str, dst: str) -> str:
+        return f"{self.run_dir}/ring.{_check_endpoint(src)}-{_check_endpoint(dst)}"
+
+    def bell_path(self, endpoint: str) -> str:
+        return f"{self.run_dir}/bell.{_check_endpoint(endpoint)}"
+
+    def page_path(self, name: str) -> str:
+        return f"{self.run_dir}/page.{_check_endpoint(name)}"
+
+    def file_path(self, name: str) -> str:
+        if not name or "/" in name:
+            raise ValueError(f"bad runtime file name {name!r}")
+        return f"{self.run_dir}/{name}"
+
+    # -- rings -----------------------------------------------------------------------------
+    def create_ring(self, src: str, dst: str, capacity: int, *,
+                    checksums: bool | None = None) -> Ring:
+        """Create (or replace) ring src -> dst, empty. Not cached: the creator (the supervisor)
+        usually does not use it and should close it (every mapping holds a file descriptor)."""
+        self._drop_ring((src, dst))   # a cached mapping would be of the replaced file
+        return Ring.create(self.ring_path(src, dst), capacity, checksums=checksums)
+
+    def open_ring(self, src: str, dst: str) -> Ring:
+        """Open ring src -> dst (once per process; later calls return the same object)."""
+        key = (src, dst)
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = Ring.open(self.ring_path(src, dst))
+        return ring
+
+    def _drop_ring(self, key: tuple[str, str]) -> None:
+        ring = self._rings.pop(key, None)
+        if ring is not None:
+            ring.close()
+
+    # -- pages -----------------------------------------------------------------------------
+    def create_page(self, name: str, fields: Sequence[tuple[str, str]],
+                    flag_slots: int = 64) -> StatePage:
+        """Create (or replace) page ``name``; not cached (see ``create_ring``)."""
+        for key in [k for k in self._pages if k[0] == name]:
+            self._pages.pop(key).close()
+        return StatePage.create(self.page_path(name), fields, flag_slots)
+
+    def open_page(self, name: str, fields: Sequence[tuple[str, str]], readonly: bool = False,
+                  flag_slots: int = 64) -> StatePage:
+        """Open page ``name`` (cached per process and access mode)."""
+        key = (name, readonly)
+        page = self._pages.get(key)
+        if page is None:
+            page = self._pages[key] = StatePage.open(self.page_path(name), fields, readonly,
+                                                     flag_slots)
+        return page
+
+    # -- retiring --------------------------------------------------------------------------
+    def forget(self, endpoint: str) -> None:
+        """Close and drop this process's cached rings and pages touching ``endpoint`` (e.g. when
+        it was removed or re-created). Outboxes/mailbox inputs holding them must be dropped too."""
+        for key in [k for k in self._rings if endpoint in k]:
+            self._drop_ring(key)
+        for key in [k for k in self._pages if k[0] == endpoint]:
+            self._pages.pop(key).close()
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        """Unlink every ring whose src or dst is ``endpoint``, its bell and its page."""
+        _check_endpoint(endpoint)
+        self.forget(endpoint)
+        try:
+            names = os.listdir(self.run_dir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if not name.startswith("ring."):
+                continue
+            src, sep, dst = name[5:].partition("-")
+            if sep and (src == endpoint or dst == endpoint):
+                _unlink(f"{self.run_dir}/{name}")
+        _unlink(self.bell_path(endpoint))
+        _unlink(self.page_path(endpoint))
+
+    def close(self) -> None:
+        """Close every cached ring and page."""
+        for ring in self._rings.values():
+            ring.close()
+        for page in self._pages.values():
+            page.close()
+        self._rings.clear()
+        self._pages.clear()
+
+    def __repr__(self) -> str:
+        return f"Topology({self.run_dir!r})"
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class Outbox:
+    """Producer end of ring src -> dst, ringing dst's bell when dst says it is waiting."""
+
+    __slots__ = ("src", "dst", "ring", "bell", "sender")
+
+    def __init__(self, topology: Topology, src: str, dst: str, sender: BellSender) -> None:
+        self.src = src
+        self.dst = dst
+        self.ring = topology.open_ring(src, dst)
+        self.bell = topology.bell_path(dst)
+        self.sender = sender
+
+    def send(self, *parts: Buffer) -> bool:
+        """Put one record (``parts`` back to back); False if the ring is full right now.
+
+        The bell is rung whenever the consumer is waiting, even when the put failed: a full ring
+        whose consumer sleeps is exactly a lost wake-up to repair."""
+        ring = self.ring
+        ok = ring.try_put(*parts)
+        _fence()                       # tail store before the flag load (see module docstring)
+        if ring.consumer_waiting:
+            self.sender.ring(self.bell)
+        return ok
+
+
+class Mailbox:
+    """Consumer end of all rings into ``endpoint``; owns the endpoint's doorbell."""
+
+    def __init__(self, topology: Topology, endpoint: str) -> None:
+        self.topology = topology
+        self.endpoint = _check_endpoint(endpoint)
+        self.doorbell = Doorbell(topology.bell_path(endpoint))
+        self.inputs: dict[str, Ring] = {}
+
+    def add(self, src: str) -> Ring:
+        """Open ring src -> endpoint and take it as an input."""
+        ring = self.topology.open_ring(src, self.endpoint)
+        self.inputs[src] = ring
+        return ring
+
+    def remove(self, src: str) -> Ring | None:
+        """Stop consuming from src (the ring stays open in the topology cache)."""
+        ring = self.inputs.pop(src, None)
+        if ring is not None:
+            ring.consumer_waiting = False
+        return ring
+
+    def arm(self) -> None:
+        """Set consumer_waiting on every input: producers ring from now on. Re-check the rings
+        (``pending()``) after this and before sleeping."""
+        for ring in self.inputs.values():
+            ring.consumer_waiting = True
+        _fence()                       # flag stores before the tail loads of the re-check
+
+    def disarm(self) -> None:
+        for ring in self.inputs.values():
+            ring.consumer_waiting = False
+
+    def pending(self) -> bool:
+        """True if any input ring holds a record."""
+        for ring in self.inputs.values():
+            if not ring.empty():
+                return True
+        return False
+
+    def ready(self) -> list[str]:
+        """Sources whose rings hold records."""
+        return [src for src, ring in self.inputs.items() if not ring.empty()]
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until a producer rings or ``timeout`` seconds pass; return at once if any input
+        already holds data. Flags are set only for the duration of the call."""
+        self.arm()
+        try:
+            if self.pending():
+                return
+            self.doorbell.wait(timeout)
+        finally:
+            self.disarm()
+
+    def drain(self) -> int:
+        """Consume pending wake-ups (asyncio users, after their reader callback fired)."""
+        return self.doorbell.drain()
+
+    def fileno(self) -> int:
+        return self.doorbell.fileno()
+
+    def close(self) -> None:
+        self.disarm()
+        self.doorbell.close()
+
+    def __enter__(self) -> "Mailbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

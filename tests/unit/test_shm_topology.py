@@ -1,0 +1,172 @@
+"""shm.topology: channel names, caching, endpoint removal, Outbox/Mailbox wake-up protocol."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from shm.doorbell import BellSender
+from shm.ring import Ring
+from shm.topology import Mailbox, Outbox, Topology
+
+PAGE_FIELDS = [("generation", "I"), ("high_watermark", "q")]
+
+
+def test_paths(tmp_path):
+    topo = Topology(str(tmp_path))
+    d = str(tmp_path)
+    assert topo.ring_path("fe0", "wab12.3") == f"{d}/ring.fe0-wab12.3"
+    assert topo.bell_path("fx1") == f"{d}/bell.fx1"
+    assert topo.page_path("sup") == f"{d}/page.sup"
+    assert topo.file_path("catalog.msgpack") == f"{d}/catalog.msgpack"
+    for bad in ("a-b", "", "x/y"):
+        with pytest.raises(ValueError):
+            topo.ring_path(bad, "co")
+
+
+def test_open_ring_is_cached_and_forget_drops_it(tmp_path):
+    topo = Topology(str(tmp_path))
+    topo.create_ring("fe0", "co", 4096).close()
+    topo.create_ring("co", "fe0", 4096).close()
+    r1 = topo.open_ring("fe0", "co")
+    assert topo.open_ring("fe0", "co") is r1
+    back = topo.open_ring("co", "fe0")
+    topo.forget("fe0")
+    r2 = topo.open_ring("fe0", "co")
+    assert r2 is not r1 and topo.open_ring("co", "fe0") is not back
+    topo.create_page("w1.0", PAGE_FIELDS).close()
+    p1 = topo.open_page("w1.0", PAGE_FIELDS)
+    assert topo.open_page("w1.0", PAGE_FIELDS) is p1
+    topo.forget("w1.0")
+    assert topo.open_page("w1.0", PAGE_FIELDS) is not p1
+    topo.close()
+
+
+def test_create_ring_replaces_file_and_cached_mapping(tmp_path):
+    topo = Topology(str(tmp_path))
+    topo.create_ring("fe0", "co", 4096).close()
+    old = topo.open_ring("fe0", "co")
+    assert old.try_put(b"old")
+    topo.create_ring("fe0", "co", 8192).close()
+    new = topo.open_ring("fe0", "co")
+    assert new is not old and new.capacity == 8192 and new.empty()
+
+
+def test_remove_endpoint_unlinks_its_rings_bell_and_page(tmp_path):
+    topo = Topology(str(tmp_path))
+    for src, dst in [("fe0", "w1.0"), ("w1.0", "fe0"), ("fe1", "w1.0"), ("fe0", "w1.1"),
+                     ("w1.1", "fe0"), ("fe0", "co")]:
+        topo.create_ring(src, dst, 4096).close()
+    topo.create_page("w1.0", PAGE_FIELDS).close()
+    topo.create_page("w1.1", PAGE_FIELDS).close()
+    mb = Mailbox(topo, "w1.0")
+    mb.doorbell.close(unlink=False)
+    topo.open_ring("fe0", "w1.0")
+    topo.remove_endpoint("w1.0")
+    assert sorted(os.listdir(tmp_path)) == [
+        "page.w1.1", "ring.fe0-co", "ring.fe0-w1.1", "ring.w1.1-fe0"]
+    with pytest.raises(FileNotFoundError):
+        topo.open_ring("fe0", "w1.0")          # the cached mapping was dropped too
+    topo.remove_endpoint("w1.0")                # idempotent
+
+
+def test_outbox_rings_the_bell_only_when_the_consumer_waits(tmp_path):
+    topo = Topology(str(tmp_path))
+    topo.create_ring("fe0", "w1.0", 4096).close()
+    mb = Mailbox(topo, "w1.0")
+    ring = mb.add("fe0")
+    sender = BellSender()
+    out = Outbox(Topology(str(tmp_path)), "fe0", "w1.0", sender)   # the producer's own process
+    assert out.send(b"a", b"b")
+    assert mb.drain() == 0                      # consumer busy: no wake-up traffic
+    mb.arm()
+    assert out.send(b"c")
+    assert mb.drain() == 1
+    mb.disarm()
+    assert ring.get() == b"ab" and ring.get() == b"c"
+    mb.close()
+
+
+def test_outbox_send_reports_a_full_ring(tmp_path):
+    topo = Topology(str(tmp_path))
+    topo.create_ring("fe0", "co", 4096).close()
+    out = Outbox(topo, "fe0", "co", BellSender())
+    sent = 0
+    while out.send(bytes(1000)):
+        sent += 1
+    assert sent == 4096 // 1008
+    assert out.ring.get() == bytes(1000)
+    assert out.send(bytes(1000))
+
+
+def test_mailbox_wait_returns_promptly_when_data_is_already_there(tmp_path):
+    """No bell was rung (the producer put while the consumer was not waiting): wait() must see the
+    data in its re-check rather than sleep for the timeout."""
+    topo = Topology(str(tmp_path))
+    topo.create_ring("fe0", "co", 4096).close()
+    topo.create_ring("fe1", "co", 4096).close()
+    mb = Mailbox(topo, "co")
+    mb.add("fe0")
+    mb.add("fe1")
+    topo.open_ring("fe1", "co").try_put(b"x")
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (mb.wait(3600.0), done.set()))
+    t.daemon = True
+    t.start()
+    t.join(timeout=60.0)
+    assert done.is_set()                        # it did not sleep on the (hour-long) timeout
+    assert mb.ready() == ["fe1"]
+    assert not any(r.consumer_waiting for r in mb.inputs.values())   # flags cleared
+    mb.close()
+
+
+def test_mailbox_wait_is_woken_by_an_outbox(tmp_path):
+    topo = Topology(str(tmp_path))
+    topo.create_ring("fe0", "co", 4096).close()
+    mb = Mailbox(topo, "co")
+    ring = mb.add("fe0")
+    out = Outbox(Topology(str(tmp_path)), "fe0", "co", BellSender())
+    done = threading.Event()
+
+    def consumer() -> None:
+        while ring.empty():
+            mb.wait(3600.0)
+        done.set()
+
+    t = threading.Thread(target=consumer, daemon=True)
+    t.start()
+    while not ring.consumer_waiting and t.is_alive():   # let it go to sleep first
+        t.join(0.001)
+    assert out.send(b"wake")
+    t.join(timeout=60.0)
+    assert done.is_set()
+    assert ring.get() == b"wake"
+    mb.close()
+
+
+def test_mailbox_wait_times_out_and_clears_flags(tmp_path):
+    topo = Topology(str(tmp_path))
+    topo.create_ring("fe0", "co", 4096).close()
+    mb = Mailbox(topo, "co")
+    ring = mb.add("fe0")
+    mb.wait(0.01)
+    assert not ring.consumer_waiting
+    assert mb.remove("fe0") is ring and mb.inputs == {}
+    mb.wait(0)
+    mb.close()
+    assert not os.path.exists(topo.bell_path("co"))
+
+
+def test_ring_survives_producer_restart_through_topology(tmp_path):
+    run = str(tmp_path)
+    Topology(run).create_ring("fe0", "w1.0", 4096).close()
+    consumer = Topology(run).open_ring("fe0", "w1.0")
+    first = Topology(run)                       # producer process, then its restart
+    assert Outbox(first, "fe0", "w1.0", BellSender()).send(b"1")
+    first.close()
+    second = Outbox(Topology(run), "fe0", "w1.0", BellSender())
+    assert second.send(b"2")
+    assert consumer.get() == b"1" and consumer.get() == b"2"
+    assert isinstance(second.ring, Ring)
