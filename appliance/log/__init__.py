@@ -1,0 +1,11 @@
+"""One partition's storage, in Kafka's on-disk layout (segments of record batches + indexes).
+
+Written by exactly one process, the partition writer (``partition_log.PartitionLog``); read by
+any number of others through read-only maps (``reader.LogReader``, ``reader.SegmentViews``).
+
+- ``files``: names of the files in a partition directory, checkpoints, atomic replacement.
+- ``index``: Kafka's offset and time indexes (memory maps; readers find the valid entries).
+- ``segment``: the writer's active segment; loading and recovering segment files.
+- ``partition_log``: the writer's object (append, roll, flush, retention, recovery at open).
+- ``reader``: fetch ranges and timestamp lookups for other processes.
+"""

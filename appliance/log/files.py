@@ -1,0 +1,124 @@
+"""File names and small durable files of a partition directory.
+
+Owns nothing at run time; imported by the partition writer (which creates, replaces and deletes
+these files) and by readers (fetchers, frontends), which only list and open them read-only.
+
+A partition directory, Kafka's layout plus three small files of our own::
+
+    00000000000000000000.log        record batches, preallocated (sparse) while active
+    00000000000000000000.index      offset index: [u32 relative offset, u32 position] * n
+    00000000000000000000.timeindex  time index:   [i64 timestamp, u32 relative offset] * n
+    00000000000000004711.log  ...   next segment, named after its base offset (20 digits)
+    log-start-offset                checkpoint: "0\\n<offset>\\n" (Kafka's checkpoint style)
+    recovery-point                  checkpoint: every segment below this base offset is sealed
+                                    and fsynced; recovery scans only segments from here on
+    .clean-shutdown                 present only between a clean close and the next open
+    *.tmp                           an atomic replacement in progress; removed at open
+
+Index files are only ever shrunk by atomic replacement (write ``x.tmp``, fsync, rename), never
+by truncating in place, because readers in other processes may have the old file mapped and
+touching a mapped page past the end of a truncated file raises SIGBUS.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "LOG_SUFFIX", "INDEX_SUFFIX", "TIMEINDEX_SUFFIX", "TMP_SUFFIX",
+    "LOG_START_OFFSET_FILE", "RECOVERY_POINT_FILE", "CLEAN_SHUTDOWN_FILE",
+    "segment_name", "log_path", "index_path", "timeindex_path", "list_segment_bases",
+    "fsync_dir", "atomic_write", "read_checkpoint", "write_checkpoint",
+]
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
+TMP_SUFFIX = ".tmp"
+LOG_START_OFFSET_FILE = "log-start-offset"
+RECOVERY_POINT_FILE = "recovery-point"
+CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
+_CHECKPOINT_VERSION = 0
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+def log_path(directory: str, base_offset: int) -> str:
+    return os.path.join(directory, segment_name(base_offset) + LOG_SUFFIX)
+
+
+def index_path(directory: str, base_offset: int) -> str:
+    return os.path.join(directory, segment_name(base_offset) + INDEX_SUFFIX)
+
+
+def timeindex_path(directory: str, base_offset: int) -> str:
+    return os.path.join(directory, segment_name(base_offset) + TIMEINDEX_SUFFIX)
+
+
+def _base_of(name: str, suffix: str) -> int | None:
+    if not name.endswith(suffix):
+        return None
+    stem = name[:-len(suffix)]
+    if len(stem) != 20 or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+def list_segment_bases(directory: str, suffix: str = LOG_SUFFIX) -> list[int]:
+    """Sorted base offsets of the files ``<20 digits><suffix>`` in ``directory``."""
+    out = []
+    for name in os.listdir(directory):
+        base = _base_of(name, suffix)
+        if base is not None:
+            out.append(base)
+    out.sort()
+    return out
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes, *, size: int | None = None, sync: bool = True) -> None:
+    """Replace ``path`` with ``data`` (optionally extended, sparse, to ``size`` bytes) so that a
+    crash leaves either the old or the new file; readers holding the old file mapped keep it."""
+    tmp = path + TMP_SUFFIX
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if size is not None and size > len(data):
+            os.ftruncate(fd, size)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if sync:
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def read_checkpoint(path: str) -> int | None:
+    """The offset in a checkpoint file, or None when absent or unreadable (treated as missing)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            lines = f.read().split()
+    except FileNotFoundError:
+        return None
+    if len(lines) != 2 or lines[0] != str(_CHECKPOINT_VERSION):
+        return None
+    try:
+        return int(lines[1])
+    except ValueError:
+        return None
+
+
+def write_checkpoint(path: str, offset: int) -> None:
+    atomic_write(path, f"{_CHECKPOINT_VERSION}\n{offset}\n".encode("ascii"))

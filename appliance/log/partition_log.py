@@ -1,0 +1,391 @@
+"""PartitionLog: one partition's log, owned by its partition writer process (and nobody else).
+
+The writer opens it (running recovery), appends the batches frontends send it (assigning offsets
+and, for LogAppendTime topics, the timestamp), rolls segments, applies the flush policy and
+retention, and publishes ``log_end_offset`` / ``log_start_offset`` / ``active_segment_base`` /
+``active_end_position`` / ``segments_version`` on its state page. Other processes read the same
+files through ``appliance.log.reader``.
+
+Append path, per batch: one header unpack, the 8-byte base-offset patch (outside the CRC), the
+LogAppendTime stamp if configured (the only CRC pass), a roll check, one memcpy into the mapped
+segment, and an index entry every ``index_interval_bytes``. Never a loop over records.
+
+Opening (Kafka's LogLoader semantics):
+  1. remove ``*.tmp`` (interrupted atomic replacements) and index files without a ``.log``;
+  2. read the ``log-start-offset`` and ``recovery-point`` checkpoints and the clean-shutdown
+     marker;
+  3. finish an interrupted retention delete: segments that end at or below the log start offset
+     are deleted;
+  4. without the marker, scan every segment whose base offset is >= the recovery point (CRC and
+     offset continuity), truncating after the last valid batch; if a segment that is not the last
+     one turns out corrupt, it is truncated and every later segment deleted (as Kafka does).
+     Segments below the recovery point, and all segments after a clean shutdown, are loaded with
+     index sanity checks and a header walk of their tail, and recovered if that fails;
+  5. if the log end is below the log start offset (files lost), start over empty at the log start
+     offset; with no segment at all, create one there;
+  6. remove the marker, re-extend the active segment's files, and go.
+
+A crash at any instant leaves a state this recovers from: an append is torn at worst (scan cuts
+it); a roll seals the old segment completely (trimmed and fsynced) before it creates the new
+files and then advances the recovery point, so at most the last two segments need a scan; a
+retention delete persists the new log start offset before unlinking anything.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Literal, Mapping, NamedTuple
+
+import msgspec
+
+from appliance.config import LogConfig
+from appliance.errors import CorruptRecord, ErrorCode, KafkaError
+from appliance.log.files import (CLEAN_SHUTDOWN_FILE, INDEX_SUFFIX, LOG_START_OFFSET_FILE,
+                                 RECOVERY_POINT_FILE, TIMEINDEX_SUFFIX, TMP_SUFFIX, fsync_dir,
+                                 index_path, list_segment_bases, read_checkpoint, write_checkpoint)
+from appliance.log.index import OffsetIndex
+from appliance.log.segment import (LogSegment, SegmentInfo, delete_segment_files, load_segment,
+                                   recover_segment)
+from appliance.protocol.records import HEADER_SIZE, read_header, set_base_offset, stamp_log_append_time
+
+__all__ = ["LogSettings", "AppendInfo", "PartitionLog"]
+
+
+# Kafka topic-config names -> LogSettings fields.
+_TOPIC_KEYS = {
+    "segment.bytes": "segment_bytes",
+    "segment.ms": "segment_ms",
+    "retention.bytes": "retention_bytes",
+    "retention.ms": "retention_ms",
+    "index.interval.bytes": "index_interval_bytes",
+    "segment.index.bytes": "segment_index_bytes",
+    "message.timestamp.type": "message_timestamp_type",
+    "max.message.bytes": "max_message_bytes",
+}
+
+
+class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The per-topic log settings a partition writer needs (Kafka topic-config semantics)."""
+
+    segment_bytes: int = 1073741824
+    segment_ms: int = 604800000
+    retention_bytes: int = -1
+    retention_ms: int = 604800000
+    index_interval_bytes: int = 4096
+    segment_index_bytes: int = 10485760
+    message_timestamp_type: Literal["CreateTime", "LogAppendTime"] = "CreateTime"
+    max_message_bytes: int = 1048588
+
+    @classmethod
+    def from_config(cls, cfg: LogConfig, overrides: Mapping[str, str] | None = None) -> "LogSettings":
+        """Broker defaults from ``log.*`` overlaid with a topic's configs (Kafka names, string
+        values). Unknown names are ignored here; the caller validates topic configs."""
+        values: dict[str, object] = {
+            "segment_bytes": cfg.segment_bytes, "segment_ms": cfg.segment_ms,
+            "retention_bytes": cfg.retention_bytes, "retention_ms": cfg.retention_ms,
+            "index_interval_bytes": cfg.index_interval_bytes,
+            "segment_index_bytes": cfg.segment_index_bytes,
+            "message_timestamp_type": cfg.message_timestamp_type,
+            "max_message_bytes": cfg.message_max_bytes,
+        }
+        for name, raw in (overrides or {}).items():
+            field = _TOPIC_KEYS.get(name)
+            if field is None:
+                continue
+            values[field] = raw if field == "message_timestamp_type" else int(raw)
+        return msgspec.convert(values, cls)
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.message_timestamp_type == "LogAppendTime"
+
+
+class AppendInfo(NamedTuple):
+    base_offset: int
+    last_offset: int
+    log_append_time: int      # -1 for CreateTime topics
+    position: int             # where the batch starts in its segment
+    segment_base: int
+
+
+@dataclass(slots=True)
+class _Loaded:
+    info: SegmentInfo
+    offset_entries: int = 0
+    time_entries: int = 0
+    bytes_since: int = 0
+
+
+class PartitionLog:
+    """The writer's view of one partition directory. Not thread-safe; one process only."""
+
+    def __init__(self, directory: str, settings: LogSettings, sealed: list[SegmentInfo],
+                 active: LogSegment, log_start_offset: int) -> None:
+        self.directory = directory
+        self.settings = settings
+        self._sealed = sealed
+        self._active = active
+        self._log_start_offset = log_start_offset
+        # Starts at the wall clock so that a restarted writer never republishes a version its
+        # predecessor used for a different segment list.
+        self.segments_version = time.time_ns()
+        self._reader = None
+        self._reader_version = -1
+        self._closed = False
+
+    # -- opening -----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, directory: str, settings: LogSettings, now_ms: int) -> "PartitionLog":
+        os.makedirs(directory, exist_ok=True)
+        s = settings
+        seg_kw = dict(segment_bytes=s.segment_bytes, index_bytes=s.segment_index_bytes,
+                      interval=s.index_interval_bytes)
+        for name in os.listdir(directory):
+            if name.endswith(TMP_SUFFIX):
+                os.unlink(os.path.join(directory, name))
+        bases = list_segment_bases(directory)
+        known = set(bases)
+        for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+            for b in list_segment_bases(directory, suffix):
+                if b not in known:
+                    os.unlink(os.path.join(directory, f"{b:020d}{suffix}"))
+        clean_path = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
+        clean = os.path.exists(clean_path)
+        lso_path = os.path.join(directory, LOG_START_OFFSET_FILE)
+        lso = read_checkpoint(lso_path)
+        recovery_point = read_checkpoint(os.path.join(directory, RECOVERY_POINT_FILE)) or 0
+        if lso is None:
+            lso = bases[0] if bases else 0
+        # 3. an interrupted retention delete: segments wholly below the log start offset go.
+        while len(bases) > 1 and bases[1] <= lso:
+            delete_segment_files(directory, bases.pop(0))
+
+        loaded: list[_Loaded] = []
+        i = 0
+        while i < len(bases):
+            base = bases[i]
+            last = i == len(bases) - 1
+            next_base = None if last else bases[i + 1]
+            got = None
+            if clean or base < recovery_point:
+                got = load_segment(directory, base, next_base=next_base, allow_empty=last)
+            if got is not None:
+                info, n_off, n_time = got
+                loaded.append(_Loaded(info, n_off, n_time, 0))
+            else:
+                info, corrupt, build = recover_segment(directory, base, active=False,
+                                                       next_base=next_base, **seg_kw)
+                loaded.append(_Loaded(info, len(build.offsets), len(build.times),
+                                      build.bytes_since_last_entry))
+                if corrupt and not last:
+                    for b in bases[i + 1:]:
+                        delete_segment_files(directory, b)
+                    del bases[i + 1:]
+            i += 1
+        log_end = loaded[-1].info.next_offset if loaded else lso
+        if loaded and log_end < lso:
+            # Kafka's deleteSegmentsIfLogStartGreaterThanLogEnd: files were lost; start over.
+            for item in loaded:
+                delete_segment_files(directory, item.info.base_offset)
+            loaded = []
+        if not loaded:
+            active = LogSegment.create(directory, lso, now_ms=now_ms, **seg_kw)
+            write_checkpoint(lso_path, lso)
+        else:
+            lso = max(lso, loaded[0].info.base_offset)
+            last = loaded[-1]
+            # Reopen the last segment for writing: the sealed files get their preallocation back.
+            # A loaded-but-unscanned segment needs its bytes-since-last-entry counter.
+            if last.offset_entries and not last.bytes_since:
+                with OffsetIndex(index_path(directory, last.info.base_offset),
+                                 last.info.base_offset) as ix:
+                    last.bytes_since = last.info.size - ix.entry(ix.entries - 1)[1]
+            elif not last.offset_entries:
+                last.bytes_since = last.info.size
+            active = LogSegment(directory, last.info, now_ms=now_ms,
+                                offset_entries=last.offset_entries, time_entries=last.time_entries,
+                                bytes_since_last_entry=last.bytes_since, **seg_kw)
+            loaded.pop()
+        if clean:
+            os.unlink(clean_path)
+        fsync_dir(directory)
+        if read_checkpoint(lso_path) != lso:
+            write_checkpoint(lso_path, lso)
+        # Everything below the active segment is now sealed and fsynced (loaded as such, or just
+        # recovered); the active one must always lie at or above the recovery point.
+        rp_path = os.path.join(directory, RECOVERY_POINT_FILE)
+        if read_checkpoint(rp_path) != active.base_offset:
+            write_checkpoint(rp_path, active.base_offset)
+        return cls(directory, settings, [x.info for x in loaded], active, lso)
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def log_end_offset(self) -> int:
+        return self._active.next_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def active_segment_base(self) -> int:
+        return self._active.base_offset
+
+    @property
+    def active_end_position(self) -> int:
+        return self._active.size
+
+    def update_settings(self, settings: LogSettings) -> None:
+        """Apply changed topic configs: segment size and index interval to the active segment
+        now, index size to the next segment, retention and timestamp type to what follows."""
+        self.settings = settings
+        self._active.update_limits(segment_bytes=settings.segment_bytes,
+                                   interval=settings.index_interval_bytes)
+
+    def segment_bases(self) -> list[int]:
+        return [s.base_offset for s in self._sealed] + [self._active.base_offset]
+
+    def size_in_bytes(self) -> int:
+        return sum(s.size for s in self._sealed) + self._active.size
+
+    # -- appending ---------------------------------------------------------------------------
+    def append(self, batch, now_ms: int) -> AppendInfo:
+        """Append one validated batch (a writable buffer holding exactly that batch): assign its
+        offsets, stamp LogAppendTime if the topic uses it, roll first if needed, copy it in."""
+        n = batch.nbytes if isinstance(batch, memoryview) else len(batch)
+        if n < HEADER_SIZE:
+            raise CorruptRecord(f"{n} bytes cannot hold a record batch")
+        h = read_header(batch, 0)
+        size = h.batch_length + 12
+        if size != n:
+            raise CorruptRecord(f"batch length field says {size} bytes, buffer holds {n}")
+        if size > self.settings.segment_bytes:
+            # Kafka's RecordBatchTooLargeException: the batch could never fit a segment.
+            raise KafkaError(ErrorCode.record_list_too_large,
+                             f"record batch of {size} bytes is larger than the segment size "
+                             f"{self.settings.segment_bytes}")
+        active = self._active
+        base = active.next_offset
+        last = base + h.last_offset_delta
+        if self.settings.log_append_time:
+            max_ts = log_append_time = now_ms
+        else:
+            max_ts, log_append_time = h.max_timestamp, -1
+        if active.size and (not active.has_room(size, last) or self._time_to_roll(active, now_ms, max_ts)):
+            active = self._roll(now_ms)
+        set_base_offset(batch, base)
+        if log_append_time >= 0:
+            stamp_log_append_time(batch, now_ms)
+        pos = active.append(batch, size, last, max_ts)
+        return AppendInfo(base, last, log_append_time, pos, active.base_offset)
+
+    def _time_to_roll(self, seg: LogSegment, now_ms: int, batch_max_ts: int) -> bool:
+        # Kafka's timeWaitedForRoll: the new batch's timestamp minus the first batch's, or the
+        # segment's age when the first batch had no timestamp; only non-empty segments roll.
+        if seg.size == 0:
+            return False
+        first = seg.rolling_base_timestamp()
+        waited = batch_max_ts - first if first >= 0 else now_ms - seg.created_ms
+        return waited > self.settings.segment_ms
+
+    def maybe_roll(self, now_ms: int) -> bool:
+        """Periodic time-based roll (no batch at hand: the clock stands in for its timestamp)."""
+        if not self._time_to_roll(self._active, now_ms, now_ms):
+            return False
+        self._roll(now_ms)
+        return True
+
+    def _roll(self, now_ms: int) -> LogSegment:
+        old = self._active
+        info = old.seal()
+        s = self.settings
+        new = LogSegment.create(self.directory, info.next_offset, segment_bytes=s.segment_bytes,
+                                index_bytes=s.segment_index_bytes, interval=s.index_interval_bytes,
+                                now_ms=now_ms)
+        self._sealed.append(info)
+        self._active = new
+        # The dir fsync inside write_checkpoint also makes the new files' names durable.
+        write_checkpoint(os.path.join(self.directory, RECOVERY_POINT_FILE), new.base_offset)
+        self.segments_version += 1
+        return new
+
+    def flush(self) -> None:
+        """msync everything appended since the last flush (group commit point)."""
+        self._active.flush()
+
+    # -- retention ---------------------------------------------------------------------------
+    def enforce_retention(self, now_ms: int) -> bool:
+        """Delete the oldest sealed segments past retention.ms (by their largest timestamp) or
+        retention.bytes (whole-log size), never the active one; returns whether any went."""
+        s = self.settings
+        n_time = n_size = 0
+        if s.retention_ms >= 0:
+            for seg in self._sealed:
+                if now_ms - seg.largest_timestamp() > s.retention_ms:
+                    n_time += 1
+                else:
+                    break
+        if s.retention_bytes >= 0:
+            diff = self.size_in_bytes() - s.retention_bytes
+            for seg in self._sealed:
+                if diff - seg.size >= 0:
+                    diff -= seg.size
+                    n_size += 1
+                else:
+                    break
+        n = max(n_time, n_size)
+        if not n:
+            return False
+        doomed = self._sealed[:n]
+        remaining = self._sealed[n:]
+        new_lso = max(self._log_start_offset,
+                      remaining[0].base_offset if remaining else self._active.base_offset)
+        # Persist the new start before unlinking: a crash in between is finished at open.
+        write_checkpoint(os.path.join(self.directory, LOG_START_OFFSET_FILE), new_lso)
+        self._log_start_offset = new_lso
+        self._sealed = remaining
+        self.segments_version += 1
+        for seg in doomed:
+            delete_segment_files(self.directory, seg.base_offset)
+        return True
+
+    # -- lookups -----------------------------------------------------------------------------
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """Kafka's ListOffsets by timestamp: (offset, timestamp) of the first record whose
+        timestamp is >= ``timestamp``, or None."""
+        from appliance.log.reader import LogReader
+        if self._reader is None:
+            self._reader = LogReader(self.directory)
+        if self._reader_version != self.segments_version:
+            self._reader.refresh()
+            self._reader_version = self.segments_version
+        return self._reader.offset_for_timestamp(timestamp, self.log_end_offset,
+                                                 log_start_offset=self._log_start_offset)
+
+    # -- closing -----------------------------------------------------------------------------
+    def close(self, clean: bool = True) -> None:
+        """Clean: seal the active segment (trimmed files, fsynced) and leave the clean-shutdown
+        marker, so the next open skips the scan. Not clean: just let go, as a crash would."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if not clean:
+            self._active.abandon()
+            return
+        self._active.seal()
+        marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
+        with open(marker, "wb") as f:
+            os.fsync(f.fileno())
+        fsync_dir(self.directory)
+
+    def __enter__(self) -> "PartitionLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(clean=exc[0] is None)
+

@@ -1,0 +1,437 @@
+"""Read-only access to a partition's log from processes other than its writer.
+
+Fetchers use ``LogReader`` to turn (fetch offset, max bytes, high watermark) into byte ranges of
+segment files; frontends use ``SegmentViews`` to copy those ranges into Fetch responses straight
+from their own read-only maps. Both map files ``MAP_SHARED``/``PROT_READ``, so they see the
+writer's appends through the page cache as soon as the writer has copied them.
+
+Rules that keep a reader safe while the writer appends, rolls, deletes and restarts:
+
+* Never touch a byte at or past the high watermark. Offsets are contiguous and the high watermark
+  always falls on a batch boundary, so "a batch starts at offset e and e < high watermark" means
+  the whole batch is written; the reader reads the header at a position only after establishing
+  that (from the previous batch's last offset, or from an index entry <= the fetch offset). It
+  never probes the bytes after the last published batch, which may be a batch being copied, or
+  pages the writer has cut off with ``ftruncate`` (touching those would raise SIGBUS).
+* Segment boundaries come from the segment list: the batch with offset e lives at offset 0 of the
+  next segment when that segment's base offset is e, else right after the previous batch. Callers
+  must ``refresh()`` when the state page's ``segments_version`` differs from the one they saw at
+  the last refresh, before reading with a high watermark taken from that same state-page read
+  (the writer creates a segment's files before it bumps the version, and bumps the version before
+  it publishes any offset in the new segment).
+* Index files are replaced (renamed over), never shrunk in place, so an old map stays valid;
+  ``refresh()`` re-opens maps whose file was replaced. Index answers are only hints: the header
+  found there must agree, else the segment is scanned from position 0.
+* Second line of defence for a caller that missed a refresh: before reading past the furthest
+  batch it has verified in the last listed segment, the reader checks that file's real size (one
+  ``stat``), and treats a shortfall as "stale: refresh and retry".
+* A deleted segment stays readable through a map made before the unlink.
+* Maps are cached per segment, at most ``max_open_segments`` of them (LRU), so a consumer reading
+  a long log from the start does not exhaust ``vm.max_map_count``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import struct
+from collections import OrderedDict
+from typing import Iterable, NamedTuple
+
+from appliance.errors import CorruptRecord, ErrorCode, KafkaError
+from appliance.log.files import index_path, list_segment_bases, log_path, timeindex_path
+from appliance.log.index import OffsetIndex, TimeIndex
+from appliance.protocol.records import HEADER_SIZE, MAGIC, BatchHeader, decode_records, read_header
+
+__all__ = ["Slice", "ReadResult", "LogReader", "SegmentViews"]
+
+
+class Slice(NamedTuple):
+    segment_base: int
+    position: int
+    length: int
+
+
+class ReadResult(NamedTuple):
+    slices: list[Slice]
+    bytes: int
+    first_batch_offset: int    # -1 when nothing was returned
+
+
+class _Stale(Exception):
+    """The segment list or a map no longer matches the files: refresh and retry."""
+
+
+class _Segment:
+    __slots__ = ("directory", "base", "known_end", "_log", "_log_len", "_oidx", "_tidx")
+
+    def __init__(self, directory: str, base: int) -> None:
+        self.directory = directory
+        self.base = base
+        self.known_end = 0          # end of the furthest batch verified in this segment
+        self._log: mmap.mmap | None = None
+        self._log_len = 0
+        self._oidx: OffsetIndex | None = None
+        self._tidx: TimeIndex | None = None
+
+    def log(self, need_end: int) -> mmap.mmap:
+        """A map of the .log covering [0, need_end); remaps when the file has grown."""
+        if self._log is not None and need_end <= self._log_len:
+            return self._log
+        try:
+            fd = os.open(log_path(self.directory, self.base), os.O_RDONLY)
+        except FileNotFoundError:
+            raise _Stale from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < need_end:
+                raise _Stale
+            m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        if self._log is not None:
+            self._log.close()
+        self._log, self._log_len = m, size
+        return m
+
+    def offset_index(self) -> OffsetIndex | None:
+        if self._oidx is None:
+            try:
+                self._oidx = OffsetIndex(index_path(self.directory, self.base), self.base)
+            except FileNotFoundError:
+                return None
+        return self._oidx
+
+    def time_index(self) -> TimeIndex | None:
+        if self._tidx is None:
+            try:
+                self._tidx = TimeIndex(timeindex_path(self.directory, self.base), self.base)
+            except FileNotFoundError:
+                return None
+        return self._tidx
+
+    def replaced(self) -> bool:
+        """Whether an index file we hold was replaced since we opened it."""
+        for ix, path in ((self._oidx, index_path), (self._tidx, timeindex_path)):
+            if ix is None:
+                continue
+            try:
+                if os.stat(path(self.directory, self.base)).st_ino != ix.inode:
+                    return True
+            except FileNotFoundError:
+                return True
+        return False
+
+    def close(self) -> None:
+        for ix in (self._oidx, self._tidx):
+            if ix is not None:
+                ix.close()
+        self._oidx = self._tidx = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+            self._log_len = 0
+
+
+def _sealed_max_timestamp(directory: str, base: int) -> int:
+    """The largest timestamp of a sealed segment: the last entry of its trimmed time index (the
+    writer appends it when sealing), read with one pread - no map. -1 when unknown."""
+    try:
+        fd = os.open(timeindex_path(directory, base), os.O_RDONLY)
+    except FileNotFoundError:
+        return 1 << 62            # unknown: search the segment
+    try:
+        size = os.fstat(fd).st_size
+        if size < 12 or size % 12:
+            return -1 if size == 0 else 1 << 62
+        return struct.unpack(">q", os.pread(fd, 8, size - 12))[0]
+    finally:
+        os.close(fd)
+
+
+def _out_of_range(offset: int, lso: int, hw: int) -> KafkaError:
+    return KafkaError(ErrorCode.offset_out_of_range,
+                      f"fetch offset {offset} is outside [{lso}, {hw}]")
+
+
+class LogReader:
+    """Read-only view of one partition directory (any process, any number of them).
+
+    At most ``max_open_segments`` segments keep their maps open (least recently used are
+    closed): a consumer reading a long log from the start must not pile up one mapping per
+    segment (vm.max_map_count). Nothing handed out refers to these maps, so closing is safe.
+    """
+
+    def __init__(self, directory: str, *, max_open_segments: int = 8) -> None:
+        self.directory = directory
+        self._segs: list[_Segment] = []
+        self._bases: list[int] = []
+        self._open: OrderedDict[int, _Segment] = OrderedDict()
+        self._max_open = max(2, max_open_segments)
+        self.refresh()
+
+    def _seg(self, i: int) -> _Segment:
+        seg = self._segs[i]
+        lru = self._open
+        if seg.base in lru:
+            lru.move_to_end(seg.base)
+        else:
+            lru[seg.base] = seg
+            while len(lru) > self._max_open:
+                lru.popitem(last=False)[1].close()
+        return seg
+
+    def refresh(self) -> None:
+        """Re-list segments (call when the state page's segments_version changed)."""
+        old = {s.base: s for s in self._segs}
+        segs = []
+        for b in list_segment_bases(self.directory):
+            s = old.pop(b, None)
+            if s is not None and s.replaced():
+                s.close()
+                s = None
+            segs.append(s or _Segment(self.directory, b))
+        for s in old.values():
+            s.close()
+        self._segs = segs
+        self._bases = [s.base for s in segs]
+        live = {s.base: s for s in segs}
+        self._open = OrderedDict((b, live[b]) for b in self._open if b in live and live[b] is self._open[b])
+
+    def segment_bases(self) -> list[int]:
+        return list(self._bases)
+
+    def close(self) -> None:
+        for s in self._segs:
+            s.close()
+        self._segs, self._bases = [], []
+        self._open.clear()
+
+    # -- walking -----------------------------------------------------------------------------
+    def _header(self, i: int, pos: int, expected: int | None) -> BatchHeader:
+        """The header of a batch known to be published at (segment i, pos).
+
+        Past the furthest batch verified so far in the last listed segment, the file's real size
+        is checked first: if a caller skipped a refresh after a roll, that segment may have been
+        cut to its real size under our (larger) map, and reading there would be a SIGBUS."""
+        seg = self._seg(i)
+        file_size = -1
+        if pos + HEADER_SIZE > seg.known_end and i == len(self._segs) - 1:
+            try:
+                file_size = os.stat(log_path(self.directory, seg.base)).st_size
+            except FileNotFoundError:
+                raise _Stale from None
+            if pos + HEADER_SIZE > file_size:
+                raise _Stale
+        m = seg.log(pos + HEADER_SIZE)
+        h = read_header(m, pos)
+        size = h.batch_length + 12
+        if h.magic != MAGIC or size < HEADER_SIZE or (expected is not None and h.base_offset != expected):
+            raise _Stale
+        end = pos + size
+        if 0 <= file_size < end:
+            raise _Stale
+        seg.log(end)
+        if end > seg.known_end:
+            seg.known_end = end
+        return h
+
+    def _next(self, i: int, pos: int, expected: int) -> tuple[int, int]:
+        """Where the batch starting at offset ``expected`` is, given that the previous batch
+        ended at (segment i, pos)."""
+        if i + 1 < len(self._segs) and self._bases[i + 1] == expected:
+            return i + 1, 0
+        return i, pos
+
+    def _locate(self, i: int, target: int) -> tuple[int, int, BatchHeader]:
+        """The batch in segment i (or later) whose last offset is >= target (< the HW)."""
+        seg = self._seg(i)
+        pos = 0
+        oidx = seg.offset_index()
+        if oidx is not None:
+            pos = oidx.lookup(target)[1]
+        h = None
+        if pos:
+            try:
+                h = self._header(i, pos, None)
+                if h.base_offset > target:
+                    h = None
+            except _Stale:
+                h = None
+        if h is None:
+            pos = 0
+            h = self._header(i, 0, seg.base)
+        while h.last_offset < target:
+            expected = h.last_offset + 1
+            i, pos = self._next(i, pos + h.batch_length + 12, expected)
+            h = self._header(i, pos, expected)
+        return i, pos, h
+
+    def _retrying(self, fn):
+        try:
+            return fn()
+        except _Stale:
+            self.refresh()
+        try:
+            return fn()
+        except _Stale:
+            raise CorruptRecord(f"log of {self.directory} does not match its segment list") from None
+
+    # -- fetch -------------------------------------------------------------------------------
+    def read(self, fetch_offset: int, max_bytes: int, *, high_watermark: int, log_start_offset: int,
+             min_one_batch: bool) -> ReadResult:
+        """Whole batches from the one containing ``fetch_offset``, up to ``max_bytes`` (but at
+        least one batch when ``min_one_batch``, Kafka's progress rule), never reaching the high
+        watermark; may span segments. Consecutive batches of a segment form one Slice."""
+        hw = high_watermark
+        if fetch_offset < log_start_offset or fetch_offset > hw:
+            raise _out_of_range(fetch_offset, log_start_offset, hw)
+        if fetch_offset == hw:
+            return ReadResult([], 0, -1)
+        try:
+            return self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch)
+        except _Stale:
+            self.refresh()
+        if not self._bases or fetch_offset < self._bases[0]:
+            # The caller's log start offset is older than a retention delete.
+            raise _out_of_range(fetch_offset, self._bases[0] if self._bases else hw, hw)
+        try:
+            return self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch)
+        except _Stale:
+            raise CorruptRecord(f"log of {self.directory} does not match its segment list") from None
+
+    def _read(self, fetch_offset: int, max_bytes: int, hw: int, lso: int, min_one: bool) -> ReadResult:
+        i = bisect.bisect_right(self._bases, fetch_offset) - 1
+        if i < 0:
+            raise _Stale
+        i, pos, h = self._locate(i, fetch_offset)
+        slices: list[Slice] = []
+        total = 0
+        first = -1
+        while True:
+            size = h.batch_length + 12
+            if h.last_offset >= hw:
+                break
+            if total + size > max_bytes and not (total == 0 and min_one):
+                break
+            if slices and slices[-1].segment_base == self._bases[i] and \
+                    slices[-1].position + slices[-1].length == pos:
+                s = slices[-1]
+                slices[-1] = Slice(s.segment_base, s.position, s.length + size)
+            else:
+                slices.append(Slice(self._bases[i], pos, size))
+            if first < 0:
+                first = h.base_offset
+            total += size
+            expected = h.last_offset + 1
+            if total >= max_bytes or expected >= hw:
+                break
+            i, pos = self._next(i, pos + size, expected)
+            h = self._header(i, pos, expected)
+        return ReadResult(slices, total, first)
+
+    # -- timestamps --------------------------------------------------------------------------
+    def offset_for_timestamp(self, timestamp: int, high_watermark: int, *,
+                             log_start_offset: int = 0) -> tuple[int, int] | None:
+        """Kafka's lookup by timestamp: (offset, timestamp) of the first record at or after
+        ``log_start_offset`` and below the high watermark whose timestamp is >= ``timestamp``
+        (time index floor, offset index floor, then batch headers, then the records of the first
+        batch whose max timestamp qualifies)."""
+        return self._retrying(lambda: self._offset_for_timestamp(timestamp, high_watermark,
+                                                                 log_start_offset))
+
+    def _offset_for_timestamp(self, target: int, hw: int, lso: int) -> tuple[int, int] | None:
+        n = len(self._segs)
+        for i in range(n):
+            base = self._bases[i]
+            next_base = self._bases[i + 1] if i + 1 < n else None
+            if base >= hw:
+                break
+            if next_base is not None and next_base <= lso:
+                continue
+            start = max(lso, base)
+            if start >= hw:
+                return None
+            if next_base is not None and _sealed_max_timestamp(self.directory, base) < target:
+                continue            # Kafka picks the first segment whose largest timestamp >= target
+            seg = self._seg(i)
+            tidx = seg.time_index()
+            t_off = tidx.lookup(target)[1] if tidx is not None else base
+            # An index entry may already describe a batch past the HW: never walk from there.
+            i2, pos, h = self._locate(i, min(max(t_off, start), hw - 1))
+            if i2 != i:
+                continue            # nothing left in this segment; the next iteration covers it
+            while True:
+                if h.last_offset >= hw:
+                    return None
+                if h.max_timestamp >= target and h.last_offset >= start:
+                    size = h.batch_length + 12
+                    for rec in decode_records(seg.log(pos + size)[pos:pos + size]):
+                        if rec.timestamp >= target and start <= rec.offset < hw:
+                            return rec.offset, rec.timestamp
+                expected = h.last_offset + 1
+                if expected >= hw or expected == next_base:
+                    break
+                pos += h.batch_length + 12
+                h = self._header(i, pos, expected)
+        return None
+
+
+class SegmentViews:
+    """Per-process cache of read-only maps of segment files, handing out memoryviews.
+
+    A frontend copies Fetch answers from these views into the response. Maps are keyed by
+    (partition dir, segment base); ``forget`` drops those of deleted segments, and at most
+    ``max_maps`` stay cached (least recently used go first). Dropping only forgets our
+    reference: a view handed out earlier keeps its map (and an unlinked file) alive until it is
+    released.
+    """
+
+    def __init__(self, *, max_maps: int = 1024) -> None:
+        self._maps: OrderedDict[tuple[str, int], memoryview] = OrderedDict()
+        self._max_maps = max(1, max_maps)
+
+    def view(self, partition_dir: str, segment_base: int, position: int, length: int) -> memoryview:
+        key = (partition_dir, segment_base)
+        maps = self._maps
+        mv = maps.get(key)
+        end = position + length
+        if mv is None or end > mv.nbytes:
+            mv = self._open(partition_dir, segment_base, end)
+            maps[key] = mv
+            while len(maps) > self._max_maps:
+                maps.popitem(last=False)
+        maps.move_to_end(key)
+        return mv[position:end]
+
+    @staticmethod
+    def _open(partition_dir: str, segment_base: int, end: int) -> memoryview:
+        try:
+            fd = os.open(log_path(partition_dir, segment_base), os.O_RDONLY)
+        except FileNotFoundError:
+            raise KafkaError(ErrorCode.offset_out_of_range,
+                             f"segment {segment_base} of {partition_dir} was deleted") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < end:
+                raise ValueError(f"range end {end} is past the end ({size}) of segment "
+                                 f"{segment_base} of {partition_dir}")
+            return memoryview(mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ))
+        finally:
+            os.close(fd)
+
+    def forget(self, partition_dir: str, keep: Iterable[int] | None = None) -> None:
+        """Drop the maps of ``partition_dir`` whose segment base is not in ``keep`` (default:
+        the segments that still exist on disk). Call it when segments_version changes."""
+        if keep is None:
+            try:
+                keep = list_segment_bases(partition_dir)
+            except FileNotFoundError:
+                keep = ()
+        keep_set = set(keep)
+        for key in [k for k in self._maps if k[0] == partition_dir and k[1] not in keep_set]:
+            del self._maps[key]
+
+    def close(self) -> None:
+        self._maps.clear()

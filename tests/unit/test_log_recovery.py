@@ -1,0 +1,322 @@
+"""Recovery after a crash at any instant: torn appends, garbage, corruption, interrupted rolls and
+retention deletes, clean-shutdown marker, damaged indexes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+
+import pytest
+
+from appliance.log import partition_log as PL
+from appliance.log.files import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_FILE, RECOVERY_POINT_FILE,
+                                 index_path, log_path, timeindex_path, write_checkpoint)
+from appliance.log.index import OffsetIndex, TimeIndex
+from appliance.log.partition_log import LogSettings, PartitionLog
+from appliance.log.reader import LogReader
+from appliance.log.segment import build_index_entries
+from appliance.protocol.records import Record, build_batch, iter_batch_headers, scan_valid
+
+T0 = 1_700_000_000_000
+SEG = 2048
+S = LogSettings(segment_bytes=SEG, index_interval_bytes=100, segment_index_bytes=1200,
+                retention_ms=-1, retention_bytes=-1)
+
+
+def batch(i: int) -> bytearray:
+    return bytearray(build_batch([Record(b"k%d" % i, b"v" * (20 + i % 17), [("h", b"%d" % i)], T0 + i)
+                                  for _ in range(1 + i % 3)], base_timestamp=T0 + i))
+
+
+def make_log(d: str, n: int) -> list[bytes]:
+    log = PartitionLog.open(d, S, T0)
+    out = []
+    for i in range(n):
+        b = batch(i)
+        log.append(b, T0)
+        out.append(bytes(b))
+    log.close(clean=False)           # as a kill -9 would leave it
+    return out
+
+
+def read_all(d: str, hw: int, lso: int = 0) -> bytes:
+    r = LogReader(d)
+    out = bytearray()
+    off = lso
+    while off < hw:
+        res = r.read(off, 1 << 30, high_watermark=hw, log_start_offset=lso, min_one_batch=True)
+        for s in res.slices:
+            with open(log_path(d, s.segment_base), "rb") as f:
+                f.seek(s.position)
+                out += f.read(s.length)
+        off = list(iter_batch_headers(out))[-1][1].last_offset + 1
+    r.close()
+    return bytes(out)
+
+
+def check_indexes_consistent(d: str, base: int) -> None:
+    """The index files describe exactly what Kafka's rule gives for the surviving batches."""
+    data = open(log_path(d, base), "rb").read()
+    valid, end = scan_valid(data)
+    want = build_index_entries(valid, S.index_interval_bytes)
+    with OffsetIndex(index_path(d, base), base) as ox, TimeIndex(timeindex_path(d, base), base) as tx:
+        got = [ox.entry(i) for i in range(ox.entries)]
+        assert got == want.offsets
+        assert all(p < end for _, p in got)
+        times = [tx.entry(i) for i in range(tx.entries)]
+        assert times[:len(want.times)] == want.times
+        assert all(o < (valid[-1][1].last_offset + 1 if valid else base) for _, o in times)
+
+
+def leo_of(batches: list[bytes]) -> int:
+    return list(iter_batch_headers(b"".join(batches)))[-1][1].last_offset + 1 if batches else 0
+
+
+def test_torn_last_batch_at_every_byte(tmp_path):
+    pristine = str(tmp_path / "pristine")
+    sent = make_log(pristine, 12)
+    bases = sorted(int(n[:20]) for n in os.listdir(pristine) if n.endswith(".log"))
+    active = bases[-1]
+    data = open(log_path(pristine, active), "rb").read()
+    valid, end = scan_valid(data)
+    last_pos = valid[-1][0]
+    assert len(valid) >= 2
+    expect = b"".join(sent)
+    expect_prefix = expect[:len(expect) - (end - last_pos)]
+    want_leo = valid[-1][1].base_offset
+    for cut in range(last_pos, end):
+        for mode in ("zeros", "short"):
+            d = str(tmp_path / f"c{cut}{mode}")
+            shutil.copytree(pristine, d)
+            with open(log_path(d, active), "r+b") as f:
+                if mode == "zeros":          # torn memcpy into the preallocated file
+                    f.seek(cut)
+                    f.write(bytes(end - cut))
+                else:                        # file cut short
+                    f.truncate(cut)
+            log = PartitionLog.open(d, S, T0)
+            assert log.log_end_offset == want_leo, (cut, mode)
+            assert log.active_end_position == last_pos
+            assert log.segment_bases() == bases
+            log.append(batch(99), T0)        # appends continue right after the intact prefix
+            leo = log.log_end_offset
+            log.close()
+            got = read_all(d, leo)
+            assert got[:len(expect_prefix)] == expect_prefix
+            check_indexes_consistent(d, active)
+            shutil.rmtree(d)
+
+
+@pytest.mark.parametrize("tail", [b"\xff" * 300, bytes(range(256)), b"\x00\x00\x00\x00\x00\x00\x00\x07" + b"\x00\x00\x00\x40" + b"\x01" * 70])
+def test_garbage_after_last_batch_is_cut(tmp_path, tail):
+    d = str(tmp_path)
+    sent = make_log(d, 5)
+    data = open(log_path(d, 0), "rb").read()
+    end = scan_valid(data)[1]
+    with open(log_path(d, 0), "r+b") as f:
+        f.seek(end)
+        f.write(tail)
+    log = PartitionLog.open(d, S, T0)
+    assert log.log_end_offset == leo_of(sent) and log.active_end_position == end
+    log.close()
+    assert read_all(d, leo_of(sent)) == b"".join(sent)
+    check_indexes_consistent(d, 0)
+
+
+def test_corrupt_crc_in_the_middle_of_active_segment_keeps_prefix(tmp_path):
+    d = str(tmp_path)
+    sent = make_log(d, 6)
+    data = open(log_path(d, 0), "rb").read()
+    valid, _ = scan_valid(data)
+    pos3 = valid[3][0]
+    with open(log_path(d, 0), "r+b") as f:
+        f.seek(pos3 + 70)
+        f.write(b"\xEE")
+    log = PartitionLog.open(d, S, T0)
+    assert log.log_end_offset == valid[3][1].base_offset
+    log.close()
+    assert read_all(d, valid[3][1].base_offset) == b"".join(sent[:3])
+    check_indexes_consistent(d, 0)
+
+
+def test_corrupt_earlier_unflushed_segment_drops_later_segments(tmp_path):
+    d = str(tmp_path)
+    sent = make_log(d, 60)
+    bases = sorted(int(n[:20]) for n in os.listdir(d) if n.endswith(".log"))
+    assert len(bases) >= 4
+    victim = bases[1]
+    data = open(log_path(d, victim), "rb").read()
+    valid, _ = scan_valid(data)
+    with open(log_path(d, victim), "r+b") as f:   # flip a byte inside its 2nd batch
+        f.seek(valid[1][0] + 65)
+        f.write(bytes([data[valid[1][0] + 65] ^ 1]))
+    os.unlink(os.path.join(d, RECOVERY_POINT_FILE))   # nothing known durable: scan everything
+    log = PartitionLog.open(d, S, T0)
+    assert log.segment_bases() == bases[:2]
+    assert log.log_end_offset == valid[1][1].base_offset
+    for b in bases[2:]:
+        assert not os.path.exists(log_path(d, b))
+    leo = log.log_end_offset
+    log.close()
+    got = read_all(d, leo)
+    assert got == b"".join(sent)[:len(got)] and 0 < len(got) < len(b"".join(sent))
+
+
+def test_recovery_point_limits_the_scan(tmp_path, monkeypatch):
+    d = str(tmp_path)
+    make_log(d, 40)
+    bases = sorted(int(n[:20]) for n in os.listdir(d) if n.endswith(".log"))
+    scanned = []
+    real = PL.recover_segment
+
+    def spy(directory, base, **kw):
+        scanned.append(base)
+        return real(directory, base, **kw)
+
+    monkeypatch.setattr(PL, "recover_segment", spy)
+    PartitionLog.open(d, S, T0).close(clean=False)
+    assert scanned == [bases[-1]]                     # only the active segment is scanned
+
+
+def test_clean_shutdown_skips_the_scan(tmp_path, monkeypatch):
+    d = str(tmp_path)
+    log = PartitionLog.open(d, S, T0)
+    for i in range(30):
+        log.append(batch(i), T0)
+    leo, bases = log.log_end_offset, log.segment_bases()
+    log.close()
+    assert os.path.exists(os.path.join(d, CLEAN_SHUTDOWN_FILE))
+    monkeypatch.setattr(PL, "recover_segment", lambda *a, **k: pytest.fail("scanned"))
+    log = PartitionLog.open(d, S, T0)
+    assert (log.log_end_offset, log.segment_bases()) == (leo, bases)
+    log.close()
+
+
+def test_clean_marker_with_damaged_index_still_recovers(tmp_path):
+    d = str(tmp_path)
+    log = PartitionLog.open(d, S, T0)
+    for i in range(30):
+        log.append(batch(i), T0)
+    leo, bases = log.log_end_offset, log.segment_bases()
+    log.close()
+    with open(index_path(d, bases[1]), "r+b") as f:      # last entry points past the log
+        f.seek(-8, os.SEEK_END)
+        f.write(struct.pack(">II", 20, 10**6))
+    os.unlink(timeindex_path(d, bases[2]))                # and a lost time index
+    log = PartitionLog.open(d, S, T0)
+    assert (log.log_end_offset, log.segment_bases()) == (leo, bases)
+    log.close()
+    for b in bases:
+        check_indexes_consistent(d, b)
+
+
+def test_marker_but_sealed_log_cut_short_is_recovered(tmp_path):
+    d = str(tmp_path)
+    log = PartitionLog.open(d, S, T0)
+    for i in range(30):
+        log.append(batch(i), T0)
+    leo = log.log_end_offset
+    bases = log.segment_bases()
+    log.close()
+    size = os.path.getsize(log_path(d, bases[-1]))
+    with open(log_path(d, bases[-1]), "r+b") as f:
+        f.truncate(size - 5)
+    log = PartitionLog.open(d, S, T0)
+    assert log.log_end_offset < leo and log.segment_bases() == bases
+    log.close()
+
+
+def test_crash_during_roll_orphan_indexes_without_log(tmp_path):
+    d = str(tmp_path)
+    sent = make_log(d, 5)
+    leo = leo_of(sent)
+    for p in (index_path(d, leo), timeindex_path(d, leo)):
+        open(p, "wb").close()
+    log = PartitionLog.open(d, S, T0)
+    assert log.segment_bases() == [0] and log.log_end_offset == leo
+    assert not os.path.exists(index_path(d, leo))
+    log.close()
+
+
+def test_crash_during_roll_new_empty_segment_after_unsealed_one(tmp_path):
+    d = str(tmp_path)
+    sent = make_log(d, 5)                # segment 0 still preallocated, indexes untrimmed
+    leo = leo_of(sent)
+    with open(log_path(d, leo), "wb") as f:
+        f.truncate(SEG)                  # the new, still empty, preallocated segment
+    log = PartitionLog.open(d, S, T0)
+    assert log.segment_bases() == [0, leo] and log.log_end_offset == leo
+    assert os.path.getsize(log_path(d, 0)) == scan_valid(open(log_path(d, 0), "rb").read())[1]
+    log.append(batch(7), T0)
+    log.close()
+    assert read_all(d, leo + 2)[:len(b"".join(sent))] == b"".join(sent)
+    check_indexes_consistent(d, 0)
+
+
+def test_crash_during_retention_delete(tmp_path):
+    d = str(tmp_path)
+    make_log(d, 40)
+    bases = sorted(int(n[:20]) for n in os.listdir(d) if n.endswith(".log"))
+    # the new log start was persisted; segment 0 fully gone, segment 1 half deleted
+    write_checkpoint(os.path.join(d, LOG_START_OFFSET_FILE), bases[2])
+    for p in (index_path(d, bases[0]), timeindex_path(d, bases[0]), log_path(d, bases[0]),
+              index_path(d, bases[1])):
+        os.unlink(p)
+    log = PartitionLog.open(d, S, T0)
+    assert log.segment_bases() == bases[2:] and log.log_start_offset == bases[2]
+    assert not os.path.exists(log_path(d, bases[1])) and not os.path.exists(timeindex_path(d, bases[1]))
+    log.close()
+
+
+def test_log_end_below_log_start_starts_over(tmp_path):
+    d = str(tmp_path)
+    sent = make_log(d, 5)
+    write_checkpoint(os.path.join(d, LOG_START_OFFSET_FILE), 1000)
+    log = PartitionLog.open(d, S, T0)
+    assert (log.log_start_offset, log.log_end_offset, log.segment_bases()) == (1000, 1000, [1000])
+    assert log.append(batch(1), T0).base_offset == 1000
+    log.close()
+    assert sent
+
+
+def test_empty_directory_and_zero_filled_active_segment(tmp_path):
+    d = str(tmp_path)
+    log = PartitionLog.open(d, S, T0)
+    log.close(clean=False)
+    log = PartitionLog.open(d, S, T0)
+    assert (log.log_end_offset, log.segment_bases()) == (0, [0])
+    log.close(clean=False)
+    with open(log_path(d, 0), "r+b") as f:
+        f.write(bytes(200))
+    log = PartitionLog.open(d, S, T0)
+    assert log.log_end_offset == 0
+    log.close()
+
+
+def test_torn_index_entries_are_rebuilt(tmp_path):
+    d = str(tmp_path)
+    make_log(d, 12)
+    # garbage in the preallocated part of the active segment's offset index
+    with open(index_path(d, 0), "r+b") as f:
+        f.seek(8 * 3)
+        f.write(struct.pack(">II", 500, 999999) * 4)
+    log = PartitionLog.open(d, S, T0)
+    leo = log.log_end_offset
+    log.close()
+    check_indexes_consistent(d, 0)
+    assert read_all(d, leo)
+
+
+def test_repeated_crashes_with_appends_in_between(tmp_path):
+    d = str(tmp_path)
+    sent = []
+    for round_ in range(6):
+        log = PartitionLog.open(d, S, T0)
+        assert log.log_end_offset == (leo_of(sent) if sent else 0)
+        for i in range(7):
+            b = batch(round_ * 7 + i)
+            log.append(b, T0)
+            sent.append(bytes(b))
+        log.close(clean=round_ % 2 == 0)
+    assert read_all(d, leo_of(sent)) == b"".join(sent)
