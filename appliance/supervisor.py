@@ -338,7 +338,7 @@ class Supervisor:
             self.page.publish(status=READY)
             log.info("appliance ready on %s:%d", self.cfg.listen_host, self.bound_port)
             sd_notify("READY=1")
-            while not (self.stopping and not self.by_pid):
+            while not self.stopping:
                 self._turn(0.1 if (self.pending_creates or self.pending_deletes) else 0.5)
         finally:
             pass

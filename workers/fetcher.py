@@ -165,8 +165,7 @@ class Fetcher:
                 else:
                     rr = h.reader.read(part.fetch_offset, min(part.max_bytes, max(remaining, 0)),
                                        high_watermark=upper, log_start_offset=st.log_start_offset,
-                                       min_one_batch=(total == 0),
-                                       active_segment=(st.active_base_offset, st.active_end_position))
+                                       min_one_batch=(total == 0))
                     slices = [ipc.Slice(s.segment_base, s.position, s.length) for s in rr.slices]
                     remaining -= rr.bytes
                     total += rr.bytes
@@ -237,7 +236,7 @@ class Fetcher:
                            else ipc.ListOffsetsResult(0, -1, -1))
             else:
                 # Kafka only answers offsets below the last fetchable one (HW or LSO).
-                found = h.reader.offset_for_timestamp(ts, upper)
+                found = h.reader.offset_for_timestamp(ts, upper, log_start_offset=st.log_start_offset)
                 out.append(ipc.ListOffsetsResult(0, found[1], found[0]) if found and found[0] < upper
                            else ipc.ListOffsetsResult(0, -1, -1))
         return ipc.ListOffsetsResp(req_id=req.req_id, parts=out)

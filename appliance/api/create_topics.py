@@ -74,10 +74,10 @@ async def handle(ctx, req):
         configs = None
         if ok:
             configs = tuple(
-                build(m.CreatableTopicConfigs, name=name, value=value, read_only=False,
+                dict(name=name, value=value, read_only=False,
                      config_source=DEFAULT_CONFIG if is_default else TOPIC_CONFIG, is_sensitive=False)
                 for name, (value, is_default) in effective_topic_configs(cfg, r.configs).items())
-        out.append(build(m.CreatableTopicResult, name=t.name,
+        out.append(dict(name=t.name,
                         topic_id=uuid.UUID(bytes=r.topic_id) if ok and r.topic_id else ZERO_UUID,
                         error_code=ErrorCode(r.error_code), error_message=r.error_message,
                         topic_config_error_code=0, num_partitions=r.num_partitions if ok else -1,

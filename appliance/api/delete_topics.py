@@ -50,6 +50,6 @@ async def handle(ctx, req):
             err, msg = ErrorCode(r.error_code), r.error_message
             if tid is None:
                 tid = uuid.UUID(bytes=r.topic_id) if r.topic_id else ZERO_UUID
-        out.append(build(m.DeletableTopicResult, name=name, topic_id=tid or ZERO_UUID, error_code=err,
+        out.append(dict(name=name, topic_id=tid or ZERO_UUID, error_code=err,
                         error_message=msg))
     return build(m.DeleteTopicsResponse, throttle_time=datetime.timedelta(0), responses=tuple(out))

@@ -30,6 +30,6 @@ def handle(ctx, req):
     return build(m.DescribeClusterResponse, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none,
                 error_message=None, endpoint_type=endpoint_type, cluster_id=b.cluster_id,
                 controller_id=b.node_id,
-                brokers=(build(m.DescribeClusterBroker, broker_id=b.node_id, host=host, port=port,
+                brokers=(dict(broker_id=b.node_id, host=host, port=port,
                               rack=None, is_fenced=False),),
                 cluster_authorized_operations=NO_OPS)

@@ -64,8 +64,8 @@ def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
 
 
 def _entry(m, name, value, source, ctype, doc, synonyms, req):
-    return build(m.DescribeConfigsResourceResult, name=name, value=value, read_only=source != TOPIC_CONFIG_SOURCE and source != DEFAULT_CONFIG,
-                config_source=source, is_default=source == DEFAULT_CONFIG, is_sensitive=False,
+    return dict(name=name, value=value, read_only=source != TOPIC_CONFIG_SOURCE and source != DEFAULT_CONFIG,
+                config_source=source, is_sensitive=False,
                 synonyms=tuple(synonyms) if req.include_synonyms else (),
                 config_type=CONFIG_TYPES.get(ctype, 0),
                 documentation=doc if getattr(req, "include_documentation", False) else None)
@@ -92,10 +92,10 @@ def handle(ctx, req):
                     d = TOPIC_CONFIGS[name]
                     syn = []
                     if not is_default:
-                        syn.append(build(m.DescribeConfigsSynonym, name=name, value=value, source=TOPIC_CONFIG_SOURCE))
+                        syn.append(dict(name=name, value=value, source=TOPIC_CONFIG_SOURCE))
                     if name in BROKER_SYNONYM:
                         bname = BROKER_SYNONYM[name]
-                        syn.append(build(m.DescribeConfigsSynonym, name=bname, value=brokers[bname][0],
+                        syn.append(dict(name=bname, value=brokers[bname][0],
                                         source=STATIC_BROKER_CONFIG))
                     entries.append(_entry(m, name, value, DEFAULT_CONFIG if is_default else TOPIC_CONFIG_SOURCE,
                                           d.type, d.doc, syn, req))
@@ -107,11 +107,11 @@ def handle(ctx, req):
             else:
                 for name, (value, ctype) in brokers.items():
                     if keys is None or name in keys:
-                        syn = [build(m.DescribeConfigsSynonym, name=name, value=value, source=STATIC_BROKER_CONFIG)]
+                        syn = [dict(name=name, value=value, source=STATIC_BROKER_CONFIG)]
                         entries.append(_entry(m, name, value, STATIC_BROKER_CONFIG, ctype, None, syn, req))
         else:
             err, msg = ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
-        results.append(build(m.DescribeConfigsResult, error_code=err, error_message=msg,
+        results.append(dict(error_code=err, error_message=msg,
                             resource_type=res.resource_type, resource_name=res.resource_name,
                             configs=tuple(entries)))
     return build(m.DescribeConfigsResponse, throttle_time=datetime.timedelta(0), results=tuple(results))

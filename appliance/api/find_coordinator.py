@@ -35,7 +35,7 @@ def handle(ctx, req):
         for key in req.coordinator_keys:
             err, msg = _answer(ctx, key_type, key)
             ok = err == ErrorCode.none
-            coords.append(build(m.Coordinator, key=key, node_id=broker.node_id if ok else -1,
+            coords.append(dict(key=key, node_id=broker.node_id if ok else -1,
                                host=host if ok else "", port=port if ok else -1, error_code=err,
                                error_message=msg))
         return build(m.FindCoordinatorResponse, throttle_time=datetime.timedelta(0),

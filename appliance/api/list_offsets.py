@@ -54,12 +54,12 @@ async def handle(ctx, req):
         parts = []
         for index, what in rows:
             if isinstance(what, ErrorCode):
-                parts.append(build(m.ListOffsetsPartitionResponse, partition_index=index, error_code=what,
-                                  timestamp=-1, offset=-1, leader_epoch=-1, old_style_offsets=()))
+                parts.append(dict(partition_index=index, error_code=what,
+                                  timestamp=-1, offset=-1, leader_epoch=-1))
                 continue
             a = answers[what]
-            parts.append(build(m.ListOffsetsPartitionResponse, partition_index=index,
+            parts.append(dict(partition_index=index,
                               error_code=ErrorCode(a.error_code), timestamp=a.timestamp, offset=a.offset,
-                              leader_epoch=0 if a.offset >= 0 else -1, old_style_offsets=()))
-        topics.append(build(m.ListOffsetsTopicResponse, name=name, partitions=tuple(parts)))
+                              leader_epoch=0 if a.offset >= 0 else -1))
+        topics.append(dict(name=name, partitions=tuple(parts)))
     return build(m.ListOffsetsResponse, throttle_time=datetime.timedelta(0), topics=tuple(topics))

@@ -81,25 +81,25 @@ async def handle(ctx, req):
     for n in dict.fromkeys(names):
         info = catalog.topics.get(n) if n is not None else None
         if info is None:
-            topics.append(build(m.MetadataResponseTopic, error_code=errors.get(n, ErrorCode.unknown_topic_or_partition),
+            topics.append(dict(error_code=errors.get(n, ErrorCode.unknown_topic_or_partition),
                                name=n, topic_id=ZERO_UUID, is_internal=False, partitions=(),
                                topic_authorized_operations=NO_OPS))
             continue
         partitions = tuple(
-            build(m.MetadataResponsePartition, error_code=ErrorCode.none, partition_index=p,
+            dict(error_code=ErrorCode.none, partition_index=p,
                  leader_id=broker.node_id, leader_epoch=0, replica_nodes=(broker.node_id,),
                  isr_nodes=(broker.node_id,), offline_replicas=())
             for p in range(info.partitions))
-        topics.append(build(m.MetadataResponseTopic, error_code=ErrorCode.none, name=info.name,
+        topics.append(dict(error_code=ErrorCode.none, name=info.name,
                            topic_id=uuid.UUID(bytes=info.topic_id), is_internal=False,
                            partitions=partitions,
                            topic_authorized_operations=TOPIC_OPS if include_ops else NO_OPS))
     for tid in unknown_ids:
-        topics.append(build(m.MetadataResponseTopic, error_code=ErrorCode.unknown_topic_id, name=None,
+        topics.append(dict(error_code=ErrorCode.unknown_topic_id, name=None,
                            topic_id=tid, is_internal=False, partitions=(),
                            topic_authorized_operations=NO_OPS))
     return build(m.MetadataResponse, throttle_time=datetime.timedelta(0),
-                brokers=(build(m.MetadataResponseBroker, node_id=broker.node_id, host=host, port=port,
+                brokers=(dict(node_id=broker.node_id, host=host, port=port,
                               rack=None),),
                 cluster_id=broker.cluster_id, controller_id=broker.node_id, topics=tuple(topics),
                 cluster_authorized_operations=NO_OPS, error_code=ErrorCode.none)

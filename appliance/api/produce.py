@@ -40,7 +40,7 @@ async def handle(ctx, req):
                 res = ProduceResult(int(ErrorCode.unknown_topic_or_partition))
             else:
                 try:
-                    validate_batch(pd.records or b"", _max_bytes(broker.cfg, info))
+                    validate_batch(pd.records or b"", _max_bytes(broker.cfg, info), produce_version=ctx.version)
                 except KafkaError as e:
                     res = ProduceResult(int(e.code), error_message=e.message)
                 else:

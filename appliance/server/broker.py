@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from appliance import ipc
 from appliance.catalog import PUBLISHED_FILE, Catalog, CatalogView, TopicInfo
 from appliance.errors import ErrorCode
+from appliance.log.reader import SegmentViews
 from appliance.runtime import (COORDINATOR, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WorkerContext, writer_name)
 from shm.doorbell import BellSender
@@ -108,6 +109,8 @@ class Broker:
         self.node_id = ctx.config.server.node_id
         self.cluster_id = read_cluster_id(ctx.data_dir)
         self.loop: asyncio.AbstractEventLoop | None = None
+        # Read-only maps of segment files, for splicing fetched ranges into responses.
+        self.segment_views = SegmentViews()
 
     # -- wiring into the event loop -------------------------------------------------------------
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:

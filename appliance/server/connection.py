@@ -76,6 +76,10 @@ class KafkaConnection(asyncio.Protocol):
                     return
         except ProtocolViolation as e:
             self._abort(str(e))
+        except Exception:
+            # A bug in a handler must cost this connection, never the frontend process.
+            log.exception("request from %s failed", self.peer)
+            self._abort("internal error")
 
     # -- requests ---------------------------------------------------------------------------------
     def _abort(self, why: str) -> None:

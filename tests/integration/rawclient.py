@@ -1,0 +1,106 @@
+"""A minimal Kafka client over a raw socket, for tests that need exact requests and bytes.
+
+Requests are kio entities (or dicts, through the codec's ``build``), encoded with kio's writer and
+the request header version the API version calls for; responses are decoded with kio's reader.
+Also sends arbitrary bytes, for the bad-input tests.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import struct
+
+from kio.serial import entity_reader, entity_writer
+
+from appliance.protocol import frames, messages
+
+
+class RawClient:
+    def __init__(self, bootstrap: str, timeout: float = 10.0, client_id: str | None = "raw-test") -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.client_id = client_id
+        self.correlation = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- framing ---------------------------------------------------------------------------------
+    def header(self, api_key: int, version: int, correlation: int) -> bytes:
+        hv = frames.request_header_version(api_key, version)
+        out = struct.pack(">hhi", api_key, version, correlation)
+        if self.client_id is None:
+            out += struct.pack(">h", -1)
+        else:
+            cid = self.client_id.encode()
+            out += struct.pack(">h", len(cid)) + cid
+        if hv >= 2:
+            out += b"\x00"
+        return out
+
+    def encode(self, api_key: int, version: int, request) -> bytes:
+        cls = messages.request_class(api_key, version)
+        if isinstance(request, dict):
+            request = messages.build(cls, request)
+        buf = io.BytesIO()
+        entity_writer(cls)(buf, request)
+        return buf.getvalue()
+
+    def send_frame(self, payload: bytes) -> None:
+        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv_exact(self, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("connection closed by the broker")
+            out += chunk
+        return bytes(out)
+
+    def recv_frame(self) -> bytes:
+        (size,) = struct.unpack(">i", self.recv_exact(4))
+        return self.recv_exact(size)
+
+    def closed_by_peer(self, timeout: float = 5.0) -> bool:
+        """True if the broker closes the connection (reads EOF) within ``timeout``."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                if not self.sock.recv(65536):
+                    return True
+        except socket.timeout:
+            return False
+        except ConnectionResetError:
+            return True
+
+    # -- request / response ------------------------------------------------------------------------
+    def request(self, api_key: int, version: int, request, *, expect_response: bool = True):
+        self.correlation += 1
+        corr = self.correlation
+        self.send_frame(self.header(api_key, version, corr) + self.encode(api_key, version, request))
+        if not expect_response:
+            return None
+        return self.read_response(api_key, version, corr)
+
+    def read_response(self, api_key: int, version: int, corr: int):
+        frame = self.recv_frame()
+        (got,) = struct.unpack_from(">i", frame, 0)
+        assert got == corr, f"correlation id {got} != {corr}"
+        pos = 4
+        if frames.response_header_version(api_key, version) >= 1:
+            assert frame[pos] == 0, "unexpected response header tags"
+            pos += 1
+        cls = messages.response_class(api_key, version)
+        entity, _ = entity_reader(cls)(frame, pos)
+        return entity
