@@ -1,0 +1,145 @@
+"""The supervisor: restarts dead workers, kills hung ones, stops a crash loop, guards the data dir,
+and talks to systemd."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from harness import APPLIANCE, Appliance, free_port
+
+
+def roundtrip(app, topic="sv", n=50):
+    p = Producer({"bootstrap.servers": app.bootstrap, "acks": "all"})
+    for i in range(n):
+        p.produce(topic, value=b"%d" % i)
+    assert p.flush(30) == 0
+    c = Consumer({"bootstrap.servers": app.bootstrap, "group.id": "x", "enable.auto.commit": False})
+    lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    c.close()
+    assert hi - lo >= n
+
+
+def test_dead_workers_of_every_role_are_restarted(appliance):
+    roundtrip(appliance)
+    for role in ("frontend", "fetcher", "coordinator", "writer"):
+        victim = appliance.workers(role)[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        appliance.wait_for(
+            lambda: any(w["name"] == victim["name"] and w["pid"] and w["pid"] != victim["pid"]
+                        for w in appliance.workers(role)), what=f"{role} restart")
+    roundtrip(appliance)
+
+
+def test_hung_worker_is_killed_and_restarted(appliance_factory):
+    app = appliance_factory(supervisor={"heartbeat_timeout_ms": 1500})
+    victim = app.workers("fetcher")[0]
+    os.kill(victim["pid"], signal.SIGSTOP)        # alive but no longer beating
+    app.wait_for(lambda: any(w["pid"] != victim["pid"] for w in app.workers("fetcher")),
+                 what="hung fetcher replaced")
+    assert "missed its heartbeat" in app.log_text()
+    roundtrip(app)
+
+
+def test_crash_loop_stops_the_appliance_with_status_4(appliance_factory):
+    app = appliance_factory(supervisor={"crash_loop_restarts": 2, "crash_loop_window_ms": 60000,
+                                        "restart_backoff_initial_ms": 10})
+    for _ in range(3):
+        victim = app.workers("coordinator")[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        if _ < 2:
+            app.wait_for(lambda: app.workers("coordinator") and
+                         app.workers("coordinator")[0]["pid"] != victim["pid"], what="coordinator back")
+    assert app.proc.wait(60) == 4
+    assert "crash-looping" in app.log_text()
+
+
+def _run_expecting_failure(tmp_path, data_dir):
+    log = tmp_path / "fail.log"
+    with open(log, "wb") as f:
+        rc = subprocess.run([APPLIANCE, "run", "--listen", f"127.0.0.1:{free_port()}", "--data-dir",
+                             str(data_dir)], stdout=f, stderr=subprocess.STDOUT, timeout=60).returncode
+    return rc, log.read_text()
+
+
+def test_unusable_data_dir_exits_nonzero(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    rc, out = _run_expecting_failure(tmp_path, not_a_dir)
+    assert rc == 3 and "unusable" in out
+
+
+def test_second_appliance_on_same_data_dir_is_refused(appliance, tmp_path):
+    rc, out = _run_expecting_failure(tmp_path, appliance.data_dir)
+    assert rc == 3 and "locked by another appliance" in out
+    roundtrip(appliance)       # the first one is untouched
+
+
+def test_node_id_change_is_refused(appliance_factory, tmp_path):
+    app = appliance_factory()
+    app.terminate()
+    other = Appliance(data_dir=app.data_dir, log_path=str(tmp_path / "other.log"),
+                      config={"server": {"node_id": 7}})
+    other.start(wait=False)
+    assert other.proc.wait(60) == 3
+    assert "belongs to node.id 1" in other.log_text()
+
+
+def test_bad_config_exits_2(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[server]\nlisten = 5\n")
+    r = subprocess.run([APPLIANCE, "run", "--config", str(cfg)], capture_output=True, timeout=30)
+    assert r.returncode == 2 and b"server.listen" in r.stderr
+
+
+def test_systemd_notify_ready_then_stopping(tmp_path):
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(60)
+    port = free_port()
+    env = dict(os.environ, NOTIFY_SOCKET=path)
+    with open(tmp_path / "log", "wb") as log:
+        proc = subprocess.Popen([APPLIANCE, "run", "--listen", f"127.0.0.1:{port}", "--data-dir",
+                                 str(tmp_path / "data")], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            assert sock.recv(100) == b"READY=1"
+            # READY is sent only once the listener is served.
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            proc.send_signal(signal.SIGTERM)
+            assert sock.recv(100) == b"STOPPING=1"
+            assert proc.wait(60) == 0
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_orphaned_workers_exit_when_supervisor_dies(appliance):
+    """kill -9 of the supervisor alone: its workers get SIGTERM from the kernel and exit, which
+    releases the data-dir lock so the appliance can be started again."""
+    pids = [w["pid"] for w in appliance.workers()]
+    os.kill(appliance.proc.pid, signal.SIGKILL)
+    appliance.proc.wait(10)
+    deadline = time.time() + 30
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+    appliance.start()
+    roundtrip(appliance)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
