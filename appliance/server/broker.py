@@ -211,6 +211,10 @@ class Broker:
                 self.mailbox.add(name)
             except FileNotFoundError:
                 log.warning("rings of %s not found yet", name)
+        # We sleep in epoll, never in Mailbox.wait: every input, new ones included, must stay
+        # armed so that writers ring our bell after each ack (regression: acks of topics created
+        # after start waited for the 20 ms tick).
+        self.mailbox.arm()
 
     # -- calls ----------------------------------------------------------------------------------
     def _future(self, req_id: int, timeout_s: float, on_timeout) -> asyncio.Future:
