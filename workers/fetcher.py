@@ -231,7 +231,7 @@ class Fetcher:
                 # No tiered storage: Kafka answers offset -1 (UnifiedLog.fetchOffsetByTimestamp).
                 out.append(ipc.ListOffsetsResult(0, -1, -1))
             elif ts == MAX_TIMESTAMP:
-                found = h.reader.max_timestamp(upper)
+                found = h.reader.max_timestamp(upper, log_start_offset=st.log_start_offset)
                 out.append(ipc.ListOffsetsResult(0, found[1], found[0]) if found
                            else ipc.ListOffsetsResult(0, -1, -1))
             else:

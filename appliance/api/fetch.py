@@ -16,7 +16,7 @@ from __future__ import annotations
 from appliance import ipc
 from appliance.api import handles
 from appliance.catalog import partition_dir
-from appliance.errors import ErrorCode
+from appliance.errors import ErrorCode, KafkaError
 from appliance.protocol.fetch_response import FetchPartition, FetchTopic, encode_fetch_response
 
 READ_COMMITTED = 1
@@ -78,7 +78,7 @@ async def handle(ctx, req):
             try:
                 for s in r.slices:
                     records.append(views.view(directory, s.segment_base, s.position, s.length))
-            except FileNotFoundError:
+            except KafkaError:
                 # Retention deleted the segment between the lookup and now: answer nothing for
                 # this partition; the client's next fetch gets OFFSET_OUT_OF_RANGE.
                 records = []

@@ -278,6 +278,11 @@ class LogReader:
         except _Stale:
             raise CorruptRecord(f"log of {self.directory} does not match its segment list") from None
 
+    def max_timestamp(self, high_watermark: int, *, log_start_offset: int = 0) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with the largest timestamp below the high
+        watermark (ListOffsets MAX_TIMESTAMP, v7+); None for an empty log."""
+        return self._retrying(lambda: _max_timestamp_impl(self, high_watermark, log_start_offset))
+
     # -- fetch -------------------------------------------------------------------------------
     def read(self, fetch_offset: int, max_bytes: int, *, high_watermark: int, log_start_offset: int,
              min_one_batch: bool) -> ReadResult:
@@ -378,6 +383,61 @@ class LogReader:
         return None
 
 
+def _max_timestamp_impl(reader: "LogReader", hw: int, lso: int) -> tuple[int, int] | None:
+    """Kafka's MAX_TIMESTAMP lookup (UnifiedLog.fetchOffsetByTimestamp): the segment with the
+    largest timestamp (the first such), then the first batch there whose max timestamp is it,
+    then the first record of that batch carrying it (RecordBatch.offsetOfMaxTimestamp)."""
+    best: tuple[int, int] | None = None          # (max timestamp, segment index)
+    n = len(reader._segs)
+    for i in range(n):
+        base = reader._bases[i]
+        if base >= hw:
+            break
+        next_base = reader._bases[i + 1] if i + 1 < n else None
+        if next_base is not None and next_base <= lso:
+            continue
+        if next_base is not None and next_base <= hw:
+            ts = _sealed_max_timestamp(reader.directory, base)
+            if ts < (1 << 62):
+                if best is None or ts > best[0]:
+                    best = (ts, i)
+                continue
+        ts = -1                                  # active (or unknown): walk its headers
+        for h in _headers_below(reader, i, max(lso, base), hw):
+            ts = max(ts, h[2].max_timestamp)
+        if best is None or ts > best[0]:
+            best = (ts, i)
+    if best is None or best[0] < 0:
+        return None
+    target, i = best
+    for _, pos, h in _headers_below(reader, i, max(lso, reader._bases[i]), hw):
+        if h.max_timestamp == target:
+            size = h.batch_length + 12
+            seg = reader._seg(i)
+            for rec in decode_records(seg.log(pos + size)[pos:pos + size]):
+                if rec.timestamp == target and lso <= rec.offset < hw:
+                    return rec.offset, rec.timestamp
+    return None
+
+
+def _headers_below(reader: "LogReader", i: int, start: int, hw: int):
+    """(segment index, position, header) of the batches of segment i from ``start`` below hw."""
+    base = reader._bases[i]
+    next_base = reader._bases[i + 1] if i + 1 < len(reader._bases) else None
+    if start >= hw or (next_base is not None and start >= next_base):
+        return
+    i2, pos, h = reader._locate(i, start)
+    if i2 != i:
+        return
+    while h.last_offset < hw:
+        yield i, pos, h
+        expected = h.last_offset + 1
+        if expected >= hw or expected == next_base:
+            return
+        pos += h.batch_length + 12
+        h = reader._header(i, pos, expected)
+
+
 class SegmentViews:
     """Per-process cache of read-only maps of segment files, handing out memoryviews.
 
@@ -432,6 +492,17 @@ class SegmentViews:
         keep_set = set(keep)
         for key in [k for k in self._maps if k[0] == partition_dir and k[1] not in keep_set]:
             del self._maps[key]
+
+    def forget_prefix(self, prefix: str) -> None:
+        """Drop every map whose partition dir starts with ``prefix`` (a deleted topic)."""
+        for key in [k for k in self._maps if k[0].startswith(prefix)]:
+            del self._maps[key]
+
+    def sweep(self) -> None:
+        """Forget the maps of segments that no longer exist, in every cached directory: a map
+        keeps an unlinked file's disk space, so retention frees nothing until this runs."""
+        for d in {k[0] for k in self._maps}:
+            self.forget(d)
 
     def close(self) -> None:
         self._maps.clear()

@@ -111,6 +111,8 @@ class Broker:
         self.loop: asyncio.AbstractEventLoop | None = None
         # Read-only maps of segment files, for splicing fetched ranges into responses.
         self.segment_views = SegmentViews()
+        self._topic_names: dict[bytes, str] = {}
+        self._next_sweep = 0.0
 
     # -- wiring into the event loop -------------------------------------------------------------
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -139,6 +141,10 @@ class Broker:
                 ch.flush(self.bells)
         if self.supervisor.waiting:
             self.supervisor.flush(self.bells)
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + 5.0
+            self.segment_views.sweep()      # release segments retention deleted
         self.loop.call_later(0.02, self._tick)
 
     def _drain(self) -> None:
@@ -195,6 +201,13 @@ class Broker:
 
     def _sync_writers(self, cat: Catalog) -> None:
         wanted = {writer_name(t.topic_id, p) for t in cat.topics.values() for p in range(t.partitions)}
+        if self._topic_names:
+            # A deleted topic's partition dirs may come back under the same name with new files:
+            # drop every map of them now.
+            for tid, tname in self._topic_names.items():
+                if cat.by_id(tid) is None:
+                    self.segment_views.forget_prefix(os.path.join(self.ctx.data_dir, f"{tname}-"))
+        self._topic_names = {t.topic_id: t.name for t in cat.topics.values()}
         for name in list(self.writers):
             if name not in wanted:
                 ch = self.writers.pop(name)
