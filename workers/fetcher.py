@@ -110,16 +110,26 @@ class Fetcher:
         except Exception:
             log.exception("undecodable request from %s", src)
             return
-        if isinstance(msg, ipc.FetchReq):
-            resp, nbytes, final = self._evaluate(msg)
-            if final or nbytes >= msg.min_bytes or msg.max_wait_ms <= 0:
-                self._reply(src, resp)
+        try:
+            if isinstance(msg, ipc.FetchReq):
+                resp, nbytes, final = self._evaluate(msg)
+                if final or nbytes >= msg.min_bytes or msg.max_wait_ms <= 0:
+                    self._reply(src, resp)
+                else:
+                    self._park(src, msg)
+            elif isinstance(msg, ipc.ListOffsetsReq):
+                self._reply(src, self._list_offsets(msg))
             else:
-                self._park(src, msg)
-        elif isinstance(msg, ipc.ListOffsetsReq):
-            self._reply(src, self._list_offsets(msg))
-        else:
-            log.error("unexpected %s from %s", type(msg).__name__, src)
+                log.error("unexpected %s from %s", type(msg).__name__, src)
+        except Exception:
+            # A bug or a damaged file costs this request, never the fetcher (and every parked
+            # long-poll with it).
+            log.exception("request %s from %s failed", getattr(msg, "req_id", "?"), src)
+            err = int(ErrorCode.unknown_server_error)
+            if isinstance(msg, ipc.FetchReq):
+                self._reply(src, ipc.FetchResp(msg.req_id, [ipc.FetchPartResult(err)] * len(msg.parts)))
+            elif isinstance(msg, ipc.ListOffsetsReq):
+                self._reply(src, ipc.ListOffsetsResp(msg.req_id, [ipc.ListOffsetsResult(err)] * len(msg.parts)))
 
     # -- fetch ----------------------------------------------------------------------------------
     def _handle(self, topic_id: bytes, partition: int) -> PartitionHandle | None:
@@ -201,7 +211,12 @@ class Fetcher:
         now = time.monotonic()
         keep = []
         for p in self.parked:
-            resp, nbytes, final = self._evaluate(p.req)
+            try:
+                resp, nbytes, final = self._evaluate(p.req)
+            except Exception:
+                log.exception("parked fetch %d failed", p.req.req_id)
+                resp, nbytes, final = ipc.FetchResp(p.req.req_id, [ipc.FetchPartResult(
+                    int(ErrorCode.unknown_server_error))] * len(p.req.parts)), 0, True
             if final or nbytes >= p.req.min_bytes or now >= p.deadline:
                 self._unpark(p)
                 self._reply(p.src, resp)
