@@ -359,6 +359,10 @@ class Supervisor:
                         pass
                 except BlockingIOError:
                     pass
+            elif key.fd == self.mailbox.fileno():
+                # Consume the wake-ups, or epoll reports the socket readable forever and this
+                # loop spins (regression: 100% CPU after the first admin request).
+                self.mailbox.drain()
         while self.signals:
             self._dispatch_signal(self.signals.popleft())
         self._reap()

@@ -143,3 +143,16 @@ def _alive(pid):
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_supervisor_idles_after_admin_requests(appliance):
+    """Regression: the supervisor never drained its doorbell, so after the first CreateTopics
+    its loop spun at 100% CPU."""
+    import psutil
+    roundtrip(appliance, topic="idle-check")        # auto-creates: an admin request
+    sup = psutil.Process(appliance.proc.pid)
+    before = sup.cpu_times()
+    time.sleep(2.0)
+    after = sup.cpu_times()
+    busy = (after.user + after.system) - (before.user + before.system)
+    assert busy < 0.5, f"supervisor used {busy:.2f} s of CPU in 2 s while idle"
