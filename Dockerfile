@@ -1,0 +1,57 @@
+# syntax=docker/dockerfile:1
+# The appliance in a container: one supervisor (PID 1) and its workers.
+#
+#   docker build -t appliance .
+#   docker run -d --name appliance -p 9092:9092 --shm-size=1g \
+#       -v appliance-data:/var/lib/appliance \
+#       -e APPLIANCE_SERVER__ADVERTISED_LISTENER=broker.example.com:9092 appliance
+#
+# --shm-size: the rings and state pages live in /dev/shm, which Docker limits to 64 MiB by default;
+#   each frontend -> writer pair has an 8 MiB produce ring (shm.produce_ring_bytes).
+# APPLIANCE_SERVER__ADVERTISED_LISTENER: the HOST:PORT clients are told to connect to; left unset,
+#   clients are sent 127.0.0.1:9092, which is right only for clients on the docker host itself.
+# Any other key: -e APPLIANCE_<SECTION>__<KEY>=value, or mount a file and add
+#   `run --config /etc/appliance/config.toml` after the image name.
+# docker stop: give it more than supervisor.shutdown_timeout_ms (30 s): docker stop -t 40.
+
+ARG PYTHON_VERSION=3.11
+
+# ---- builder: a venv with the dependencies, then the project -----------------------------------
+FROM python:${PYTHON_VERSION}-slim AS builder
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/appliance/.venv
+WORKDIR /src
+# Dependencies first, from pyproject.toml alone, so a source change does not reinstall them.
+# (Every dependency has manylinux wheels for x86_64; kio needs glibc >= 2.28, which slim has.)
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
+ && /opt/appliance/.venv/bin/pip install -r requirements.txt
+COPY . .
+RUN /opt/appliance/.venv/bin/pip install --no-deps . \
+ && /opt/appliance/.venv/bin/appliance check-config > /dev/null
+
+# ---- final: python slim + the venv, as a non-root user -----------------------------------------
+FROM python:${PYTHON_VERSION}-slim
+ENV PYTHONUNBUFFERED=1 \
+    PATH=/opt/appliance/.venv/bin:$PATH \
+    APPLIANCE_SERVER__LISTEN=0.0.0.0:9092 \
+    APPLIANCE_SERVER__DATA_DIR=/var/lib/appliance
+RUN groupadd --system --gid 10001 appliance \
+ && useradd --system --uid 10001 --gid appliance --home-dir /var/lib/appliance \
+        --shell /usr/sbin/nologin appliance \
+ && install -d -o appliance -g appliance -m 0750 /var/lib/appliance
+COPY --from=builder /opt/appliance/.venv /opt/appliance/.venv
+USER appliance
+WORKDIR /var/lib/appliance
+VOLUME /var/lib/appliance
+EXPOSE 9092
+# The supervisor drains its workers on SIGTERM.
+STOPSIGNAL SIGTERM
+# TCP connect to the listening port (the socket is bound before the partition logs are recovered,
+# so this says "the process is up", not "recovery is over": start-period covers recovery).
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, socket; h, _, p = os.environ.get('APPLIANCE_SERVER__LISTEN', '0.0.0.0:9092').rpartition(':'); socket.create_connection(('127.0.0.1' if h in ('', '0.0.0.0', '::', '[::]') else h.strip('[]'), int(p)), 3).close()"]
+ENTRYPOINT ["/opt/appliance/.venv/bin/appliance"]
+CMD ["run"]
