@@ -24,6 +24,7 @@ from typing import Iterable
 import msgspec
 
 from .errors import ErrorCode, KafkaError
+from .log.files import atomic_write
 
 CATALOG_FILE = "catalog.json"
 PUBLISHED_FILE = "catalog.msgpack"
@@ -90,26 +91,6 @@ def check_topic_name(name: str) -> None:
 
 def partition_dir(data_dir: str, topic: str, partition: int) -> str:
     return os.path.join(data_dir, f"{topic}-{partition}")
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
-        _fsync_dir(os.path.dirname(path) or ".")
 
 
 class CatalogStore:
@@ -189,7 +170,7 @@ def publish(catalog: Catalog, path: str) -> None:
     """Write the catalog for other processes (runtime dir, tmpfs: no fsync needed)."""
     atomic_write(path, msgspec.msgpack.encode(
         [catalog.version, [[t.name, t.topic_id, t.partitions, t.configs]
-                           for t in catalog.topics.values()]]), durable=False)
+                           for t in catalog.topics.values()]]), sync=False)
 
 
 def read_published(path: str) -> Catalog:

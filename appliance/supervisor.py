@@ -41,6 +41,7 @@ from . import catalog as cat
 from . import ipc
 from .config import Config
 from .errors import ErrorCode, KafkaError
+from .log.files import atomic_write
 from .runtime import (COORDINATOR, die_with_parent, EXIT_CRASH_LOOP, EXIT_DATA_DIR, EXIT_OK, HEARTBEAT_FILE,
                       HEARTBEAT_SLOTS, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
                       RUNTIME_POINTER, STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
@@ -136,7 +137,7 @@ class Supervisor:
         path = os.path.join(self.data_dir, "meta.properties")
         node = self.cfg.server.node_id
         if not os.path.exists(path):
-            cat.atomic_write(path, (f"version=1\nnode.id={node}\n"
+            atomic_write(path, (f"version=1\nnode.id={node}\n"
                                     f"cluster.id={cat.uuid_to_kafka_str(cat.new_topic_id())}\n").encode())
             return
         props = {}
@@ -161,7 +162,7 @@ class Supervisor:
         if os.path.exists(self.run_dir):
             shutil.rmtree(self.run_dir)
         os.makedirs(self.run_dir, mode=0o700)
-        cat.atomic_write(os.path.join(self.data_dir, RUNTIME_POINTER), self.run_dir.encode())
+        atomic_write(os.path.join(self.data_dir, RUNTIME_POINTER), self.run_dir.encode())
 
     def _bind(self) -> None:
         host, port = self.cfg.listen_host, self.cfg.listen_port
@@ -281,9 +282,9 @@ class Supervisor:
                  "topic": s.topic.name if s.topic else None,
                  "partition": s.index if s.role == "writer" else None}
                 for s in self.workers.values()]
-        cat.atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
+        atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
                          json.dumps({"supervisor": os.getpid(), "port": self.bound_port,
-                                     "workers": rows}).encode(), durable=False)
+                                     "workers": rows}).encode(), sync=False)
 
     # -- signals ----------------------------------------------------------------------------------
     def _install_signals(self) -> None:
@@ -366,6 +367,9 @@ class Supervisor:
         while self.signals:
             self._dispatch_signal(self.signals.popleft())
         self._reap()
+        for box in self.outboxes.values():
+            if box.queued:
+                box.flush()
         if not self.stopping:
             self._serve_admin()
             self._check_pending()
@@ -596,14 +600,10 @@ class Supervisor:
         self.page.publish(catalog_version=self.store.catalog.version)
 
     def _reply(self, dst: str, msg) -> None:
-        data = ipc.encode(msg)
+        # A full ring (a slow or restarting frontend) queues the reply; every turn retries it.
         box = self.outboxes[dst]
-        deadline = time.monotonic() + 5
-        while not box.send(data):
-            if time.monotonic() > deadline:
-                log.error("reply ring to %s stays full; dropping %s", dst, type(msg).__name__)
-                return
-            time.sleep(0.001)
+        box.post(ipc.encode(msg))
+        box.flush()
 
     # -- stopping -------------------------------------------------------------------------------
     def _begin_stop(self) -> None:

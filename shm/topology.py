@@ -29,6 +29,8 @@ bounded wait caps what a lost wake-up costs at the timeout.
 
 from __future__ import annotations
 
+import collections
+
 import os
 import threading
 from typing import Sequence
@@ -165,7 +167,7 @@ def _unlink(path: str) -> None:
 class Outbox:
     """Producer end of ring src -> dst, ringing dst's bell when dst says it is waiting."""
 
-    __slots__ = ("src", "dst", "ring", "bell", "sender")
+    __slots__ = ("src", "dst", "ring", "bell", "sender", "queued")
 
     def __init__(self, topology: Topology, src: str, dst: str, sender: BellSender) -> None:
         self.src = src
@@ -173,6 +175,27 @@ class Outbox:
         self.ring = topology.open_ring(src, dst)
         self.bell = topology.bell_path(dst)
         self.sender = sender
+        # Messages that found the ring full, oldest first; see post() and flush().
+        self.queued: collections.deque[tuple[Buffer, ...]] = collections.deque()
+
+    def post(self, *parts: Buffer) -> None:
+        """Put one record now if it fits and nothing is queued, else queue it behind the others:
+        records reach the consumer in post() order. Does not ring: call flush() after a group.
+        ``parts`` must stay unchanged until they leave the queue (pass bytes, not views)."""
+        if self.queued or not self.ring.try_put(*parts):
+            self.queued.append(parts)
+
+    def flush(self) -> bool:
+        """Move queued records into the ring while they fit, then ring the consumer's bell once
+        if it waits. Returns True while records remain queued (call again later)."""
+        ring = self.ring
+        queued = self.queued
+        while queued and ring.try_put(*queued[0]):
+            queued.popleft()
+        _fence()                       # tail store before the flag load (see module docstring)
+        if ring.consumer_waiting:
+            self.sender.ring(self.bell)
+        return bool(queued)
 
     def send(self, *parts: Buffer) -> bool:
         """Put one record (``parts`` back to back); False if the ring is full right now.

@@ -94,6 +94,9 @@ class Fetcher:
                     self._dispatch(src, raw)
             self._recheck_parked()
             timeout = 0.5
+            for box in self.outboxes.values():
+                if box.queued and box.flush():
+                    timeout = 0.01
             if self.parked:
                 timeout = max(0.0, min(timeout, min(p.deadline for p in self.parked) - time.monotonic()))
             self.mailbox.wait(timeout)
@@ -257,11 +260,7 @@ class Fetcher:
         return ipc.ListOffsetsResp(req_id=req.req_id, parts=out)
 
     def _reply(self, dst: str, msg) -> None:
-        data = ipc.encode(msg)
+        # A full ring (a slow or restarting frontend) queues the reply; run() retries it.
         box = self.outboxes[dst]
-        deadline = time.monotonic() + 5
-        while not box.send(data):
-            if time.monotonic() > deadline:
-                log.error("reply ring to %s stays full; dropping reply %d", dst, msg.req_id)
-                return
-            time.sleep(0.0005)
+        box.post(ipc.encode(msg))
+        box.flush()

@@ -13,7 +13,6 @@ parked on this partition. Sleep on the doorbell when there is nothing to do.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import signal
@@ -28,7 +27,7 @@ from appliance.runtime import (DRAINING, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, 
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.statepage import StatePage
-from shm.topology import Mailbox, Topology
+from shm.topology import Mailbox, Outbox, Topology
 
 log = logging.getLogger("appliance.writer")
 
@@ -52,10 +51,10 @@ class PartitionWriter:
         self.mailbox = Mailbox(self.topo, ctx.name)
         for fe in ctx.frontends:
             self.mailbox.add(fe)
-        self.ack_rings = {fe: self.topo.open_ring(ctx.name, fe) for fe in ctx.frontends}
-        # Acks that did not fit their ring (a slow or restarting frontend): retried next turn.
-        self.backlog: dict[str, collections.deque[bytes]] = {fe: collections.deque()
-                                                              for fe in ctx.frontends}
+        # Acks that do not fit their ring (a slow or restarting frontend) wait in the outbox's
+        # queue and are retried every turn.
+        self.acks_out = {fe: Outbox(self.topo, ctx.name, fe, self.bells) for fe in ctx.frontends}
+        self.posted: set[str] = set()       # outboxes posted to since their last flush
         self.fetcher_bells = [self.topo.bell_path(fx) for fx in ctx.fetchers]
         self.stop = False
         self.policy = self.cfg.log.flush.policy
@@ -115,7 +114,7 @@ class PartitionWriter:
             timeout = 0.5
             if self.await_flush or (self.policy == "interval" and self.unflushed):
                 timeout = max(0.0, self.last_flush + self.flush_interval - now)
-            if any(self.backlog.values()):
+            if any(box.queued for box in self.acks_out.values()):
                 timeout = min(timeout, 0.01)
             self.mailbox.wait(timeout)
 
@@ -143,7 +142,10 @@ class PartitionWriter:
             self.unflushed = True
             self._publish()
         for fe, acks in acked.items():
-            self.backlog[fe].extend(acks)
+            box = self.acks_out[fe]
+            for ack in acks:
+                box.post(ack)
+            self.posted.add(fe)
         return appended or bool(acked)
 
     def _handle(self, mv: memoryview, now_ms: int) -> tuple[bytes | None, int, bool]:
@@ -177,16 +179,13 @@ class PartitionWriter:
             self.last_flush = now
         if self.await_flush and not self.unflushed:
             for fe, ack in self.await_flush:
-                self.backlog[fe].append(ack)
+                self.acks_out[fe].post(ack)
+                self.posted.add(fe)
             self.await_flush.clear()
-        for fe, queue in self.backlog.items():
-            if not queue:
-                continue
-            ring = self.ack_rings[fe]
-            while queue and ring.try_put(queue[0]):
-                queue.popleft()
-            if ring.consumer_waiting:
-                self.bells.ring(self.topo.bell_path(fe))
+        for fe, box in self.acks_out.items():
+            if fe in self.posted or box.queued:
+                box.flush()         # one bell per frontend per turn, not one per ack
+        self.posted.clear()
 
     def _publish(self, **extra) -> None:
         lg = self.log

@@ -29,7 +29,7 @@ from appliance.runtime import (COORDINATOR, HEARTBEAT_FILE, PARTITION_PAGE_FIELD
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.statepage import StatePage
-from shm.topology import Mailbox, Topology
+from shm.topology import Mailbox, Outbox, Topology
 
 log = logging.getLogger("appliance.broker")
 
@@ -43,41 +43,23 @@ class ProduceResult:
     error_message: str | None = None
 
 
-class Channel:
-    """One outgoing ring plus the FIFO of messages waiting for room in it.
+class Channel(Outbox):
+    """A request ring from this frontend. ``send`` queues behind earlier messages when the ring
+    is full (Outbox.post), so produce requests from one connection reach a writer in the order
+    the client sent them; the tick and every wake-up retry the queue."""
 
-    Messages are never reordered: while anything waits, new messages queue behind it, so produce
-    requests from one connection reach a writer in the order the client sent them."""
+    __slots__ = ()
 
-    __slots__ = ("name", "ring", "bell", "waiting")
-
-    def __init__(self, topo: Topology, src: str, dst: str) -> None:
-        self.name = dst
-        self.ring = topo.open_ring(src, dst)
-        self.bell = topo.bell_path(dst)
-        self.waiting: collections.deque[tuple] = collections.deque()
-
-    def send(self, bells: BellSender, *parts) -> None:
-        if self.waiting or not self.ring.try_put(*parts):
-            self.waiting.append(parts)
-            return
-        if self.ring.consumer_waiting:
-            bells.ring(self.bell)
-
-    def flush(self, bells: BellSender) -> None:
-        sent = False
-        while self.waiting and self.ring.try_put(*self.waiting[0]):
-            self.waiting.popleft()
-            sent = True
-        if sent and self.ring.consumer_waiting:
-            bells.ring(self.bell)
+    def send(self, *parts) -> None:
+        self.post(*parts)
+        self.flush()
 
 
 class WriterChannel(Channel):
-    __slots__ = ("page", "inflight", "gen")
+    __slots__ = ("page", "inflight")
 
-    def __init__(self, topo: Topology, src: str, dst: str) -> None:
-        super().__init__(topo, src, dst)
+    def __init__(self, topo: Topology, src: str, dst: str, bells: BellSender) -> None:
+        super().__init__(topo, src, dst, bells)
         self.page = StatePage.open(topo.page_path(dst), PARTITION_PAGE_FIELDS, readonly=True)
         self.inflight: dict[int, int] = {}   # request id -> generation it was addressed to
 
@@ -98,8 +80,8 @@ class Broker:
         self.mailbox = Mailbox(self.topo, self.name)
         for peer in ctx.fetchers + [SUPERVISOR, COORDINATOR]:
             self.mailbox.add(peer)
-        self.fetchers = [Channel(self.topo, self.name, fx) for fx in ctx.fetchers]
-        self.supervisor = Channel(self.topo, self.name, SUPERVISOR)
+        self.fetchers = [Channel(self.topo, self.name, fx, self.bells) for fx in ctx.fetchers]
+        self.supervisor = Channel(self.topo, self.name, SUPERVISOR, self.bells)
         self.writers: dict[str, WriterChannel] = {}
         self.futures: dict[int, asyncio.Future] = {}
         self.produce_owner: dict[int, WriterChannel] = {}
@@ -132,15 +114,15 @@ class Broker:
         self.hb.beat(self.ctx.heartbeat_slot)
         self._drain()
         for ch in self.writers.values():
-            if ch.waiting:
-                ch.flush(self.bells)
+            if ch.queued:
+                ch.flush()
             if ch.inflight:
                 self._check_generation(ch)
         for ch in self.fetchers:
-            if ch.waiting:
-                ch.flush(self.bells)
-        if self.supervisor.waiting:
-            self.supervisor.flush(self.bells)
+            if ch.queued:
+                ch.flush()
+        if self.supervisor.queued:
+            self.supervisor.flush()
         now = time.monotonic()
         if now >= self._next_sweep:
             self._next_sweep = now + 5.0
@@ -158,8 +140,8 @@ class Broker:
                     ring.advance()
         # Acks free room in produce rings: push what waited for it.
         for ch in self.writers.values():
-            if ch.waiting:
-                ch.flush(self.bells)
+            if ch.queued:
+                ch.flush()
 
     def _deliver(self, mv: memoryview) -> None:
         if mv[0] == ipc.KIND_PRODUCE_ACK:
@@ -220,7 +202,7 @@ class Broker:
                 self.topo.forget(name)
         for name in wanted - self.writers.keys():
             try:
-                self.writers[name] = WriterChannel(self.topo, self.name, name)
+                self.writers[name] = WriterChannel(self.topo, self.name, name, self.bells)
                 self.mailbox.add(name)
             except FileNotFoundError:
                 log.warning("rings of %s not found yet", name)
@@ -257,19 +239,19 @@ class Broker:
                                              error_message="the partition writer did not answer in time"))
             ch.inflight[req_id] = gen
             self.produce_owner[req_id] = ch
-        ch.send(self.bells, ipc.produce_header(acks, gen, req_id, len(batch)), batch)
+        ch.send(ipc.produce_header(acks, gen, req_id, len(batch)), batch)
         return fut
 
     async def call_fetcher(self, make_msg, fetcher: int, timeout_s: float):
         req_id = next(self._ids)
         fut = self._future(req_id, timeout_s, None)
-        self.fetchers[fetcher % len(self.fetchers)].send(self.bells, ipc.encode(make_msg(req_id)))
+        self.fetchers[fetcher % len(self.fetchers)].send(ipc.encode(make_msg(req_id)))
         return await fut
 
     async def call_supervisor(self, make_msg, timeout_s: float):
         req_id = next(self._ids)
         fut = self._future(req_id, timeout_s, None)
-        self.supervisor.send(self.bells, ipc.encode(make_msg(req_id)))
+        self.supervisor.send(ipc.encode(make_msg(req_id)))
         return await fut
 
     def next_fetcher(self) -> int:
