@@ -1,0 +1,32 @@
+"""The load tools keep working: the Locust user against the real appliance, and the benchmark."""
+
+import os
+import subprocess
+import sys
+
+from harness import ROOT
+
+BIN = os.path.dirname(sys.executable)
+
+
+def test_locust_user_produces_to_the_appliance(appliance, tmp_path):
+    r = subprocess.run(
+        [os.path.join(BIN, "locust"), "-f", os.path.join(ROOT, "loadtests", "locustfile.py"), "--headless",
+         "-u", "2", "-r", "2", "-t", "4s", "--host", appliance.bootstrap, "--only-summary",
+         "--csv", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ, KAFKA_TOPIC="locust-smoke"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    with open(tmp_path / "run_stats.csv") as f:
+        rows = [line.split(",") for line in f.read().splitlines()]
+    header, agg = rows[0], rows[-1]
+    requests = int(agg[header.index("Request Count")])
+    failures = int(agg[header.index("Failure Count")])
+    assert requests > 0 and failures == 0
+
+
+def test_produce_benchmark_runs_and_prints_ratios(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_produce.py"), "--seconds", "1",
+                        "--record-sizes", "100", "--work-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "| 100 B | appliance / sink |" in r.stdout
