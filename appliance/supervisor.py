@@ -45,6 +45,7 @@ from .log.files import atomic_write
 from .runtime import (COORDINATOR, die_with_parent, EXIT_CRASH_LOOP, EXIT_DATA_DIR, EXIT_OK, HEARTBEAT_FILE,
                       HEARTBEAT_SLOTS, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
                       RUNTIME_POINTER, STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
+                      WORKER_PAGE_FIELDS,
                       WorkerContext, child_reset_signals, default_run_dir, fetcher_name,
                       frontend_name, set_process_name, setup_logging, writer_name)
 from .topic_config import validate_topic_configs
@@ -209,6 +210,9 @@ class Supervisor:
     def _add_worker(self, role: str, name: str, index: int, entry, topic=None) -> WorkerSpec:
         spec = WorkerSpec(role=role, name=name, index=index, heartbeat_slot=self.free_slots.pop(),
                           entry=entry, topic=topic)
+        if role in ("fetcher", "coordinator"):
+            # Their clients (frontends) watch the generation to fail requests a dead one held.
+            StatePage.create(self.topo.page_path(name), WORKER_PAGE_FIELDS).close()
         self.workers[name] = spec
         return spec
 

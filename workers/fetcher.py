@@ -23,8 +23,9 @@ from appliance import ipc
 from appliance.catalog import PUBLISHED_FILE, CatalogView, partition_dir
 from appliance.errors import ErrorCode, KafkaError
 from appliance.log.reader import LogReader
-from appliance.runtime import (HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, STARTING, SUPERVISOR,
-                               SUPERVISOR_PAGE_FIELDS, WorkerContext, writer_name)
+from appliance.runtime import (HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY, STARTING, SUPERVISOR,
+                               SUPERVISOR_PAGE_FIELDS, WORKER_PAGE_FIELDS, WorkerContext,
+                               writer_name)
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.statepage import StatePage
@@ -87,6 +88,11 @@ class Fetcher:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Frontends compare this generation with the one they sent to: a restart fails what our
+        # predecessor held (its parked long-polls) at once.
+        page = StatePage.open(self.topo.page_path(self.ctx.name), WORKER_PAGE_FIELDS)
+        page.reset_seq()
+        page.publish(generation=self.ctx.generation, status=READY, pid=os.getpid())
         while not self.stop:
             self.hb.beat(self.ctx.heartbeat_slot)
             for src, ring in self.mailbox.inputs.items():

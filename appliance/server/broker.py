@@ -25,7 +25,8 @@ from appliance.catalog import PUBLISHED_FILE, Catalog, CatalogView, TopicInfo
 from appliance.errors import ErrorCode
 from appliance.log.reader import SegmentViews
 from appliance.runtime import (COORDINATOR, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, SUPERVISOR,
-                               SUPERVISOR_PAGE_FIELDS, WorkerContext, writer_name)
+                               SUPERVISOR_PAGE_FIELDS, WORKER_PAGE_FIELDS, WorkerContext,
+                               writer_name)
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.statepage import StatePage
@@ -55,13 +56,31 @@ class Channel(Outbox):
         self.flush()
 
 
-class WriterChannel(Channel):
+class WorkerChannel(Channel):
+    """A channel to a worker that publishes its generation (writers, fetchers): requests remember
+    the generation they were addressed to, so a restart of the worker fails them at once instead
+    of after a timeout."""
+
     __slots__ = ("page", "inflight")
 
-    def __init__(self, topo: Topology, src: str, dst: str, bells: BellSender) -> None:
+    def __init__(self, topo: Topology, src: str, dst: str, bells: BellSender, fields) -> None:
         super().__init__(topo, src, dst, bells)
-        self.page = StatePage.open(topo.page_path(dst), PARTITION_PAGE_FIELDS, readonly=True)
+        self.page = StatePage.open(topo.page_path(dst), fields, readonly=True)
         self.inflight: dict[int, int] = {}   # request id -> generation it was addressed to
+
+    def generation(self) -> int:
+        return self.page.read().generation
+
+
+class WriterChannel(WorkerChannel):
+    __slots__ = ()
+
+    def __init__(self, topo: Topology, src: str, dst: str, bells: BellSender) -> None:
+        super().__init__(topo, src, dst, bells, PARTITION_PAGE_FIELDS)
+
+
+class WorkerRestarted(TimeoutError):
+    """The worker a request was sent to died before answering (handled like a timeout)."""
 
 
 class Broker:
@@ -80,7 +99,8 @@ class Broker:
         self.mailbox = Mailbox(self.topo, self.name)
         for peer in ctx.fetchers + [SUPERVISOR, COORDINATOR]:
             self.mailbox.add(peer)
-        self.fetchers = [Channel(self.topo, self.name, fx, self.bells) for fx in ctx.fetchers]
+        self.fetchers = [WorkerChannel(self.topo, self.name, fx, self.bells, WORKER_PAGE_FIELDS)
+                         for fx in ctx.fetchers]
         self.supervisor = Channel(self.topo, self.name, SUPERVISOR, self.bells)
         self.writers: dict[str, WriterChannel] = {}
         self.futures: dict[int, asyncio.Future] = {}
@@ -121,6 +141,8 @@ class Broker:
         for ch in self.fetchers:
             if ch.queued:
                 ch.flush()
+            if ch.inflight:
+                self._check_generation(ch)
         if self.supervisor.queued:
             self.supervisor.flush()
         now = time.monotonic()
@@ -159,18 +181,23 @@ class Broker:
         if fut is not None and not fut.done():
             fut.set_result(msg)
 
-    def _check_generation(self, ch: WriterChannel) -> None:
-        gen = ch.page.read().generation
+    def _check_generation(self, ch: WorkerChannel) -> None:
+        gen = ch.generation()
         for req_id, sent_gen in list(ch.inflight.items()):
-            if sent_gen != gen:
-                # The writer we addressed died; its successor refuses the request. The batch may or
-                # may not be in the log (as when a Kafka leader dies before answering).
-                ch.inflight.pop(req_id, None)
-                self.produce_owner.pop(req_id, None)
-                fut = self.futures.pop(req_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(ProduceResult(int(ErrorCode.not_leader_or_follower),
-                                                 error_message="partition writer restarted"))
+            if sent_gen == gen:
+                continue
+            ch.inflight.pop(req_id, None)
+            self.produce_owner.pop(req_id, None)
+            fut = self.futures.pop(req_id, None)
+            if fut is None or fut.done():
+                continue
+            if isinstance(ch, WriterChannel):
+                # Its successor refuses the request. The batch may or may not be in the log (as
+                # when a Kafka leader dies before answering): the client retries.
+                fut.set_result(ProduceResult(int(ErrorCode.not_leader_or_follower),
+                                             error_message="partition writer restarted"))
+            else:
+                fut.set_exception(WorkerRestarted(f"{ch.dst} restarted"))
 
     # -- catalog --------------------------------------------------------------------------------
     @property
@@ -245,8 +272,13 @@ class Broker:
     async def call_fetcher(self, make_msg, fetcher: int, timeout_s: float):
         req_id = next(self._ids)
         fut = self._future(req_id, timeout_s, None)
-        self.fetchers[fetcher % len(self.fetchers)].send(ipc.encode(make_msg(req_id)))
-        return await fut
+        ch = self.fetchers[fetcher % len(self.fetchers)]
+        ch.inflight[req_id] = ch.generation()
+        ch.send(ipc.encode(make_msg(req_id)))
+        try:
+            return await fut
+        finally:
+            ch.inflight.pop(req_id, None)
 
     async def call_supervisor(self, make_msg, timeout_s: float):
         req_id = next(self._ids)

@@ -156,3 +156,32 @@ def test_supervisor_idles_after_admin_requests(appliance):
     after = sup.cpu_times()
     busy = (after.user + after.system) - (before.user + before.system)
     assert busy < 0.5, f"supervisor used {busy:.2f} s of CPU in 2 s while idle"
+
+
+def test_long_poll_held_by_a_killed_fetcher_is_answered_promptly(appliance):
+    """Regression: a fetcher's parked long-polls died with it and the frontend waited for its
+    30 s internal timeout. Now the fetcher's new generation fails them at once with a
+    retriable error."""
+    import threading
+    from rawclient import RawClient
+    roundtrip(appliance, topic="lp-kill")
+    out = {}
+    with RawClient(appliance.bootstrap) as raw:
+        def poll():
+            t0 = time.monotonic()
+            r = raw.request(1, 11, {"max_wait_ms": 20000, "min_bytes": 10**9, "max_bytes": 1 << 20,
+                                    "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+                                    "topics": [{"topic": "lp-kill", "partitions": [
+                                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}],
+                                    "forgotten_topics_data": [], "rack_id": ""})
+            out["err"] = r.responses[0].partitions[0].error_code
+            out["elapsed"] = time.monotonic() - t0
+        t = threading.Thread(target=poll)
+        t.start()
+        time.sleep(0.5)
+        victim = appliance.workers("fetcher")[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        t.join(40)
+    assert out["err"] == 6                       # NOT_LEADER_OR_FOLLOWER: the client retries
+    assert out["elapsed"] < 15                   # not the 20 s max_wait, not the 30 s timeout
+    roundtrip(appliance, topic="lp-kill")
