@@ -163,8 +163,52 @@ class ListOffsetsResp(_Msg):
     parts: list[ListOffsetsResult]
 
 
+# Coordinator: frontend -> coordinator -> frontend
+
+class InitProducerIdReq(_Msg):
+    req_id: int
+    transactional_id: str | None
+    transaction_timeout_ms: int
+    producer_id: int = -1
+    producer_epoch: int = -1
+    version: int = 0
+    enable_2pc: bool = False
+    keep_prepared_txn: bool = False
+
+
+class InitProducerIdResp(_Msg):
+    req_id: int
+    error_code: int
+    producer_id: int = -1
+    producer_epoch: int = -1
+    ongoing_txn_producer_id: int = -1
+    ongoing_txn_producer_epoch: int = -1
+
+
+# Producer state: frontend -> writer (on the produce ring) -> frontend (on the ack ring)
+
+class DescribeProducersReq(_Msg):
+    req_id: int
+
+
+class ProducerInfo(msgspec.Struct, array_like=True, frozen=True):
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp: int
+    coordinator_epoch: int
+    current_txn_start_offset: int
+
+
+class DescribeProducersResp(_Msg):
+    req_id: int
+    error_code: int
+    producers: list[ProducerInfo] = []
+
+
 Message = Union[CreateTopicsReq, CreateTopicsResp, DeleteTopicsReq, DeleteTopicsResp,
-                FetchReq, FetchResp, ListOffsetsReq, ListOffsetsResp]
+                FetchReq, FetchResp, ListOffsetsReq, ListOffsetsResp,
+                InitProducerIdReq, InitProducerIdResp, DescribeProducersReq, DescribeProducersResp]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -22,6 +22,8 @@ from appliance import ipc
 from appliance.catalog import partition_dir
 from appliance.errors import ErrorCode, KafkaError
 from appliance.log.partition_log import LogSettings, PartitionLog
+from appliance.log.producer_state import ProducerStateManager
+from appliance.protocol.records import read_header
 from appliance.runtime import (DRAINING, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY, RECOVERING,
                                STOPPED, WORKER_BOOT_ERROR, WorkerContext)
 from shm.doorbell import BellSender
@@ -78,9 +80,14 @@ class PartitionWriter:
         except (OSError, ValueError) as e:
             log.error("cannot open partition log %s: %s", directory, e)
             return WORKER_BOOT_ERROR
+        # Producer state: the newest snapshot plus a replay of the batch headers after it.
+        self.psm = ProducerStateManager(directory, self.cfg.transactions.producer_id_expiration_ms)
+        replayed_from = self.psm.load(self.log.log_end_offset, self.log.headers_from, _now_ms())
+        self.log.roll_listener = self.psm.take_snapshot
         self._publish(status=READY)
-        log.info("%s-%d ready: log start %d, log end %d (generation %d)", self.ctx.topic,
-                 self.ctx.index, self.log.log_start_offset, self.log.log_end_offset, self.gen)
+        log.info("%s-%d ready: log start %d, log end %d, %d producers (replayed from %d), "
+                 "generation %d", self.ctx.topic, self.ctx.index, self.log.log_start_offset,
+                 self.log.log_end_offset, len(self.psm.entries), replayed_from, self.gen)
         try:
             while not self.stop:
                 self._turn()
@@ -91,6 +98,7 @@ class PartitionWriter:
             self._flush_and_ack(force=True)
         finally:
             self.log.flush()
+            self.psm.take_snapshot(self.log.log_end_offset)   # no replay after a clean stop
             self.log.close(clean=True)
             self.page.publish(status=STOPPED)
         return 0
@@ -108,6 +116,7 @@ class PartitionWriter:
             self.next_retention = now + self.retention_every
             changed = self.log.enforce_retention(_now_ms())
             changed = self.log.maybe_roll(_now_ms()) or changed
+            self.psm.expire(_now_ms())
             if changed:
                 self._publish()
         if not worked:
@@ -128,7 +137,7 @@ class PartitionWriter:
                 if mv is None:
                     break
                 try:
-                    ack, acks, did_append = self._handle(mv, now_ms)
+                    ack, acks, did_append = self._handle(src, mv, now_ms)
                 finally:
                     ring.advance()
                 appended |= did_append
@@ -148,10 +157,9 @@ class PartitionWriter:
             self.posted.add(fe)
         return appended or bool(acked)
 
-    def _handle(self, mv: memoryview, now_ms: int) -> tuple[bytes | None, int, bool]:
-        kind = mv[0]
-        if kind != ipc.KIND_PRODUCE:
-            log.error("unexpected message kind %d on a produce ring; dropped", kind)
+    def _handle(self, src: str, mv: memoryview, now_ms: int) -> tuple[bytes | None, int, bool]:
+        if mv[0] != ipc.KIND_PRODUCE:
+            self._control(src, mv)
             return None, 0, False
         _, _, acks, gen, req_id, blen, _ = ipc.PRODUCE_HDR.unpack_from(mv, 0)
         if gen != self.gen:
@@ -159,15 +167,45 @@ class PartitionWriter:
             return ipc.produce_ack(int(ErrorCode.not_leader_or_follower), self.gen, req_id, -1, -1,
                                    self.log.log_start_offset), acks, False
         batch = mv[ipc.PRODUCE_HDR.size:ipc.PRODUCE_HDR.size + blen]
+        h = read_header(batch, 0)
+        idempotent = h.producer_id >= 0
         try:
+            if idempotent:
+                dup = self.psm.check(h)
+                if dup is not None:
+                    # A retry of a batch already in the log: its original offsets, nothing appended.
+                    lat = dup.timestamp if self.log.settings.log_append_time else -1
+                    return ipc.produce_ack(0, self.gen, req_id, dup.first_offset, lat,
+                                           self.log.log_start_offset), acks, False
             info = self.log.append(batch, now_ms)
         except KafkaError as e:
             return ipc.produce_ack(int(e.code), self.gen, req_id, -1, -1, self.log.log_start_offset,
                                    e.message), acks, False
+        if idempotent:
+            self.psm.update(h, info.base_offset, now_ms,
+                            info.log_append_time if info.log_append_time >= 0 else h.max_timestamp)
         if acks == 0:
             return None, acks, True
         return ipc.produce_ack(0, self.gen, req_id, info.base_offset, info.log_append_time,
                                self.log.log_start_offset), acks, True
+
+    def _control(self, src: str, mv: memoryview) -> None:
+        """Requests other than produce on the same ring, answered on the ack ring."""
+        try:
+            msg = ipc.decode(mv)
+        except Exception:
+            log.error("undecodable message on the produce ring from %s; dropped", src)
+            return
+        if isinstance(msg, ipc.DescribeProducersReq):
+            reply = ipc.DescribeProducersResp(msg.req_id, 0, [
+                ipc.ProducerInfo(e.producer_id, e.epoch, e.last_seq, e.last_timestamp,
+                                 e.coordinator_epoch, e.txn_first_offset)
+                for e in self.psm.active()])
+        else:
+            log.error("unexpected %s from %s; dropped", type(msg).__name__, src)
+            return
+        self.acks_out[src].post(ipc.encode(reply))
+        self.posted.add(src)
 
     def _flush_and_ack(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -33,10 +33,11 @@ retention delete persists the new log start offset before unlinking anything.
 
 from __future__ import annotations
 
+import mmap
 import os
 import time
 from dataclasses import dataclass
-from typing import Literal, Mapping, NamedTuple
+from typing import Callable, Iterator, Literal, Mapping, NamedTuple
 
 import msgspec
 
@@ -44,11 +45,13 @@ from appliance.config import LogConfig
 from appliance.errors import CorruptRecord, ErrorCode, KafkaError
 from appliance.log.files import (CLEAN_SHUTDOWN_FILE, INDEX_SUFFIX, LOG_START_OFFSET_FILE,
                                  RECOVERY_POINT_FILE, TIMEINDEX_SUFFIX, TMP_SUFFIX, fsync_dir,
-                                 index_path, list_segment_bases, read_checkpoint, write_checkpoint)
+                                 index_path, list_segment_bases, log_path, read_checkpoint,
+                                 write_checkpoint)
 from appliance.log.index import OffsetIndex
 from appliance.log.segment import (LogSegment, SegmentInfo, delete_segment_files, load_segment,
                                    recover_segment)
-from appliance.protocol.records import HEADER_SIZE, read_header, set_base_offset, stamp_log_append_time
+from appliance.protocol.records import (HEADER_SIZE, BatchHeader, iter_batch_headers, read_header,
+                                       set_base_offset, stamp_log_append_time)
 
 __all__ = ["LogSettings", "AppendInfo", "PartitionLog"]
 
@@ -134,6 +137,9 @@ class PartitionLog:
         self._reader = None
         self._reader_version = -1
         self._closed = False
+        # Called with the new segment's base offset when a segment rolls, before the batch that
+        # caused the roll is appended: the partition writer snapshots its producer state there.
+        self.roll_listener: Callable[[int], None] | None = None
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
@@ -306,6 +312,8 @@ class PartitionLog:
                                 now_ms=now_ms)
         self._sealed.append(info)
         self._active = new
+        if self.roll_listener is not None:
+            self.roll_listener(new.base_offset)
         # The dir fsync inside write_checkpoint also makes the new files' names durable.
         write_checkpoint(os.path.join(self.directory, RECOVERY_POINT_FILE), new.base_offset)
         self.segments_version += 1
@@ -363,6 +371,27 @@ class PartitionLog:
             self._reader_version = self.segments_version
         return self._reader.offset_for_timestamp(timestamp, self.log_end_offset,
                                                  log_start_offset=self._log_start_offset)
+
+    def headers_from(self, offset: int) -> Iterator[tuple[int, BatchHeader]]:
+        """(base offset, header) of every batch whose last offset is >= ``offset``, in log order,
+        read through a private read-only map of each segment (used to replay producer state
+        after a snapshot; headers only, no CRC pass, no record decoding)."""
+        segs = [(s.base_offset, s.size) for s in self._sealed] + [(self._active.base_offset, self._active.size)]
+        for i, (base, size) in enumerate(segs):
+            nxt = segs[i + 1][0] if i + 1 < len(segs) else None
+            if nxt is not None and nxt <= offset or size == 0:
+                continue
+            fd = os.open(log_path(self.directory, base), os.O_RDONLY)
+            try:
+                m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            try:
+                for _, h in iter_batch_headers(m, 0, size):
+                    if h.base_offset + h.last_offset_delta >= offset:
+                        yield h.base_offset, h
+            finally:
+                m.close()
 
     # -- closing -----------------------------------------------------------------------------
     def close(self, clean: bool = True) -> None:

@@ -102,6 +102,7 @@ class Broker:
         self.fetchers = [WorkerChannel(self.topo, self.name, fx, self.bells, WORKER_PAGE_FIELDS)
                          for fx in ctx.fetchers]
         self.supervisor = Channel(self.topo, self.name, SUPERVISOR, self.bells)
+        self.coordinator = WorkerChannel(self.topo, self.name, COORDINATOR, self.bells, WORKER_PAGE_FIELDS)
         self.writers: dict[str, WriterChannel] = {}
         self.futures: dict[int, asyncio.Future] = {}
         self.produce_owner: dict[int, WriterChannel] = {}
@@ -138,7 +139,7 @@ class Broker:
                 ch.flush()
             if ch.inflight:
                 self._check_generation(ch)
-        for ch in self.fetchers:
+        for ch in (*self.fetchers, self.coordinator):
             if ch.queued:
                 ch.flush()
             if ch.inflight:
@@ -187,11 +188,11 @@ class Broker:
             if sent_gen == gen:
                 continue
             ch.inflight.pop(req_id, None)
-            self.produce_owner.pop(req_id, None)
+            was_produce = self.produce_owner.pop(req_id, None) is not None
             fut = self.futures.pop(req_id, None)
             if fut is None or fut.done():
                 continue
-            if isinstance(ch, WriterChannel):
+            if was_produce:
                 # Its successor refuses the request. The batch may or may not be in the log (as
                 # when a Kafka leader dies before answering): the client retries.
                 fut.set_result(ProduceResult(int(ErrorCode.not_leader_or_follower),
@@ -269,16 +270,34 @@ class Broker:
         ch.send(ipc.produce_header(acks, gen, req_id, len(batch)), batch)
         return fut
 
-    async def call_fetcher(self, make_msg, fetcher: int, timeout_s: float):
+    async def call(self, ch: WorkerChannel, make_msg, timeout_s: float):
+        """Send ``make_msg(req_id)`` to a worker and await its reply. Raises TimeoutError after
+        ``timeout_s``, or WorkerRestarted (a TimeoutError) as soon as the worker's generation
+        changes under the request."""
         req_id = next(self._ids)
         fut = self._future(req_id, timeout_s, None)
-        ch = self.fetchers[fetcher % len(self.fetchers)]
         ch.inflight[req_id] = ch.generation()
         ch.send(ipc.encode(make_msg(req_id)))
         try:
             return await fut
         finally:
             ch.inflight.pop(req_id, None)
+
+    async def call_fetcher(self, make_msg, fetcher: int, timeout_s: float):
+        return await self.call(self.fetchers[fetcher % len(self.fetchers)], make_msg, timeout_s)
+
+    async def call_coordinator(self, make_msg, timeout_s: float | None = None):
+        return await self.call(self.coordinator, make_msg,
+                               timeout_s or self.cfg.server.internal_request_timeout_ms / 1000)
+
+    async def call_writer(self, topic: TopicInfo, partition: int, make_msg, timeout_s: float | None = None):
+        """A non-produce request to a partition writer (on its produce ring, answered on the
+        ack ring). None when the partition does not exist."""
+        ch = self.writers.get(writer_name(topic.topic_id, partition))
+        if ch is None:
+            return None
+        return await self.call(ch, make_msg,
+                               timeout_s or self.cfg.server.internal_request_timeout_ms / 1000)
 
     async def call_supervisor(self, make_msg, timeout_s: float):
         req_id = next(self._ids)

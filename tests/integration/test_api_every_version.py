@@ -21,7 +21,7 @@ def _ranges(raw: RawClient) -> dict[int, tuple[int, int]]:
 def test_every_version_of_every_api(appliance):
     with RawClient(appliance.bootstrap) as raw:
         ranges = _ranges(raw)
-        assert {0, 1, 2, 3, 10, 18, 19, 20, 32, 60} <= ranges.keys()
+        assert {0, 1, 2, 3, 10, 18, 19, 20, 22, 32, 60, 61} <= ranges.keys()
         topic_ids = {}
         # CreateTopics first: one topic per version, used by the APIs below.
         lo, hi = ranges[19]
@@ -70,6 +70,11 @@ def _request_for(key, v, topic, topic_id, batch):
     if key == 20:
         return {"topic_names": [f"every-missing-{v}"], "topics": [{"name": f"every-missing-{v}"}],
                 "timeout_ms": 10000}
+    if key == 22:
+        return {"transactional_id": None, "transaction_timeout_ms": 60000, "producer_id": -1,
+                "producer_epoch": -1}
+    if key == 61:
+        return {"topics": [{"name": topic, "partition_indexes": [0, 1]}]}
     if key == 32:
         return {"resources": [{"resource_type": 2, "resource_name": topic, "configuration_keys": None},
                               {"resource_type": 4, "resource_name": "1", "configuration_keys": None}],
@@ -102,5 +107,9 @@ def _check(key, v, resp):
     elif key == 32:
         assert [r.error_code for r in resp.results] == [0, 0], (v, resp)
         assert any(c.name == "retention.ms" for c in resp.results[0].configs)
+    elif key == 22:
+        assert resp.error_code == 0 and resp.producer_id >= 0 and resp.producer_epoch == 0, (v, resp)
+    elif key == 61:
+        assert [p.error_code for p in resp.topics[0].partitions] == [0, 0], (v, resp)
     elif key == 60:
         assert resp.error_code == 0 and resp.brokers[0].port > 0, (v, resp)
