@@ -76,10 +76,13 @@ class ServerConfig(_Section):
 
 
 class FlushConfig(_Section):
-    # "batch": fsync (msync) after each group of appended batches (group commit); acks=-1 waits for it.
-    # "interval": fsync every interval_ms; acks=-1 waits for the next one.
-    # "os": never fsync explicitly; the kernel writes back; acks=-1 answers after the append.
-    policy: Literal["batch", "interval", "os"] = "batch"
+    # "os" (Kafka's default): no explicit fsync; acks=-1 answers once the batch is in the page
+    #   cache (kill -9 of any process loses nothing acknowledged; a power loss can lose what the
+    #   kernel had not written back yet, as with single-replica Kafka).
+    # "batch": group commit: acks=-1 answers after an fdatasync covering the batch; the writer
+    #   keeps appending while a flush runs, the next flush covers everything appended meanwhile.
+    # "interval": fdatasync every interval_ms; acks=-1 answers after the next one.
+    policy: Literal["batch", "interval", "os"] = "os"
     interval_ms: Positive = 1000
 
 

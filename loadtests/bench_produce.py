@@ -3,7 +3,7 @@
 Not a test; run by hand (``make bench``) in the user's shell:
 
     .venv/bin/python loadtests/bench_produce.py [--seconds 10] [--record-sizes 100,1024]
-        [--acks -1] [--flush-policy batch] [--partitions 1] [--configs plain]
+        [--acks -1] [--flush-policy os] [--partitions 1] [--configs plain]
 
 It starts both brokers itself:
 
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-sizes", "--records-size", dest="sizes", type=parse_sizes,
                     default=[100, 1024], help="comma-separated record value sizes in bytes")
     ap.add_argument("--acks", type=int, choices=(-1, 0, 1), default=-1, help="producer acks (-1 = all)")
-    ap.add_argument("--flush-policy", choices=("batch", "interval", "os"), default="batch",
+    ap.add_argument("--flush-policy", choices=("batch", "interval", "os"), default="os",
                     help="the appliance's log.flush.policy")
     ap.add_argument("--partitions", type=int, default=1, help="partitions of each benchmark topic")
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),

@@ -21,6 +21,7 @@ import time
 from appliance import ipc
 from appliance.catalog import partition_dir
 from appliance.errors import ErrorCode, KafkaError
+from appliance.log.flusher import Flusher
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.producer_state import ProducerStateManager
 from appliance.protocol.records import read_header
@@ -62,8 +63,8 @@ class PartitionWriter:
         self.policy = self.cfg.log.flush.policy
         self.flush_interval = self.cfg.log.flush.interval_ms / 1000
         self.last_flush = time.monotonic()
-        self.unflushed = False
-        self.await_flush: list[tuple[str, bytes]] = []
+        # acks=-1 answers waiting for their batch to be durable: (end offset, frontend, ack).
+        self.await_flush: list[tuple[int, str, bytes]] = []
         self.retention_every = self.cfg.log.retention_check_interval_ms / 1000
         self.next_retention = time.monotonic() + self.retention_every
 
@@ -84,6 +85,9 @@ class PartitionWriter:
         self.psm = ProducerStateManager(directory, self.cfg.transactions.producer_id_expiration_ms)
         replayed_from = self.psm.load(self.log.log_end_offset, self.log.headers_from, _now_ms())
         self.log.roll_listener = self.psm.take_snapshot
+        own_bell = self.topo.bell_path(self.ctx.name)
+        waker = BellSender()            # the flusher thread's own socket
+        self.flusher = Flusher(lambda: waker.ring(own_bell), self.log.log_end_offset)
         self._publish(status=READY)
         log.info("%s-%d ready: log start %d, log end %d, %d producers (replayed from %d), "
                  "generation %d", self.ctx.topic, self.ctx.index, self.log.log_start_offset,
@@ -97,6 +101,7 @@ class PartitionWriter:
                 pass
             self._flush_and_ack(force=True)
         finally:
+            self.flusher.stop()
             self.log.flush()
             self.psm.take_snapshot(self.log.log_end_offset)   # no replay after a clean stop
             self.log.close(clean=True)
@@ -121,7 +126,7 @@ class PartitionWriter:
                 self._publish()
         if not worked:
             timeout = 0.5
-            if self.await_flush or (self.policy == "interval" and self.unflushed):
+            if self.policy == "interval" and self.flusher.durable < self.log.log_end_offset:
                 timeout = max(0.0, self.last_flush + self.flush_interval - now)
             if any(box.queued for box in self.acks_out.values()):
                 timeout = min(timeout, 0.01)
@@ -137,18 +142,19 @@ class PartitionWriter:
                 if mv is None:
                     break
                 try:
-                    ack, acks, did_append = self._handle(src, mv, now_ms)
+                    ack, acks, end, did_append = self._handle(src, mv, now_ms)
                 finally:
                     ring.advance()
                 appended |= did_append
                 if ack is None:
                     continue
-                if acks == -1 and self.policy != "os" and did_append:
-                    self.await_flush.append((src, ack))
+                if acks == -1 and self.policy != "os" and end > self.flusher.durable:
+                    # Also a duplicate whose original is not durable yet: never ack more than
+                    # the disk holds.
+                    self.await_flush.append((end, src, ack))
                 else:
                     acked.setdefault(src, []).append(ack)
         if appended:
-            self.unflushed = True
             self._publish()
         for fe, acks in acked.items():
             box = self.acks_out[fe]
@@ -157,15 +163,16 @@ class PartitionWriter:
             self.posted.add(fe)
         return appended or bool(acked)
 
-    def _handle(self, src: str, mv: memoryview, now_ms: int) -> tuple[bytes | None, int, bool]:
+    def _handle(self, src: str, mv: memoryview, now_ms: int) -> tuple[bytes | None, int, int, bool]:
+        """Returns (ack or None, acks, offset just past the batch or 0, whether it appended)."""
         if mv[0] != ipc.KIND_PRODUCE:
             self._control(src, mv)
-            return None, 0, False
+            return None, 0, 0, False
         _, _, acks, gen, req_id, blen, _ = ipc.PRODUCE_HDR.unpack_from(mv, 0)
         if gen != self.gen:
             # Addressed to a predecessor that died: the frontend has already answered the client.
             return ipc.produce_ack(int(ErrorCode.not_leader_or_follower), self.gen, req_id, -1, -1,
-                                   self.log.log_start_offset), acks, False
+                                   self.log.log_start_offset), acks, 0, False
         batch = mv[ipc.PRODUCE_HDR.size:ipc.PRODUCE_HDR.size + blen]
         h = read_header(batch, 0)
         idempotent = h.producer_id >= 0
@@ -176,18 +183,19 @@ class PartitionWriter:
                     # A retry of a batch already in the log: its original offsets, nothing appended.
                     lat = dup.timestamp if self.log.settings.log_append_time else -1
                     return ipc.produce_ack(0, self.gen, req_id, dup.first_offset, lat,
-                                           self.log.log_start_offset), acks, False
+                                           self.log.log_start_offset), acks, dup.last_offset + 1, False
             info = self.log.append(batch, now_ms)
         except KafkaError as e:
             return ipc.produce_ack(int(e.code), self.gen, req_id, -1, -1, self.log.log_start_offset,
-                                   e.message), acks, False
+                                   e.message), acks, 0, False
         if idempotent:
             self.psm.update(h, info.base_offset, now_ms,
                             info.log_append_time if info.log_append_time >= 0 else h.max_timestamp)
+        end = info.last_offset + 1
         if acks == 0:
-            return None, acks, True
+            return None, acks, end, True
         return ipc.produce_ack(0, self.gen, req_id, info.base_offset, info.log_append_time,
-                               self.log.log_start_offset), acks, True
+                               self.log.log_start_offset), acks, end, True
 
     def _control(self, src: str, mv: memoryview) -> None:
         """Requests other than produce on the same ring, answered on the ack ring."""
@@ -208,18 +216,31 @@ class PartitionWriter:
         self.posted.add(src)
 
     def _flush_and_ack(self, force: bool = False) -> None:
+        """Start a group commit when acks wait for one (or the interval came), release the acks
+        whose batches are durable, and hand every ack to its frontend's ring."""
+        fl = self.flusher
+        if fl.error is not None:
+            raise fl.error           # durability unknown: die; recovery decides, nothing acked
+        end = self.log.log_end_offset
         now = time.monotonic()
-        if self.unflushed and (
-                force or (self.policy == "batch" and self.await_flush)
+        if force:
+            self.log.flush()         # synchronous, at shutdown
+            fl.durable = max(fl.durable, end)
+        elif not fl.busy and fl.durable < end and (
+                (self.policy == "batch" and self.await_flush)
                 or (self.policy == "interval" and now - self.last_flush >= self.flush_interval)):
-            self.log.flush()
-            self.unflushed = False
             self.last_flush = now
-        if self.await_flush and not self.unflushed:
-            for fe, ack in self.await_flush:
-                self.acks_out[fe].post(ack)
-                self.posted.add(fe)
-            self.await_flush.clear()
+            fl.start(*self.log.flush_target())
+        if self.await_flush:
+            durable = fl.durable
+            still = []
+            for item in self.await_flush:
+                if item[0] <= durable:
+                    self.acks_out[item[1]].post(item[2])
+                    self.posted.add(item[1])
+                else:
+                    still.append(item)
+            self.await_flush = still
         for fe, box in self.acks_out.items():
             if fe in self.posted or box.queued:
                 box.flush()         # one bell per frontend per turn, not one per ack

@@ -284,7 +284,13 @@ class PartitionLog:
         set_base_offset(batch, base)
         if log_append_time >= 0:
             stamp_log_append_time(batch, now_ms)
-        pos = active.append(batch, size, last, max_ts)
+        try:
+            pos = active.append(batch, size, last, max_ts)
+        except OSError as e:
+            # Nothing counts as appended (the segment's size did not move; stray bytes past it
+            # are overwritten by the next append or cut by recovery). Kafka answers
+            # KAFKA_STORAGE_ERROR when a log dir fails.
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot append to {self.directory}: {e}") from None
         return AppendInfo(base, last, log_append_time, pos, active.base_offset)
 
     def _time_to_roll(self, seg: LogSegment, now_ms: int, batch_max_ts: int) -> bool:
@@ -322,6 +328,12 @@ class PartitionLog:
     def flush(self) -> None:
         """msync everything appended since the last flush (group commit point)."""
         self._active.flush()
+
+    def flush_target(self) -> tuple[int, int]:
+        """(a new descriptor of the active segment's file, the log end offset now): an
+        fdatasync of that descriptor makes every batch below that offset durable (segments
+        before the active one were fsynced when they rolled). The caller closes the fd."""
+        return self._active.dup_fd(), self.log_end_offset
 
     # -- retention ---------------------------------------------------------------------------
     def enforce_retention(self, now_ms: int) -> bool:

@@ -303,9 +303,17 @@ class LogSegment:
         return self.first_batch_timestamp
 
     def append(self, batch, size: int, last_offset: int, max_timestamp: int) -> int:
-        """Copy one batch (offsets already assigned) to the end; returns its position."""
+        """Copy one batch (offsets already assigned) to the end; returns its position.
+
+        The copy is one pwrite into the page cache, not a store through our mapping: a store to
+        a fresh page of the sparse file faults, zero-fills the page and reserves its block one
+        page at a time (measured 0.4-4 GB/s), pwrite fills whole pages (5+ GB/s), and readers'
+        shared maps see the same page cache either way. A full disk is then an ENOSPC error
+        (answered KAFKA_STORAGE_ERROR, nothing appended) instead of a SIGBUS."""
         pos = self.size
-        self._map[pos:pos + size] = batch
+        written = os.pwrite(self._fd, batch, pos)
+        if written != size:
+            raise OSError(28, f"short write of a record batch ({written} of {size} bytes)")
         if max_timestamp > self.max_timestamp:
             self.max_timestamp = max_timestamp
             self.offset_of_max_timestamp = last_offset
@@ -334,6 +342,11 @@ class LogSegment:
                            self.offset_of_max_timestamp, self.first_batch_timestamp, self.created_ms)
 
     # -- closing ----------------------------------------------------------------------------
+    def dup_fd(self) -> int:
+        """A new descriptor of the .log file, for an fdatasync elsewhere (the writer's flusher
+        thread): it stays valid after a roll closes ours. The caller closes it."""
+        return os.dup(self._fd)
+
     def seal(self) -> SegmentInfo:
         """Make the segment inactive (roll or clean close): final time-index entry, msync,
         truncate the .log to its size, replace the indexes by trimmed copies, fsync."""
