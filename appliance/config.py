@@ -149,6 +149,10 @@ class TransactionsConfig(_Section):
     producer_id_expiration_ms: Positive = 86400000
     # KIP-939: allow InitProducerId with Enable2Pc.
     two_phase_commit_enable: bool = False
+    # KIP-890 part 1: before the first transactional batch of a transaction is appended to a
+    # partition, check with the coordinator that the partition is in the transaction
+    # (transaction.partition.verification.enable).
+    partition_verification_enable: bool = True
 
 
 class Config(_Section):

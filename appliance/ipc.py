@@ -5,15 +5,18 @@ Owns nothing; imported by every process. Two encodings:
 * The produce path (frontend -> writer, writer -> frontend) is hot, so its messages are fixed
   ``struct`` headers followed by raw bytes, read in place from the ring:
 
-      ProduceRequest  (frontend -> writer), little endian, 24 bytes then the record batch:
+      ProduceRequest  (frontend -> writer), little endian, 24 bytes, the transactional id, then
+      the record batch:
         0  u8   kind = KIND_PRODUCE
         1  u8   flags (reserved)
         2  i16  acks (0, 1, -1)
         4  u32  writer generation the frontend addressed (a restarted writer refuses older ones)
         8  u64  request id (unique per frontend process incarnation)
         16 i32  batch length
-        20 u32  reserved
-        24 ...  the RecordBatch, exactly as the client sent it (the writer patches the base offset)
+        20 u16  Produce request version (KIP-890: v12+ adds partitions to the transaction itself)
+        22 u16  length of the transactional id (0 = none)
+        24 ...  the transactional id (UTF-8), then the RecordBatch exactly as the client sent it
+                (the writer patches the base offset in place)
 
       ProduceAck (writer -> frontend), 48 bytes then an optional UTF-8 error message:
         0  u8   kind = KIND_PRODUCE_ACK
@@ -42,13 +45,16 @@ import msgspec
 KIND_PRODUCE = 1
 KIND_PRODUCE_ACK = 2
 
-PRODUCE_HDR = struct.Struct("<BBhIQiI")
+PRODUCE_HDR = struct.Struct("<BBhIQiHH")
 PRODUCE_ACK = struct.Struct("<BBhIQqqqiI")
 assert PRODUCE_HDR.size == 24 and PRODUCE_ACK.size == 48
 
 
-def produce_header(acks: int, generation: int, request_id: int, batch_len: int) -> bytes:
-    return PRODUCE_HDR.pack(KIND_PRODUCE, 0, acks, generation, request_id, batch_len, 0)
+def produce_header(acks: int, generation: int, request_id: int, batch_len: int, version: int = 0,
+                   transactional_id: str | None = None) -> bytes:
+    tid = transactional_id.encode() if transactional_id else b""
+    return PRODUCE_HDR.pack(KIND_PRODUCE, 0, acks, generation, request_id, batch_len, version,
+                            len(tid)) + tid
 
 
 def produce_ack(error: int, generation: int, request_id: int, base_offset: int,
@@ -206,9 +212,135 @@ class DescribeProducersResp(_Msg):
     producers: list[ProducerInfo] = []
 
 
+# Transactions (docs/transactions.md). Partitions are (topic name, partition index).
+
+class TxnPartitions(msgspec.Struct, array_like=True, frozen=True):
+    topic: str
+    partitions: list[int]
+
+
+class AddPartitionsToTxnReq(_Msg):        # frontend -> coordinator (client form, v0-3)
+    req_id: int
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    topics: list[TxnPartitions]
+    version: int
+
+
+class PartitionError(msgspec.Struct, array_like=True, frozen=True):
+    topic: str
+    partition: int
+    error_code: int
+
+
+class AddPartitionsToTxnResp(_Msg):
+    req_id: int
+    results: list[PartitionError]
+
+
+class VerifyTxnReq(_Msg):                 # writer -> coordinator, and frontend (v4+ API)
+    req_id: int
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    topic: str
+    partition: int
+    add: bool                              # False: KIP-890 part 1 verify only; True: implicit add
+
+
+class VerifyTxnResp(_Msg):
+    req_id: int
+    error_code: int
+
+
+class AddOffsetsToTxnReq(_Msg):
+    req_id: int
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    group_id: str
+    version: int
+
+
+class EndTxnReq(_Msg):
+    req_id: int
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    version: int
+
+
+class TxnResp(_Msg):                       # AddOffsetsToTxn, EndTxn
+    req_id: int
+    error_code: int
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+class WriteMarkerReq(_Msg):                # coordinator (or the WriteTxnMarkers API) -> writer
+    req_id: int
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    coordinator_epoch: int
+
+
+class WriteMarkerResp(_Msg):
+    req_id: int
+    error_code: int
+
+
+class ListTransactionsReq(_Msg):
+    req_id: int
+    state_filters: list[str]
+    producer_id_filters: list[int]
+    duration_filter_ms: int = -1
+    transactional_id_pattern: str | None = None     # v2: a Java regular expression
+
+
+class TxnListing(msgspec.Struct, array_like=True, frozen=True):
+    transactional_id: str
+    producer_id: int
+    state: str
+
+
+class ListTransactionsResp(_Msg):
+    req_id: int
+    error_code: int
+    unknown_state_filters: list[str]
+    transactions: list[TxnListing]
+
+
+class DescribeTransactionsReq(_Msg):
+    req_id: int
+    transactional_ids: list[str]
+
+
+class TxnDescription(msgspec.Struct, array_like=True, frozen=True):
+    error_code: int
+    transactional_id: str
+    state: str = ""
+    timeout_ms: int = 0
+    start_time_ms: int = -1
+    producer_id: int = -1
+    producer_epoch: int = -1
+    topics: list[TxnPartitions] = []
+
+
+class DescribeTransactionsResp(_Msg):
+    req_id: int
+    transactions: list[TxnDescription]
+
+
 Message = Union[CreateTopicsReq, CreateTopicsResp, DeleteTopicsReq, DeleteTopicsResp,
                 FetchReq, FetchResp, ListOffsetsReq, ListOffsetsResp,
-                InitProducerIdReq, InitProducerIdResp, DescribeProducersReq, DescribeProducersResp]
+                InitProducerIdReq, InitProducerIdResp, DescribeProducersReq, DescribeProducersResp,
+                AddPartitionsToTxnReq, AddPartitionsToTxnResp, VerifyTxnReq, VerifyTxnResp,
+                AddOffsetsToTxnReq, EndTxnReq, TxnResp, WriteMarkerReq, WriteMarkerResp,
+                ListTransactionsReq, ListTransactionsResp, DescribeTransactionsReq,
+                DescribeTransactionsResp]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -1,22 +1,40 @@
-"""Coordinator worker: producer-id allocation, and (issues 4-5) transactions, groups and offsets.
+"""Coordinator worker: the transaction coordinator (and, with issue 5, groups and offsets).
 
-Runs as one child of the supervisor. Owns ``<data_dir>/__coordinator/``: today the producer-id
-block file (``appliance.txn.producer_ids``); the transaction-state log and the group log move in
-with issues 4 and 5. Serves requests that frontends forward through their coordinator rings and
-answers on the matching reply rings; publishes its generation in its state page so that frontends
-fail what a dead predecessor held instead of waiting for a timeout.
+Runs as one child of the supervisor. Owns ``<data_dir>/__coordinator/``: the transaction-state log
+(``appliance.txn.state_manager``), the coordinator epoch, the producer-id blocks. The request
+logic is the sans-IO ``appliance.txn.coordinator.TransactionCoordinator``; this module is its
+loop: it serves the requests frontends forward, answers writers' KIP-890 verification requests,
+carries marker jobs to the partition writers and their acks back, and runs the timers
+(transaction timeouts, transactional-id expiration).
+
+Markers: each (job, partition) becomes a WriteMarkerReq on the ring to that partition's writer.
+A marker is sent again when its writer restarts (its generation changes) or after a deadline,
+since a writer killed after taking the message from its ring may never answer; a duplicate marker
+is harmless (Kafka's coordinator resends markers after a failover too). Markers for the
+``__consumer_offsets`` partitions of AddOffsetsToTxn are applied here (issue 5: pending
+transactional offsets) and count as written.
+
+The generation published in this worker's state page lets frontends fail what a dead predecessor
+held instead of waiting for a timeout.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
+import time
+from dataclasses import dataclass
 
 from appliance import ipc
+from appliance.catalog import PUBLISHED_FILE, CatalogView
 from appliance.errors import ErrorCode
-from appliance.runtime import HEARTBEAT_FILE, READY, WORKER_PAGE_FIELDS, WorkerContext
+from appliance.runtime import (HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY, RECOVERING, SUPERVISOR,
+                               SUPERVISOR_PAGE_FIELDS, WORKER_PAGE_FIELDS, WorkerContext, writer_name)
+from appliance.txn.coordinator import TransactionCoordinator
 from appliance.txn.producer_ids import ProducerIdManager
+from appliance.txn.state_manager import TransactionStateManager, bump_coordinator_epoch
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.statepage import StatePage
@@ -25,72 +43,275 @@ from shm.topology import Mailbox, Outbox, Topology
 log = logging.getLogger("appliance.coordinator")
 
 COORDINATOR_DIR = "__coordinator"
+OFFSETS_TOPIC = "__consumer_offsets"
+MARKER_RESEND_S = 5.0
+TICK_S = 0.2
 
 
 def main(ctx: WorkerContext) -> int:
     return Coordinator(ctx).run()
 
 
+@dataclass
+class SentMarker:
+    job_id: int
+    partition: tuple[str, int]
+    writer: str
+    generation: int
+    deadline: float
+    msg: ipc.WriteMarkerReq
+
+
+class WriterLink:
+    """The coordinator's end of one partition writer: its rings and its state page."""
+
+    def __init__(self, topo: Topology, name: str, bells: BellSender) -> None:
+        self.name = name
+        self.out = Outbox(topo, "co", name, bells)
+        self.page = StatePage.open(topo.page_path(name), PARTITION_PAGE_FIELDS, readonly=True)
+
+    def generation(self) -> int:
+        return self.page.read().generation
+
+
 class Coordinator:
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
+        self.cfg = ctx.config
         self.topo = Topology(ctx.run_dir)
         self.hb = HeartbeatTable.open(os.path.join(ctx.run_dir, HEARTBEAT_FILE))
         self.bells = BellSender()
         self.mailbox = Mailbox(self.topo, ctx.name)
         for fe in ctx.frontends:
             self.mailbox.add(fe)
-        self.outboxes = {fe: Outbox(self.topo, ctx.name, fe, self.bells) for fe in ctx.frontends}
+        self.outboxes: dict[str, Outbox] = {fe: Outbox(self.topo, ctx.name, fe, self.bells)
+                                            for fe in ctx.frontends}
+        self.sup_page = StatePage.open(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS,
+                                       readonly=True)
+        self.catalog = CatalogView(self.topo.file_path(PUBLISHED_FILE),
+                                   lambda: self.sup_page.read().catalog_version)
+        self.catalog_seen = -1
+        self.writers: dict[tuple[str, int], WriterLink] = {}     # (topic, partition) -> link
+        self.writer_partition: dict[str, tuple[str, int]] = {}
         self.dir = os.path.join(ctx.data_dir, COORDINATOR_DIR)
         os.makedirs(self.dir, exist_ok=True)
-        self.producer_ids = ProducerIdManager(self.dir)
+        self.sent: dict[int, SentMarker] = {}                     # request id -> marker in flight
+        self._ids = itertools.count(((ctx.generation & 0xFFFF) << 40) | 1)
         self.stop = False
+        self.posted: set[str] = set()
 
+    # -- life cycle -----------------------------------------------------------------------------
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         page = StatePage.open(self.topo.page_path(self.ctx.name), WORKER_PAGE_FIELDS)
         page.reset_seq()
-        page.publish(generation=self.ctx.generation, status=READY, pid=os.getpid())
+        page.publish(generation=self.ctx.generation, status=RECOVERING, pid=os.getpid())
+        epoch = bump_coordinator_epoch(self.dir)
+        self.tc = TransactionCoordinator(
+            TransactionStateManager(self.dir, self.cfg.log.flush.policy, _now_ms()),
+            ProducerIdManager(self.dir), self.cfg.transactions, epoch, _now_ms)
+        self.tc.load()
+        page.publish(status=READY)
+        log.info("transaction coordinator ready: coordinator epoch %d", epoch)
+        next_tick = 0.0
         while not self.stop:
             self.hb.beat(self.ctx.heartbeat_slot)
-            for src, ring in self.mailbox.inputs.items():
-                while (raw := ring.get()) is not None:
-                    self._dispatch(src, raw)
-            timeout = 0.5
-            for box in self.outboxes.values():
-                if box.queued and box.flush():
-                    timeout = 0.01
-            self.mailbox.wait(timeout)
+            self._sync_writers()
+            worked = self._drain()
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + TICK_S
+                self.tc.tick(_now_ms())
+                self._check_markers(now)
+            self._send_marker_jobs()
+            self._flush()
+            if self.tc.needs_restart:
+                # Fenced by a newer coordinator epoch, or a log sync failed: start over from the
+                # log under a new epoch (the supervisor restarts us).
+                log.error("transaction coordinator must restart; exiting")
+                return 1
+            if not worked:
+                self.mailbox.wait(min(TICK_S, max(0.0, next_tick - time.monotonic())))
         return 0
 
     def _on_term(self, signum, frame) -> None:
         self.stop = True
 
-    def _dispatch(self, src: str, raw: bytes) -> None:
-        try:
-            msg = ipc.decode(raw)
-        except Exception:
-            log.exception("undecodable request from %s", src)
+    # -- writers ---------------------------------------------------------------------------------
+    def _sync_writers(self) -> None:
+        cat = self.catalog.get()
+        if cat.version == self.catalog_seen:
             return
-        try:
-            if isinstance(msg, ipc.InitProducerIdReq):
-                reply = self._init_producer_id(msg)
-            else:
-                log.error("unexpected %s from %s", type(msg).__name__, src)
-                return
-        except Exception:
-            # A bug costs this request, never the coordinator.
-            log.exception("request %d from %s failed", msg.req_id, src)
-            reply = ipc.InitProducerIdResp(msg.req_id, int(ErrorCode.unknown_server_error))
-        box = self.outboxes[src]
-        box.post(ipc.encode(reply))
-        box.flush()
+        self.catalog_seen = cat.version
+        wanted = {(t.name, p): writer_name(t.topic_id, p)
+                  for t in cat.topics.values() for p in range(t.partitions)}
+        for key, link in list(self.writers.items()):
+            if wanted.get(key) != link.name:
+                del self.writers[key]
+                self.writer_partition.pop(link.name, None)
+                self.mailbox.remove(link.name)
+                self.outboxes.pop(link.name, None)
+                self.topo.forget(link.name)
+        for key, name in wanted.items():
+            if key in self.writers:
+                continue
+            try:
+                link = WriterLink(self.topo, name, self.bells)
+                self.mailbox.add(name)
+            except FileNotFoundError:
+                continue
+            self.writers[key] = link
+            self.writer_partition[name] = key
+            self.outboxes[name] = link.out
 
-    def _init_producer_id(self, req: ipc.InitProducerIdReq) -> ipc.InitProducerIdResp:
-        if req.transactional_id is None:
-            # Idempotent producer: Kafka blindly hands out a fresh producer id with epoch 0, also
-            # when the client asks to bump an existing one (TransactionCoordinator).
-            return ipc.InitProducerIdResp(req.req_id, 0, self.producer_ids.next_id(), 0)
-        # Transactional ids arrive with the transaction coordinator (issue 4).
-        return ipc.InitProducerIdResp(req.req_id, int(ErrorCode.coordinator_not_available))
+    # -- requests ---------------------------------------------------------------------------------
+    def _drain(self) -> bool:
+        worked = False
+        for src, ring in list(self.mailbox.inputs.items()):
+            while (raw := ring.get()) is not None:
+                worked = True
+                try:
+                    msg = ipc.decode(raw)
+                except Exception:
+                    log.exception("undecodable message from %s", src)
+                    continue
+                try:
+                    reply = self._handle(src, msg)
+                except Exception:
+                    # A bug costs this request, never the coordinator.
+                    log.exception("%s %s from %s failed", type(msg).__name__,
+                                  getattr(msg, "req_id", "?"), src)
+                    reply = _error_reply(msg, ErrorCode.unknown_server_error)
+                if reply is not None and src in self.outboxes:
+                    self.outboxes[src].post(ipc.encode(reply))
+                    self.posted.add(src)
+        return worked
+
+    def _handle(self, src: str, msg):
+        tc = self.tc
+        if isinstance(msg, ipc.WriteMarkerResp):
+            sent = self.sent.pop(msg.req_id, None)
+            if sent is not None:
+                tc.on_marker_result(sent.job_id, sent.partition, ErrorCode(msg.error_code))
+            return None
+        if isinstance(msg, ipc.VerifyTxnReq):
+            err = tc.verify_partition(msg.transactional_id, msg.producer_id, msg.producer_epoch,
+                                      (msg.topic, msg.partition), add=msg.add)
+            return ipc.VerifyTxnResp(msg.req_id, int(err))
+        if isinstance(msg, ipc.InitProducerIdReq):
+            r = tc.init_producer_id(msg.transactional_id, msg.transaction_timeout_ms, msg.producer_id,
+                                    msg.producer_epoch, api_version=msg.version)
+            return ipc.InitProducerIdResp(msg.req_id, int(r.error), r.producer_id, r.producer_epoch)
+        if isinstance(msg, ipc.AddPartitionsToTxnReq):
+            parts = [(t.topic, p) for t in msg.topics for p in t.partitions]
+            errors = tc.add_partitions(msg.transactional_id, msg.producer_id, msg.producer_epoch,
+                                       parts, api_version=msg.version)
+            return ipc.AddPartitionsToTxnResp(msg.req_id, [
+                ipc.PartitionError(t, p, int(errors.get((t, p), ErrorCode.none))) for t, p in parts])
+        if isinstance(msg, ipc.AddOffsetsToTxnReq):
+            err = tc.add_offsets(msg.transactional_id, msg.producer_id, msg.producer_epoch,
+                                 msg.group_id, api_version=msg.version)
+            return ipc.TxnResp(msg.req_id, int(err))
+        if isinstance(msg, ipc.EndTxnReq):
+            r = tc.end_txn(msg.transactional_id, msg.producer_id, msg.producer_epoch, msg.commit,
+                           api_version=msg.version)
+            return ipc.TxnResp(msg.req_id, int(r.error), r.producer_id, r.producer_epoch)
+        if isinstance(msg, ipc.ListTransactionsReq):
+            return self._list(msg)
+        if isinstance(msg, ipc.DescribeTransactionsReq):
+            return self._describe(msg)
+        log.error("unexpected %s from %s", type(msg).__name__, src)
+        return None
+
+    def _list(self, msg: ipc.ListTransactionsReq) -> ipc.ListTransactionsResp:
+        r = self.tc.list_transactions(msg.state_filters, msg.producer_id_filters, msg.duration_filter_ms,
+                                      msg.transactional_id_pattern)
+        return ipc.ListTransactionsResp(msg.req_id, int(r.error), list(r.unknown_state_filters), [
+            ipc.TxnListing(t.transactional_id, t.producer_id, t.state) for t in r.transactions])
+
+    def _describe(self, msg: ipc.DescribeTransactionsReq) -> ipc.DescribeTransactionsResp:
+        out = []
+        for d in self.tc.describe_transactions(msg.transactional_ids):
+            topics: dict[str, list[int]] = {}
+            for t, p in sorted(d.partitions):
+                topics.setdefault(t, []).append(p)
+            out.append(ipc.TxnDescription(int(d.error), d.transactional_id, d.state, d.timeout_ms,
+                                          d.start_time_ms, d.producer_id, d.producer_epoch,
+                                          [ipc.TxnPartitions(t, ps) for t, ps in topics.items()]))
+        return ipc.DescribeTransactionsResp(msg.req_id, out)
+
+    # -- markers ----------------------------------------------------------------------------------
+    def _send_marker_jobs(self) -> None:
+        for job in self.tc.take_marker_jobs():
+            for partition in job.partitions:
+                self._send_marker(job, partition)
+
+    def _send_marker(self, job, partition: tuple[str, int]) -> None:
+        topic, _ = partition
+        if topic == OFFSETS_TOPIC:
+            # Pending transactional offsets live here (issue 5); the marker needs no log write.
+            self.tc.on_marker_result(job.job_id, partition, ErrorCode.none)
+            return
+        link = self.writers.get(partition)
+        if link is None:
+            self.tc.on_marker_result(job.job_id, partition, ErrorCode.unknown_topic_or_partition)
+            return
+        req_id = next(self._ids)
+        msg = ipc.WriteMarkerReq(req_id, job.producer_id, job.producer_epoch, job.commit,
+                                 job.coordinator_epoch)
+        self.sent[req_id] = SentMarker(job.job_id, partition, link.name, link.generation(),
+                                       time.monotonic() + MARKER_RESEND_S, msg)
+        link.out.post(ipc.encode(msg))
+        self.posted.add(link.name)
+
+    def _check_markers(self, now: float) -> None:
+        """Resend markers whose writer restarted or that got no answer in time."""
+        for req_id, s in list(self.sent.items()):
+            link = self.writers.get(s.partition)
+            if link is None:
+                del self.sent[req_id]
+                self.tc.on_marker_result(s.job_id, s.partition, ErrorCode.unknown_topic_or_partition)
+                continue
+            if link.generation() != s.generation or now >= s.deadline:
+                del self.sent[req_id]
+                new_id = next(self._ids)
+                msg = ipc.WriteMarkerReq(new_id, s.msg.producer_id, s.msg.producer_epoch,
+                                         s.msg.commit, s.msg.coordinator_epoch)
+                self.sent[new_id] = SentMarker(s.job_id, s.partition, link.name, link.generation(),
+                                               now + MARKER_RESEND_S, msg)
+                link.out.post(ipc.encode(msg))
+                self.posted.add(link.name)
+
+    def _flush(self) -> None:
+        for name in self.posted:
+            box = self.outboxes.get(name)
+            if box is not None:
+                box.flush()
+        self.posted.clear()
+        for box in self.outboxes.values():
+            if box.queued:
+                box.flush()
+
+
+def _error_reply(msg, code: ErrorCode):
+    rid = getattr(msg, "req_id", 0)
+    if isinstance(msg, ipc.InitProducerIdReq):
+        return ipc.InitProducerIdResp(rid, int(code))
+    if isinstance(msg, ipc.AddPartitionsToTxnReq):
+        return ipc.AddPartitionsToTxnResp(rid, [ipc.PartitionError(t.topic, p, int(code))
+                                                for t in msg.topics for p in t.partitions])
+    if isinstance(msg, ipc.VerifyTxnReq):
+        return ipc.VerifyTxnResp(rid, int(code))
+    if isinstance(msg, (ipc.AddOffsetsToTxnReq, ipc.EndTxnReq)):
+        return ipc.TxnResp(rid, int(code))
+    if isinstance(msg, ipc.ListTransactionsReq):
+        return ipc.ListTransactionsResp(rid, int(code), [], [])
+    if isinstance(msg, ipc.DescribeTransactionsReq):
+        return ipc.DescribeTransactionsResp(rid, [ipc.TxnDescription(int(code), t)
+                                                  for t in msg.transactional_ids])
+    return None
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

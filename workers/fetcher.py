@@ -23,7 +23,8 @@ from appliance import ipc
 from appliance.catalog import PUBLISHED_FILE, CatalogView, partition_dir
 from appliance.errors import ErrorCode, KafkaError
 from appliance.log.reader import LogReader
-from appliance.runtime import (HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY, STARTING, SUPERVISOR,
+from appliance.runtime import (HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY, RECOVERING, STARTING,
+                               SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WORKER_PAGE_FIELDS, WorkerContext,
                                writer_name)
 from shm.doorbell import BellSender
@@ -173,7 +174,9 @@ class Fetcher:
                 final = True
                 continue
             st = h.state()
-            if st.status == STARTING or st.generation == 0:
+            if st.status in (STARTING, RECOVERING) or st.generation == 0:
+                # A recovering writer may be rebuilding the aborted-transaction index: nothing is
+                # served until it is READY (retriable, like a leader election).
                 out.append(ipc.FetchPartResult(int(ErrorCode.not_leader_or_follower)))
                 final = True
                 continue
@@ -188,13 +191,19 @@ class Fetcher:
                     slices = [ipc.Slice(s.segment_base, s.position, s.length) for s in rr.slices]
                     remaining -= rr.bytes
                     total += rr.bytes
+                aborted = None
+                if req.isolation_level == READ_COMMITTED:
+                    # Every aborted transaction overlapping the returned range, including one that
+                    # holds nothing but its abort marker there (digest §4.4).
+                    aborted = (h.reader.collect_aborted(part.fetch_offset, rr.next_offset, st.high_watermark)
+                               if slices else [])
             except KafkaError as e:
                 out.append(ipc.FetchPartResult(int(e.code), st.high_watermark, st.last_stable_offset,
                                                st.log_start_offset))
                 final = True
                 continue
             out.append(ipc.FetchPartResult(0, st.high_watermark, st.last_stable_offset,
-                                           st.log_start_offset, None, slices))
+                                           st.log_start_offset, aborted, slices))
         return ipc.FetchResp(req_id=req.req_id, parts=out), total, final
 
     def _park(self, src: str, req: ipc.FetchReq) -> None:
@@ -242,7 +251,7 @@ class Fetcher:
                 out.append(ipc.ListOffsetsResult(int(ErrorCode.unknown_topic_or_partition)))
                 continue
             st = h.state()
-            if st.status == STARTING or st.generation == 0:
+            if st.status in (STARTING, RECOVERING) or st.generation == 0:
                 out.append(ipc.ListOffsetsResult(int(ErrorCode.not_leader_or_follower)))
                 continue
             upper = st.last_stable_offset if req.isolation_level == READ_COMMITTED else st.high_watermark

@@ -1,22 +1,34 @@
 """Partition writer: the one process that writes one partition.
 
 Runs as a child of the supervisor, one per partition. Owns that partition's ``PartitionLog``
-(segments, offset and time indexes, log start offset) and publishes its high watermark, log start
-and active-segment end in the partition's state page. Single-threaded: no locks on the write path.
+(segments, offset, time and transaction indexes, log start offset) and its
+``ProducerStateManager`` (sequence windows, open transactions, LSO), and publishes its high
+watermark, LSO, log start and active-segment end in the partition's state page. Single-threaded
+(the flusher thread only runs fdatasync; see appliance/log/flusher.py): no locks on the write path.
 
-Loop: drain every input ring (produce requests from each frontend), append each batch (patch the
-base offset in place in the ring, then one copy into the mapped segment), publish the new high
-watermark once for the whole group, apply the flush policy once for the group (group commit), then
-put the acks into each frontend's ack ring and ring the bells of those that sleep. Wake fetchers
-parked on this partition. Sleep on the doorbell when there is nothing to do.
+Loop: drain every input ring (produce requests from each frontend; markers and verification
+answers from the coordinator), append each batch (patch the base offset in place in the ring,
+then one pwrite into the segment), publish the new high watermark and LSO once for the whole
+group, start a group commit if acks wait for one, then put the acks into each frontend's ack ring
+and ring the bells of those that sleep. Wake fetchers parked on this partition. Sleep on the
+doorbell when there is nothing to do.
+
+Transactions (docs/transactions.md): a transactional batch from a producer with no open
+transaction on this partition is parked, with every later batch of that producer, until the
+coordinator confirms (KIP-890 part 1: verify only) or performs (part 2, Produce v12: implicit add)
+that the partition belongs to the producer's transaction. A marker arriving meanwhile voids the
+confirmation (the race guard), and the batch is refused with INVALID_TXN_STATE.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import os
 import signal
 import time
+from dataclasses import dataclass
 
 from appliance import ipc
 from appliance.catalog import partition_dir
@@ -24,9 +36,10 @@ from appliance.errors import ErrorCode, KafkaError
 from appliance.log.flusher import Flusher
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.producer_state import ProducerStateManager
+from appliance.log.txn_index import AbortedTxn
 from appliance.protocol.records import read_header
-from appliance.runtime import (DRAINING, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY, RECOVERING,
-                               STOPPED, WORKER_BOOT_ERROR, WorkerContext)
+from appliance.runtime import (COORDINATOR, DRAINING, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY,
+                               RECOVERING, STOPPED, WORKER_BOOT_ERROR, WorkerContext)
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.statepage import StatePage
@@ -37,9 +50,42 @@ log = logging.getLogger("appliance.writer")
 # How many records one input ring may hand over per loop turn before the others get a turn.
 FAIRNESS_BUDGET = 64
 
+# KIP-890 verification failures as a producer sees them (Kafka's ReplicaManager and
+# AddPartitionsToTxnManager): retriable coordinator trouble becomes NOT_ENOUGH_REPLICAS, which old
+# clients retry without a metadata refresh.
+_VERIFY_ERRORS = {
+    ErrorCode.producer_fenced: ErrorCode.invalid_producer_epoch,
+    ErrorCode.transaction_abortable: ErrorCode.invalid_txn_state,
+    ErrorCode.concurrent_transactions: ErrorCode.not_enough_replicas,
+    ErrorCode.network_exception: ErrorCode.not_enough_replicas,
+    ErrorCode.coordinator_load_in_progress: ErrorCode.not_enough_replicas,
+    ErrorCode.coordinator_not_available: ErrorCode.not_enough_replicas,
+    ErrorCode.not_coordinator: ErrorCode.not_enough_replicas,
+    ErrorCode.request_timed_out: ErrorCode.not_enough_replicas,
+}
+
 
 def main(ctx: WorkerContext) -> int:
     return PartitionWriter(ctx).run()
+
+
+@dataclass
+class Parked:
+    """A produce request waiting for its partition to be verified (a copy of the batch: the ring
+    slot it came in is reused)."""
+    src: str
+    req_id: int
+    acks: int
+    version: int
+    txn_id: str
+    batch: bytearray
+
+
+@dataclass
+class Verifying:
+    req_id: int
+    token: object
+    deadline: float
 
 
 class PartitionWriter:
@@ -52,21 +98,29 @@ class PartitionWriter:
         self.hb = HeartbeatTable.open(os.path.join(ctx.run_dir, HEARTBEAT_FILE))
         self.bells = BellSender()
         self.mailbox = Mailbox(self.topo, ctx.name)
-        for fe in ctx.frontends:
-            self.mailbox.add(fe)
-        # Acks that do not fit their ring (a slow or restarting frontend) wait in the outbox's
+        peers = list(ctx.frontends) + [COORDINATOR]
+        for peer in peers:
+            self.mailbox.add(peer)
+        # Replies that do not fit their ring (a slow or restarting peer) wait in the outbox's
         # queue and are retried every turn.
-        self.acks_out = {fe: Outbox(self.topo, ctx.name, fe, self.bells) for fe in ctx.frontends}
+        self.out = {peer: Outbox(self.topo, ctx.name, peer, self.bells) for peer in peers}
         self.posted: set[str] = set()       # outboxes posted to since their last flush
         self.fetcher_bells = [self.topo.bell_path(fx) for fx in ctx.fetchers]
         self.stop = False
         self.policy = self.cfg.log.flush.policy
         self.flush_interval = self.cfg.log.flush.interval_ms / 1000
         self.last_flush = time.monotonic()
-        # acks=-1 answers waiting for their batch to be durable: (end offset, frontend, ack).
+        # Replies waiting for their batch or marker to be durable: (end offset, peer, reply).
         self.await_flush: list[tuple[int, str, bytes]] = []
         self.retention_every = self.cfg.log.retention_check_interval_ms / 1000
         self.next_retention = time.monotonic() + self.retention_every
+        self.verify_enabled = self.cfg.transactions.partition_verification_enable
+        self.verify_timeout = self.cfg.server.internal_request_timeout_ms / 1000
+        self.parked: dict[int, collections.deque[Parked]] = {}     # by producer id
+        self.verifying: dict[int, Verifying] = {}                  # by producer id
+        self.verify_reqs: dict[int, int] = {}                      # request id -> producer id
+        self._ids = itertools.count(((self.gen & 0xFFFF) << 40) | 1)
+        self.dirty = False                   # something to publish this turn
 
     # -- life cycle -----------------------------------------------------------------------------
     def run(self) -> int:
@@ -81,17 +135,30 @@ class PartitionWriter:
         except (OSError, ValueError) as e:
             log.error("cannot open partition log %s: %s", directory, e)
             return WORKER_BOOT_ERROR
-        # Producer state: the newest snapshot plus a replay of the batch headers after it.
+        # Producer state: the newest snapshot plus a replay of the batches after it, which also
+        # rebuilds the aborted-transaction index of the segments recovery had to scan.
         self.psm = ProducerStateManager(directory, self.cfg.transactions.producer_id_expiration_ms)
-        replayed_from = self.psm.load(self.log.log_end_offset, self.log.headers_from, _now_ms())
+        rebuild_from = self.log.txn_index_rebuild_from
+
+        def rebuilt(done, lso):
+            if done.aborted and done.last_offset >= rebuild_from:
+                self.log.append_aborted(AbortedTxn(done.producer_id, done.first_offset,
+                                                   done.last_offset, lso))
+
+        # Replay must start at or below the first segment whose index recovery dropped, or the
+        # entries of its aborts would never come back.
+        replayed_from = self.psm.load(self.log.log_end_offset, self.log.headers_from, _now_ms(),
+                                      on_completed=rebuilt, max_start_offset=rebuild_from)
+        self.log.finish_txn_index_rebuild()
         self.log.roll_listener = self.psm.take_snapshot
         own_bell = self.topo.bell_path(self.ctx.name)
         waker = BellSender()            # the flusher thread's own socket
         self.flusher = Flusher(lambda: waker.ring(own_bell), self.log.log_end_offset)
         self._publish(status=READY)
-        log.info("%s-%d ready: log start %d, log end %d, %d producers (replayed from %d), "
+        log.info("%s-%d ready: log start %d, log end %d, LSO %d, %d producers (replayed from %d), "
                  "generation %d", self.ctx.topic, self.ctx.index, self.log.log_start_offset,
-                 self.log.log_end_offset, len(self.psm.entries), replayed_from, self.gen)
+                 self.log.log_end_offset, self.psm.last_stable_offset(self.log.log_end_offset),
+                 len(self.psm.entries), replayed_from, self.gen)
         try:
             while not self.stop:
                 self._turn()
@@ -99,7 +166,7 @@ class PartitionWriter:
             self.page.publish(status=DRAINING)
             while self._drain_inputs():
                 pass
-            self._flush_and_ack(force=True)
+            self._flush_and_reply(force=True)
         finally:
             self.flusher.stop()
             self.log.flush()
@@ -115,7 +182,8 @@ class PartitionWriter:
     def _turn(self) -> None:
         self.hb.beat(self.ctx.heartbeat_slot)
         worked = self._drain_inputs()
-        self._flush_and_ack()
+        self._expire_verifications()
+        self._flush_and_reply()
         now = time.monotonic()
         if now >= self.next_retention:
             self.next_retention = now + self.retention_every
@@ -128,13 +196,14 @@ class PartitionWriter:
             timeout = 0.5
             if self.policy == "interval" and self.flusher.durable < self.log.log_end_offset:
                 timeout = max(0.0, self.last_flush + self.flush_interval - now)
-            if any(box.queued for box in self.acks_out.values()):
+            if self.verifying:
+                timeout = min(timeout, max(0.0, min(v.deadline for v in self.verifying.values()) - now))
+            if any(box.queued for box in self.out.values()):
                 timeout = min(timeout, 0.01)
             self.mailbox.wait(timeout)
 
     def _drain_inputs(self) -> bool:
-        appended = False
-        acked: dict[str, list[bytes]] = {}
+        worked = False
         now_ms = _now_ms()
         for src, ring in self.mailbox.inputs.items():
             for _ in range(FAIRNESS_BUDGET):
@@ -142,39 +211,38 @@ class PartitionWriter:
                 if mv is None:
                     break
                 try:
-                    ack, acks, end, did_append = self._handle(src, mv, now_ms)
+                    if mv[0] == ipc.KIND_PRODUCE:
+                        self._produce_request(src, mv, now_ms)
+                    else:
+                        self._control(src, mv, now_ms)
                 finally:
                     ring.advance()
-                appended |= did_append
-                if ack is None:
-                    continue
-                if acks == -1 and self.policy != "os" and end > self.flusher.durable:
-                    # Also a duplicate whose original is not durable yet: never ack more than
-                    # the disk holds.
-                    self.await_flush.append((end, src, ack))
-                else:
-                    acked.setdefault(src, []).append(ack)
-        if appended:
+                worked = True
+        if self.dirty:
+            self.dirty = False
             self._publish()
-        for fe, acks in acked.items():
-            box = self.acks_out[fe]
-            for ack in acks:
-                box.post(ack)
-            self.posted.add(fe)
-        return appended or bool(acked)
+        return worked
 
-    def _handle(self, src: str, mv: memoryview, now_ms: int) -> tuple[bytes | None, int, int, bool]:
-        """Returns (ack or None, acks, offset just past the batch or 0, whether it appended)."""
-        if mv[0] != ipc.KIND_PRODUCE:
-            self._control(src, mv)
-            return None, 0, 0, False
-        _, _, acks, gen, req_id, blen, _ = ipc.PRODUCE_HDR.unpack_from(mv, 0)
+    # -- produce ----------------------------------------------------------------------------------
+    def _produce_request(self, src: str, mv: memoryview, now_ms: int) -> None:
+        _, _, acks, gen, req_id, blen, version, tlen = ipc.PRODUCE_HDR.unpack_from(mv, 0)
+        start = ipc.PRODUCE_HDR.size + tlen
         if gen != self.gen:
             # Addressed to a predecessor that died: the frontend has already answered the client.
-            return ipc.produce_ack(int(ErrorCode.not_leader_or_follower), self.gen, req_id, -1, -1,
-                                   self.log.log_start_offset), acks, 0, False
-        batch = mv[ipc.PRODUCE_HDR.size:ipc.PRODUCE_HDR.size + blen]
+            self._reply_produce(src, acks, 0, ipc.produce_ack(
+                int(ErrorCode.not_leader_or_follower), self.gen, req_id, -1, -1, self.log.log_start_offset))
+            return
+        txn_id = bytes(mv[ipc.PRODUCE_HDR.size:start]).decode() if tlen else ""
+        batch = mv[start:start + blen]
         h = read_header(batch, 0)
+        if h.is_transactional and (h.producer_id in self.parked or (
+                (self.verify_enabled or version >= 12) and self.psm.needs_verification(h))):
+            self._park(Parked(src, req_id, acks, version, txn_id, bytearray(batch)), h)
+            return
+        self._append(src, req_id, acks, batch, h, now_ms)
+
+    def _append(self, src: str, req_id: int, acks: int, batch, h, now_ms: int) -> None:
+        """Sequence checks, append, producer-state update, and the ack (now or after a flush)."""
         idempotent = h.producer_id >= 0
         try:
             if idempotent:
@@ -182,42 +250,147 @@ class PartitionWriter:
                 if dup is not None:
                     # A retry of a batch already in the log: its original offsets, nothing appended.
                     lat = dup.timestamp if self.log.settings.log_append_time else -1
-                    return ipc.produce_ack(0, self.gen, req_id, dup.first_offset, lat,
-                                           self.log.log_start_offset), acks, dup.last_offset + 1, False
+                    self._reply_produce(src, acks, dup.last_offset + 1, ipc.produce_ack(
+                        0, self.gen, req_id, dup.first_offset, lat, self.log.log_start_offset))
+                    return
             info = self.log.append(batch, now_ms)
         except KafkaError as e:
-            return ipc.produce_ack(int(e.code), self.gen, req_id, -1, -1, self.log.log_start_offset,
-                                   e.message), acks, 0, False
+            self._reply_produce(src, acks, 0, ipc.produce_ack(
+                int(e.code), self.gen, req_id, -1, -1, self.log.log_start_offset, e.message))
+            return
         if idempotent:
             self.psm.update(h, info.base_offset, now_ms,
                             info.log_append_time if info.log_append_time >= 0 else h.max_timestamp)
-        end = info.last_offset + 1
-        if acks == 0:
-            return None, acks, end, True
-        return ipc.produce_ack(0, self.gen, req_id, info.base_offset, info.log_append_time,
-                               self.log.log_start_offset), acks, end, True
+        self.dirty = True
+        self._reply_produce(src, acks, info.last_offset + 1, ipc.produce_ack(
+            0, self.gen, req_id, info.base_offset, info.log_append_time, self.log.log_start_offset))
 
-    def _control(self, src: str, mv: memoryview) -> None:
-        """Requests other than produce on the same ring, answered on the ack ring."""
+    def _reply_produce(self, src: str, acks: int, end: int, ack: bytes) -> None:
+        if acks == 0:
+            return
+        if acks == -1 and end > self.flusher.durable and self.policy != "os":
+            # Also a duplicate whose original is not durable yet: never ack more than the disk holds.
+            self.await_flush.append((end, src, ack))
+        else:
+            self._post(src, ack)
+
+    def _post(self, dst: str, data: bytes) -> None:
+        self.out[dst].post(data)
+        self.posted.add(dst)
+
+    # -- KIP-890 verification ---------------------------------------------------------------------
+    def _park(self, p: Parked, h) -> None:
+        pid = h.producer_id
+        queue = self.parked.setdefault(pid, collections.deque())
+        queue.append(p)
+        if pid in self.verifying:
+            return
+        if not p.txn_id:
+            self._fail_parked(pid, ErrorCode.transactional_id_authorization_failed)
+            return
+        req_id = next(self._ids)
+        token = self.psm.start_verification(pid, h.producer_epoch)
+        self.verifying[pid] = Verifying(req_id, token, time.monotonic() + self.verify_timeout)
+        self.verify_reqs[req_id] = pid
+        self._post(COORDINATOR, ipc.encode(ipc.VerifyTxnReq(
+            req_id, p.txn_id, pid, h.producer_epoch, self.ctx.topic, self.ctx.index, add=p.version >= 12)))
+
+    def _verified(self, resp: ipc.VerifyTxnResp, now_ms: int) -> None:
+        pid = self.verify_reqs.pop(resp.req_id, None)
+        if pid is None:
+            return                           # timed out earlier and answered already
+        v = self.verifying.pop(pid)
+        if resp.error_code == 0 and not self.psm.verification_valid(pid, v.token):
+            # A marker for this producer landed between the check and now (KIP-890 race guard).
+            self._fail_parked(pid, ErrorCode.invalid_txn_state)
+            return
+        if resp.error_code != 0:
+            code = ErrorCode(resp.error_code)
+            self._fail_parked(pid, _VERIFY_ERRORS.get(code, code))
+            return
+        queue = self.parked.pop(pid, collections.deque())
+        first = True                         # the batch this verification was for
+        while queue:
+            p = queue.popleft()
+            h = read_header(p.batch, 0)
+            if not first and h.is_transactional and (self.verify_enabled or p.version >= 12) \
+                    and self.psm.needs_verification(h):
+                # It belongs to a later transaction of this producer: verify again, in order.
+                self._park(p, h)
+                self.parked[pid].extend(queue)
+                return
+            first = False
+            self._append(p.src, p.req_id, p.acks, p.batch, h, now_ms)
+
+    def _fail_parked(self, pid: int, code: ErrorCode) -> None:
+        for p in self.parked.pop(pid, ()):
+            c = code
+            if c == ErrorCode.invalid_txn_state and p.version > 10:
+                # Kafka answers Produce v11+ with the abortable error (KafkaApis: genericError).
+                c = ErrorCode.transaction_abortable
+            self._reply_produce(p.src, p.acks, 0, ipc.produce_ack(
+                int(c), self.gen, p.req_id, -1, -1, self.log.log_start_offset,
+                f"transaction verification failed: {c.name}"))
+
+    def _expire_verifications(self) -> None:
+        if not self.verifying:
+            return
+        now = time.monotonic()
+        for pid, v in list(self.verifying.items()):
+            if v.deadline <= now:
+                del self.verifying[pid]
+                self.verify_reqs.pop(v.req_id, None)
+                self._fail_parked(pid, ErrorCode.not_enough_replicas)
+
+    # -- markers and other requests ------------------------------------------------------------
+    def _control(self, src: str, mv: memoryview, now_ms: int) -> None:
+        """msgpack requests on the same rings: markers and verification answers from the
+        coordinator, DescribeProducers and WriteTxnMarkers from frontends."""
         try:
             msg = ipc.decode(mv)
         except Exception:
-            log.error("undecodable message on the produce ring from %s; dropped", src)
+            log.error("undecodable message from %s; dropped", src)
             return
-        if isinstance(msg, ipc.DescribeProducersReq):
-            reply = ipc.DescribeProducersResp(msg.req_id, 0, [
+        if isinstance(msg, ipc.VerifyTxnResp):
+            self._verified(msg, now_ms)
+        elif isinstance(msg, ipc.WriteMarkerReq):
+            code, end = self._write_marker(msg, now_ms)
+            reply = ipc.encode(ipc.WriteMarkerResp(msg.req_id, code))
+            if code == 0 and self.policy != "os" and end > self.flusher.durable:
+                self.await_flush.append((end, src, reply))
+            else:
+                self._post(src, reply)
+        elif isinstance(msg, ipc.DescribeProducersReq):
+            self._post(src, ipc.encode(ipc.DescribeProducersResp(msg.req_id, 0, [
                 ipc.ProducerInfo(e.producer_id, e.epoch, e.last_seq, e.last_timestamp,
                                  e.coordinator_epoch, e.txn_first_offset)
-                for e in self.psm.active()])
+                for e in self.psm.active()])))
         else:
             log.error("unexpected %s from %s; dropped", type(msg).__name__, src)
-            return
-        self.acks_out[src].post(ipc.encode(reply))
-        self.posted.add(src)
 
-    def _flush_and_ack(self, force: bool = False) -> None:
-        """Start a group commit when acks wait for one (or the interval came), release the acks
-        whose batches are durable, and hand every ack to its frontend's ring."""
+    def _write_marker(self, m: ipc.WriteMarkerReq, now_ms: int) -> tuple[int, int]:
+        """Append a COMMIT/ABORT marker, end the producer's transaction here, index an abort,
+        recompute the LSO. Returns (error code, offset just past the marker)."""
+        try:
+            self.psm.check_marker(m.producer_id, m.producer_epoch, m.coordinator_epoch)
+            info = self.log.append_control(m.producer_id, m.producer_epoch, m.commit,
+                                           m.coordinator_epoch, now_ms)
+        except KafkaError as e:
+            return int(e.code), 0
+        done = self.psm.complete_txn(m.producer_id, m.producer_epoch, m.coordinator_epoch,
+                                     info.base_offset, not m.commit, now_ms)
+        if done.aborted:
+            # Written before the LSO moves past the marker (published at the end of this turn).
+            self.log.append_aborted(AbortedTxn(
+                done.producer_id, done.first_offset, done.last_offset,
+                self.psm.last_stable_offset(self.log.log_end_offset)))
+        self.dirty = True
+        return 0, info.last_offset + 1
+
+    # -- group commit and replies ---------------------------------------------------------------
+    def _flush_and_reply(self, force: bool = False) -> None:
+        """Start a group commit when replies wait for one (or the interval came), release the
+        replies whose batches are durable, and hand every reply to its peer's ring."""
         fl = self.flusher
         if fl.error is not None:
             raise fl.error           # durability unknown: die; recovery decides, nothing acked
@@ -236,23 +409,24 @@ class PartitionWriter:
             still = []
             for item in self.await_flush:
                 if item[0] <= durable:
-                    self.acks_out[item[1]].post(item[2])
-                    self.posted.add(item[1])
+                    self._post(item[1], item[2])
                 else:
                     still.append(item)
             self.await_flush = still
-        for fe, box in self.acks_out.items():
-            if fe in self.posted or box.queued:
-                box.flush()         # one bell per frontend per turn, not one per ack
+        for peer, box in self.out.items():
+            if peer in self.posted or box.queued:
+                box.flush()         # one bell per peer per turn, not one per reply
         self.posted.clear()
 
     def _publish(self, **extra) -> None:
         lg = self.log
         hw = lg.log_end_offset
-        self.page.publish(high_watermark=hw, last_stable_offset=hw, log_start_offset=lg.log_start_offset,
+        self.page.publish(high_watermark=hw, last_stable_offset=self.psm.last_stable_offset(hw),
+                          log_start_offset=lg.log_start_offset,
                           active_base_offset=lg.active_segment_base,
                           active_end_position=lg.active_end_position,
-                          segments_version=lg.segments_version, first_unstable_offset=-1, **extra)
+                          segments_version=lg.segments_version,
+                          first_unstable_offset=self.psm.first_unstable_offset(), **extra)
         # Wake fetchers that parked a long-poll on this partition (their flag byte is set).
         flags = self.page.flags()
         for j, path in enumerate(self.fetcher_bells):

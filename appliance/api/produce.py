@@ -29,25 +29,40 @@ async def handle(ctx, req):
     catalog = broker.catalog
     acks = req.acks
     timeout_s = max(req.timeout.total_seconds(), 0.001) if req.timeout is not None else 30.0
-    pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
-    any_error = False
+    txn_id = req.transactional_id
+    # Validate every partition's batch first: a transactional batch anywhere in a request without
+    # a transactional id fails the whole request (Kafka's KafkaApis.handleProduceRequest).
+    checked: list[tuple[str, object, int, object]] = []   # (topic, info, index, header or error)
+    transactional = False
     for td in req.topic_data:
         info = catalog.topics.get(td.name)
         for pd in td.partition_data:
             if acks not in (0, 1, -1):
-                res = ProduceResult(int(ErrorCode.invalid_required_acks))
+                what = ProduceResult(int(ErrorCode.invalid_required_acks))
             elif info is None or not 0 <= pd.index < info.partitions:
-                res = ProduceResult(int(ErrorCode.unknown_topic_or_partition))
+                what = ProduceResult(int(ErrorCode.unknown_topic_or_partition))
             else:
                 try:
-                    validate_batch(pd.records or b"", _max_bytes(broker.cfg, info), produce_version=ctx.version)
+                    what = validate_batch(pd.records or b"", _max_bytes(broker.cfg, info),
+                                          produce_version=ctx.version)
+                    transactional = transactional or what.is_transactional
                 except KafkaError as e:
-                    res = ProduceResult(int(e.code), error_message=e.message)
-                else:
-                    res = broker.produce(info, pd.index, acks, pd.records, timeout_s)
-            if isinstance(res, ProduceResult) and res.error_code:
-                any_error = True
-            pending.append((td.name, pd.index, res))
+                    what = ProduceResult(int(e.code), error_message=e.message)
+            checked.append((td.name, info, pd, what))
+    refuse_txn = transactional and not txn_id
+    pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
+    any_error = False
+    for name, info, pd, what in checked:
+        if refuse_txn:
+            res = ProduceResult(int(ErrorCode.transactional_id_authorization_failed),
+                                error_message="transactional records need a transactional id")
+        elif isinstance(what, ProduceResult):
+            res = what
+        else:
+            res = broker.produce(info, pd.index, acks, pd.records, timeout_s, ctx.version, txn_id)
+        if isinstance(res, ProduceResult) and res.error_code:
+            any_error = True
+        pending.append((name, pd.index, res))
     if acks == 0:
         if any_error:
             ctx.connection._abort("error in a produce request with acks=0")

@@ -8,6 +8,8 @@ A partition directory, Kafka's layout plus three small files of our own::
     00000000000000000000.log        record batches, preallocated (sparse) while active
     00000000000000000000.index      offset index: [u32 relative offset, u32 position] * n
     00000000000000000000.timeindex  time index:   [i64 timestamp, u32 relative offset] * n
+    00000000000000000000.txnindex   aborted transactions whose ABORT marker is in this segment
+                                    (34-byte entries, see txn_index.py); only once there is one
     00000000000000004711.log  ...   next segment, named after its base offset (20 digits)
     log-start-offset                checkpoint: "0\\n<offset>\\n" (Kafka's checkpoint style)
     recovery-point                  checkpoint: every segment below this base offset is sealed
@@ -15,9 +17,10 @@ A partition directory, Kafka's layout plus three small files of our own::
     .clean-shutdown                 present only between a clean close and the next open
     *.tmp                           an atomic replacement in progress; removed at open
 
-Index files are only ever shrunk by atomic replacement (write ``x.tmp``, fsync, rename), never
+Offset and time index files are only ever shrunk by atomic replacement (write ``x.tmp``, fsync, rename), never
 by truncating in place, because readers in other processes may have the old file mapped and
-touching a mapped page past the end of a truncated file raises SIGBUS.
+touching a mapped page past the end of a truncated file raises SIGBUS. (``.txnindex`` files are
+never mapped - readers ``pread`` them - so they are appended to and cut in place.)
 """
 
 from __future__ import annotations
@@ -25,15 +28,17 @@ from __future__ import annotations
 import os
 
 __all__ = [
-    "LOG_SUFFIX", "INDEX_SUFFIX", "TIMEINDEX_SUFFIX", "TMP_SUFFIX",
+    "LOG_SUFFIX", "INDEX_SUFFIX", "TIMEINDEX_SUFFIX", "TXNINDEX_SUFFIX", "TMP_SUFFIX",
     "LOG_START_OFFSET_FILE", "RECOVERY_POINT_FILE", "CLEAN_SHUTDOWN_FILE",
-    "segment_name", "log_path", "index_path", "timeindex_path", "list_segment_bases",
+    "segment_name", "log_path", "index_path", "timeindex_path", "txnindex_path",
+    "list_segment_bases",
     "fsync_dir", "atomic_write", "read_checkpoint", "write_checkpoint",
 ]
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
+TXNINDEX_SUFFIX = ".txnindex"
 TMP_SUFFIX = ".tmp"
 LOG_START_OFFSET_FILE = "log-start-offset"
 RECOVERY_POINT_FILE = "recovery-point"
@@ -55,6 +60,10 @@ def index_path(directory: str, base_offset: int) -> str:
 
 def timeindex_path(directory: str, base_offset: int) -> str:
     return os.path.join(directory, segment_name(base_offset) + TIMEINDEX_SUFFIX)
+
+
+def txnindex_path(directory: str, base_offset: int) -> str:
+    return os.path.join(directory, segment_name(base_offset) + TXNINDEX_SUFFIX)
 
 
 def _base_of(name: str, suffix: str) -> int | None:

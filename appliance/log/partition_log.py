@@ -25,6 +25,22 @@ Opening (Kafka's LogLoader semantics):
      offset; with no segment at all, create one there;
   6. remove the marker, re-extend the active segment's files, and go.
 
+Aborted-transaction index (``.txnindex``, see ``txn_index.py``): the writer appends an entry with
+``append_aborted`` right after the ABORT marker it belongs to (``append_control``) and before it
+publishes a high watermark or LSO past that marker; a roll fsyncs and closes the old segment's
+file; retention deletes it with its segment. At open, every segment that recovery scans (and a
+loaded segment whose ``.txnindex`` fails the sanity check, which is then recovered too) loses
+its ``.txnindex``, and so does every segment after the first such one; ``txn_index_rebuild_from``
+is that first segment's base offset (the log end when none). The caller replays producer state
+(``ProducerStateManager.load``, which starts at a snapshot at or below that offset) and appends an
+entry for every aborted transaction whose marker is at or above it. That is exactly the set of
+entries that was deleted: segments below the offset were loaded with their files intact (sealed
+and fsynced at their roll, or at a clean close), segments from it on have none left, and an
+entry always lives in the file of its marker's segment - so nothing is lost and nothing is
+written twice. Entries for sealed segments are fsynced before the recovery point passes those
+segments again (``finish_txn_index_rebuild``; until then the recovery point stays at the first
+rebuilt segment, so a crash in between rebuilds again).
+
 A crash at any instant leaves a state this recovers from: an append is torn at worst (scan cuts
 it); a roll seals the old segment completely (trimmed and fsynced) before it creates the new
 files and then advances the recovery point, so at most the last two segments need a scan; a
@@ -33,6 +49,7 @@ retention delete persists the new log start offset before unlinking anything.
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import time
@@ -44,16 +61,19 @@ import msgspec
 from appliance.config import LogConfig
 from appliance.errors import CorruptRecord, ErrorCode, KafkaError
 from appliance.log.files import (CLEAN_SHUTDOWN_FILE, INDEX_SUFFIX, LOG_START_OFFSET_FILE,
-                                 RECOVERY_POINT_FILE, TIMEINDEX_SUFFIX, TMP_SUFFIX, fsync_dir,
-                                 index_path, list_segment_bases, log_path, read_checkpoint,
-                                 write_checkpoint)
+                                 RECOVERY_POINT_FILE, TIMEINDEX_SUFFIX, TMP_SUFFIX, TXNINDEX_SUFFIX,
+                                 fsync_dir, index_path, list_segment_bases, log_path,
+                                 read_checkpoint, txnindex_path, write_checkpoint)
 from appliance.log.index import OffsetIndex
 from appliance.log.segment import (LogSegment, SegmentInfo, delete_segment_files, load_segment,
                                    recover_segment)
-from appliance.protocol.records import (HEADER_SIZE, BatchHeader, iter_batch_headers, read_header,
-                                       set_base_offset, stamp_log_append_time)
+from appliance.log.txn_index import AbortedTxn, TransactionIndex
+from appliance.log.txn_index import sane as txn_index_sane
+from appliance.protocol.records import (HEADER_SIZE, BatchHeader, build_control_batch,
+                                        iter_batch_headers, parse_control_record, read_header,
+                                        set_base_offset, stamp_log_append_time)
 
-__all__ = ["LogSettings", "AppendInfo", "PartitionLog"]
+__all__ = ["LogSettings", "AppendInfo", "PartitionLog", "AbortedTxn"]
 
 
 # Kafka topic-config names -> LogSettings fields.
@@ -125,7 +145,8 @@ class PartitionLog:
     """The writer's view of one partition directory. Not thread-safe; one process only."""
 
     def __init__(self, directory: str, settings: LogSettings, sealed: list[SegmentInfo],
-                 active: LogSegment, log_start_offset: int) -> None:
+                 active: LogSegment, log_start_offset: int, txn_index_rebuild_from: int | None = None,
+                 rebuild_pending: bool = False) -> None:
         self.directory = directory
         self.settings = settings
         self._sealed = sealed
@@ -140,6 +161,12 @@ class PartitionLog:
         # Called with the new segment's base offset when a segment rolls, before the batch that
         # caused the roll is appended: the partition writer snapshots its producer state there.
         self.roll_listener: Callable[[int], None] | None = None
+        # Aborted-index entries for markers at or above this offset must be re-appended by the
+        # caller after open (see the module docstring); = log end when nothing was rebuilt.
+        self.txn_index_rebuild_from = (active.next_offset if txn_index_rebuild_from is None
+                                       else txn_index_rebuild_from)
+        self._rebuild_pending = rebuild_pending     # recovery point held back for the rebuild
+        self._rebuild_ix: TransactionIndex | None = None   # a sealed segment's, during rebuild
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
@@ -153,7 +180,7 @@ class PartitionLog:
                 os.unlink(os.path.join(directory, name))
         bases = list_segment_bases(directory)
         known = set(bases)
-        for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+        for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
             for b in list_segment_bases(directory, suffix):
                 if b not in known:
                     os.unlink(os.path.join(directory, f"{b:020d}{suffix}"))
@@ -169,6 +196,7 @@ class PartitionLog:
             delete_segment_files(directory, bases.pop(0))
 
         loaded: list[_Loaded] = []
+        rebuild_from: int | None = None      # base of the first segment recovered
         i = 0
         while i < len(bases):
             base = bases[i]
@@ -177,10 +205,15 @@ class PartitionLog:
             got = None
             if clean or base < recovery_point:
                 got = load_segment(directory, base, next_base=next_base, allow_empty=last)
+                if got is not None and not txn_index_sane(txnindex_path(directory, base), base,
+                                                          got[0].next_offset):
+                    got = None           # Kafka's LogLoader: a failed index check -> recover
             if got is not None:
                 info, n_off, n_time = got
                 loaded.append(_Loaded(info, n_off, n_time, 0))
             else:
+                if rebuild_from is None:
+                    rebuild_from = base
                 info, corrupt, build = recover_segment(directory, base, active=False,
                                                        next_base=next_base, **seg_kw)
                 loaded.append(_Loaded(info, len(build.offsets), len(build.times),
@@ -196,6 +229,16 @@ class PartitionLog:
             for item in loaded:
                 delete_segment_files(directory, item.info.base_offset)
             loaded = []
+            rebuild_from = None
+        if rebuild_from is not None:
+            # Every aborted-index file from the first recovered segment on is rebuilt from the
+            # log by the caller; one kept there would get its entries a second time.
+            for item in loaded:
+                if item.info.base_offset >= rebuild_from:
+                    try:
+                        os.unlink(txnindex_path(directory, item.info.base_offset))
+                    except FileNotFoundError:
+                        pass
         if not loaded:
             active = LogSegment.create(directory, lso, now_ms=now_ms, **seg_kw)
             write_checkpoint(lso_path, lso)
@@ -221,10 +264,15 @@ class PartitionLog:
             write_checkpoint(lso_path, lso)
         # Everything below the active segment is now sealed and fsynced (loaded as such, or just
         # recovered); the active one must always lie at or above the recovery point.
+        # Sealed segments whose .txnindex is to be rebuilt keep the recovery point at the first
+        # of them until finish_txn_index_rebuild has fsynced the rebuilt files.
+        pending = rebuild_from is not None and rebuild_from < active.base_offset
+        rp = rebuild_from if pending else active.base_offset
         rp_path = os.path.join(directory, RECOVERY_POINT_FILE)
-        if read_checkpoint(rp_path) != active.base_offset:
-            write_checkpoint(rp_path, active.base_offset)
-        return cls(directory, settings, [x.info for x in loaded], active, lso)
+        if read_checkpoint(rp_path) != rp:
+            write_checkpoint(rp_path, rp)
+        return cls(directory, settings, [x.info for x in loaded], active, lso,
+                   txn_index_rebuild_from=rebuild_from, rebuild_pending=pending)
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -293,6 +341,72 @@ class PartitionLog:
             raise KafkaError(ErrorCode.kafka_storage_error, f"cannot append to {self.directory}: {e}") from None
         return AppendInfo(base, last, log_append_time, pos, active.base_offset)
 
+    def append_control(self, producer_id: int, producer_epoch: int, commit: bool,
+                       coordinator_epoch: int, now_ms: int, *, partition_leader_epoch: int = 0
+                       ) -> AppendInfo:
+        """Append a COMMIT or ABORT marker of ``producer_id``: the batch Kafka's leader writes for
+        WriteTxnMarkers (MemoryRecords.withEndTransactionMarker: CreateTime with the broker's
+        clock, transactional + control attributes, base sequence -1, one control record; the
+        leader's append stamps the partition leader epoch, 0 on this single node as Metadata
+        reports it). Offsets, roll and LogAppendTime are those of any append."""
+        batch = bytearray(build_control_batch(
+            commit=commit, producer_id=producer_id, producer_epoch=producer_epoch,
+            coordinator_epoch=coordinator_epoch, timestamp_ms=now_ms,
+            partition_leader_epoch=partition_leader_epoch))
+        return self.append(batch, now_ms)
+
+    def append_aborted(self, txn: AbortedTxn) -> None:
+        """Add an aborted-transaction entry to the ``.txnindex`` of the segment holding its marker
+        (``txn.last_offset``): the active segment's when called right after ``append_control``;
+        a sealed segment's only while rebuilding after recovery (entries arrive in marker order).
+        Raises ValueError for an entry out of order; OSError if the file cannot be written (the
+        marker is in the log then: the writer should stop, and recovery rebuilds the file)."""
+        active = self._active
+        if txn.last_offset >= active.base_offset:
+            if txn.last_offset >= active.next_offset:
+                raise ValueError(f"aborted transaction {txn} ends past the log end {active.next_offset}")
+            active.txn_index.append(txn)
+            return
+        i = bisect.bisect_right([s.base_offset for s in self._sealed], txn.last_offset) - 1
+        if i < 0:
+            raise ValueError(f"aborted transaction {txn} ends before the log start")
+        base = self._sealed[i].base_offset
+        if base < self.txn_index_rebuild_from:
+            raise ValueError(f"aborted transaction {txn} belongs to segment {base}, whose index "
+                             f"was not rebuilt (rebuild from {self.txn_index_rebuild_from})")
+        ix = self._rebuild_ix
+        if ix is None or ix.base_offset != base:
+            self._close_rebuild_ix(sync=True)
+            ix = self._rebuild_ix = TransactionIndex(txnindex_path(self.directory, base), base,
+                                                     writable=True)
+        ix.append(txn)
+
+    def finish_txn_index_rebuild(self) -> None:
+        """Make the rebuilt ``.txnindex`` files of sealed segments durable and let the recovery
+        point pass them. Call after the post-open rebuild (it also runs at the first flush,
+        roll, retention delete or clean close)."""
+        self._close_rebuild_ix(sync=True)
+        if self._rebuild_pending:
+            fsync_dir(self.directory)
+            write_checkpoint(os.path.join(self.directory, RECOVERY_POINT_FILE), self._active.base_offset)
+            self._rebuild_pending = False
+
+    def _close_rebuild_ix(self, *, sync: bool) -> None:
+        ix = self._rebuild_ix
+        if ix is not None:
+            self._rebuild_ix = None
+            if sync:
+                ix.fsync()
+            ix.close()
+
+    def aborted_entries(self) -> list[AbortedTxn]:
+        """Every aborted-transaction entry of every segment, in log order (tests, tools)."""
+        from appliance.log.txn_index import read_entries
+        out: list[AbortedTxn] = []
+        for base in self.segment_bases():
+            out += read_entries(txnindex_path(self.directory, base))
+        return out
+
     def _time_to_roll(self, seg: LogSegment, now_ms: int, batch_max_ts: int) -> bool:
         # Kafka's timeWaitedForRoll: the new batch's timestamp minus the first batch's, or the
         # segment's age when the first batch had no timestamp; only non-empty segments roll.
@@ -320,6 +434,8 @@ class PartitionLog:
         self._active = new
         if self.roll_listener is not None:
             self.roll_listener(new.base_offset)
+        self._close_rebuild_ix(sync=True)      # the recovery point passes rebuilt segments now
+        self._rebuild_pending = False
         # The dir fsync inside write_checkpoint also makes the new files' names durable.
         write_checkpoint(os.path.join(self.directory, RECOVERY_POINT_FILE), new.base_offset)
         self.segments_version += 1
@@ -327,6 +443,8 @@ class PartitionLog:
 
     def flush(self) -> None:
         """msync everything appended since the last flush (group commit point)."""
+        if self._rebuild_pending or self._rebuild_ix is not None:
+            self.finish_txn_index_rebuild()
         self._active.flush()
 
     def flush_target(self) -> tuple[int, int]:
@@ -358,6 +476,8 @@ class PartitionLog:
         n = max(n_time, n_size)
         if not n:
             return False
+        if self._rebuild_ix is not None:
+            self.finish_txn_index_rebuild()
         doomed = self._sealed[:n]
         remaining = self._sealed[n:]
         new_lso = max(self._log_start_offset,
@@ -384,10 +504,13 @@ class PartitionLog:
         return self._reader.offset_for_timestamp(timestamp, self.log_end_offset,
                                                  log_start_offset=self._log_start_offset)
 
-    def headers_from(self, offset: int) -> Iterator[tuple[int, BatchHeader]]:
-        """(base offset, header) of every batch whose last offset is >= ``offset``, in log order,
-        read through a private read-only map of each segment (used to replay producer state
-        after a snapshot; headers only, no CRC pass, no record decoding)."""
+    def headers_from(self, offset: int) -> Iterator[tuple[int, BatchHeader, tuple[int, int] | None]]:
+        """(base offset, header, control) of every batch whose last offset is >= ``offset``, in
+        log order, read through a private read-only map of each segment (used to replay producer
+        state after a snapshot). ``control`` is None for data batches and ``(type, coordinator
+        epoch)`` for a control batch (type ABORT = 0, COMMIT = 1 as on the wire; coordinator epoch
+        -1 for other control types): its one record is decoded, the only per-record work here
+        and once per marker. No CRC pass."""
         segs = [(s.base_offset, s.size) for s in self._sealed] + [(self._active.base_offset, self._active.size)]
         for i, (base, size) in enumerate(segs):
             nxt = segs[i + 1][0] if i + 1 < len(segs) else None
@@ -399,9 +522,15 @@ class PartitionLog:
             finally:
                 os.close(fd)
             try:
-                for _, h in iter_batch_headers(m, 0, size):
+                for pos, h in iter_batch_headers(m, 0, size):
                     if h.base_offset + h.last_offset_delta >= offset:
-                        yield h.base_offset, h
+                        ctrl = None
+                        if h.is_control:
+                            try:
+                                ctrl = parse_control_record(m[pos:pos + h.batch_length + 12])
+                            except KafkaError:
+                                ctrl = (-1, -1)     # unreadable: no transaction marker
+                        yield h.base_offset, h, ctrl
             finally:
                 m.close()
 
@@ -416,8 +545,10 @@ class PartitionLog:
             self._reader.close()
             self._reader = None
         if not clean:
+            self._close_rebuild_ix(sync=False)
             self._active.abandon()
             return
+        self._close_rebuild_ix(sync=True)
         self._active.seal()
         marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
         with open(marker, "wb") as f:

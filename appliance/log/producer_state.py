@@ -1,12 +1,13 @@
-"""Producer state of one partition: sequence windows of idempotent producers (KIP-98).
+"""Producer state of one partition: idempotent sequence windows (KIP-98) and open transactions.
 
 Owned by the partition writer process alone (single-threaded). For every producer id that wrote
 to the partition it keeps the epoch and the metadata of its last five batches (first and last
 sequence, first and last offset, timestamp), which is how Kafka recognises a retried batch
-(``NUM_BATCHES_TO_RETAIN = 5``: real clients pipeline up to five requests per partition).
+(``NUM_BATCHES_TO_RETAIN = 5``: real clients pipeline up to five requests per partition), the
+coordinator epoch of its last marker, and the first offset of its open transaction here.
 
 Validation of an idempotent batch, per batch, in Kafka's order (UnifiedLog's duplicate check, then
-ProducerAppendInfo.checkProducerEpoch and checkSequence):
+ProducerAppendInfo.checkProducerEpoch, checkSequence and appendDataBatch):
 
 ==========================================================  ==================================
 condition                                                   result
@@ -17,23 +18,46 @@ epoch < the producer's epoch                                INVALID_PRODUCER_EPO
 epoch > the producer's epoch, first sequence != 0           OUT_OF_ORDER_SEQUENCE_NUMBER
 epoch > the producer's epoch, first sequence == 0           append (new epoch, window restarts)
 same epoch, first sequence == last + 1 (mod 2^31)           append
+same epoch, no batch known yet (entry made by a marker),    OUT_OF_ORDER_SEQUENCE_NUMBER
+first sequence != 0
 same epoch, the batch lies wholly before last + 1           DUPLICATE_SEQUENCE_NUMBER (older than
                                                             the cached window; clients treat it
                                                             as already written)
 same epoch, any other first sequence                        OUT_OF_ORDER_SEQUENCE_NUMBER
 unknown producer, first sequence == 0                       append (new entry)
-unknown producer, first sequence != 0                       UNKNOWN_PRODUCER_ID
+unknown producer, transactional, first sequence != 0        OUT_OF_ORDER_SEQUENCE_NUMBER
+unknown producer, not transactional, first sequence != 0    UNKNOWN_PRODUCER_ID
+any append above: non-transactional batch while the         INVALID_TXN_STATE
+producer has a transaction open here
 ==========================================================  ==================================
 
-The last row follows the seed (KIP-98 §PID Expiration: a write from a forgotten producer with a
-non-zero sequence cannot be proven not to be a duplicate) and issue 3; upstream Kafka since
-KIP-360 accepts any sequence there. Sequences wrap from 2^31-1 to 0.
+The unknown-producer rows follow the seed (KIP-98 §PID Expiration: a write from a forgotten
+producer with a non-zero sequence cannot be proven not to be a duplicate) and issue 3; for
+transactional batches KIP-890 makes it the retriable OUT_OF_ORDER_SEQUENCE_NUMBER (guarantee 3).
+Upstream Kafka since KIP-360 accepts any sequence there. Sequences wrap from 2^31-1 to 0.
+
+Transactions (KIP-98, KIP-890), per partition:
+
+* A transactional data batch of a producer without an open transaction here opens one at its
+  base offset (``txn_first_offset``); the writer first asks the coordinator whether the
+  partition is in the transaction (``needs_verification``). ``start_verification`` hands out a
+  token that a marker for the producer, a newer verification or the append itself invalidates:
+  the KIP-890 race guard (Kafka's VerificationGuard), so a verification answered before an
+  abort marker cannot let a late batch open a transaction nobody will ever end.
+* A marker is checked (``check_marker``: Kafka's appendEndTxnMarker - producer epoch not below
+  the stored one, coordinator epoch not below the stored one; an unknown producer passes and
+  gets an entry) and then ends the transaction (``complete_txn``).
+* Open transactions are kept by first offset (a dict plus a heap with lazy deletion); the
+  first unstable offset is the smallest, the last stable offset (LSO) is it or, with none open,
+  the high watermark.
 
 Durability: the log is the source of truth. Snapshots (``{offset:020d}.snapshot``: the state of
 every producer after all batches below ``offset``) are written when a segment rolls and on clean
 shutdown; the two newest are kept. Opening loads the newest valid snapshot at or below the log
-end and replays the batch headers after it, so a retry of a batch written before a crash is still
-recognised. Snapshot layout (little endian), versioned and CRC-32C checked::
+end (and at or below the point the aborted-transaction index must be rebuilt from) and replays
+the batches after it - data batches update sequences and open transactions, markers end them
+and are reported to a callback that rebuilds the aborted-transaction index. Snapshot layout
+(little endian), versioned and CRC-32C checked::
 
     0  4s   magic b"APSN"
     4  u16  version (1)
@@ -51,15 +75,16 @@ recognised. Snapshot layout (little endian), versioned and CRC-32C checked::
 from __future__ import annotations
 
 import collections
+import heapq
 import os
 import struct
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import crc32c
 
 from appliance.errors import ErrorCode, KafkaError
 from appliance.log.files import atomic_write
-from appliance.protocol.records import BatchHeader
+from appliance.protocol.records import CONTROL_ABORT, CONTROL_COMMIT, BatchHeader
 
 NUM_BATCHES_TO_RETAIN = 5
 SNAPSHOT_SUFFIX = ".snapshot"
@@ -79,6 +104,31 @@ class BatchMeta(NamedTuple):
     first_offset: int
     last_offset: int
     timestamp: int
+
+
+class CompletedTxn(NamedTuple):
+    """A transaction ended by a marker on this partition (Kafka's CompletedTxn). ``first_offset``
+    is the transaction's first offset here, or the marker's own offset when the producer had
+    nothing open (then ``first_offset == last_offset``); ``last_offset`` is the marker's."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
+
+
+class VerificationToken:
+    """Identity of one KIP-890 verification (Kafka's VerificationGuard): compared by identity."""
+
+    __slots__ = ("producer_id", "producer_epoch", "created_ms")
+
+    def __init__(self, producer_id: int, producer_epoch: int, created_ms: int) -> None:
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.created_ms = created_ms
+
+    def __repr__(self) -> str:
+        return f"VerificationToken(pid={self.producer_id}, epoch={self.producer_epoch})"
 
 
 class ProducerEntry:
@@ -124,11 +174,22 @@ def snapshot_path(directory: str, offset: int) -> str:
     return os.path.join(directory, f"{offset:020d}{SNAPSHOT_SUFFIX}")
 
 
+# (base offset, header, control) as PartitionLog.headers_from yields them; control is None for a
+# data batch, (control type, coordinator epoch) for a control batch.
+ReplayItem = tuple[int, BatchHeader, "tuple[int, int] | None"]
+
+
 class ProducerStateManager:
     def __init__(self, directory: str, expiration_ms: int) -> None:
         self.directory = directory
         self.expiration_ms = expiration_ms
         self.entries: dict[int, ProducerEntry] = {}
+        # Open transactions: producer id -> first offset, and a min-heap of (first offset,
+        # producer id) whose stale items (transaction ended) are dropped when they surface.
+        self._open: dict[int, int] = {}
+        self._heap: list[tuple[int, int]] = []
+        self._verifying: dict[int, VerificationToken] = {}
+        self._now_ms = 0           # last clock value seen (verification tokens' age)
 
     # -- validation and updates (hot path: a few dict and tuple operations per batch) -----------
     def check(self, h: BatchHeader) -> BatchMeta | None:
@@ -142,6 +203,12 @@ class ProducerStateManager:
         entry = self.entries.get(pid)
         if entry is None:
             if first != 0:
+                if h.is_transactional:
+                    # KIP-890 (guarantee 3): a transactional producer's first batch on a
+                    # partition starts at sequence 0; retriable for the client.
+                    raise KafkaError(ErrorCode.out_of_order_sequence_number,
+                                     f"No state for transactional producer {pid} on this "
+                                     f"partition and its first sequence {first} is not 0")
                 raise KafkaError(ErrorCode.unknown_producer_id,
                                  f"No state for producer {pid} on this partition and sequence "
                                  f"{first} is not 0: it cannot be told apart from a duplicate")
@@ -158,24 +225,35 @@ class ProducerStateManager:
                 raise KafkaError(ErrorCode.out_of_order_sequence_number,
                                  f"Invalid sequence number {first} for new epoch {h.producer_epoch} "
                                  f"of producer {pid} (must be 0)")
-            return None
-        expected = (entry.last_seq + 1) % SEQ_MOD if entry.batches else first
-        if first == expected:
-            return None
-        # Distance, modulo 2^31, from the expected sequence back to this batch's last sequence:
-        # small means the whole batch was written before (a retry older than the cached window).
-        behind = (expected - 1 - last) % SEQ_MOD
-        if behind < SEQ_MOD // 2 and (expected - first) % SEQ_MOD <= SEQ_MOD // 2:
-            raise KafkaError(ErrorCode.duplicate_sequence_number,
-                             f"Sequences {first}..{last} of producer {pid} were written already "
-                             f"(next expected {expected})")
-        raise KafkaError(ErrorCode.out_of_order_sequence_number,
-                         f"Out of order sequence number for producer {pid}: {first} (incoming), "
-                         f"{expected} (expected)")
+        else:
+            # No batch known in this epoch (the entry came from a marker, which may have bumped
+            # the epoch): Kafka's inSequence(NO_SEQUENCE, first) - the window starts at 0.
+            expected = (entry.last_seq + 1) % SEQ_MOD if entry.batches else 0
+            if first != expected:
+                # Distance, modulo 2^31, from the expected sequence back to this batch's last
+                # sequence: small means the whole batch was written before (a retry older than
+                # the cached window).
+                behind = (expected - 1 - last) % SEQ_MOD
+                if entry.batches and behind < SEQ_MOD // 2 and \
+                        (expected - first) % SEQ_MOD <= SEQ_MOD // 2:
+                    raise KafkaError(ErrorCode.duplicate_sequence_number,
+                                     f"Sequences {first}..{last} of producer {pid} were written "
+                                     f"already (next expected {expected})")
+                raise KafkaError(ErrorCode.out_of_order_sequence_number,
+                                 f"Out of order sequence number for producer {pid}: {first} "
+                                 f"(incoming), {expected} (expected)")
+        if entry.txn_first_offset >= 0 and not h.is_transactional:
+            # ProducerAppendInfo.appendDataBatch: plain writes inside an open transaction.
+            raise KafkaError(ErrorCode.invalid_txn_state,
+                             f"Expected a transactional write from producer {pid}, which has a "
+                             f"transaction open on this partition")
+        return None
 
     def update(self, h: BatchHeader, base_offset: int, now_ms: int, max_timestamp: int | None = None) -> None:
-        """Record an appended (or replayed) batch of a producer (producer id >= 0).
-        ``max_timestamp``: the batch's as stored (LogAppendTime topics restamp it)."""
+        """Record an appended (or replayed) data batch of a producer (producer id >= 0).
+        ``max_timestamp``: the batch's as stored (LogAppendTime topics restamp it). A
+        transactional batch opens the producer's transaction here if none is open, and ends
+        its verification (Kafka clears the VerificationGuard on any transactional append)."""
         pid = h.producer_id
         entry = self.entries.get(pid)
         if entry is None:
@@ -188,15 +266,132 @@ class ProducerStateManager:
                                            base_offset, base_offset + h.last_offset_delta,
                                            h.max_timestamp if max_timestamp is None else max_timestamp))
         entry.last_append_ms = now_ms
+        self._now_ms = now_ms
+        if h.attributes & 0x10:                    # is_transactional, without the call
+            if entry.txn_first_offset < 0:
+                entry.txn_first_offset = base_offset
+                self._open[pid] = base_offset
+                heapq.heappush(self._heap, (base_offset, pid))
+            if self._verifying:
+                self._verifying.pop(pid, None)
+
+    # -- transactions -----------------------------------------------------------------------------
+    def needs_verification(self, h: BatchHeader) -> bool:
+        """A transactional data batch of a producer with no open transaction on this partition:
+        the coordinator must confirm the partition is in its transaction first (KIP-890)."""
+        if not h.is_transactional or h.is_control:
+            return False
+        entry = self.entries.get(h.producer_id)
+        return entry is None or entry.txn_first_offset < 0
+
+    def start_verification(self, producer_id: int, producer_epoch: int,
+                           now_ms: int | None = None) -> VerificationToken:
+        """Begin a verification; the token stays valid until a marker for the producer, a newer
+        verification, or the producer's next transactional append."""
+        token = VerificationToken(producer_id, producer_epoch,
+                                  self._now_ms if now_ms is None else now_ms)
+        self._verifying[producer_id] = token
+        return token
+
+    def verification_valid(self, producer_id: int, token: object) -> bool:
+        """Whether ``token`` is still the producer's current verification (KIP-890 race guard)."""
+        return self._verifying.get(producer_id) is token
+
+    def has_open_txn(self, producer_id: int) -> bool:
+        return producer_id in self._open
+
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
+        """Kafka's appendEndTxnMarker checks: INVALID_PRODUCER_EPOCH when the marker's epoch is
+        below the producer's, TRANSACTION_COORDINATOR_FENCED when its coordinator epoch is below
+        the one of the producer's last marker. An unknown producer passes (its stored epoch and
+        coordinator epoch are Kafka's NO_PRODUCER_EPOCH / -1)."""
+        entry = self.entries.get(producer_id)
+        if entry is None:
+            return
+        if producer_epoch < entry.epoch:
+            raise KafkaError(ErrorCode.invalid_producer_epoch,
+                             f"Marker epoch {producer_epoch} of producer {producer_id} is smaller "
+                             f"than the last seen epoch {entry.epoch}")
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise KafkaError(ErrorCode.transaction_coordinator_fenced,
+                             f"Invalid coordinator epoch for producer {producer_id}: "
+                             f"{coordinator_epoch} (zombie), {entry.coordinator_epoch} (current)")
+
+    def complete_txn(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
+                     marker_offset: int, aborted: bool, now_ms: int) -> CompletedTxn:
+        """Apply a marker written at ``marker_offset`` (checked before by ``check_marker``, or
+        replayed): Kafka's ProducerStateEntry.update - a different epoch replaces the stored
+        one and empties the sequence window, the coordinator epoch is stored, the open
+        transaction (if any) ends, and so does any verification of the producer."""
+        entry = self.entries.get(producer_id)
+        if entry is None:
+            entry = self.entries[producer_id] = ProducerEntry(producer_id, producer_epoch)
+        elif producer_epoch != entry.epoch:
+            entry.epoch = producer_epoch
+            entry.batches.clear()
+        entry.coordinator_epoch = coordinator_epoch
+        entry.last_append_ms = now_ms
+        self._now_ms = now_ms
+        first = entry.txn_first_offset
+        if first >= 0:
+            entry.txn_first_offset = -1
+            self._open.pop(producer_id, None)
+            self._maybe_compact()
+        else:
+            first = marker_offset
+        if self._verifying:
+            self._verifying.pop(producer_id, None)
+        return CompletedTxn(producer_id, first, marker_offset, aborted)
+
+    def first_unstable_offset(self) -> int:
+        """The smallest first offset of an open transaction, -1 when none is open."""
+        heap, live = self._heap, self._open
+        while heap:
+            off, pid = heap[0]
+            if live.get(pid) == off:
+                return off
+            heapq.heappop(heap)
+        return -1
+
+    def last_stable_offset(self, high_watermark: int, log_start_offset: int = -1) -> int:
+        """The LSO: the first unstable offset (raised to the log start offset, as Kafka's
+        maybeIncrementFirstUnstableOffset does) when it is below the high watermark, else the
+        high watermark."""
+        fu = self.first_unstable_offset()
+        if fu < 0:
+            return high_watermark
+        if fu < log_start_offset:
+            fu = log_start_offset
+        return fu if fu < high_watermark else high_watermark
+
+    def open_transactions(self) -> dict[int, int]:
+        """producer id -> first offset of every open transaction (a copy)."""
+        return dict(self._open)
+
+    def _maybe_compact(self) -> None:
+        # Stale heap items pile up under a long-open transaction; rebuild past a bound.
+        if len(self._heap) > 2 * len(self._open) + 64:
+            self._rebuild_open()
+
+    def _rebuild_open(self) -> None:
+        self._open = {pid: e.txn_first_offset for pid, e in self.entries.items() if e.txn_first_offset >= 0}
+        self._heap = [(off, pid) for pid, off in self._open.items()]
+        heapq.heapify(self._heap)
 
     # -- expiration -----------------------------------------------------------------------------
     def expire(self, now_ms: int) -> int:
         """Forget producers idle for producer_id_expiration_ms, never one with an open
-        transaction (KIP-98 §PID Expiration; Kafka's producer.id.expiration.ms)."""
+        transaction (KIP-98 §PID Expiration; Kafka's producer.id.expiration.ms), and
+        verifications that lingered as long (Kafka's removeExpiredProducers)."""
+        self._now_ms = now_ms
         gone = [pid for pid, e in self.entries.items()
                 if e.txn_first_offset < 0 and now_ms - e.last_append_ms >= self.expiration_ms]
         for pid in gone:
             del self.entries[pid]
+        if self._verifying:
+            for pid in [p for p, t in self._verifying.items()
+                        if now_ms - t.created_ms >= self.expiration_ms]:
+                del self._verifying[pid]
         return len(gone)
 
     # -- snapshots ------------------------------------------------------------------------------
@@ -240,17 +435,32 @@ class ProducerStateManager:
             raise ValueError("trailing bytes after the last snapshot entry")
         return offset, entries
 
-    def load(self, log_end_offset: int, headers_from, now_ms: int) -> int:
+    def load(self, log_end_offset: int, headers_from: Callable[[int], Iterator[ReplayItem]],
+             now_ms: int, on_completed: Callable[[CompletedTxn, int], None] | None = None,
+             max_start_offset: int | None = None) -> int:
         """Rebuild the state after opening the log: the newest valid snapshot at or below the log
-        end (newer ones describe batches recovery cut off, and go), then a replay of the batch
-        headers from its offset. ``headers_from(offset)`` yields (base offset, header) of every
-        batch from that offset to the log end. Returns the offset replay started at."""
+        end (newer ones describe batches recovery cut off, and go) and at or below
+        ``max_start_offset`` (newer ones are kept but not used), then a replay of the batches
+        from its offset. ``headers_from(offset)`` yields (base offset, header, control) of every
+        batch from that offset to the log end (``PartitionLog.headers_from``).
+
+        Replay applies data batches as appends (sequences, epochs, opening transactions) and
+        markers as ``complete_txn`` (no checks: what is in the log was accepted), and calls
+        ``on_completed(completed, lso)`` for each marker, with the LSO right after it - what the
+        writer stamped into the aborted-index entry (Kafka's lastStableOffset(completedTxn)).
+        The partition writer passes ``max_start_offset=PartitionLog.txn_index_rebuild_from``, so
+        that every marker whose index entry recovery deleted is replayed (a snapshot taken later,
+        e.g. at the last clean shutdown, would skip them). Returns the offset replay started at."""
         start = 0
         self.entries = {}
+        self._verifying = {}
+        self._now_ms = now_ms
         for off in reversed(list_snapshots(self.directory)):
             path = snapshot_path(self.directory, off)
             if off > log_end_offset:
                 _unlink(path)
+                continue
+            if max_start_offset is not None and off > max_start_offset:
                 continue
             try:
                 with open(path, "rb") as f:
@@ -263,9 +473,18 @@ class ProducerStateManager:
                 continue
             self.entries, start = entries, off
             break
-        for base, h in headers_from(start):
-            if h.producer_id >= 0 and not h.is_control:
+        self._rebuild_open()
+        for base, h, ctrl in headers_from(start):
+            pid = h.producer_id
+            if pid < 0:
+                continue
+            if not h.is_control:
                 self.update(h, base, now_ms)
+            elif ctrl is not None and ctrl[0] in (CONTROL_ABORT, CONTROL_COMMIT):
+                done = self.complete_txn(pid, h.producer_epoch, ctrl[1], base,
+                                         ctrl[0] == CONTROL_ABORT, now_ms)
+                if on_completed is not None:
+                    on_completed(done, self.last_stable_offset(base + 1))
         return start
 
     # -- inspection (DescribeProducers) ---------------------------------------------------------

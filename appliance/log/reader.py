@@ -28,6 +28,13 @@ Rules that keep a reader safe while the writer appends, rolls, deletes and resta
 * A deleted segment stays readable through a map made before the unlink.
 * Maps are cached per segment, at most ``max_open_segments`` of them (LRU), so a consumer reading
   a long log from the start does not exhaust ``vm.max_map_count``.
+
+Aborted transactions for read_committed fetches (``collect_aborted``) come from the segments'
+``.txnindex`` files, read with ``pread`` (never mapped). The file of a segment that is not the
+last listed one is complete (the writer only appends to the active segment's) and is cached
+until the next ``refresh()``; the last one is read again on every call. Entries whose marker is
+at or past the caller's high watermark are not trusted (the writer appends an entry before it
+publishes a high watermark past its marker).
 """
 
 from __future__ import annotations
@@ -40,8 +47,10 @@ from collections import OrderedDict
 from typing import Iterable, NamedTuple
 
 from appliance.errors import CorruptRecord, ErrorCode, KafkaError
-from appliance.log.files import index_path, list_segment_bases, log_path, timeindex_path
+from appliance.log.files import (index_path, list_segment_bases, log_path, timeindex_path,
+                                 txnindex_path)
 from appliance.log.index import OffsetIndex, TimeIndex
+from appliance.log.txn_index import AbortedTxn, collect_entries, read_entries
 from appliance.protocol.records import HEADER_SIZE, MAGIC, BatchHeader, decode_records, read_header
 
 __all__ = ["Slice", "ReadResult", "LogReader", "SegmentViews"]
@@ -57,6 +66,8 @@ class ReadResult(NamedTuple):
     slices: list[Slice]
     bytes: int
     first_batch_offset: int    # -1 when nothing was returned
+    next_offset: int = -1      # just past the last batch returned; the fetch offset when none
+                               # (read_committed: the upper bound for collect_aborted)
 
 
 class _Stale(Exception):
@@ -64,7 +75,7 @@ class _Stale(Exception):
 
 
 class _Segment:
-    __slots__ = ("directory", "base", "known_end", "_log", "_log_len", "_oidx", "_tidx")
+    __slots__ = ("directory", "base", "known_end", "_log", "_log_len", "_oidx", "_tidx", "txn_cache")
 
     def __init__(self, directory: str, base: int) -> None:
         self.directory = directory
@@ -74,6 +85,7 @@ class _Segment:
         self._log_len = 0
         self._oidx: OffsetIndex | None = None
         self._tidx: TimeIndex | None = None
+        self.txn_cache: list[AbortedTxn] | None = None   # .txnindex entries, sealed segments only
 
     def log(self, need_end: int) -> mmap.mmap:
         """A map of the .log covering [0, need_end); remaps when the file has grown."""
@@ -194,6 +206,9 @@ class LogReader:
             segs.append(s or _Segment(self.directory, b))
         for s in old.values():
             s.close()
+        for s in segs:
+            # A restarted writer may have rebuilt .txnindex files; only a refresh sees that.
+            s.txn_cache = None
         self._segs = segs
         self._bases = [s.base for s in segs]
         live = {s.base: s for s in segs}
@@ -293,7 +308,7 @@ class LogReader:
         if fetch_offset < log_start_offset or fetch_offset > hw:
             raise _out_of_range(fetch_offset, log_start_offset, hw)
         if fetch_offset == hw:
-            return ReadResult([], 0, -1)
+            return ReadResult([], 0, -1, fetch_offset)
         try:
             return self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch)
         except _Stale:
@@ -314,6 +329,7 @@ class LogReader:
         slices: list[Slice] = []
         total = 0
         first = -1
+        nxt = fetch_offset
         while True:
             size = h.batch_length + 12
             if h.last_offset >= hw:
@@ -329,12 +345,47 @@ class LogReader:
             if first < 0:
                 first = h.base_offset
             total += size
-            expected = h.last_offset + 1
+            expected = nxt = h.last_offset + 1
             if total >= max_bytes or expected >= hw:
                 break
             i, pos = self._next(i, pos + size, expected)
             h = self._header(i, pos, expected)
-        return ReadResult(slices, total, first)
+        return ReadResult(slices, total, first, nxt)
+
+    # -- aborted transactions (read_committed) ------------------------------------------------
+    def collect_aborted(self, fetch_offset: int, upper_bound_offset: int,
+                        high_watermark: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of every aborted transaction intersecting
+        ``[fetch_offset, upper_bound_offset)`` - Kafka's LocalLog.collectAbortedTransactions:
+        the ``.txnindex`` of the segment holding ``fetch_offset``, then each later one, until an
+        entry's stored LSO reaches the upper bound. Only entries whose marker is below
+        ``high_watermark`` count. Call with the ``next_offset`` of the read that produced the
+        data as the upper bound, after a ``refresh()`` if the segments changed."""
+        bases = self._bases
+        i = bisect.bisect_right(bases, fetch_offset) - 1
+        if i < 0:
+            i = 0
+        out: list[tuple[int, int]] = []
+        n = len(bases)
+        for j in range(i, n):
+            if bases[j] >= high_watermark:
+                break              # every entry there has its marker at or past the HW
+            seg = self._segs[j]
+            entries = seg.txn_cache
+            if entries is None:
+                try:
+                    entries = read_entries(txnindex_path(self.directory, seg.base))
+                except ValueError as e:
+                    raise KafkaError(ErrorCode.unknown_server_error,
+                                     f"aborted-transaction index of segment {seg.base} in "
+                                     f"{self.directory}: {e}") from None
+                if j < n - 1:
+                    seg.txn_cache = entries
+            found, complete = collect_entries(entries, fetch_offset, upper_bound_offset, high_watermark)
+            out.extend((e.producer_id, e.first_offset) for e in found)
+            if complete:
+                break
+        return out
 
     # -- timestamps --------------------------------------------------------------------------
     def offset_for_timestamp(self, timestamp: int, high_watermark: int, *,

@@ -1,7 +1,8 @@
 """One log segment: the writer's active segment, and loading/recovering segment files.
 
 Runs in the partition writer only (readers use ``appliance.log.reader``). A segment is Kafka's
-file triple ``<base>.log``, ``<base>.index``, ``<base>.timeindex`` (see ``files.py``).
+file triple ``<base>.log``, ``<base>.index``, ``<base>.timeindex`` (see ``files.py``), plus
+``<base>.txnindex`` once an ABORT marker was written to it (``txn_index.py``).
 
 The active segment's ``.log`` is preallocated (sparse ``ftruncate`` to ``segment_bytes``) and
 mapped ``MAP_SHARED``; an append is one slice assignment (one memcpy) into the mapping, so the
@@ -15,7 +16,8 @@ entry records the segment's largest timestamp, which retention and timestamp loo
 
 Sealing (roll or clean close) msyncs, truncates ``.log`` in place to its real size (readers never
 read past the published end, so no reader touches the cut pages) and replaces the indexes by
-trimmed copies (rename; readers keep the old file), then fsyncs.
+trimmed copies (rename; readers keep the old file), then fsyncs - the ``.txnindex`` too, so
+that a segment below the recovery point has a complete, durable aborted-transaction index.
 
 Recovery (``recover_segment``) follows Kafka's LogSegment.recover: walk the batches from position
 0 checking length, magic, CRC and offset continuity, stop at the first bad one, truncate the file
@@ -32,9 +34,10 @@ import mmap
 import os
 from dataclasses import dataclass
 
-from appliance.log.files import atomic_write, index_path, log_path, timeindex_path
+from appliance.log.files import atomic_write, index_path, log_path, timeindex_path, txnindex_path
 from appliance.log.index import (CorruptIndex, OffsetIndex, TimeIndex, encode_offset_entries,
                                  encode_time_entries)
+from appliance.log.txn_index import TransactionIndex
 from appliance.protocol.records import BatchHeader, iter_batch_headers, scan_valid
 
 __all__ = ["SegmentInfo", "LogSegment", "IndexBuild", "build_index_entries", "recover_segment",
@@ -236,9 +239,10 @@ def load_segment(directory: str, base_offset: int, *, next_base: int | None,
 
 def delete_segment_files(directory: str, base_offset: int) -> None:
     """Indexes first, the log last: a crash in between leaves a .log whose missing indexes are
-    rebuilt, or (if the segment was below the log start offset) deleted again at open."""
-    for p in (index_path(directory, base_offset), timeindex_path(directory, base_offset),
-              log_path(directory, base_offset)):
+    rebuilt, or (if the segment was below the log start offset) deleted again at open. The
+    ``.txnindex`` goes with them (KIP-98: deleted with its segment)."""
+    for p in (txnindex_path(directory, base_offset), index_path(directory, base_offset),
+              timeindex_path(directory, base_offset), log_path(directory, base_offset)):
         try:
             os.unlink(p)
         except FileNotFoundError:
@@ -273,6 +277,9 @@ class LogSegment:
                                             writable=True, max_bytes=index_bytes, entries=offset_entries)
             self.time_index = TimeIndex(timeindex_path(directory, self.base_offset), self.base_offset,
                                         writable=True, max_bytes=index_bytes, entries=time_entries)
+            # Aborted-transaction index: file created on the first abort (Kafka's lazy creation).
+            self.txn_index = TransactionIndex(txnindex_path(directory, self.base_offset),
+                                              self.base_offset, writable=True)
         except BaseException:
             os.close(self._fd)
             raise
@@ -282,6 +289,11 @@ class LogSegment:
     def create(cls, directory: str, base_offset: int, *, segment_bytes: int, index_bytes: int,
                interval: int, now_ms: int) -> "LogSegment":
         # Indexes before the log: index files without a .log are orphans that open() deletes.
+        # A leftover .txnindex under this name describes some older log: it goes.
+        try:
+            os.unlink(txnindex_path(directory, base_offset))
+        except FileNotFoundError:
+            pass
         for p in (index_path(directory, base_offset), timeindex_path(directory, base_offset)):
             os.close(os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644))
         os.close(os.open(log_path(directory, base_offset), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644))
@@ -364,6 +376,8 @@ class LogSegment:
         for ix in (self.offset_index, self.time_index):
             ix.write_trimmed()
             ix.close()
+        self.txn_index.fsync()
+        self.txn_index.close()
         info = self.info()
         try:
             info.mtime_ms = int(os.stat(log_path(self.directory, self.base_offset)).st_mtime * 1000)
@@ -387,6 +401,7 @@ class LogSegment:
         """Release maps and descriptors without flushing or trimming (as a crash would)."""
         self.offset_index.close()
         self.time_index.close()
+        self.txn_index.close()
         if not self._map.closed:
             self._map.close()
         if self._fd >= 0:

@@ -248,7 +248,8 @@ class Broker:
         return fut
 
     def produce(self, topic: TopicInfo, partition: int, acks: int, batch: bytes,
-                timeout_s: float) -> asyncio.Future | None:
+                timeout_s: float, version: int = 0,
+                transactional_id: str | None = None) -> asyncio.Future | None:
         """Hand one batch to its writer. Returns a future of ProduceResult, or None for acks=0."""
         ch = self.writers.get(writer_name(topic.topic_id, partition))
         if ch is None:
@@ -267,7 +268,7 @@ class Broker:
                                              error_message="the partition writer did not answer in time"))
             ch.inflight[req_id] = gen
             self.produce_owner[req_id] = ch
-        ch.send(ipc.produce_header(acks, gen, req_id, len(batch)), batch)
+        ch.send(ipc.produce_header(acks, gen, req_id, len(batch), version, transactional_id), batch)
         return fut
 
     async def call(self, ch: WorkerChannel, make_msg, timeout_s: float):

@@ -334,3 +334,76 @@ def test_segments_version_differs_across_restarts(tmp_path):
     log = PartitionLog.open(d, settings(), T0)
     assert log.segments_version != v
     log.close()
+
+
+# -- transaction markers (issue 4) ----------------------------------------------------------------
+
+from appliance.protocol.records import (CONTROL_ABORT, CONTROL_COMMIT,  # noqa: E402
+                                        parse_control_record)
+
+
+def stored_batch(d: str, info) -> bytes:
+    with open(log_path(d, info.segment_base), "rb") as f:
+        f.seek(info.position)
+        head = f.read(12)
+        size = struct.unpack(">q i", head)[1] + 12
+        return head + f.read(size - 12)
+
+
+def test_append_control_writes_kafkas_marker_batch(tmp_path):
+    d = str(tmp_path)
+    log = PartitionLog.open(d, settings(segment_bytes=1 << 20), T0)
+    log.append(batch(2), T0)
+    info = log.append_control(77, 3, True, 9, T0 + 5)
+    assert (info.base_offset, info.last_offset, info.log_append_time) == (2, 2, -1)
+    raw = stored_batch(d, info)
+    h = read_header(raw)
+    # MemoryRecords.withEndTransactionMarker: CreateTime with the broker's clock, transactional +
+    # control, no sequence, one record; the leader stamps its epoch (0 here)
+    assert h.is_control and h.is_transactional and h.timestamp_type == 0 and h.compression == 0
+    assert (h.producer_id, h.producer_epoch, h.base_sequence, h.records_count) == (77, 3, -1, 1)
+    assert (h.base_timestamp, h.max_timestamp, h.partition_leader_epoch) == (T0 + 5, T0 + 5, 0)
+    assert parse_control_record(raw) == (CONTROL_COMMIT, 9)
+    assert scan_valid(raw)[1] == len(raw)                          # CRC is right
+    abort = log.append_control(77, 3, False, 9, T0 + 6)
+    assert parse_control_record(stored_batch(d, abort)) == (CONTROL_ABORT, 9)
+    assert log.log_end_offset == 4
+    log.close()
+
+
+def test_append_control_on_a_log_append_time_topic_is_stamped(tmp_path):
+    d = str(tmp_path)
+    log = PartitionLog.open(d, settings(segment_bytes=1 << 20, message_timestamp_type="LogAppendTime"), T0)
+    info = log.append_control(5, 0, False, 1, T0 + 123)
+    assert info.log_append_time == T0 + 123
+    h = read_header(stored_batch(d, info))
+    assert h.timestamp_type == 1 and h.max_timestamp == T0 + 123
+    assert scan_valid(stored_batch(d, info))[1] > 0
+    log.close()
+
+
+def test_append_control_rolls_like_any_batch(tmp_path):
+    d = str(tmp_path)
+    log = PartitionLog.open(d, settings(segment_bytes=400), T0)
+    rolled = []
+    log.roll_listener = rolled.append
+    while log.active_end_position + 78 <= 400:     # a marker batch is 78 bytes
+        log.append(batch(1, size=10), T0)
+    info = log.append_control(5, 0, True, 1, T0)
+    assert rolled == [info.base_offset] and info.segment_base == info.base_offset
+    log.close()
+
+
+def test_append_aborted_refuses_entries_out_of_order_or_past_the_end(tmp_path):
+    from appliance.log.txn_index import AbortedTxn
+    d = str(tmp_path)
+    log = PartitionLog.open(d, settings(segment_bytes=1 << 20), T0)
+    m = log.append_control(5, 0, False, 1, T0)
+    with pytest.raises(ValueError):
+        log.append_aborted(AbortedTxn(5, 1, 1, 2))               # no marker there yet
+    log.append_aborted(AbortedTxn(5, 0, 0, 1))
+    with pytest.raises(ValueError):
+        log.append_aborted(AbortedTxn(5, 0, 0, 1))               # twice
+    assert log.aborted_entries() == [AbortedTxn(5, 0, 0, 1)]
+    assert m.base_offset == 0
+    log.close()

@@ -96,7 +96,7 @@ def test_min_one_batch_progress_rule(filled):
     d, log, sent = filled
     r = LogReader(d)
     hw = log.log_end_offset
-    assert r.read(0, 10, high_watermark=hw, log_start_offset=0, min_one_batch=False) == ReadResult([], 0, -1)
+    assert r.read(0, 10, high_watermark=hw, log_start_offset=0, min_one_batch=False) == ReadResult([], 0, -1, 0)
     res = r.read(0, 10, high_watermark=hw, log_start_offset=0, min_one_batch=True)
     assert res.bytes == len(sent[0]) and res.first_batch_offset == 0
     res = r.read(0, 0, high_watermark=hw, log_start_offset=0, min_one_batch=True)
@@ -112,7 +112,7 @@ def test_offset_out_of_range_and_at_high_watermark(filled):
         with pytest.raises(KafkaError) as e:
             r.read(off, 100, high_watermark=hw, log_start_offset=0, min_one_batch=True)
         assert e.value.code == ErrorCode.offset_out_of_range
-    assert r.read(hw, 100, high_watermark=hw, log_start_offset=0, min_one_batch=True) == ReadResult([], 0, -1)
+    assert r.read(hw, 100, high_watermark=hw, log_start_offset=0, min_one_batch=True) == ReadResult([], 0, -1, hw)
     with pytest.raises(KafkaError) as e:
         r.read(3, 100, high_watermark=hw, log_start_offset=5, min_one_batch=True)
     assert e.value.code == ErrorCode.offset_out_of_range
@@ -389,4 +389,70 @@ def test_update_settings_applies_to_the_active_segment(tmp_path):
     log.append(batch(1, 100), T0)
     log.append(batch(1, 100), T0)
     assert len(log.segment_bases()) == 2
+    log.close()
+
+
+# -- read_committed support (issue 4) -------------------------------------------------------------
+
+def test_next_offset_is_just_past_the_last_returned_batch(filled):
+    d, log, sent = filled
+    r = LogReader(d)
+    hw = log.log_end_offset
+    for off in range(0, hw, 3):
+        for limit in (1, 300, 1 << 30):
+            res = r.read(off, limit, high_watermark=hw, log_start_offset=0, min_one_batch=False)
+            if not res.slices:
+                assert res.next_offset == off
+                continue
+            data = gather(SegmentViews(), d, res)
+            last = list(iter_batch_headers(data))[-1][1]
+            assert res.next_offset == last.last_offset + 1
+    r.close()
+
+
+def _aborted_log(d):
+    from appliance.log.txn_index import AbortedTxn
+    log = PartitionLog.open(d, S(), T0)
+    marks = []
+    for pid in (1, 2, 3):
+        b = bytearray(build_batch([Record(b"k", b"x" * 400)], producer_id=pid, producer_epoch=0,
+                                  base_sequence=0, transactional=True, base_timestamp=T0))
+        first = log.append(b, T0).base_offset
+        log.append(batch(1, 500), T0)
+        m = log.append_control(pid, 0, False, 0, T0).base_offset
+        log.append_aborted(AbortedTxn(pid, first, m, m + 1))
+        marks.append((pid, first, m))
+    return log, marks
+
+
+def test_collect_aborted_over_segments_and_high_watermark(tmp_path):
+    d = str(tmp_path)
+    log, marks = _aborted_log(d)
+    assert len(log.segment_bases()) >= 3
+    hw = log.log_end_offset
+    r = LogReader(d)
+    assert r.collect_aborted(0, hw, hw) == [(p, f) for p, f, _ in marks]
+    (p1, f1, m1), (p2, f2, m2), (p3, f3, m3) = marks
+    assert r.collect_aborted(m1 + 1, hw, hw) == [(p2, f2), (p3, f3)]
+    assert r.collect_aborted(m1, m1 + 1, hw) == [(p1, f1)]        # only its marker in range
+    assert r.collect_aborted(0, hw, m2) == [(p1, f1)]            # marker 2 not published yet
+    r.close()
+    log.close()
+
+
+def test_collect_aborted_sees_rebuilt_files_after_refresh(tmp_path):
+    from appliance.log.files import txnindex_path
+    d = str(tmp_path)
+    log, marks = _aborted_log(d)
+    hw = log.log_end_offset
+    r = LogReader(d)
+    assert len(r.collect_aborted(0, hw, hw)) == 3
+    for b in log.segment_bases():
+        try:
+            os.unlink(txnindex_path(d, b))
+        except FileNotFoundError:
+            pass
+    r.refresh()
+    assert r.collect_aborted(0, hw, hw) == []
+    r.close()
     log.close()

@@ -320,3 +320,115 @@ def test_repeated_crashes_with_appends_in_between(tmp_path):
             sent.append(bytes(b))
         log.close(clean=round_ % 2 == 0)
     assert read_all(d, leo_of(sent)) == b"".join(sent)
+
+
+# -- aborted-transaction index (issue 4) ----------------------------------------------------------
+
+from appliance.log.files import read_checkpoint, txnindex_path          # noqa: E402
+from appliance.log.txn_index import AbortedTxn, encode_entry, read_entries   # noqa: E402
+
+
+def abort_in_each_segment(d: str, segments: int) -> tuple[PartitionLog, list[AbortedTxn]]:
+    """A log of ``segments`` segments, each holding one aborted transaction (data + marker)."""
+    log = PartitionLog.open(d, S, T0)
+    entries = []
+    for pid in range(1, segments + 1):
+        b = bytearray(build_batch([Record(b"k", b"v" * 50)], producer_id=pid, producer_epoch=0,
+                                  base_sequence=0, transactional=True, base_timestamp=T0))
+        first = log.append(b, T0).base_offset
+        m = log.append_control(pid, 0, False, 0, T0)
+        e = AbortedTxn(pid, first, m.base_offset, m.base_offset + 1)
+        log.append_aborted(e)
+        entries.append(e)
+        i = 0
+        while pid < segments and len(log.segment_bases()) == pid:
+            log.append(batch(i), T0)
+            i += 1
+    assert len(log.segment_bases()) == segments
+    return log, entries
+
+
+def test_clean_reopen_keeps_every_txnindex(tmp_path):
+    d = str(tmp_path)
+    log, entries = abort_in_each_segment(d, 3)
+    log.close()
+    log = PartitionLog.open(d, S, T0)
+    assert log.txn_index_rebuild_from == log.log_end_offset
+    assert log.aborted_entries() == entries
+    log.close()
+
+
+def test_unclean_reopen_rebuilds_the_scanned_segments_only(tmp_path):
+    d = str(tmp_path)
+    log, entries = abort_in_each_segment(d, 3)
+    active = log.active_segment_base
+    log.close(clean=False)
+    log = PartitionLog.open(d, S, T0)
+    assert log.txn_index_rebuild_from == active
+    assert not os.path.exists(txnindex_path(d, active))
+    kept = [e for e in entries if e.last_offset < active]
+    assert kept and log.aborted_entries() == kept
+    log.close(clean=False)
+
+
+def test_damaged_txnindex_of_a_sealed_segment_sends_it_to_recovery(tmp_path):
+    d = str(tmp_path)
+    log, entries = abort_in_each_segment(d, 4)
+    bases = log.segment_bases()
+    log.close()
+    with open(txnindex_path(d, bases[1]), "ab") as f:
+        f.write(b"\x00\x00\x01")                        # a torn entry
+    log = PartitionLog.open(d, S, T0)
+    # that segment and every later one lost their files; earlier ones kept theirs
+    assert log.txn_index_rebuild_from == bases[1]
+    assert log.aborted_entries() == [e for e in entries if e.last_offset < bases[1]]
+    # the recovery point stays at the rebuilt segment until the rebuild is durable
+    assert read_checkpoint(os.path.join(d, RECOVERY_POINT_FILE)) == bases[1]
+    for e in entries:
+        if e.last_offset >= bases[1]:
+            log.append_aborted(e)
+    with pytest.raises(ValueError):
+        log.append_aborted(entries[0])                  # below the rebuild point: refused
+    log.finish_txn_index_rebuild()
+    assert read_checkpoint(os.path.join(d, RECOVERY_POINT_FILE)) == log.active_segment_base
+    assert log.aborted_entries() == entries
+    assert [read_entries(txnindex_path(d, b)) for b in bases] == [[e] for e in entries]
+    log.close()
+
+
+def test_txnindex_entry_outside_its_segment_is_insane(tmp_path):
+    d = str(tmp_path)
+    log, entries = abort_in_each_segment(d, 2)
+    bases = log.segment_bases()
+    log.close()
+    with open(txnindex_path(d, bases[0]), "ab") as f:
+        f.write(encode_entry(AbortedTxn(9, bases[1], bases[1] + 5, bases[1] + 6)))
+    log = PartitionLog.open(d, S, T0)
+    assert log.txn_index_rebuild_from == bases[0]
+    assert log.aborted_entries() == []
+    log.close()
+
+
+def test_lost_recovery_point_rebuilds_everything(tmp_path):
+    d = str(tmp_path)
+    log, entries = abort_in_each_segment(d, 3)
+    log.close(clean=False)
+    os.unlink(os.path.join(d, RECOVERY_POINT_FILE))
+    log = PartitionLog.open(d, S, T0)
+    assert log.txn_index_rebuild_from == log.segment_bases()[0]
+    assert log.aborted_entries() == []
+    log.close(clean=False)
+
+
+def test_rebuilt_sealed_index_is_fsynced_by_a_clean_close(tmp_path):
+    d = str(tmp_path)
+    log, entries = abort_in_each_segment(d, 3)
+    log.close(clean=False)
+    os.unlink(os.path.join(d, RECOVERY_POINT_FILE))
+    log = PartitionLog.open(d, S, T0)
+    for e in entries:
+        log.append_aborted(e)
+    log.close()                                  # no explicit finish: the close does it
+    log = PartitionLog.open(d, S, T0)
+    assert log.aborted_entries() == entries and log.txn_index_rebuild_from == log.log_end_offset
+    log.close()

@@ -183,3 +183,253 @@ def test_load_replays_the_log_after_the_snapshot(tmp_path):
                                     producer_epoch=0, base_sequence=59))
     assert fresh.check(retry).first_offset == 59
     lg2.close()
+
+
+# -- transactions (issue 4) ----------------------------------------------------------------------
+
+from appliance.log.producer_state import CompletedTxn                      # noqa: E402
+from appliance.log.txn_index import AbortedTxn                            # noqa: E402
+from appliance.protocol.records import CONTROL_ABORT, CONTROL_COMMIT      # noqa: E402
+
+
+def thdr(pid=7, epoch=0, seq=0, n=1):
+    return read_header(build_batch([Record(key=None, value=b"x")] * n, producer_id=pid,
+                                   producer_epoch=epoch, base_sequence=seq, transactional=True))
+
+
+def test_unknown_transactional_producer_with_nonzero_sequence_is_out_of_order(psm):
+    # guarantee 3 (KIP-890): retriable OUT_OF_ORDER, not UNKNOWN_PRODUCER_ID
+    assert code(psm, thdr(seq=3)) == ErrorCode.out_of_order_sequence_number
+    assert code(psm, hdr(seq=3)) == ErrorCode.unknown_producer_id
+    assert code(psm, thdr(seq=0)) == "append"
+
+
+def test_transactional_batch_opens_a_transaction_at_its_base_offset(psm):
+    assert psm.needs_verification(thdr(pid=1))
+    assert not psm.needs_verification(hdr(pid=1))
+    psm.update(thdr(pid=1, seq=0, n=3), 10, 1)
+    assert psm.entries[1].txn_first_offset == 10
+    assert not psm.needs_verification(thdr(pid=1, seq=3))
+    psm.update(thdr(pid=1, seq=3), 13, 1)                 # a later batch keeps the first offset
+    assert psm.entries[1].txn_first_offset == 10
+    assert psm.first_unstable_offset() == 10
+    assert psm.last_stable_offset(14) == 10
+    assert psm.open_transactions() == {1: 10}
+
+
+def test_plain_batch_inside_an_open_transaction_is_invalid_txn_state(psm):
+    psm.update(thdr(pid=1, seq=0), 0, 1)
+    assert code(psm, hdr(pid=1, seq=1)) == ErrorCode.invalid_txn_state
+    assert code(psm, thdr(pid=1, seq=1)) == "append"
+
+
+def test_lso_is_the_smallest_open_first_offset_and_hw_when_none(psm):
+    assert psm.first_unstable_offset() == -1 and psm.last_stable_offset(5) == 5
+    psm.update(hdr(pid=9, seq=0), 0, 1)                   # plain data never holds the LSO
+    assert psm.last_stable_offset(1) == 1
+    psm.update(thdr(pid=1), 1, 1)
+    psm.update(thdr(pid=2), 2, 1)
+    psm.update(thdr(pid=3), 3, 1)
+    assert psm.last_stable_offset(4) == 1
+    # P2 commits first: P1 still holds the LSO (guarantee 44)
+    done = psm.complete_txn(2, 0, 0, 4, False, 1)
+    assert done == CompletedTxn(2, 2, 4, False)
+    assert psm.last_stable_offset(5) == 1
+    psm.complete_txn(1, 0, 0, 5, True, 1)
+    assert psm.last_stable_offset(6) == 3
+    psm.complete_txn(3, 0, 0, 6, False, 1)
+    assert psm.first_unstable_offset() == -1 and psm.last_stable_offset(7) == 7
+    # Kafka's maybeIncrementFirstUnstableOffset: never below the log start offset
+    psm.update(thdr(pid=4), 7, 1)
+    assert psm.last_stable_offset(20, log_start_offset=12) == 12
+
+
+def test_marker_without_open_transaction_reports_the_marker_as_first_offset(psm):
+    assert psm.complete_txn(5, 2, 3, 40, True, 1) == CompletedTxn(5, 40, 40, True)
+    e = psm.entries[5]
+    assert (e.epoch, e.coordinator_epoch, e.txn_first_offset) == (2, 3, -1)
+
+
+def test_heap_stays_bounded_under_a_long_open_transaction(psm):
+    psm.update(thdr(pid=1), 0, 1)
+    off = 1
+    for i in range(2000):
+        psm.update(thdr(pid=100 + i % 7, seq=0, epoch=i), off, 1)
+        psm.complete_txn(100 + i % 7, i, 0, off + 1, bool(i % 2), 1)
+        off += 2
+    assert psm.first_unstable_offset() == 0
+    assert len(psm._heap) <= 2 * len(psm._open) + 65
+
+
+def test_marker_epoch_fencing(psm):
+    # guarantee 30: a marker whose epoch is below the producer's is refused
+    psm.update(thdr(pid=1, epoch=5), 0, 1)
+    with pytest.raises(KafkaError) as e:
+        psm.check_marker(1, 4, 0)
+    assert e.value.code == ErrorCode.invalid_producer_epoch
+    psm.check_marker(1, 5, 0)
+    psm.check_marker(1, 6, 0)                              # a bumped epoch is fine (TV2)
+
+
+def test_marker_coordinator_epoch_fencing(psm):
+    # guarantee 31: a marker from an older coordinator is refused
+    psm.update(thdr(pid=1), 0, 1)
+    psm.complete_txn(1, 0, 7, 1, False, 1)
+    with pytest.raises(KafkaError) as e:
+        psm.check_marker(1, 0, 6)
+    assert e.value.code == ErrorCode.transaction_coordinator_fenced
+    psm.check_marker(1, 0, 7)
+    psm.check_marker(1, 0, 8)
+    # epoch is checked first (Kafka's appendEndTxnMarker order)
+    with pytest.raises(KafkaError) as e:
+        psm.check_marker(1, -1, 6)
+    assert e.value.code == ErrorCode.invalid_producer_epoch
+
+
+def test_marker_for_unknown_producer_passes_and_creates_the_entry(psm):
+    psm.check_marker(42, 3, 1)
+    done = psm.complete_txn(42, 3, 1, 9, True, 1)
+    assert done.first_offset == done.last_offset == 9
+    with pytest.raises(KafkaError):
+        psm.check_marker(42, 3, 0)
+
+
+def test_marker_with_bumped_epoch_resets_the_sequence_window(psm):
+    # KIP-890 part 2: the marker carries epoch + 1; the next transaction starts at sequence 0
+    log = Log(psm)
+    log.append(thdr(pid=1, epoch=0, seq=0, n=3))
+    psm.complete_txn(1, 1, 0, 3, False, 1)
+    e = psm.entries[1]
+    assert e.epoch == 1 and not e.batches
+    assert code(psm, thdr(pid=1, epoch=0, seq=3)) == ErrorCode.invalid_producer_epoch
+    assert code(psm, thdr(pid=1, epoch=1, seq=3)) == ErrorCode.out_of_order_sequence_number
+    assert code(psm, thdr(pid=1, epoch=1, seq=0)) == "append"
+
+
+def test_verification_token_race_guard(psm):
+    # guarantee 58: a marker between verification and append invalidates the verification
+    t = psm.start_verification(1, 0)
+    assert psm.verification_valid(1, t)
+    psm.complete_txn(1, 0, 0, 5, True, 1)
+    assert not psm.verification_valid(1, t)
+    # a newer verification replaces an older one
+    t1 = psm.start_verification(1, 0)
+    t2 = psm.start_verification(1, 0)
+    assert not psm.verification_valid(1, t1) and psm.verification_valid(1, t2)
+    assert not psm.verification_valid(2, t2)
+    # the append that opens the transaction consumes it
+    psm.update(thdr(pid=1, seq=0), 6, 1)
+    assert not psm.verification_valid(1, t2)
+
+
+def test_verification_tokens_expire(psm):
+    t = psm.start_verification(1, 0, now_ms=1000)
+    psm.expire(1000 + 59_999)
+    assert psm.verification_valid(1, t)
+    psm.expire(1000 + 60_000)
+    assert not psm.verification_valid(1, t)
+
+
+def test_expiration_never_drops_a_producer_with_an_open_transaction(psm):
+    psm.update(thdr(pid=1), 0, 0)
+    psm.update(hdr(pid=2), 1, 0)
+    assert psm.expire(10**9) == 1 and set(psm.entries) == {1}
+    psm.complete_txn(1, 0, 0, 2, False, 10**9)
+    assert psm.expire(10**9 + 60_000) == 1 and not psm.entries
+
+
+def test_snapshot_keeps_open_transactions_and_coordinator_epochs(psm, tmp_path):
+    psm.update(thdr(pid=1), 0, 1)
+    psm.complete_txn(2, 0, 4, 1, False, 1)
+    psm.take_snapshot(2)
+    fresh = ProducerStateManager(str(tmp_path), 60_000)
+    assert fresh.load(2, lambda off: iter(()), 1) == 2
+    assert fresh.open_transactions() == {1: 0} and fresh.last_stable_offset(2) == 0
+    assert fresh.entries[2].coordinator_epoch == 4
+
+
+def _tlog(d):
+    return PartitionLog.open(d, LogSettings(segment_bytes=1 << 20), 0)
+
+
+def _txn(lg, psm, pid, seq, transactional=True):
+    b = bytearray(build_batch([Record(key=None, value=b"v")], producer_id=pid, producer_epoch=0,
+                              base_sequence=seq, transactional=transactional))
+    h = read_header(b)
+    assert psm.check(h) is None
+    info = lg.append(b, 0)
+    psm.update(h, info.base_offset, 0)
+    return info.base_offset
+
+
+def _marker(lg, psm, pid, commit, coord=0):
+    psm.check_marker(pid, 0, coord)
+    info = lg.append_control(pid, 0, commit, coord, 0)
+    done = psm.complete_txn(pid, 0, coord, info.base_offset, not commit, 0)
+    if done.aborted:
+        lg.append_aborted(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
+                                     psm.last_stable_offset(lg.log_end_offset)))
+    return done
+
+
+def test_snapshot_then_replay_restores_open_and_ended_transactions(tmp_path):
+    d = str(tmp_path / "p")
+    lg = _tlog(d)
+    psm = ProducerStateManager(d, 60_000)
+    a0 = _txn(lg, psm, 1, 0)          # P1 open at snapshot time, committed after it
+    b0 = _txn(lg, psm, 2, 0)          # P2 open at snapshot time, aborted after it
+    _txn(lg, psm, 3, 0)               # P3 open at snapshot time, still open at the crash
+    psm.take_snapshot(lg.log_end_offset)
+    _txn(lg, psm, 1, 1)
+    _marker(lg, psm, 1, True)
+    _txn(lg, psm, 2, 1)
+    d2 = _marker(lg, psm, 2, False)
+    c4 = _txn(lg, psm, 4, 0)          # P4 opens after the snapshot
+    _txn(lg, psm, 9, 0, transactional=False)
+    before = ({p: (e.epoch, e.coordinator_epoch, e.txn_first_offset, list(e.batches))
+               for p, e in psm.entries.items()}, psm.last_stable_offset(lg.log_end_offset))
+    assert before[1] == 2 and psm.open_transactions() == {3: 2, 4: c4}
+    lg.close(clean=False)
+
+    lg2 = _tlog(d)
+    fresh = ProducerStateManager(d, 60_000)
+    seen = []
+    start = fresh.load(lg2.log_end_offset, lg2.headers_from, 0,
+                       on_completed=lambda done, lso: seen.append((done, lso)))
+    assert start == 3
+    after = ({p: (e.epoch, e.coordinator_epoch, e.txn_first_offset, list(e.batches))
+              for p, e in fresh.entries.items()}, fresh.last_stable_offset(lg2.log_end_offset))
+    assert after == before
+    assert [s[0] for s in seen] == [CompletedTxn(1, a0, 4, False), CompletedTxn(2, b0, d2.last_offset, True)]
+    # the LSO reported with each marker is the one just after it (P3 still open: 2)
+    assert [s[1] for s in seen] == [b0, 2]
+    lg2.close()
+
+
+def test_load_never_starts_after_max_start_offset(tmp_path):
+    d = str(tmp_path / "p")
+    lg = _tlog(d)
+    psm = ProducerStateManager(d, 60_000)
+    _txn(lg, psm, 1, 0)
+    _marker(lg, psm, 1, False)
+    psm.take_snapshot(lg.log_end_offset)                  # past the marker
+    lg.close(clean=False)
+    lg2 = _tlog(d)
+    fresh = ProducerStateManager(d, 60_000)
+    seen = []
+    assert fresh.load(lg2.log_end_offset, lg2.headers_from, 0,
+                      on_completed=lambda done, lso: seen.append(done), max_start_offset=0) == 0
+    assert seen == [CompletedTxn(1, 0, 1, True)]
+    assert list_snapshots(d) == [2]                       # kept, only not used
+    lg2.close()
+
+
+def test_headers_from_reports_control_type_and_coordinator_epoch(tmp_path):
+    d = str(tmp_path / "p")
+    lg = _tlog(d)
+    lg.append(bytearray(build_batch([Record(key=None, value=b"v")])), 0)
+    lg.append_control(5, 2, True, 11, 0)
+    lg.append_control(6, 3, False, 12, 0)
+    got = [(base, h.is_control, ctrl) for base, h, ctrl in lg.headers_from(0)]
+    assert got == [(0, False, None), (1, True, (CONTROL_COMMIT, 11)), (2, True, (CONTROL_ABORT, 12))]
+    lg.close()

@@ -1,0 +1,82 @@
+"""AddPartitionsToTxn (key 24), versions 0-5.
+
+Runs in frontends; the coordinator decides. v0-3 is the client's form (one transaction). v4-5 is
+the broker's batched form (KIP-890): several transactions, each either VerifyOnly (is every
+partition already in the Ongoing transaction? state unchanged) or an add. On a single node nothing
+else sends v4+ to us, but the API is served as Kafka serves it (without an authorizer, Cluster
+permission is not checked). Partitions of unknown topics get UNKNOWN_TOPIC_OR_PARTITION and the
+other partitions of that transaction OPERATION_NOT_ATTEMPTED, as Kafka answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+
+from appliance import ipc
+from appliance.api import handles
+from appliance.errors import ErrorCode
+from appliance.protocol.messages import build
+
+
+def _unknown(catalog, topics) -> dict[tuple[str, int], ErrorCode]:
+    bad = {}
+    for t in topics:
+        info = catalog.topics.get(t.name)
+        for p in t.partitions:
+            if info is None or not 0 <= p < info.partitions:
+                bad[(t.name, p)] = ErrorCode.unknown_topic_or_partition
+    return bad
+
+
+def _topic_results(topics, errors: dict[tuple[str, int], int]):
+    return tuple(dict(name=t.name, results_by_partition=tuple(
+        dict(partition_index=p, partition_error_code=ErrorCode(errors.get((t.name, p), 0)))
+        for p in t.partitions)) for t in topics)
+
+
+async def _add(ctx, txn_id, pid, epoch, topics, version) -> dict[tuple[str, int], int]:
+    bad = _unknown(ctx.broker.catalog, topics)
+    if bad:
+        return {(t.name, p): int(bad.get((t.name, p), ErrorCode.operation_not_attempted))
+                for t in topics for p in t.partitions}
+    try:
+        r = await ctx.broker.call_coordinator(lambda rid: ipc.AddPartitionsToTxnReq(
+            rid, txn_id, pid, epoch, [ipc.TxnPartitions(t.name, list(t.partitions)) for t in topics], version))
+    except TimeoutError:
+        return {(t.name, p): int(ErrorCode.coordinator_not_available) for t in topics for p in t.partitions}
+    return {(e.topic, e.partition): e.error_code for e in r.results}
+
+
+async def _verify(ctx, txn_id, pid, epoch, topics) -> dict[tuple[str, int], int]:
+    async def one(topic, p):
+        try:
+            r = await ctx.broker.call_coordinator(
+                lambda rid: ipc.VerifyTxnReq(rid, txn_id, pid, epoch, topic, p, False))
+            return r.error_code
+        except TimeoutError:
+            return int(ErrorCode.coordinator_not_available)
+    keys = [(t.name, p) for t in topics for p in t.partitions]
+    codes = await asyncio.gather(*(one(t, p) for t, p in keys))
+    return dict(zip(keys, codes))
+
+
+@handles(24, "AddPartitionsToTxn", 0, 5)
+async def handle(ctx, req):
+    m = ctx.response_class()
+    if ctx.version <= 3:
+        topics = req.v3_and_below_topics
+        errors = await _add(ctx, req.v3_and_below_transactional_id, req.v3_and_below_producer_id,
+                            req.v3_and_below_producer_epoch, topics, ctx.version)
+        return build(m, throttle_time=datetime.timedelta(0),
+                     results_by_topic_v3_and_below=_topic_results(topics, errors))
+    results = []
+    for txn in req.transactions:
+        if txn.verify_only:
+            errors = await _verify(ctx, txn.transactional_id, txn.producer_id, txn.producer_epoch, txn.topics)
+        else:
+            errors = await _add(ctx, txn.transactional_id, txn.producer_id, txn.producer_epoch,
+                                txn.topics, ctx.version)
+        results.append(dict(transactional_id=txn.transactional_id, topic_results=_topic_results(txn.topics, errors)))
+    return build(m, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none,
+                 results_by_transaction=tuple(results))

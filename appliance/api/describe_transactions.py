@@ -1,0 +1,33 @@
+"""DescribeTransactions (key 65), version 0: state, timeout, start time, producer and partitions.
+
+Runs in frontends; the coordinator answers per transactional id (TRANSACTIONAL_ID_NOT_FOUND for
+one it does not know).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from appliance import ipc
+from appliance.api import handles
+from appliance.errors import ErrorCode
+from appliance.protocol.messages import build
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+@handles(65, "DescribeTransactions", 0, 0)
+async def handle(ctx, req):
+    ids = list(req.transactional_ids)
+    try:
+        r = await ctx.broker.call_coordinator(lambda rid: ipc.DescribeTransactionsReq(rid, ids))
+        found = r.transactions
+    except TimeoutError:
+        found = [ipc.TxnDescription(int(ErrorCode.coordinator_not_available), t) for t in ids]
+    return build(ctx.response_class(), throttle_time=datetime.timedelta(0), transaction_states=tuple(
+        dict(error_code=ErrorCode(d.error_code), transactional_id=d.transactional_id,
+             transaction_state=d.state, transaction_timeout=datetime.timedelta(milliseconds=d.timeout_ms),
+             transaction_start_time=_EPOCH + datetime.timedelta(milliseconds=max(d.start_time_ms, -1)),
+             producer_id=d.producer_id, producer_epoch=d.producer_epoch,
+             topics=tuple(dict(topic=t.topic, partitions=tuple(t.partitions)) for t in d.topics))
+        for d in found))

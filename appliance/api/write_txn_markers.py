@@ -1,0 +1,52 @@
+"""WriteTxnMarkers (key 27), versions 1-2: write COMMIT/ABORT markers straight to partitions.
+
+Runs in frontends. Kafka's coordinator sends this to partition leaders; on a single node the
+coordinator hands markers to writers through its rings, so this API serves the admin path
+(`kafka-transactions.sh abort`, Admin.abortTransaction) for hanging transactions: each listed
+partition's writer checks the marker (producer epoch, coordinator epoch) and appends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from appliance import ipc
+from appliance.api import handles
+from appliance.errors import ErrorCode
+from appliance.protocol.messages import build
+
+
+@handles(27, "WriteTxnMarkers", 1, 2)
+async def handle(ctx, req):
+    broker = ctx.broker
+    catalog = broker.catalog
+    markers = []
+    for mk in req.markers:
+        calls, keys = [], []
+        for t in mk.topics:
+            info = catalog.topics.get(t.name)
+            for p in t.partition_indexes:
+                keys.append((t.name, p))
+                if info is None or not 0 <= p < info.partitions:
+                    calls.append(None)
+                else:
+                    calls.append(broker.call_writer(info, p, lambda rid, mk=mk: ipc.WriteMarkerReq(
+                        rid, mk.producer_id, mk.producer_epoch, mk.transaction_result, mk.coordinator_epoch)))
+        answers = await asyncio.gather(*[c for c in calls if c is not None], return_exceptions=True)
+        it = iter(answers)
+        errors = {}
+        for key, c in zip(keys, calls):
+            if c is None:
+                errors[key] = ErrorCode.unknown_topic_or_partition
+                continue
+            a = next(it)
+            if a is None:
+                errors[key] = ErrorCode.unknown_topic_or_partition
+            elif isinstance(a, BaseException):
+                errors[key] = ErrorCode.not_leader_or_follower
+            else:
+                errors[key] = ErrorCode(a.error_code)
+        markers.append(dict(producer_id=mk.producer_id, topics=tuple(
+            dict(name=t.name, partitions=tuple(dict(partition_index=p, error_code=errors[(t.name, p)])
+                                               for p in t.partition_indexes)) for t in mk.topics)))
+    return build(ctx.response_class(), markers=tuple(markers))
