@@ -26,15 +26,18 @@ same epoch, the batch lies wholly before last + 1           DUPLICATE_SEQUENCE_N
 same epoch, any other first sequence                        OUT_OF_ORDER_SEQUENCE_NUMBER
 unknown producer, first sequence == 0                       append (new entry)
 unknown producer, transactional, first sequence != 0        OUT_OF_ORDER_SEQUENCE_NUMBER
-unknown producer, not transactional, first sequence != 0    UNKNOWN_PRODUCER_ID
+unknown producer, not transactional, first sequence != 0    append (Kafka's rule, see below)
 any append above: non-transactional batch while the         INVALID_TXN_STATE
 producer has a transaction open here
 ==========================================================  ==================================
 
-The unknown-producer rows follow the seed (KIP-98 §PID Expiration: a write from a forgotten
-producer with a non-zero sequence cannot be proven not to be a duplicate) and issue 3; for
-transactional batches KIP-890 makes it the retriable OUT_OF_ORDER_SEQUENCE_NUMBER (guarantee 3).
-Upstream Kafka since KIP-360 accepts any sequence there. Sequences wrap from 2^31-1 to 0.
+The unknown-producer rows follow current Kafka (issue 4, digest §7 C9): a plain idempotent
+producer whose state is gone (expired, or lost to retention) may continue with any sequence, as
+Kafka has accepted since KIP-360 - librdkafka and the Java client count on it after a long idle
+period. The KIP-98 seed rejected such a write (guarantee 11; we do not meet it, see README).
+Transactional batches keep the strict rule of KIP-890: their first batch on a partition starts
+at sequence 0, else the retriable OUT_OF_ORDER_SEQUENCE_NUMBER (guarantee 3). Sequences wrap
+from 2^31-1 to 0.
 
 Transactions (KIP-98, KIP-890), per partition:
 
@@ -209,9 +212,6 @@ class ProducerStateManager:
                     raise KafkaError(ErrorCode.out_of_order_sequence_number,
                                      f"No state for transactional producer {pid} on this "
                                      f"partition and its first sequence {first} is not 0")
-                raise KafkaError(ErrorCode.unknown_producer_id,
-                                 f"No state for producer {pid} on this partition and sequence "
-                                 f"{first} is not 0: it cannot be told apart from a duplicate")
             return None
         dup = entry.find_duplicate(h.producer_epoch, first, last)
         if dup is not None:

@@ -47,9 +47,10 @@ def psm(tmp_path):
     return ProducerStateManager(str(tmp_path), expiration_ms=60_000)
 
 
-def test_new_producer_must_start_at_zero(psm):
+def test_unknown_plain_producer_may_start_at_any_sequence_as_in_kafka(psm):
+    # digest §7 C9, issue 4: current Kafka accepts it (a producer whose state expired)
     assert code(psm, hdr(seq=0)) == "append"
-    assert code(psm, hdr(seq=5)) == ErrorCode.unknown_producer_id
+    assert code(psm, hdr(pid=99, seq=5)) == "append"
 
 
 def test_in_sequence_appends_and_gap_is_out_of_order(psm):
@@ -200,7 +201,7 @@ def thdr(pid=7, epoch=0, seq=0, n=1):
 def test_unknown_transactional_producer_with_nonzero_sequence_is_out_of_order(psm):
     # guarantee 3 (KIP-890): retriable OUT_OF_ORDER, not UNKNOWN_PRODUCER_ID
     assert code(psm, thdr(seq=3)) == ErrorCode.out_of_order_sequence_number
-    assert code(psm, hdr(seq=3)) == ErrorCode.unknown_producer_id
+    assert code(psm, hdr(seq=3)) == "append"
     assert code(psm, thdr(seq=0)) == "append"
 
 
