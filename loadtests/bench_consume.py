@@ -49,6 +49,9 @@ def fill(bootstrap: str, topic: str, records: int, size: int, commit_ms: int, ab
                 p.poll(0)
         txn += 1
         if abort_every and txn % abort_every == 0:
+            # abort_transaction purges what is still queued in the client; flush first so that
+            # every aborted record is in the log and the read_uncommitted count is exact.
+            p.flush(30)
             p.abort_transaction(30)
             aborted += count
         else:
@@ -87,8 +90,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--record-size", type=int, default=100)
-    ap.add_argument("--commit-ms", type=int, default=100)
-    ap.add_argument("--abort-every", type=int, default=10, help="abort one transaction in N (0: never)")
+    ap.add_argument("--commit-ms", type=int, default=20)
+    ap.add_argument("--abort-every", type=int, default=5, help="abort one transaction in N (0: never)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work-dir", default=None)
     args = ap.parse_args()

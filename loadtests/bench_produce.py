@@ -80,9 +80,7 @@ class ProducerConfig:
     commit_every_s: float | None = None
 
 
-# One entry = one column group. Run a subset with --configs. Adding "idempotent" or
-# "transactional" to DEFAULT_CONFIGS needs the appliance to serve InitProducerId (and the
-# transaction APIs); the sink already answers them.
+# One entry = one column group. Run a subset with --configs.
 PRODUCER_CONFIGS: dict[str, ProducerConfig] = {
     c.name: c for c in (
         ProducerConfig("plain", {"enable.idempotence": False}),
@@ -473,6 +471,19 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.work_dir or tempfile.gettempdir()}")
     print("- MB = 10^6 bytes of record values; only acknowledged records count\n")
     print(markdown_table(args.sizes, configs, results))
+    pairs = [(a, b) for a, b in (("idempotent", "plain"), ("transactional", "idempotent"))
+             if any(c.name == a for c in configs) and any(c.name == b for c in configs)]
+    if pairs:
+        # Issue 4's yardstick: transactional produce within 10 % of idempotent, same broker.
+        print("\n| record size | " + " | ".join(f"appliance {a} / {b}" for a, b in pairs) + " |")
+        print("|---|" + "---|" * len(pairs))
+        for size in args.sizes:
+            cells = []
+            for a, b in pairs:
+                ra, rb = results.get(("appliance", size, a)), results.get(("appliance", size, b))
+                cells.append(f"{ra.records_per_s / rb.records_per_s:.2f}"
+                             if ra and rb and rb.records_per_s else "-")
+            print(f"| {size} B | " + " | ".join(cells) + " |")
     for w in warnings:
         print(f"\nWARNING: {w}")
     for f in failures:
