@@ -186,7 +186,8 @@ class Fetcher:
                     slices = []
                 else:
                     rr = h.reader.read(part.fetch_offset, min(part.max_bytes, max(remaining, 0)),
-                                       high_watermark=upper, log_start_offset=st.log_start_offset,
+                                       high_watermark=st.high_watermark, max_offset=upper,
+                                       log_start_offset=st.log_start_offset,
                                        min_one_batch=(total == 0))
                     slices = [ipc.Slice(s.segment_base, s.position, s.length) for s in rr.slices]
                     remaining -= rr.bytes

@@ -1,7 +1,9 @@
 """DescribeTransactions (key 65), version 0: state, timeout, start time, producer and partitions.
 
 Runs in frontends; the coordinator answers per transactional id (TRANSACTIONAL_ID_NOT_FOUND for
-one it does not know).
+one it does not know). An entry with an error carries only its error code and id, the other fields
+at the schema defaults (0, "", empty), as Kafka's KafkaApis.handleDescribeTransactionsRequest
+leaves them; a found transaction that has not started (Empty) has start time -1, as in Kafka.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ async def handle(ctx, req):
         found = [ipc.TxnDescription(int(ErrorCode.coordinator_not_available), t) for t in ids]
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0), transaction_states=tuple(
         dict(error_code=ErrorCode(d.error_code), transactional_id=d.transactional_id,
+             transaction_start_time=_EPOCH)
+        if d.error_code else
+        dict(error_code=ErrorCode.none, transactional_id=d.transactional_id,
              transaction_state=d.state, transaction_timeout=datetime.timedelta(milliseconds=d.timeout_ms),
              transaction_start_time=_EPOCH + datetime.timedelta(milliseconds=max(d.start_time_ms, -1)),
              producer_id=d.producer_id, producer_epoch=d.producer_epoch,

@@ -5,6 +5,9 @@ the record count against the last offset delta; the writer assigns the base offs
 With acks=0 no response is sent; if such a request has an error, the connection is closed instead
 (as Kafka does, so that the producer notices).
 
+Client writes to the internal topics (``__transaction_state``, ``__consumer_offsets``) are refused
+with INVALID_TOPIC_EXCEPTION, as Kafka refuses them; those logs are the coordinator's own.
+
 Produce 12 (KIP-890 part 2) is advertised only once transactions support it (issue 4).
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 
 from appliance.api import handles
+from appliance.catalog import INTERNAL_TOPICS
 from appliance.errors import ErrorCode, KafkaError
 from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
 from appliance.protocol.records import validate_batch
@@ -39,6 +43,11 @@ async def handle(ctx, req):
         for pd in td.partition_data:
             if acks not in (0, 1, -1):
                 what = ProduceResult(int(ErrorCode.invalid_required_acks))
+            elif td.name in INTERNAL_TOPICS:
+                # Kafka's ReplicaManager.appendToLocalLog refuses client appends to internal
+                # topics (KIP-98: clients may not write __transaction_state): not retriable.
+                what = ProduceResult(int(ErrorCode.invalid_topic_exception),
+                                     error_message=f"Cannot append to internal topic {td.name}")
             elif info is None or not 0 <= pd.index < info.partitions:
                 what = ProduceResult(int(ErrorCode.unknown_topic_or_partition))
             else:

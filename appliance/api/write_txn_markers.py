@@ -4,16 +4,29 @@ Runs in frontends. Kafka's coordinator sends this to partition leaders; on a sin
 coordinator hands markers to writers through its rings, so this API serves the admin path
 (`kafka-transactions.sh abort`, Admin.abortTransaction) for hanging transactions: each listed
 partition's writer checks the marker (producer epoch, coordinator epoch) and appends it.
+
+A marker whose coordinator epoch is above the coordinator's current one is refused with
+INVALID_REQUEST before any writer sees it (ours; Kafka has no such check, it relies on
+ClusterAction). In Kafka a higher coordinator epoch means a newer coordinator (KIP-98: markers
+fence zombie coordinators); on one node the current epoch is known (``coordinator-epoch``, bumped
+at every coordinator start), so a higher one can only be forged. Stored by the writer, it would
+fence the real coordinator for that producer: each restart adds one to its epoch and is fenced
+again, a crash loop that stops the appliance. The admin path sends the epoch it read from
+DescribeProducers, which is never above the current one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 from appliance import ipc
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
+from appliance.txn.state_manager import read_coordinator_epoch
+
+COORDINATOR_DIR = "__coordinator"        # the coordinator worker's directory (workers/coordinator.py)
 
 
 @handles(27, "WriteTxnMarkers", 1, 2)
@@ -21,13 +34,15 @@ async def handle(ctx, req):
     broker = ctx.broker
     catalog = broker.catalog
     markers = []
+    current_epoch = read_coordinator_epoch(os.path.join(broker.ctx.data_dir, COORDINATOR_DIR))
     for mk in req.markers:
         calls, keys = [], []
+        forged = mk.coordinator_epoch > current_epoch
         for t in mk.topics:
             info = catalog.topics.get(t.name)
             for p in t.partition_indexes:
                 keys.append((t.name, p))
-                if info is None or not 0 <= p < info.partitions:
+                if forged or info is None or not 0 <= p < info.partitions:
                     calls.append(None)
                 else:
                     calls.append(broker.call_writer(info, p, lambda rid, mk=mk: ipc.WriteMarkerReq(
@@ -37,7 +52,7 @@ async def handle(ctx, req):
         errors = {}
         for key, c in zip(keys, calls):
             if c is None:
-                errors[key] = ErrorCode.unknown_topic_or_partition
+                errors[key] = ErrorCode.invalid_request if forged else ErrorCode.unknown_topic_or_partition
                 continue
             a = next(it)
             if a is None:

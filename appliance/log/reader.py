@@ -300,14 +300,23 @@ class LogReader:
 
     # -- fetch -------------------------------------------------------------------------------
     def read(self, fetch_offset: int, max_bytes: int, *, high_watermark: int, log_start_offset: int,
-             min_one_batch: bool) -> ReadResult:
+             min_one_batch: bool, max_offset: int | None = None) -> ReadResult:
         """Whole batches from the one containing ``fetch_offset``, up to ``max_bytes`` (but at
-        least one batch when ``min_one_batch``, Kafka's progress rule), never reaching the high
-        watermark; may span segments. Consecutive batches of a segment form one Slice."""
+        least one batch when ``min_one_batch``, Kafka's progress rule), never reaching
+        ``max_offset`` (default: the high watermark; read_committed: the last stable offset);
+        may span segments. Consecutive batches of a segment form one Slice.
+
+        The fetch offset must lie in [log start, high watermark] (else OFFSET_OUT_OF_RANGE); one
+        at or above ``max_offset`` but within that range gets nothing and no error, as Kafka's
+        LocalLog.read checks the range against the log end and answers an empty read past its
+        ``maxOffsetMetadata`` (a read_committed consumer positioned between the LSO and the
+        high watermark waits; it must not be reset)."""
         hw = high_watermark
         if fetch_offset < log_start_offset or fetch_offset > hw:
             raise _out_of_range(fetch_offset, log_start_offset, hw)
-        if fetch_offset == hw:
+        if max_offset is not None and max_offset < hw:
+            hw = max_offset
+        if fetch_offset >= hw:
             return ReadResult([], 0, -1, fetch_offset)
         try:
             return self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch)

@@ -4,6 +4,8 @@ Catches handlers that build a field or nested entity that exists only in some ve
 request here is encoded by kio for exactly that version and the answer decoded the same way.
 """
 
+import datetime
+import time
 import uuid
 
 import pytest
@@ -21,7 +23,7 @@ def _ranges(raw: RawClient) -> dict[int, tuple[int, int]]:
 def test_every_version_of_every_api(appliance):
     with RawClient(appliance.bootstrap) as raw:
         ranges = _ranges(raw)
-        assert {0, 1, 2, 3, 10, 18, 19, 20, 22, 32, 60, 61} <= ranges.keys()
+        assert {0, 1, 2, 3, 10, 18, 19, 20, 22, 24, 25, 26, 27, 32, 60, 61, 65, 66} <= ranges.keys()
         topic_ids = {}
         # CreateTopics first: one topic per version, used by the APIs below.
         lo, hi = ranges[19]
@@ -37,13 +39,20 @@ def test_every_version_of_every_api(appliance):
         assert "every-2" in topic_ids and topic_ids["every-2"] != uuid.UUID(int=0)
         topic = "every-2"
         batch = build_batch([Record(key=b"k", value=b"v")])
+        env = Env(raw, topic, topic_ids[topic], batch)
         for key, (lo, hi) in sorted(ranges.items()):
             for v in range(lo, hi + 1):
                 if key == 19:
                     continue
-                req = _request_for(key, v, topic, topic_ids[topic], batch)
+                if key in TXN_APIS:
+                    req = _txn_request_for(env, key, v)
+                else:
+                    req = _request_for(key, v, topic, topic_ids[topic], batch)
                 resp = raw.request(key, v, req)
-                _check(key, v, resp)
+                if key in TXN_APIS:
+                    _txn_check(env, key, v, resp)
+                else:
+                    _check(key, v, resp)
 
 
 def _request_for(key, v, topic, topic_id, batch):
@@ -113,3 +122,159 @@ def _check(key, v, resp):
         assert [p.error_code for p in resp.topics[0].partitions] == [0, 0], (v, resp)
     elif key == 60:
         assert resp.error_code == 0 and resp.brokers[0].port > 0, (v, resp)
+
+
+# -- transaction APIs -----------------------------------------------------------------------------
+# They need state (a producer id from InitProducerId, a transaction the request can act on), so
+# each request is preceded by the setup it needs, on partition 1 (partition 0 serves the plain
+# produce/fetch checks above). Keys run in ascending order: the transactions AddPartitionsToTxn
+# leaves open are what DescribeTransactions and ListTransactions then describe and list.
+
+TXN_APIS = {24, 25, 26, 27, 65, 66}
+TXN_PART = 1
+
+
+class Env:
+    def __init__(self, raw, topic, topic_id, batch):
+        self.raw, self.topic, self.topic_id, self.batch = raw, topic, topic_id, batch
+        self.pending: dict = {}            # what the check of the current request needs
+        self.open_txns: dict[str, int] = {}   # transactional id -> producer id, left Ongoing
+
+    def init_pid(self, txn_id):
+        r = self.raw.request(22, 4, {"transactional_id": txn_id, "transaction_timeout_ms": 60000,
+                                     "producer_id": -1, "producer_epoch": -1})
+        assert r.error_code == 0, r
+        return r.producer_id, r.producer_epoch
+
+    def add_partitions(self, txn_id, pid, epoch, partitions):
+        r = self.raw.request(24, 3, {"v3_and_below_transactional_id": txn_id,
+                                     "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch,
+                                     "v3_and_below_topics": [{"name": self.topic, "partitions": partitions}]})
+        assert [p.partition_error_code for t in r.results_by_topic_v3_and_below
+                for p in t.results_by_partition] == [0] * len(partitions), r
+
+
+def _txn_request_for(env: Env, key, v):
+    topic = env.topic
+    if key == 24:
+        txn_id = f"every-apt-{v}"
+        pid, epoch = env.init_pid(txn_id)
+        env.open_txns[txn_id] = pid
+        topics = [{"name": topic, "partitions": [0, 1]}]
+        if v <= 3:
+            return {"v3_and_below_transactional_id": txn_id, "v3_and_below_producer_id": pid,
+                    "v3_and_below_producer_epoch": epoch, "v3_and_below_topics": topics}
+        # The broker-to-coordinator form (KIP-890): an add, and a verify-only check of a second
+        # transaction that already holds partition 1 (NONE) and not partition 0 (INVALID_TXN_STATE).
+        other = f"every-apt-{v}-verify"
+        opid, oepoch = env.init_pid(other)
+        env.add_partitions(other, opid, oepoch, [TXN_PART])
+        env.open_txns[other] = opid
+        env.pending = {"add": txn_id, "verify": other}
+        return {"transactions": [
+            {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch,
+             "verify_only": False, "topics": topics},
+            {"transactional_id": other, "producer_id": opid, "producer_epoch": oepoch,
+             "verify_only": True, "topics": [{"name": topic, "partitions": [TXN_PART, 0]}]}]}
+    if key == 25:
+        txn_id = f"every-aot-{v}"
+        pid, epoch = env.init_pid(txn_id)
+        env.open_txns[txn_id] = pid
+        return {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch,
+                "group_id": f"every-group-{v}"}
+    if key == 26:
+        # A transaction with one record on partition 1, committed.
+        txn_id = f"every-end-{v}"
+        pid, epoch = env.init_pid(txn_id)
+        env.add_partitions(txn_id, pid, epoch, [TXN_PART])
+        batch = build_batch([Record(key=b"k", value=b"txn")], producer_id=pid, producer_epoch=epoch,
+                            base_sequence=0, transactional=True)
+        r = env.raw.request(0, 9, {"transactional_id": txn_id, "acks": -1, "timeout_ms": 10000,
+                                   "topic_data": [{"name": topic, "partition_data": [
+                                       {"index": TXN_PART, "records": batch}]}]})
+        assert r.responses[0].partition_responses[0].error_code == 0, r
+        env.pending = {"pid": pid, "epoch": epoch, "txn_id": txn_id}
+        return {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch, "committed": True}
+    if key == 27:
+        # An admin-style abort marker for a producer with no transaction on the partition (Kafka
+        # writes it), plus a partition that does not exist.
+        r = env.raw.request(22, 4, {"transactional_id": None, "transaction_timeout_ms": 60000,
+                                    "producer_id": -1, "producer_epoch": -1})
+        pid, epoch = r.producer_id, r.producer_epoch
+        env.pending = {"pid": pid}
+        return {"markers": [{"producer_id": pid, "producer_epoch": epoch, "transaction_result": False,
+                             "coordinator_epoch": 0, "transaction_version": 0,
+                             "topics": [{"name": topic, "partition_indexes": [TXN_PART]},
+                                        {"name": f"every-missing-marker-{v}", "partition_indexes": [0]}]}]}
+    if key == 65:
+        return {"transactional_ids": ["every-apt-0", "every-end-0", f"every-unknown-{v}"]}
+    if key == 66:
+        env.pending = {"filters": ["Ongoing", "NoSuchState"]}
+        return {"state_filters": ["Ongoing", "NoSuchState"], "producer_id_filters": [],
+                "duration_filter": -1, "transactional_id_pattern": "every-apt-.*"}
+    raise AssertionError(key)
+
+
+def _describe(env: Env, txn_id):
+    return env.raw.request(65, 0, {"transactional_ids": [txn_id]}).transaction_states[0]
+
+
+def _txn_check(env: Env, key, v, resp):
+    if key == 24:
+        if v <= 3:
+            codes = [p.partition_error_code for t in resp.results_by_topic_v3_and_below
+                     for p in t.results_by_partition]
+            assert codes == [0, 0], (v, resp)
+            txn_id = f"every-apt-{v}"
+        else:
+            assert resp.error_code == 0, (v, resp)
+            by_txn = {r.transactional_id: {(t.name, p.partition_index): p.partition_error_code
+                                           for t in r.topic_results for p in t.results_by_partition}
+                      for r in resp.results_by_transaction}
+            assert by_txn[env.pending["add"]] == {(env.topic, 0): 0, (env.topic, 1): 0}, (v, resp)
+            assert by_txn[env.pending["verify"]] == {(env.topic, TXN_PART): 0, (env.topic, 0): 48}, (v, resp)
+            # verify-only changed nothing: the second transaction still holds partition 1 only
+            d = _describe(env, env.pending["verify"])
+            assert [(t.topic, list(t.partitions)) for t in d.topics] == [(env.topic, [TXN_PART])], d
+            txn_id = env.pending["add"]
+        d = _describe(env, txn_id)
+        assert d.transaction_state == "Ongoing", d
+        assert [(t.topic, list(t.partitions)) for t in d.topics] == [(env.topic, [0, 1])], d
+    elif key == 25:
+        assert resp.error_code == 0, (v, resp)
+        d = _describe(env, f"every-aot-{v}")
+        assert d.transaction_state == "Ongoing" and [t.topic for t in d.topics] == ["__consumer_offsets"], d
+    elif key == 26:
+        assert resp.error_code == 0, (v, resp)
+        pid, epoch = env.pending["pid"], env.pending["epoch"]
+        if v >= 5:
+            # transaction version 2 (KIP-890): every commit bumps the epoch
+            assert (resp.producer_id, resp.producer_epoch) == (pid, epoch + 1), (v, resp)
+        # the commit completes (markers written) and the record becomes stable
+        deadline = time.monotonic() + 10
+        while _describe(env, env.pending["txn_id"]).transaction_state != "CompleteCommit":
+            assert time.monotonic() < deadline, "EndTxn(commit) never completed"
+            time.sleep(0.02)
+    elif key == 27:
+        (m,) = resp.markers
+        assert m.producer_id == env.pending["pid"], (v, resp)
+        codes = {(t.name, p.partition_index): p.error_code for t in m.topics for p in t.partitions}
+        assert codes == {(env.topic, TXN_PART): 0, (f"every-missing-marker-{v}", 0): 3}, (v, resp)
+    elif key == 65:
+        a, b, c = resp.transaction_states
+        assert a.error_code == 0 and a.transaction_state == "Ongoing", resp
+        assert a.producer_id == env.open_txns["every-apt-0"] and a.producer_epoch == 0, resp
+        assert a.transaction_timeout == datetime.timedelta(seconds=60), resp
+        assert [(t.topic, list(t.partitions)) for t in a.topics] == [(env.topic, [0, 1])], resp
+        assert b.error_code == 0 and b.transaction_state == "CompleteCommit" and not b.topics, resp
+        assert c.error_code == 105 and c.transactional_id == f"every-unknown-{v}", resp   # TRANSACTIONAL_ID_NOT_FOUND
+    elif key == 66:
+        assert resp.error_code == 0 and list(resp.unknown_state_filters) == ["NoSuchState"], (v, resp)
+        listed = {t.transactional_id: (t.producer_id, t.transaction_state) for t in resp.transaction_states}
+        expect = {t: (pid, "Ongoing") for t, pid in env.open_txns.items()}
+        if v < 2:
+            # no id pattern before v2: also the AddOffsetsToTxn transactions, never the completed ones
+            assert expect.items() <= listed.items(), (v, resp)
+            assert not any(t.startswith("every-end-") for t in listed), (v, resp)
+        else:
+            assert listed == {t: x for t, x in expect.items() if t.startswith("every-apt-")}, (v, resp)

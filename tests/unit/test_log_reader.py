@@ -119,6 +119,24 @@ def test_offset_out_of_range_and_at_high_watermark(filled):
     r.close()
 
 
+def test_max_offset_bounds_the_read_not_the_range(filled):
+    """read_committed: batches stop before max_offset (the LSO); a fetch offset between it and
+    the high watermark is an empty read, not OFFSET_OUT_OF_RANGE (Kafka's LocalLog.read)."""
+    d, log, sent = filled
+    r = LogReader(d)
+    hw = log.log_end_offset
+    lso = read_header(sent[5]).base_offset
+    res = r.read(0, 1 << 30, high_watermark=hw, max_offset=lso, log_start_offset=0, min_one_batch=True)
+    assert gather(SegmentViews(), d, res) == b"".join(sent[:5]) and res.next_offset == lso
+    for off in range(lso, hw + 1):
+        assert r.read(off, 100, high_watermark=hw, max_offset=lso, log_start_offset=0,
+                      min_one_batch=True) == ReadResult([], 0, -1, off)
+    with pytest.raises(KafkaError) as e:
+        r.read(hw + 1, 100, high_watermark=hw, max_offset=lso, log_start_offset=0, min_one_batch=True)
+    assert e.value.code == ErrorCode.offset_out_of_range
+    r.close()
+
+
 def test_never_returns_bytes_at_or_after_the_high_watermark(filled):
     d, log, sent = filled
     r = LogReader(d)

@@ -164,10 +164,13 @@ class Harness:
         upper = fetch + 1 + min(int(b * (hw - fetch)), hw - fetch - 1)
         assert self.reader.collect_aborted(fetch, upper, hw) == self.expected(fetch, upper)
         # as a read_committed fetch does: read up to the LSO, bound the search by next_offset
+        # (a fetch offset between the LSO and the HW is an empty read, not out of range)
         lso = self.psm.last_stable_offset(hw)
-        fetch = min(int(a * (lso + 1)), lso)
-        rr = self.reader.read(fetch, max_bytes, high_watermark=lso, log_start_offset=0,
+        fetch = min(int(a * (hw + 1)), hw)
+        rr = self.reader.read(fetch, max_bytes, high_watermark=hw, max_offset=lso, log_start_offset=0,
                               min_one_batch=True)
+        if fetch >= lso:
+            assert rr.slices == []
         if not rr.slices:
             assert rr.next_offset == fetch
             return
