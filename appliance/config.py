@@ -155,6 +155,24 @@ class TransactionsConfig(_Section):
     partition_verification_enable: bool = True
 
 
+class GroupsConfig(_Section):
+    # Bounds for a member's session.timeout.ms (group.min/max.session.timeout.ms);
+    # a JoinGroup outside them gets INVALID_SESSION_TIMEOUT.
+    min_session_timeout_ms: Positive = 6000
+    max_session_timeout_ms: Positive = 1800000
+    # A new group waits this long for more members before its first rebalance completes
+    # (group.initial.rebalance.delay.ms, KIP-134).
+    initial_rebalance_delay_ms: NonNegative = 3000
+    # Most members one group may have (group.max.size).
+    max_size: Positive = 2147483647
+    # Offsets of an empty group are dropped this long after it became empty
+    # (offsets.retention.minutes, KIP-211), checked every offsets_retention_check_interval_ms.
+    offsets_retention_ms: Positive = 604800000
+    offsets_retention_check_interval_ms: Positive = 600000
+    # Longest metadata string an offset commit may carry (offset.metadata.max.bytes).
+    offset_metadata_max_bytes: Positive = 4096
+
+
 class Config(_Section):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
@@ -162,6 +180,7 @@ class Config(_Section):
     shm: ShmConfig = msgspec.field(default_factory=ShmConfig)
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     transactions: TransactionsConfig = msgspec.field(default_factory=TransactionsConfig)
+    groups: GroupsConfig = msgspec.field(default_factory=GroupsConfig)
 
     # -- derived values -------------------------------------------------------------------
     @property

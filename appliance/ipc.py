@@ -334,13 +334,234 @@ class DescribeTransactionsResp(_Msg):
     transactions: list[TxnDescription]
 
 
+# Consumer groups and offsets (issue 5): frontend -> coordinator -> frontend. JoinGroup and
+# SyncGroup are answered late (when the rebalance completes); the frontend waits for them as long
+# as the rebalance timeout allows.
+
+class GroupProtocol(msgspec.Struct, array_like=True, frozen=True):
+    name: str
+    metadata: bytes
+
+
+class GroupMember(msgspec.Struct, array_like=True, frozen=True):
+    member_id: str
+    group_instance_id: str | None
+    metadata: bytes
+
+
+class JoinGroupReq(_Msg):
+    req_id: int
+    group_id: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    member_id: str
+    group_instance_id: str | None
+    protocol_type: str
+    protocols: list[GroupProtocol]
+    reason: str | None
+    version: int
+    client_id: str
+    client_host: str
+
+
+class JoinGroupResp(_Msg):
+    req_id: int
+    error_code: int
+    generation_id: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    skip_assignment: bool = False
+    member_id: str = ""
+    members: list[GroupMember] = []
+
+
+class SyncGroupReq(_Msg):
+    req_id: int
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None
+    protocol_type: str | None
+    protocol_name: str | None
+    assignments: list[GroupProtocol]       # (member id, assignment)
+    version: int
+
+
+class SyncGroupResp(_Msg):
+    req_id: int
+    error_code: int
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+
+
+class HeartbeatReq(_Msg):
+    req_id: int
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None
+
+
+class GroupResp(_Msg):                     # Heartbeat, and any single-error answer
+    req_id: int
+    error_code: int
+
+
+class LeavingMember(msgspec.Struct, array_like=True, frozen=True):
+    member_id: str
+    group_instance_id: str | None = None
+    reason: str | None = None
+    error_code: int = 0
+
+
+class LeaveGroupReq(_Msg):
+    req_id: int
+    group_id: str
+    members: list[LeavingMember]
+
+
+class LeaveGroupResp(_Msg):
+    req_id: int
+    error_code: int
+    members: list[LeavingMember] = []
+
+
+class OffsetEntry(msgspec.Struct, array_like=True, frozen=True):
+    topic: str
+    partition: int
+    offset: int = -1
+    leader_epoch: int = -1
+    metadata: str | None = ""
+    error_code: int = 0
+
+
+class OffsetCommitReq(_Msg):
+    req_id: int
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None
+    offsets: list[OffsetEntry]
+    version: int
+
+
+class TxnOffsetCommitReq(_Msg):
+    req_id: int
+    transactional_id: str
+    group_id: str
+    producer_id: int
+    producer_epoch: int
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None
+    offsets: list[OffsetEntry]
+    version: int
+
+
+class OffsetsResp(_Msg):                   # OffsetCommit, TxnOffsetCommit, OffsetDelete
+    req_id: int
+    error_code: int
+    offsets: list[OffsetEntry] = []
+
+
+class OffsetFetchGroup(msgspec.Struct, array_like=True, frozen=True):
+    group_id: str
+    partitions: list[OffsetEntry] | None   # None: every partition with a committed offset
+    error_code: int = 0
+
+
+class OffsetFetchReq(_Msg):
+    req_id: int
+    groups: list[OffsetFetchGroup]
+    require_stable: bool
+
+
+class OffsetFetchResp(_Msg):
+    req_id: int
+    groups: list[OffsetFetchGroup]
+
+
+class OffsetDeleteReq(_Msg):
+    req_id: int
+    group_id: str
+    partitions: list[OffsetEntry]
+
+
+class DescribeGroupsReq(_Msg):
+    req_id: int
+    group_ids: list[str]
+
+
+class DescribedMember(msgspec.Struct, array_like=True, frozen=True):
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    metadata: bytes
+    assignment: bytes
+
+
+class DescribedGroup(msgspec.Struct, array_like=True, frozen=True):
+    error_code: int
+    group_id: str
+    state: str = ""
+    protocol_type: str = ""
+    protocol: str = ""
+    members: list[DescribedMember] = []
+
+
+class DescribeGroupsResp(_Msg):
+    req_id: int
+    groups: list[DescribedGroup]
+
+
+class ListGroupsReq(_Msg):
+    req_id: int
+    states: list[str]
+    types: list[str]
+
+
+class ListedGroup(msgspec.Struct, array_like=True, frozen=True):
+    group_id: str
+    protocol_type: str
+    state: str
+    group_type: str = "classic"
+
+
+class ListGroupsResp(_Msg):
+    req_id: int
+    error_code: int
+    groups: list[ListedGroup] = []
+
+
+class DeleteGroupsReq(_Msg):
+    req_id: int
+    group_ids: list[str]
+
+
+class GroupError(msgspec.Struct, array_like=True, frozen=True):
+    group_id: str
+    error_code: int
+
+
+class DeleteGroupsResp(_Msg):
+    req_id: int
+    results: list[GroupError]
+
+
 Message = Union[CreateTopicsReq, CreateTopicsResp, DeleteTopicsReq, DeleteTopicsResp,
                 FetchReq, FetchResp, ListOffsetsReq, ListOffsetsResp,
                 InitProducerIdReq, InitProducerIdResp, DescribeProducersReq, DescribeProducersResp,
                 AddPartitionsToTxnReq, AddPartitionsToTxnResp, VerifyTxnReq, VerifyTxnResp,
                 AddOffsetsToTxnReq, EndTxnReq, TxnResp, WriteMarkerReq, WriteMarkerResp,
                 ListTransactionsReq, ListTransactionsResp, DescribeTransactionsReq,
-                DescribeTransactionsResp]
+                DescribeTransactionsResp,
+                JoinGroupReq, JoinGroupResp, SyncGroupReq, SyncGroupResp, HeartbeatReq, GroupResp,
+                LeaveGroupReq, LeaveGroupResp, OffsetCommitReq, TxnOffsetCommitReq, OffsetsResp,
+                OffsetFetchReq, OffsetFetchResp, OffsetDeleteReq, DescribeGroupsReq,
+                DescribeGroupsResp, ListGroupsReq, ListGroupsResp, DeleteGroupsReq, DeleteGroupsResp]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -1,18 +1,20 @@
-"""Coordinator worker: the transaction coordinator (and, with issue 5, groups and offsets).
+"""Coordinator worker: the transaction coordinator, and the group coordinator with its offsets.
 
 Runs as one child of the supervisor. Owns ``<data_dir>/__coordinator/``: the transaction-state log
 (``appliance.txn.state_manager``), the coordinator epoch, the producer-id blocks. The request
 logic is the sans-IO ``appliance.txn.coordinator.TransactionCoordinator``; this module is its
 loop: it serves the requests frontends forward, answers writers' KIP-890 verification requests,
 carries marker jobs to the partition writers and their acks back, and runs the timers
-(transaction timeouts, transactional-id expiration).
+(transaction timeouts, transactional-id expiration). Group and offset requests go to
+``appliance.group.service.GroupService`` (``<data_dir>/__coordinator/group-log``); JoinGroup and
+SyncGroup are answered when their rebalance completes, through ``_reply``.
 
 Markers: each (job, partition) becomes a WriteMarkerReq on the ring to that partition's writer.
 A marker is sent again when its writer restarts (its generation changes) or after a deadline,
 since a writer killed after taking the message from its ring may never answer; a duplicate marker
 is harmless (Kafka's coordinator resends markers after a failover too). Markers for the
-``__consumer_offsets`` partitions of AddOffsetsToTxn are applied here (issue 5: pending
-transactional offsets) and count as written.
+``__consumer_offsets`` partitions of AddOffsetsToTxn are applied here: the group log gets the
+control record and the producer's pending transactional offsets become committed or vanish.
 
 The generation published in this worker's state page lets frontends fail what a dead predecessor
 held instead of waiting for a timeout.
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from appliance import ipc
 from appliance.catalog import PUBLISHED_FILE, CatalogView
 from appliance.errors import ErrorCode
+from appliance.group.service import GroupService
 from appliance.runtime import (HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY, RECOVERING, SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WORKER_PAGE_FIELDS, WorkerContext, writer_name)
 from appliance.txn.coordinator import TransactionCoordinator
@@ -112,6 +115,9 @@ class Coordinator:
             TransactionStateManager(self.dir, self.cfg.log.flush.policy, _now_ms()),
             ProducerIdManager(self.dir), self.cfg.transactions, epoch, _now_ms)
         self.tc.load()
+        self.gs = GroupService(os.path.join(self.dir, "group-log"), self.cfg.groups,
+                               self.cfg.log.flush.policy, self.tc, _now_ms)
+        self.gs.load()
         page.publish(status=READY)
         log.info("transaction coordinator ready: coordinator epoch %d", epoch)
         next_tick = 0.0
@@ -124,6 +130,7 @@ class Coordinator:
                 next_tick = now + TICK_S
                 self.tc.tick(_now_ms())
                 self._check_markers(now)
+            self.gs.tick(_now_ms())
             self._send_marker_jobs()
             self._flush()
             if self.tc.needs_restart:
@@ -132,7 +139,12 @@ class Coordinator:
                 log.error("transaction coordinator must restart; exiting")
                 return 1
             if not worked:
-                self.mailbox.wait(min(TICK_S, max(0.0, next_tick - time.monotonic())))
+                wait = min(TICK_S, max(0.0, next_tick - time.monotonic()))
+                due = self.gs.next_deadline_ms()
+                if due is not None:
+                    wait = min(wait, max(0.0, (due - _now_ms()) / 1000))
+                self.mailbox.wait(wait)
+        self.gs.close()
         return 0
 
     def _on_term(self, signum, frame) -> None:
@@ -183,10 +195,15 @@ class Coordinator:
                     log.exception("%s %s from %s failed", type(msg).__name__,
                                   getattr(msg, "req_id", "?"), src)
                     reply = _error_reply(msg, ErrorCode.unknown_server_error)
-                if reply is not None and src in self.outboxes:
-                    self.outboxes[src].post(ipc.encode(reply))
-                    self.posted.add(src)
+                if reply is not None:
+                    self._reply(src, reply)
         return worked
+
+    def _reply(self, src: str, reply) -> None:
+        box = self.outboxes.get(src)
+        if box is not None:
+            box.post(ipc.encode(reply))
+            self.posted.add(src)
 
     def _handle(self, src: str, msg):
         tc = self.tc
@@ -217,6 +234,8 @@ class Coordinator:
             r = tc.end_txn(msg.transactional_id, msg.producer_id, msg.producer_epoch, msg.commit,
                            api_version=msg.version)
             return ipc.TxnResp(msg.req_id, int(r.error), r.producer_id, r.producer_epoch)
+        if self.gs.handle(src, msg, self._reply):
+            return None
         if isinstance(msg, ipc.ListTransactionsReq):
             return self._list(msg)
         if isinstance(msg, ipc.DescribeTransactionsReq):
@@ -250,8 +269,11 @@ class Coordinator:
     def _send_marker(self, job, partition: tuple[str, int]) -> None:
         topic, _ = partition
         if topic == OFFSETS_TOPIC:
-            # Pending transactional offsets live here (issue 5); the marker needs no log write.
-            self.tc.on_marker_result(job.job_id, partition, ErrorCode.none)
+            # Pending transactional offsets live in this worker's group log: the marker is a
+            # control record there, written now (KIP-98 §5.2).
+            err = self.gs.complete_txn(job.producer_id, job.producer_epoch, job.commit,
+                                       job.coordinator_epoch)
+            self.tc.on_marker_result(job.job_id, partition, err)
             return
         link = self.writers.get(partition)
         if link is None:
@@ -310,6 +332,24 @@ def _error_reply(msg, code: ErrorCode):
     if isinstance(msg, ipc.DescribeTransactionsReq):
         return ipc.DescribeTransactionsResp(rid, [ipc.TxnDescription(int(code), t)
                                                   for t in msg.transactional_ids])
+    if isinstance(msg, ipc.JoinGroupReq):
+        return ipc.JoinGroupResp(rid, int(code))
+    if isinstance(msg, ipc.SyncGroupReq):
+        return ipc.SyncGroupResp(rid, int(code))
+    if isinstance(msg, ipc.HeartbeatReq):
+        return ipc.GroupResp(rid, int(code))
+    if isinstance(msg, ipc.LeaveGroupReq):
+        return ipc.LeaveGroupResp(rid, int(code))
+    if isinstance(msg, (ipc.OffsetCommitReq, ipc.TxnOffsetCommitReq, ipc.OffsetDeleteReq)):
+        return ipc.OffsetsResp(rid, int(code))
+    if isinstance(msg, ipc.OffsetFetchReq):
+        return ipc.OffsetFetchResp(rid, [ipc.OffsetFetchGroup(g.group_id, [], int(code)) for g in msg.groups])
+    if isinstance(msg, ipc.DescribeGroupsReq):
+        return ipc.DescribeGroupsResp(rid, [ipc.DescribedGroup(int(code), g) for g in msg.group_ids])
+    if isinstance(msg, ipc.ListGroupsReq):
+        return ipc.ListGroupsResp(rid, int(code))
+    if isinstance(msg, ipc.DeleteGroupsReq):
+        return ipc.DeleteGroupsResp(rid, [ipc.GroupError(g, int(code)) for g in msg.group_ids])
     return None
 
 

@@ -1,0 +1,35 @@
+"""OffsetCommit (key 8), versions 2-9: store a group's consumed positions.
+
+Runs in frontends; the group coordinator checks generation and member (a "simple" commit with
+generation -1 and no member only to a group without members) and answers once the offsets are in
+the group log. The v2-4 retention time is ignored: offsets expire by ``groups.offsets_retention_ms``
+(KIP-211, as Kafka since 2.1 does for v5+).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from appliance import ipc
+from appliance.api import _offsets, handles
+from appliance.errors import ErrorCode
+from appliance.protocol.messages import build
+
+
+@handles(8, "OffsetCommit", 2, 9)
+async def handle(ctx, req):
+    send, local = _offsets.entries(ctx, req.topics)
+    results = list(local)
+    if send:
+        generation = getattr(req, "generation_id_or_member_epoch", None)
+        if generation is None:
+            generation = getattr(req, "generation_id", -1)
+        try:
+            r = await ctx.broker.call_coordinator(lambda rid: ipc.OffsetCommitReq(
+                rid, req.group_id, generation, req.member_id, getattr(req, "group_instance_id", None),
+                send, ctx.version))
+            results += r.offsets if not r.error_code else _offsets.all_failed(send, ErrorCode(r.error_code))
+        except TimeoutError:
+            results += _offsets.all_failed(send, ErrorCode.coordinator_not_available)
+    return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
+                 topics=_offsets.topics_out(results))

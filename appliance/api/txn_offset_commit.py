@@ -1,0 +1,33 @@
+"""TxnOffsetCommit (key 28), versions 0-4: offsets committed inside a transaction (KIP-98, KIP-447).
+
+Runs in frontends; the coordinator worker checks the producer against the transaction (its id and
+epoch current, the group's offsets partition added by AddOffsetsToTxn: KIP-890 part 1), from v3 the
+group generation, member and instance (KIP-447 zombie fencing), and stores the offsets as pending
+until the transaction's marker. v0-2 (aiokafka) carry no group metadata: no group checks.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from appliance import ipc
+from appliance.api import _offsets, handles
+from appliance.errors import ErrorCode
+from appliance.protocol.messages import build
+
+
+@handles(28, "TxnOffsetCommit", 0, 4)
+async def handle(ctx, req):
+    send, local = _offsets.entries(ctx, req.topics)
+    results = list(local)
+    if send:
+        try:
+            r = await ctx.broker.call_coordinator(lambda rid: ipc.TxnOffsetCommitReq(
+                rid, req.transactional_id, req.group_id, req.producer_id, req.producer_epoch,
+                getattr(req, "generation_id", -1), getattr(req, "member_id", ""),
+                getattr(req, "group_instance_id", None), send, ctx.version))
+            results += r.offsets if not r.error_code else _offsets.all_failed(send, ErrorCode(r.error_code))
+        except TimeoutError:
+            results += _offsets.all_failed(send, ErrorCode.coordinator_not_available)
+    return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
+                 topics=_offsets.topics_out(results))

@@ -1,0 +1,113 @@
+"""One consumer-group member as a subprocess, for ``test_groups.py``.
+
+    python group_member.py CLIENT BOOTSTRAP GROUP TOPIC
+
+CLIENT is confluent, kafka-python or aiokafka. The member subscribes to TOPIC in GROUP (round-robin
+assignment, which all three clients speak, so that they can share one group), prints one line per
+record it processes, ``rec <partition> <offset> <value>``, and commits the offsets of what it
+printed synchronously after each poll (at-least-once). It also prints ``assigned <partitions>``
+after every rebalance. It leaves the group cleanly on SIGTERM (close), and not at all on SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+stop = False
+
+
+def _term(*_):
+    global stop
+    stop = True
+
+
+def out(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def confluent(bootstrap, group, topic):
+    from confluent_kafka import Consumer
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+                  "heartbeat.interval.ms": 500, "partition.assignment.strategy": "roundrobin"})
+    c.subscribe([topic], on_assign=lambda _c, ps: out("assigned " + ",".join(str(p.partition) for p in ps)))
+    while not stop:
+        msgs = [m for m in c.consume(200, 0.2) if m.error() is None]
+        for m in msgs:
+            out(f"rec {m.partition()} {m.offset()} {m.value().decode()}")
+        if msgs:
+            c.commit(asynchronous=False)
+    c.close()
+
+
+def kafka_python(bootstrap, group, topic):
+    import kafka
+    from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+    class Listener(kafka.ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            pass
+
+        def on_partitions_assigned(self, assigned):
+            out("assigned " + ",".join(str(tp.partition) for tp in assigned))
+
+    c = kafka.KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                            auto_offset_reset="earliest", session_timeout_ms=6000,
+                            heartbeat_interval_ms=500,
+                            partition_assignment_strategy=[RoundRobinPartitionAssignor])
+    c.subscribe([topic], listener=Listener())
+    while not stop:
+        polled = c.poll(timeout_ms=200)
+        for _tp, msgs in polled.items():
+            for m in msgs:
+                out(f"rec {m.partition} {m.offset} {m.value.decode()}")
+        if polled:
+            c.commit()
+    c.close()
+
+
+def aiokafka(bootstrap, group, topic):
+    import aiokafka
+    from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+    class Listener(aiokafka.ConsumerRebalanceListener):
+        async def on_partitions_revoked(self, revoked):
+            pass
+
+        async def on_partitions_assigned(self, assigned):
+            out("assigned " + ",".join(str(tp.partition) for tp in assigned))
+
+    async def go():
+        c = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                      enable_auto_commit=False, auto_offset_reset="earliest",
+                                      session_timeout_ms=6000, heartbeat_interval_ms=500,
+                                      partition_assignment_strategy=(RoundRobinPartitionAssignor,))
+        await c.start()
+        c.subscribe([topic], listener=Listener())
+        try:
+            while not stop:
+                polled = await c.getmany(timeout_ms=200)
+                for _tp, msgs in polled.items():
+                    for m in msgs:
+                        out(f"rec {m.partition} {m.offset} {m.value.decode()}")
+                if polled:
+                    await c.commit()
+        finally:
+            await c.stop()
+    asyncio.run(go())
+
+
+def main() -> int:
+    client, bootstrap, group, topic = sys.argv[1:5]
+    signal.signal(signal.SIGTERM, _term)
+    {"confluent": confluent, "kafka-python": kafka_python, "aiokafka": aiokafka}[client](
+        bootstrap, group, topic)
+    out("closed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

