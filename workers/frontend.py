@@ -7,7 +7,13 @@ in per-connection order. Talks to writers, fetchers and the supervisor only thro
 (``appliance.server.broker``).
 
 SIGTERM drains: stop accepting, stop reading new requests, answer every request already read
-(in-flight produce requests wait for their acks), then exit.
+(in-flight produce requests wait for their acks), then exit. Requests that may wait long by
+design (a JoinGroup parked until its rebalance completes, up to the rebalance timeout; anything
+waiting on a worker that is gone) do not hold the drain: after ``DRAIN_GRACE_S`` (at most half
+the supervisor's shutdown timeout) the remaining connections are closed, as a Kafka broker that
+shuts down closes its connections; the clients retry elsewhere or after the restart. Without
+this, one parked JoinGroup made the supervisor SIGKILL the writers at its deadline instead of
+letting them close their segments cleanly.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from appliance.server.broker import Broker
 from appliance.server.connection import KafkaConnection
 
 log = logging.getLogger("appliance.frontend")
+
+DRAIN_GRACE_S = 5.0
 
 
 class FrontendServer:
@@ -57,7 +65,16 @@ class FrontendServer:
         server.close()
         for conn in list(self.connections):
             conn.begin_drain()
+        grace = min(DRAIN_GRACE_S, self.ctx.config.supervisor.shutdown_timeout_ms / 2000)
+        asyncio.get_running_loop().call_later(grace, self._end_drain)
         self._check_drained()
+
+    def _end_drain(self) -> None:
+        if self.connections:
+            log.info("closing %d connections still waiting after the drain grace period",
+                     len(self.connections))
+        for conn in list(self.connections):
+            conn._abort("broker shutting down")
 
     def _check_drained(self) -> None:
         if not self.connections:
