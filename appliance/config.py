@@ -153,6 +153,10 @@ class TransactionsConfig(_Section):
     # partition, check with the coordinator that the partition is in the transaction
     # (transaction.partition.verification.enable).
     partition_verification_enable: bool = True
+    # KIP-890 part 2: the finalized feature transaction.version advertised in ApiVersions. 2 lets
+    # clients that know it (Java 4.x) bump the epoch on every commit and add partitions implicitly;
+    # 1 keeps every client on the KIP-98 protocol.
+    transaction_version: Annotated[int, msgspec.Meta(ge=1, le=2)] = 2
 
 
 class GroupsConfig(_Section):

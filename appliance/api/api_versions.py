@@ -3,6 +3,11 @@
 Runs in frontends. The ranges are derived from the handler registry, never listed by hand. An
 unknown ApiVersions version never reaches this module: the connection answers it in the v0 layout
 with UNSUPPORTED_VERSION (Kafka's rule, so that clients can retry with a version we support).
+
+Features (v3+): ``transaction.version`` supported 0-2 and finalized at
+``transactions.transaction_version`` (default 2). A Java 4.x client uses transaction version 2
+(KIP-890 part 2: epoch bump on every EndTxn v5, implicit partition adds through Produce v12 and
+TxnOffsetCommit v5) only when the finalized level is 2; at 1 it keeps the KIP-98 protocol.
 """
 
 from __future__ import annotations
@@ -16,4 +21,13 @@ from appliance.protocol import messages
 def handle(ctx, req):
     # KIP-511: a v3+ request naming its client software with forbidden characters is refused.
     error = 0 if messages.api_versions_request_valid(req) else int(ErrorCode.invalid_request)
-    return messages.build_api_versions_response(ctx.version, api_ranges(), error_code=error)
+    tv = ctx.broker.cfg.transactions.transaction_version
+    return messages.build_api_versions_response(
+        ctx.version, api_ranges(), error_code=error,
+        supported_features={"transaction.version": (0, 2)},
+        finalized_features={"transaction.version": tv}, finalized_features_epoch=FEATURES_EPOCH)
+
+
+# Kafka sends the metadata offset of the last feature change; a fixed value is enough for one node
+# whose features change only with its configuration (clients only compare epochs they have seen).
+FEATURES_EPOCH = 1

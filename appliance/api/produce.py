@@ -1,4 +1,4 @@
-"""Produce (key 0), versions 3-11: validate each partition's batch, hand it to its writer.
+"""Produce (key 0), versions 3-12: validate each partition's batch, hand it to its writer.
 
 Runs in frontends. Per batch, never per record: ``validate_batch`` checks size, magic, CRC-32C and
 the record count against the last offset delta; the writer assigns the base offset and appends.
@@ -8,7 +8,9 @@ With acks=0 no response is sent; if such a request has an error, the connection 
 Client writes to the internal topics (``__transaction_state``, ``__consumer_offsets``) are refused
 with INVALID_TOPIC_EXCEPTION, as Kafka refuses them; those logs are the coordinator's own.
 
-Produce 12 (KIP-890 part 2) is advertised only once transactions support it (issue 4).
+Produce 12 (KIP-890 part 2, transaction version 2) has v11's layout; it tells the writer to add
+the partition to the producer's transaction at the coordinator before the first batch of a
+transaction (implicit AddPartitionsToTxn) instead of only verifying it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def _max_bytes(cfg, info) -> int:
     return int(v) if v is not None else cfg.log.message_max_bytes
 
 
-@handles(0, "Produce", 3, 11)
+@handles(0, "Produce", 3, 12)
 async def handle(ctx, req):
     broker = ctx.broker
     catalog = broker.catalog

@@ -1,9 +1,11 @@
-"""TxnOffsetCommit (key 28), versions 0-4: offsets committed inside a transaction (KIP-98, KIP-447).
+"""TxnOffsetCommit (key 28), versions 0-5: offsets committed inside a transaction (KIP-98, KIP-447).
 
 Runs in frontends; the coordinator worker checks the producer against the transaction (its id and
 epoch current, the group's offsets partition added by AddOffsetsToTxn: KIP-890 part 1), from v3 the
 group generation, member and instance (KIP-447 zombie fencing), and stores the offsets as pending
-until the transaction's marker. v0-2 (aiokafka) carry no group metadata: no group checks.
+until the transaction's marker. v0-2 (aiokafka) carry no group metadata: no group checks. v5
+(KIP-890 part 2, transaction version 2) adds the offsets partition to the transaction itself,
+where older clients sent AddOffsetsToTxn first.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
 
 
-@handles(28, "TxnOffsetCommit", 0, 4)
+@handles(28, "TxnOffsetCommit", 0, 5)
 async def handle(ctx, req):
     send, local = _offsets.entries(ctx, req.topics)
     results = list(local)

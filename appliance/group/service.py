@@ -21,6 +21,7 @@ marker (commit, abort, or timeout abort) will come and clear the pending offsets
 and only when the request carries group metadata, the KIP-447 generation/member/instance checks;
 then the offsets are stored pending. Retriable coordinator answers become COORDINATOR_NOT_AVAILABLE
 (KIP-890 "old clients"), a stale epoch INVALID_PRODUCER_EPOCH (fatal "fenced" in every client).
+v5 (transaction version 2) adds the partition to the transaction instead of requiring it.
 """
 
 from __future__ import annotations
@@ -159,8 +160,9 @@ class GroupService:
 
     def _txn_offset_commit(self, msg: ipc.TxnOffsetCommitReq) -> ipc.OffsetsResp:
         part = (OFFSETS_TOPIC, partition_for(msg.group_id, self.tc.offsets_topic_partitions))
+        # v5 (transaction version 2): the request itself adds the partition (KIP-890 part 2).
         err = self.tc.verify_partition(msg.transactional_id, msg.producer_id, msg.producer_epoch,
-                                       part, add=False)
+                                       part, add=msg.version >= 5)
         if err in _RETRIABLE_TO_NOT_AVAILABLE:
             err = E.coordinator_not_available
         if err == E.none and msg.version >= 3:
