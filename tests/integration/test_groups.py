@@ -106,11 +106,19 @@ def consumed(members) -> list[str]:
 
 
 def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    with RawClient(bootstrap) as c:
-        r = c.request(9, 7, {"group_id": group, "topics": [
-            {"name": topic, "partition_indexes": list(range(PARTITIONS))}], "require_stable": False})
-    assert r.error_code == 0, r
-    return {p.partition_index: p.committed_offset for t in r.topics for p in t.partitions}
+    """OffsetFetch v7 with require_stable, retried while a transaction's marker is still on its
+    way (UNSTABLE_OFFSET_COMMIT, 88), as the clients do."""
+    deadline = time.monotonic() + 30
+    while True:
+        with RawClient(bootstrap) as c:
+            r = c.request(9, 7, {"group_id": group, "topics": [
+                {"name": topic, "partition_indexes": list(range(PARTITIONS))}], "require_stable": True})
+        assert r.error_code == 0, r
+        errors = {p.error_code for t in r.topics for p in t.partitions}
+        if errors == {0}:
+            return {p.partition_index: p.committed_offset for t in r.topics for p in t.partitions}
+        assert errors <= {0, 88} and time.monotonic() < deadline, r
+        time.sleep(0.05)
 
 
 def test_three_clients_in_one_group_consume_everything_once_and_rebalance(appliance_factory):
@@ -156,3 +164,59 @@ def test_three_clients_in_one_group_consume_everything_once_and_rebalance(applia
     a.terminate()
     a.start()
     assert committed_offsets(b, group, topic) == ends
+
+
+# ------------------------------------------------------------------------------------------------
+# Offsets in transactions through the clients' own APIs (confluent-kafka: test_eos_copier.py)
+# ------------------------------------------------------------------------------------------------
+
+def _send_offsets(client: str, bootstrap: str, tid: str, group: str, topic: str,
+                  offsets: dict[int, int], commit: bool) -> None:
+    """One transaction that produces a record and sends ``offsets`` for ``group`` with the client's
+    send_offsets_to_transaction (kafka-python: TxnOffsetCommit v3 with a bare group id, so
+    generation -1; aiokafka: v0), then commits or aborts."""
+    if client == "kafka-python":
+        import kafka
+        from kafka.structs import OffsetAndMetadata
+        p = kafka.KafkaProducer(bootstrap_servers=bootstrap, transactional_id=tid)
+        try:
+            p.init_transactions()
+            p.begin_transaction()
+            p.send(topic, value=b"x", partition=0)
+            p.send_offsets_to_transaction(
+                {kafka.TopicPartition(topic, q): OffsetAndMetadata(o, "", -1) for q, o in offsets.items()}, group)
+            p.commit_transaction() if commit else p.abort_transaction()
+        finally:
+            p.close(timeout=5)
+        return
+    import asyncio
+    import aiokafka
+
+    async def go():
+        p = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=tid)
+        await p.start()
+        try:
+            await p.begin_transaction()
+            await p.send_and_wait(topic, value=b"x", partition=0)
+            await p.send_offsets_to_transaction(
+                {aiokafka.TopicPartition(topic, q): o for q, o in offsets.items()}, group)
+            await (p.commit_transaction() if commit else p.abort_transaction())
+        finally:
+            await p.stop()
+    asyncio.run(asyncio.wait_for(go(), 60))
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "aiokafka"])
+def test_g47_offsets_sent_to_a_transaction_count_only_when_it_commits(appliance_factory, client):
+    a = appliance_factory(**GROUP_CONFIG)
+    b = a.bootstrap
+    topic, group, tid = uid("txo", client), uid("txg", client), uid("txo-tid", client)
+    driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
+    _send_offsets(client, b, tid, group, topic, {0: 5, 3: 7}, commit=True)
+    want = {q: -1 for q in range(PARTITIONS)} | {0: 5, 3: 7}
+    assert committed_offsets(b, group, topic) == want
+    _send_offsets(client, b, tid, group, topic, {0: 50, 1: 9}, commit=False)
+    assert committed_offsets(b, group, topic) == want      # the aborted ones never count
+    a.kill9_all()
+    a.start()
+    assert committed_offsets(b, group, topic) == want
