@@ -20,10 +20,13 @@ def _ranges(raw: RawClient) -> dict[int, tuple[int, int]]:
     return {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
 
 
-def test_every_version_of_every_api(appliance):
+def test_every_version_of_every_api(appliance_factory):
+    # No initial rebalance delay: every group request below starts a fresh one-member group.
+    appliance = appliance_factory(groups={"initial_rebalance_delay_ms": 0})
     with RawClient(appliance.bootstrap) as raw:
         ranges = _ranges(raw)
         assert {0, 1, 2, 3, 10, 18, 19, 20, 22, 24, 25, 26, 27, 32, 60, 61, 65, 66} <= ranges.keys()
+        assert GROUP_APIS <= ranges.keys()
         topic_ids = {}
         # CreateTopics first: one topic per version, used by the APIs below.
         lo, hi = ranges[19]
@@ -46,11 +49,15 @@ def test_every_version_of_every_api(appliance):
                     continue
                 if key in TXN_APIS:
                     req = _txn_request_for(env, key, v)
+                elif key in GROUP_APIS:
+                    req = _group_request_for(env, key, v)
                 else:
                     req = _request_for(key, v, topic, topic_ids[topic], batch)
                 resp = raw.request(key, v, req)
                 if key in TXN_APIS:
                     _txn_check(env, key, v, resp)
+                elif key in GROUP_APIS:
+                    _group_check(env, key, v, resp)
                 else:
                     _check(key, v, resp)
 
@@ -278,3 +285,208 @@ def _txn_check(env: Env, key, v, resp):
             assert not any(t.startswith("every-end-") for t in listed), (v, resp)
         else:
             assert listed == {t: x for t, x in expect.items() if t.startswith("every-apt-")}, (v, resp)
+
+
+# -- group APIs -----------------------------------------------------------------------------------
+# Each version gets a group of its own with one member (JoinGroup then SyncGroup makes it Stable),
+# so a request never depends on what another version left behind, except ListGroups, which lists
+# the groups DescribeGroups (key 15, run before it) made.
+
+GROUP_APIS = {8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47}
+PROTOCOL = [{"name": "range", "metadata": b"\x00\x01meta"}]
+
+
+def _join(env: Env, group: str, version: int = 5):
+    """A one-member group at generation 1: (member_id, generation)."""
+    req = {"group_id": group, "session_timeout": 30000, "rebalance_timeout": 30000, "member_id": "",
+           "group_instance_id": None, "protocol_type": "consumer", "protocols": PROTOCOL, "reason": None}
+    r = env.raw.request(11, version, req)
+    if version >= 4:
+        assert r.error_code == 79 and r.member_id, r       # MEMBER_ID_REQUIRED (KIP-394)
+        r = env.raw.request(11, version, {**req, "member_id": r.member_id})
+    assert r.error_code == 0 and r.leader == r.member_id, r
+    return r.member_id, r.generation_id
+
+
+def _stable(env: Env, group: str, assignment: bytes = b"assigned"):
+    member, gen = _join(env, group)
+    r = env.raw.request(14, 3, {"group_id": group, "generation_id": gen, "member_id": member,
+                                "group_instance_id": None,
+                                "assignments": [{"member_id": member, "assignment": assignment}]})
+    assert r.error_code == 0 and bytes(r.assignment) == assignment, r
+    return member, gen
+
+
+def _commit(env: Env, group: str, offset: int, member: str = "", gen: int = -1):
+    r = env.raw.request(8, 8, {"group_id": group, "generation_id_or_member_epoch": gen, "member_id": member,
+                               "group_instance_id": None, "topics": [{"name": env.topic, "partitions": [
+                                   {"partition_index": 0, "committed_offset": offset,
+                                    "committed_leader_epoch": -1, "committed_metadata": "m"}]}]})
+    assert [p.error_code for t in r.topics for p in t.partitions] == [0], r
+
+
+def _fetched(env: Env, group: str) -> tuple[int, str | None]:
+    r = env.raw.request(9, 6, {"group_id": group, "topics": [{"name": env.topic, "partition_indexes": [0]}]})
+    assert r.error_code == 0, r
+    (p,) = r.topics[0].partitions
+    assert p.error_code == 0, r
+    return p.committed_offset, p.metadata
+
+
+def _group_request_for(env: Env, key, v):
+    topic = env.topic
+    if key == 8:
+        group = f"every-oc-{v}"
+        member, gen = _stable(env, group)
+        env.pending = {"group": group, "offset": 10 + v}
+        return {"group_id": group, "generation_id_or_member_epoch": gen, "member_id": member,
+                "group_instance_id": None, "retention_time": -1,
+                "topics": [{"name": topic, "partitions": [
+                    {"partition_index": 0, "committed_offset": 10 + v, "committed_leader_epoch": -1,
+                     "committed_metadata": f"meta-{v}"}]}]}
+    if key == 9:
+        group = f"every-of-{v}"
+        _commit(env, group, 20 + v)
+        env.pending = {"offset": 20 + v}
+        if v <= 7:
+            return {"group_id": group, "topics": [{"name": topic, "partition_indexes": [0, 1]}],
+                    "require_stable": True}
+        return {"groups": [{"group_id": group, "member_id": None, "member_epoch": -1,
+                            "topics": [{"name": topic, "partition_indexes": [0, 1]}]}],
+                "require_stable": True}
+    if key == 11:
+        group = f"every-jg-{v}"
+        req = {"group_id": group, "session_timeout": 30000, "rebalance_timeout": 30000, "member_id": "",
+               "group_instance_id": None, "protocol_type": "consumer", "protocols": PROTOCOL,
+               "reason": "every version"}
+        if v >= 4:
+            first = env.raw.request(11, v, req)
+            assert first.error_code == 79 and first.member_id, (v, first)
+            req["member_id"] = first.member_id
+        env.pending = {"member": req["member_id"]}
+        return req
+    if key == 12:
+        member, gen = _stable(env, f"every-hb-{v}")
+        return {"group_id": f"every-hb-{v}", "generation_id": gen, "member_id": member, "group_instance_id": None}
+    if key == 13:
+        group = f"every-lg-{v}"
+        member, _ = _stable(env, group)
+        env.pending = {"group": group, "member": member}
+        return {"group_id": group, "member_id": member,
+                "members": [{"member_id": member, "group_instance_id": None, "reason": "bye"}]}
+    if key == 14:
+        group = f"every-sg-{v}"
+        member, gen = _join(env, group)
+        env.pending = {"assignment": b"assign-%d" % v}
+        return {"group_id": group, "generation_id": gen, "member_id": member, "group_instance_id": None,
+                "protocol_type": "consumer", "protocol_name": "range",
+                "assignments": [{"member_id": member, "assignment": b"assign-%d" % v}]}
+    if key == 15:
+        group = f"every-dg-{v}"
+        member, _ = _stable(env, group, b"dg-assignment")
+        env.pending = {"group": group, "member": member}
+        return {"groups": [group, f"every-dg-missing-{v}"], "include_authorized_operations": False}
+    if key == 16:
+        return {"states_filter": [], "types_filter": []}
+    if key == 28:
+        group, txn_id = f"every-toc-{v}", f"every-toc-txn-{v}"
+        member, gen = _stable(env, group)
+        pid, epoch = env.init_pid(txn_id)
+        if v < 5:
+            # transaction version 2 (v5) adds the group's partition implicitly (KIP-890)
+            r = env.raw.request(25, 3, {"transactional_id": txn_id, "producer_id": pid,
+                                        "producer_epoch": epoch, "group_id": group})
+            assert r.error_code == 0, r
+        env.pending = {"group": group, "txn_id": txn_id, "pid": pid, "epoch": epoch, "offset": 30 + v}
+        return {"transactional_id": txn_id, "group_id": group, "producer_id": pid, "producer_epoch": epoch,
+                "generation_id": gen, "member_id": member, "group_instance_id": None,
+                "topics": [{"name": topic, "partitions": [
+                    {"partition_index": 0, "committed_offset": 30 + v, "committed_leader_epoch": -1,
+                     "committed_metadata": "txn"}]}]}
+    if key == 42:
+        group = f"every-del-{v}"
+        _commit(env, group, 5)
+        env.pending = {"group": group}
+        return {"groups_names": [group, f"every-del-missing-{v}"]}
+    if key == 47:
+        group = f"every-od-{v}"
+        _commit(env, group, 5)
+        env.pending = {"group": group}
+        return {"group_id": group, "topics": [{"name": topic, "partitions": [{"partition_index": 0}]}]}
+    raise AssertionError(key)
+
+
+def _group_check(env: Env, key, v, resp):
+    if key == 8:
+        assert [p.error_code for t in resp.topics for p in t.partitions] == [0], (v, resp)
+        assert _fetched(env, env.pending["group"]) == (env.pending["offset"], f"meta-{v}"), v
+    elif key == 9:
+        if v <= 7:
+            parts = resp.topics[0].partitions
+            if v >= 2:
+                assert resp.error_code == 0, (v, resp)
+        else:
+            (g,) = resp.groups
+            assert g.error_code == 0, (v, resp)
+            parts = g.topics[0].partitions
+        got = {p.partition_index: (p.error_code, p.committed_offset) for p in parts}
+        assert got == {0: (0, env.pending["offset"]), 1: (0, -1)}, (v, resp)
+    elif key == 11:
+        assert resp.error_code == 0 and resp.generation_id == 1, (v, resp)
+        assert resp.leader == resp.member_id, (v, resp)
+        if v >= 4:
+            assert resp.member_id == env.pending["member"], (v, resp)
+        assert [(m.member_id, bytes(m.metadata)) for m in resp.members] == \
+            [(resp.member_id, PROTOCOL[0]["metadata"])], (v, resp)
+        if v >= 7:
+            assert resp.protocol_type == "consumer", (v, resp)
+        assert resp.protocol_name == "range", (v, resp)
+    elif key == 12:
+        assert resp.error_code == 0, (v, resp)
+    elif key == 13:
+        assert resp.error_code == 0, (v, resp)
+        if v >= 3:
+            assert [(m.member_id, m.error_code) for m in resp.members] == [(env.pending["member"], 0)], (v, resp)
+        d = env.raw.request(15, 5, {"groups": [env.pending["group"]], "include_authorized_operations": False})
+        assert d.groups[0].group_state == "Empty" and not d.groups[0].members, d
+    elif key == 14:
+        assert resp.error_code == 0 and bytes(resp.assignment) == env.pending["assignment"], (v, resp)
+        if v >= 5:
+            assert (resp.protocol_type, resp.protocol_name) == ("consumer", "range"), (v, resp)
+    elif key == 15:
+        found, missing = resp.groups
+        assert found.error_code == 0 and found.group_state == "Stable", (v, resp)
+        assert (found.protocol_type, found.protocol_data) == ("consumer", "range"), (v, resp)
+        assert [(m.member_id, bytes(m.member_assignment)) for m in found.members] == \
+            [(env.pending["member"], b"dg-assignment")], (v, resp)
+        # Kafka describes an unknown group as Dead with no error (DescribeGroups v0-5)
+        assert missing.error_code == 0 and missing.group_state == "Dead", (v, resp)
+    elif key == 16:
+        assert resp.error_code == 0, (v, resp)
+        listed = {g.group_id: g.protocol_type for g in resp.groups}
+        assert listed.get("every-dg-0") == "consumer" and listed.get("every-oc-2") == "consumer", (v, resp)
+    elif key == 28:
+        assert [p.error_code for t in resp.topics for p in t.partitions] == [0], (v, resp)
+        group = env.pending["group"]
+        # pending until the commit marker, then visible
+        r = env.raw.request(9, 7, {"group_id": group, "topics": [{"name": env.topic, "partition_indexes": [0]}],
+                                   "require_stable": True})
+        assert r.topics[0].partitions[0].error_code == 88, r       # UNSTABLE_OFFSET_COMMIT
+        r = env.raw.request(26, 3, {"transactional_id": env.pending["txn_id"], "producer_id": env.pending["pid"],
+                                    "producer_epoch": env.pending["epoch"], "committed": True})
+        assert r.error_code == 0, r
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert _fetched(env, group)[0] == env.pending["offset"], v
+                break
+            except AssertionError:
+                assert time.monotonic() < deadline, "transactional offset never became visible"
+                time.sleep(0.02)
+    elif key == 42:
+        codes = {r.group_id: r.error_code for r in resp.results}
+        assert codes == {env.pending["group"]: 0, f"every-del-missing-{v}": 69}, (v, resp)   # GROUP_ID_NOT_FOUND
+    elif key == 47:
+        assert resp.error_code == 0, (v, resp)
+        assert [p.error_code for t in resp.topics for p in t.partitions] == [0], (v, resp)
+        assert _fetched(env, env.pending["group"])[0] == -1, v
