@@ -287,6 +287,15 @@ class WriteMarkerReq(_Msg):                # coordinator (or the WriteTxnMarkers
     coordinator_epoch: int
 
 
+class FenceProducerReq(_Msg):              # coordinator -> writer, no answer
+    """KIP-939: a transaction kept by InitProducerId(keepPreparedTxn) still has its producer id
+    and epoch on the partitions; data batches below ``producer_epoch`` are refused from now on,
+    until a marker for the producer lands (ours: Kafka lets such a zombie append to the prepared
+    transaction until the marker)."""
+    producer_id: int
+    producer_epoch: int
+
+
 class WriteMarkerResp(_Msg):
     req_id: int
     error_code: int
@@ -555,7 +564,7 @@ Message = Union[CreateTopicsReq, CreateTopicsResp, DeleteTopicsReq, DeleteTopics
                 FetchReq, FetchResp, ListOffsetsReq, ListOffsetsResp,
                 InitProducerIdReq, InitProducerIdResp, DescribeProducersReq, DescribeProducersResp,
                 AddPartitionsToTxnReq, AddPartitionsToTxnResp, VerifyTxnReq, VerifyTxnResp,
-                AddOffsetsToTxnReq, EndTxnReq, TxnResp, WriteMarkerReq, WriteMarkerResp,
+                AddOffsetsToTxnReq, EndTxnReq, TxnResp, WriteMarkerReq, WriteMarkerResp, FenceProducerReq,
                 ListTransactionsReq, ListTransactionsResp, DescribeTransactionsReq,
                 DescribeTransactionsResp,
                 JoinGroupReq, JoinGroupResp, SyncGroupReq, SyncGroupResp, HeartbeatReq, GroupResp,

@@ -29,7 +29,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from appliance import ipc
+from appliance import ipc, metrics
 from appliance.catalog import PUBLISHED_FILE, CatalogView
 from appliance.errors import ErrorCode
 from appliance.group.service import GroupService
@@ -49,6 +49,7 @@ COORDINATOR_DIR = "__coordinator"
 OFFSETS_TOPIC = "__consumer_offsets"
 MARKER_RESEND_S = 5.0
 TICK_S = 0.2
+METRICS_S = 1.0
 
 
 def main(ctx: WorkerContext) -> int:
@@ -102,6 +103,9 @@ class Coordinator:
         self._ids = itertools.count(((ctx.generation & 0xFFFF) << 40) | 1)
         self.stop = False
         self.posted: set[str] = set()
+        # KIP-939 fences sent: (partition, producer id) -> (writer generation, epoch)
+        self.fenced: dict[tuple[tuple[str, int], int], tuple[int, int]] = {}
+        self.fences_due = False
 
     # -- life cycle -----------------------------------------------------------------------------
     def run(self) -> int:
@@ -120,7 +124,7 @@ class Coordinator:
         self.gs.load()
         page.publish(status=READY)
         log.info("transaction coordinator ready: coordinator epoch %d", epoch)
-        next_tick = 0.0
+        next_tick = next_metrics = 0.0
         while not self.stop:
             self.hb.beat(self.ctx.heartbeat_slot)
             self._sync_writers()
@@ -130,8 +134,14 @@ class Coordinator:
                 next_tick = now + TICK_S
                 self.tc.tick(_now_ms())
                 self._check_markers(now)
+                self._send_fences()
+                if now >= next_metrics:
+                    next_metrics = now + METRICS_S
+                    self._publish_metrics()
             self.gs.tick(_now_ms())
             self._send_marker_jobs()
+            if self.fences_due:
+                self._send_fences()
             self._flush()
             if self.tc.needs_restart:
                 # Fenced by a newer coordinator epoch, or a log sync failed: start over from the
@@ -146,6 +156,13 @@ class Coordinator:
                 self.mailbox.wait(wait)
         self.gs.close()
         return 0
+
+    def _publish_metrics(self) -> None:
+        try:
+            metrics.publish(self.ctx.data_dir, "coordinator", {
+                metrics.ACTIVE_TXN_OPEN_TIME_MAX: self.tc.active_transaction_open_time_max_ms()})
+        except OSError as e:
+            log.warning("metrics not published: %s", e)
 
     def _on_term(self, signum, frame) -> None:
         self.stop = True
@@ -217,9 +234,13 @@ class Coordinator:
                                       (msg.topic, msg.partition), add=msg.add)
             return ipc.VerifyTxnResp(msg.req_id, int(err))
         if isinstance(msg, ipc.InitProducerIdReq):
+            if msg.keep_prepared_txn:
+                self.fences_due = True
             r = tc.init_producer_id(msg.transactional_id, msg.transaction_timeout_ms, msg.producer_id,
-                                    msg.producer_epoch, api_version=msg.version)
-            return ipc.InitProducerIdResp(msg.req_id, int(r.error), r.producer_id, r.producer_epoch)
+                                    msg.producer_epoch, api_version=msg.version,
+                                    enable_2pc=msg.enable_2pc, keep_prepared_txn=msg.keep_prepared_txn)
+            return ipc.InitProducerIdResp(msg.req_id, int(r.error), r.producer_id, r.producer_epoch,
+                                          r.ongoing_producer_id, r.ongoing_producer_epoch)
         if isinstance(msg, ipc.AddPartitionsToTxnReq):
             parts = [(t.topic, p) for t in msg.topics for p in t.partitions]
             errors = tc.add_partitions(msg.transactional_id, msg.producer_id, msg.producer_epoch,
@@ -286,6 +307,26 @@ class Coordinator:
                                        time.monotonic() + MARKER_RESEND_S, msg)
         link.out.post(ipc.encode(msg))
         self.posted.add(link.name)
+
+    def _send_fences(self) -> None:
+        """KIP-939 (ours): tell the writers of every kept transaction's partitions to refuse the
+        earlier incarnations' batches; again whenever a writer restarted."""
+        self.fences_due = False
+        live = set()
+        for pid, epoch, partitions in self.tc.kept_fences():
+            for partition in partitions:
+                link = self.writers.get(partition)
+                if link is None:
+                    continue
+                key = (partition, pid)
+                live.add(key)
+                stamp = (link.generation(), epoch)
+                if self.fenced.get(key) != stamp:
+                    self.fenced[key] = stamp
+                    link.out.post(ipc.encode(ipc.FenceProducerReq(pid, epoch)))
+                    self.posted.add(link.name)
+        for key in set(self.fenced) - live:
+            del self.fenced[key]
 
     def _check_markers(self, now: float) -> None:
         """Resend markers whose writer restarted or that got no answer in time."""

@@ -118,6 +118,7 @@ class PartitionWriter:
         self.verify_timeout = self.cfg.server.internal_request_timeout_ms / 1000
         self.parked: dict[int, collections.deque[Parked]] = {}     # by producer id
         self.verifying: dict[int, Verifying] = {}                  # by producer id
+        self.fenced: dict[int, int] = {}                           # producer id -> lowest epoch allowed
         self.verify_reqs: dict[int, int] = {}                      # request id -> producer id
         self._ids = itertools.count(((self.gen & 0xFFFF) << 40) | 1)
         self.dirty = False                   # something to publish this turn
@@ -235,6 +236,11 @@ class PartitionWriter:
         txn_id = bytes(mv[ipc.PRODUCE_HDR.size:start]).decode() if tlen else ""
         batch = mv[start:start + blen]
         h = read_header(batch, 0)
+        if self.fenced and h.producer_epoch < self.fenced.get(h.producer_id, -1):
+            # KIP-939: an incarnation fenced by InitProducerId(keepPreparedTxn) (FenceProducerReq)
+            self._reply_produce(src, acks, 0, ipc.produce_ack(
+                int(ErrorCode.invalid_producer_epoch), self.gen, req_id, -1, -1, self.log.log_start_offset))
+            return
         if h.is_transactional and (h.producer_id in self.parked or (
                 (self.verify_enabled or version >= 12) and self.psm.needs_verification(h))):
             self._park(Parked(src, req_id, acks, version, txn_id, bytearray(batch)), h)
@@ -360,6 +366,9 @@ class PartitionWriter:
                 self.await_flush.append((end, src, reply))
             else:
                 self._post(src, reply)
+        elif isinstance(msg, ipc.FenceProducerReq):
+            if msg.producer_epoch > self.fenced.get(msg.producer_id, -1):
+                self.fenced[msg.producer_id] = msg.producer_epoch
         elif isinstance(msg, ipc.DescribeProducersReq):
             self._post(src, ipc.encode(ipc.DescribeProducersResp(msg.req_id, 0, [
                 ipc.ProducerInfo(e.producer_id, e.epoch, e.last_seq, e.last_timestamp,
@@ -379,6 +388,8 @@ class PartitionWriter:
             return int(e.code), 0
         done = self.psm.complete_txn(m.producer_id, m.producer_epoch, m.coordinator_epoch,
                                      info.base_offset, not m.commit, now_ms)
+        if m.producer_id in self.fenced and self.fenced[m.producer_id] <= m.producer_epoch:
+            del self.fenced[m.producer_id]          # the marker's epoch fences it from now on
         if done.aborted:
             # Written before the LSO moves past the marker (published at the end of this turn).
             self.log.append_aborted(AbortedTxn(

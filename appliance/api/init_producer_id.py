@@ -1,8 +1,14 @@
-"""InitProducerId (key 22), versions 0-5: a producer id and epoch for an idempotent producer.
+"""InitProducerId (key 22), versions 0-6: a producer id and epoch for a producer.
 
-Runs in frontends; the coordinator worker allocates (durably, never reusing an id). Without a
+Runs in frontends; the coordinator worker allocates (durably, never reusing an id) and, with a
+transactional id, fences earlier incarnations (appliance/txn/coordinator.py). Without a
 transactional id, Kafka hands out a fresh producer id with epoch 0, also to a v3+ client that
-names its current id and epoch to have it bumped (KIP-360). Transactional ids are issue 4.
+names its current id and epoch to have it bumped (KIP-360).
+
+v6 (KIP-939, two-phase commit): Enable2Pc asks for a transaction that never times out (refused
+with TRANSACTIONAL_ID_AUTHORIZATION_FAILED unless ``transactions.two_phase_commit_enable``);
+KeepPreparedTxn keeps an open transaction for the caller to commit or abort, and the answer
+carries its pair in OngoingTxnProducerId/OngoingTxnEpoch (-1 when none is open).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
 
 
-@handles(22, "InitProducerId", 0, 5)
+@handles(22, "InitProducerId", 0, 6)
 async def handle(ctx, req):
     pid = getattr(req, "producer_id", -1)
     epoch = getattr(req, "producer_epoch", -1)
@@ -23,15 +29,21 @@ async def handle(ctx, req):
     if (pid == -1) != (epoch == -1):
         # KafkaApis: a producer id without an epoch, or an epoch without an id.
         return _response(ctx, ErrorCode.invalid_request)
+    enable_2pc = bool(getattr(req, "enable2_pc", False))
+    keep_prepared = bool(getattr(req, "keep_prepared_txn", False))
     try:
         r = await ctx.broker.call_coordinator(lambda rid: ipc.InitProducerIdReq(
-            rid, req.transactional_id, timeout_ms, pid, epoch, ctx.version))
+            rid, req.transactional_id, timeout_ms, pid, epoch, ctx.version, enable_2pc, keep_prepared))
     except TimeoutError:
         return _response(ctx, ErrorCode.coordinator_not_available)
-    return _response(ctx, ErrorCode(r.error_code), r.producer_id, r.producer_epoch)
+    return _response(ctx, ErrorCode(r.error_code), r.producer_id, r.producer_epoch,
+                     r.ongoing_txn_producer_id, r.ongoing_txn_producer_epoch)
 
 
-def _response(ctx, error: ErrorCode, producer_id: int = -1, producer_epoch: int = -1):
+def _response(ctx, error: ErrorCode, producer_id: int = -1, producer_epoch: int = -1,
+              ongoing_id: int = -1, ongoing_epoch: int = -1):
+    ok = error == ErrorCode.none
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=error,
-                 producer_id=producer_id if error == ErrorCode.none else -1,
-                 producer_epoch=producer_epoch if error == ErrorCode.none else -1)
+                 producer_id=producer_id if ok else -1, producer_epoch=producer_epoch if ok else -1,
+                 ongoing_txn_producer_id=ongoing_id if ok else -1,
+                 ongoing_txn_producer_epoch=ongoing_epoch if ok else -1)

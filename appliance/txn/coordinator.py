@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, Sequence
 
@@ -62,6 +61,8 @@ from appliance.errors import ErrorCode
 from appliance.txn.metadata import (MAX_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TV_0, TV_2,
                                     IllegalTransition, TransactionMetadata, TransactionState,
                                     is_epoch_exhausted)
+from appliance.txn import admin
+from appliance.txn.admin import ListTransactionsResult, TxnDescription, TxnListing
 from appliance.txn.producer_ids import ProducerIdManager
 from appliance.txn.state_manager import TransactionStateManager, TxnLogWriteError
 
@@ -88,6 +89,9 @@ class InitPidResult(NamedTuple):
     error: ErrorCode
     producer_id: int = NO_PRODUCER_ID
     producer_epoch: int = NO_PRODUCER_EPOCH
+    # KIP-939 (InitProducerId v6): the pair of the transaction kept open by keepPreparedTxn
+    ongoing_producer_id: int = NO_PRODUCER_ID
+    ongoing_producer_epoch: int = NO_PRODUCER_EPOCH
 
 
 class EndTxnResult(NamedTuple):
@@ -104,29 +108,6 @@ class MarkerJob(NamedTuple):
     commit: bool
     coordinator_epoch: int
     partitions: list[Partition]
-
-
-class TxnListing(NamedTuple):
-    transactional_id: str
-    producer_id: int
-    state: str                          # Kafka's state name
-
-
-class ListTransactionsResult(NamedTuple):
-    error: ErrorCode
-    unknown_state_filters: list[str]
-    transactions: list[TxnListing]
-
-
-class TxnDescription(NamedTuple):
-    error: ErrorCode
-    transactional_id: str
-    state: str = ""
-    timeout_ms: int = 0
-    start_time_ms: int = -1
-    producer_id: int = NO_PRODUCER_ID
-    producer_epoch: int = NO_PRODUCER_EPOCH
-    partitions: list[Partition] = []
 
 
 # -- group -> offsets partition (Kafka's partitionFor) --------------------------------------------
@@ -192,7 +173,8 @@ class TransactionCoordinator:
                  tx_config: TransactionsConfig, coordinator_epoch: int,
                  now_ms: Callable[[], int], *, marker_retry_backoff_ms: int = 100,
                  remove_expired_interval_ms: int = REMOVE_EXPIRED_INTERVAL_MS,
-                 offsets_topic_partitions: int = OFFSETS_TOPIC_PARTITIONS) -> None:
+                 offsets_topic_partitions: int = OFFSETS_TOPIC_PARTITIONS,
+                 authorize_two_phase_commit: Callable[[str], bool] = lambda transactional_id: True) -> None:
         self._sm = state_manager
         self._pids = producer_ids
         self.config = tx_config
@@ -201,6 +183,9 @@ class TransactionCoordinator:
         self.marker_retry_backoff_ms = marker_retry_backoff_ms
         self.remove_expired_interval_ms = remove_expired_interval_ms
         self.offsets_topic_partitions = offsets_topic_partitions
+        # KIP-939: Enable2Pc needs the TWO_PHASE_COMMIT operation on the transactional id. There
+        # is no authorizer yet, so the hook allows everything; the broker switch still applies.
+        self._authorize_2pc = authorize_two_phase_commit
         self._txns: dict[str, TransactionMetadata] = {}
         self._jobs: dict[int, _Job] = {}
         self._job_of: dict[str, int] = {}                    # transactional id -> job id
@@ -273,9 +258,14 @@ class TransactionCoordinator:
     # -- InitProducerId -------------------------------------------------------------------------
     def init_producer_id(self, transactional_id: str | None, timeout_ms: int,
                          producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
-                         *, api_version: int = 0) -> InitPidResult:
+                         *, api_version: int = 0, enable_2pc: bool = False,
+                         keep_prepared_txn: bool = False) -> InitPidResult:
+        """InitProducerId. v6 (KIP-939) adds ``enable_2pc`` (the transaction never times out;
+        its timeout is stored as -1) and ``keep_prepared_txn`` (an Ongoing transaction is kept
+        for the caller to commit or abort, see ``_keep_prepared``)."""
         try:
-            r = self._init_producer_id(transactional_id, timeout_ms, producer_id, producer_epoch)
+            r = self._init_producer_id(transactional_id, timeout_ms, producer_id, producer_epoch,
+                                       enable_2pc, keep_prepared_txn)
         except IllegalTransition as e:
             log.warning("%s", e)
             r = InitPidResult(E.invalid_txn_state)
@@ -283,9 +273,12 @@ class TransactionCoordinator:
             return InitPidResult(_fenced_for(api_version, 4, r.error))
         return r
 
-    def _init_producer_id(self, tid: str | None, timeout_ms: int, pid: int, epoch: int) -> InitPidResult:
+    def _init_producer_id(self, tid: str | None, timeout_ms: int, pid: int, epoch: int,
+                          enable_2pc: bool = False, keep_prepared: bool = False) -> InitPidResult:
         if (pid == NO_PRODUCER_ID) != (epoch == NO_PRODUCER_EPOCH):
             return InitPidResult(E.invalid_request)          # KafkaApis: id without epoch or v.v.
+        if tid is None and (enable_2pc or keep_prepared):
+            return InitPidResult(E.invalid_request)          # (ours) 2PC needs a transactional id
         if tid is None:
             # Idempotent producer: a fresh id, epoch 0, no log (guarantee 13).
             new_pid = self._new_producer_id()
@@ -294,7 +287,13 @@ class TransactionCoordinator:
             return InitPidResult(E.none, new_pid, 0)
         if tid == "":
             return InitPidResult(E.invalid_request)
-        if not 0 < timeout_ms <= self.config.max_timeout_ms:
+        if enable_2pc:
+            # KIP-939: the broker switch and the TWO_PHASE_COMMIT permission, else
+            # TRANSACTIONAL_ID_AUTHORIZATION_FAILED; the requested timeout is ignored (C7).
+            if not self.config.two_phase_commit_enable or not self._authorize_2pc(tid):
+                return InitPidResult(E.transactional_id_authorization_failed)
+            timeout_ms = -1
+        elif not 0 < timeout_ms <= self.config.max_timeout_ms:
             return InitPidResult(E.invalid_transaction_timeout)
         if (err := self._gate()) is not None:
             return InitPidResult(err)
@@ -311,6 +310,8 @@ class TransactionCoordinator:
                                      txn_last_update_ms=now)
         if md.pending_state is not None:
             return InitPidResult(E.concurrent_transactions)
+        if keep_prepared and md.state == S.Ongoing:
+            return self._keep_prepared(md, expected, timeout_ms)   # T5, C6
         if expected is not None and not self._valid_expected_producer(md, *expected):
             return InitPidResult(E.producer_fenced)
         if md.state.is_prepare:
@@ -343,8 +344,13 @@ class TransactionCoordinator:
             pass    # a retry of a bump whose answer was lost: same epoch again
         else:
             return InitPidResult(E.producer_fenced)
-        new.prev_producer_id = md.producer_id
+        if new.producer_id != md.producer_id:
+            # a rotation: remember the old id so that its retry is recognised (isValidProducerId)
+            new.prev_producer_id = md.producer_id
+        elif md.producer_epoch == NO_PRODUCER_EPOCH:
+            new.prev_producer_id = NO_PRODUCER_ID             # a new transactional id (seed 001)
         new.next_producer_id = NO_PRODUCER_ID
+        new.next_producer_epoch = NO_PRODUCER_EPOCH
         new.txn_timeout_ms = timeout_ms
         new.partitions = set()
         new.txn_start_ms = -1
@@ -354,6 +360,77 @@ class TransactionCoordinator:
         if err != E.none:
             return InitPidResult(err)
         return InitPidResult(E.none, new.producer_id, new.producer_epoch)
+
+    def _keep_prepared(self, md: TransactionMetadata, expected: tuple[int, int] | None,
+                       timeout_ms: int) -> InitPidResult:
+        """KIP-939 InitProducerId(keepPreparedTxn=true) on an Ongoing transaction: it stays open
+        with its producer id and epoch (what the client's PreparedTxnState holds, and what the
+        markers will carry, bumped by one), and the caller gets a *next* pair that fences every
+        earlier incarnation: the first call takes the ongoing epoch + 1 (a new producer id with
+        epoch 0 when the ongoing epoch is MAX-1, because MAX is kept for the markers), each
+        repeated call (a client in a crash loop) bumps the next epoch again, with a new producer
+        id once it would pass MAX (seed 001, example 2). Both pairs are persisted before the
+        reply (NextProducerId/NextProducerEpoch in the log). From now on only EndTxn with the
+        next pair is allowed (``_kept_guard``)."""
+        kept = md.next_producer_id != NO_PRODUCER_ID
+        if expected is not None:
+            if kept:
+                ok = expected == (md.next_producer_id, md.next_producer_epoch)
+            else:
+                ok = expected == (md.producer_id, md.producer_epoch)
+            if not ok:
+                return InitPidResult(E.producer_fenced)
+        if not kept:
+            base_pid, base_epoch, exhausted = md.producer_id, md.producer_epoch, md.is_epoch_exhausted
+        else:
+            base_pid, base_epoch = md.next_producer_id, md.next_producer_epoch
+            exhausted = base_epoch >= MAX_EPOCH
+        if exhausted:
+            next_pid = self._new_producer_id()
+            if next_pid is None:
+                return InitPidResult(E.coordinator_not_available)
+            next_epoch = 0
+        else:
+            next_pid, next_epoch = base_pid, base_epoch + 1
+        new = md.copy()
+        new.transition(S.Ongoing)
+        new.next_producer_id, new.next_producer_epoch = next_pid, next_epoch
+        new.txn_timeout_ms = timeout_ms                      # -1 with Enable2Pc: never timed out
+        new.txn_last_update_ms = self._now()
+        err = self._persist(new)
+        if err != E.none:
+            return InitPidResult(err)
+        log.info("transactional id %r: prepared transaction of producer %d epoch %d kept; "
+                 "next producer %d epoch %d", md.transactional_id, md.producer_id,
+                 md.producer_epoch, next_pid, next_epoch)
+        return InitPidResult(E.none, next_pid, next_epoch, md.producer_id, md.producer_epoch)
+
+    @staticmethod
+    def _kept_guard(md: TransactionMetadata, pid: int, epoch: int) -> ErrorCode | None:
+        """For a transaction kept by InitProducerId(keepPreparedTxn) (Ongoing with a next pair):
+        the caller may only commit or abort it (INVALID_TXN_STATE for anything else with the
+        next pair), and the earlier incarnation, which still holds the ongoing pair, is fenced.
+        None when the transaction is not kept."""
+        if md.state != S.Ongoing or md.next_producer_id == NO_PRODUCER_ID:
+            return None
+        if (pid, epoch) == (md.next_producer_id, md.next_producer_epoch):
+            return E.invalid_txn_state
+        if pid in (md.producer_id, md.next_producer_id):
+            return E.producer_fenced
+        return E.invalid_producer_id_mapping
+
+    @staticmethod
+    def _kept_retry(md: TransactionMetadata, pid: int, epoch: int) -> bool:
+        """A retried EndTxn, sent with the next pair, of a kept transaction now in Prepare*:
+        PrevProducerId holds the id the client sent; its epoch follows from the pair for the
+        next transaction (TV2: one more, or a new id when it was exhausted; TV0: the same)."""
+        if md.next_producer_id == NO_PRODUCER_ID or pid != md.prev_producer_id or pid == md.producer_id:
+            return False
+        if md.client_txn_version < TV_2:
+            return (pid, epoch) == (md.next_producer_id, md.next_producer_epoch)
+        if md.next_producer_id == pid:
+            return epoch + 1 == md.next_producer_epoch
+        return is_epoch_exhausted(epoch)
 
     @staticmethod
     def _valid_expected_producer(md: TransactionMetadata, pid: int, epoch: int) -> bool:
@@ -407,6 +484,8 @@ class TransactionCoordinator:
         if (err := self._gate()) is not None:
             return err
         md = self._txns.get(tid)
+        if md is not None and (kept := self._kept_guard(md, pid, epoch)) is not None:
+            return kept
         if md is None or md.producer_id != pid:
             return E.invalid_producer_id_mapping
         if md.producer_epoch != epoch:
@@ -432,6 +511,8 @@ class TransactionCoordinator:
         md = self._txns.get(tid)
         if md is None:
             return E.invalid_producer_id_mapping             # guarantee 19 / 35
+        if (kept := self._kept_guard(md, pid, epoch)) is not None:
+            return kept                                      # KIP-939: commit or abort only
         if md.producer_id != pid:
             if md.state.is_prepare and md.next_producer_id == pid:
                 # (ours) A TV2 client that got (new id, 0) from an overflowing EndTxn starts its
@@ -480,11 +561,22 @@ class TransactionCoordinator:
         if md is None:
             return EndTxnResult(E.invalid_producer_id_mapping)
         state = md.state
+        if state == S.Ongoing and md.next_producer_id != NO_PRODUCER_ID:
+            # KIP-939: a kept prepared transaction, finished with the next pair.
+            if md.pending_state is not None:
+                return EndTxnResult(E.concurrent_transactions)
+            if (pid, epoch) == (md.next_producer_id, md.next_producer_epoch):
+                return self._prepare_kept(md, commit, tv, pid, epoch)
+            return EndTxnResult(self._kept_guard(md, pid, epoch) or E.producer_fenced)
+        if state.is_prepare and self._kept_retry(md, pid, epoch):
+            same = commit == (state == S.PrepareCommit)
+            return EndTxnResult(E.concurrent_transactions if same else E.invalid_txn_state)
         tv2 = md.client_txn_version >= TV_2
         # TV2 retries (Kafka's endTransaction): the answer to an EndTxn was lost after the epoch
         # was bumped (retry_on_bump), or after it overflowed into a new producer id.
         retry_on_bump = tv2 and md.producer_epoch == epoch + 1
-        retry_on_overflow = (tv2 and md.prev_producer_id == pid and epoch == MAX_EPOCH - 1
+        # (MAX itself only after a kept 2PC transaction: KIP-939 may hand the client epoch MAX)
+        retry_on_overflow = (tv2 and md.prev_producer_id == pid and is_epoch_exhausted(epoch)
                              and md.producer_epoch == 0)
         if tv2:
             if state.is_prepare:
@@ -526,7 +618,7 @@ class TransactionCoordinator:
                 next_pid = self._new_producer_id()
                 if next_pid is None:
                     return EndTxnResult(E.coordinator_not_available)
-                new.next_producer_id = next_pid
+                new.next_producer_id, new.next_producer_epoch = next_pid, 0
             new.last_producer_epoch = md.producer_epoch
             new.producer_epoch = min(md.producer_epoch + 1, MAX_EPOCH)
             new.prev_producer_id = md.producer_id
@@ -537,6 +629,35 @@ class TransactionCoordinator:
             return EndTxnResult(E.none, new.next_producer_id, 0)
         return EndTxnResult(E.none, new.producer_id, new.producer_epoch)
 
+    def _prepare_kept(self, md: TransactionMetadata, commit: bool, tv: int, pid: int,
+                      epoch: int) -> EndTxnResult:
+        """EndTxn of a kept (KIP-939) transaction, sent with the next pair (pid, epoch). The
+        markers go out with the ongoing producer id and its epoch + 1; the next transaction uses
+        the pair the client sent, plus one under TV2 (a new producer id when that epoch is
+        exhausted); PrevProducerId keeps the id the client sent, for retries. Prepare* may thus
+        hold three distinct producer ids (seed 001, example 2, step 9)."""
+        new = md.copy()
+        new.transition(S.PrepareCommit if commit else S.PrepareAbort)
+        new.producer_epoch = min(md.producer_epoch + 1, MAX_EPOCH)
+        new.prev_producer_id = pid
+        new.last_producer_epoch = NO_PRODUCER_EPOCH
+        if tv >= TV_2:
+            if is_epoch_exhausted(epoch):
+                next_pid = self._new_producer_id()
+                if next_pid is None:
+                    return EndTxnResult(E.coordinator_not_available)
+                new.next_producer_id, new.next_producer_epoch = next_pid, 0
+            else:
+                new.next_producer_id, new.next_producer_epoch = pid, epoch + 1
+        else:
+            new.next_producer_id, new.next_producer_epoch = pid, epoch
+        new.client_txn_version = tv
+        new.txn_last_update_ms = self._now()
+        err = self._begin_completion(new)
+        if err != E.none:
+            return EndTxnResult(err)
+        return EndTxnResult(E.none, new.next_producer_id, new.next_producer_epoch)
+
     def _fence_and_abort(self, md: TransactionMetadata) -> ErrorCode:
         """Bump the epoch (PrepareEpochFence, in memory only) and abort with it (PrepareAbort)
         (guarantees 16, 33). One bump: the fence epoch is what the markers carry. The record is
@@ -546,12 +667,20 @@ class TransactionCoordinator:
         late-2024 code applies the server's TV here, bumping twice when TV2 is enabled.)"""
         new = md.copy()
         new.transition(S.PrepareEpochFence)
-        if md.producer_epoch < MAX_EPOCH:
-            new.producer_epoch = md.producer_epoch + 1
-        # else: an Ongoing transaction at MAX cannot come from a real client; abort at MAX.
+        top = md.producer_epoch
+        if md.next_producer_id == md.producer_id:
+            # KIP-939 force-terminate of a kept transaction: also fence the holder of the next
+            # pair (same producer id, a higher epoch).
+            top = max(top, md.next_producer_epoch)
+        if top < MAX_EPOCH:
+            new.producer_epoch = top + 1
+        else:
+            new.producer_epoch = MAX_EPOCH
+        # (an Ongoing transaction at MAX cannot come from a real client; abort at MAX)
         new.last_producer_epoch = NO_PRODUCER_EPOCH
         new.transition(S.PrepareAbort)
         new.next_producer_id = NO_PRODUCER_ID
+        new.next_producer_epoch = NO_PRODUCER_EPOCH
         new.client_txn_version = TV_0
         new.txn_last_update_ms = self._now()
         return self._begin_completion(new)
@@ -574,6 +703,17 @@ class TransactionCoordinator:
             self._outbox.append(job.marker(job.pending))
         else:
             self._complete(job)          # no partitions: straight to Complete* (as Kafka)
+
+    def kept_fences(self) -> list[tuple[int, int, list[Partition]]]:
+        """(producer id, lowest epoch allowed, partitions) for every transaction kept by
+        InitProducerId(keepPreparedTxn): the worker tells each partition's writer to refuse the
+        data batches of earlier incarnations, which still hold the ongoing pair (ours; KIP-939
+        alone fences them only when the markers land). The worker sends these again to a writer
+        that restarted (the fence lives in the writer's memory)."""
+        return [(md.producer_id, md.producer_epoch + 1, sorted(md.partitions))
+                for md in self._txns.values()
+                if md.state == S.Ongoing and md.next_producer_id != NO_PRODUCER_ID
+                and md.producer_epoch < MAX_EPOCH]
 
     def take_marker_jobs(self) -> list[MarkerJob]:
         """Jobs created since the last call, plus partitions of earlier jobs whose retry is due
@@ -663,12 +803,14 @@ class TransactionCoordinator:
             self._drop_job(job)
             return
         if md.client_txn_version >= TV_2:
-            new.prev_producer_id = md.producer_id
-            new.last_producer_epoch = md.producer_epoch
-            if md.next_producer_id != NO_PRODUCER_ID:
-                # overflow: the new producer id becomes current with epoch 0 (KIP-890 COMPLETE)
-                new.producer_id, new.producer_epoch = md.next_producer_id, 0
+            new.last_producer_epoch = md.producer_epoch      # Prepare set PrevProducerId
+        if md.next_producer_id != NO_PRODUCER_ID:
+            # KIP-890 overflow: the new producer id becomes current with epoch 0 (COMPLETE);
+            # KIP-939 kept transaction: the pair for the next transaction becomes current.
+            new.producer_id = md.next_producer_id
+            new.producer_epoch = max(md.next_producer_epoch, 0)
         new.next_producer_id = NO_PRODUCER_ID
+        new.next_producer_epoch = NO_PRODUCER_EPOCH
         new.partitions = set()
         new.txn_last_update_ms = self._now()
         if self._persist(new) == E.none:
@@ -746,59 +888,16 @@ class TransactionCoordinator:
     def list_transactions(self, state_filters: Iterable[str] = (), producer_id_filters: Iterable[int] = (),
                           duration_filter_ms: int = -1,
                           transactional_id_pattern: str | None = None) -> ListTransactionsResult:
-        """ListTransactions v0-2 (Kafka's listTransactionStates). Unknown state names come back
-        in unknown_state_filters; Dead is never listed; the duration filter keeps transactions
-        running longer than it (now - start > duration). v2's pattern is matched against the
-        whole id (Java's Matcher.matches) with Python's re."""
+        """ListTransactions v0-2 (see ``admin.list_transactions``)."""
         if (err := self._gate()) is not None:
             return ListTransactionsResult(err, [], [])
-        wanted: set[TransactionState] = set()
-        unknown: list[str] = []
-        names = list(state_filters)
-        for name in names:
-            st = TransactionState.from_name(name)
-            if st is None:
-                unknown.append(name)
-            else:
-                wanted.add(st)
-        pids = set(producer_id_filters)
-        pattern = None
-        if transactional_id_pattern:
-            try:
-                pattern = re.compile(transactional_id_pattern)
-            except re.error:
-                return ListTransactionsResult(E.invalid_regular_expression, [], [])
-        now = self._now()
-        out = []
-        for md in self._txns.values():
-            if md.state == S.Dead:
-                continue
-            if pids and md.producer_id not in pids:
-                continue
-            if names and md.state not in wanted:
-                continue
-            if duration_filter_ms >= 0 and now - md.txn_start_ms <= duration_filter_ms:
-                continue
-            if pattern is not None and not pattern.fullmatch(md.transactional_id):
-                continue
-            out.append(TxnListing(md.transactional_id, md.producer_id, md.state.name))
-        return ListTransactionsResult(E.none, unknown, out)
+        return admin.list_transactions(self._txns.values(), self._now(), state_filters,
+                                       producer_id_filters, duration_filter_ms, transactional_id_pattern)
 
     def describe_transactions(self, transactional_ids: Iterable[str]) -> list[TxnDescription]:
-        """DescribeTransactions v0 (Kafka's handleDescribeTransactions), one entry per id."""
-        gate = self._gate()
-        out = []
-        for tid in transactional_ids:
-            if gate is not None:
-                out.append(TxnDescription(gate, tid))
-                continue
-            if not tid:
-                out.append(TxnDescription(E.invalid_request, tid))
-                continue
-            md = self._txns.get(tid)
-            if md is None or md.state == S.Dead:
-                out.append(TxnDescription(E.transactional_id_not_found, tid))
-                continue
-            out.append(TxnDescription(E.none, tid, md.state.name, md.txn_timeout_ms, md.txn_start_ms,
-                                      md.producer_id, md.producer_epoch, sorted(md.partitions)))
-        return out
+        """DescribeTransactions v0 (see ``admin.describe_transactions``)."""
+        return admin.describe_transactions(self._txns, transactional_ids, self._gate())
+
+    def active_transaction_open_time_max_ms(self) -> int:
+        """KIP-939 metric ActiveTransactionOpenTimeMaxMs (see ``admin``)."""
+        return admin.active_transaction_open_time_max_ms(self._txns.values(), self._now())
