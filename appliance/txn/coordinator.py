@@ -424,7 +424,7 @@ class TransactionCoordinator:
         """A retried EndTxn, sent with the next pair, of a kept transaction now in Prepare*:
         PrevProducerId holds the id the client sent; its epoch follows from the pair for the
         next transaction (TV2: one more, or a new id when it was exhausted; TV0: the same)."""
-        if md.next_producer_id == NO_PRODUCER_ID or pid != md.prev_producer_id or pid == md.producer_id:
+        if md.next_producer_id == NO_PRODUCER_ID or pid != md.prev_producer_id:
             return False
         if md.client_txn_version < TV_2:
             return (pid, epoch) == (md.next_producer_id, md.next_producer_epoch)

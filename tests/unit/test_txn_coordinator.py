@@ -755,3 +755,66 @@ def test_describe_transactions(env):
     assert d.partitions == [("a", 0), ("a", 2), ("b", 1)]
     assert missing.error == E.transactional_id_not_found
     assert bad.error == E.invalid_request
+
+
+# -- KIP-939 (two-phase commit) ---------------------------------------------------------------------
+
+def test_g64_2pc_transaction_is_never_timed_out_and_its_timeout_is_minus_one(tmp_path):
+    e = Env(tmp_path, two_phase_commit_enable=True)
+    r = e.tc.init_producer_id("t", 10, enable_2pc=True, api_version=6)
+    assert r.error == E.none
+    assert e.tc.add_partitions("t", r.producer_id, r.producer_epoch, [("a", 0)])[("a", 0)] == E.none
+    assert e.tc.get("t").txn_timeout_ms == -1
+    e.advance(e.cfg.max_timeout_ms * 3)
+    assert e.state() == S.Ongoing
+    assert e.tc.active_transaction_open_time_max_ms() == e.cfg.max_timeout_ms * 3
+    e.sm.close()
+
+
+def test_g63_enable_2pc_refused_by_the_switch_and_by_the_authorization_hook(tmp_path):
+    e = Env(tmp_path)
+    assert e.tc.init_producer_id("t", 1000, enable_2pc=True).error == E.transactional_id_authorization_failed
+    e.sm.close()
+    e2 = Env(tmp_path / "2", two_phase_commit_enable=True)
+    e2.tc._authorize_2pc = lambda tid: tid != "denied"
+    assert e2.tc.init_producer_id("denied", 1000, enable_2pc=True).error == E.transactional_id_authorization_failed
+    assert e2.tc.init_producer_id("allowed", 1000, enable_2pc=True).error == E.none
+    e2.sm.close()
+
+
+def test_kept_transaction_retry_of_end_txn_during_prepare_and_after_restart(tmp_path):
+    e = Env(tmp_path, two_phase_commit_enable=True)
+    pid, ep = e.begin()
+    r = e.tc.init_producer_id("t", TIMEOUT, enable_2pc=True, keep_prepared_txn=True, api_version=6)
+    assert (r.error, r.ongoing_producer_id, r.ongoing_producer_epoch) == (E.none, pid, ep)
+    nxt = (r.producer_id, r.producer_epoch)
+    assert e.tc.kept_fences() == [(pid, ep + 1, [("a", 0), ("b", 1)])]
+    end = e.tc.end_txn("t", *nxt, True, api_version=5)
+    assert end.error == E.none and (end.producer_id, end.producer_epoch) == (pid, ep + 2)
+    assert e.tc.kept_fences() == []
+    # markers carry the ongoing id with its epoch + 1
+    (job,) = e.tc.take_marker_jobs()
+    assert (job.producer_id, job.producer_epoch, job.commit) == (pid, ep + 1, True)
+    # a retry while the markers are out waits; the other command is refused
+    assert e.tc.end_txn("t", *nxt, True, api_version=5).error == E.concurrent_transactions
+    assert e.tc.end_txn("t", *nxt, False, api_version=5).error == E.invalid_txn_state
+    # Prepare survives a crash and is driven to completion; then the retry gets the new pair
+    tc = e.crash_restart()
+    e.ack_all()
+    assert e.state() == S.CompleteCommit
+    again = tc.end_txn("t", *nxt, True, api_version=5)
+    assert again.error == E.none and (again.producer_id, again.producer_epoch) == (pid, ep + 2)
+    e.sm.close()
+
+
+def test_metric_counts_open_transactions_only(env):
+    assert env.tc.active_transaction_open_time_max_ms() == 0
+    env.begin("t1")
+    env.clock += 500
+    env.begin("t2")
+    env.clock += 100
+    assert env.tc.active_transaction_open_time_max_ms() == 600
+    pid, ep = env.tc.get("t1").producer_id, env.tc.get("t1").producer_epoch
+    assert env.tc.end_txn("t1", pid, ep, True, api_version=3).error == E.none
+    env.ack_all()
+    assert env.tc.active_transaction_open_time_max_ms() == 100
