@@ -20,7 +20,9 @@ group's ``__consumer_offsets`` partition (AddOffsetsToTxn) - which is also what 
 marker (commit, abort, or timeout abort) will come and clear the pending offsets; then, from v3
 and only when the request carries group metadata, the KIP-447 generation/member/instance checks;
 then the offsets are stored pending. Retriable coordinator answers become COORDINATOR_NOT_AVAILABLE
-(KIP-890 "old clients"), a stale epoch INVALID_PRODUCER_EPOCH (fatal "fenced" in every client).
+(KIP-890 "old clients"), a stale epoch INVALID_PRODUCER_EPOCH (fatal "fenced" in every client), a
+transaction without the offsets partition INVALID_TXN_STATE for v0-3 and TRANSACTION_ABORTABLE for
+v4 (as Kafka's AddPartitionsToTxnManager maps its coordinator's answer).
 v5 (transaction version 2) adds the partition to the transaction instead of requiring it.
 """
 
@@ -165,6 +167,11 @@ class GroupService:
                                        part, add=msg.version >= 5)
         if err in _RETRIABLE_TO_NOT_AVAILABLE:
             err = E.coordinator_not_available
+        elif err == E.invalid_txn_state and msg.version == 4:
+            # The offsets partition is not in the transaction (no AddOffsetsToTxn): Kafka's
+            # coordinator says TRANSACTION_ABORTABLE, which its broker passes on to v4 clients
+            # (KIP-890 ``genericError``) and turns into INVALID_TXN_STATE for v0-3.
+            err = E.transaction_abortable
         if err == E.none and msg.version >= 3:
             err = self.groups.validate_txn_offset_commit(msg.group_id, msg.generation_id,
                                                          msg.member_id, msg.group_instance_id)
