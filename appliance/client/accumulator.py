@@ -1,0 +1,225 @@
+"""The producer's buffers: records per partition until they are sent, batches with their producer
+id, epoch and sequence, and the per-partition sequence numbers. Pure logic, no I/O.
+
+Owns:
+
+- ``Delivery``: what ``Producer.send`` returns; filled in (offset or error) when the record's
+  batch is acknowledged or fails, then its callback runs.
+- ``RecordAccumulator``: records waiting per partition. A partition is *ready* when its buffer
+  holds ``batch_size`` bytes or its oldest record has waited ``linger_ms``; ``drain`` hands the
+  records out as ``ProducerBatch`` es of at most ``batch_size`` bytes each (a larger record gets a
+  batch of its own).
+- ``ProducerBatch``: one record batch for one partition. Its bytes are built once, when it is first
+  sent (``seal``), with the producer id, epoch and base sequence of that moment; a retry sends the
+  very same bytes, which is what lets the broker recognise a duplicate.
+- ``SequenceTracker``: the next sequence number per partition for the current (producer id,
+  epoch). ``allocate`` hands out a range; ``release`` gives back the range of a batch the broker
+  refused (it was not written, and nothing after it was allocated: the producer sends one batch
+  per partition at a time); ``reset`` starts over at 0 for a new epoch. Sequences wrap at 2**31
+  as Kafka's do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from appliance.client.errors import IllegalStateError, KafkaError
+from appliance.protocol.records import Record, build_batch
+
+__all__ = ["Delivery", "ProducerBatch", "RecordAccumulator", "SequenceTracker", "TopicPartition",
+           "record_size", "next_sequence"]
+
+TopicPartition = tuple[str, int]
+SEQUENCE_MODULO = 1 << 31
+# Bytes a record costs in a batch besides its key, value and headers (length, attributes,
+# timestamp and offset deltas, key/value lengths, header count: varints, at most this much).
+RECORD_OVERHEAD = 21
+BATCH_OVERHEAD = 61
+
+
+def record_size(rec: Record) -> int:
+    n = RECORD_OVERHEAD + len(rec.key or b"") + len(rec.value or b"")
+    for k, v in rec.headers:
+        n += 10 + len(k.encode()) + len(v or b"")
+    return n
+
+
+def next_sequence(seq: int, count: int) -> int:
+    """``seq + count`` with Kafka's wrap-around at 2**31 (DefaultRecordBatch.incrementSequence)."""
+    return (seq + count) % SEQUENCE_MODULO
+
+
+@dataclass(eq=False)
+class Delivery:
+    """The outcome of one ``send``: ``offset`` once acknowledged (-1 when the broker answered
+    DUPLICATE_SEQUENCE_NUMBER: the record was written by an earlier attempt), or ``error``."""
+
+    topic: str
+    partition: int
+    timestamp: int
+    callback: Callable[[KafkaError | None, "Delivery"], None] | None = None
+    offset: int = -1
+    error: KafkaError | None = None
+    done: bool = False
+
+    def _finish(self, offset: int = -1, error: KafkaError | None = None) -> None:
+        if self.done:
+            return
+        self.offset, self.error, self.done = offset, error, True
+        if self.callback is not None:
+            self.callback(error, self)
+
+    def get(self) -> "Delivery":
+        """This delivery, once acknowledged; raises its error if it failed. Call after flush()."""
+        if not self.done:
+            raise IllegalStateError("the record has not been sent yet: call flush() first")
+        if self.error is not None:
+            raise self.error
+        return self
+
+
+@dataclass(eq=False)
+class ProducerBatch:
+    tp: TopicPartition
+    records: list[Record]
+    deliveries: list[Delivery]
+    created: float
+    data: bytes | None = None
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
+    attempts: int = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.records)
+
+    @property
+    def sealed(self) -> bool:
+        return self.data is not None
+
+    def seal(self, *, producer_id: int, producer_epoch: int, base_sequence: int, transactional: bool,
+             compression: int) -> bytes:
+        """Encode the batch once; later attempts reuse these bytes."""
+        self.producer_id, self.producer_epoch, self.base_sequence = producer_id, producer_epoch, base_sequence
+        self.data = build_batch(self.records, producer_id=producer_id, producer_epoch=producer_epoch,
+                                base_sequence=base_sequence, transactional=transactional,
+                                compression=compression)
+        return self.data
+
+    def unseal(self) -> None:
+        """Forget the encoding (after a new producer id or epoch, the batch is built again)."""
+        self.data = None
+        self.producer_id = self.producer_epoch = self.base_sequence = -1
+
+    def succeed(self, base_offset: int) -> None:
+        for i, d in enumerate(self.deliveries):
+            d._finish(base_offset + i if base_offset >= 0 else -1)
+
+    def fail(self, error: KafkaError) -> None:
+        for d in self.deliveries:
+            d._finish(-1, error)
+
+
+@dataclass
+class _Buffer:
+    records: list[Record] = field(default_factory=list)
+    deliveries: list[Delivery] = field(default_factory=list)
+    size: int = 0
+    first: float = 0.0
+
+
+class RecordAccumulator:
+    def __init__(self, batch_size: int = 16384, linger_ms: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.batch_size = batch_size
+        self.linger = linger_ms / 1000.0
+        self.clock = clock
+        self._buffers: dict[TopicPartition, _Buffer] = {}
+
+    def append(self, tp: TopicPartition, record: Record, delivery: Delivery) -> bool:
+        """Buffer one record; True when its partition now holds a full batch."""
+        buf = self._buffers.get(tp)
+        if buf is None:
+            buf = self._buffers[tp] = _Buffer(first=self.clock())
+        buf.records.append(record)
+        buf.deliveries.append(delivery)
+        buf.size += record_size(record)
+        return buf.size + BATCH_OVERHEAD >= self.batch_size
+
+    @property
+    def pending(self) -> int:
+        """Records buffered and not yet drained."""
+        return sum(len(b.records) for b in self._buffers.values())
+
+    def partitions(self) -> list[TopicPartition]:
+        return list(self._buffers)
+
+    def ready(self, *, force: bool = False) -> list[TopicPartition]:
+        """Partitions whose records should be sent now (all of them with ``force``)."""
+        now = self.clock()
+        return [tp for tp, b in self._buffers.items()
+                if force or b.size + BATCH_OVERHEAD >= self.batch_size or now - b.first >= self.linger]
+
+    def drain(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, deque[ProducerBatch]]:
+        """Take the buffered records of ``tps`` out as batches of at most ``batch_size`` bytes."""
+        out: dict[TopicPartition, deque[ProducerBatch]] = {}
+        now = self.clock()
+        for tp in tps:
+            buf = self._buffers.pop(tp, None)
+            if buf is None:
+                continue
+            q = out[tp] = deque()
+            recs: list[Record] = []
+            dels: list[Delivery] = []
+            size = BATCH_OVERHEAD
+            for rec, d in zip(buf.records, buf.deliveries):
+                n = record_size(rec)
+                if recs and size + n > self.batch_size:
+                    q.append(ProducerBatch(tp, recs, dels, now))
+                    recs, dels, size = [], [], BATCH_OVERHEAD
+                recs.append(rec)
+                dels.append(d)
+                size += n
+            if recs:
+                q.append(ProducerBatch(tp, recs, dels, now))
+        return out
+
+    def abort(self, error: KafkaError) -> int:
+        """Fail every buffered record with ``error`` (an aborted transaction); returns how many."""
+        n = 0
+        for buf in self._buffers.values():
+            for d in buf.deliveries:
+                d._finish(-1, error)
+                n += 1
+        self._buffers.clear()
+        return n
+
+
+class SequenceTracker:
+    def __init__(self) -> None:
+        self._next: dict[TopicPartition, int] = {}
+
+    def peek(self, tp: TopicPartition) -> int:
+        return self._next.get(tp, 0)
+
+    def allocate(self, tp: TopicPartition, count: int) -> int:
+        """The base sequence for ``count`` records on ``tp``; advances the partition's counter."""
+        base = self._next.get(tp, 0)
+        self._next[tp] = next_sequence(base, count)
+        return base
+
+    def release(self, tp: TopicPartition, base: int, count: int) -> None:
+        """Give back the range of the last allocated batch (the broker refused it)."""
+        if self._next.get(tp) == next_sequence(base, count):
+            self._next[tp] = base
+
+    def reset(self) -> None:
+        """A new producer id or epoch: every partition starts at 0 again."""
+        self._next.clear()
+
+    def partitions(self) -> list[TopicPartition]:
+        return list(self._next)
