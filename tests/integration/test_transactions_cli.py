@@ -1,0 +1,99 @@
+"""`appliance transactions ...` and `appliance metrics` against the real appliance: the commands
+run as subprocesses, as an operator would run them (KIP-939 admin: list, describe, abort a hanging
+transaction, force-terminate a prepared one; the ActiveTransactionOpenTimeMaxMs metric)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from appliance.metrics import ACTIVE_TXN_OPEN_TIME_MAX
+from rawclient import RawClient
+from test_txn_2pc_wire import committed_values, init_v6, open_2pc_txn
+from test_txn_wire import READ_COMMITTED, Txn, create_topic, describe, fetch
+
+APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
+
+
+def cli(app, *args, ok=True):
+    r = subprocess.run([APPLIANCE, *args], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")})
+    if ok:
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+    return r
+
+
+def tx(app, *args, ok=True):
+    return cli(app, "transactions", "--bootstrap-server", app.bootstrap, *args, ok=ok)
+
+
+def test_list_describe_metrics_and_force_terminate_a_prepared_transaction(appliance_factory):
+    app = appliance_factory(transactions={"two_phase_commit_enable": True})
+    with RawClient(app.bootstrap) as raw:
+        create_topic(raw, "cli")
+        t = open_2pc_txn(raw, "cli-2pc", "cli", [b"prepared"])
+        assert init_v6(raw, "cli-2pc", enable_2pc=True, keep=True).error_code == 0
+        done = Txn(raw, "cli-done")
+        done.must_add("cli", [0])
+        done.must_send("cli", 0, [b"done"])
+        done.commit()
+        out = tx(app, "list").stdout.splitlines()
+        assert out[0] == "TransactionalId\tProducerId\tTransactionState"
+        assert f"cli-2pc\t{t.pid}\tOngoing" in out and f"cli-done\t{done.pid}\tCompleteCommit" in out
+        only = tx(app, "list", "--state", "Ongoing").stdout.splitlines()[1:]
+        assert only == [f"cli-2pc\t{t.pid}\tOngoing"]
+        row = tx(app, "describe", "--transactional-id", "cli-2pc").stdout.splitlines()[1].split("\t")
+        assert row[:6][:5] == ["cli-2pc", str(t.pid), str(t.epoch), "Ongoing", "-1"] and row[6] == "cli-0", row
+        # a transactional id with no transaction yet (start time -1) describes too
+        Txn(raw, "cli-empty")
+        row = tx(app, "describe", "--transactional-id", "cli-empty").stdout.splitlines()[1].split("\t")
+        assert row[3] == "Empty" and row[5] == "-1", row
+        missing = tx(app, "describe", "--transactional-id", "nope", ok=False)
+        assert missing.returncode == 1 and "TRANSACTIONAL_ID_NOT_FOUND" in missing.stderr
+        # the metric: the prepared transaction has been open a while
+        time.sleep(1.5)
+        deadline = time.monotonic() + 10
+        while True:
+            lines = cli(app, "metrics", "--data-dir", app.data_dir).stdout.splitlines()
+            values = {l.split("\t")[1]: float(l.split("\t")[2]) for l in lines if l.startswith("coordinator\t")}
+            if values.get(ACTIVE_TXN_OPEN_TIME_MAX, 0) >= 1000:
+                break
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.2)
+        # force-terminate: aborted, both incarnations fenced
+        r = tx(app, "force-terminate", "--transactional-id", "cli-2pc")
+        assert "terminated" in r.stdout, r.stdout
+        assert describe(raw, "cli-2pc").transaction_state == "Empty"
+        assert committed_values(raw, "cli") == [b"done"]
+        f = fetch(raw, "cli", 0, isolation=READ_COMMITTED)
+        assert (t.pid, 0) in f.aborted
+        # nothing open any more
+        deadline = time.monotonic() + 10
+        while True:
+            lines = cli(app, "metrics", "--data-dir", app.data_dir).stdout.splitlines()
+            values = {l.split("\t")[1]: float(l.split("\t")[2]) for l in lines if l.startswith("coordinator\t")}
+            if values.get(ACTIVE_TXN_OPEN_TIME_MAX) == 0:
+                break
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.2)
+
+
+def test_abort_a_hanging_transaction_by_its_start_offset(appliance_factory):
+    # Without KIP-890 verification a producer can write to a partition it never added: the
+    # coordinator does not know that transaction, and only an admin abort ends it.
+    app = appliance_factory(transactions={"partition_verification_enable": False})
+    with RawClient(app.bootstrap) as raw:
+        create_topic(raw, "hang")
+        t = Txn(raw, "hanger")
+        t.must_send("hang", 0, [b"hanging"])
+        assert fetch(raw, "hang", 0, isolation=READ_COMMITTED).last_stable_offset == 0
+        usage = tx(app, "abort", "--topic", "hang", "--partition", "0", ok=False)
+        assert usage.returncode != 0
+        tx(app, "abort", "--topic", "hang", "--partition", "0", "--start-offset", "0")
+        f = fetch(raw, "hang", 0, isolation=READ_COMMITTED)
+        assert f.last_stable_offset == 2 and f.aborted == [(t.pid, 0)], f
+        assert committed_values(raw, "hang") == []
+        wrong = tx(app, "abort", "--topic", "hang", "--partition", "0", "--start-offset", "7", ok=False)
+        assert wrong.returncode == 1 and "no open transaction" in wrong.stderr
