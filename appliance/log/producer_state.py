@@ -43,7 +43,8 @@ Transactions (KIP-98, KIP-890), per partition:
 
 * A transactional data batch of a producer without an open transaction here opens one at its
   base offset (``txn_first_offset``); the writer first asks the coordinator whether the
-  partition is in the transaction (``needs_verification``). ``start_verification`` hands out a
+  partition is in the transaction (``needs_verification``), and also for a batch of a newer
+  epoch than the open transaction's (a TV2 producer's next transaction ahead of the marker). ``start_verification`` hands out a
   token that a marker for the producer, a newer verification or the append itself invalidates:
   the KIP-890 race guard (Kafka's VerificationGuard), so a verification answered before an
   abort marker cannot let a late batch open a transaction nobody will ever end.
@@ -277,12 +278,16 @@ class ProducerStateManager:
 
     # -- transactions -----------------------------------------------------------------------------
     def needs_verification(self, h: BatchHeader) -> bool:
-        """A transactional data batch of a producer with no open transaction on this partition:
-        the coordinator must confirm the partition is in its transaction first (KIP-890)."""
+        """A transactional data batch of a producer with no open transaction on this partition,
+        or with one of an older epoch: the coordinator must confirm the partition is in its
+        transaction first (KIP-890; Kafka's hasOngoingTransaction(producerId, epoch)). The
+        second case is a transaction-version-2 producer whose next transaction (epoch + 1 after
+        EndTxn) overtakes the marker of the previous one on this partition: appended without
+        verification it would join the previous transaction and share its outcome."""
         if not h.is_transactional or h.is_control:
             return False
         entry = self.entries.get(h.producer_id)
-        return entry is None or entry.txn_first_offset < 0
+        return entry is None or entry.txn_first_offset < 0 or h.producer_epoch > entry.epoch
 
     def start_verification(self, producer_id: int, producer_epoch: int,
                            now_ms: int | None = None) -> VerificationToken:

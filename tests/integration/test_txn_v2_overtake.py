@@ -1,0 +1,58 @@
+"""Transaction version 2: a producer's next transaction must not join the previous one on a
+partition whose marker has not been written yet.
+
+Under TV2 EndTxn answers (with epoch + 1) once PREPARE_COMMIT is logged; the markers follow. A
+client (the Java client, ours) starts its next transaction at once, so its first Produce can
+reach a partition writer before that partition's marker. The writer must then verify the batch
+with the coordinator (which answers a retriable error until the previous transaction is
+complete) instead of appending it to the open transaction, whose marker would commit it with the
+previous transaction: a record of a transaction that was never committed, visible to
+read_committed. The overtaking is forced by stopping the writer (SIGSTOP) until both the marker
+and the Produce wait in its rings. Found by the client tests (``test_client.py``) under load.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from rawclient import RawClient
+from test_txn_wire import NONE, READ_COMMITTED, Txn, create_topic, describe, fetch
+
+
+def test_next_transaction_does_not_join_the_previous_one_ahead_of_its_marker(appliance):
+    a = appliance
+    with RawClient(a.bootstrap) as raw, RawClient(a.bootstrap) as raw2:
+        create_topic(raw, "overtake", 2)
+        t = Txn(raw, "overtake-tid")
+        assert t.send("overtake", 0, [b"t1-p0"], version=12).error_code == NONE
+        assert t.send("overtake", 1, [b"t1-p1"], version=12).error_code == NONE
+        writer = a.writer("overtake", 1)["pid"]
+        os.kill(writer, signal.SIGSTOP)
+        try:
+            r = t.end(True, version=5)
+            assert r.error_code == NONE
+            a.wait_for(lambda: describe(raw, "overtake-tid").transaction_state == "PrepareCommit",
+                       10, "the commit to wait for the stopped writer's marker")
+            batch = t.batch("overtake", 1, [b"t2-p1"], epoch=r.producer_epoch, seq=0)
+            raw2.correlation += 1
+            corr = raw2.correlation
+            raw2.send_frame(raw2.header(0, 12, corr) + raw2.encode(0, 12, {
+                "transactional_id": "overtake-tid", "acks": -1, "timeout_ms": 10000,
+                "topic_data": [{"name": "overtake", "partition_data": [{"index": 1, "records": batch}]}]}))
+            time.sleep(0.3)        # let the frontend put the Produce into the stopped writer's ring
+        finally:
+            os.kill(writer, signal.SIGCONT)
+        answer = raw2.read_response(0, 12, corr).responses[0].partition_responses[0]
+        t.raw = raw
+        a.wait_for(lambda: describe(raw, "overtake-tid").transaction_state == "CompleteCommit",
+                   30, "the first transaction to complete")
+        d = describe(raw, "overtake-tid")
+        f = fetch(raw, "overtake", 1, isolation=READ_COMMITTED)
+        visible = [v for b in f.batches if not b.control for v in b.values]
+        if answer.error_code == NONE:
+            # Appended after all (the marker won the race inside the writer): then it must be a
+            # batch of a transaction the coordinator knows, not part of the committed one.
+            assert ("overtake", 1) in d.partitions, d
+        assert visible == [b"t1-p1"], f.batches
