@@ -24,11 +24,27 @@ def create(bootstrap: str, topics: dict[str, int]) -> None:
     driver("confluent").create_topics(bootstrap, {t: (n, {}) for t, n in topics.items()})
 
 
-def read_all(bootstrap: str, topic: str, partitions: int, level: str = "read_committed",
-             **config) -> dict[int, list]:
+def settle(bootstrap: str, topic: str, partitions: int) -> None:
+    """Wait until no transaction is open on the partitions (LSO == high watermark). EndTxn is
+    answered once the outcome is logged; the markers follow, so a transaction just committed may
+    still pin the LSO for a moment."""
+    tps = [(topic, p) for p in range(partitions)]
+    with Consumer(bootstrap_servers=bootstrap) as rc, \
+            Consumer(bootstrap_servers=bootstrap, isolation_level="read_uncommitted") as ru:
+        deadline = time.monotonic() + TIMEOUT_S
+        while rc.end_offsets(tps) != ru.end_offsets(tps):
+            assert time.monotonic() < deadline, f"{topic}: a transaction stays open"
+            time.sleep(0.05)
+
+
+def read_all(bootstrap: str, topic: str, partitions: int, level: str = "read_committed", *,
+             settled: bool = True, **config) -> dict[int, list]:
     """partition -> every record our consumer returns from offset 0 up to the end offset of its
     isolation level (high watermark, or the LSO for read_committed). Stops on positions, not on
-    a count, so an extra record cannot hide."""
+    a count, so an extra record cannot hide. ``settled``: first wait until no transaction is
+    open (pass False where a test expects one to stay open)."""
+    if settled:
+        settle(bootstrap, topic, partitions)
     c = Consumer(bootstrap_servers=bootstrap, isolation_level=level, **config)
     try:
         tps = [(topic, p) for p in range(partitions)]

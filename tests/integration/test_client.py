@@ -97,6 +97,10 @@ def test_acks_and_plain_producer(shared_appliance):
             for i in range(10):
                 p.send(topic, f"acks{acks}-{i}".encode(), partition=0)
             p.flush()
+    # acks=0 has no answer to wait for: wait until the broker has appended the records.
+    with Consumer(bootstrap_servers=b, isolation_level="read_uncommitted") as c:
+        shared_appliance.wait_for(lambda: c.end_offsets([(topic, 0)])[(topic, 0)] == 20, 30,
+                                  "the acks=0 records")
     got = values_of(read_all(b, topic, 1))[0]
     assert got == [f"acks1-{i}".encode() for i in range(10)] + [f"acks0-{i}".encode() for i in range(10)]
     assert all(h.producer_id == -1 for h in stored_batches(b, topic, 0))
