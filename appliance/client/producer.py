@@ -20,7 +20,10 @@ UNKNOWN_TOPIC_OR_PARTITION, CONCURRENT_TRANSACTIONS, ...) are retried with backo
 idempotent producer answered OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID (the broker lost
 its state) takes a new producer id and re-sends its unacknowledged batches from sequence 0
 (KIP-360); in a transaction those errors, like every other non-retriable one, make the
-transaction abortable. Fencing errors are fatal.
+transaction abortable. Fencing errors are fatal. (Limit of that reset: a batch whose earlier
+attempt went unanswered and that is rebuilt under the new producer id could be written twice, if
+that earlier attempt did land; the broker answers OUT_OF_ORDER only after losing the producer's
+state, so this needs both failures at once.)
 """
 
 from __future__ import annotations
