@@ -53,7 +53,7 @@ def describe_transaction(conn: BrokerConnection, transactional_id: str) -> dict:
         state string, timeout_ms int32, start_time_ms int64, producer_id int64,
         producer_epoch int16, [topics: topic string, [partitions int32], tags], tags] | tags
     """
-    body = conn_raw_request(conn, DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [transactional_id]})
+    body = conn.request(DESCRIBE_TRANSACTIONS, {"transactional_ids": [transactional_id]}, version=0, raw=True)
     rd = _Reader(body)
     rd.take(">i")
     assert rd.uvarint() - 1 == 1, "one transactional id asked, one answered"
@@ -68,22 +68,6 @@ def describe_transaction(conn: BrokerConnection, transactional_id: str) -> dict:
     _check(err)
     return {"transactional_id": tid, "state": state, "timeout_ms": timeout, "start_time_ms": start,
             "producer_id": pid, "producer_epoch": epoch, "partitions": sorted(parts)}
-
-
-def conn_raw_request(conn: BrokerConnection, api_key: int, version: int, body: dict) -> bytes:
-    """One request; the response body after the header (v1 header: correlation id, tags)."""
-    from appliance.client.connection import encode_request
-    conn.correlation = (conn.correlation + 1) & 0x7FFFFFFF
-    corr = conn.correlation
-    conn.sock.sendall(encode_request(api_key, version, corr, conn.client_id, body))
-    deadline = time.monotonic() + conn.timeout
-    (size,) = struct.unpack(">i", conn._recv_exact(4, deadline))
-    frame = conn._recv_exact(size, deadline)
-    rd = _Reader(frame)
-    if rd.take(">i") != corr:
-        raise KafkaError(ErrorCode.unknown_server_error, "correlation id mismatch")
-    rd.skip_tags()
-    return frame[rd.pos:]
 
 
 class _Reader:

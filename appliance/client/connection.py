@@ -91,8 +91,8 @@ def encode_request(api_key: int, version: int, correlation_id: int, client_id: s
     return bytes(frame)
 
 
-def decode_response(api_key: int, version: int, frame: bytes) -> tuple[int, Any]:
-    """(correlation id, kio response entity) of one response frame (without its size prefix)."""
+def response_header(api_key: int, version: int, frame: bytes) -> tuple[int, int]:
+    """(correlation id, offset of the body) of one response frame (without its size prefix)."""
     (corr,) = _SIZE.unpack_from(frame, 0)
     pos = 4
     if frames.response_header_version(api_key, version) >= 1:
@@ -101,6 +101,12 @@ def decode_response(api_key: int, version: int, frame: bytes) -> tuple[int, Any]
             _tag, pos = read_uvarint(frame, pos)
             size, pos = read_uvarint(frame, pos)
             pos += size
+    return corr, pos
+
+
+def decode_response(api_key: int, version: int, frame: bytes) -> tuple[int, Any]:
+    """(correlation id, kio response entity) of one response frame (without its size prefix)."""
+    corr, pos = response_header(api_key, version, frame)
     if api_key == API_VERSIONS and len(frame) >= pos + 2 and \
             _ERR.unpack_from(frame, pos)[0] == ErrorCode.unsupported_version:
         version = 0                            # KIP-511: the refusal comes in the v0 layout
@@ -185,16 +191,19 @@ class BrokerConnection:
 
     # -- requests -------------------------------------------------------------------------------
     def request(self, api_key: int, body: Mapping[str, Any] | Any, *, version: int | None = None,
-                expect_response: bool = True) -> Any:
+                expect_response: bool = True, raw: bool = False) -> Any:
         """Send one request (at the negotiated version unless ``version`` is given) and return
-        the decoded response entity (None when ``expect_response`` is False, e.g. acks=0)."""
+        the decoded response entity (None when ``expect_response`` is False, e.g. acks=0), or
+        with ``raw`` the response body after its header, undecoded (for answers kio cannot
+        read, such as a timestamp of -1)."""
         if version is None:
             version = self.version(api_key)
         if self.sock is None:
             self._connect()
-        return self._roundtrip(api_key, version, body, expect_response=expect_response)
+        return self._roundtrip(api_key, version, body, expect_response=expect_response, raw=raw)
 
-    def _roundtrip(self, api_key: int, version: int, body: Any, *, expect_response: bool = True) -> Any:
+    def _roundtrip(self, api_key: int, version: int, body: Any, *, expect_response: bool = True,
+                   raw: bool = False) -> Any:
         self.correlation = (self.correlation + 1) & 0x7FFFFFFF
         corr = self.correlation
         frame = encode_request(api_key, version, corr, self.client_id, body)
@@ -216,7 +225,11 @@ class BrokerConnection:
             self.close()
             raise KafkaConnectionError(f"{messages.api_name(api_key)} v{version} to "
                                        f"{self.host}:{self.port}: {exc}") from None
-        got, entity = decode_response(api_key, version, data)
+        if raw:
+            got, pos = response_header(api_key, version, data)
+            entity = data[pos:]
+        else:
+            got, entity = decode_response(api_key, version, data)
         if got != corr:
             self.close()
             raise KafkaConnectionError(f"correlation id {got} in the answer to request {corr}")
