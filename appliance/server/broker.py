@@ -96,6 +96,7 @@ class Broker:
         self._catalog = CatalogView(self.topo.file_path(PUBLISHED_FILE),
                                     lambda: self.sup_page.read().catalog_version)
         self._catalog_seen = -1
+        self._missing_writers = False
         self.mailbox = Mailbox(self.topo, self.name)
         for peer in ctx.fetchers + [SUPERVISOR, COORDINATOR]:
             self.mailbox.add(peer)
@@ -133,6 +134,11 @@ class Broker:
     def _tick(self) -> None:
         """Every 20 ms: heartbeat, catch lost wake-ups, retry queued sends, notice writer restarts."""
         self.hb.beat(self.ctx.heartbeat_slot)
+        # Look at the catalog even when no request asks: an idle frontend must arm the ack rings
+        # of writers created since, and retry writers whose rings were not there yet.
+        if self._missing_writers:
+            self._catalog_seen = -1
+        self.catalog
         self._drain()
         for ch in self.writers.values():
             if ch.queued:
@@ -228,12 +234,14 @@ class Broker:
                         fut.set_result(ProduceResult(int(ErrorCode.unknown_topic_or_partition)))
                 self.mailbox.remove(name)
                 self.topo.forget(name)
+        self._missing_writers = False
         for name in wanted - self.writers.keys():
             try:
                 self.writers[name] = WriterChannel(self.topo, self.name, name, self.bells)
                 self.mailbox.add(name)
             except FileNotFoundError:
-                log.warning("rings of %s not found yet", name)
+                self._missing_writers = True        # retried by the next tick
+                log.debug("rings of %s not found yet", name)
         # We sleep in epoll, never in Mailbox.wait: every input, new ones included, must stay
         # armed so that writers ring our bell after each ack (regression: acks of topics created
         # after start waited for the 20 ms tick).
