@@ -36,7 +36,8 @@ from appliance.protocol.records import (CONTROL_ABORT, batch_crc_ok, decode_reco
 
 __all__ = ["Consumer", "ConsumerRecord", "filter_fetched", "READ_COMMITTED", "READ_UNCOMMITTED"]
 
-FETCH, LIST_OFFSETS = 1, 2
+FETCH, LIST_OFFSETS, OFFSET_FETCH = 1, 2, 9
+COORDINATOR_GROUP = 0
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 EARLIEST, LATEST = -2, -1
 _LEADER_ERRORS = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition,
@@ -55,15 +56,19 @@ class ConsumerRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
+    timestamp_type: int = 0     # 0 CreateTime, 1 LogAppendTime (the batch's attribute)
 
 
 class Fetched(NamedTuple):
     """What one partition's fetched bytes yield: records at or after the position, the position
-    after the last complete batch, and how many batches were skipped as aborted."""
+    after the last complete batch, and how many batches were skipped as aborted.
+    ``log_append_time`` holds the offsets of returned records whose batch is LogAppendTime
+    (usually empty: CreateTime is the default)."""
     records: list[Any]          # appliance.protocol.records.DecodedRecord
     next_position: int
     aborted_batches: int
     control_batches: int
+    log_append_time: frozenset[int] = frozenset()
 
 
 def filter_fetched(data: bytes | memoryview, position: int,
@@ -83,6 +88,7 @@ def filter_fetched(data: bytes | memoryview, position: int,
     out: list[Any] = []
     next_pos = position
     skipped = controls = 0
+    log_append: set[int] = set()
     for pos, h in iter_batch_headers(mv):
         if h.last_offset < next_pos:
             continue
@@ -108,8 +114,10 @@ def filter_fetched(data: bytes | memoryview, position: int,
         for rec in decode_records(mv[pos:pos + size]):
             if rec.offset >= next_pos:
                 out.append(rec)
+                if h.timestamp_type:
+                    log_append.add(rec.offset)
         next_pos = h.last_offset + 1
-    return Fetched(out, next_pos, skipped, controls)
+    return Fetched(out, next_pos, skipped, controls, frozenset(log_append))
 
 
 class Consumer:
@@ -236,6 +244,42 @@ class Consumer:
                 return out
         raise last
 
+    # -- committed offsets ----------------------------------------------------------------------
+    def committed(self, partitions: Iterable[TopicPartition], group_id: str, *,
+                  require_stable: bool = True) -> dict[TopicPartition, int | None]:
+        """The offsets ``group_id`` committed for ``partitions`` (None where it has none), by
+        OffsetFetch to the group's coordinator. ``require_stable`` (KIP-447) waits out offsets
+        that an open transaction has committed but not yet completed, instead of returning the
+        older value."""
+        tps = [(t, int(p)) for t, p in partitions]
+        topics: dict[str, list[int]] = {}
+        for t, p in tps:
+            topics.setdefault(t, []).append(p)
+        body = {"group_id": group_id, "require_stable": require_stable,
+                "topics": [{"name": t, "partition_indexes": ps} for t, ps in topics.items()]}
+        last: KafkaError = KafkaTimeoutError("OffsetFetch: no answer")
+        for _ in Deadline(self.config["metadata_timeout_ms"], self.config["retry_backoff_ms"]):
+            try:
+                conn = self.cluster.coordinator(group_id, COORDINATOR_GROUP)
+                resp = conn.request(OFFSET_FETCH, body, version=min(7, conn.version(OFFSET_FETCH,
+                                                                                   minimum=7)))
+            except (KafkaConnectionError, KafkaTimeoutError) as exc:
+                self.cluster.forget_coordinator(group_id, COORDINATOR_GROUP)
+                last = exc
+                continue
+            codes = [error_code(resp.error_code)] + [error_code(p.error_code) for t in resp.topics
+                                                     for p in t.partitions]
+            bad = next((c for c in codes if c != ErrorCode.none), None)
+            if bad is None:
+                return {(t.name, p.partition_index): (p.committed_offset if p.committed_offset >= 0 else None)
+                        for t in resp.topics for p in t.partitions}
+            if not bad.retriable:
+                raise KafkaError(bad, f"OffsetFetch {group_id!r}")
+            if bad in (ErrorCode.not_coordinator, ErrorCode.coordinator_not_available):
+                self.cluster.forget_coordinator(group_id, COORDINATOR_GROUP)
+            last = KafkaError(bad, f"OffsetFetch {group_id!r}")
+        raise last
+
     # -- fetching -------------------------------------------------------------------------------
     def poll(self, timeout_ms: float = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
         """Records from the assigned partitions, waiting up to ``timeout_ms`` for some."""
@@ -341,8 +385,10 @@ class Consumer:
                              f"than max_partition_fetch_bytes ({self.config['max_partition_fetch_bytes']})")
         self._positions[tp] = got.next_position
         if got.records:
+            lat = got.log_append_time
             self._buffered[tp] = deque(ConsumerRecord(topic, tp[1], r.offset, r.timestamp, r.key, r.value,
-                                                      tuple(r.headers)) for r in got.records)
+                                                      tuple(r.headers), 1 if r.offset in lat else 0)
+                                       for r in got.records)
 
     def close(self) -> None:
         if not self._closed:

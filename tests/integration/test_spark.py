@@ -1,0 +1,331 @@
+"""The Spark pipeline against the real appliance: PySpark in local mode (a JVM, Python workers)
+with the ``appliance`` data source (appliance.spark), checked with other clients.
+
+- a batch write of 100,000 rows appears exactly once, and leaves no transaction open;
+- a write job whose task fails mid-way (its rows already sent) leaves nothing visible to
+  read_committed; running it again writes every row once; a task that fails once and is retried
+  by Spark (same transactional id: the retry fences and aborts its first attempt) also writes
+  every row once;
+- a streaming query killed -9 (driver and JVM) at two moments and restarted from its checkpoint
+  writes every committed input row exactly once, aborted input never;
+- a micro-batch whose commit stopped after one partition's transaction (the commit process
+  killed) is replayed without duplicating that partition;
+- the reader returns what kafka-python wrote, committed only, with Spark's Kafka schema and
+  headers; streaming with maxOffsetsPerTrigger takes several batches and returns the same;
+- offsets deleted by retention are a clear error (failOnDataLoss), or skipped when allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from appliance import admin
+from appliance.client import Producer
+from clientkit import create, read_all, settle, uid
+from harness import Appliance
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    d = tmp_path_factory.mktemp("spark")
+    a = Appliance(data_dir=str(d / "data"), log_path=str(d / "appliance.log"),
+                  config={"transactions": {"two_phase_commit_enable": True},
+                          "log": {"retention_check_interval_ms": 200}})
+    a.start()
+    yield a
+    a.terminate()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    from appliance.spark import register
+    # local[2, 2]: two cores, and a failed task is tried twice (as on a cluster).
+    s = (SparkSession.builder.master("local[2,2]").appName("appliance-tests")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.shuffle.partitions", "4")
+         # Small Arrow batches: a task's writer gets rows before the row that fails it.
+         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    register(s)
+    yield s
+    s.stop()
+
+
+def values(records) -> list[bytes]:
+    return [r.value for recs in records.values() for r in recs]
+
+
+def open_transactions(bootstrap: str) -> list[str]:
+    conn = admin.connect(bootstrap)
+    try:
+        return [t["transactional_id"] for t in admin.list_transactions(conn, states=["Ongoing"])
+                if not t["transactional_id"].endswith("-probe")]
+    finally:
+        conn.close()
+
+
+def rows_df(spark, n: int, parts: int, fail_at: int | None = None, fail_attempts: int = 99):
+    """n rows (key = id, value = "v-<id>"); with ``fail_at`` the row of that id raises in the
+    first ``fail_attempts`` attempts of its task, after the rows before it were written."""
+    from pyspark.sql.functions import col, udf
+
+    @udf("string")
+    def value_of(i):
+        import time
+
+        from pyspark import TaskContext
+        if i == fail_at and TaskContext.get().attemptNumber() < fail_attempts:
+            time.sleep(2)           # the rows before it reach the writer, which sends them
+            raise RuntimeError(f"injected failure at row {i}")
+        return f"v-{i}"
+
+    return (spark.range(0, n, 1, numPartitions=parts)
+            .select(col("id").cast("string").alias("key"), value_of("id").alias("value")))
+
+
+def write(df, broker, topic, **options):
+    w = df.write.format("appliance").option("kafka.bootstrap.servers", broker.bootstrap).option("topic", topic)
+    for k, v in options.items():
+        w = w.option(k, v)
+    w.mode("append").save()
+
+
+def test_batch_write_of_100000_rows_appears_exactly_once(spark, broker):
+    topic = uid("spark-batch")
+    create(broker.bootstrap, {topic: 3})
+    write(rows_df(spark, 100_000, 4), broker, topic)
+    got = values(read_all(broker.bootstrap, topic, 3))
+    assert len(got) == 100_000
+    assert set(got) == {b"v-%d" % i for i in range(100_000)}
+    assert not [t for t in open_transactions(broker.bootstrap) if t.startswith("spark-")]
+
+
+def test_failed_task_leaves_nothing_visible_and_a_rerun_writes_everything_once(spark, broker):
+    topic = uid("spark-fail")
+    create(broker.bootstrap, {topic: 2})
+    # Partition 1 of 2 holds ids 20000..39999: it fails at its last row, in every attempt.
+    with pytest.raises(Exception, match="injected failure"):
+        write(rows_df(spark, 40_000, 2, fail_at=39_999), broker, topic)
+    settle(broker.bootstrap, topic, 2)
+    uncommitted = values(read_all(broker.bootstrap, topic, 2, "read_uncommitted"))
+    # Partition 0's task prepared its 20,000 rows; the failing one had sent some too.
+    assert len(uncommitted) > 20_000, "the failing task had sent rows before it failed"
+    assert values(read_all(broker.bootstrap, topic, 2)) == []
+    assert not [t for t in open_transactions(broker.bootstrap) if t.startswith("spark-")]
+
+    write(rows_df(spark, 40_000, 2), broker, topic)
+    got = values(read_all(broker.bootstrap, topic, 2))
+    assert sorted(got) == sorted(b"v-%d" % i for i in range(40_000))
+
+
+def test_task_retried_by_spark_writes_every_row_once(spark, broker):
+    topic = uid("spark-retry")
+    create(broker.bootstrap, {topic: 2})
+    # Partition 2 of 3 holds ids 20000..29999: its first attempt fails at its last row.
+    write(rows_df(spark, 30_000, 3, fail_at=29_999, fail_attempts=1), broker, topic)
+    settle(broker.bootstrap, topic, 2)
+    uncommitted = values(read_all(broker.bootstrap, topic, 2, "read_uncommitted"))
+    assert len(uncommitted) > 30_000, "the first attempt had sent rows before it failed"
+    got = values(read_all(broker.bootstrap, topic, 2))
+    assert sorted(got) == sorted(b"v-%d" % i for i in range(30_000))
+
+
+def _feed(bootstrap: str, topic: str, transactions: int, per_txn: int) -> list[bytes]:
+    """Transactions of ``per_txn`` rows, every third aborted; returns the committed values."""
+    committed = []
+    p = Producer(bootstrap_servers=bootstrap, transactional_id=uid("feeder"))
+    try:
+        p.init_transactions()
+        for t in range(transactions):
+            p.begin_transaction()
+            vals = [b"row-%d-%d" % (t, i) for i in range(per_txn)]
+            for i, v in enumerate(vals):
+                p.send(topic, v, key=b"%d" % i)
+            if t % 3 == 2:
+                p.abort_transaction()
+            else:
+                p.commit_transaction()
+                committed.extend(vals)
+    finally:
+        p.close()
+    return committed
+
+
+def _driver(broker, source, sink, checkpoint, *extra) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "spark_job.py"), "stream", broker.bootstrap,
+                             source, sink, checkpoint, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _kill9(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate(timeout=60)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-5000:]
+    return out
+
+
+def _uncommitted_count(bootstrap: str, topic: str, partitions: int) -> int:
+    from appliance.client import Consumer
+    with Consumer(bootstrap_servers=bootstrap, isolation_level="read_uncommitted") as c:
+        tps = [(topic, p) for p in range(partitions)]
+        return sum(c.end_offsets(tps).values())
+
+
+def test_streaming_query_killed_and_restarted_from_its_checkpoint_writes_every_row_once(
+        spark, broker, tmp_path):
+    source, sink = uid("spark-in"), uid("spark-out")
+    create(broker.bootstrap, {source: 2, sink: 3})
+    committed = _feed(broker.bootstrap, source, 30, 600)          # 12,000 committed rows
+    checkpoint = str(tmp_path / "checkpoint")
+    rnd = random.Random(7)
+    for kill in range(2):
+        proc = _driver(broker, source, sink, checkpoint, "--max-offsets", "700")
+        before = _uncommitted_count(broker.bootstrap, sink, 3)
+        deadline = time.monotonic() + 300
+        # Kill it once the sink has grown (a micro-batch is under way or done), at a random moment.
+        while _uncommitted_count(broker.bootstrap, sink, 3) <= before:
+            assert proc.poll() is None, proc.communicate()[0][-5000:]
+            assert time.monotonic() < deadline, "the streaming query wrote nothing"
+            time.sleep(0.2)
+        time.sleep(rnd.uniform(0.0, 1.5))
+        _kill9(proc)
+    _finish(_driver(broker, source, sink, checkpoint, "--max-offsets", "700", "--available-now"))
+    got = values(read_all(broker.bootstrap, sink, 3))
+    assert Counter(got) == Counter(v.upper() for v in committed)
+    assert not [t for t in open_transactions(broker.bootstrap) if t.startswith("spark-")]
+
+
+def test_micro_batch_replayed_after_a_partial_commit_is_not_duplicated(spark, broker, tmp_path):
+    """The commit of batch 1 completes partition 0's transaction, then its process dies: batch 1
+    is not in the checkpoint's commit log, so the restarted query replays it. Partition 0's task
+    finds the batch committed (its marker offset, committed in the same transaction) and writes
+    nothing; partition 1's task aborts the transaction the dead run prepared and writes again."""
+    source, sink = uid("spark-in"), uid("spark-out")
+    create(broker.bootstrap, {source: 2, sink: 2})
+    committed = _feed(broker.bootstrap, source, 6, 500)           # 2,000 committed rows
+    checkpoint = str(tmp_path / "checkpoint")
+    crashed = _driver(broker, source, sink, checkpoint, "--max-offsets", "1000", "--available-now",
+                      "--crash-in-commit", "1")
+    try:
+        out, _ = crashed.communicate(timeout=300)
+    finally:
+        _kill9(crashed)
+    assert crashed.returncode != 0, "the commit of batch 1 was to fail"
+    settle_or_pinned = read_all(broker.bootstrap, sink, 2, settled=False)
+    assert 0 < len(values(settle_or_pinned)) < len(committed), "batch 1 was partly committed"
+    _finish(_driver(broker, source, sink, checkpoint, "--max-offsets", "1000", "--available-now"))
+    got = values(read_all(broker.bootstrap, sink, 2))
+    assert Counter(got) == Counter(v.upper() for v in committed)
+
+
+def test_reader_returns_what_kafka_python_wrote_committed_only(spark, broker):
+    from kafka import KafkaProducer
+    topic = uid("spark-read")
+    create(broker.bootstrap, {topic: 2})
+    p = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=uid("kp"))
+    p.init_transactions()
+    expected = []
+    for t in range(9):
+        p.begin_transaction()
+        for i in range(100):
+            v = b"kp-%d-%d" % (t, i)
+            p.send(topic, value=v, key=b"k%d" % i, headers=[("h", b"%d" % t)])
+            if t % 3 != 1:
+                expected.append(v)
+        p.flush()
+        if t % 3 == 1:
+            p.abort_transaction()
+        else:
+            p.commit_transaction()
+    p.close()
+    settle(broker.bootstrap, topic, 2)
+
+    df = (spark.read.format("appliance").option("kafka.bootstrap.servers", broker.bootstrap)
+          .option("subscribe", topic).option("includeHeaders", "true").load())
+    assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp",
+                          "timestampType", "headers"]
+    rows = df.collect()
+    assert sorted(r.value for r in rows) == sorted(expected)
+    assert {r.topic for r in rows} == {topic}
+    assert all(r.headers[0].key == "h" and r.value.startswith(b"kp-" + r.headers[0].value + b"-")
+               for r in rows)
+    offsets = {(r.partition, r.offset) for r in rows}
+    assert len(offsets) == len(rows)
+    # The markers and the aborted transactions leave gaps in the offsets, which are not data loss.
+    assert max(o for _, o in offsets) >= len(rows) // 2
+
+    # endingOffsets / startingOffsets as JSON, and the same rows through a streaming query that
+    # takes several micro-batches.
+    part0 = [r for r in rows if r.partition == 0]
+    first = min(r.offset for r in part0)
+    cut = sorted(r.offset for r in part0)[len(part0) // 2]
+    some = (spark.read.format("appliance").option("kafka.bootstrap.servers", broker.bootstrap)
+            .option("assign", f'{{"{topic}": [0]}}')
+            .option("startingOffsets", f'{{"{topic}": {{"0": {first}}}}}')
+            .option("endingOffsets", f'{{"{topic}": {{"0": {cut}}}}}').load().collect())
+    assert sorted(r.offset for r in some) == sorted(r.offset for r in part0 if r.offset < cut)
+
+    q = (spark.readStream.format("appliance").option("kafka.bootstrap.servers", broker.bootstrap)
+         .option("subscribe", topic).option("startingOffsets", "earliest")
+         .option("maxOffsetsPerTrigger", 150).load()
+         .writeStream.format("memory").queryName("spark_read_stream").trigger(availableNow=True).start())
+    q.awaitTermination(300)
+    streamed = spark.sql("select value from spark_read_stream").collect()
+    assert sorted(r.value for r in streamed) == sorted(expected)
+    assert len([p for p in q.recentProgress if p["numInputRows"] > 0]) >= 4
+
+
+def test_offsets_deleted_by_retention_are_a_clear_error(spark, broker):
+    from confluent_kafka.admin import AdminClient, NewTopic
+    topic = uid("spark-retention")
+    admin_client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    fut = admin_client.create_topics([NewTopic(topic, 1, config={"segment.bytes": "4096",
+                                                                 "retention.bytes": "8192"})])
+    fut[topic].result(30)
+    with Producer(bootstrap_servers=broker.bootstrap, linger_ms=0) as p:
+        for i in range(400):
+            p.send(topic, b"x" * 100 + b"%d" % i, partition=0)
+            p.flush()
+    from appliance.client import Consumer
+    with Consumer(bootstrap_servers=broker.bootstrap) as c:
+        deadline = time.monotonic() + 60
+        while (start := c.beginning_offsets([(topic, 0)])[(topic, 0)]) == 0:
+            assert time.monotonic() < deadline, "retention deleted nothing"
+            time.sleep(0.2)
+
+    def load(**options):
+        r = (spark.read.format("appliance").option("kafka.bootstrap.servers", broker.bootstrap)
+             .option("subscribe", topic).option("startingOffsets", f'{{"{topic}": {{"0": 0}}}}'))
+        for k, v in options.items():
+            r = r.option(k, v)
+        return r.load().collect()
+
+    with pytest.raises(Exception, match="deleted by retention"):
+        load()
+    rows = load(failOnDataLoss="false")
+    assert rows and min(r.offset for r in rows) >= start
+    assert [r.offset for r in sorted(rows, key=lambda r: r.offset)] == \
+        list(range(min(r.offset for r in rows), 400))
