@@ -17,6 +17,7 @@ with the ``appliance`` data source (appliance.spark), checked with other clients
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -329,3 +330,56 @@ def test_offsets_deleted_by_retention_are_a_clear_error(spark, broker):
     assert rows and min(r.offset for r in rows) >= start
     assert [r.offset for r in sorted(rows, key=lambda r: r.offset)] == \
         list(range(min(r.offset for r in rows), 400))
+
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "spark_pipeline.py")
+
+
+def _example(broker, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, EXAMPLE, *args, "--bootstrap", broker.bootstrap],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_pipeline_example_loads_once_after_a_failed_load_and_reports(broker, tmp_path):
+    """examples/spark_pipeline.py: a load that fails mid-way leaves nothing to report; the
+    load run again, then the report, count every valid order once with the right totals."""
+    topic = uid("orders")
+    create(broker.bootstrap, {topic: 2})
+    n = 20_000
+    expected: dict[str, list] = {}
+    for i in range(n):
+        amount = round(((i * 7919) % 10000) / 100.0, 2) - 5
+        if amount > 0:
+            expected.setdefault(f"customer-{i % 50}", []).append(amount)
+    valid = sum(len(v) for v in expected.values())
+
+    failed = _example(broker, "load", "--topic", topic, "--rows", str(n), "--fail-after", "3000")
+    assert failed.returncode != 0 and "injected failure" in failed.stdout + failed.stderr
+    settle(broker.bootstrap, topic, 2)
+    assert values(read_all(broker.bootstrap, topic, 2, "read_uncommitted")), "rows were sent"
+    empty = _example(broker, "report", "--topic", topic, "--json")
+    assert empty.returncode == 0, empty.stderr[-3000:]
+    assert json.loads(empty.stdout.strip().splitlines()[-1])["orders"] == 0
+
+    ok = _example(broker, "load", "--topic", topic, "--rows", str(n))
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    rep = _example(broker, "report", "--topic", topic, "--json")
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    got = json.loads(rep.stdout.strip().splitlines()[-1])
+    assert got["orders"] == got["distinct_orders"] == valid
+    assert {c: v["orders"] for c, v in got["customers"].items()} == {c: len(v) for c, v in expected.items()}
+    for c, v in got["customers"].items():
+        assert v["total"] == pytest.approx(sum(expected[c]), abs=0.01)
+
+
+def test_pipeline_example_loads_a_csv(broker, tmp_path):
+    topic = uid("orders-csv")
+    create(broker.bootstrap, {topic: 1})
+    csv = tmp_path / "orders.csv"
+    csv.write_text("order_id,customer,amount\n1,ann,10.5\n2,bob,-3\n3,ann,4.5\n4,cy,0\n5,bob,1.25\n")
+    ok = _example(broker, "load", "--topic", topic, "--csv", str(csv))
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    rep = _example(broker, "report", "--topic", topic, "--json")
+    got = json.loads(rep.stdout.strip().splitlines()[-1])
+    assert got["orders"] == 3
+    assert got["customers"] == {"ann": {"orders": 2, "total": 15.0}, "bob": {"orders": 1, "total": 1.25}}

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""A PySpark pipeline through the appliance: one job loads orders and writes them exactly once,
+a second job reads them back read_committed and aggregates them.
+
+    # the broker must allow two-phase commit: [transactions] two_phase_commit_enable = true
+    python examples/spark_pipeline.py load --bootstrap 127.0.0.1:9092 --topic orders \\
+        [--csv orders.csv | --rows 100000]
+    python examples/spark_pipeline.py report --bootstrap 127.0.0.1:9092 --topic orders [--json]
+
+``load`` reads a CSV file with a header (columns order_id, customer, amount) or generates
+``--rows`` orders, keeps the valid ones (a positive amount), and writes each as a record: key =
+customer, value = the order as JSON. With ``--fail-after N`` the job fails after N orders of its
+last partition, the rows before it already sent: nothing of the job becomes visible, and running
+``load`` again writes every order once.
+
+``report`` reads the topic (batch, read_committed) and prints orders and total amount per
+customer, and the overall count; ``--json`` prints them as one JSON object.
+
+The same two jobs written for Spark's Kafka connector would differ only in the format name
+("kafka" instead of "appliance") and in the ``register(spark)`` call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def session(name: str):
+    from pyspark.sql import SparkSession
+
+    from appliance.spark import register
+
+    spark = (SparkSession.builder.master(os.environ.get("SPARK_MASTER", "local[2]")).appName(name)
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("WARN")
+    register(spark)
+    return spark
+
+
+def load(args) -> int:
+    from pyspark.sql import functions as F
+
+    spark = session("orders-load")
+    if args.csv:
+        orders = (spark.read.option("header", "true")
+                  .schema("order_id long, customer string, amount double").csv(args.csv))
+    else:
+        orders = spark.range(args.rows, numPartitions=args.partitions).select(
+            F.col("id").alias("order_id"),
+            F.concat(F.lit("customer-"), (F.col("id") % 50).cast("string")).alias("customer"),
+            (F.round((F.col("id") * 7919) % 10000 / 100.0, 2) - 5).alias("amount"))
+    valid = orders.where(F.col("amount") > 0)
+    if args.fail_after is not None:
+        valid = valid.withColumn("amount", _fail_after(args.fail_after)(F.col("amount")))
+    records = valid.select(
+        F.col("customer").alias("key"),
+        F.to_json(F.struct("order_id", "customer", "amount")).alias("value"))
+    (records.write.format("appliance").option("kafka.bootstrap.servers", args.bootstrap)
+     .option("topic", args.topic).mode("append").save())
+    print(f"loaded {valid.count()} orders into {args.topic}")
+    spark.stop()
+    return 0
+
+
+def _fail_after(n: int):
+    """A pass-through column function that fails the last partition's task after ``n`` rows."""
+    from pyspark.sql.functions import udf
+
+    @udf("double")
+    def check(amount):
+        import time
+
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        state = check.__dict__.setdefault("seen", {})
+        key = (ctx.stageId(), ctx.partitionId(), ctx.attemptNumber())
+        state[key] = state.get(key, 0) + 1
+        if ctx.partitionId() == int(os.environ.get("PIPELINE_FAIL_PARTITION", "1")) and state[key] > n:
+            time.sleep(1)            # the rows before have reached the sink, which has sent them
+            raise RuntimeError(f"injected failure after {n} orders")
+        return amount
+
+    return check
+
+
+def report(args) -> int:
+    from pyspark.sql import functions as F
+
+    spark = session("orders-report")
+    raw = (spark.read.format("appliance").option("kafka.bootstrap.servers", args.bootstrap)
+           .option("subscribe", args.topic).option("startingOffsets", "earliest").load())
+    orders = raw.select(F.from_json(F.col("value").cast("string"),
+                                    "order_id long, customer string, amount double").alias("o")).select("o.*")
+    per_customer = (orders.groupBy("customer")
+                    .agg(F.count("*").alias("orders"), F.round(F.sum("amount"), 2).alias("total"))
+                    .orderBy("customer").collect())
+    summary = orders.agg(F.count("*").alias("orders"),
+                         F.countDistinct("order_id").alias("distinct_orders")).collect()[0]
+    if args.json:
+        print(json.dumps({"orders": summary.orders, "distinct_orders": summary.distinct_orders,
+                          "customers": {r.customer: {"orders": r.orders, "total": r.total}
+                                        for r in per_customer}}))
+    else:
+        for r in per_customer:
+            print(f"{r.customer:>14} {r.orders:>8} {r.total:>14.2f}")
+        print(f"{summary.orders} orders ({summary.distinct_orders} distinct)")
+    spark.stop()
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("job", choices=["load", "report"])
+    ap.add_argument("--bootstrap", default="127.0.0.1:9092")
+    ap.add_argument("--topic", default="orders")
+    ap.add_argument("--csv", help="orders CSV (header: order_id,customer,amount)")
+    ap.add_argument("--rows", type=int, default=100_000, help="orders to generate without --csv")
+    ap.add_argument("--partitions", type=int, default=2, help="Spark partitions of generated orders")
+    ap.add_argument("--fail-after", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    return load(args) if args.job == "load" else report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
