@@ -10,9 +10,10 @@ Runs in three places:
   the transactional id and the ``PreparedTxnState`` ("producer id:epoch").
 - ``commit`` in a driver's Python worker once every task succeeded: for each message a producer
   with the same transactional id calls ``init_transactions(keep_prepared_txn=True)``, which keeps
-  the prepared transaction, and commits it if it is still the one the task prepared. Anything
-  else (the transaction was aborted or replaced by another writer using the same id) is an
-  error: the job fails rather than reporting rows that were not written.
+  the prepared transaction, and checks that it is still the one the task prepared; only when
+  every one is are they committed. Anything else (a transaction was aborted or replaced by
+  another writer using the same id) is an error before any partition is visible: the job fails
+  rather than reporting rows that were not written.
 - ``abort`` in a driver's Python worker when a task failed: every transaction of the job still
   open (prepared by a task that succeeded, or left by one that died) is aborted, so that nothing
   of the job ever becomes visible to read_committed readers.
@@ -56,6 +57,7 @@ import logging
 import re
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +71,8 @@ from appliance.spark.options import OptionError, client_config, text
 log = logging.getLogger("appliance.spark")
 
 MARKER_TOPIC = "spark-sink-commits"
+COMMIT_THREADS = 8
+_BROKERS_CHECKED: set[tuple[str, str]] = set()      # (bootstrap, prefix) that allowed 2PC
 
 
 class TransactionLostError(RuntimeError):
@@ -133,6 +137,10 @@ class _Sink:
         self._check_broker()
 
     def _check_broker(self) -> None:
+        # Once per process: a streaming query makes a writer for every micro-batch.
+        checked = (str(self.producer_config["bootstrap_servers"]), str(self.prefix))
+        if checked in _BROKERS_CHECKED:
+            return
         probe = f"{self.prefix}-probe"          # one id per prefix: probes leave no litter
         with self._producer(probe) as p:
             try:
@@ -143,6 +151,7 @@ class _Sink:
                         "the broker refused a two-phase-commit transaction (KIP-939): set "
                         "[transactions] two_phase_commit_enable = true in the appliance's config") from None
                 raise
+        _BROKERS_CHECKED.add(checked)
 
     def _producer(self, transactional_id: str) -> Producer:
         return Producer(self.producer_config, transactional_id=transactional_id,
@@ -259,25 +268,44 @@ class _Sink:
 
     # -- driver -----------------------------------------------------------------------------------
     def commit_all(self, messages: list[PreparedTask | None]) -> int:
-        """Commit every prepared transaction; returns the rows made visible."""
-        rows = 0
+        """Commit every prepared transaction; returns the rows made visible.
+
+        Two rounds, each over a few threads: first take every transactional id over
+        (``init_transactions(keep_prepared_txn=True)``, which fences any other user of it) and
+        check that its open transaction is the one the task prepared; only when all are, commit
+        them. A transaction found gone therefore fails the job before any partition of it is
+        visible."""
+        todo = []
         for m in messages:
             if m is None:
                 raise TransactionLostError("commit called with a task that has no commit message")
             want = PreparedTxnState.from_string(m.state)
-            if m.skipped or not want.has_transaction:
-                continue
-            with self._producer(m.transactional_id) as p:
-                p.init_transactions(keep_prepared_txn=True)
-                have = p.prepared_state
-                if have != want:
-                    raise TransactionLostError(
-                        f"{m.transactional_id}: the prepared transaction {want} is gone (the open one "
-                        f"is {have}); another writer uses this transactional id, or it was aborted "
-                        "by an operator. Its rows were not written.")
-                p.commit_transaction()
-            rows += m.rows
-        return rows
+            if not m.skipped and want.has_transaction:
+                todo.append((m, want))
+        if not todo:
+            return 0
+        producers: list[Producer] = []
+
+        def take_over(item) -> Producer:
+            m, want = item
+            p = self._producer(m.transactional_id)
+            producers.append(p)
+            p.init_transactions(keep_prepared_txn=True)
+            if p.prepared_state != want:
+                raise TransactionLostError(
+                    f"{m.transactional_id}: the prepared transaction {want} is gone (the open one "
+                    f"is {p.prepared_state}); another writer uses this transactional id, or it was "
+                    "aborted by an operator. The job's rows were not written.")
+            return p
+
+        with ThreadPoolExecutor(max_workers=min(COMMIT_THREADS, len(todo))) as pool:
+            try:
+                taken = list(pool.map(take_over, todo))
+                list(pool.map(lambda p: p.commit_transaction(), taken))
+            finally:
+                for p in producers:
+                    p.close()
+        return sum(m.rows for m, _ in todo)
 
     def job_ids(self, key: str, messages: list[PreparedTask | None]) -> set[str]:
         """Every transactional id a job's tasks may have used, including those of tasks that

@@ -383,3 +383,40 @@ def test_pipeline_example_loads_a_csv(broker, tmp_path):
     got = json.loads(rep.stdout.strip().splitlines()[-1])
     assert got["orders"] == 3
     assert got["customers"] == {"ann": {"orders": 2, "total": 15.0}, "bob": {"orders": 1, "total": 1.25}}
+
+
+def test_driver_commit_refuses_when_a_prepared_transaction_is_gone(broker):
+    """The driver's commit checks every task's transaction before committing any: one aborted by
+    an operator (force-terminate) fails the job, and the other task's rows stay invisible."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from appliance.client import PreparedTxnState
+    from appliance.spark import TransactionLostError
+    from appliance.spark.writer import PreparedTask, _Sink
+
+    topic = uid("spark-lost")
+    create(broker.bootstrap, {topic: 2})
+    sink = _Sink({"kafka.bootstrap.servers": broker.bootstrap, "topic": topic},
+                 StructType([StructField("value", StringType())]))
+    key = uid("job")
+    messages = []
+    for part in range(2):
+        txn_id = f"spark-{key}-{part}"
+        with Producer(bootstrap_servers=broker.bootstrap, transactional_id=txn_id,
+                      enable_two_phase_commit=True) as p:
+            p.init_transactions()
+            p.begin_transaction()
+            for i in range(10):
+                p.send(topic, b"%d-%d" % (part, i), partition=part)
+            state = p.prepare_transaction()
+        messages.append(PreparedTask(txn_id, part, str(state), 10))
+    conn = admin.connect(broker.bootstrap)
+    try:
+        admin.force_terminate(conn, messages[1].transactional_id)
+    finally:
+        conn.close()
+    with pytest.raises(TransactionLostError, match="is gone"):
+        sink.commit_all(messages)
+    assert PreparedTxnState.from_string(messages[0].state).has_transaction
+    sink.abort_open(sink.job_ids(key, messages))
+    assert values(read_all(broker.bootstrap, topic, 2)) == []
