@@ -192,8 +192,9 @@ def appliance_command() -> list[str]:
 
 @contextlib.contextmanager
 def appliance(workdir: str, flush_policy: str, partitions: int,
-              ready_timeout: float) -> Iterator[tuple[str, str]]:
-    """Run the appliance for the block; yields (bootstrap, log path)."""
+              ready_timeout: float, extra_toml: str = "") -> Iterator[tuple[str, str]]:
+    """Run the appliance for the block; yields (bootstrap, log path). ``extra_toml``: more
+    config sections, appended to the file."""
     port = free_port()
     data_dir = os.path.join(workdir, "data")
     conf = os.path.join(workdir, "appliance.toml")
@@ -206,7 +207,7 @@ def appliance(workdir: str, flush_policy: str, partitions: int,
                 "auto_create = true\n"
                 f"default_partitions = {partitions}\n"
                 "[supervisor]\n"
-                "shutdown_timeout_ms = 10000\n")
+                "shutdown_timeout_ms = 10000\n" + extra_toml)
     cmd = appliance_command() + ["run", "--listen", f"127.0.0.1:{port}", "--data-dir", data_dir,
                                  "--config", conf]
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}

@@ -72,6 +72,7 @@ log = logging.getLogger("appliance.spark")
 
 MARKER_TOPIC = "spark-sink-commits"
 COMMIT_THREADS = 8
+WRITER_BATCH_SIZE = 512 * 1024      # below Kafka's default max.message.bytes (1 MiB + 12)
 _BROKERS_CHECKED: set[tuple[str, str]] = set()      # (bootstrap, prefix) that allowed 2PC
 
 
@@ -127,6 +128,9 @@ class _Sink:
         check_schema(schema, self.topic)
         cfg = client_config(options, "producer")
         cfg.setdefault("client_id", "appliance-spark-writer")
+        # A task sends everything and waits only at prepare: big batches mean fewer round trips
+        # of the synchronous client (1.7x the rows/s of the 16 KiB default, loadtests/README.md).
+        cfg.setdefault("batch_size", WRITER_BATCH_SIZE)
         self.producer_config = cfg
         self.prefix = text(options, "transactionalIdPrefix", "spark")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.prefix or ""):

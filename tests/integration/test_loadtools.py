@@ -30,3 +30,11 @@ def test_produce_benchmark_runs_and_prints_ratios(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "| 100 B | appliance / sink |" in r.stdout
+
+
+def test_spark_benchmark_runs_and_prints_ratios(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_spark.py"), "--rows", "2000",
+                        "--rounds", "1", "--work-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "| spark local[2] (2 cores) |" in r.stdout and "| librdkafka idempotent (1 core) |" in r.stdout
