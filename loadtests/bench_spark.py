@@ -2,7 +2,8 @@
 
 Not a test; run by hand:
 
-    .venv/bin/python loadtests/bench_spark.py [--rows 1000000] [--value-size 100] [--work-dir DIR]
+    .venv/bin/python loadtests/bench_spark.py [--rows 1000000] [--value-size 100] [--rounds 2]
+        [--work-dir DIR] [--keep]
 
 It starts one appliance (two-phase commit on, flush policy os) and measures, one after the
 other, writing the same rows (a key of up to 7 bytes, a value of ``--value-size`` bytes) to a
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -124,12 +126,27 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--work-dir", default=None)
+    ap.add_argument("--work-dir", default=None,
+                    help="parent of the temporary dir (appliance data and log, removed at the end)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
     args = ap.parse_args()
+    if args.rows < 1 or args.value_size < 1 or args.rounds < 1:
+        ap.error("--rows, --value-size and --rounds must be positive")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     workdir = tempfile.mkdtemp(prefix="bench-spark-", dir=args.work_dir)
     nbytes = payload_bytes(args.rows, args.value_size)
+    try:
+        return run(args, workdir, nbytes)
+    finally:
+        # A full run leaves about 1 GB of appliance data (every writer, every round).
+        if args.keep:
+            print(f"kept {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, workdir: str, nbytes: int) -> int:
     with start_appliance(workdir, "os", 2, 60.0,
                          "[transactions]\ntwo_phase_commit_enable = true\n") as (bootstrap, _log):
         from pyspark.sql import SparkSession
