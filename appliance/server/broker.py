@@ -136,9 +136,9 @@ class Broker:
         self.hb.beat(self.ctx.heartbeat_slot)
         # Look at the catalog even when no request asks: an idle frontend must arm the ack rings
         # of writers created since, and retry writers whose rings were not there yet.
+        cat = self.catalog                      # syncs the writers if the catalog changed
         if self._missing_writers:
-            self._catalog_seen = -1
-        self.catalog
+            self._sync_writers(cat)
         self._drain()
         for ch in self.writers.values():
             if ch.queued:
