@@ -260,17 +260,23 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = self._latest()
 
-    def latestOffset(self, start: dict, limit) -> dict:
+    def _begin(self, start: dict, tps) -> dict[TopicPartition, int]:
+        """The start offsets of a micro-batch: the checkpoint's, and for partitions new since
+        (a topic created or grown) their earliest offset."""
         begin = from_json_offsets(start)
-        latest = self._latest() if self._available_now is None else dict(self._available_now)
-        new = [tp for tp in latest if tp not in begin]
+        new = [tp for tp in tps if tp not in begin]
         if new:
             begin.update(self.consumer.beginning_offsets(new))
-        end = {tp: max(off, begin.get(tp, off)) for tp, off in latest.items()}
+        return begin
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        latest = self._latest() if self._available_now is None else dict(self._available_now)
+        begin = self._begin(start, latest)
+        end = {tp: max(off, begin[tp]) for tp, off in latest.items()}
         if isinstance(limit, ReadMaxRows):
             end = _rate_limit(begin, end, limit.max_rows)
         # A partition that vanished (topic deleted) keeps its last offset.
-        for tp, off in from_json_offsets(start).items():
+        for tp, off in begin.items():
             end.setdefault(tp, off)
         return to_json_offsets(end)
 
@@ -278,11 +284,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return to_json_offsets(self._latest())
 
     def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
-        begin = from_json_offsets(start)
         stop = from_json_offsets(end)
-        new = [tp for tp in stop if tp not in begin]
-        if new:
-            begin.update(self.consumer.beginning_offsets(new))
+        begin = self._begin(start, stop)
         ranges = [OffsetRange(t, p, begin[(t, p)], off) for (t, p), off in sorted(stop.items())
                   if begin[(t, p)] < off]
         return _check_loss(self.settings, self.consumer, ranges)

@@ -52,6 +52,7 @@ Rows take the columns of Spark's Kafka sink: ``value`` (required), ``key``, ``to
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import re
@@ -64,7 +65,9 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
+from appliance import admin
 from appliance.client import Consumer, PreparedTxnState, Producer
+from appliance.client.connection import BrokerConnection
 from appliance.client.errors import ErrorCode, KafkaError
 from appliance.spark.options import OptionError, client_config, text
 
@@ -210,29 +213,33 @@ class _Sink:
                 raise
         return PreparedTask(txn_id, partition, str(state), rows)
 
-    def _exists(self, transactional_id: str) -> bool:
-        from appliance import admin
-
+    @contextlib.contextmanager
+    def _admin(self) -> Iterator[BrokerConnection]:
+        """One admin connection to the broker (``appliance.admin``), closed after the block."""
         conn = admin.connect(self._bootstrap())
         try:
-            admin.describe_transaction(conn, transactional_id)
-            return True
-        except KafkaError as exc:
-            if exc.code == ErrorCode.transactional_id_not_found:
-                return False
-            raise
+            yield conn
         finally:
             conn.close()
+
+    @staticmethod
+    def _describe(conn: BrokerConnection, transactional_id: str) -> dict | None:
+        """DescribeTransactions of one id; None when the id was never used."""
+        try:
+            return admin.describe_transaction(conn, transactional_id)
+        except KafkaError as exc:
+            if exc.code == ErrorCode.transactional_id_not_found:
+                return None
+            raise
+
+    def _exists(self, transactional_id: str) -> bool:
+        with self._admin() as conn:
+            return self._describe(conn, transactional_id) is not None
 
     def mark_done(self, marker: str) -> None:
         """Create the marker transactional id (InitProducerId; it holds no transaction)."""
-        from appliance import admin
-
-        conn = admin.connect(self._bootstrap())
-        try:
+        with self._admin() as conn:
             admin.force_terminate(conn, marker)
-        finally:
-            conn.close()
 
     def _committed_batch(self, group: str) -> int:
         """The batch id after the last one this partition committed (0: none yet)."""
@@ -320,29 +327,16 @@ class _Sink:
     def abort_open(self, ids: set[str]) -> None:
         """Abort those of ``ids`` whose transaction is open (a task that died left its
         transaction open, and two-phase-commit transactions never time out)."""
-        from appliance import admin
-
-        conn = admin.connect(self._bootstrap())
-        try:
+        with self._admin() as conn:
             for txn_id in sorted(ids):
-                try:
-                    info = admin.describe_transaction(conn, txn_id)
-                except KafkaError:
-                    continue                             # never used: nothing to abort
-                if info.get("state") == "Ongoing":
+                info = self._describe(conn, txn_id)
+                if info is not None and info["state"] == "Ongoing":
                     admin.force_terminate(conn, txn_id)
-        finally:
-            conn.close()
 
     def open_transactions(self, id_prefix: str) -> list[str]:
         """Open transactions whose ids start with ``id_prefix`` (ListTransactions, KIP-664)."""
-        from appliance import admin
-
-        conn = admin.connect(self._bootstrap())
-        try:
+        with self._admin() as conn:
             found = admin.list_transactions(conn, states=["Ongoing"])
-        finally:
-            conn.close()
         return [t["transactional_id"] for t in found if t["transactional_id"].startswith(id_prefix)]
 
     def _bootstrap(self) -> str:
