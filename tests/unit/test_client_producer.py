@@ -11,19 +11,18 @@ from appliance.client import KafkaError, Producer, TransactionAbortableError
 from appliance.client.errors import KafkaConnectionError
 from appliance.protocol import messages
 from appliance.protocol.records import read_header
+from scripted_connection import ScriptedConnection
 
 PRODUCE, INIT, END = 0, 22, 26
 VERSIONS = {0: 12, 22: 6, 24: 3, 26: 5, 25: 4, 28: 5}
 
 
-class ScriptedBroker:
+class ScriptedBroker(ScriptedConnection):
     """One node, one partition per topic; Produce answers come from a script of error codes
     (or exceptions), the rest from small handlers."""
 
     def __init__(self, tv: int = 2) -> None:
-        self.finalized_features = {"transaction.version": tv}
-        self.versions = dict(VERSIONS) if tv == 2 else {**VERSIONS, 0: 11, 26: 4, 28: 4}
-        self.connected = True
+        super().__init__(VERSIONS if tv == 2 else {**VERSIONS, 0: 11, 26: 4, 28: 4}, tv)
         self.produce_script: deque = deque()
         self.produced: list[bytes] = []           # batch bytes of every Produce attempt
         self.sent: list[tuple[int, dict]] = []
@@ -31,13 +30,7 @@ class ScriptedBroker:
         self.pid, self.epoch = 1000, 0
         self.invalidated: list[str] = []
 
-    # the BrokerConnection surface the producer uses
-    def version(self, api_key: int, *, minimum: int | None = None) -> int:
-        return self.versions[api_key]
-
-    def supports(self, api_key: int, version: int) -> bool:
-        return self.versions.get(api_key, -1) >= version
-
+    # the rest of the BrokerConnection surface the producer uses
     def request(self, api_key: int, body, *, version: int | None = None, expect_response: bool = True):
         v = self.versions[api_key] if version is None else version
         self.sent.append((api_key, dict(body)))

@@ -11,30 +11,23 @@ from appliance.client import KafkaError, PreparedTxnState
 from appliance.client.errors import FatalProducerError, IllegalStateError
 from appliance.client.transactions import TransactionManager, TxnState
 from appliance.protocol import messages
+from scripted_connection import ScriptedConnection
 
 INIT, ADD, END = 22, 24, 26
 TV2_VERSIONS = {0: 12, 22: 6, 24: 5, 25: 4, 26: 5, 28: 5}
 TV1_VERSIONS = {0: 11, 22: 6, 24: 3, 25: 4, 26: 4, 28: 4}
 
 
-class ScriptedCoordinator:
+class ScriptedCoordinator(ScriptedConnection):
     """Answers each request with the next scripted value dict for its api key."""
 
     def __init__(self, versions: dict[int, int], tv: int) -> None:
-        self.versions = versions
-        self.finalized_features = {"transaction.version": tv}
+        super().__init__(versions, tv)
         self.script: dict[int, deque[dict]] = defaultdict(deque)
         self.sent: list[tuple[int, int, dict]] = []
-        self.connected = True
 
     def answer(self, api_key: int, **values) -> None:
         self.script[api_key].append(values)
-
-    def version(self, api_key: int, *, minimum: int | None = None) -> int:
-        return self.versions[api_key]
-
-    def supports(self, api_key: int, version: int) -> bool:
-        return self.versions.get(api_key, -1) >= version
 
     def request(self, api_key: int, body, *, version: int | None = None, expect_response: bool = True):
         v = self.versions[api_key] if version is None else version
