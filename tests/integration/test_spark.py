@@ -420,3 +420,36 @@ def test_driver_commit_refuses_when_a_prepared_transaction_is_gone(broker):
     assert PreparedTxnState.from_string(messages[0].state).has_transaction
     sink.abort_open(sink.job_ids(key, messages))
     assert values(read_all(broker.bootstrap, topic, 2)) == []
+
+
+def test_stale_task_attempt_after_the_driver_ended_the_job_writes_nothing(broker):
+    """A writer that starts after the driver aborted its job (Spark ended its input as if it were
+    complete, and its process was slow to start) finds the job's done marker and gives up: no
+    transaction stays open. A writer whose input is empty opens no producer at all. Driven in
+    this process with a task context of our own (no JVM)."""
+    import pyarrow as pa
+    from pyspark import TaskContext
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from appliance.client import PreparedTxnState
+    from appliance.spark.writer import BatchWriter
+
+    topic = uid("spark-stale")
+    create(broker.bootstrap, {topic: 1})
+    ctx = TaskContext._getOrCreate()
+    ctx._partitionId, ctx._attemptNumber = 0, 1
+    try:
+        writer = BatchWriter({"kafka.bootstrap.servers": broker.bootstrap, "topic": topic},
+                             StructType([StructField("value", StringType())]))
+        txn_id = f"spark-{writer.key}-0"
+        empty = writer.write(iter([pa.RecordBatch.from_pydict({"value": pa.array([], pa.string())})]))
+        assert empty.rows == 0 and not PreparedTxnState.from_string(empty.state).has_transaction
+        assert not writer.sink._exists(txn_id), "an empty task opened a producer"
+
+        writer.abort([None])                                   # the driver gave up on the job
+        with pytest.raises(RuntimeError, match="already ended"):
+            writer.write(iter([pa.RecordBatch.from_pydict({"value": ["late"]})]))
+    finally:
+        TaskContext._setTaskContext(None)
+    assert txn_id not in open_transactions(broker.bootstrap)
+    assert values(read_all(broker.bootstrap, topic, 1, "read_uncommitted")) == []

@@ -120,3 +120,15 @@ def test_corrupt_batch_is_refused():
     data[-1] ^= 0xFF
     with pytest.raises(CorruptRecord):
         filter_fetched(bytes(data), 0, [], read_committed=False)
+
+
+def test_records_of_log_append_time_batches_are_reported_as_such():
+    """Spark's timestampType column (1 = LogAppendTime) comes from the batch attribute."""
+    log = Log()
+    log.data(-1, ["create-a", "create-b"], txn=False)
+    b = bytearray(build_batch([Record(None, b"append-a"), Record(None, b"append-b")],
+                              timestamp_type=1))
+    log._add(b, 2)
+    got = filter_fetched(log.bytes(), 1, None, False)
+    assert [r.offset for r in got.records] == [1, 2, 3]
+    assert got.log_append_time == {2, 3}
