@@ -40,7 +40,7 @@ PARTITION_PAGE_FIELDS = [
     ("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I"),
     ("high_watermark", "q"), ("last_stable_offset", "q"), ("log_start_offset", "q"),
     ("active_base_offset", "q"), ("active_end_position", "q"), ("segments_version", "Q"),
-    ("first_unstable_offset", "q"),
+    ("first_unstable_offset", "q"), ("coordinator_ring_head", "Q"),
 ]
 SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I")]
 WORKER_PAGE_FIELDS = [("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I")]

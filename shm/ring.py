@@ -338,6 +338,18 @@ class Ring:
         q = self._q
         return q[_TAIL] - q[_HEAD]
 
+    @property
+    def head(self) -> int:
+        """Bytes consumed so far (the consumer's counter; never wraps). Any side may read it: a
+        record whose ``end`` (the tail just after it was put) is at most ``head`` has been taken."""
+        return self._q[_HEAD]
+
+    @property
+    def tail(self) -> int:
+        """Bytes published so far (the producer's counter): right after ``try_put`` returned True,
+        the end position of the record just put."""
+        return self._q[_TAIL]
+
     # -- wake-up flag ----------------------------------------------------------------------
     @property
     def consumer_waiting(self) -> bool:

@@ -178,12 +178,21 @@ class Outbox:
         # Messages that found the ring full, oldest first; see post() and flush().
         self.queued: collections.deque[tuple[Buffer, ...]] = collections.deque()
 
-    def post(self, *parts: Buffer) -> None:
+    def post(self, *parts: Buffer) -> int:
         """Put one record now if it fits and nothing is queued, else queue it behind the others:
         records reach the consumer in post() order. Does not ring: call flush() after a group.
-        ``parts`` must stay unchanged until they leave the queue (pass bytes, not views)."""
+        ``parts`` must stay unchanged until they leave the queue (pass bytes, not views).
+
+        Returns the record's end position in the ring (see ``Ring.head``), or -1 if it was
+        queued (``is_queued`` tells whether it still is)."""
         if self.queued or not self.ring.try_put(*parts):
             self.queued.append(parts)
+            return -1
+        return self.ring.tail
+
+    def is_queued(self, first_part: Buffer) -> bool:
+        """Whether the record posted with this very object as its first part still waits here."""
+        return any(parts[0] is first_part for parts in self.queued)
 
     def flush(self) -> bool:
         """Move queued records into the ring while they fit, then ring the consumer's bell once

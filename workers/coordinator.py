@@ -10,9 +10,12 @@ carries marker jobs to the partition writers and their acks back, and runs the t
 SyncGroup are answered when their rebalance completes, through ``_reply``.
 
 Markers: each (job, partition) becomes a WriteMarkerReq on the ring to that partition's writer.
-A marker is sent again when its writer restarts (its generation changes) or after a deadline,
-since a writer killed after taking the message from its ring may never answer; a duplicate marker
-is harmless (Kafka's coordinator resends markers after a failover too). Markers for the
+A marker is sent again when the writer that took it from the ring died before answering: its
+generation changed and the message ends at or before the ring head the new generation started
+from (``coordinator_ring_head`` in its page). A message still in the ring is left to the new
+writer: resending it too would append the marker twice. A duplicate marker is harmless to readers
+(Kafka's coordinator resends markers after a failover too) but moves offsets, so it is kept to
+the case where the first may or may not be in the log. Markers for the
 ``__consumer_offsets`` partitions of AddOffsetsToTxn are applied here: the group log gets the
 control record and the producer's pending transactional offsets become committed or vanish.
 
@@ -47,7 +50,7 @@ log = logging.getLogger("appliance.coordinator")
 
 COORDINATOR_DIR = "__coordinator"
 OFFSETS_TOPIC = "__consumer_offsets"
-MARKER_RESEND_S = 5.0
+MARKER_RESEND_S = 15.0     # a marker taken by a live writer and never answered (last resort)
 TICK_S = 0.2
 METRICS_S = 1.0
 
@@ -64,6 +67,8 @@ class SentMarker:
     generation: int
     deadline: float
     msg: ipc.WriteMarkerReq
+    raw: bytes          # the posted record (identity: is it still in the outbox queue?)
+    end: int            # ring position just past it, -1 while unknown (it was queued)
 
 
 class WriterLink:
@@ -300,12 +305,21 @@ class Coordinator:
         if link is None:
             self.tc.on_marker_result(job.job_id, partition, ErrorCode.unknown_topic_or_partition)
             return
-        req_id = next(self._ids)
-        msg = ipc.WriteMarkerReq(req_id, job.producer_id, job.producer_epoch, job.commit,
+        msg = ipc.WriteMarkerReq(0, job.producer_id, job.producer_epoch, job.commit,
                                  job.coordinator_epoch)
-        self.sent[req_id] = SentMarker(job.job_id, partition, link.name, link.generation(),
-                                       time.monotonic() + MARKER_RESEND_S, msg)
-        link.out.post(ipc.encode(msg))
+        self._post_marker(link, SentMarker(job.job_id, partition, link.name, link.generation(),
+                                           0.0, msg, b"", -1), time.monotonic())
+
+    def _post_marker(self, link: WriterLink, s: SentMarker, now: float) -> None:
+        """Post (again) under a fresh request id: a late answer to an earlier id is ignored."""
+        req_id = next(self._ids)
+        s.msg = ipc.WriteMarkerReq(req_id, s.msg.producer_id, s.msg.producer_epoch, s.msg.commit,
+                                   s.msg.coordinator_epoch)
+        s.raw = ipc.encode(s.msg)
+        s.generation = link.generation()
+        s.deadline = now + MARKER_RESEND_S
+        self.sent[req_id] = s
+        s.end = link.out.post(s.raw)
         self.posted.add(link.name)
 
     def _send_fences(self) -> None:
@@ -329,22 +343,29 @@ class Coordinator:
             del self.fenced[key]
 
     def _check_markers(self, now: float) -> None:
-        """Resend markers whose writer restarted or that got no answer in time."""
+        """Resend the markers a dead writer took without answering (see the module docstring),
+        and, as a last resort, those taken but unanswered long after the deadline."""
         for req_id, s in list(self.sent.items()):
             link = self.writers.get(s.partition)
             if link is None:
                 del self.sent[req_id]
                 self.tc.on_marker_result(s.job_id, s.partition, ErrorCode.unknown_topic_or_partition)
                 continue
-            if link.generation() != s.generation or now >= s.deadline:
-                del self.sent[req_id]
-                new_id = next(self._ids)
-                msg = ipc.WriteMarkerReq(new_id, s.msg.producer_id, s.msg.producer_epoch,
-                                         s.msg.commit, s.msg.coordinator_epoch)
-                self.sent[new_id] = SentMarker(s.job_id, s.partition, link.name, link.generation(),
-                                               now + MARKER_RESEND_S, msg)
-                link.out.post(ipc.encode(msg))
-                self.posted.add(link.name)
+            page = link.page.read()
+            if page.generation != s.generation:
+                if link.out.is_queued(s.raw) or page.coordinator_ring_head < s.end:
+                    s.generation = page.generation      # the new writer will take it and answer
+                    continue
+            elif now < s.deadline:
+                continue
+            elif link.out.is_queued(s.raw) or link.out.ring.head < s.end:
+                s.deadline = now + MARKER_RESEND_S      # not taken yet: the writer is busy
+                continue
+            else:
+                log.warning("%s took a marker (producer %d) %.0f s ago and has not answered: "
+                            "sending it again", link.name, s.msg.producer_id, MARKER_RESEND_S)
+            del self.sent[req_id]
+            self._post_marker(link, s, now)
 
     def _flush(self) -> None:
         for name in self.posted:

@@ -128,7 +128,12 @@ class PartitionWriter:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # the supervisor orders the drain
         self.page.reset_seq()
-        self.page.publish(generation=self.gen, status=RECOVERING, pid=os.getpid())
+        # Where this generation starts reading the coordinator's ring, published before it takes
+        # anything: the coordinator resends only the markers a predecessor took (and may have died
+        # holding); the ones still queued there are ours to answer, and a resend would append a
+        # second marker.
+        self.page.publish(generation=self.gen, status=RECOVERING, pid=os.getpid(),
+                          coordinator_ring_head=self.mailbox.inputs[COORDINATOR].head)
         directory = partition_dir(self.ctx.data_dir, self.ctx.topic, self.ctx.index)
         try:
             settings = LogSettings.from_config(self.cfg.log, self.ctx.topic_configs)

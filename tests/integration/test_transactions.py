@@ -411,3 +411,40 @@ def test_g28_g45_kill9_writer_holding_an_open_transaction(appliance_factory, out
     assert [lso_and_hw(b, topic, p) for p in range(2)] == before
     got = consume_values("kafka-python", b, topic, 2, n, "read_committed")
     assert got == want, _diff(got, want)
+
+
+def test_marker_queued_for_a_restarting_writer_is_appended_once(appliance_factory):
+    """A marker posted while its writer was dead waits in the ring for the next generation. The
+    coordinator used to resend every marker of a writer whose generation changed, so the new
+    writer took both and appended two markers (seen in CI as a high watermark one too far in the
+    g28 test above, when the commit raced the writer's restart). Only a marker a dead writer took
+    needs resending. The supervisor is stopped so the writer stays dead while the marker is
+    posted."""
+    a = appliance_factory()
+    b = a.bootstrap
+    topic, tid = uid("requeue"), uid("requeue-tid")
+    create(b, {topic: 1})
+    prod = txn_producer("confluent", b, tid)
+    try:
+        prod.init()
+        prod.begin()
+        sent = run_txn(prod, "requeue", [(topic, 0)], 10)
+        prod.flush()
+        victim = a.writer(topic, 0)["pid"]
+        os.kill(a.proc.pid, signal.SIGSTOP)          # no respawn until SIGCONT
+        try:
+            os.kill(victim, signal.SIGKILL)
+            t = _commit_in_thread(prod)
+            _wait_state(a, tid, ("PrepareCommit",))  # the marker is in the dead writer's ring
+            t.join(30)
+            assert not t.is_alive() and not t.err, t.err
+            time.sleep(0.5)                          # several coordinator ticks see the old page
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        _wait_state(a, tid, ("CompleteCommit",))
+    finally:
+        prod.close()
+    got = consume_values("confluent", b, topic, 1, 10, "read_committed")
+    assert got == expect_topic(sent, topic)
+    # 10 records and one COMMIT marker.
+    assert lso_and_hw(b, topic, 0) == (11, 11)

@@ -193,6 +193,26 @@ def test_outbox_post_queues_in_order_when_full_and_flush_drains(tmp_path):
     assert not box.flush()
 
 
+def test_outbox_post_reports_where_a_record_ends_so_the_sender_can_tell_when_it_was_taken(tmp_path):
+    from shm.doorbell import BellSender
+    from shm.topology import Mailbox, Outbox, Topology
+    topo = Topology(str(tmp_path))
+    topo.create_ring("a", "b", 4096).close()
+    box = Outbox(topo, "a", "b", BellSender())
+    ring = Mailbox(topo, "b").add("a")
+    first, second = b"x" * 1500, b"y" * 1500
+    end1 = box.post(first)
+    end2 = box.post(second)
+    assert 0 < end1 < end2 == box.ring.tail
+    assert box.ring.head == ring.head == 0
+    third = b"z" * 1500                                  # does not fit: queued
+    assert box.post(third) == -1 and box.is_queued(third) and not box.is_queued(first)
+    assert ring.get() == first
+    assert end1 <= box.ring.head < end2                  # the first was taken, the second not
+    box.flush()
+    assert not box.is_queued(third)
+
+
 def test_outbox_flush_rings_a_waiting_consumer_once(tmp_path):
     from shm.doorbell import BellSender
     from shm.topology import Mailbox, Outbox, Topology
