@@ -20,7 +20,9 @@ group's ``__consumer_offsets`` partition (AddOffsetsToTxn) - which is also what 
 marker (commit, abort, or timeout abort) will come and clear the pending offsets; then, from v3
 and only when the request carries group metadata, the KIP-447 generation/member/instance checks;
 then the offsets are stored pending. Retriable coordinator answers become COORDINATOR_NOT_AVAILABLE
-(KIP-890 "old clients"), a stale epoch INVALID_PRODUCER_EPOCH (fatal "fenced" in every client), a
+(KIP-890 "old clients": Kafka's verification turns CONCURRENT_TRANSACTIONS and the other retriable
+answers into NOT_ENOUGH_REPLICAS, which its group manager answers as COORDINATOR_NOT_AVAILABLE;
+every client retries that one, not all retry CONCURRENT_TRANSACTIONS here), a stale epoch INVALID_PRODUCER_EPOCH (fatal "fenced" in every client), a
 transaction without the offsets partition INVALID_TXN_STATE for v0-3 and TRANSACTION_ABORTABLE for
 v4 (as Kafka's AddPartitionsToTxnManager maps its coordinator's answer).
 v5 (transaction version 2) adds the partition to the transaction instead of requiring it.
