@@ -52,7 +52,7 @@ def next_sequence(seq: int, count: int) -> int:
     return (seq + count) % SEQUENCE_MODULO
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Delivery:
     """The outcome of one ``send``: ``offset`` once acknowledged (-1 when the broker answered
     DUPLICATE_SEQUENCE_NUMBER: the record was written by an earlier attempt), or ``error``."""
@@ -128,6 +128,7 @@ class ProducerBatch:
 class _Buffer:
     records: list[Record] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)      # record_size of each record
     size: int = 0
     first: float = 0.0
 
@@ -139,16 +140,28 @@ class RecordAccumulator:
         self.linger = linger_ms / 1000.0
         self.clock = clock
         self._buffers: dict[TopicPartition, _Buffer] = {}
+        # When the oldest buffered record's linger ends (inf: nothing buffered), so that the
+        # per-record question "is anything due?" is one clock read and one comparison.
+        self._due = float("inf")
 
     def append(self, tp: TopicPartition, record: Record, delivery: Delivery) -> bool:
         """Buffer one record; True when its partition now holds a full batch."""
         buf = self._buffers.get(tp)
         if buf is None:
-            buf = self._buffers[tp] = _Buffer(first=self.clock())
+            now = self.clock()
+            buf = self._buffers[tp] = _Buffer(first=now)
+            if now + self.linger < self._due:
+                self._due = now + self.linger
+        n = record_size(record)
         buf.records.append(record)
         buf.deliveries.append(delivery)
-        buf.size += record_size(record)
+        buf.sizes.append(n)
+        buf.size += n
         return buf.size + BATCH_OVERHEAD >= self.batch_size
+
+    def due(self) -> bool:
+        """Whether some partition's linger has ended (``ready()`` then names it)."""
+        return self.clock() >= self._due
 
     @property
     def pending(self) -> int:
@@ -176,8 +189,7 @@ class RecordAccumulator:
             recs: list[Record] = []
             dels: list[Delivery] = []
             size = BATCH_OVERHEAD
-            for rec, d in zip(buf.records, buf.deliveries):
-                n = record_size(rec)
+            for rec, d, n in zip(buf.records, buf.deliveries, buf.sizes):
                 if recs and size + n > self.batch_size:
                     q.append(ProducerBatch(tp, recs, dels, now))
                     recs, dels, size = [], [], BATCH_OVERHEAD
@@ -186,6 +198,7 @@ class RecordAccumulator:
                 size += n
             if recs:
                 q.append(ProducerBatch(tp, recs, dels, now))
+        self._due = min((b.first for b in self._buffers.values()), default=float("inf")) + self.linger
         return out
 
     def abort(self, error: KafkaError) -> int:
@@ -196,6 +209,7 @@ class RecordAccumulator:
                 d._finish(-1, error)
                 n += 1
         self._buffers.clear()
+        self._due = float("inf")
         return n
 
 

@@ -112,6 +112,8 @@ class Cluster:
         self.conns: dict[int, BrokerConnection] = {}
         self._bootstrap_conn: BrokerConnection | None = None
         self.topics: dict[str, TopicInfo] = {}
+        # The topics whose every partition has a leader: what send() looks up per record.
+        self._usable: dict[str, TopicInfo] = {}
         self._last_errors: dict[str, ErrorCode] = {}      # topic -> error of the last Metadata
         self._coordinators: dict[tuple[int, str], int] = {}
 
@@ -177,6 +179,7 @@ class Cluster:
         for t in resp.topics:
             if t.error_code != ErrorCode.none or t.name is None:
                 self.topics.pop(t.name, None)
+                self._usable.pop(t.name, None)
                 continue
             tid = getattr(t, "topic_id", None)
             if tid is not None and tid.int == 0:
@@ -185,13 +188,17 @@ class Cluster:
             for p in t.partitions:
                 info.leaders[p.partition_index] = p.leader_id if p.error_code == ErrorCode.none else -1
             self.topics[t.name] = info
+            if info.leaders and all(v >= 0 for v in info.leaders.values()):
+                self._usable[t.name] = info
+            else:
+                self._usable.pop(t.name, None)
         self._last_errors = {t.name: error_code(t.error_code) for t in resp.topics}
 
     def topic(self, name: str, *, timeout_ms: float | None = None) -> TopicInfo:
         """Metadata of one topic, waiting (within ``metadata_timeout_ms``) while it is being
         created or has a partition without a leader."""
-        info = self.topics.get(name)
-        if info is not None and all(v >= 0 for v in info.leaders.values()):
+        info = self._usable.get(name)
+        if info is not None:
             return info
         last = ErrorCode.unknown_topic_or_partition
         for _ in Deadline(timeout_ms if timeout_ms is not None else self.metadata_timeout_ms,
@@ -200,8 +207,8 @@ class Cluster:
                 self.refresh([name])
             except KafkaConnectionError:
                 continue
-            info = self.topics.get(name)
-            if info is not None and info.partitions and all(v >= 0 for v in info.leaders.values()):
+            info = self._usable.get(name)
+            if info is not None:
                 return info
             last = self._last_errors.get(name, ErrorCode.leader_not_available)
             if last not in _TRANSIENT_TOPIC and last != ErrorCode.none:
@@ -221,6 +228,7 @@ class Cluster:
     def invalidate(self, name: str) -> None:
         """Forget a topic's leaders (after a leader or unknown-topic error)."""
         self.topics.pop(name, None)
+        self._usable.pop(name, None)
 
     def topic_name(self, topic_id: uuid.UUID) -> str | None:
         for info in self.topics.values():

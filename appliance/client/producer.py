@@ -29,6 +29,7 @@ state, so this needs both failures at once.)
 from __future__ import annotations
 
 import itertools
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -53,6 +54,9 @@ _LEADER_ERRORS = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.unknown_
                             ErrorCode.kafka_storage_error})
 
 
+_U32LE = struct.Struct("<I")
+
+
 def murmur2(data: bytes) -> int:
     """Kafka's murmur2 (Utils.murmur2, seed 0x9747b28c) as a signed 32-bit int, so that keys
     land on the partitions where the Java client and librdkafka's murmur2 partitioner put them."""
@@ -60,8 +64,7 @@ def murmur2(data: bytes) -> int:
     length = len(data)
     h = (0x9747B28C ^ length) & 0xFFFFFFFF
     n4 = length // 4
-    for i in range(n4):
-        k = int.from_bytes(data[4 * i:4 * i + 4], "little")
+    for (k,) in _U32LE.iter_unpack(data[:4 * n4]):
         k = (k * m) & 0xFFFFFFFF
         k ^= k >> r
         k = (k * m) & 0xFFFFFFFF
@@ -161,11 +164,11 @@ class Producer:
         elif not 0 <= partition < count:
             raise KafkaError(ErrorCode.unknown_topic_or_partition,
                              f"topic {topic!r} has {count} partitions, not partition {partition}")
-        ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
+        ts = time.time_ns() // 1_000_000 if timestamp is None else int(timestamp)
         delivery = Delivery(topic, partition, ts, on_delivery)
-        rec = Record(key, value, tuple(headers or ()), ts)
+        rec = Record(key, value, tuple(headers) if headers else (), ts)
         full = self.accumulator.append((topic, partition), rec, delivery)
-        if full or self.accumulator.ready():
+        if full or self.accumulator.due():
             self._send_in_passing()
         return delivery
 

@@ -492,33 +492,53 @@ class DecodedRecord(NamedTuple):
     headers: list[tuple[str, bytes | None]]
 
 
-def _put_varint(out: bytearray, n: int) -> None:
-    v = (n << 1) ^ (n >> 63)       # zig-zag (valid for the int64 range)
+def _varint_slow(v: int) -> bytes:
+    """The varint bytes of an already zig-zagged value."""
+    out = bytearray()
     while v >= 0x80:
         out.append((v & 0x7F) | 0x80)
         v >>= 7
     out.append(v)
+    return bytes(out)
 
 
-def _put_bytes(out: bytearray, b: bytes | None) -> None:
-    if b is None:
-        _put_varint(out, -1)
-    else:
-        _put_varint(out, len(b))
-        out += b
+# Zig-zag varints of -8192..8191, indexed by the zig-zagged value: the deltas and lengths of
+# almost every record, looked up rather than computed (record encoding is the client's per-record
+# cost).
+_SMALL = 1 << 14
+_ZIGZAG = tuple(_varint_slow(v) for v in range(_SMALL))
+
+
+def _varint(n: int) -> bytes:
+    v = (n << 1) ^ (n >> 63)       # zig-zag (valid for the int64 range)
+    return _ZIGZAG[v] if v < _SMALL else _varint_slow(v)
 
 
 def _encode_record(out: bytearray, offset_delta: int, ts_delta: int, rec: Record) -> None:
-    body = bytearray(b"\x00")       # record attributes: unused
-    _put_varint(body, ts_delta)
-    _put_varint(body, offset_delta)
-    _put_bytes(body, rec.key)
-    _put_bytes(body, rec.value)
-    _put_varint(body, len(rec.headers))
-    for hk, hv in rec.headers:
-        _put_bytes(body, hk.encode("utf-8"))
-        _put_bytes(body, hv)
-    _put_varint(out, len(body))
+    key, value, headers = rec.key, rec.value, rec.headers
+    # attributes (unused), timestamp delta, offset delta, key, value, headers
+    parts = [b"\x00", _varint(ts_delta), _varint(offset_delta)]
+    if key is None:
+        parts.append(_ZIGZAG[1])
+    else:
+        parts += (_varint(len(key)), key)
+    if value is None:
+        parts.append(_ZIGZAG[1])
+    else:
+        parts += (_varint(len(value)), value)
+    if headers:
+        parts.append(_varint(len(headers)))
+        for hk, hv in headers:
+            kb = hk.encode("utf-8")
+            parts += (_varint(len(kb)), kb)
+            if hv is None:
+                parts.append(_ZIGZAG[1])
+            else:
+                parts += (_varint(len(hv)), hv)
+    else:
+        parts.append(b"\x00")
+    body = b"".join(parts)
+    out += _varint(len(body))
     out += body
 
 

@@ -10,7 +10,7 @@ from kafka.partitioner.default import murmur2 as kafka_python_murmur2
 from appliance.client.accumulator import (BATCH_OVERHEAD, Delivery, RecordAccumulator,
                                           SequenceTracker, next_sequence, record_size)
 from appliance.client.config import consumer_config, producer_config
-from appliance.client.errors import IllegalStateError, KafkaError
+from appliance.client.errors import ErrorCode, IllegalStateError, KafkaError
 from appliance.client.producer import default_partition, murmur2
 from appliance.protocol.records import Record, decode_records, read_header
 
@@ -50,6 +50,28 @@ def test_partition_is_ready_when_full_or_lingered_or_forced():
         if full:
             break
     assert full and ("t", 1) in acc.ready()
+
+
+def test_due_follows_the_oldest_buffered_record_across_drains():
+    clock = Clock()
+    acc = RecordAccumulator(batch_size=100000, linger_ms=50, clock=clock)
+    assert not acc.due()                                  # nothing buffered
+    acc.append(("t", 0), rec(0), delivery())
+    clock.now += 0.030
+    acc.append(("t", 1), rec(1), delivery(("t", 1)))     # 30 ms younger
+    clock.now += 0.021
+    assert acc.due() and acc.ready() == [("t", 0)]
+    acc.drain([("t", 0)])
+    assert not acc.due()                                  # ("t", 1) has waited 21 ms only
+    clock.now += 0.030
+    assert acc.due() and acc.ready() == [("t", 1)]
+    acc.drain(acc.ready())
+    assert not acc.due()
+    clock.now += 10
+    assert not acc.due()
+    acc.append(("t", 0), rec(2), delivery())
+    acc.abort(KafkaError(ErrorCode.unknown_server_error, "x"))
+    assert not acc.due()
 
 
 def test_drain_splits_into_batches_of_at_most_batch_size_and_keeps_order():
