@@ -15,7 +15,7 @@ client:
   same point, and of a writer holding an open transaction: after restart committed transactions
   are fully visible, aborted ones never, nothing hangs (g27, g28, g45).
 
-The raw-wire checks of single guarantees are in ``test_txn_wire.py``.
+The raw-wire checks of single guarantees are in ``test_txn_wire.py`` (helpers in ``txnwire.py``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import time
 from appliance.metrics import ACTIVE_TXN_OPEN_TIME_MAX
 from rawclient import RawClient
 from test_txn_2pc_wire import committed_values, init_v6, open_2pc_txn
-from test_txn_wire import READ_COMMITTED, Txn, create_topic, describe, fetch
+from txnwire import READ_COMMITTED, Txn, create_topic, describe, fetch
 
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
 

@@ -23,7 +23,7 @@ from appliance.txn.producer_ids import ProducerIdManager
 from appliance.txn.records import decode_key, decode_value
 from appliance.txn.state_manager import TransactionStateManager
 from rawclient import RawClient
-from test_txn_wire import READ_COMMITTED, Txn, create_topic, describe, fetch
+from txnwire import READ_COMMITTED, Txn, create_topic, describe, fetch
 
 NONE = 0
 INVALID_REQUEST = 42

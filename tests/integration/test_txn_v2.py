@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from appliance.protocol.records import build_batch
 from rawclient import RawClient
-from test_txn_wire import (INVALID_PRODUCER_EPOCH, NONE, READ_COMMITTED, Txn, create_topic, fetch,
+from txnwire import (INVALID_PRODUCER_EPOCH, NONE, READ_COMMITTED, Txn, create_topic, fetch,
                            produce, records_of)
 
 PRODUCER_FENCED = 90

@@ -18,7 +18,7 @@ import signal
 import time
 
 from rawclient import RawClient
-from test_txn_wire import NONE, READ_COMMITTED, Txn, create_topic, describe, fetch
+from txnwire import NONE, READ_COMMITTED, Txn, create_topic, describe, fetch
 
 
 def test_next_transaction_does_not_join_the_previous_one_ahead_of_its_marker(appliance):
