@@ -134,6 +134,8 @@ never a mix and never nothing::
     log absent, only .old                -> (cannot happen: .old exists only once .compacting is
                                             complete) put .old back
 
+The swap and the repair are ``appliance.log.compaction``'s, shared by both coordinator logs.
+
 Offsets are renumbered by a compaction; the in-memory record offsets are renumbered with them.
 """
 
@@ -141,15 +143,23 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import struct
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from appliance.errors import ErrorCode, KafkaError
 from appliance.group.records import GroupMemberRecord, GroupRecord
-from appliance.log.files import atomic_write, fsync_dir, log_path
+from appliance.log.compaction import COMPLETE_MARKER, SwapDirs, rmtree
+from appliance.log.files import log_path
 from appliance.log.partition_log import LogSettings, PartitionLog
+from appliance.protocol.internal_records import (RecordDecodeError, get_bytes as _get_bytes,
+                                                 get_compact_bytes as _get_compact_bytes,
+                                                 get_compact_string as _get_compact_string,
+                                                 get_string as _get_string, get_uvarint as _get_uvarint,
+                                                 need as _need, put_compact_bytes as _put_compact_bytes,
+                                                 put_compact_string as _put_compact_string,
+                                                 put_string as _put_string, put_uvarint as _put_uvarint,
+                                                 skip_tagged as _skip_tagged, version_of as _version)
 from appliance.protocol.records import (CONTROL_ABORT, CONTROL_COMMIT, Record, build_batch,
                                         decode_records, iter_batch_headers, parse_control_record)
 
@@ -167,7 +177,6 @@ log = logging.getLogger("appliance.group.store")
 LOG_DIR = "log"
 COMPACTING_DIR = "log.compacting"
 OLD_DIR = "log.old"
-COMPLETE_MARKER = "compaction-complete"
 
 DEFAULT_SEGMENT_BYTES = 104857600      # offsets.topic.segment.bytes
 DEFAULT_COMPACT_BYTES = 16 * 1024 * 1024
@@ -208,10 +217,6 @@ class GroupLogWriteError(Exception):
         super().__init__(message)
         self.code = code
         self.maybe_written = maybe_written
-
-
-class RecordDecodeError(ValueError):
-    """The bytes are not a valid record of a version this module reads."""
 
 
 class UnknownKeyVersion(RecordDecodeError):
@@ -258,123 +263,6 @@ class LoadedState(NamedTuple):
     groups: dict[str, GroupRecord]
     offsets: dict[str, dict[TopicPartition, OffsetEntry]]               # group -> committed
     pending: dict[int, dict[str, dict[TopicPartition, OffsetEntry]]]   # producer -> group -> ...
-
-
-# -- primitives -----------------------------------------------------------------------------------
-
-def _need(buf: memoryview, pos: int, n: int) -> None:
-    if n < 0 or pos + n > len(buf):
-        raise RecordDecodeError("field runs past the end of the record")
-
-
-def _put_uvarint(out: bytearray, n: int) -> None:
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-
-
-def _get_uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise RecordDecodeError("varint runs past the end of the record")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 28:
-            raise RecordDecodeError("unsigned varint longer than 5 bytes")
-
-
-def _put_string(out: bytearray, s: str | None, *, nullable: bool = False) -> None:
-    if s is None:
-        if not nullable:
-            raise ValueError("null in a non-nullable string field")
-        out += _h.pack(-1)
-        return
-    b = s.encode("utf-8")
-    if len(b) > 0x7FFF:
-        raise ValueError(f"string of {len(b)} bytes is longer than 32767 bytes")
-    out += _h.pack(len(b))
-    out += b
-
-
-def _get_string(buf: memoryview, pos: int, *, nullable: bool = False) -> tuple[str | None, int]:
-    _need(buf, pos, 2)
-    (n,) = _h.unpack_from(buf, pos)
-    pos += 2
-    if n < 0:
-        if not nullable:
-            raise RecordDecodeError("null string in a non-nullable field")
-        return None, pos
-    _need(buf, pos, n)
-    return bytes(buf[pos:pos + n]).decode("utf-8"), pos + n
-
-
-def _put_compact_string(out: bytearray, s: str | None, *, nullable: bool = False) -> None:
-    if s is None:
-        if not nullable:
-            raise ValueError("null in a non-nullable string field")
-        out.append(0)
-        return
-    b = s.encode("utf-8")
-    if len(b) > 0x7FFF:
-        raise ValueError(f"string of {len(b)} bytes is longer than 32767 bytes")
-    _put_uvarint(out, len(b) + 1)
-    out += b
-
-
-def _get_compact_string(buf: memoryview, pos: int, *, nullable: bool = False) -> tuple[str | None, int]:
-    n, pos = _get_uvarint(buf, pos)
-    if n == 0:
-        if not nullable:
-            raise RecordDecodeError("null string in a non-nullable field")
-        return None, pos
-    n -= 1
-    _need(buf, pos, n)
-    return bytes(buf[pos:pos + n]).decode("utf-8"), pos + n
-
-
-def _get_bytes(buf: memoryview, pos: int) -> tuple[bytes, int]:
-    _need(buf, pos, 4)
-    (n,) = _i.unpack_from(buf, pos)
-    pos += 4
-    if n < 0:
-        raise RecordDecodeError("null bytes in a non-nullable field")
-    _need(buf, pos, n)
-    return bytes(buf[pos:pos + n]), pos + n
-
-
-def _put_compact_bytes(out: bytearray, b: bytes) -> None:
-    _put_uvarint(out, len(b) + 1)
-    out += b
-
-
-def _get_compact_bytes(buf: memoryview, pos: int) -> tuple[bytes, int]:
-    n, pos = _get_uvarint(buf, pos)
-    if n == 0:
-        raise RecordDecodeError("null bytes in a non-nullable field")
-    n -= 1
-    _need(buf, pos, n)
-    return bytes(buf[pos:pos + n]), pos + n
-
-
-def _skip_tagged(buf: memoryview, pos: int) -> int:
-    count, pos = _get_uvarint(buf, pos)
-    for _ in range(count):
-        _tag, pos = _get_uvarint(buf, pos)
-        size, pos = _get_uvarint(buf, pos)
-        _need(buf, pos, size)
-        pos += size
-    return pos
-
-
-def _version(buf: memoryview) -> int:
-    _need(buf, 0, 2)
-    return _h.unpack_from(buf, 0)[0]
 
 
 # -- keys -----------------------------------------------------------------------------------------
@@ -571,11 +459,6 @@ def _group(protocol_type, generation, protocol, leader, current_state_timestamp,
     return GroupRecord(protocol_type=protocol_type, generation=generation, protocol=protocol,
                        leader=leader, current_state_timestamp=current_state_timestamp,
                        members=members)
-
-
-def _rmtree(path: str) -> None:
-    if os.path.lexists(path):
-        shutil.rmtree(path)
 
 
 # -- the store ------------------------------------------------------------------------------------
@@ -979,11 +862,11 @@ class GroupStateStore:
         """Rewrite the live records into a fresh log and swap it in (see the module doc)."""
         if not self._loaded:
             raise RuntimeError("compact() before load()")
-        live, new, old = self._path(LOG_DIR), self._path(COMPACTING_DIR), self._path(OLD_DIR)
-        _rmtree(new)
+        dirs = self._dirs()
+        rmtree(dirs.new)
         self._step("begin")
         entries = self._live_entries()
-        nlog = PartitionLog.open(new, self._settings, now_ms)
+        nlog = PartitionLog.open(dirs.new, self._settings, now_ms)
         renumber: list[tuple[object, int]] = []
         try:
             i = 0
@@ -1005,51 +888,22 @@ class GroupStateStore:
             raise
         nlog.close(clean=True)                      # sealed: trimmed and fsynced
         self._step("written")
-        atomic_write(os.path.join(new, COMPLETE_MARKER), b"")   # fsyncs the file and `new`
-        fsync_dir(self.directory)
-        self._step("marked")
-        assert self._log is not None
-        self._log.close(clean=True)
-        self._log = None
-        self._step("closed")
-        os.rename(live, old)
-        fsync_dir(self.directory)
-        self._step("old-moved")
-        os.rename(new, live)
-        fsync_dir(self.directory)
-        self._step("new-moved")
-        _rmtree(old)
-        os.unlink(os.path.join(live, COMPLETE_MARKER))
-        fsync_dir(self.directory)
-        self._step("cleaned")
-        self._log = PartitionLog.open(live, self._settings, now_ms)
+        dirs.swap_in(self._close_live, self._step)
+        self._log = PartitionLog.open(dirs.live, self._settings, now_ms)
         for entry, offset in renumber:
             entry.record_offset = offset            # type: ignore[attr-defined]
         self.compactions += 1
 
+    def _close_live(self) -> None:
+        assert self._log is not None
+        self._log.close(clean=True)
+        self._log = None                            # type: ignore[assignment]
+
     def _repair_compaction(self) -> None:
-        live, new, old = self._path(LOG_DIR), self._path(COMPACTING_DIR), self._path(OLD_DIR)
-        changed = False
-        if not os.path.isdir(live):
-            if os.path.exists(os.path.join(new, COMPLETE_MARKER)):
-                os.rename(new, live)
-                changed = True
-            elif os.path.isdir(old):
-                os.rename(old, live)
-                changed = True
-        if os.path.lexists(new):
-            _rmtree(new)
-            changed = True
-        if os.path.lexists(old):
-            _rmtree(old)
-            changed = True
-        marker = os.path.join(live, COMPLETE_MARKER)
-        if os.path.exists(marker):
-            os.unlink(marker)
-            changed = True
-        if changed:
-            fsync_dir(self.directory)
-            log.info("group log: finished an interrupted compaction")
+        self._dirs().repair("group log")
+
+    def _dirs(self) -> SwapDirs:
+        return SwapDirs.under(self.directory, LOG_DIR, COMPACTING_DIR, OLD_DIR)
 
     # -- closing ----------------------------------------------------------------------------------
     def close(self, clean: bool = True) -> None:

@@ -55,6 +55,12 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from appliance.protocol.internal_records import (RecordDecodeError, get_compact_string as _get_compact_string,
+                                                 get_string as _get_string, get_uvarint as _get_uvarint,
+                                                 need as _need, put_compact_string as _put_compact_string,
+                                                 put_string as _put_string, put_uvarint as _put_uvarint,
+                                                 read_tagged as _skip_tagged)
+
 __all__ = [
     "KEY_VERSION", "VALUE_VERSION", "RecordDecodeError", "UnknownKeyVersion",
     "TransactionLogValue", "encode_key", "decode_key", "encode_value", "decode_value",
@@ -74,10 +80,6 @@ _q = struct.Struct(">q")
 # producer_id, producer_epoch, timeout, status: the fixed head of every value version
 _HEAD = struct.Struct(">qhib")
 _TAIL = struct.Struct(">qq")
-
-
-class RecordDecodeError(ValueError):
-    """The bytes are not a valid record of a version this module reads."""
 
 
 class UnknownKeyVersion(RecordDecodeError):
@@ -104,82 +106,6 @@ class TransactionLogValue:
     client_transaction_version: int = 0
     next_producer_epoch: int = -1
     unknown_tags: dict[int, bytes] = field(default_factory=dict)   # read-only information
-
-
-# -- primitives ---------------------------------------------------------------------------------
-
-def _put_uvarint(out: bytearray, n: int) -> None:
-    if n < 0:
-        raise ValueError("unsigned varint cannot be negative")
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-
-
-def _get_uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise RecordDecodeError("varint runs past the end of the record")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 28:
-            raise RecordDecodeError("unsigned varint longer than 5 bytes")
-
-
-def _need(buf: memoryview, pos: int, n: int) -> None:
-    if n < 0 or pos + n > len(buf):
-        raise RecordDecodeError("field runs past the end of the record")
-
-
-def _put_string(out: bytearray, s: str) -> None:
-    b = s.encode("utf-8")
-    if len(b) > 0x7FFF:
-        raise ValueError("string longer than 32767 bytes")
-    out += _h.pack(len(b))
-    out += b
-
-
-def _get_string(buf: memoryview, pos: int) -> tuple[str, int]:
-    _need(buf, pos, 2)
-    (n,) = _h.unpack_from(buf, pos)
-    pos += 2
-    if n < 0:
-        raise RecordDecodeError("null string in a non-nullable field")
-    _need(buf, pos, n)
-    return bytes(buf[pos:pos + n]).decode("utf-8"), pos + n
-
-
-def _put_compact_string(out: bytearray, s: str) -> None:
-    b = s.encode("utf-8")
-    _put_uvarint(out, len(b) + 1)
-    out += b
-
-
-def _get_compact_string(buf: memoryview, pos: int) -> tuple[str, int]:
-    n, pos = _get_uvarint(buf, pos)
-    if n == 0:
-        raise RecordDecodeError("null string in a non-nullable field")
-    n -= 1
-    _need(buf, pos, n)
-    return bytes(buf[pos:pos + n]).decode("utf-8"), pos + n
-
-
-def _skip_tagged(buf: memoryview, pos: int) -> tuple[dict[int, bytes], int]:
-    count, pos = _get_uvarint(buf, pos)
-    fields: dict[int, bytes] = {}
-    for _ in range(count):
-        tag, pos = _get_uvarint(buf, pos)
-        size, pos = _get_uvarint(buf, pos)
-        _need(buf, pos, size)
-        fields[tag] = bytes(buf[pos:pos + size])
-        pos += size
-    return fields, pos
 
 
 # -- key ----------------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ never a mix and never nothing:
     txn-log absent, only .old            -> (cannot happen: .old exists only once .compacting is
                                             complete) put .old back
 
+The swap and the repair are ``appliance.log.compaction``'s, shared by both coordinator logs.
+
 Coordinator epoch (``bump_coordinator_epoch``): ``<directory>/coordinator-epoch`` holds the last
 epoch as decimal text; each coordinator start reads it, adds one, and replaces the file atomically
 (write, fsync, rename, fsync dir) before using the new value, so epochs only grow across restarts
@@ -48,12 +50,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from typing import Callable, Iterator
 
 from appliance.errors import ErrorCode, KafkaError
-from appliance.log.files import atomic_write, fsync_dir, log_path
+from appliance.log.compaction import COMPLETE_MARKER, SwapDirs, rmtree
+from appliance.log.files import atomic_write, log_path
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.protocol.records import Record, build_batch, decode_records, iter_batch_headers
 from appliance.txn.metadata import TransactionMetadata, TransactionState
@@ -71,7 +73,6 @@ log = logging.getLogger("appliance.txn.state")
 LOG_DIR = "txn-log"
 COMPACTING_DIR = "txn-log.compacting"
 OLD_DIR = "txn-log.old"
-COMPLETE_MARKER = "compaction-complete"
 EPOCH_FILE = "coordinator-epoch"
 
 DEFAULT_SEGMENT_BYTES = 104857600      # transaction.state.log.segment.bytes
@@ -120,11 +121,6 @@ def bump_coordinator_epoch(directory: str) -> int:
         raise ValueError("coordinator epoch exhausted")
     atomic_write(os.path.join(directory, EPOCH_FILE), f"{new}\n".encode("ascii"))
     return new
-
-
-def _rmtree(path: str) -> None:
-    if os.path.lexists(path):
-        shutil.rmtree(path)
 
 
 class TransactionStateManager:
@@ -323,11 +319,11 @@ class TransactionStateManager:
         """Rewrite the live records into a fresh log and swap it in (see the module doc)."""
         if not self._loaded:
             raise RuntimeError("compact() before load()")
-        live, new, old = self._path(LOG_DIR), self._path(COMPACTING_DIR), self._path(OLD_DIR)
-        _rmtree(new)
+        dirs = self._dirs()
+        rmtree(dirs.new)
         now = self._clock()
         self._step("begin")
-        nlog = PartitionLog.open(new, self._settings, now)
+        nlog = PartitionLog.open(dirs.new, self._settings, now)
         sizes: dict[str, int] = {}
         try:
             for tid, (key, value, _) in self._live.items():
@@ -340,52 +336,24 @@ class TransactionStateManager:
             raise
         nlog.close(clean=True)                      # sealed: trimmed and fsynced
         self._step("written")
-        atomic_write(os.path.join(new, COMPLETE_MARKER), b"")   # fsyncs the file and `new`
-        fsync_dir(self.directory)
-        self._step("marked")
-        self._log.close(clean=True)
-        self._log = None                            # type: ignore[assignment]
-        self._step("closed")
-        os.rename(live, old)
-        fsync_dir(self.directory)
-        self._step("old-moved")
-        os.rename(new, live)
-        fsync_dir(self.directory)
-        self._step("new-moved")
-        _rmtree(old)
-        os.unlink(os.path.join(live, COMPLETE_MARKER))
-        fsync_dir(self.directory)
-        self._step("cleaned")
-        self._log = PartitionLog.open(live, self._settings, self._clock())
+        dirs.swap_in(self._close_live, self._step)
+        self._log = PartitionLog.open(dirs.live, self._settings, self._clock())
         for tid, size in sizes.items():
             key, value, _ = self._live[tid]
             self._live[tid] = (key, value, size)
         self._live_bytes = sum(sizes.values())
         self.compactions += 1
 
+    def _close_live(self) -> None:
+        assert self._log is not None
+        self._log.close(clean=True)
+        self._log = None                            # type: ignore[assignment]
+
     def _repair_compaction(self) -> None:
-        live, new, old = self._path(LOG_DIR), self._path(COMPACTING_DIR), self._path(OLD_DIR)
-        changed = False
-        if not os.path.isdir(live):
-            if os.path.exists(os.path.join(new, COMPLETE_MARKER)):
-                os.rename(new, live)
-                changed = True
-            elif os.path.isdir(old):
-                os.rename(old, live)
-                changed = True
-        if os.path.lexists(new):
-            _rmtree(new)
-            changed = True
-        if os.path.lexists(old):
-            _rmtree(old)
-            changed = True
-        marker = os.path.join(live, COMPLETE_MARKER)
-        if os.path.exists(marker):
-            os.unlink(marker)
-            changed = True
-        if changed:
-            fsync_dir(self.directory)
-            log.info("transaction log: finished an interrupted compaction")
+        self._dirs().repair("transaction log")
+
+    def _dirs(self) -> SwapDirs:
+        return SwapDirs.under(self.directory, LOG_DIR, COMPACTING_DIR, OLD_DIR)
 
     # -- closing ------------------------------------------------------------------------------------
     def close(self, clean: bool = True) -> None:
