@@ -119,22 +119,11 @@ are written to ``log.compacting/`` in their original log order - committed offse
 records as plain batches, pending ones as transactional batches of their producer id and epoch -
 so replaying the new log gives the same state, including which of a pending and a committed
 offset is the more recent. Tombstones, control batches and superseded records are dropped (a
-tombstone's only job is to shadow earlier records, which are gone too). The new log is sealed,
-fsynced and marked complete (``compaction-complete``, fsynced, then the directory fsynced), then::
-
-    close log;  rename log -> log.old;  fsync directory
-                rename log.compacting -> log;  fsync directory
-                remove log.old and the marker;  fsync directory
-
-Opening repairs whatever a crash left, so a crash at any instant yields the old or the new log,
-never a mix and never nothing::
-
-    log present                          -> it is current; remove .compacting and .old
-    log absent, .compacting complete     -> the crash fell between the two renames: finish
-    log absent, only .old                -> (cannot happen: .old exists only once .compacting is
-                                            complete) put .old back
-
-The swap and the repair are ``appliance.log.compaction``'s, shared by both coordinator logs.
+tombstone's only job is to shadow earlier records, which are gone too). The new log is sealed
+and fsynced, then ``appliance.log.compaction`` (shared with the transaction-state log) marks it
+complete and swaps it in by two renames (log -> log.old, log.compacting -> log); opening repairs
+whatever a crash left, so a crash at any instant yields the old or the new log, never a mix and
+never nothing. That module's docstring draws the swap and the repair.
 
 Offsets are renumbered by a compaction; the in-memory record offsets are renumbered with them.
 """
@@ -149,9 +138,9 @@ from typing import Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from appliance.errors import ErrorCode, KafkaError
 from appliance.group.records import GroupMemberRecord, GroupRecord
-from appliance.log.compaction import COMPLETE_MARKER, SwapDirs, rmtree
+from appliance.log.compaction import COMPLETE_MARKER, SwapDirs, rewrite_log_settings, rmtree
 from appliance.log.files import log_path
-from appliance.log.partition_log import LogSettings, PartitionLog
+from appliance.log.partition_log import PartitionLog
 from appliance.protocol.internal_records import (RecordDecodeError, get_bytes as _get_bytes,
                                                  get_compact_bytes as _get_compact_bytes,
                                                  get_compact_string as _get_compact_string,
@@ -486,10 +475,7 @@ class GroupStateStore:
         self.directory = directory
         self.flush_policy = flush_policy
         self.compact_bytes = compact_bytes
-        self._settings = LogSettings(segment_bytes=segment_bytes, segment_ms=2**62,
-                                     retention_bytes=-1, retention_ms=-1,
-                                     segment_index_bytes=1048576,
-                                     max_message_bytes=segment_bytes)
+        self._settings = rewrite_log_settings(segment_bytes)
         self._crash_hook = crash_hook
         self._now = now_ms
         self.anomalies: list[str] = []
@@ -500,6 +486,7 @@ class GroupStateStore:
         self._live_bytes = 0
         self._loaded = False
         self.compactions = 0
+        self._swap = SwapDirs.under(directory, LOG_DIR, COMPACTING_DIR, OLD_DIR)
         os.makedirs(directory, exist_ok=True)
         self._repair_compaction()
         self._log: PartitionLog | None = PartitionLog.open(self._path(LOG_DIR), self._settings, now_ms)
@@ -862,7 +849,7 @@ class GroupStateStore:
         """Rewrite the live records into a fresh log and swap it in (see the module doc)."""
         if not self._loaded:
             raise RuntimeError("compact() before load()")
-        dirs = self._dirs()
+        dirs = self._swap
         rmtree(dirs.new)
         self._step("begin")
         entries = self._live_entries()
@@ -900,10 +887,7 @@ class GroupStateStore:
         self._log = None                            # type: ignore[assignment]
 
     def _repair_compaction(self) -> None:
-        self._dirs().repair("group log")
-
-    def _dirs(self) -> SwapDirs:
-        return SwapDirs.under(self.directory, LOG_DIR, COMPACTING_DIR, OLD_DIR)
+        self._swap.repair("group log", log)
 
     # -- closing ----------------------------------------------------------------------------------
     def close(self, clean: bool = True) -> None:

@@ -25,6 +25,9 @@ nothing::
 
 The caller's ``step`` hook is called by name after each stage ("marked", "closed", "old-moved",
 "new-moved", "cleaned"): the crash tests raise from it to stop the swap at every point.
+
+``rewrite_log_settings`` is the ``LogSettings`` both callers open these logs with: a rewrite is
+the only thing that shrinks them, so nothing rolls by time and nothing goes by retention.
 """
 
 from __future__ import annotations
@@ -35,12 +38,21 @@ import shutil
 from typing import Callable, NamedTuple
 
 from appliance.log.files import atomic_write, fsync_dir
+from appliance.log.partition_log import LogSettings
 
-__all__ = ["COMPLETE_MARKER", "SwapDirs", "rmtree"]
+__all__ = ["COMPLETE_MARKER", "SwapDirs", "rmtree", "rewrite_log_settings"]
 
 log = logging.getLogger("appliance.log.compaction")
 
 COMPLETE_MARKER = "compaction-complete"
+
+
+def rewrite_log_settings(segment_bytes: int) -> LogSettings:
+    """Settings for a coordinator log compacted only by rewrite (see the module docstring)."""
+    return LogSettings(segment_bytes=segment_bytes, segment_ms=2**62,
+                       retention_bytes=-1, retention_ms=-1,
+                       segment_index_bytes=1048576,
+                       max_message_bytes=segment_bytes)
 
 
 def rmtree(path: str) -> None:
@@ -81,9 +93,10 @@ class SwapDirs(NamedTuple):
         fsync_dir(self.parent)
         step("cleaned")
 
-    def repair(self, what: str) -> bool:
+    def repair(self, what: str, logger: logging.Logger = log) -> bool:
         """Finish or undo a swap a crash interrupted; True if anything had to change. ``what``
-        names the log in the message ("transaction log", "group log")."""
+        names the log in the message ("transaction log", "group log"); ``logger`` is the
+        caller's, so the message comes from the module that owns the log."""
         changed = False
         if not os.path.isdir(self.live):
             if os.path.exists(os.path.join(self.new, COMPLETE_MARKER)):
@@ -102,5 +115,5 @@ class SwapDirs(NamedTuple):
             changed = True
         if changed:
             fsync_dir(self.parent)
-            log.info("%s: finished an interrupted compaction", what)
+            logger.info("%s: finished an interrupted compaction", what)
         return changed

@@ -16,18 +16,22 @@ Layouts (integers big-endian)::
 
 Decoders take a memoryview and a position and return (value, position after it); any field that
 runs past the end, or a null where none is allowed, raises ``RecordDecodeError``.
+
+The varint encoder and the int16/int32 structs are ``appliance.protocol.primitives``'. Its
+decoder ``read_uvarint`` is not used here: it raises IndexError at the end of the buffer, and a
+log replay must tell a bad record (``RecordDecodeError``) from a bug.
 """
 
 from __future__ import annotations
 
-import struct
+from appliance.protocol.primitives import I16 as _h
+from appliance.protocol.primitives import I32 as _i
+from appliance.protocol.primitives import uvarint
 
 __all__ = ["RecordDecodeError", "need", "put_uvarint", "get_uvarint", "put_string", "get_string",
            "put_compact_string", "get_compact_string", "get_bytes", "put_compact_bytes",
            "get_compact_bytes", "skip_tagged", "read_tagged", "version_of"]
 
-_h = struct.Struct(">h")
-_i = struct.Struct(">i")
 MAX_STRING = 0x7FFF
 
 
@@ -41,12 +45,7 @@ def need(buf: memoryview, pos: int, n: int) -> None:
 
 
 def put_uvarint(out: bytearray, n: int) -> None:
-    if n < 0:
-        raise ValueError("unsigned varint cannot be negative")
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
+    out += uvarint(n)               # ValueError for a negative n
 
 
 def get_uvarint(buf: memoryview, pos: int) -> tuple[int, int]:

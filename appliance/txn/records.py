@@ -59,7 +59,8 @@ from appliance.protocol.internal_records import (RecordDecodeError, get_compact_
                                                  get_string as _get_string, get_uvarint as _get_uvarint,
                                                  need as _need, put_compact_string as _put_compact_string,
                                                  put_string as _put_string, put_uvarint as _put_uvarint,
-                                                 read_tagged as _skip_tagged)
+                                                 read_tagged as _read_tagged, skip_tagged as _skip_tagged,
+                                                 version_of as _version)
 
 __all__ = [
     "KEY_VERSION", "VALUE_VERSION", "RecordDecodeError", "UnknownKeyVersion",
@@ -119,8 +120,7 @@ def encode_key(transactional_id: str) -> bytes:
 def decode_key(data) -> str:
     """The transactional id of a key; UnknownKeyVersion for versions other than 0."""
     buf = memoryview(data)
-    _need(buf, 0, 2)
-    (version,) = _h.unpack_from(buf, 0)
+    version = _version(buf)
     if version != KEY_VERSION:
         raise UnknownKeyVersion(version)
     tid, _ = _get_string(buf, 2)
@@ -186,8 +186,7 @@ def decode_value(data) -> TransactionLogValue | None:
     if data is None:
         return None
     buf = memoryview(data)
-    _need(buf, 0, 2)
-    (version,) = _h.unpack_from(buf, 0)
+    version = _version(buf)
     if version not in (0, 1):
         raise RecordDecodeError(f"unknown transaction log value version {version}")
     pos = 2
@@ -226,13 +225,13 @@ def decode_value(data) -> TransactionLogValue | None:
                 _need(buf, pos, 4 * m)
                 parts.append((topic, list(struct.unpack_from(f">{m}i", buf, pos))))
                 pos += 4 * m
-                _, pos = _skip_tagged(buf, pos)
+                pos = _skip_tagged(buf, pos)
     _need(buf, pos, _TAIL.size)
     last_update, start = _TAIL.unpack_from(buf, pos)
     pos += _TAIL.size
     value = TransactionLogValue(pid, epoch, timeout, status, parts, last_update, start)
     if version == 1:
-        tagged, pos = _skip_tagged(buf, pos)
+        tagged, pos = _read_tagged(buf, pos)
         for tag, payload in tagged.items():
             if tag == TAG_PREVIOUS_PRODUCER_ID and len(payload) == 8:
                 value.previous_producer_id = _q.unpack(payload)[0]

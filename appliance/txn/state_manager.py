@@ -23,22 +23,10 @@ start rather than run with a state that silently lacks the records after it.
 
 Compaction by rewrite, when the log is larger than ``compact_bytes`` and more than twice the live
 records: the live records (last per id, no tombstones) are written to ``txn-log.compacting/``,
-which is sealed and fsynced and then marked complete (``compaction-complete``, fsynced, then the
-parent directory fsynced). Then::
-
-    close txn-log;  rename txn-log -> txn-log.old;  fsync parent
-                    rename txn-log.compacting -> txn-log;  fsync parent
-                    remove txn-log.old and the marker;  fsync parent
-
-Opening repairs whatever a crash left, so a crash at any instant yields the old or the new log,
-never a mix and never nothing:
-
-    txn-log present                      -> it is current; remove .compacting and .old
-    txn-log absent, .compacting complete -> the crash fell between the two renames: finish them
-    txn-log absent, only .old            -> (cannot happen: .old exists only once .compacting is
-                                            complete) put .old back
-
-The swap and the repair are ``appliance.log.compaction``'s, shared by both coordinator logs.
+which is sealed and fsynced; then ``appliance.log.compaction`` (shared with the group log) marks
+it complete and swaps it in by two renames (txn-log -> txn-log.old, txn-log.compacting ->
+txn-log). Opening repairs whatever a crash left, so a crash at any instant yields the old or the
+new log, never a mix and never nothing. That module's docstring draws the swap and the repair.
 
 Coordinator epoch (``bump_coordinator_epoch``): ``<directory>/coordinator-epoch`` holds the last
 epoch as decimal text; each coordinator start reads it, adds one, and replaces the file atomically
@@ -54,9 +42,9 @@ import time
 from typing import Callable, Iterator
 
 from appliance.errors import ErrorCode, KafkaError
-from appliance.log.compaction import COMPLETE_MARKER, SwapDirs, rmtree
+from appliance.log.compaction import COMPLETE_MARKER, SwapDirs, rewrite_log_settings, rmtree
 from appliance.log.files import atomic_write, log_path
-from appliance.log.partition_log import LogSettings, PartitionLog
+from appliance.log.partition_log import PartitionLog
 from appliance.protocol.records import Record, build_batch, decode_records, iter_batch_headers
 from appliance.txn.metadata import TransactionMetadata, TransactionState
 from appliance.txn.records import (RecordDecodeError, UnknownKeyVersion, decode_key, decode_value,
@@ -142,10 +130,7 @@ class TransactionStateManager:
             self._clock = lambda: time.time_ns() // 1_000_000
         open_ms = now_ms if isinstance(now_ms, int) else self._clock()
         self.compact_bytes = compact_bytes
-        self._settings = LogSettings(segment_bytes=segment_bytes, segment_ms=2**62,
-                                     retention_bytes=-1, retention_ms=-1,
-                                     segment_index_bytes=1048576,
-                                     max_message_bytes=segment_bytes)
+        self._settings = rewrite_log_settings(segment_bytes)
         self._crash_hook = crash_hook
         self.anomalies: list[str] = []
         # transactional id -> (encoded key, encoded value, batch size) of its last record
@@ -153,6 +138,7 @@ class TransactionStateManager:
         self._live_bytes = 0
         self._loaded = False
         self.compactions = 0
+        self._swap = SwapDirs.under(directory, LOG_DIR, COMPACTING_DIR, OLD_DIR)
         os.makedirs(directory, exist_ok=True)
         self._repair_compaction()
         self._log = PartitionLog.open(self._path(LOG_DIR), self._settings, open_ms)
@@ -319,7 +305,7 @@ class TransactionStateManager:
         """Rewrite the live records into a fresh log and swap it in (see the module doc)."""
         if not self._loaded:
             raise RuntimeError("compact() before load()")
-        dirs = self._dirs()
+        dirs = self._swap
         rmtree(dirs.new)
         now = self._clock()
         self._step("begin")
@@ -350,10 +336,7 @@ class TransactionStateManager:
         self._log = None                            # type: ignore[assignment]
 
     def _repair_compaction(self) -> None:
-        self._dirs().repair("transaction log")
-
-    def _dirs(self) -> SwapDirs:
-        return SwapDirs.under(self.directory, LOG_DIR, COMPACTING_DIR, OLD_DIR)
+        self._swap.repair("transaction log", log)
 
     # -- closing ------------------------------------------------------------------------------------
     def close(self, clean: bool = True) -> None:
