@@ -52,6 +52,7 @@ import zstandard
 from crc32c import crc32c
 
 from appliance.errors import CorruptRecord, ErrorCode, InvalidRecord, KafkaError
+from appliance.protocol.primitives import uvarint
 
 __all__ = [
     "HEADER_SIZE", "LOG_OVERHEAD", "MAGIC", "CRC_OFFSET", "ATTRIBUTES_OFFSET",
@@ -492,26 +493,16 @@ class DecodedRecord(NamedTuple):
     headers: list[tuple[str, bytes | None]]
 
 
-def _varint_slow(v: int) -> bytes:
-    """The varint bytes of an already zig-zagged value."""
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
 # Zig-zag varints of -8192..8191, indexed by the zig-zagged value: the deltas and lengths of
 # almost every record, looked up rather than computed (record encoding is the client's per-record
-# cost).
+# cost). A zig-zagged value is an unsigned varint.
 _SMALL = 1 << 14
-_ZIGZAG = tuple(_varint_slow(v) for v in range(_SMALL))
+_ZIGZAG = tuple(uvarint(v) for v in range(_SMALL))
 
 
 def _varint(n: int) -> bytes:
     v = (n << 1) ^ (n >> 63)       # zig-zag (valid for the int64 range)
-    return _ZIGZAG[v] if v < _SMALL else _varint_slow(v)
+    return _ZIGZAG[v] if v < _SMALL else uvarint(v)
 
 
 def _encode_record(out: bytearray, offset_delta: int, ts_delta: int, rec: Record) -> None:
