@@ -64,11 +64,12 @@ class SentMarker:
     job_id: int
     partition: tuple[str, int]
     writer: str
-    generation: int
-    deadline: float
     msg: ipc.WriteMarkerReq
-    raw: bytes          # the posted record (identity: is it still in the outbox queue?)
-    end: int            # ring position just past it, -1 while unknown (it was queued)
+    # Set by each (re)post, _post_marker:
+    generation: int = 0     # the writer's generation when posted (or since seen to take over)
+    deadline: float = 0.0
+    raw: bytes = b""        # the posted record (identity: is it still in the outbox queue?)
+    end: int = -1           # ring position just past it, -1 while unknown (it was queued)
 
 
 class WriterLink:
@@ -307,8 +308,7 @@ class Coordinator:
             return
         msg = ipc.WriteMarkerReq(0, job.producer_id, job.producer_epoch, job.commit,
                                  job.coordinator_epoch)
-        self._post_marker(link, SentMarker(job.job_id, partition, link.name, link.generation(),
-                                           0.0, msg, b"", -1), time.monotonic())
+        self._post_marker(link, SentMarker(job.job_id, partition, link.name, msg), time.monotonic())
 
     def _post_marker(self, link: WriterLink, s: SentMarker, now: float) -> None:
         """Post (again) under a fresh request id: a late answer to an earlier id is ignored."""
