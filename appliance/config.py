@@ -17,6 +17,7 @@ the key, e.g. ``config: log.segment_bytes: Expected `int` >= 1048576, got 10``.
 
 from __future__ import annotations
 
+import enum
 import os
 import tomllib
 from typing import Annotated, Any, Literal, Mapping
@@ -26,6 +27,8 @@ import msgspec
 __all__ = [
     "Config",
     "ConfigError",
+    "FlushConfig",
+    "FlushPolicy",
     "ServerConfig",
     "LogConfig",
     "TopicsConfig",
@@ -75,6 +78,34 @@ class ServerConfig(_Section):
     internal_request_timeout_ms: Positive = 30000
 
 
+class FlushPolicy(enum.StrEnum):
+    """``[log.flush] policy`` (its values are explained at ``FlushConfig.policy``). A str enum:
+    it decodes from, equals and prints as its TOML value. Code asks it the questions below rather
+    than comparing values. The coordinator's logs fdatasync every write before answering when
+    ``ack_waits_for_sync``.
+    """
+
+    BATCH = "batch"
+    INTERVAL = "interval"
+    OS = "os"
+
+    @property
+    def ack_waits_for_sync(self) -> bool:
+        """An acks=-1 answer (and every coordinator-log write) waits for an fdatasync covering
+        it."""
+        return self is not FlushPolicy.OS
+
+    @property
+    def group_commit(self) -> bool:
+        """A partition writer starts an fdatasync as soon as an answer waits for one."""
+        return self is FlushPolicy.BATCH
+
+    @property
+    def periodic(self) -> bool:
+        """A partition writer starts an fdatasync every ``interval_ms``."""
+        return self is FlushPolicy.INTERVAL
+
+
 class FlushConfig(_Section):
     # "os" (Kafka's default): no explicit fsync; acks=-1 answers once the batch is in the page
     #   cache (kill -9 of any process loses nothing acknowledged; a power loss can lose what the
@@ -82,8 +113,17 @@ class FlushConfig(_Section):
     # "batch": group commit: acks=-1 answers after an fdatasync covering the batch; the writer
     #   keeps appending while a flush runs, the next flush covers everything appended meanwhile.
     # "interval": fdatasync every interval_ms; acks=-1 answers after the next one.
-    policy: Literal["batch", "interval", "os"] = "os"
+    policy: FlushPolicy = FlushPolicy.OS
     interval_ms: Positive = 1000
+
+    @property
+    def kafka_flush_interval_ms(self) -> int:
+        """Kafka's ``log.flush.interval.ms`` for this policy, as DescribeConfigs reports it:
+        the interval, 0 for a flush after every batch, Long.MAX_VALUE (Kafka's effective default:
+        never, the OS writes back) for "os"."""
+        if self.policy.periodic:
+            return self.interval_ms
+        return 0 if self.policy.group_commit else 2**63 - 1
 
 
 class LogConfig(_Section):

@@ -200,7 +200,7 @@ class PartitionWriter:
                 self._publish()
         if not worked:
             timeout = 0.5
-            if self.policy == "interval" and self.flusher.durable < self.log.log_end_offset:
+            if self.policy.periodic and self.flusher.durable < self.log.log_end_offset:
                 timeout = max(0.0, self.last_flush + self.flush_interval - now)
             if self.verifying:
                 timeout = min(timeout, max(0.0, min(v.deadline for v in self.verifying.values()) - now))
@@ -279,7 +279,7 @@ class PartitionWriter:
     def _reply_produce(self, src: str, acks: int, end: int, ack: bytes) -> None:
         if acks == 0:
             return
-        if acks == -1 and end > self.flusher.durable and self.policy != "os":
+        if acks == -1 and end > self.flusher.durable and self.policy.ack_waits_for_sync:
             # Also a duplicate whose original is not durable yet: never ack more than the disk holds.
             self.await_flush.append((end, src, ack))
         else:
@@ -367,7 +367,7 @@ class PartitionWriter:
         elif isinstance(msg, ipc.WriteMarkerReq):
             code, end = self._write_marker(msg, now_ms)
             reply = ipc.encode(ipc.WriteMarkerResp(msg.req_id, code))
-            if code == 0 and self.policy != "os" and end > self.flusher.durable:
+            if code == 0 and self.policy.ack_waits_for_sync and end > self.flusher.durable:
                 self.await_flush.append((end, src, reply))
             else:
                 self._post(src, reply)
@@ -416,8 +416,8 @@ class PartitionWriter:
             self.log.flush()         # synchronous, at shutdown
             fl.durable = max(fl.durable, end)
         elif not fl.busy and fl.durable < end and (
-                (self.policy == "batch" and self.await_flush)
-                or (self.policy == "interval" and now - self.last_flush >= self.flush_interval)):
+                (self.policy.group_commit and self.await_flush)
+                or (self.policy.periodic and now - self.last_flush >= self.flush_interval)):
             self.last_flush = now
             fl.start(*self.log.flush_target())
         if self.await_flush:

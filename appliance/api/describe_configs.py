@@ -44,8 +44,7 @@ def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
         "log.index.size.max.bytes": (str(lg.segment_index_bytes), "INT"),
         "message.max.bytes": (str(lg.message_max_bytes), "INT"),
         "log.message.timestamp.type": (lg.message_timestamp_type, "STRING"),
-        "log.flush.interval.ms": (str(lg.flush.interval_ms) if lg.flush.policy == "interval"
-                                  else ("0" if lg.flush.policy == "batch" else "9223372036854775807"), "LONG"),
+        "log.flush.interval.ms": (str(lg.flush.kafka_flush_interval_ms), "LONG"),
         "auto.create.topics.enable": (b(cfg.topics.auto_create), "BOOLEAN"),
         "num.partitions": (str(cfg.topics.default_partitions), "INT"),
         "default.replication.factor": ("1", "INT"),
