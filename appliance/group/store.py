@@ -1,12 +1,14 @@
 """The group log: committed offsets, pending transactional offsets and group metadata, on disk.
 
 Owned by the coordinator worker (``workers/coordinator.py``; one process, single-threaded, not
-thread-safe), next to the transaction-state log (``appliance.txn.state_manager``), whose approach
-this module mirrors. Kafka keeps this state in the compacted topic ``__consumer_offsets``; a single
-node needs one partition of it, so the log is one ``PartitionLog`` holding exactly the batches
-Kafka's GroupMetadataManager appends to an offsets partition. ``appliance.group.offsets`` (the
-OffsetManager) is the only caller; it holds the policy (validation, fetch, expiration), this
-module holds the bytes and the replay rules, and the in-memory view that replay and live appends
+thread-safe), next to the transaction-state log (``appliance.txn.state_manager``). Kafka keeps
+this state in the compacted topic ``__consumer_offsets``; a single node needs one partition of
+it, so the log is one ``CompactedLog`` (``appliance.log.compacted_log``, which owns the
+directories, appending and syncing per ``log.flush.policy``, replay, compaction by rewrite and
+its crash-safe swap, and draws them) holding exactly the batches Kafka's GroupMetadataManager
+appends to an offsets partition. ``appliance.group.offsets`` (the OffsetManager) is the only
+caller; it holds the policy (validation, fetch, expiration), this module holds the record codec,
+the replay rules, which records are live, and the in-memory view that replay and live appends
 both build with the same code (so what a restart rebuilds is what memory held).
 
 On disk (``directory`` is what the worker passes: ``<data_dir>/__coordinator/group-log``)::
@@ -108,39 +110,35 @@ with the tombstone rule of the newer OffsetMetadataManager.replay:
   decoded raises ``GroupLogCorrupt`` (we refuse to start rather than run without the records
   after it).
 
-Durability: every write returns only after its batch is in the log (page cache: survives kill -9)
-and, unless ``log.flush.policy`` is ``os``, after an fdatasync of the active segment (earlier
-segments were fsynced when they rolled): persisted before the caller answers the client.
+Durability: every write returns only after its batch is in the log and, unless
+``log.flush.policy`` is ``os``, fdatasynced: persisted before the caller answers the client.
 
-Compaction by rewrite, when the log is larger than ``compact_bytes`` and more than twice the live
-records (estimated): the live records (the committed offset and group record of each key, and
-every pending transactional offset, which must survive because its transaction is still open)
-are written to ``log.compacting/`` in their original log order - committed offsets and group
-records as plain batches, pending ones as transactional batches of their producer id and epoch -
-so replaying the new log gives the same state, including which of a pending and a committed
-offset is the more recent. Tombstones, control batches and superseded records are dropped (a
-tombstone's only job is to shadow earlier records, which are gone too). The new log is sealed
-and fsynced, then ``appliance.log.compaction`` (shared with the transaction-state log) marks it
-complete and swaps it in by two renames (log -> log.old, log.compacting -> log); opening repairs
-whatever a crash left, so a crash at any instant yields the old or the new log, never a mix and
-never nothing. That module's docstring draws the swap and the repair.
+Live records (what a compaction rewrite keeps, estimated at ``RECORD_OVERHEAD`` bytes a record
+besides key and value for the trigger): the committed offset and group record of each key, and
+every pending transactional offset, which must survive because its transaction is still open. The
+rewrite keeps their original log order - committed offsets and group records as plain batches,
+pending ones as transactional batches of their producer id and epoch - so replaying the new log
+gives the same state, including which of a pending and a committed offset is the more recent.
+Tombstones, control batches and superseded records are dropped (a tombstone's only job is to
+shadow earlier records, which are gone too).
 
-Offsets are renumbered by a compaction; the in-memory record offsets are renumbered with them.
+Offsets are renumbered by a compaction; the in-memory record offsets are renumbered with them
+(also when the swap fails after its first rename and opening finishes it).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, NamedTuple
+from typing import Callable, Iterable, Mapping, NamedTuple
 
-from appliance.errors import ErrorCode, KafkaError
+from appliance.config import FlushPolicy
+from appliance.errors import KafkaError
 from appliance.group.records import GroupMemberRecord, GroupRecord
-from appliance.log.compaction import COMPLETE_MARKER, SwapDirs, rewrite_log_settings, rmtree
-from appliance.log.files import log_path
-from appliance.log.partition_log import PartitionLog
+from appliance.log.compacted_log import (COMPLETE_MARKER, NO_PRODUCER_EPOCH, NO_PRODUCER_ID,
+                                         CompactedLog, CompactedLogCorrupt, CompactedLogWriteError,
+                                         LiveRecord)
 from appliance.protocol.internal_records import (RecordDecodeError, get_bytes as _get_bytes,
                                                  get_compact_bytes as _get_compact_bytes,
                                                  get_compact_string as _get_compact_string,
@@ -149,8 +147,8 @@ from appliance.protocol.internal_records import (RecordDecodeError, get_bytes as
                                                  put_compact_string as _put_compact_string,
                                                  put_string as _put_string, put_uvarint as _put_uvarint,
                                                  skip_tagged as _skip_tagged, version_of as _version)
-from appliance.protocol.records import (CONTROL_ABORT, CONTROL_COMMIT, Record, build_batch,
-                                        decode_records, iter_batch_headers, parse_control_record)
+from appliance.protocol.records import (CONTROL_ABORT, CONTROL_COMMIT, BatchHeader,
+                                        parse_control_record)
 
 __all__ = [
     "GroupStateStore", "GroupLogCorrupt", "GroupLogWriteError", "LoadedState",
@@ -173,12 +171,6 @@ DEFAULT_COMPACT_BYTES = 16 * 1024 * 1024
 # timestamp and offset deltas, key/value lengths, header count) plus a share of the 61-byte
 # batch header; only used to decide when to compact.
 RECORD_OVERHEAD = 16
-# Compaction output: at most this many records / bytes per batch.
-COMPACT_BATCH_RECORDS = 1000
-COMPACT_BATCH_BYTES = 1024 * 1024
-
-NO_PRODUCER_ID = -1
-NO_PRODUCER_EPOCH = -1
 
 TopicPartition = tuple[str, int]
 
@@ -194,18 +186,13 @@ _q = struct.Struct(">q")
 _qi = struct.Struct(">qi")
 
 
-class GroupLogCorrupt(Exception):
+class GroupLogCorrupt(CompactedLogCorrupt):
     """A record of the group log cannot be decoded."""
 
 
-class GroupLogWriteError(Exception):
-    """An append failed. ``maybe_written``: the batch may be in the log although the append
-    reported failure (the fdatasync failed after the write), so memory and log may disagree."""
-
-    def __init__(self, code: ErrorCode, message: str, *, maybe_written: bool) -> None:
-        super().__init__(message)
-        self.code = code
-        self.maybe_written = maybe_written
+class GroupLogWriteError(CompactedLogWriteError):
+    """An append to the group log failed (see CompactedLogWriteError: ``code``,
+    ``maybe_written``)."""
 
 
 class UnknownKeyVersion(RecordDecodeError):
@@ -452,7 +439,7 @@ def _group(protocol_type, generation, protocol, leader, current_state_timestamp,
 
 # -- the store ------------------------------------------------------------------------------------
 
-class GroupStateStore:
+class GroupStateStore(CompactedLog):
     """The group log of one coordinator (``<directory>/log/``) and the state it holds.
 
     State, rebuilt by ``load`` and kept current by every write (read-only for callers):
@@ -464,35 +451,25 @@ class GroupStateStore:
     ``maybe_written``, the log may hold the batch: the caller must stop trusting memory).
     """
 
-    def __init__(self, directory: str, flush_policy: str = "os", now_ms: int = 0, *,
+    WHAT = "group log"
+    DIRS = (LOG_DIR, COMPACTING_DIR, OLD_DIR)
+    LOGGER = log
+    Corrupt = GroupLogCorrupt
+    WriteError = GroupLogWriteError
+
+    def __init__(self, directory: str, flush_policy: FlushPolicy | str = FlushPolicy.OS,
+                 now_ms: int = 0, *,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES,
                  compact_bytes: int = DEFAULT_COMPACT_BYTES,
                  crash_hook: Callable[[str], None] | None = None) -> None:
         """``now_ms``: the time of opening (segment creation). ``crash_hook``: tests only;
         called with the name of each compaction step boundary, raising there simulates a crash."""
-        if flush_policy not in ("os", "batch", "interval"):
-            raise ValueError(f"unknown flush policy {flush_policy!r}")
-        self.directory = directory
-        self.flush_policy = flush_policy
-        self.compact_bytes = compact_bytes
-        self._settings = rewrite_log_settings(segment_bytes)
-        self._crash_hook = crash_hook
-        self._now = now_ms
-        self.anomalies: list[str] = []
         self.offsets: dict[str, dict[TopicPartition, OffsetEntry]] = {}
         self.pending: dict[int, dict[str, dict[TopicPartition, OffsetEntry]]] = {}
         self.open_producers: dict[str, set[int]] = {}
         self.groups: dict[str, GroupEntry] = {}
-        self._live_bytes = 0
-        self._loaded = False
-        self.compactions = 0
-        self._swap = SwapDirs.under(directory, LOG_DIR, COMPACTING_DIR, OLD_DIR)
-        os.makedirs(directory, exist_ok=True)
-        self._repair_compaction()
-        self._log: PartitionLog | None = PartitionLog.open(self._path(LOG_DIR), self._settings, now_ms)
-
-    def _path(self, name: str) -> str:
-        return os.path.join(self.directory, name)
+        super().__init__(directory, flush_policy, now_ms, segment_bytes=segment_bytes,
+                         compact_bytes=compact_bytes, crash_hook=crash_hook)
 
     # -- the in-memory view (shared by replay and live writes) ------------------------------------
     def _put_committed(self, group: str, tp: TopicPartition, e: OffsetEntry) -> None:
@@ -588,48 +565,29 @@ class GroupStateStore:
             self._live_bytes += entry.size
 
     # -- loading ----------------------------------------------------------------------------------
-    def _batches(self) -> Iterator[tuple[object, memoryview]]:
-        """(header, batch bytes) of every batch in log order."""
-        lg = self._log
-        assert lg is not None
-        for base in lg.segment_bases():
-            path = log_path(lg.directory, base)
-            size = lg.active_end_position if base == lg.active_segment_base else os.path.getsize(path)
-            if size == 0:
-                continue
-            with open(path, "rb") as f:
-                data = f.read(size)
-            mv = memoryview(data)
-            for pos, h in iter_batch_headers(data, 0, len(data)):
-                yield h, mv[pos:pos + h.size]
-
     def load(self) -> LoadedState:
         """Replay the log (see the module doc)."""
         self.offsets.clear()
         self.pending.clear()
         self.open_producers.clear()
         self.groups.clear()
-        self._live_bytes = 0
-        for h, batch in self._batches():
-            if h.is_control:                                # type: ignore[attr-defined]
-                try:
-                    ctype, _epoch = parse_control_record(batch)
-                except KafkaError as e:
-                    self._anomaly(f"unreadable control batch at offset {h.base_offset}: {e}")  # type: ignore[attr-defined]
-                    continue
-                if ctype in (CONTROL_COMMIT, CONTROL_ABORT):
-                    self._apply_marker(h.producer_id, ctype == CONTROL_COMMIT)  # type: ignore[attr-defined]
-                continue
-            pid = h.producer_id if h.is_transactional else NO_PRODUCER_ID  # type: ignore[attr-defined]
-            epoch = h.producer_epoch if h.is_transactional else NO_PRODUCER_EPOCH  # type: ignore[attr-defined]
-            try:
-                records = decode_records(batch)
-            except KafkaError as e:
-                raise GroupLogCorrupt(f"undecodable batch at offset {h.base_offset}: {e}") from None  # type: ignore[attr-defined]
-            for rec in records:
-                self._replay_record(rec.offset, rec.key, rec.value, pid, epoch)
-        self._loaded = True
+        self._replay(self._apply_batch)
         return self.state()
+
+    def _apply_batch(self, h: BatchHeader, batch: memoryview) -> None:
+        if h.is_control:
+            try:
+                ctype, _epoch = parse_control_record(batch)
+            except KafkaError as e:
+                self._anomaly(f"unreadable control batch at offset {h.base_offset}: {e}")
+                return
+            if ctype in (CONTROL_COMMIT, CONTROL_ABORT):
+                self._apply_marker(h.producer_id, ctype == CONTROL_COMMIT)
+            return
+        pid = h.producer_id if h.is_transactional else NO_PRODUCER_ID
+        epoch = h.producer_epoch if h.is_transactional else NO_PRODUCER_EPOCH
+        for rec in self._decode(h, batch):
+            self._replay_record(rec.offset, rec.key, rec.value, pid, epoch)
 
     def _replay_record(self, offset: int, key: bytes | None, value: bytes | None, pid: int,
                        epoch: int) -> None:
@@ -669,10 +627,6 @@ class GroupStateStore:
     def state(self) -> LoadedState:
         return LoadedState({g: e.record for g, e in self.groups.items()}, self.offsets, self.pending)
 
-    def _anomaly(self, text: str) -> None:
-        log.warning("group log: %s", text)
-        self.anomalies.append(text)
-
     # -- writing ----------------------------------------------------------------------------------
     def commit_offsets(self, group: str, offsets: Mapping[TopicPartition, OffsetEntry], now_ms: int,
                        *, producer_id: int = NO_PRODUCER_ID,
@@ -693,8 +647,8 @@ class GroupStateStore:
             e.producer_epoch = producer_epoch if txn else NO_PRODUCER_EPOCH
             e.size = len(key) + len(e.value) + RECORD_OVERHEAD
             records.append((key, e.value))
-        base = self._write_one(records, now_ms, producer_id if txn else NO_PRODUCER_ID,
-                               producer_epoch if txn else NO_PRODUCER_EPOCH)
+        base = self._append(records, now_ms, producer_id if txn else NO_PRODUCER_ID,
+                            producer_epoch if txn else NO_PRODUCER_EPOCH).base_offset
         for i, (tp, e) in enumerate(items):
             e.record_offset = base + i
             self._apply_offset(e.producer_id, group, tp, e)
@@ -704,14 +658,7 @@ class GroupStateStore:
                         coordinator_epoch: int = 0) -> list[str]:
         """Write the COMMIT/ABORT control batch of ``producer_id`` and complete its pending
         offsets; returns the groups that had some."""
-        assert self._log is not None
-        try:
-            self._log.append_control(producer_id, producer_epoch, commit, coordinator_epoch, now_ms)
-        except KafkaError as e:
-            raise GroupLogWriteError(e.code, str(e), maybe_written=False) from None
-        except OSError as e:
-            raise GroupLogWriteError(ErrorCode.kafka_storage_error, str(e), maybe_written=False) from None
-        self._sync()
+        self._append_control(producer_id, producer_epoch, commit, coordinator_epoch, now_ms)
         groups = self._apply_marker(producer_id, commit)
         self._maybe_compact(now_ms)
         return groups
@@ -720,7 +667,7 @@ class GroupStateStore:
         """Write ``record`` as the group's metadata, or its tombstone (None)."""
         key = encode_group_key(group)
         value = None if record is None else encode_group_value(record)
-        base = self._write_one([(key, value)], now_ms)
+        base = self._append([(key, value)], now_ms).base_offset
         entry = None
         if record is not None:
             assert value is not None
@@ -744,7 +691,7 @@ class GroupStateStore:
             if not records:
                 continue
             try:
-                self._append(records, now_ms, NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
+                self._append(records, now_ms, sync=False)
             except GroupLogWriteError as e:
                 error = e
                 break
@@ -760,137 +707,22 @@ class GroupStateStore:
             raise error
         self._maybe_compact(now_ms)
 
-    def _write_one(self, records: list[tuple[bytes, bytes | None]], now_ms: int,
-                   producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH) -> int:
-        base = self._append(records, now_ms, producer_id, producer_epoch)
-        self._sync()
-        return base
-
-    def _append(self, records: list[tuple[bytes, bytes | None]], now_ms: int, producer_id: int,
-                producer_epoch: int, target: PartitionLog | None = None) -> int:
-        lg = target or self._log
-        assert lg is not None
-        txn = producer_id != NO_PRODUCER_ID
-        batch = bytearray(build_batch([Record(k, v, (), now_ms) for k, v in records],
-                                      base_timestamp=now_ms, producer_id=producer_id,
-                                      producer_epoch=producer_epoch,
-                                      base_sequence=0 if txn else -1, transactional=txn))
-        try:
-            return lg.append(batch, now_ms).base_offset
-        except KafkaError as e:
-            raise GroupLogWriteError(e.code, str(e), maybe_written=False) from None
-        except OSError as e:
-            raise GroupLogWriteError(ErrorCode.kafka_storage_error, str(e), maybe_written=False) from None
-
-    def _sync(self) -> None:
-        if self.flush_policy == "os":
-            return
-        assert self._log is not None
-        try:
-            fd, _ = self._log.flush_target()
-            try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            raise GroupLogWriteError(ErrorCode.kafka_storage_error, f"fdatasync: {e}",
-                                     maybe_written=True) from None
-
-    # -- size and compaction ----------------------------------------------------------------------
-    def size_in_bytes(self) -> int:
-        assert self._log is not None
-        return self._log.size_in_bytes()
-
-    @property
-    def live_bytes(self) -> int:
-        return self._live_bytes
-
-    def _maybe_compact(self, now_ms: int) -> None:
-        # Only after load(): before it, memory does not know every record yet.
-        if not self._loaded:
-            return
-        size = self.size_in_bytes()
-        if size > self.compact_bytes and size > 2 * self._live_bytes:
-            try:
-                self.compact(now_ms)
-            except Exception:
-                # The write that triggered this is already done; compaction is retried on the
-                # next write. A failure halfway is repaired like a crash.
-                log.exception("group log compaction failed")
-                if self._log is None:
-                    self._repair_compaction()
-                    self._log = PartitionLog.open(self._path(LOG_DIR), self._settings, now_ms)
-
-    def _step(self, name: str) -> None:
-        if self._crash_hook is not None:
-            self._crash_hook(name)
-
-    def _live_entries(self) -> list[tuple[int, bytes, bytes, int, int, object]]:
-        """(record offset, key, value, producer id, producer epoch, entry) of every live record."""
-        out: list[tuple[int, bytes, bytes, int, int, object]] = []
+    def live_records(self) -> list[LiveRecord]:
+        """The committed offset and group record of each key and every pending transactional
+        offset, in log order (see the module doc)."""
+        out: list[LiveRecord] = []
         for group, by_tp in self.offsets.items():
             for (topic, partition), e in by_tp.items():
-                out.append((e.record_offset, encode_offset_key(group, topic, partition), e.value,
-                            NO_PRODUCER_ID, NO_PRODUCER_EPOCH, e))
+                out.append(LiveRecord(encode_offset_key(group, topic, partition), e.value,
+                                      entry=e))
         for pid, by_group in self.pending.items():
             for group, by_tp in by_group.items():
                 for (topic, partition), e in by_tp.items():
-                    out.append((e.record_offset, encode_offset_key(group, topic, partition), e.value,
-                                pid, e.producer_epoch, e))
+                    out.append(LiveRecord(encode_offset_key(group, topic, partition), e.value,
+                                          pid, e.producer_epoch, e))
         for group, ge in self.groups.items():
-            out.append((ge.record_offset, encode_group_key(group), ge.value, NO_PRODUCER_ID,
-                        NO_PRODUCER_EPOCH, ge))
+            out.append(LiveRecord(encode_group_key(group), ge.value, entry=ge))
         # A transaction's pending offset that was also materialized is the same object in
         # both maps only after its marker, when it is no longer pending: no duplicates.
-        out.sort(key=lambda x: x[0])
+        out.sort(key=lambda r: r.entry.record_offset)       # type: ignore[union-attr]
         return out
-
-    def compact(self, now_ms: int) -> None:
-        """Rewrite the live records into a fresh log and swap it in (see the module doc)."""
-        if not self._loaded:
-            raise RuntimeError("compact() before load()")
-        dirs = self._swap
-        rmtree(dirs.new)
-        self._step("begin")
-        entries = self._live_entries()
-        nlog = PartitionLog.open(dirs.new, self._settings, now_ms)
-        renumber: list[tuple[object, int]] = []
-        try:
-            i = 0
-            while i < len(entries):
-                kind = entries[i][3:5]
-                j, nbytes = i, 0
-                while (j < len(entries) and entries[j][3:5] == kind and j - i < COMPACT_BATCH_RECORDS
-                       and nbytes < COMPACT_BATCH_BYTES):
-                    nbytes += len(entries[j][1]) + len(entries[j][2])
-                    j += 1
-                chunk = entries[i:j]
-                base = self._append([(x[1], x[2]) for x in chunk], now_ms, kind[0], kind[1],
-                                    target=nlog)
-                renumber += [(x[5], base + n) for n, x in enumerate(chunk)]
-                self._step("copying")
-                i = j
-        except BaseException:
-            nlog.close(clean=False)
-            raise
-        nlog.close(clean=True)                      # sealed: trimmed and fsynced
-        self._step("written")
-        dirs.swap_in(self._close_live, self._step)
-        self._log = PartitionLog.open(dirs.live, self._settings, now_ms)
-        for entry, offset in renumber:
-            entry.record_offset = offset            # type: ignore[attr-defined]
-        self.compactions += 1
-
-    def _close_live(self) -> None:
-        assert self._log is not None
-        self._log.close(clean=True)
-        self._log = None                            # type: ignore[assignment]
-
-    def _repair_compaction(self) -> None:
-        self._swap.repair("group log", log)
-
-    # -- closing ----------------------------------------------------------------------------------
-    def close(self, clean: bool = True) -> None:
-        if self._log is not None:
-            self._log.close(clean=clean)
-            self._log = None

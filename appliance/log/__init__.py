@@ -8,4 +8,6 @@ any number of others through read-only maps (``reader.LogReader``, ``reader.Segm
 - ``segment``: the writer's active segment; loading and recovering segment files.
 - ``partition_log``: the writer's object (append, roll, flush, retention, recovery at open).
 - ``reader``: fetch ranges and timestamp lookups for other processes.
+- ``compacted_log``: the coordinator worker's logs compacted by rewrite (the transaction-state
+  log, the group log), each one ``PartitionLog`` plus a crash-safe swap.
 """

@@ -5,7 +5,6 @@ expiration (KIP-211), restarts."""
 import os
 
 from appliance.errors import ErrorCode as E
-from appliance.group import store as smod
 from appliance.group.offsets import FetchedOffset, OffsetManager
 from appliance.group.records import GroupMemberRecord, GroupRecord
 from appliance.group.store import GroupStateStore
@@ -388,7 +387,7 @@ def test_a_write_that_may_have_landed_breaks_the_manager(tmp_path, monkeypatch):
 
     def boom(fd):
         raise OSError(5, "EIO")
-    monkeypatch.setattr(smod.os, "fdatasync", boom)
+    monkeypatch.setattr(os, "fdatasync", boom)
     assert om.commit_offsets("g", [off("t", 0, 2)], 2) == {("t", 0): E.not_coordinator}
     assert om.broken
     assert fetch1(om, "g", "t", 0).error == E.not_coordinator

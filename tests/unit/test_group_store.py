@@ -182,7 +182,7 @@ def test_crash_without_close_loses_nothing_written(tmp_path):
     assert reopened(tmp_path) == before
 
 
-def test_g49_pending_offsets_replayed_pending_and_completed_by_later_marker(tmp_path):
+def test_pending_offsets_replayed_pending_and_completed_by_later_marker(tmp_path):
     st = loaded(tmp_path)
     st.commit_offsets("g", {("t", 0): entry(5)}, 100)
     st.commit_offsets("g", {("t", 0): entry(50), ("t", 1): entry(60)}, 101, producer_id=7, producer_epoch=2)
@@ -334,7 +334,7 @@ def test_torn_tail_after_crash_keeps_acknowledged_records(tmp_path, how, keep):
 def test_batch_flush_policy_fdatasyncs(tmp_path, monkeypatch):
     calls = []
     real = os.fdatasync
-    monkeypatch.setattr(smod.os, "fdatasync", lambda fd: (calls.append(fd), real(fd)))
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append(fd), real(fd)))
     st = loaded(tmp_path, flush="batch")
     st.commit_offsets("g", {("t", 0): entry(1)}, 1)
     st.store_group("g", group(), 2)
@@ -350,7 +350,7 @@ def test_failed_sync_reports_maybe_written_and_leaves_memory(tmp_path, monkeypat
 
     def boom(fd):
         raise OSError(5, "EIO")
-    monkeypatch.setattr(smod.os, "fdatasync", boom)
+    monkeypatch.setattr(os, "fdatasync", boom)
     with pytest.raises(GroupLogWriteError) as ei:
         st.commit_offsets("g", {("t", 0): entry(1)}, 1)
     assert ei.value.maybe_written and st.offsets == {}
@@ -458,6 +458,30 @@ def test_compaction_failure_is_retried_later_and_loses_nothing(tmp_path, monkeyp
     monkeypatch.setattr(smod.GroupStateStore, "compact", flaky)
     _churn(st, 200)
     assert st.compactions >= 1 and fails["n"] == 0
+    before = snapshot(st)
+    st.close()
+    assert reopened(tmp_path) == before
+
+
+def test_compaction_failing_after_the_first_rename_renumbers_memory(tmp_path):
+    # The swap fails (EIO) after log -> log.old: the store repairs towards the new log, so the
+    # record offsets in memory must be the new log's, or a later marker compares a pending
+    # offset with a plain commit by stale offsets.
+    st = loaded(tmp_path)
+    _churn(st, 60)
+    st.commit_offsets("g", {("t", 0): entry(1)}, 1, producer_id=1, producer_epoch=0)
+
+    def hook(name):
+        if name == "new-moved":
+            raise OSError(5, "EIO")
+    st._crash_hook = hook
+    st.compact_bytes = 0
+    st.commit_offsets("g", {("t", 1): entry(7)}, 2)      # triggers the failing compaction
+    assert st.compactions == 0
+    st._crash_hook, st.compact_bytes = None, smod.DEFAULT_COMPACT_BYTES
+    st.commit_offsets("g", {("t", 0): entry(2)}, 3)      # later than the pending offset
+    st.end_transaction(1, 0, True, 4)
+    assert committed(st, "g")[("t", 0)][0] == 2
     before = snapshot(st)
     st.close()
     assert reopened(tmp_path) == before

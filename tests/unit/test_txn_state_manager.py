@@ -95,8 +95,8 @@ def _raw_append(path, key: bytes, value: bytes | None) -> None:
     sm.close()
 
 
-def test_c24_epoch_regression_for_same_pid_is_logged_and_the_later_record_wins(tmp_path):
-    # The seed calls this corruption; Kafka does not check and keeps the last record.
+def test_epoch_regression_for_same_pid_is_logged_and_the_later_record_wins(tmp_path):
+    # KIP-98 calls this a corrupt log; Kafka's loader does not check and keeps the last record.
     sm = open_sm(tmp_path)
     sm.load()
     sm.append(md("a", pid=5, epoch=7))
