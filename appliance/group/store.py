@@ -139,7 +139,8 @@ from appliance.group.records import GroupMemberRecord, GroupRecord
 from appliance.log.compacted_log import (COMPLETE_MARKER, NO_PRODUCER_EPOCH, NO_PRODUCER_ID,
                                          CompactedLog, CompactedLogCorrupt, CompactedLogWriteError,
                                          LiveRecord)
-from appliance.protocol.internal_records import (RecordDecodeError, get_bytes as _get_bytes,
+from appliance.protocol.internal_records import (RecordDecodeError, UnknownKeyVersion,
+                                                 get_bytes as _get_bytes,
                                                  get_compact_bytes as _get_compact_bytes,
                                                  get_compact_string as _get_compact_string,
                                                  get_string as _get_string, get_uvarint as _get_uvarint,
@@ -193,14 +194,6 @@ class GroupLogCorrupt(CompactedLogCorrupt):
 class GroupLogWriteError(CompactedLogWriteError):
     """An append to the group log failed (see CompactedLogWriteError: ``code``,
     ``maybe_written``)."""
-
-
-class UnknownKeyVersion(RecordDecodeError):
-    """A key whose version is neither an offset key (0, 1) nor a group key (2)."""
-
-    def __init__(self, version: int) -> None:
-        super().__init__(f"unknown group log key version {version}")
-        self.version = version
 
 
 # -- in-memory entries ----------------------------------------------------------------------------
@@ -280,7 +273,7 @@ def decode_key(data) -> OffsetKey | GroupKey:
     if version == GROUP_KEY_VERSION:
         group, _ = _get_string(buf, 2)
         return GroupKey(group)                                         # type: ignore[arg-type]
-    raise UnknownKeyVersion(version)
+    raise UnknownKeyVersion("group log", version)
 
 
 # -- offset values --------------------------------------------------------------------------------
@@ -591,16 +584,9 @@ class GroupStateStore(CompactedLog):
 
     def _replay_record(self, offset: int, key: bytes | None, value: bytes | None, pid: int,
                        epoch: int) -> None:
-        if key is None:
-            self._anomaly(f"record without a key at offset {offset} skipped")
+        k = self._replay_key(key, decode_key, f" at offset {offset}")
+        if k is None:
             return
-        try:
-            k = decode_key(key)
-        except UnknownKeyVersion as e:
-            self._anomaly(f"{e} at offset {offset}: record skipped")
-            return
-        except (RecordDecodeError, UnicodeDecodeError) as e:
-            raise GroupLogCorrupt(f"undecodable key at offset {offset}: {e}") from None
         if isinstance(k, OffsetKey):
             entry = None
             if value is not None:

@@ -55,12 +55,13 @@ import logging
 import os
 import shutil
 import time
-from typing import Callable, ClassVar, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import Callable, ClassVar, Iterable, Iterator, NamedTuple, Protocol, Sequence, TypeVar
 
 from appliance.config import FlushPolicy
 from appliance.errors import ErrorCode, KafkaError
 from appliance.log.files import atomic_write, fsync_dir, log_path
 from appliance.log.partition_log import LogSettings, PartitionLog
+from appliance.protocol.internal_records import RecordDecodeError, UnknownKeyVersion
 from appliance.protocol.records import (BatchHeader, Record, build_batch, decode_records,
                                         iter_batch_headers)
 
@@ -71,6 +72,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("appliance.log.compacted_log")
+
+K = TypeVar("K")
 
 COMPLETE_MARKER = "compaction-complete"
 NO_PRODUCER_ID = -1
@@ -267,6 +270,22 @@ class CompactedLog:
             return decode_records(batch)
         except KafkaError as e:
             raise self.Corrupt(f"undecodable batch at offset {h.base_offset}: {e}") from None
+
+    def _replay_key(self, key: bytes | None, decode: Callable[[bytes], K], where: str = "") -> K | None:
+        """A replayed record's decoded key, or None for a record to skip, by the rule Kafka's
+        loaders of both logs follow: a record without a key or with a key version the log does
+        not know is logged and skipped; a key that cannot be decoded is ``Corrupt``. ``where``
+        places the record in the messages (e.g. " at offset 7")."""
+        if key is None:
+            self._anomaly(f"record without a key{where} skipped")
+            return None
+        try:
+            return decode(key)
+        except UnknownKeyVersion as e:
+            self._anomaly(f"{e}{where}: record skipped")
+            return None
+        except (RecordDecodeError, UnicodeDecodeError) as e:
+            raise self.Corrupt(f"undecodable {self.WHAT} key{where}: {e}") from None
 
     def _anomaly(self, text: str) -> None:
         """Something replay skipped or tolerated (Kafka logs and goes on there too)."""

@@ -28,7 +28,7 @@ from appliance.protocol.primitives import I16 as _h
 from appliance.protocol.primitives import I32 as _i
 from appliance.protocol.primitives import uvarint
 
-__all__ = ["RecordDecodeError", "need", "put_uvarint", "get_uvarint", "put_string", "get_string",
+__all__ = ["RecordDecodeError", "UnknownKeyVersion", "need", "put_uvarint", "get_uvarint", "put_string", "get_string",
            "put_compact_string", "get_compact_string", "get_bytes", "put_compact_bytes",
            "get_compact_bytes", "skip_tagged", "read_tagged", "version_of"]
 
@@ -37,6 +37,15 @@ MAX_STRING = 0x7FFF
 
 class RecordDecodeError(ValueError):
     """The bytes are not a valid record of a version the caller reads."""
+
+
+class UnknownKeyVersion(RecordDecodeError):
+    """A key whose version the log does not know. Kafka's loaders of both logs log and skip such
+    a record ("a left-over from an aborted upgrade")."""
+
+    def __init__(self, log_name: str, version: int) -> None:
+        super().__init__(f"unknown {log_name} key version {version}")
+        self.version = version
 
 
 def need(buf: memoryview, pos: int, n: int) -> None:

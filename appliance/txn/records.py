@@ -55,7 +55,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from appliance.protocol.internal_records import (RecordDecodeError, get_compact_string as _get_compact_string,
+from appliance.protocol.internal_records import (RecordDecodeError, UnknownKeyVersion,
+                                                 get_compact_string as _get_compact_string,
                                                  get_string as _get_string, get_uvarint as _get_uvarint,
                                                  need as _need, put_compact_string as _put_compact_string,
                                                  put_string as _put_string, put_uvarint as _put_uvarint,
@@ -81,15 +82,6 @@ _q = struct.Struct(">q")
 # producer_id, producer_epoch, timeout, status: the fixed head of every value version
 _HEAD = struct.Struct(">qhib")
 _TAIL = struct.Struct(">qq")
-
-
-class UnknownKeyVersion(RecordDecodeError):
-    """A key with a version other than 0 (Kafka logs and skips these: a left-over of an
-    aborted upgrade)."""
-
-    def __init__(self, version: int) -> None:
-        super().__init__(f"unknown transaction log key version {version}")
-        self.version = version
 
 
 @dataclass(slots=True)
@@ -122,7 +114,7 @@ def decode_key(data) -> str:
     buf = memoryview(data)
     version = _version(buf)
     if version != KEY_VERSION:
-        raise UnknownKeyVersion(version)
+        raise UnknownKeyVersion("transaction log", version)
     tid, _ = _get_string(buf, 2)
     return tid
 

@@ -46,8 +46,7 @@ from appliance.log.compacted_log import (COMPLETE_MARKER, CompactedLog, Compacte
 from appliance.log.files import atomic_write
 from appliance.protocol.records import BatchHeader
 from appliance.txn.metadata import TransactionMetadata, TransactionState
-from appliance.txn.records import (RecordDecodeError, UnknownKeyVersion, decode_key, decode_value,
-                                   encode_key, encode_value)
+from appliance.txn.records import RecordDecodeError, decode_key, decode_value, encode_key, encode_value
 
 __all__ = [
     "TransactionStateManager", "TransactionLogCorrupt", "TxnLogWriteError",
@@ -145,16 +144,9 @@ class TransactionStateManager(CompactedLog):
     def _apply(self, out: dict[str, TransactionMetadata], key: bytes | None, value: bytes | None,
                size: int) -> None:
         """Replay one record into ``out`` (see the module docstring)."""
-        if key is None:
-            self._anomaly("record without a key skipped")
+        tid = self._replay_key(key, decode_key)
+        if tid is None:
             return
-        try:
-            tid = decode_key(key)
-        except UnknownKeyVersion as e:
-            self._anomaly(f"{e}: record skipped")
-            return
-        except (RecordDecodeError, UnicodeDecodeError) as e:
-            raise TransactionLogCorrupt(f"undecodable transaction log key: {e}") from None
         self._forget(tid)
         if value is None:
             out.pop(tid, None)
