@@ -42,8 +42,9 @@ TransactionLogValue v1 (first flexible version; the version prefix stays a plain
         tag 0  PreviousProducerId        int64  default -1
         tag 1  NextProducerId            int64  default -1
         tag 2  ClientTransactionVersion  int16  default 0    (upstream's tag 2)
-        tag 3  NextProducerEpoch         int16  default -1   (ours, KIP-939; upstream has none,
-                                                               seeds-digest C25: a distinct tag)
+        tag 3  NextProducerEpoch         int16  default -1   (ours: KIP-939 gives it tag 2,
+                                                               which Kafka uses for
+                                                               ClientTransactionVersion)
 
 uvarint = unsigned LEB128 (protobuf varint, no zig-zag). Tags this module does not know are
 skipped on read (that is what tagged fields are for). The partitions field is null for Empty
