@@ -5,8 +5,9 @@ Owns nothing; imported by frontends (the API handlers build the requests), parti
 with ``appliance.txn.coordinator.TransactionCoordinator``, which returns the result types defined
 here. Fields are Kafka's (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
 ListTransactions, DescribeTransactions); version-dependent wire details stay with the handlers,
-which pass the request version on as ``api_version`` where the coordinator's answer depends on it.
-Partitions are (topic name, partition index).
+which pass the request version on as ``api_version`` where the coordinator's answer depends on it
+(``fenced_for``: the error code old clients get instead of PRODUCER_FENCED). Partitions are
+(topic name, partition index).
 """
 
 from __future__ import annotations
