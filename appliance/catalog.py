@@ -8,7 +8,14 @@ be matched to its topic the way Kafka does.
 
 Other processes read the catalog as published by the supervisor in the runtime directory
 (``catalog.msgpack``, replaced atomically) and notice changes through the ``catalog_version`` field
-of the supervisor's state page (``CatalogView``).
+of the supervisor's state page (``CatalogView``). Frontends ask the supervisor to change it with
+``CreateTopicsRequest`` / ``DeleteTopicsRequest`` (ring messages, defined here next to the catalog
+they change; the supervisor serves them).
+
+The names of the data directory's internal places are here too: ``COORDINATOR_DIR`` (the
+coordinator worker's directory) and the internal topics (``OFFSETS_TOPIC``: Kafka's
+``__consumer_offsets``, whose partitions the transaction coordinator adds to transactions and
+whose markers the coordinator applies to its own group log).
 """
 
 from __future__ import annotations
@@ -24,13 +31,17 @@ from typing import Iterable
 import msgspec
 
 from .errors import ErrorCode, KafkaError
+from .ipc import Message, Request
 from .log.files import atomic_write
 
 CATALOG_FILE = "catalog.json"
 PUBLISHED_FILE = "catalog.msgpack"
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME = 249
-INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+OFFSETS_TOPIC = "__consumer_offsets"
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
+COORDINATOR_DIR = "__coordinator"        # <data_dir>/__coordinator/, the coordinator worker's
 
 
 class TopicInfo(msgspec.Struct, frozen=True):
@@ -55,6 +66,43 @@ class Catalog:
 
     def partition_count(self) -> int:
         return sum(t.partitions for t in self.topics.values())
+
+
+# -- CreateTopics / DeleteTopics: frontend -> supervisor -> frontend -------------------------------
+
+class NewTopic(msgspec.Struct, array_like=True, frozen=True):
+    name: str
+    num_partitions: int
+    configs: dict[str, str] = {}
+
+
+class TopicResult(msgspec.Struct, array_like=True, frozen=True):
+    name: str
+    error_code: int
+    error_message: str | None = None
+    topic_id: bytes = b""
+    num_partitions: int = -1
+    configs: dict[str, str] = {}
+
+
+class TopicsResult(Message):
+    """The answer to CreateTopics and DeleteTopics: one result per topic, in request order."""
+    results: list[TopicResult]
+
+
+class CreateTopicsRequest(Request):
+    topics: list[NewTopic]
+    validate_only: bool = False
+
+    def error_reply(self, code: ErrorCode) -> TopicsResult:
+        return TopicsResult([TopicResult(t.name, int(code)) for t in self.topics])
+
+
+class DeleteTopicsRequest(Request):
+    names: list[str]
+
+    def error_reply(self, code: ErrorCode) -> TopicsResult:
+        return TopicsResult([TopicResult(n, int(code)) for n in self.names])
 
 
 def uuid_to_kafka_str(topic_id: bytes) -> str:

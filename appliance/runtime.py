@@ -44,6 +44,9 @@ PARTITION_PAGE_FIELDS = [
 ]
 SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I")]
 WORKER_PAGE_FIELDS = [("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I")]
+# The coordinator's page also carries its coordinator epoch (bumped at every start): the
+# WriteTxnMarkers API refuses a marker whose epoch is above it.
+COORDINATOR_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("coordinator_epoch", "i")]
 
 HEARTBEAT_FILE = "heartbeats"
 HEARTBEAT_SLOTS = 8192

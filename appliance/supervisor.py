@@ -42,12 +42,13 @@ from . import ipc
 from .config import Config
 from .errors import ErrorCode, KafkaError
 from .log.files import atomic_write
-from .runtime import (COORDINATOR, die_with_parent, EXIT_CRASH_LOOP, EXIT_DATA_DIR, EXIT_OK, HEARTBEAT_FILE,
-                      HEARTBEAT_SLOTS, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
-                      RUNTIME_POINTER, STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
-                      WORKER_PAGE_FIELDS,
-                      WorkerContext, child_reset_signals, default_run_dir, fetcher_name,
-                      frontend_name, set_process_name, setup_logging, writer_name)
+from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
+                      EXIT_DATA_DIR, EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
+                      PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING, RUNTIME_POINTER,
+                      STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
+                      WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
+                      fetcher_name, frontend_name, set_process_name, setup_logging, writer_name)
+from .service import Registry, Responder, serves
 from .topic_config import validate_topic_configs
 
 log = logging.getLogger("appliance.supervisor")
@@ -72,18 +73,16 @@ class WorkerSpec:
 
 @dataclass
 class PendingCreate:
-    src: str
-    req: ipc.CreateTopicsReq
-    results: list[ipc.TopicResult]
+    respond: Responder
+    results: list[cat.TopicResult]
     writers: list[WorkerSpec]
     deadline: float
 
 
 @dataclass
 class PendingDelete:
-    src: str
-    req: ipc.DeleteTopicsReq
-    results: list[ipc.TopicResult]
+    respond: Responder
+    results: list[cat.TopicResult]
     writers: list[WorkerSpec]
     topics: list[cat.TopicInfo]
 
@@ -202,6 +201,9 @@ class Supervisor:
         for fe in self.frontends:
             self.mailbox.add(fe)
         self.outboxes = {fe: Outbox(self.topo, SUPERVISOR, fe, self.bells) for fe in self.frontends}
+        # CreateTopics/DeleteTopics; an error here stops the appliance rather than go on with a
+        # catalog whose state is unknown.
+        self.registry = Registry(self, post=self._reply, contain=False)
 
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
@@ -212,7 +214,8 @@ class Supervisor:
                           entry=entry, topic=topic)
         if role in ("fetcher", "coordinator"):
             # Their clients (frontends) watch the generation to fail requests a dead one held.
-            StatePage.create(self.topo.page_path(name), WORKER_PAGE_FIELDS).close()
+            fields = COORDINATOR_PAGE_FIELDS if role == "coordinator" else WORKER_PAGE_FIELDS
+            StatePage.create(self.topo.page_path(name), fields).close()
         self.workers[name] = spec
         return spec
 
@@ -477,20 +480,12 @@ class Supervisor:
     def _serve_admin(self) -> None:
         for src, ring in self.mailbox.inputs.items():
             while (raw := ring.get()) is not None:
-                try:
-                    msg = ipc.decode(raw)
-                except Exception:
-                    log.exception("undecodable admin message from %s", src)
-                    continue
-                if isinstance(msg, ipc.CreateTopicsReq):
-                    self._create_topics(src, msg)
-                elif isinstance(msg, ipc.DeleteTopicsReq):
-                    self._delete_topics(src, msg)
-                else:
-                    log.error("unexpected admin message %r from %s", type(msg).__name__, src)
+                self.registry.handle(src, raw)
 
-    def _create_topics(self, src: str, req: ipc.CreateTopicsReq) -> None:
-        results: list[ipc.TopicResult] = []
+    @serves(cat.CreateTopicsRequest, late=True)
+    def _create_topics(self, req: cat.CreateTopicsRequest, respond: Responder) -> None:
+        """Answered once the new writers are READY (or after 60 s)."""
+        results: list[cat.TopicResult] = []
         accepted: list[cat.TopicInfo] = []
         current = self.store.catalog
         total = current.partition_count()
@@ -521,10 +516,10 @@ class Supervisor:
                                      configs=configs)
                 total += parts
                 accepted.append(info)
-                results.append(ipc.TopicResult(name=nt.name, error_code=0, topic_id=info.topic_id,
+                results.append(cat.TopicResult(name=nt.name, error_code=0, topic_id=info.topic_id,
                                                num_partitions=parts, configs=configs))
             except KafkaError as e:
-                results.append(ipc.TopicResult(name=nt.name, error_code=int(e.code),
+                results.append(cat.TopicResult(name=nt.name, error_code=int(e.code),
                                                error_message=e.message))
         writers: list[WorkerSpec] = []
         if accepted and not req.validate_only:
@@ -534,21 +529,23 @@ class Supervisor:
                     spec = self._add_writer(t, p)
                     self._spawn(spec)
                     writers.append(spec)
-        self.pending_creates.append(PendingCreate(src, req, results, writers,
+        self.pending_creates.append(PendingCreate(respond, results, writers,
                                                   time.monotonic() + 60.0))
         self._check_pending()
 
-    def _delete_topics(self, src: str, req: ipc.DeleteTopicsReq) -> None:
-        results: list[ipc.TopicResult] = []
+    @serves(cat.DeleteTopicsRequest, late=True)
+    def _delete_topics(self, req: cat.DeleteTopicsRequest, respond: Responder) -> None:
+        """Answered once the writers have stopped and the directories are gone."""
+        results: list[cat.TopicResult] = []
         names: list[str] = []
         for name in req.names:
             t = self.store.catalog.topics.get(name)
             if t is None:
-                results.append(ipc.TopicResult(name=name, error_code=int(ErrorCode.unknown_topic_or_partition),
+                results.append(cat.TopicResult(name=name, error_code=int(ErrorCode.unknown_topic_or_partition),
                                                error_message="This server does not host this topic."))
             else:
                 names.append(name)
-                results.append(ipc.TopicResult(name=name, error_code=0, topic_id=t.topic_id))
+                results.append(cat.TopicResult(name=name, error_code=0, topic_id=t.topic_id))
         removed = self.store.remove_topics(names) if names else []
         self._publish_catalog()
         writers = []
@@ -559,7 +556,7 @@ class Supervisor:
                 if spec.pid is not None:
                     _kill(spec.pid, signal.SIGTERM)
                 writers.append(spec)
-        self.pending_deletes.append(PendingDelete(src, req, results, writers, removed))
+        self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
         self._check_pending()
 
     def _check_pending(self) -> None:
@@ -572,7 +569,7 @@ class Supervisor:
                 publish = publish or bool(pc.writers)
                 done.append(pc)
             elif now > pc.deadline:
-                pc.results = [ipc.TopicResult(name=r.name, error_code=int(ErrorCode.request_timed_out),
+                pc.results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.request_timed_out),
                                               error_message="partition writers did not start in time")
                               if r.error_code == 0 else r for r in pc.results]
                 publish = True
@@ -583,7 +580,7 @@ class Supervisor:
         if publish:
             self._publish_catalog()
         for pc in done:
-            self._reply(pc.src, ipc.CreateTopicsResp(req_id=pc.req.req_id, results=pc.results))
+            pc.respond(cat.TopicsResult(pc.results))
         still_d = []
         for pd in self.pending_deletes:
             if any(s.pid is not None for s in pd.writers):
@@ -596,17 +593,17 @@ class Supervisor:
             for t in pd.topics:
                 self.store.delete_dirs(t)
             self._write_processes()
-            self._reply(pd.src, ipc.DeleteTopicsResp(req_id=pd.req.req_id, results=pd.results))
+            pd.respond(cat.TopicsResult(pd.results))
         self.pending_deletes = still_d
 
     def _publish_catalog(self) -> None:
         cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
         self.page.publish(catalog_version=self.store.catalog.version)
 
-    def _reply(self, dst: str, msg) -> None:
+    def _reply(self, dst: str, req_id: int, body: ipc.Message) -> None:
         # A full ring (a slow or restarting frontend) queues the reply; every turn retries it.
         box = self.outboxes[dst]
-        box.post(ipc.encode(msg))
+        box.post(ipc.encode(req_id, body))
         box.flush()
 
     # -- stopping -------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from appliance.runtime import (HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY, REC
                                SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WORKER_PAGE_FIELDS, WorkerContext,
                                writer_name)
+from appliance.service import Registry, Responder, serves
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.statepage import StatePage
@@ -62,8 +63,8 @@ class PartitionHandle:
 
 @dataclass
 class Parked:
-    src: str
-    req: ipc.FetchReq
+    respond: Responder
+    req: ipc.FetchRequest
     deadline: float
     handles: list[PartitionHandle]
 
@@ -85,6 +86,7 @@ class Fetcher:
         self.handles: dict[tuple[bytes, int], PartitionHandle] = {}
         self.parked: list[Parked] = []
         self.stop = False
+        self.registry = Registry(self, post=self._reply)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
@@ -98,7 +100,7 @@ class Fetcher:
             self.hb.beat(self.ctx.heartbeat_slot)
             for src, ring in self.mailbox.inputs.items():
                 while (raw := ring.get()) is not None:
-                    self._dispatch(src, raw)
+                    self.registry.handle(src, raw)
             self._recheck_parked()
             timeout = 0.5
             for box in self.outboxes.values():
@@ -108,38 +110,22 @@ class Fetcher:
                 timeout = max(0.0, min(timeout, min(p.deadline for p in self.parked) - time.monotonic()))
             self.mailbox.wait(timeout)
         for p in self.parked:   # answer what we hold so frontends can drain
-            self._reply(p.src, self._evaluate(p.req)[0])
+            p.respond(self._evaluate(p.req)[0])
         return 0
 
     def _on_term(self, signum, frame) -> None:
         self.stop = True
 
-    def _dispatch(self, src: str, raw: bytes) -> None:
-        try:
-            msg = ipc.decode(raw)
-        except Exception:
-            log.exception("undecodable request from %s", src)
-            return
-        try:
-            if isinstance(msg, ipc.FetchReq):
-                resp, nbytes, final = self._evaluate(msg)
-                if final or nbytes >= msg.min_bytes or msg.max_wait_ms <= 0:
-                    self._reply(src, resp)
-                else:
-                    self._park(src, msg)
-            elif isinstance(msg, ipc.ListOffsetsReq):
-                self._reply(src, self._list_offsets(msg))
-            else:
-                log.error("unexpected %s from %s", type(msg).__name__, src)
-        except Exception:
-            # A bug or a damaged file costs this request, never the fetcher (and every parked
-            # long-poll with it).
-            log.exception("request %s from %s failed", getattr(msg, "req_id", "?"), src)
-            err = int(ErrorCode.unknown_server_error)
-            if isinstance(msg, ipc.FetchReq):
-                self._reply(src, ipc.FetchResp(msg.req_id, [ipc.FetchPartResult(err)] * len(msg.parts)))
-            elif isinstance(msg, ipc.ListOffsetsReq):
-                self._reply(src, ipc.ListOffsetsResp(msg.req_id, [ipc.ListOffsetsResult(err)] * len(msg.parts)))
+    # A bug or a damaged file costs its request (the registry answers UNKNOWN_SERVER_ERROR),
+    # never the fetcher and every parked long-poll with it.
+
+    @serves(ipc.FetchRequest, late=True)
+    def _fetch(self, req: ipc.FetchRequest, respond: Responder) -> None:
+        resp, nbytes, final = self._evaluate(req)
+        if final or nbytes >= req.min_bytes or req.max_wait_ms <= 0:
+            respond(resp)
+        else:
+            self._park(respond, req)
 
     # -- fetch ----------------------------------------------------------------------------------
     def _handle(self, topic_id: bytes, partition: int) -> PartitionHandle | None:
@@ -160,7 +146,7 @@ class Fetcher:
             self.handles[key] = h
         return h
 
-    def _evaluate(self, req: ipc.FetchReq) -> tuple[ipc.FetchResp, int, bool]:
+    def _evaluate(self, req: ipc.FetchRequest) -> tuple[ipc.FetchResult, int, bool]:
         """Read every partition now. Returns (response, bytes, final) where final means an error
         that makes waiting pointless (Kafka completes a delayed fetch early on partition errors)."""
         remaining = req.max_bytes
@@ -195,7 +181,7 @@ class Fetcher:
                 aborted = None
                 if req.isolation_level == READ_COMMITTED:
                     # Every aborted transaction overlapping the returned range, including one that
-                    # holds nothing but its abort marker there (digest §4.4).
+                    # holds nothing but its abort marker there (as Kafka's fetch collects them).
                     aborted = (h.reader.collect_aborted(part.fetch_offset, rr.next_offset, st.high_watermark)
                                if slices else [])
             except KafkaError as e:
@@ -205,9 +191,9 @@ class Fetcher:
                 continue
             out.append(ipc.FetchPartResult(0, st.high_watermark, st.last_stable_offset,
                                            st.log_start_offset, aborted, slices))
-        return ipc.FetchResp(req_id=req.req_id, parts=out), total, final
+        return ipc.FetchResult(out), total, final
 
-    def _park(self, src: str, req: ipc.FetchReq) -> None:
+    def _park(self, respond: Responder, req: ipc.FetchRequest) -> None:
         handles = []
         for part in req.parts:
             h = self._handle(part.topic_id, part.partition)
@@ -216,7 +202,7 @@ class Fetcher:
                 if h.waiters == 1:
                     h.page.set_flag(self.ctx.index, 1)
                 handles.append(h)
-        self.parked.append(Parked(src, req, time.monotonic() + req.max_wait_ms / 1000, handles))
+        self.parked.append(Parked(respond, req, time.monotonic() + req.max_wait_ms / 1000, handles))
 
     def _unpark(self, p: Parked) -> None:
         for h in p.handles:
@@ -233,50 +219,50 @@ class Fetcher:
             try:
                 resp, nbytes, final = self._evaluate(p.req)
             except Exception:
-                log.exception("parked fetch %d failed", p.req.req_id)
-                resp, nbytes, final = ipc.FetchResp(p.req.req_id, [ipc.FetchPartResult(
-                    int(ErrorCode.unknown_server_error))] * len(p.req.parts)), 0, True
+                log.exception("parked fetch %d failed", p.respond.req_id)
+                resp, nbytes, final = p.req.error_reply(ErrorCode.unknown_server_error), 0, True
             if final or nbytes >= p.req.min_bytes or now >= p.deadline:
                 self._unpark(p)
-                self._reply(p.src, resp)
+                p.respond(resp)
             else:
                 keep.append(p)
         self.parked = keep
 
     # -- list offsets ---------------------------------------------------------------------------
-    def _list_offsets(self, req: ipc.ListOffsetsReq) -> ipc.ListOffsetsResp:
+    @serves(ipc.ListOffsetsRequest)
+    def _list_offsets(self, req: ipc.ListOffsetsRequest) -> ipc.ListOffsetsResult:
         out = []
         for part in req.parts:
             h = self._handle(part.topic_id, part.partition)
             if h is None:
-                out.append(ipc.ListOffsetsResult(int(ErrorCode.unknown_topic_or_partition)))
+                out.append(ipc.ListOffsetsPartResult(int(ErrorCode.unknown_topic_or_partition)))
                 continue
             st = h.state()
             if st.status in (STARTING, RECOVERING) or st.generation == 0:
-                out.append(ipc.ListOffsetsResult(int(ErrorCode.not_leader_or_follower)))
+                out.append(ipc.ListOffsetsPartResult(int(ErrorCode.not_leader_or_follower)))
                 continue
             upper = st.last_stable_offset if req.isolation_level == READ_COMMITTED else st.high_watermark
             ts = part.timestamp
             if ts in (EARLIEST, EARLIEST_LOCAL):
-                out.append(ipc.ListOffsetsResult(0, -1, st.log_start_offset))
+                out.append(ipc.ListOffsetsPartResult(0, -1, st.log_start_offset))
             elif ts == LATEST:
-                out.append(ipc.ListOffsetsResult(0, -1, upper))
+                out.append(ipc.ListOffsetsPartResult(0, -1, upper))
             elif ts == LATEST_TIERED:
                 # No tiered storage: Kafka answers offset -1 (UnifiedLog.fetchOffsetByTimestamp).
-                out.append(ipc.ListOffsetsResult(0, -1, -1))
+                out.append(ipc.ListOffsetsPartResult(0, -1, -1))
             elif ts == MAX_TIMESTAMP:
                 found = h.reader.max_timestamp(upper, log_start_offset=st.log_start_offset)
-                out.append(ipc.ListOffsetsResult(0, found[1], found[0]) if found
-                           else ipc.ListOffsetsResult(0, -1, -1))
+                out.append(ipc.ListOffsetsPartResult(0, found[1], found[0]) if found
+                           else ipc.ListOffsetsPartResult(0, -1, -1))
             else:
                 # Kafka only answers offsets below the last fetchable one (HW or LSO).
                 found = h.reader.offset_for_timestamp(ts, upper, log_start_offset=st.log_start_offset)
-                out.append(ipc.ListOffsetsResult(0, found[1], found[0]) if found and found[0] < upper
-                           else ipc.ListOffsetsResult(0, -1, -1))
-        return ipc.ListOffsetsResp(req_id=req.req_id, parts=out)
+                out.append(ipc.ListOffsetsPartResult(0, found[1], found[0]) if found and found[0] < upper
+                           else ipc.ListOffsetsPartResult(0, -1, -1))
+        return ipc.ListOffsetsResult(out)
 
-    def _reply(self, dst: str, msg) -> None:
+    def _reply(self, dst: str, req_id: int, body: ipc.Message) -> None:
         # A full ring (a slow or restarting frontend) queues the reply; run() retries it.
         box = self.outboxes[dst]
-        box.post(ipc.encode(msg))
+        box.post(ipc.encode(req_id, body))
         box.flush()

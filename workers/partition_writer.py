@@ -40,6 +40,8 @@ from appliance.log.txn_index import AbortedTxn
 from appliance.protocol.records import read_header
 from appliance.runtime import (COORDINATOR, DRAINING, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY,
                                RECOVERING, STOPPED, WORKER_BOOT_ERROR, WorkerContext)
+from appliance.service import Registry, Responder, serves
+from appliance.txn.messages import VerifyPartitionRequest, VerifyPartitionResult
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.statepage import StatePage
@@ -122,6 +124,11 @@ class PartitionWriter:
         self.verify_reqs: dict[int, int] = {}                      # request id -> producer id
         self._ids = itertools.count(((self.gen & 0xFFFF) << 40) | 1)
         self.dirty = False                   # something to publish this turn
+        # msgpack messages on the same rings (markers, fences, DescribeProducers, verification
+        # answers). A failure there stops the writer, as one on the produce path does: the
+        # restart recovers the log.
+        self.registry = Registry(self, post=self._post_message, on_answer=self._verified,
+                                 contain=False)
 
     # -- life cycle -----------------------------------------------------------------------------
     def run(self) -> int:
@@ -220,7 +227,7 @@ class PartitionWriter:
                     if mv[0] == ipc.KIND_PRODUCE:
                         self._produce_request(src, mv, now_ms)
                     else:
-                        self._control(src, mv, now_ms)
+                        self.registry.handle(src, mv)
                 finally:
                     ring.advance()
                 worked = True
@@ -242,7 +249,7 @@ class PartitionWriter:
         batch = mv[start:start + blen]
         h = read_header(batch, 0)
         if self.fenced and h.producer_epoch < self.fenced.get(h.producer_id, -1):
-            # KIP-939: an incarnation fenced by InitProducerId(keepPreparedTxn) (FenceProducerReq)
+            # KIP-939: an incarnation fenced by InitProducerId(keepPreparedTxn) (FenceProducerRequest)
             self._reply_produce(src, acks, 0, ipc.produce_ack(
                 int(ErrorCode.invalid_producer_epoch), self.gen, req_id, -1, -1, self.log.log_start_offset))
             return
@@ -289,6 +296,9 @@ class PartitionWriter:
         self.out[dst].post(data)
         self.posted.add(dst)
 
+    def _post_message(self, dst: str, req_id: int, body: ipc.Message) -> None:
+        self._post(dst, ipc.encode(req_id, body))
+
     # -- KIP-890 verification ---------------------------------------------------------------------
     def _park(self, p: Parked, h) -> None:
         pid = h.producer_id
@@ -303,22 +313,23 @@ class PartitionWriter:
         token = self.psm.start_verification(pid, h.producer_epoch)
         self.verifying[pid] = Verifying(req_id, token, time.monotonic() + self.verify_timeout)
         self.verify_reqs[req_id] = pid
-        self._post(COORDINATOR, ipc.encode(ipc.VerifyTxnReq(
-            req_id, p.txn_id, pid, h.producer_epoch, self.ctx.topic, self.ctx.index, add=p.version >= 12)))
+        self._post_message(COORDINATOR, req_id, VerifyPartitionRequest(
+            p.txn_id, pid, h.producer_epoch, self.ctx.topic, self.ctx.index, add=p.version >= 12))
 
-    def _verified(self, resp: ipc.VerifyTxnResp, now_ms: int) -> None:
-        pid = self.verify_reqs.pop(resp.req_id, None)
+    def _verified(self, req_id: int, resp: VerifyPartitionResult) -> None:
+        """The coordinator's answer to a verification (the only answer a writer gets)."""
+        pid = self.verify_reqs.pop(req_id, None)
         if pid is None:
             return                           # timed out earlier and answered already
         v = self.verifying.pop(pid)
-        if resp.error_code == 0 and not self.psm.verification_valid(pid, v.token):
+        if resp.error == ErrorCode.none and not self.psm.verification_valid(pid, v.token):
             # A marker for this producer landed between the check and now (KIP-890 race guard).
             self._fail_parked(pid, ErrorCode.invalid_txn_state)
             return
-        if resp.error_code != 0:
-            code = ErrorCode(resp.error_code)
-            self._fail_parked(pid, _VERIFY_ERRORS.get(code, code))
+        if resp.error != ErrorCode.none:
+            self._fail_parked(pid, _VERIFY_ERRORS.get(resp.error, resp.error))
             return
+        now_ms = _now_ms()
         queue = self.parked.pop(pid, collections.deque())
         first = True                         # the batch this verification was for
         while queue:
@@ -354,35 +365,32 @@ class PartitionWriter:
                 self._fail_parked(pid, ErrorCode.not_enough_replicas)
 
     # -- markers and other requests ------------------------------------------------------------
-    def _control(self, src: str, mv: memoryview, now_ms: int) -> None:
-        """msgpack requests on the same rings: markers and verification answers from the
-        coordinator, DescribeProducers and WriteTxnMarkers from frontends."""
-        try:
-            msg = ipc.decode(mv)
-        except Exception:
-            log.error("undecodable message from %s; dropped", src)
-            return
-        if isinstance(msg, ipc.VerifyTxnResp):
-            self._verified(msg, now_ms)
-        elif isinstance(msg, ipc.WriteMarkerReq):
-            code, end = self._write_marker(msg, now_ms)
-            reply = ipc.encode(ipc.WriteMarkerResp(msg.req_id, code))
-            if code == 0 and self.policy.ack_waits_for_sync and end > self.flusher.durable:
-                self.await_flush.append((end, src, reply))
-            else:
-                self._post(src, reply)
-        elif isinstance(msg, ipc.FenceProducerReq):
-            if msg.producer_epoch > self.fenced.get(msg.producer_id, -1):
-                self.fenced[msg.producer_id] = msg.producer_epoch
-        elif isinstance(msg, ipc.DescribeProducersReq):
-            self._post(src, ipc.encode(ipc.DescribeProducersResp(msg.req_id, 0, [
-                ipc.ProducerInfo(e.producer_id, e.epoch, e.last_seq, e.last_timestamp,
-                                 e.coordinator_epoch, e.txn_first_offset)
-                for e in self.psm.active()])))
-        else:
-            log.error("unexpected %s from %s; dropped", type(msg).__name__, src)
+    # msgpack requests on the same rings: markers and KIP-939 fences from the coordinator,
+    # DescribeProducers and WriteTxnMarkers from frontends.
 
-    def _write_marker(self, m: ipc.WriteMarkerReq, now_ms: int) -> tuple[int, int]:
+    @serves(ipc.WriteMarkerRequest, late=True)
+    def _marker(self, m: ipc.WriteMarkerRequest, respond: Responder) -> None:
+        code, end = self._write_marker(m, _now_ms())
+        result = ipc.WriteMarkerResult(code)
+        if code == ErrorCode.none and self.policy.ack_waits_for_sync and end > self.flusher.durable:
+            # answered once the marker is durable, like an acks=-1 batch
+            self.await_flush.append((end, respond.src, ipc.encode(respond.req_id, result)))
+        else:
+            respond(result)
+
+    @serves(ipc.FenceProducerRequest)
+    def _fence(self, msg: ipc.FenceProducerRequest) -> None:
+        if msg.producer_epoch > self.fenced.get(msg.producer_id, -1):
+            self.fenced[msg.producer_id] = msg.producer_epoch
+
+    @serves(ipc.DescribeProducersRequest)
+    def _describe_producers(self, msg: ipc.DescribeProducersRequest) -> ipc.DescribeProducersResult:
+        return ipc.DescribeProducersResult(ErrorCode.none, [
+            ipc.ProducerInfo(e.producer_id, e.epoch, e.last_seq, e.last_timestamp,
+                             e.coordinator_epoch, e.txn_first_offset)
+            for e in self.psm.active()])
+
+    def _write_marker(self, m: ipc.WriteMarkerRequest, now_ms: int) -> tuple[ErrorCode, int]:
         """Append a COMMIT/ABORT marker, end the producer's transaction here, index an abort,
         recompute the LSO. Returns (error code, offset just past the marker)."""
         try:
@@ -390,7 +398,7 @@ class PartitionWriter:
             info = self.log.append_control(m.producer_id, m.producer_epoch, m.commit,
                                            m.coordinator_epoch, now_ms)
         except KafkaError as e:
-            return int(e.code), 0
+            return e.code, 0
         done = self.psm.complete_txn(m.producer_id, m.producer_epoch, m.coordinator_epoch,
                                      info.base_offset, not m.commit, now_ms)
         if m.producer_id in self.fenced and self.fenced[m.producer_id] <= m.producer_epoch:
@@ -401,7 +409,7 @@ class PartitionWriter:
                 done.producer_id, done.first_offset, done.last_offset,
                 self.psm.last_stable_offset(self.log.log_end_offset)))
         self.dirty = True
-        return 0, info.last_offset + 1
+        return ErrorCode.none, info.last_offset + 1
 
     # -- group commit and replies ---------------------------------------------------------------
     def _flush_and_reply(self, force: bool = False) -> None:

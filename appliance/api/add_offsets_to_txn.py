@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import handles
-from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
+from appliance.txn.messages import AddOffsetsToTxnRequest
 
 
 @handles(25, "AddOffsetsToTxn", 0, 4)
 async def handle(ctx, req):
-    try:
-        r = await ctx.broker.call_coordinator(lambda rid: ipc.AddOffsetsToTxnReq(
-            rid, req.transactional_id, req.producer_id, req.producer_epoch, req.group_id, ctx.version))
-        err = ErrorCode(r.error_code)
-    except TimeoutError:
-        err = ErrorCode.coordinator_not_available
-    return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=err)
+    r = await ctx.broker.call_coordinator(AddOffsetsToTxnRequest(
+        req.transactional_id, req.producer_id, req.producer_epoch, req.group_id, ctx.version))
+    return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=r.error)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import datetime
 
-from appliance import ipc
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
+from appliance.txn.messages import AddPartitionsToTxnRequest, VerifyPartitionRequest
 
 
 def _unknown(catalog, topics) -> dict[tuple[str, int], ErrorCode]:
@@ -40,22 +40,15 @@ async def _add(ctx, txn_id, pid, epoch, topics, version) -> dict[tuple[str, int]
     if bad:
         return {(t.name, p): int(bad.get((t.name, p), ErrorCode.operation_not_attempted))
                 for t in topics for p in t.partitions}
-    try:
-        r = await ctx.broker.call_coordinator(lambda rid: ipc.AddPartitionsToTxnReq(
-            rid, txn_id, pid, epoch, [ipc.TxnPartitions(t.name, list(t.partitions)) for t in topics], version))
-    except TimeoutError:
-        return {(t.name, p): int(ErrorCode.coordinator_not_available) for t in topics for p in t.partitions}
-    return {(e.topic, e.partition): e.error_code for e in r.results}
+    r = await ctx.broker.call_coordinator(AddPartitionsToTxnRequest(
+        txn_id, pid, epoch, [(t.name, p) for t in topics for p in t.partitions], version))
+    return {(e.topic, e.partition): e.error for e in r.results}
 
 
 async def _verify(ctx, txn_id, pid, epoch, topics) -> dict[tuple[str, int], int]:
     async def one(topic, p):
-        try:
-            r = await ctx.broker.call_coordinator(
-                lambda rid: ipc.VerifyTxnReq(rid, txn_id, pid, epoch, topic, p, False))
-            return r.error_code
-        except TimeoutError:
-            return int(ErrorCode.coordinator_not_available)
+        r = await ctx.broker.call_coordinator(VerifyPartitionRequest(txn_id, pid, epoch, topic, p, False))
+        return r.error
     keys = [(t.name, p) for t in topics for p in t.partitions]
     codes = await asyncio.gather(*(one(t, p) for t, p in keys))
     return dict(zip(keys, codes))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import datetime
 import uuid
 
-from appliance import ipc
 from appliance.api import handles
+from appliance.catalog import CreateTopicsRequest, NewTopic, TopicResult
 from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
 from appliance.topic_config import TOPIC_CONFIGS, effective_topic_configs
@@ -52,18 +52,18 @@ def _precheck(ctx, t) -> tuple[ErrorCode, str] | None:
 async def handle(ctx, req):
     m = ctx.response_module()
     results: dict[int, object] = {}
-    to_create: list[tuple[int, ipc.NewTopic]] = []
+    to_create: list[tuple[int, NewTopic]] = []
     for i, t in enumerate(req.topics):
         bad = _precheck(ctx, t)
         if bad is not None:
-            results[i] = ipc.TopicResult(name=t.name, error_code=int(bad[0]), error_message=bad[1])
+            results[i] = TopicResult(name=t.name, error_code=int(bad[0]), error_message=bad[1])
             continue
         parts = len(t.assignments) if t.assignments else t.num_partitions
         configs = {c.name: c.value for c in t.configs if c.value is not None}
-        to_create.append((i, ipc.NewTopic(t.name, parts, configs)))
+        to_create.append((i, NewTopic(t.name, parts, configs)))
     if to_create:
         resp = await ctx.broker.call_supervisor(
-            lambda rid: ipc.CreateTopicsReq(rid, [nt for _, nt in to_create], req.validate_only), 70.0)
+            CreateTopicsRequest([nt for _, nt in to_create], req.validate_only), 70.0)
         for (i, _), r in zip(to_create, resp.results):
             results[i] = r
     out = []

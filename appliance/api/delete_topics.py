@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime
 import uuid
 
-from appliance import ipc
 from appliance.api import handles
+from appliance.catalog import DeleteTopicsRequest
 from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
 
@@ -41,7 +41,7 @@ async def handle(ctx, req):
     names = [e[0] for e in entries if e[2] is None]
     by_name = {}
     if names:
-        resp = await ctx.broker.call_supervisor(lambda rid: ipc.DeleteTopicsReq(rid, names), 70.0)
+        resp = await ctx.broker.call_supervisor(DeleteTopicsRequest(names), 70.0)
         by_name = {r.name: r for r in resp.results}
     out = []
     for name, tid, err, msg in entries:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import handles
-from appliance.errors import ErrorCode
+from appliance.group.messages import DescribeGroupsRequest
 from appliance.protocol.messages import build
 
 NOT_REQUESTED = -2147483648
@@ -19,18 +18,14 @@ NOT_REQUESTED = -2147483648
 
 @handles(15, "DescribeGroups", 0, 5)
 async def handle(ctx, req):
-    ids = list(req.groups)
-    try:
-        r = await ctx.broker.call_coordinator(lambda rid: ipc.DescribeGroupsReq(rid, ids))
-        groups = r.groups
-    except TimeoutError:
-        groups = [ipc.DescribedGroup(int(ErrorCode.coordinator_not_available), g) for g in ids]
+    r = await ctx.broker.call_coordinator(DescribeGroupsRequest(list(req.groups)))
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0), groups=tuple(
-        dict(error_code=ErrorCode(g.error_code), group_id=g.group_id, group_state=g.state,
-             protocol_type=g.protocol_type, protocol_data=g.protocol,
+        dict(error_code=g.error, group_id=g.group_id, group_state=g.group_state,
+             protocol_type=g.protocol_type, protocol_data=g.protocol_data,
              authorized_operations=NOT_REQUESTED,
              members=tuple(dict(member_id=m.member_id, group_instance_id=m.group_instance_id,
                                 client_id=m.client_id, client_host=m.client_host,
-                                member_metadata=m.metadata, member_assignment=m.assignment)
+                                member_metadata=m.member_metadata,
+                                member_assignment=m.member_assignment)
                            for m in g.members))
-        for g in groups))
+        for g in r.groups))

@@ -27,7 +27,7 @@ async def handle(ctx, req):
             if info is None or not 0 <= p < info.partitions:
                 calls.append(None)
             else:
-                calls.append(broker.call_writer(info, p, lambda rid: ipc.DescribeProducersReq(rid)))
+                calls.append(broker.call_writer(info, p, ipc.DescribeProducersRequest()))
         answers = await asyncio.gather(*[c for c in calls if c is not None], return_exceptions=True)
         it = iter(answers)
         partitions = []
@@ -40,7 +40,7 @@ async def handle(ctx, req):
                 partitions.append(dict(partition_index=p, error_code=ErrorCode.not_leader_or_follower,
                                        error_message=str(a) or None, active_producers=()))
             else:
-                partitions.append(dict(partition_index=p, error_code=ErrorCode(a.error_code), error_message=None,
+                partitions.append(dict(partition_index=p, error_code=a.error, error_message=None,
                                        active_producers=tuple(
                                            dict(producer_id=x.producer_id, producer_epoch=x.producer_epoch,
                                                 last_sequence=x.last_sequence, last_timestamp=x.last_timestamp,

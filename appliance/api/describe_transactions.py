@@ -10,29 +10,30 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
+from appliance.txn.messages import DescribeTransactionsRequest
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 @handles(65, "DescribeTransactions", 0, 0)
 async def handle(ctx, req):
-    ids = list(req.transactional_ids)
-    try:
-        r = await ctx.broker.call_coordinator(lambda rid: ipc.DescribeTransactionsReq(rid, ids))
-        found = r.transactions
-    except TimeoutError:
-        found = [ipc.TxnDescription(int(ErrorCode.coordinator_not_available), t) for t in ids]
+    r = await ctx.broker.call_coordinator(DescribeTransactionsRequest(list(req.transactional_ids)))
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0), transaction_states=tuple(
-        dict(error_code=ErrorCode(d.error_code), transactional_id=d.transactional_id,
-             transaction_start_time=_EPOCH)
-        if d.error_code else
+        dict(error_code=d.error, transactional_id=d.transactional_id, transaction_start_time=_EPOCH)
+        if d.error else
         dict(error_code=ErrorCode.none, transactional_id=d.transactional_id,
              transaction_state=d.state, transaction_timeout=datetime.timedelta(milliseconds=d.timeout_ms),
              transaction_start_time=_EPOCH + datetime.timedelta(milliseconds=max(d.start_time_ms, -1)),
-             producer_id=d.producer_id, producer_epoch=d.producer_epoch,
-             topics=tuple(dict(topic=t.topic, partitions=tuple(t.partitions)) for t in d.topics))
-        for d in found))
+             producer_id=d.producer_id, producer_epoch=d.producer_epoch, topics=_topics(d.partitions))
+        for d in r.transactions))
+
+
+def _topics(partitions: list[tuple[str, int]]) -> tuple:
+    """(topic, partition) pairs, sorted, as the response's per-topic lists."""
+    topics: dict[str, list[int]] = {}
+    for t, p in partitions:
+        topics.setdefault(t, []).append(p)
+    return tuple(dict(topic=t, partitions=tuple(ps)) for t, ps in topics.items())

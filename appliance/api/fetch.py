@@ -57,13 +57,11 @@ async def handle(ctx, req):
     if asks:
         max_wait_ms = int(req.max_wait.total_seconds() * 1000)
         max_bytes = getattr(req, "max_bytes", 0x7FFFFFFF)
-        try:
-            resp = await broker.call_fetcher(
-                lambda rid: ipc.FetchReq(rid, max_wait_ms, req.min_bytes, max_bytes, isolation, asks),
-                ctx.connection.fetcher, max_wait_ms / 1000 + broker.cfg.server.internal_request_timeout_ms / 1000)
-            results = resp.parts
-        except TimeoutError:
-            results = [ipc.FetchPartResult(int(ErrorCode.not_leader_or_follower))] * len(asks)
+        resp = await broker.call_fetcher(
+            ipc.FetchRequest(max_wait_ms, req.min_bytes, max_bytes, isolation, asks),
+            ctx.connection.fetcher, max_wait_ms / 1000 + broker.cfg.server.internal_request_timeout_ms / 1000,
+            ErrorCode.not_leader_or_follower)
+        results = resp.parts
         views = broker.segment_views
         for fp, i, directory in plan:
             r = results[i]

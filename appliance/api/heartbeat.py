@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import handles
-from appliance.errors import ErrorCode
+from appliance.group.messages import HeartbeatRequest
 from appliance.protocol.messages import build
 
 
 @handles(12, "Heartbeat", 0, 4)
 async def handle(ctx, req):
-    try:
-        r = await ctx.broker.call_coordinator(lambda rid: ipc.HeartbeatReq(
-            rid, req.group_id, req.generation_id, req.member_id, getattr(req, "group_instance_id", None)))
-        err = ErrorCode(r.error_code)
-    except TimeoutError:
-        err = ErrorCode.coordinator_not_available
-    return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=err)
+    r = await ctx.broker.call_coordinator(HeartbeatRequest(
+        req.group_id, req.generation_id, req.member_id, getattr(req, "group_instance_id", None)))
+    return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=r.error)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
+from appliance.txn.messages import InitProducerIdRequest
 
 
 @handles(22, "InitProducerId", 0, 6)
@@ -31,13 +31,10 @@ async def handle(ctx, req):
         return _response(ctx, ErrorCode.invalid_request)
     enable_2pc = bool(getattr(req, "enable2_pc", False))
     keep_prepared = bool(getattr(req, "keep_prepared_txn", False))
-    try:
-        r = await ctx.broker.call_coordinator(lambda rid: ipc.InitProducerIdReq(
-            rid, req.transactional_id, timeout_ms, pid, epoch, ctx.version, enable_2pc, keep_prepared))
-    except TimeoutError:
-        return _response(ctx, ErrorCode.coordinator_not_available)
-    return _response(ctx, ErrorCode(r.error_code), r.producer_id, r.producer_epoch,
-                     r.ongoing_txn_producer_id, r.ongoing_txn_producer_epoch)
+    r = await ctx.broker.call_coordinator(InitProducerIdRequest(
+        req.transactional_id, timeout_ms, pid, epoch, ctx.version, enable_2pc, keep_prepared))
+    return _response(ctx, r.error, r.producer_id, r.producer_epoch, r.ongoing_producer_id,
+                     r.ongoing_producer_epoch)
 
 
 def _response(ctx, error: ErrorCode, producer_id: int = -1, producer_epoch: int = -1,

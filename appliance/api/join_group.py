@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import handles
-from appliance.errors import ErrorCode
+from appliance.group.messages import JoinGroupRequest
 from appliance.protocol.messages import build
 
 MARGIN_S = 5.0
@@ -30,17 +29,13 @@ async def handle(ctx, req):
     if ctx.version == 0:
         rebalance_ms = session_ms
     host = ctx.connection.peer.rsplit(":", 1)[0]
-    msg = lambda rid: ipc.JoinGroupReq(  # noqa: E731
-        rid, req.group_id, session_ms, rebalance_ms, req.member_id,
-        getattr(req, "group_instance_id", None), req.protocol_type,
-        [ipc.GroupProtocol(p.name, bytes(p.metadata)) for p in req.protocols],
-        getattr(req, "reason", None), ctx.version, ctx.header.client_id or "", "/" + host)
-    try:
-        r = await ctx.broker.call_coordinator(msg, max(rebalance_ms / 1000, 1.0) + MARGIN_S)
-    except TimeoutError:
-        r = ipc.JoinGroupResp(0, int(ErrorCode.coordinator_not_available))
+    r = await ctx.broker.call_coordinator(JoinGroupRequest(
+        req.group_id, req.member_id, session_ms, rebalance_ms, req.protocol_type,
+        [(p.name, bytes(p.metadata)) for p in req.protocols], getattr(req, "group_instance_id", None),
+        ctx.header.client_id or "", "/" + host, ctx.version, getattr(req, "reason", None)),
+        max(rebalance_ms / 1000, 1.0) + MARGIN_S)
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
-                 error_code=ErrorCode(r.error_code), generation_id=r.generation_id,
+                 error_code=r.error, generation_id=r.generation_id,
                  protocol_type=r.protocol_type, protocol_name=r.protocol_name or "",
                  leader=r.leader, skip_assignment=r.skip_assignment, member_id=r.member_id,
                  members=tuple(dict(member_id=m.member_id, group_instance_id=m.group_instance_id,

@@ -7,26 +7,21 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import handles
-from appliance.errors import ErrorCode
+from appliance.group.messages import LeaveGroupRequest, LeaveMember
 from appliance.protocol.messages import build
 
 
 @handles(13, "LeaveGroup", 0, 5)
 async def handle(ctx, req):
     if ctx.version < 3:
-        members = [ipc.LeavingMember(req.member_id)]
+        members = [LeaveMember(req.member_id)]
     else:
-        members = [ipc.LeavingMember(m.member_id, m.group_instance_id, getattr(m, "reason", None))
+        members = [LeaveMember(m.member_id, m.group_instance_id, getattr(m, "reason", None))
                    for m in req.members]
-    try:
-        r = await ctx.broker.call_coordinator(lambda rid: ipc.LeaveGroupReq(rid, req.group_id, members))
-    except TimeoutError:
-        r = ipc.LeaveGroupResp(0, int(ErrorCode.coordinator_not_available))
-    err = ErrorCode(r.error_code)
-    if ctx.version < 3 and err == ErrorCode.none and r.members:
-        err = ErrorCode(r.members[0].error_code)      # the single member's own error
+    r = await ctx.broker.call_coordinator(LeaveGroupRequest(req.group_id, members))
+    # v0-2 carry one error: the request's, else the single member's own
+    err = r.legacy_error if ctx.version < 3 else r.error
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=err,
                  members=tuple(dict(member_id=m.member_id, group_instance_id=m.group_instance_id,
-                                    error_code=ErrorCode(m.error_code)) for m in r.members))
+                                    error_code=m.error) for m in r.members))

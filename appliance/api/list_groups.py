@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import handles
-from appliance.errors import ErrorCode
+from appliance.group.messages import ListGroupsRequest
 from appliance.protocol.messages import build
 
 
@@ -18,11 +17,8 @@ from appliance.protocol.messages import build
 async def handle(ctx, req):
     states = list(getattr(req, "states_filter", ()) or ())
     types = list(getattr(req, "types_filter", ()) or ())
-    try:
-        r = await ctx.broker.call_coordinator(lambda rid: ipc.ListGroupsReq(rid, states, types))
-    except TimeoutError:
-        r = ipc.ListGroupsResp(0, int(ErrorCode.coordinator_not_available))
+    r = await ctx.broker.call_coordinator(ListGroupsRequest(states, types))
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
-                 error_code=ErrorCode(r.error_code), groups=tuple(
-                     dict(group_id=g.group_id, protocol_type=g.protocol_type, group_state=g.state,
-                          group_type=g.group_type) for g in r.groups))
+                 error_code=r.error, groups=tuple(
+                     dict(group_id=g.group_id, protocol_type=g.protocol_type,
+                          group_state=g.group_state, group_type=g.group_type) for g in r.groups))

@@ -3,7 +3,8 @@
 Runs in frontends; the lookups run in a fetcher (it owns the read side: state pages and read-only
 index maps). Special timestamps: -2 earliest, -1 latest, -3 max timestamp (v7+), -4 earliest local
 (v8+), -5 latest tiered (v9+; no tiered storage, so -1). With IsolationLevel READ_COMMITTED (v2+)
-"latest" is the last stable offset (seeds-digest §1.10: the wire form, not a -3 sentinel).
+"latest" is the last stable offset (the wire form since KIP-98's implementation: not KIP-98's
+-3 sentinel).
 """
 
 from __future__ import annotations
@@ -43,12 +44,9 @@ async def handle(ctx, req):
         plan.append((t.name, rows))
     answers = []
     if asks:
-        try:
-            resp = await ctx.broker.call_fetcher(
-                lambda rid: ipc.ListOffsetsReq(rid, isolation, asks), ctx.connection.fetcher, 30.0)
-            answers = resp.parts
-        except TimeoutError:
-            answers = [ipc.ListOffsetsResult(int(ErrorCode.request_timed_out))] * len(asks)
+        resp = await ctx.broker.call_fetcher(ipc.ListOffsetsRequest(isolation, asks),
+                                             ctx.connection.fetcher, 30.0, ErrorCode.request_timed_out)
+        answers = resp.parts
     topics = []
     for name, rows in plan:
         parts = []

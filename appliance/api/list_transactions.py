@@ -8,22 +8,17 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import handles
-from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
+from appliance.txn.messages import ListTransactionsRequest
 
 
 @handles(66, "ListTransactions", 0, 2)
 async def handle(ctx, req):
-    try:
-        r = await ctx.broker.call_coordinator(lambda rid: ipc.ListTransactionsReq(
-            rid, list(req.state_filters), list(req.producer_id_filters),
-            getattr(req, "duration_filter", -1), getattr(req, "transactional_id_pattern", None)))
-        err, unknown, states = ErrorCode(r.error_code), r.unknown_state_filters, r.transactions
-    except TimeoutError:
-        err, unknown, states = ErrorCode.coordinator_not_available, [], []
-    return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=err,
-                 unknown_state_filters=tuple(unknown),
+    r = await ctx.broker.call_coordinator(ListTransactionsRequest(
+        list(req.state_filters), list(req.producer_id_filters),
+        getattr(req, "duration_filter", -1), getattr(req, "transactional_id_pattern", None)))
+    return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=r.error,
+                 unknown_state_filters=tuple(r.unknown_state_filters),
                  transaction_states=tuple(dict(transactional_id=t.transactional_id, producer_id=t.producer_id,
-                                               transaction_state=t.state) for t in states))
+                                               transaction_state=t.state) for t in r.transactions))

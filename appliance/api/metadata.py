@@ -12,10 +12,9 @@ from __future__ import annotations
 import datetime
 import uuid
 
-from appliance import ipc
 from appliance.api import handles
 from appliance.protocol.messages import build
-from appliance.catalog import check_topic_name
+from appliance.catalog import CreateTopicsRequest, NewTopic, check_topic_name
 from appliance.errors import ErrorCode, KafkaError
 
 ZERO_UUID = uuid.UUID(int=0)
@@ -69,7 +68,7 @@ async def handle(ctx, req):
     if creatable:
         parts = broker.cfg.topics.default_partitions
         resp = await broker.call_supervisor(
-            lambda rid: ipc.CreateTopicsReq(rid, [ipc.NewTopic(n, parts) for n in creatable]), 70.0)
+            CreateTopicsRequest([NewTopic(n, parts) for n in creatable]), 70.0)
         for r in resp.results:
             if r.error_code not in (0, int(ErrorCode.topic_already_exists)):
                 errors[r.name] = ErrorCode.leader_not_available

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import _offsets, handles
-from appliance.errors import ErrorCode
+from appliance.group.messages import OffsetCommitRequest
 from appliance.protocol.messages import build
 
 
@@ -24,12 +23,9 @@ async def handle(ctx, req):
         generation = getattr(req, "generation_id_or_member_epoch", None)
         if generation is None:
             generation = getattr(req, "generation_id", -1)
-        try:
-            r = await ctx.broker.call_coordinator(lambda rid: ipc.OffsetCommitReq(
-                rid, req.group_id, generation, req.member_id, getattr(req, "group_instance_id", None),
-                send, ctx.version))
-            results += r.offsets if not r.error_code else _offsets.all_failed(send, ErrorCode(r.error_code))
-        except TimeoutError:
-            results += _offsets.all_failed(send, ErrorCode.coordinator_not_available)
+        r = await ctx.broker.call_coordinator(OffsetCommitRequest(
+            req.group_id, generation, req.member_id, getattr(req, "group_instance_id", None),
+            send, ctx.version))
+        results += _offsets.committed(send, r)
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
                  topics=_offsets.topics_out(results))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import _offsets, handles
 from appliance.errors import ErrorCode
+from appliance.group.messages import OffsetDeleteRequest
 from appliance.protocol.messages import build
 
 
@@ -20,12 +20,9 @@ async def handle(ctx, req):
     results = list(local)
     err = ErrorCode.none
     if send:
-        try:
-            r = await ctx.broker.call_coordinator(lambda rid: ipc.OffsetDeleteReq(rid, req.group_id, send))
-            err = ErrorCode(r.error_code)
-            results += r.offsets
-        except TimeoutError:
-            err = ErrorCode.coordinator_not_available
+        r = await ctx.broker.call_coordinator(OffsetDeleteRequest(req.group_id, send))
+        err = r.error
+        results += r.offsets
     if err != ErrorCode.none:
         results = []
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=err,

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import handles
-from appliance.errors import ErrorCode
+from appliance.group.messages import SyncGroupRequest
 from appliance.protocol.messages import build
 
 WAIT_S = 330.0     # at most Kafka's default max.poll.interval.ms (300 s) plus margin
@@ -19,14 +18,11 @@ WAIT_S = 330.0     # at most Kafka's default max.poll.interval.ms (300 s) plus m
 
 @handles(14, "SyncGroup", 0, 5)
 async def handle(ctx, req):
-    msg = lambda rid: ipc.SyncGroupReq(  # noqa: E731
-        rid, req.group_id, req.generation_id, req.member_id, getattr(req, "group_instance_id", None),
-        getattr(req, "protocol_type", None), getattr(req, "protocol_name", None),
-        [ipc.GroupProtocol(a.member_id, bytes(a.assignment)) for a in req.assignments], ctx.version)
-    try:
-        r = await ctx.broker.call_coordinator(msg, WAIT_S)
-    except TimeoutError:
-        r = ipc.SyncGroupResp(0, int(ErrorCode.coordinator_not_available))
+    r = await ctx.broker.call_coordinator(SyncGroupRequest(
+        req.group_id, req.generation_id, req.member_id,
+        [(a.member_id, bytes(a.assignment)) for a in req.assignments],
+        getattr(req, "group_instance_id", None), getattr(req, "protocol_type", None),
+        getattr(req, "protocol_name", None), ctx.version), WAIT_S)
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
-                 error_code=ErrorCode(r.error_code), protocol_type=r.protocol_type,
+                 error_code=r.error, protocol_type=r.protocol_type,
                  protocol_name=r.protocol_name, assignment=r.assignment)

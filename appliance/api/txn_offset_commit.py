@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import datetime
 
-from appliance import ipc
 from appliance.api import _offsets, handles
-from appliance.errors import ErrorCode
+from appliance.group.messages import TxnOffsetCommitRequest
 from appliance.protocol.messages import build
 
 
@@ -23,13 +22,10 @@ async def handle(ctx, req):
     send, local = _offsets.entries(ctx, req.topics)
     results = list(local)
     if send:
-        try:
-            r = await ctx.broker.call_coordinator(lambda rid: ipc.TxnOffsetCommitReq(
-                rid, req.transactional_id, req.group_id, req.producer_id, req.producer_epoch,
-                getattr(req, "generation_id", -1), getattr(req, "member_id", ""),
-                getattr(req, "group_instance_id", None), send, ctx.version))
-            results += r.offsets if not r.error_code else _offsets.all_failed(send, ErrorCode(r.error_code))
-        except TimeoutError:
-            results += _offsets.all_failed(send, ErrorCode.coordinator_not_available)
+        r = await ctx.broker.call_coordinator(TxnOffsetCommitRequest(
+            req.transactional_id, req.group_id, req.producer_id, req.producer_epoch,
+            getattr(req, "generation_id", -1), getattr(req, "member_id", ""),
+            getattr(req, "group_instance_id", None), send, ctx.version))
+        results += _offsets.committed(send, r)
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
                  topics=_offsets.topics_out(results))

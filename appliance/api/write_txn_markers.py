@@ -8,8 +8,8 @@ partition's writer checks the marker (producer epoch, coordinator epoch) and app
 A marker whose coordinator epoch is above the coordinator's current one is refused with
 INVALID_REQUEST before any writer sees it (ours; Kafka has no such check, it relies on
 ClusterAction). In Kafka a higher coordinator epoch means a newer coordinator (KIP-98: markers
-fence zombie coordinators); on one node the current epoch is known (``coordinator-epoch``, bumped
-at every coordinator start), so a higher one can only be forged. Stored by the writer, it would
+fence zombie coordinators); on one node the current epoch is known (bumped at every coordinator
+start and published on the coordinator's state page), so a higher one can only be forged. Stored by the writer, it would
 fence the real coordinator for that producer: each restart adds one to its epoch and is fenced
 again, a crash loop that stops the appliance. The admin path sends the epoch it read from
 DescribeProducers, which is never above the current one.
@@ -18,15 +18,11 @@ DescribeProducers, which is never above the current one.
 from __future__ import annotations
 
 import asyncio
-import os
 
 from appliance import ipc
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
-from appliance.txn.state_manager import read_coordinator_epoch
-
-COORDINATOR_DIR = "__coordinator"        # the coordinator worker's directory (workers/coordinator.py)
 
 
 @handles(27, "WriteTxnMarkers", 1, 2)
@@ -34,7 +30,7 @@ async def handle(ctx, req):
     broker = ctx.broker
     catalog = broker.catalog
     markers = []
-    current_epoch = read_coordinator_epoch(os.path.join(broker.ctx.data_dir, COORDINATOR_DIR))
+    current_epoch = broker.coordinator_epoch()
     for mk in req.markers:
         calls, keys = [], []
         forged = mk.coordinator_epoch > current_epoch
@@ -45,8 +41,8 @@ async def handle(ctx, req):
                 if forged or info is None or not 0 <= p < info.partitions:
                     calls.append(None)
                 else:
-                    calls.append(broker.call_writer(info, p, lambda rid, mk=mk: ipc.WriteMarkerReq(
-                        rid, mk.producer_id, mk.producer_epoch, mk.transaction_result, mk.coordinator_epoch)))
+                    calls.append(broker.call_writer(info, p, ipc.WriteMarkerRequest(
+                        mk.producer_id, mk.producer_epoch, mk.transaction_result, mk.coordinator_epoch)))
         answers = await asyncio.gather(*[c for c in calls if c is not None], return_exceptions=True)
         it = iter(answers)
         errors = {}
@@ -60,7 +56,7 @@ async def handle(ctx, req):
             elif isinstance(a, BaseException):
                 errors[key] = ErrorCode.not_leader_or_follower
             else:
-                errors[key] = ErrorCode(a.error_code)
+                errors[key] = a.error
         markers.append(dict(producer_id=mk.producer_id, topics=tuple(
             dict(name=t.name, partitions=tuple(dict(partition_index=p, error_code=errors[(t.name, p)])
                                                for p in t.partition_indexes)) for t in mk.topics)))

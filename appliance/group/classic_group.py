@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.errors import ErrorCode
-from appliance.group.membership_api import DescribedGroup, DescribedMember
+from appliance.group.messages import DescribedGroup, DescribedMember
 
 E = ErrorCode
 

@@ -13,9 +13,11 @@ UNKNOWN_SERVER_ERROR.
 Behaviour is Kafka's (core/.../coordinator/group/GroupCoordinator.scala, GroupMetadata.scala,
 late-2024 trunk, checked against the newer group-coordinator module's classic-group code where
 the two differ; the wire-level pieces of KafkaApis/GroupCoordinatorAdapter too). Departures are
-marked "(ours)". Split for size: request/result types and the config are in
-``membership_api`` (re-exported here), DescribeGroups/ListGroups/DeleteGroups and the offsets-side
-queries in ``membership_admin`` (a mixin), one group's data and state table in ``classic_group``.
+marked "(ours)". Split by concern: this module holds the life cycle, the timers, JoinGroup and
+the rebalance; SyncGroup, Heartbeat and LeaveGroup are in ``membership_sync`` and
+DescribeGroups/ListGroups/DeleteGroups and the offsets-side queries in ``membership_admin`` (both
+mixins); one group's data and state table in ``classic_group``. The requests and results are the
+ring types of ``appliance.group.messages``, taken and returned as they are.
 
 Group states (``appliance.group.classic_group.GroupState``; transitions checked there)::
 
@@ -76,54 +78,47 @@ import itertools
 import logging
 import uuid
 from collections import deque
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol
 
 from appliance.errors import ErrorCode
 from appliance.group.classic_group import ClassicGroup, GroupState, Member, dedupe_protocols
-from appliance.group.membership_api import (DescribedGroup, DescribedMember, GroupConfigLike,
-                                            GroupInfo, HeartbeatRequest, JoinGroupMember,
-                                            JoinGroupRequest, JoinGroupResult, LeaveGroupResult,
-                                            LeaveMember, LeaveMemberResult, ListedGroup,
-                                            ListGroupsResult, MembershipConfig, SyncGroupRequest,
-                                            SyncGroupResult)
-from appliance.group.membership_admin import CLASSIC_GROUP_TYPE, GroupAdmin, _store_error
+from appliance.group.membership_admin import GroupAdmin, _store_error
+from appliance.group.membership_sync import SUPERSEDED, MemberRequests, Once
+from appliance.group.messages import (JoinGroupMember, JoinGroupRequest, JoinGroupResult,
+                                      SyncGroupResult)
 from appliance.group.records import GroupMemberRecord, GroupRecord
 
-__all__ = [
-    "GroupCoordinator", "MembershipConfig", "GroupConfigLike", "GroupState",
-    "JoinGroupRequest", "JoinGroupMember", "JoinGroupResult",
-    "SyncGroupRequest", "SyncGroupResult", "HeartbeatRequest",
-    "LeaveMember", "LeaveMemberResult", "LeaveGroupResult",
-    "DescribedMember", "DescribedGroup", "ListedGroup", "ListGroupsResult", "GroupInfo",
-    "NEW_MEMBER_JOIN_TIMEOUT_MS", "CLASSIC_GROUP_TYPE",
-]
+__all__ = ["GroupCoordinator", "MembershipConfig", "GroupConfigLike", "NEW_MEMBER_JOIN_TIMEOUT_MS"]
 
 log = logging.getLogger("appliance.group.membership")
 
 E = ErrorCode
 S = GroupState
 NEW_MEMBER_JOIN_TIMEOUT_MS = 5 * 60 * 1000     # GroupCoordinator.NewMemberJoinTimeoutMs
-# (ours) the answer to a JoinGroup/SyncGroup parked for a member that sent a newer one (Kafka
-# drops the older callback and never answers it; we promise to answer every request once)
-_SUPERSEDED = E.coordinator_not_available
 
 
-# -- internals ------------------------------------------------------------------------------------
+class GroupConfigLike(Protocol):
+    group_min_session_timeout_ms: int
+    group_max_session_timeout_ms: int
+    group_initial_rebalance_delay_ms: int
+    group_max_size: int
 
-class _Once:
-    """A respond callable that can be answered once only."""
 
-    __slots__ = ("fn", "done")
+@dataclass(frozen=True, slots=True)
+class MembershipConfig:
+    """Kafka's group.* broker configs for classic groups, with Kafka's defaults."""
 
-    def __init__(self, fn: Callable[[Any], None]) -> None:
-        self.fn = fn
-        self.done = False
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1800000
+    group_initial_rebalance_delay_ms: int = 3000
+    group_max_size: int = 2**31 - 1
 
 
 _HB, _PENDING, _JOIN, _SYNC = range(4)
 
 
-class GroupCoordinator(GroupAdmin):
+class GroupCoordinator(GroupAdmin, MemberRequests):
     def __init__(self, config: GroupConfigLike, persist: Callable[[str, GroupRecord | None], Any],
                  now_ms: Callable[[], int], *,
                  on_empty: Callable[[str, int], None] | None = None,
@@ -138,7 +133,7 @@ class GroupCoordinator(GroupAdmin):
         self._groups: dict[str, ClassicGroup] = {}
         self._heap: list[tuple[int, int, int, Any, Any]] = []
         self._seq = itertools.count(1)
-        self._out: deque[tuple[_Once, Any]] = deque()
+        self._out: deque[tuple[Once, Any]] = deque()
         self._depth = 0
         self._clock: int | None = None
         self._loaded = False
@@ -165,7 +160,7 @@ class GroupCoordinator(GroupAdmin):
         finally:
             self._depth -= 1
 
-    def _reply(self, once: _Once | None, result: Any) -> None:
+    def _reply(self, once: Once | None, result: Any) -> None:
         if once is None or once.done:
             return
         once.done = True
@@ -364,7 +359,7 @@ class GroupCoordinator(GroupAdmin):
 
     # -- JoinGroup --------------------------------------------------------------------------------
     def join_group(self, req: JoinGroupRequest, respond: Callable[[JoinGroupResult], None]) -> None:
-        once = _Once(respond)
+        once = Once(respond)
         self._enter()
         try:
             self._join(req, once)
@@ -374,7 +369,7 @@ class GroupCoordinator(GroupAdmin):
         finally:
             self._leave()
 
-    def _join(self, req: JoinGroupRequest, once: _Once) -> None:
+    def _join(self, req: JoinGroupRequest, once: Once) -> None:
         mid = req.member_id or ""
         if not req.group_id:
             return self._reply(once, JoinGroupResult(E.invalid_group_id, member_id=mid))
@@ -414,7 +409,7 @@ class GroupCoordinator(GroupAdmin):
         rt = req.rebalance_timeout_ms if req.rebalance_timeout_ms >= 0 else req.session_timeout_ms
         return rt, req.session_timeout_ms
 
-    def _new_member_join(self, group: ClassicGroup, req: JoinGroupRequest, once: _Once) -> None:
+    def _new_member_join(self, group: ClassicGroup, req: JoinGroupRequest, once: Once) -> None:
         if group.is_(S.Dead):
             return self._reply(once, JoinGroupResult(E.coordinator_not_available))
         protocols = dedupe_protocols(req.protocols)
@@ -440,7 +435,7 @@ class GroupCoordinator(GroupAdmin):
             self._add_member_and_rebalance(group, new_id, None, req, protocols, once)
 
     def _current_member_join(self, group: ClassicGroup, mid: str, req: JoinGroupRequest,
-                             once: _Once) -> None:
+                             once: Once) -> None:
         if group.is_(S.Dead):
             return self._reply(once, JoinGroupResult(E.coordinator_not_available, member_id=mid))
         protocols = dedupe_protocols(req.protocols)
@@ -485,7 +480,7 @@ class GroupCoordinator(GroupAdmin):
                                (group.leader_id if leader is None else leader) or "", skip, members)
 
     def _add_member_and_rebalance(self, group: ClassicGroup, mid: str, iid: str | None,
-                                  req: JoinGroupRequest, protocols, once: _Once) -> None:
+                                  req: JoinGroupRequest, protocols, once: Once) -> None:
         rt, st = self._timeouts(req)
         member = Member(mid, iid, req.client_id, req.client_host, rt, st, req.protocol_type,
                         protocols, is_new=True)
@@ -497,16 +492,16 @@ class GroupCoordinator(GroupAdmin):
         self._maybe_prepare_rebalance(group, f"adding new member {mid}")
 
     def _update_member_and_rebalance(self, group: ClassicGroup, member: Member,
-                                     req: JoinGroupRequest, protocols, once: _Once) -> None:
+                                     req: JoinGroupRequest, protocols, once: Once) -> None:
         if member.join_respond is not None and member.join_respond is not once:
-            self._reply(member.join_respond, JoinGroupResult(_SUPERSEDED, member_id=member.member_id))
+            self._reply(member.join_respond, JoinGroupResult(SUPERSEDED, member_id=member.member_id))
         rt, st = self._timeouts(req)
         group.update_member(member, protocols, rt, st, once)
         self._maybe_prepare_rebalance(group, f"member {member.member_id} rejoins")
 
     def _update_static_member_and_rebalance(self, group: ClassicGroup, old_id: str, new_id: str,
                                             iid: str, req: JoinGroupRequest, protocols,
-                                            once: _Once) -> None:
+                                            once: Once) -> None:
         """KIP-345: a known group.instance.id rejoining without member id takes over the old
         member's place under a new id; the old id is fenced. A Stable group whose protocol
         choice does not change skips the rebalance (only the new id is stored)."""
@@ -653,175 +648,3 @@ class GroupCoordinator(GroupAdmin):
         group.remove(mid)
         if group.is_(S.PreparingRebalance):
             self._maybe_complete_join(group)
-
-    # -- SyncGroup --------------------------------------------------------------------------------
-    def sync_group(self, req: SyncGroupRequest, respond: Callable[[SyncGroupResult], None]) -> None:
-        once = _Once(respond)
-        self._enter()
-        try:
-            self._sync(req, once)
-        except Exception:
-            log.exception("SyncGroup of %r failed", req.group_id)
-            self._reply(once, SyncGroupResult(E.unknown_server_error))
-        finally:
-            self._leave()
-
-    def _sync(self, req: SyncGroupRequest, once: _Once) -> None:
-        def fail(code: ErrorCode) -> None:
-            self._reply(once, SyncGroupResult(code))
-
-        if not req.group_id:
-            return fail(E.invalid_group_id)
-        if not self._loaded:
-            # Kafka: the rebalance state is lost while loading; make the member rejoin
-            return fail(E.rebalance_in_progress)
-        if req.api_version >= 5 and (req.protocol_type is None or req.protocol_name is None):
-            return fail(E.inconsistent_group_protocol)      # KafkaApis: mandatory from v5
-        group = self._groups.get(req.group_id)
-        if group is None:
-            return fail(E.unknown_member_id)
-        if group.is_(S.Dead):
-            return fail(E.coordinator_not_available)
-        mid = req.member_id
-        err = group.validate_member(mid, req.group_instance_id)
-        if err is not None:
-            return fail(err)
-        if req.generation_id != group.generation_id:
-            return fail(E.illegal_generation)
-        if req.protocol_type is not None and req.protocol_type != group.protocol_type:
-            return fail(E.inconsistent_group_protocol)
-        if req.protocol_name is not None and req.protocol_name != group.protocol_name:
-            return fail(E.inconsistent_group_protocol)
-        st = group.state
-        if st is S.Empty:
-            return fail(E.unknown_member_id)
-        if st is S.PreparingRebalance:
-            return fail(E.rebalance_in_progress)
-        member = group.members[mid]
-        if st is S.Stable:
-            self._remove_pending_sync(group, mid)
-            self._reply(once, SyncGroupResult(E.none, group.protocol_type, group.protocol_name,
-                                              member.assignment))
-            self._schedule_hb(group, member, member.session_timeout_ms)
-            return
-        # CompletingRebalance: park until the leader's assignment is stored
-        if member.sync_respond is not None and member.sync_respond is not once:
-            self._reply(member.sync_respond, SyncGroupResult(_SUPERSEDED))
-        member.sync_respond = once
-        self._remove_pending_sync(group, mid)
-        if not group.is_leader(mid):
-            return
-        given = {m: bytes(a) for m, a in req.assignments}
-        assignment = {m: given.get(m, b"") for m in group.members}   # missing ones get nothing
-        missing = [m for m in group.members if m not in given]
-        if missing:
-            log.warning("group %r generation %d: empty assignment for %s", group.group_id,
-                        group.generation_id, missing)
-        err = self._store(group.group_id, self._record(group, assignment))
-        if err != E.none:
-            self._reset_and_propagate_assignment_error(group, err)
-            self._maybe_prepare_rebalance(group, f"storing the assignment failed: {err.name}")
-            return
-        for m in group.members.values():
-            m.assignment = assignment[m.member_id]
-        self._propagate_assignment(group, E.none)
-        group.transition_to(S.Stable, self._now())
-
-    def _reset_and_propagate_assignment_error(self, group: ClassicGroup, error: ErrorCode) -> None:
-        for m in group.members.values():
-            m.assignment = b""
-        self._propagate_assignment(group, error)
-
-    def _propagate_assignment(self, group: ClassicGroup, error: ErrorCode) -> None:
-        ok = error == E.none
-        ptype, pname = (group.protocol_type, group.protocol_name) if ok else (None, None)
-        for m in group.members.values():
-            if m.sync_respond is not None:
-                once, m.sync_respond = m.sync_respond, None
-                self._reply(once, SyncGroupResult(error, ptype, pname, m.assignment))
-                # a member parked in SyncGroup counted as alive: its session starts again now
-                self._schedule_hb(group, m, m.session_timeout_ms)
-
-    # -- Heartbeat --------------------------------------------------------------------------------
-    def heartbeat(self, req: HeartbeatRequest) -> ErrorCode:
-        self._enter()
-        try:
-            return self._heartbeat(req)
-        except Exception:
-            log.exception("Heartbeat of %r failed", req.group_id)
-            return E.unknown_server_error
-        finally:
-            self._leave()
-
-    def _heartbeat(self, req: HeartbeatRequest) -> ErrorCode:
-        if not req.group_id:
-            return E.invalid_group_id
-        if not self._loaded:
-            return E.none                               # Kafka: answered blindly while loading
-        group = self._groups.get(req.group_id)
-        if group is None:
-            return E.unknown_member_id
-        if group.is_(S.Dead):
-            return E.coordinator_not_available
-        err = group.validate_member(req.member_id, req.group_instance_id)
-        if err is not None:
-            return err
-        if req.generation_id != group.generation_id:
-            return E.illegal_generation
-        if group.is_(S.Empty):
-            return E.unknown_member_id
-        member = group.members[req.member_id]
-        self._schedule_hb(group, member, member.session_timeout_ms)
-        return E.rebalance_in_progress if group.is_(S.PreparingRebalance) else E.none
-
-    # -- LeaveGroup -------------------------------------------------------------------------------
-    def leave_group(self, group_id: str,
-                    members: Iterable[LeaveMember | tuple]) -> LeaveGroupResult:
-        """LeaveGroup: v0-2 pass ``[(member_id, None)]`` and answer ``legacy_error``; v3+ the
-        batch. An empty member id with a group.instance.id removes that static member (admin)."""
-        leaving = [m if isinstance(m, LeaveMember) else LeaveMember(*m) for m in members]
-        self._enter()
-        try:
-            return self._leave_group(group_id, leaving)
-        except Exception:
-            log.exception("LeaveGroup of %r failed", group_id)
-            return LeaveGroupResult(E.unknown_server_error, [])
-        finally:
-            self._leave()
-
-    def _leave_group(self, group_id: str, leaving: list[LeaveMember]) -> LeaveGroupResult:
-        if not group_id:
-            return LeaveGroupResult(E.invalid_group_id, [])
-        if not self._loaded:
-            return LeaveGroupResult(E.coordinator_load_in_progress, [])
-        group = self._groups.get(group_id)
-        if group is None:
-            return LeaveGroupResult(E.none, [LeaveMemberResult(m.member_id, m.group_instance_id,
-                                                               E.unknown_member_id) for m in leaving])
-        if group.is_(S.Dead):
-            return LeaveGroupResult(E.coordinator_not_available, [])
-        out = []
-        for m in leaving:
-            mid, iid = m.member_id or "", m.group_instance_id
-            if not mid:
-                current = group.current_static_member_id(iid) if iid is not None else None
-                if current is None:
-                    err = E.unknown_member_id
-                else:
-                    self._leave_member(group, group.members[current], m.reason)
-                    err = E.none
-            elif mid in group.pending_members:
-                self._remove_pending_member_and_update_group(group, mid)
-                err = E.none
-            else:
-                err = group.validate_member(mid, iid)
-                if err is None:
-                    self._leave_member(group, group.members[mid], m.reason)
-                    err = E.none
-            out.append(LeaveMemberResult(mid, iid, err))
-        return LeaveGroupResult(E.none, out)
-
-    def _leave_member(self, group: ClassicGroup, member: Member, reason: str | None) -> None:
-        log.info("member %s left group %r (reason: %s)", member.member_id, group.group_id,
-                 reason or "not provided")
-        self._remove_member_and_update_group(group, member)

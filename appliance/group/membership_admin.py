@@ -10,22 +10,31 @@ GroupCoordinator handleDescribeGroup/handleListGroups/handleDeleteGroups, valida
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 from appliance.errors import ErrorCode
 from appliance.group.classic_group import ClassicGroup, GroupState
-from appliance.group.membership_api import DescribedGroup, GroupInfo, ListedGroup, ListGroupsResult
+from appliance.group.messages import DescribedGroup, ListedGroup, ListGroupsResult
 
 if TYPE_CHECKING:
     from appliance.group.records import GroupRecord
 
-__all__ = ["GroupAdmin", "CLASSIC_GROUP_TYPE"]
+__all__ = ["GroupAdmin", "GroupInfo", "CLASSIC_GROUP_TYPE"]
 
 log = logging.getLogger("appliance.group.membership")
 
 E = ErrorCode
 S = GroupState
 CLASSIC_GROUP_TYPE = "classic"
+
+
+class GroupInfo(NamedTuple):
+    state: str
+    protocol_type: str | None
+    generation_id: int
+    state_timestamp: int | None
+    subscribed_topics: frozenset[str] | None
+    members: int
 
 
 def _store_error(code: Any) -> ErrorCode:

@@ -17,8 +17,9 @@ Every write is in the log before the method returns (fdatasync'ed unless the flu
 Transactional offsets (KIP-98, KIP-447):
 
 * ``txn_commit_offsets`` writes the offsets as a transactional batch of the producer and keeps
-  them *pending* for that producer: OffsetFetch does not return them (§8 guarantee 47), and with
-  RequireStable a partition holding one answers UNSTABLE_OFFSET_COMMIT (KIP-447, guarantee 48).
+  them *pending* for that producer: OffsetFetch does not return them until the commit marker
+  (KIP-98), and with RequireStable a partition holding one answers UNSTABLE_OFFSET_COMMIT
+  (KIP-447).
 * ``complete_txn`` is the marker for the offsets partition (WriteTxnMarkers on Kafka's
   ``__consumer_offsets``, then GroupMetadataManager.scheduleHandleTxnCompletion /
   handleTxnCompletion): it writes the control batch, then makes that producer's pending offsets
@@ -26,7 +27,7 @@ Transactional offsets (KIP-98, KIP-447):
   (ABORT), in every group that has some.
 * After a restart, ``load`` replays the log: pending offsets whose control batch is in the log
   are completed, the others stay pending and are completed by the marker that comes later
-  (guarantee 49).
+  (KIP-98's group coordinator startup).
 * Pending offsets never stay stuck, because the transaction coordinator always ends the
   transaction on every partition it holds, and the group's offsets partition
   (``__consumer_offsets[partitionFor(group)]``) is one of them once AddOffsetsToTxn has added it:
@@ -37,7 +38,7 @@ Transactional offsets (KIP-98, KIP-447):
   with a storage error only delays them). The caller must therefore accept TxnOffsetCommit only
   for a producer whose ongoing transaction holds the group's offsets partition (the KIP-890
   verification with the transaction coordinator; it also fences a stale producer id / epoch,
-  guarantee 50). ``pending_producer_ids`` lists the producers with pending offsets, for a
+  as KIP-98 requires of TxnOffsetCommit). ``pending_producer_ids`` lists the producers with pending offsets, for a
   consistency check at start.
 
 Errors of a failed write follow Kafka's maybeConvertOffsetCommitError / storeGroup mapping:
@@ -55,11 +56,12 @@ import logging
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from appliance.errors import ErrorCode
+from appliance.group.messages import OffsetPartition
 from appliance.group.records import GroupRecord
 from appliance.group.store import (GroupLogWriteError, GroupStateStore, OffsetEntry,
                                    TopicPartition)
 
-__all__ = ["OffsetManager", "FetchedOffset", "ExpireResult", "DEFAULT_OFFSET_METADATA_MAX_BYTES",
+__all__ = ["OffsetManager", "ExpireResult", "DEFAULT_OFFSET_METADATA_MAX_BYTES",
            "DEFAULT_OFFSETS_RETENTION_MS"]
 
 log = logging.getLogger("appliance.group.offsets")
@@ -72,18 +74,6 @@ MAX_STRING_BYTES = 0x7FFF                           # an int16-length string in 
 
 # (topic, partition, offset, leader_epoch, metadata)
 OffsetCommitItem = tuple[str, int, int, int, "str | None"]
-
-
-class FetchedOffset(NamedTuple):
-    """One partition of an OffsetFetch answer (offset -1, leader epoch -1, metadata "" when
-    there is no committed offset)."""
-
-    topic: str
-    partition: int
-    offset: int
-    leader_epoch: int
-    metadata: str
-    error: ErrorCode
 
 
 class ExpireResult(NamedTuple):
@@ -250,7 +240,7 @@ class OffsetManager:
         control batch, then commits or drops the producer's pending offsets in every group.
         Nothing pending: NONE and nothing written (replaying such a marker would change
         nothing). A marker whose epoch is below that of the pending offsets is refused with
-        INVALID_PRODUCER_EPOCH (the partition leader's check on a marker, §8 guarantee 30).
+        INVALID_PRODUCER_EPOCH (KIP-98: the partition leader's check on a marker).
         An append error is returned as is, e.g. KAFKA_STORAGE_ERROR (the transaction
         coordinator retries the marker; NOT_COORDINATOR once the manager is broken)."""
         gate = self._gate()
@@ -275,7 +265,7 @@ class OffsetManager:
 
     # -- OffsetFetch ------------------------------------------------------------------------------
     def fetch_offsets(self, group_id: str, partitions: Sequence[TopicPartition] | None,
-                      require_stable: bool = False) -> list[FetchedOffset]:
+                      require_stable: bool = False) -> list[OffsetPartition]:
         """OffsetFetch for one group: the committed offset of each partition asked for (None =
         every partition with a committed offset, sorted). With ``require_stable`` (v7+,
         KIP-447) a partition with pending transactional offsets gets UNSTABLE_OFFSET_COMMIT
@@ -289,18 +279,18 @@ class OffsetManager:
                 return []
             partitions = sorted(committed)
         elif gate is not None:
-            return [FetchedOffset(t, p, -1, -1, "", gate) for t, p in partitions]
+            return [OffsetPartition(t, p, -1, -1, "", gate) for t, p in partitions]
         pending = self._pending_partitions(group_id) if require_stable else set()
         out = []
         for t, p in partitions:
             if (t, p) in pending:
-                out.append(FetchedOffset(t, p, -1, -1, "", E.unstable_offset_commit))
+                out.append(OffsetPartition(t, p, -1, -1, "", E.unstable_offset_commit))
                 continue
             e = committed.get((t, p))
             if e is None:
-                out.append(FetchedOffset(t, p, -1, -1, "", E.none))
+                out.append(OffsetPartition(t, p, -1, -1, "", E.none))
             else:
-                out.append(FetchedOffset(t, p, e.offset, e.leader_epoch, e.metadata, E.none))
+                out.append(OffsetPartition(t, p, e.offset, e.leader_epoch, e.metadata, E.none))
         return out
 
     def _pending_partitions(self, group_id: str) -> set[TopicPartition]:

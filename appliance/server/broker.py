@@ -3,7 +3,10 @@
 Runs inside each frontend process (asyncio, single thread). Owns this frontend's end of its rings:
 the produce rings to every writer, the request rings to fetchers, the supervisor and the
 coordinator, and the mailbox that collects their replies. Handlers (``appliance.api``) call the
-``async`` methods here; nothing in this module parses Kafka requests.
+``async`` methods here with a typed request (an ``appliance.ipc.Request``) and get its typed
+result back: ``call_coordinator(JoinGroupRequest(...))`` answers a ``JoinGroupResult``, or the
+request's own ``error_reply(COORDINATOR_NOT_AVAILABLE)`` when the coordinator does not answer in
+time or restarts under it. Nothing in this module parses Kafka requests.
 
 Request ids are unique per frontend incarnation (the generation sits in the high bits), so acks
 addressed to a dead predecessor of this frontend, still sitting in a ring, are recognised and
@@ -13,7 +16,6 @@ dropped.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import os
@@ -24,9 +26,9 @@ from appliance import ipc
 from appliance.catalog import PUBLISHED_FILE, Catalog, CatalogView, TopicInfo
 from appliance.errors import ErrorCode
 from appliance.log.reader import SegmentViews
-from appliance.runtime import (COORDINATOR, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, SUPERVISOR,
-                               SUPERVISOR_PAGE_FIELDS, WORKER_PAGE_FIELDS, WorkerContext,
-                               writer_name)
+from appliance.runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, HEARTBEAT_FILE,
+                               PARTITION_PAGE_FIELDS, SUPERVISOR, SUPERVISOR_PAGE_FIELDS,
+                               WORKER_PAGE_FIELDS, WorkerContext, writer_name)
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.statepage import StatePage
@@ -103,7 +105,8 @@ class Broker:
         self.fetchers = [WorkerChannel(self.topo, self.name, fx, self.bells, WORKER_PAGE_FIELDS)
                          for fx in ctx.fetchers]
         self.supervisor = Channel(self.topo, self.name, SUPERVISOR, self.bells)
-        self.coordinator = WorkerChannel(self.topo, self.name, COORDINATOR, self.bells, WORKER_PAGE_FIELDS)
+        self.coordinator = WorkerChannel(self.topo, self.name, COORDINATOR, self.bells,
+                                         COORDINATOR_PAGE_FIELDS)
         self.writers: dict[str, WriterChannel] = {}
         self.futures: dict[int, asyncio.Future] = {}
         self.produce_owner: dict[int, WriterChannel] = {}
@@ -183,10 +186,10 @@ class Broker:
                 msg = bytes(mv[ipc.PRODUCE_ACK.size:ipc.PRODUCE_ACK.size + mlen]).decode() if mlen else None
                 fut.set_result(ProduceResult(err, base, lat, lso, msg))
             return
-        msg = ipc.decode(mv)
-        fut = self.futures.pop(msg.req_id, None)
+        req_id, body = ipc.decode(mv)
+        fut = self.futures.pop(req_id, None)
         if fut is not None and not fut.done():
-            fut.set_result(msg)
+            fut.set_result(body)
 
     def _check_generation(self, ch: WorkerChannel) -> None:
         gen = ch.generation()
@@ -279,39 +282,55 @@ class Broker:
         ch.send(ipc.produce_header(acks, gen, req_id, len(batch), version, transactional_id), batch)
         return fut
 
-    async def call(self, ch: WorkerChannel, make_msg, timeout_s: float):
-        """Send ``make_msg(req_id)`` to a worker and await its reply. Raises TimeoutError after
-        ``timeout_s``, or WorkerRestarted (a TimeoutError) as soon as the worker's generation
-        changes under the request."""
+    async def call(self, ch: WorkerChannel, req: ipc.Request, timeout_s: float,
+                   on_timeout: ErrorCode | None = None) -> ipc.Message:
+        """Send ``req`` to a worker and await its answer. After ``timeout_s``, or as soon as the
+        worker's generation changes under the request: ``req.error_reply(on_timeout)``, or
+        without ``on_timeout`` TimeoutError (WorkerRestarted, a TimeoutError, for the restart)."""
         req_id = next(self._ids)
         fut = self._future(req_id, timeout_s, None)
         ch.inflight[req_id] = ch.generation()
-        ch.send(ipc.encode(make_msg(req_id)))
+        ch.send(ipc.encode(req_id, req))
         try:
             return await fut
+        except TimeoutError:
+            if on_timeout is None:
+                raise
+            return req.error_reply(on_timeout)
         finally:
             ch.inflight.pop(req_id, None)
 
-    async def call_fetcher(self, make_msg, fetcher: int, timeout_s: float):
-        return await self.call(self.fetchers[fetcher % len(self.fetchers)], make_msg, timeout_s)
+    async def call_fetcher(self, req: ipc.Request, fetcher: int, timeout_s: float,
+                           on_timeout: ErrorCode) -> ipc.Message:
+        return await self.call(self.fetchers[fetcher % len(self.fetchers)], req, timeout_s,
+                               on_timeout)
 
-    async def call_coordinator(self, make_msg, timeout_s: float | None = None):
-        return await self.call(self.coordinator, make_msg,
-                               timeout_s or self.cfg.server.internal_request_timeout_ms / 1000)
+    async def call_coordinator(self, req: ipc.Request, timeout_s: float | None = None) -> ipc.Message:
+        """A coordinator request (``appliance.txn.messages``, ``appliance.group.messages``);
+        COORDINATOR_NOT_AVAILABLE when the coordinator does not answer in time (what Kafka's
+        clients retry after looking the coordinator up again)."""
+        return await self.call(self.coordinator, req,
+                               timeout_s or self.cfg.server.internal_request_timeout_ms / 1000,
+                               ErrorCode.coordinator_not_available)
 
-    async def call_writer(self, topic: TopicInfo, partition: int, make_msg, timeout_s: float | None = None):
+    def coordinator_epoch(self) -> int:
+        """The coordinator epoch the coordinator published (bumped at each of its starts)."""
+        return self.coordinator.page.read().coordinator_epoch
+
+    async def call_writer(self, topic: TopicInfo, partition: int, req: ipc.Request,
+                          timeout_s: float | None = None) -> ipc.Message | None:
         """A non-produce request to a partition writer (on its produce ring, answered on the
         ack ring). None when the partition does not exist."""
         ch = self.writers.get(writer_name(topic.topic_id, partition))
         if ch is None:
             return None
-        return await self.call(ch, make_msg,
+        return await self.call(ch, req,
                                timeout_s or self.cfg.server.internal_request_timeout_ms / 1000)
 
-    async def call_supervisor(self, make_msg, timeout_s: float):
+    async def call_supervisor(self, req: ipc.Request, timeout_s: float) -> ipc.Message:
         req_id = next(self._ids)
         fut = self._future(req_id, timeout_s, None)
-        self.supervisor.send(ipc.encode(make_msg(req_id)))
+        self.supervisor.send(ipc.encode(req_id, req))
         return await fut
 
     def next_fetcher(self) -> int:

@@ -2,43 +2,20 @@
 DescribeTransactions, and the KIP-939 metric ActiveTransactionOpenTimeMaxMs.
 
 Runs in the coordinator worker, called by ``TransactionCoordinator`` with its cache; owns no state.
+The answers are the ring result types of ``appliance.txn.messages``.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping, NamedTuple
+from typing import Iterable, Mapping
 
 from appliance.errors import ErrorCode
-from appliance.txn.metadata import (NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionMetadata,
-                                    TransactionState)
+from appliance.txn.messages import ListTransactionsResult, TxnDescription, TxnListing
+from appliance.txn.metadata import TransactionMetadata, TransactionState
 
 E = ErrorCode
 S = TransactionState
-Partition = tuple[str, int]
-
-
-class TxnListing(NamedTuple):
-    transactional_id: str
-    producer_id: int
-    state: str                          # Kafka's state name
-
-
-class ListTransactionsResult(NamedTuple):
-    error: ErrorCode
-    unknown_state_filters: list[str]
-    transactions: list[TxnListing]
-
-
-class TxnDescription(NamedTuple):
-    error: ErrorCode
-    transactional_id: str
-    state: str = ""
-    timeout_ms: int = 0
-    start_time_ms: int = -1
-    producer_id: int = NO_PRODUCER_ID
-    producer_epoch: int = NO_PRODUCER_EPOCH
-    partitions: list[Partition] = []
 
 
 def list_transactions(txns: Iterable[TransactionMetadata], now: int, state_filters: Iterable[str] = (),

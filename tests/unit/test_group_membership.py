@@ -7,8 +7,9 @@ import pytest
 
 from appliance.errors import ErrorCode as E
 from appliance.group.classic_group import GroupState, parse_subscription_topics
-from appliance.group.membership import (GroupCoordinator, HeartbeatRequest, JoinGroupRequest,
-                                        LeaveMember, MembershipConfig, SyncGroupRequest)
+from appliance.group.membership import GroupCoordinator, MembershipConfig
+from appliance.group.messages import (HeartbeatRequest, JoinGroupRequest, LeaveMember,
+                                      SyncGroupRequest, SyncGroupResult)
 from appliance.group.records import GroupRecord
 
 T0 = 1_700_000_000_000
@@ -147,7 +148,7 @@ def test_full_join_sync_round_of_three_members():
     sb, sc = env.sync(rb.member_id, 1), env.sync(rc.member_id, 1)
     assert not sb.done and not sc.done and env.writes == []
     sa = env.sync(ra.member_id, 1, assignments=[(ra.member_id, b"A"), (rb.member_id, b"B")])
-    assert sa.r == (E.none, "consumer", "range", b"A")
+    assert sa.r == SyncGroupResult(E.none, "consumer", "range", b"A")
     assert sb.r.assignment == b"B"
     assert sc.r.assignment == b""                                     # leader left it out
     assert env.state() == "Stable"

@@ -5,7 +5,8 @@ expiration (KIP-211), restarts."""
 import os
 
 from appliance.errors import ErrorCode as E
-from appliance.group.offsets import FetchedOffset, OffsetManager
+from appliance.group.messages import OffsetPartition
+from appliance.group.offsets import OffsetManager
 from appliance.group.records import GroupMemberRecord, GroupRecord
 from appliance.group.store import GroupStateStore
 
@@ -36,7 +37,7 @@ def restart(om: OffsetManager, path, clean=False, **kw) -> OffsetManager:
     return manager(path, **kw)
 
 
-def fetch1(om, g, t, p, stable=False) -> FetchedOffset:
+def fetch1(om, g, t, p, stable=False) -> OffsetPartition:
     (r,) = om.fetch_offsets(g, [(t, p)], stable)
     return r
 
@@ -52,17 +53,17 @@ def test_commit_fetch_round_trip(tmp_path):
     res = om.commit_offsets("g", [off("t", 0, 10, 3, "meta"), off("t", 1, 20, -1, None)], 1000)
     assert res == {("t", 0): E.none, ("t", 1): E.none}
     assert om.fetch_offsets("g", [("t", 0), ("t", 1), ("t", 2)], False) == [
-        FetchedOffset("t", 0, 10, 3, "meta", E.none),
-        FetchedOffset("t", 1, 20, -1, "", E.none),            # null metadata stored as ""
-        FetchedOffset("t", 2, -1, -1, "", E.none),            # unknown partition
+        OffsetPartition("t", 0, 10, 3, "meta", E.none),
+        OffsetPartition("t", 1, 20, -1, "", E.none),            # null metadata stored as ""
+        OffsetPartition("t", 2, -1, -1, "", E.none),            # unknown partition
     ]
-    assert fetch1(om, "nobody", "t", 0) == FetchedOffset("t", 0, -1, -1, "", E.none)
+    assert fetch1(om, "nobody", "t", 0) == OffsetPartition("t", 0, -1, -1, "", E.none)
     om.commit_offsets("g", [off("a", 5, 1)], 1001)
     assert [(r.topic, r.partition, r.offset) for r in om.fetch_offsets("g", None)] == [
         ("a", 5, 1), ("t", 0, 10), ("t", 1, 20)]
     assert om.fetch_offsets("nobody", None) == []
     om = restart(om, tmp_path)
-    assert fetch1(om, "g", "t", 0) == FetchedOffset("t", 0, 10, 3, "meta", E.none)
+    assert fetch1(om, "g", "t", 0) == OffsetPartition("t", 0, 10, 3, "meta", E.none)
     assert om.groups_with_offsets() == {"g"}
     om.close()
 
@@ -109,7 +110,7 @@ def test_g47_txn_offsets_invisible_until_commit_marker(tmp_path):
     assert [r.partition for r in om.fetch_offsets("g", None)] == [0]
     assert om.has_pending("g") and om.pending_producers("g") == {100}
     assert om.complete_txn(100, 0, True, 3) == E.none
-    assert fetch1(om, "g", "t", 0) == FetchedOffset("t", 0, 50, 2, "x", E.none)
+    assert fetch1(om, "g", "t", 0) == OffsetPartition("t", 0, 50, 2, "x", E.none)
     assert fetch1(om, "g", "t", 1).offset == 60
     assert not om.has_pending("g") and om.pending_producers("g") == set()
     om.close()
@@ -131,13 +132,13 @@ def test_g48_require_stable_unstable_during_txn_committed_after(tmp_path):
     om = manager(tmp_path)
     om.commit_offsets("g", [off("t", 0, 5), off("t", 1, 6)], 1)
     om.txn_commit_offsets("g", 100, 0, [off("t", 0, 50)], 2)
-    assert fetch1(om, "g", "t", 0, stable=True) == FetchedOffset("t", 0, -1, -1, "", E.unstable_offset_commit)
+    assert fetch1(om, "g", "t", 0, stable=True) == OffsetPartition("t", 0, -1, -1, "", E.unstable_offset_commit)
     assert fetch1(om, "g", "t", 1, stable=True).offset == 6        # other partitions answer
     assert fetch1(om, "g", "t", 0, stable=False).offset == 5       # without the flag: last committed
     everything = om.fetch_offsets("g", None, True)
     assert [(r.partition, r.error) for r in everything] == [(0, E.unstable_offset_commit), (1, E.none)]
     om.complete_txn(100, 0, True, 3)
-    assert fetch1(om, "g", "t", 0, stable=True) == FetchedOffset("t", 0, 50, -1, "", E.none)
+    assert fetch1(om, "g", "t", 0, stable=True) == OffsetPartition("t", 0, 50, -1, "", E.none)
     om.close()
 
 
@@ -148,7 +149,7 @@ def test_g48_pending_partition_without_committed_offset_is_unstable(tmp_path):
     assert fetch1(om, "g", "t", 3).offset == -1
     assert fetch1(om, "other", "t", 3, stable=True).error == E.none   # other groups unaffected
     om.complete_txn(100, 0, False, 2)
-    assert fetch1(om, "g", "t", 3, stable=True) == FetchedOffset("t", 3, -1, -1, "", E.none)
+    assert fetch1(om, "g", "t", 3, stable=True) == OffsetPartition("t", 3, -1, -1, "", E.none)
     om.close()
 
 
@@ -176,7 +177,7 @@ def test_g49_restart_after_abort_marker(tmp_path):
     om = restart(om, tmp_path)
     assert om.complete_txn(100, 2, False, 3) == E.none          # timeout abort: bumped epoch
     om = restart(om, tmp_path)
-    assert fetch1(om, "g", "t", 0, stable=True) == FetchedOffset("t", 0, -1, -1, "", E.none)
+    assert fetch1(om, "g", "t", 0, stable=True) == OffsetPartition("t", 0, -1, -1, "", E.none)
     om.close()
 
 

@@ -7,8 +7,8 @@ import pytest
 from appliance.config import TransactionsConfig
 from appliance.errors import ErrorCode as E
 from appliance.txn import state_manager as smod
-from appliance.txn.coordinator import (OFFSETS_TOPIC, TransactionCoordinator, java_string_hash,
-                                       partition_for)
+from appliance.catalog import OFFSETS_TOPIC
+from appliance.txn.coordinator import TransactionCoordinator, java_string_hash, partition_for
 from appliance.txn.metadata import MAX_EPOCH, TransactionMetadata, TransactionState as S
 from appliance.txn.producer_ids import ProducerIdManager
 from appliance.txn.state_manager import (TransactionStateManager, TxnLogWriteError,
@@ -57,10 +57,10 @@ class Env:
         return pid, ep
 
     def ack_all(self, jobs=None) -> list:
-        jobs = self.tc.take_marker_jobs() if jobs is None else jobs
+        jobs = self.tc.markers.take_marker_jobs() if jobs is None else jobs
         for job in jobs:
             for p in job.partitions:
-                self.tc.on_marker_result(job.job_id, p, E.none)
+                self.tc.markers.on_marker_result(job.job_id, p, E.none)
         return jobs
 
     def state(self, tid="t") -> S:
@@ -144,13 +144,13 @@ def test_g16_init_while_ongoing_aborts_with_bumped_epoch_first(env):
     assert r.error == E.concurrent_transactions
     md = env.tc.get("t")
     assert (md.state, md.producer_epoch) == (S.PrepareAbort, ep + 1)
-    [job] = env.tc.take_marker_jobs()
+    [job] = env.tc.markers.take_marker_jobs()
     assert (job.commit, job.producer_id, job.producer_epoch) == (False, pid, ep + 1)
     assert job.partitions == [("a", 0), ("b", 1)]
     assert env.tc.init_producer_id("t", TIMEOUT).error == E.concurrent_transactions   # still aborting
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.none)
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.none)
     assert env.tc.init_producer_id("t", TIMEOUT).error == E.concurrent_transactions
-    env.tc.on_marker_result(job.job_id, ("b", 1), E.none)
+    env.tc.markers.on_marker_result(job.job_id, ("b", 1), E.none)
     assert env.state() == S.CompleteAbort
     r = env.tc.init_producer_id("t", TIMEOUT)
     assert (r.error, r.producer_id, r.producer_epoch) == (E.none, pid, ep + 2)
@@ -159,11 +159,11 @@ def test_g16_init_while_ongoing_aborts_with_bumped_epoch_first(env):
 def test_g17_init_while_prepare_commit_never_aborts(env):
     pid, ep = env.begin()
     assert env.tc.end_txn("t", pid, ep, True).error == E.none
-    jobs = env.tc.take_marker_jobs()
+    jobs = env.tc.markers.take_marker_jobs()
     for _ in range(3):
         assert env.tc.init_producer_id("t", TIMEOUT).error == E.concurrent_transactions
         env.advance(INTERVAL)
-    jobs += env.tc.take_marker_jobs()
+    jobs += env.tc.markers.take_marker_jobs()
     assert all(j.commit for j in jobs)
     env.ack_all(jobs)
     assert env.state() == S.CompleteCommit
@@ -241,22 +241,22 @@ def test_g22_add_offsets_adds_the_groups_offsets_partition_and_gets_the_marker(e
     part = (OFFSETS_TOPIC, 862545276 % 50)
     assert env.tc.get("t").partitions == {part} and env.state() == S.Ongoing
     env.tc.end_txn("t", pid, ep, True)
-    [job] = env.tc.take_marker_jobs()
+    [job] = env.tc.markers.take_marker_jobs()
     assert job.partitions == [part] and job.commit
 
 
 def test_g23_commit_prepare_is_durable_before_markers_and_complete_after_all_acks(env):
     pid, ep = env.begin(parts=[("a", 0), ("b", 1), ("c", 2)])
     assert env.tc.end_txn("t", pid, ep, True).error == E.none
-    [job] = env.tc.take_marker_jobs()
+    [job] = env.tc.markers.take_marker_jobs()
     assert job.coordinator_epoch == env.tc.coordinator_epoch
     assert (job.producer_id, job.producer_epoch, job.commit) == (pid, ep, True)
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.none)
-    env.tc.on_marker_result(job.job_id, ("b", 1), E.none)
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.none)
+    env.tc.markers.on_marker_result(job.job_id, ("b", 1), E.none)
     assert env.state() == S.PrepareCommit
     tc = env.crash_restart()                 # a crash now: PrepareCommit is what the log says
     assert tc.get("t").state == S.PrepareCommit
-    [job] = tc.take_marker_jobs()
+    [job] = tc.markers.take_marker_jobs()
     env.ack_all([job])
     assert tc.get("t").state == S.CompleteCommit
     assert env.crash_restart().get("t").state == S.CompleteCommit
@@ -268,14 +268,14 @@ def test_g23_prepare_is_in_log_before_end_txn_returns(env, monkeypatch):
     real = env.sm.append
     monkeypatch.setattr(env.sm, "append", lambda m: (seen.append(m.state), real(m)))
     env.tc.end_txn("t", pid, ep, True)
-    assert seen == [S.PrepareCommit] and env.tc.take_marker_jobs()
+    assert seen == [S.PrepareCommit] and env.tc.markers.take_marker_jobs()
 
 
 def test_g24_abort_sends_abort_markers_to_every_partition(env):
     parts = [("a", 0), ("a", 1), ("b", 0), (OFFSETS_TOPIC, 3)]
     pid, ep = env.begin(parts=parts)
     assert env.tc.end_txn("t", pid, ep, False).error == E.none
-    [job] = env.tc.take_marker_jobs()
+    [job] = env.tc.markers.take_marker_jobs()
     assert not job.commit and job.partitions == sorted(parts)
     env.ack_all([job])
     assert env.state() == S.CompleteAbort and env.tc.get("t").partitions == set()
@@ -306,12 +306,12 @@ def test_g26_end_txn_on_empty_is_invalid_state(env):
 def test_g27_restart_after_prepare_resends_markers_with_new_coordinator_epoch(env, commit):
     pid, ep = env.begin(parts=[("a", 0), ("b", 1)])
     env.tc.end_txn("t", pid, ep, commit)
-    [job] = env.tc.take_marker_jobs()
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.none)
+    [job] = env.tc.markers.take_marker_jobs()
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.none)
     old_epoch = env.tc.coordinator_epoch
     tc = env.crash_restart()
     assert tc.coordinator_epoch == old_epoch + 1
-    [job2] = tc.take_marker_jobs()             # no client action needed
+    [job2] = tc.markers.take_marker_jobs()             # no client action needed
     assert (job2.commit, job2.producer_id, job2.producer_epoch) == (commit, pid, ep)
     assert job2.partitions == [("a", 0), ("b", 1)] and job2.coordinator_epoch == old_epoch + 1
     assert tc.init_producer_id("t", TIMEOUT).error == E.concurrent_transactions
@@ -326,7 +326,7 @@ def test_g28_restart_while_ongoing_keeps_partitions_epoch_start_and_timeout(env)
     md = tc.get("t")
     assert (md.state, md.producer_epoch, md.partitions, md.txn_start_ms) == \
         (S.Ongoing, ep, {("a", 0), ("b", 1)}, T0)
-    assert tc.take_marker_jobs() == []
+    assert tc.markers.take_marker_jobs() == []
     env.advance(INTERVAL)                       # T0 + 40 s: not yet timed out
     assert tc.get("t").state == S.Ongoing
     env.advance(INTERVAL * 3)                   # T0 + 70 s > start + 60 s
@@ -344,7 +344,7 @@ def test_g33_timed_out_transaction_is_fenced_and_aborted(env):
     env.advance(INTERVAL)
     md = env.tc.get("t")
     assert (md.state, md.producer_epoch) == (S.PrepareAbort, ep + 1)
-    [job] = env.tc.take_marker_jobs()
+    [job] = env.tc.markers.take_marker_jobs()
     assert (job.commit, job.producer_id, job.producer_epoch) == (False, pid, ep + 1)
     env.ack_all([job])
     assert env.state() == S.CompleteAbort
@@ -413,7 +413,7 @@ def test_g53_tv2_end_txn_bumps_epoch_in_reply_and_markers(env):
     pid, ep = env.begin()
     r = env.tc.end_txn("t", pid, ep, True, api_version=5)
     assert (r.error, r.producer_id, r.producer_epoch) == (E.none, pid, ep + 1)
-    [job] = env.tc.take_marker_jobs()
+    [job] = env.tc.markers.take_marker_jobs()
     assert job.producer_epoch == ep + 1
     env.ack_all([job])
     md = env.tc.get("t")
@@ -463,7 +463,7 @@ def test_g55_tv2_epoch_overflow_rotates_producer_id(env):
     r = env.tc.end_txn("t", x, MAX_EPOCH - 1, True, api_version=5)
     z = r.producer_id
     assert r.error == E.none and z != x and r.producer_epoch == 0
-    [job] = env.tc.take_marker_jobs()
+    [job] = env.tc.markers.take_marker_jobs()
     assert (job.producer_id, job.producer_epoch) == (x, MAX_EPOCH)       # markers: (old id, MAX)
     md = env.tc.get("t")
     assert (md.producer_id, md.next_producer_id, md.state) == (x, z, S.PrepareCommit)
@@ -488,7 +488,7 @@ def test_g55_overflow_survives_restart_between_prepare_and_complete(env):
     env.tc.add_partitions("t", x, MAX_EPOCH - 1, [("a", 0)])
     r = env.tc.end_txn("t", x, MAX_EPOCH - 1, False, api_version=5)
     tc = env.crash_restart()
-    [job] = tc.take_marker_jobs()
+    [job] = tc.markers.take_marker_jobs()
     assert (job.producer_id, job.producer_epoch, job.commit) == (x, MAX_EPOCH, False)
     env.ack_all([job])
     assert (tc.get("t").producer_id, tc.get("t").producer_epoch) == (r.producer_id, 0)
@@ -576,7 +576,7 @@ def test_empty_transaction_completes_without_markers(env, version):
     assert env.state() == S.Ongoing
     r = env.tc.end_txn("t", pid, ep, True, api_version=version)
     assert r.error == E.none
-    assert env.tc.take_marker_jobs() == []
+    assert env.tc.markers.take_marker_jobs() == []
     assert env.state() == S.CompleteCommit
     assert env.crash_restart().get("t").state == S.CompleteCommit
 
@@ -584,8 +584,8 @@ def test_empty_transaction_completes_without_markers(env, version):
 def test_prepare_other_command_without_pending_markers_is_invalid_state(env):
     pid, ep = env.begin()
     env.tc.end_txn("t", pid, ep, True)
-    [job] = env.tc.take_marker_jobs()
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.invalid_producer_epoch)    # job abandoned
+    [job] = env.tc.markers.take_marker_jobs()
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.invalid_producer_epoch)    # job abandoned
     assert env.tc.end_txn("t", pid, ep, False).error == E.invalid_txn_state
     assert env.tc.end_txn("t", pid, ep, True).error == E.concurrent_transactions
 
@@ -595,57 +595,57 @@ def test_prepare_other_command_without_pending_markers_is_invalid_state(env):
 def test_retriable_marker_error_is_retried_after_backoff(env):
     pid, ep = env.begin()
     env.tc.end_txn("t", pid, ep, True)
-    [job] = env.tc.take_marker_jobs()
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.not_leader_or_follower)
-    env.tc.on_marker_result(job.job_id, ("b", 1), E.none)
-    assert env.tc.take_marker_jobs() == []
-    assert env.tc.next_retry_due_ms() == env.clock + env.tc.marker_retry_backoff_ms
-    env.clock += env.tc.marker_retry_backoff_ms
-    [again] = env.tc.take_marker_jobs()
+    [job] = env.tc.markers.take_marker_jobs()
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.not_leader_or_follower)
+    env.tc.markers.on_marker_result(job.job_id, ("b", 1), E.none)
+    assert env.tc.markers.take_marker_jobs() == []
+    assert env.tc.markers.next_retry_due_ms() == env.clock + env.tc.markers.retry_backoff_ms
+    env.clock += env.tc.markers.retry_backoff_ms
+    [again] = env.tc.markers.take_marker_jobs()
     assert again.job_id == job.job_id and again.partitions == [("a", 0)]
-    assert env.tc.take_marker_jobs() == []
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.request_timed_out)
-    env.clock += env.tc.marker_retry_backoff_ms
-    [again] = env.tc.take_marker_jobs()
+    assert env.tc.markers.take_marker_jobs() == []
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.request_timed_out)
+    env.clock += env.tc.markers.retry_backoff_ms
+    [again] = env.tc.markers.take_marker_jobs()
     assert env.state() == S.PrepareCommit
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.none)
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.none)
     assert env.state() == S.CompleteCommit
 
 
 def test_deleted_partition_is_dropped_from_the_job(env):
     pid, ep = env.begin()
     env.tc.end_txn("t", pid, ep, False)
-    [job] = env.tc.take_marker_jobs()
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.unknown_topic_or_partition)
-    env.tc.on_marker_result(job.job_id, ("b", 1), E.none)
+    [job] = env.tc.markers.take_marker_jobs()
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.unknown_topic_or_partition)
+    env.tc.markers.on_marker_result(job.job_id, ("b", 1), E.none)
     assert env.state() == S.CompleteAbort
 
 
 def test_stale_and_duplicate_marker_results_are_ignored(env):
     pid, ep = env.begin()
     env.tc.end_txn("t", pid, ep, True)
-    [job] = env.tc.take_marker_jobs()
-    env.tc.on_marker_result(999, ("a", 0), E.none)
-    env.tc.on_marker_result(job.job_id, ("zzz", 0), E.none)
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.none)
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.none)
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.not_leader_or_follower)    # late error
-    assert env.state() == S.PrepareCommit and env.tc.next_retry_due_ms() is None
-    env.tc.on_marker_result(job.job_id, ("b", 1), E.none)
+    [job] = env.tc.markers.take_marker_jobs()
+    env.tc.markers.on_marker_result(999, ("a", 0), E.none)
+    env.tc.markers.on_marker_result(job.job_id, ("zzz", 0), E.none)
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.none)
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.none)
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.not_leader_or_follower)    # late error
+    assert env.state() == S.PrepareCommit and env.tc.markers.next_retry_due_ms() is None
+    env.tc.markers.on_marker_result(job.job_id, ("b", 1), E.none)
     assert env.state() == S.CompleteCommit
-    env.tc.on_marker_result(job.job_id, ("b", 1), E.none)                       # job is gone
+    env.tc.markers.on_marker_result(job.job_id, ("b", 1), E.none)                       # job is gone
 
 
 def test_invalid_producer_epoch_abandons_job_and_the_scan_redrives_it(env):
     pid, ep = env.begin()
     env.tc.end_txn("t", pid, ep, True)
-    [job] = env.tc.take_marker_jobs()
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.invalid_producer_epoch)
-    env.tc.on_marker_result(job.job_id, ("b", 1), E.none)                       # ignored: job gone
+    [job] = env.tc.markers.take_marker_jobs()
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.invalid_producer_epoch)
+    env.tc.markers.on_marker_result(job.job_id, ("b", 1), E.none)                       # ignored: job gone
     assert env.state() == S.PrepareCommit
-    assert env.tc.take_marker_jobs() == []
+    assert env.tc.markers.take_marker_jobs() == []
     env.advance(INTERVAL)
-    [job2] = env.tc.take_marker_jobs()
+    [job2] = env.tc.markers.take_marker_jobs()
     assert job2.job_id != job.job_id and job2.commit and job2.partitions == [("a", 0), ("b", 1)]
     env.ack_all([job2])
     assert env.state() == S.CompleteCommit
@@ -654,16 +654,16 @@ def test_invalid_producer_epoch_abandons_job_and_the_scan_redrives_it(env):
 def test_coordinator_fenced_stops_everything(env):
     pid, ep = env.begin()
     env.tc.end_txn("t", pid, ep, True)
-    [job] = env.tc.take_marker_jobs()
-    env.tc.on_marker_result(job.job_id, ("a", 0), E.transaction_coordinator_fenced)
+    [job] = env.tc.markers.take_marker_jobs()
+    env.tc.markers.on_marker_result(job.job_id, ("a", 0), E.transaction_coordinator_fenced)
     assert env.tc.needs_restart
-    env.tc.on_marker_result(job.job_id, ("b", 1), E.none)
+    env.tc.markers.on_marker_result(job.job_id, ("b", 1), E.none)
     assert env.state() == S.PrepareCommit
-    assert env.tc.take_marker_jobs() == []
+    assert env.tc.markers.take_marker_jobs() == []
     assert env.tc.init_producer_id("t", TIMEOUT).error == E.not_coordinator
     assert env.tc.end_txn("t", pid, ep, True).error == E.not_coordinator
     env.advance(10 * INTERVAL)
-    assert env.tc.take_marker_jobs() == []
+    assert env.tc.markers.take_marker_jobs() == []
 
 
 # -- log failures -----------------------------------------------------------------------------------------
@@ -678,7 +678,7 @@ def test_failed_append_answers_error_and_changes_nothing(env, monkeypatch):
     assert env.tc.end_txn("t", pid, ep, True).error == E.not_coordinator
     assert env.tc.init_producer_id("t", TIMEOUT).error == E.not_coordinator
     assert env.tc.add_partitions("t", pid, ep, [("z", 0)]) == {("z", 0): E.not_coordinator}
-    assert snapshot(env.tc.get("t")) == before and env.tc.take_marker_jobs() == []
+    assert snapshot(env.tc.get("t")) == before and env.tc.markers.take_marker_jobs() == []
     assert not env.tc.needs_restart
 
 
@@ -793,7 +793,7 @@ def test_kept_transaction_retry_of_end_txn_during_prepare_and_after_restart(tmp_
     assert end.error == E.none and (end.producer_id, end.producer_epoch) == (pid, ep + 2)
     assert e.tc.kept_fences() == []
     # markers carry the ongoing id with its epoch + 1
-    (job,) = e.tc.take_marker_jobs()
+    (job,) = e.tc.markers.take_marker_jobs()
     assert (job.producer_id, job.producer_epoch, job.commit) == (pid, ep + 1, True)
     # a retry while the markers are out waits; the other command is refused
     assert e.tc.end_txn("t", *nxt, True, api_version=5).error == E.concurrent_transactions

@@ -121,14 +121,14 @@ def test_transition_rows_through_the_coordinator(tc):
     assert tc.end_txn("t", pid, ep, True).error == E.none                # Ongoing -> PrepareCommit
     assert tc.get("t").state == S.PrepareCommit
     assert tc.add_partitions("t", pid, ep, [("a", 2)]) == {("a", 2): E.concurrent_transactions}
-    [job] = tc.take_marker_jobs()
+    [job] = tc.markers.take_marker_jobs()
     for p in job.partitions:
-        tc.on_marker_result(job.job_id, p, E.none)
+        tc.markers.on_marker_result(job.job_id, p, E.none)
     assert tc.get("t").state == S.CompleteCommit                         # PrepareCommit -> CompleteCommit
     assert tc.add_partitions("t", pid, ep, [("b", 0)]) == {("b", 0): E.none}   # CompleteCommit -> Ongoing
     assert tc.end_txn("t", pid, ep, False).error == E.none               # Ongoing -> PrepareAbort
-    [job] = tc.take_marker_jobs()
-    tc.on_marker_result(job.job_id, ("b", 0), E.none)
+    [job] = tc.markers.take_marker_jobs()
+    tc.markers.on_marker_result(job.job_id, ("b", 0), E.none)
     assert tc.get("t").state == S.CompleteAbort                          # PrepareAbort -> CompleteAbort
     assert tc.init_producer_id("t", 60000).error == E.none               # CompleteAbort -> Empty
     assert tc.get("t").state == S.Empty

@@ -1,0 +1,268 @@
+"""The group coordinator's requests and results, as they travel the rings.
+
+Owns nothing and does no I/O; imported by frontends (the API handlers build the requests) and the
+coordinator worker, where ``appliance.group.service`` serves them with the membership side
+(``appliance.group.membership.GroupCoordinator``, which takes and returns these types) and the
+offsets side (``appliance.group.offsets.OffsetManager``). Fields are Kafka's (JoinGroup,
+SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups, DeleteGroups, OffsetCommit,
+TxnOffsetCommit, OffsetFetch, OffsetDelete); version-dependent wire details stay with the
+handlers, which pass the request version on as ``api_version`` where the answer depends on it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from appliance.errors import ErrorCode
+from appliance.ipc import Message, Request
+
+E = ErrorCode
+
+
+# -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup --------------------------------------------------
+
+class JoinGroupMember(msgspec.Struct, array_like=True, frozen=True):
+    member_id: str
+    group_instance_id: str | None
+    metadata: bytes
+
+
+class JoinGroupResult(Message):
+    error: ErrorCode
+    member_id: str = ""
+    generation_id: int = -1
+    protocol_type: str | None = None          # v7+ on the wire
+    protocol_name: str | None = None          # null only from v7; the handler sends "" before
+    leader: str = ""
+    skip_assignment: bool = False             # v9+
+    members: list[JoinGroupMember] = []       # the leader's only
+
+
+class JoinGroupRequest(Request):
+    """Answered when the join phase completes (every known member rejoined, or the rebalance
+    timeout passed)."""
+    group_id: str
+    member_id: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int                 # v0: pass the session timeout (or -1)
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]        # (name, metadata), in preference order
+    group_instance_id: str | None = None      # v5+
+    client_id: str = ""                       # request header
+    client_host: str = ""                     # the peer address, as Kafka shows it ("/1.2.3.4")
+    api_version: int = 9                      # v4+: member id required; v9+: SkipAssignment
+    reason: str | None = None                 # v8+, logged only
+
+    def error_reply(self, code: ErrorCode) -> JoinGroupResult:
+        return JoinGroupResult(code)
+
+
+class SyncGroupResult(Message):
+    error: ErrorCode
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+
+
+class SyncGroupRequest(Request):
+    """Answered once the leader's assignment is stored (or at once, when it already is)."""
+    group_id: str
+    generation_id: int
+    member_id: str
+    assignments: list[tuple[str, bytes]] = []     # (member_id, assignment), leader only
+    group_instance_id: str | None = None          # v3+
+    protocol_type: str | None = None              # v5+ (mandatory from v5)
+    protocol_name: str | None = None              # v5+ (mandatory from v5)
+    api_version: int = 5
+
+    def error_reply(self, code: ErrorCode) -> SyncGroupResult:
+        return SyncGroupResult(code)
+
+
+class HeartbeatResult(Message):
+    error: ErrorCode
+
+
+class HeartbeatRequest(Request):
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None = None
+
+    def error_reply(self, code: ErrorCode) -> HeartbeatResult:
+        return HeartbeatResult(code)
+
+
+class LeaveMember(msgspec.Struct, array_like=True, frozen=True):
+    member_id: str
+    group_instance_id: str | None = None
+    reason: str | None = None
+
+
+class LeaveMemberResult(msgspec.Struct, array_like=True, frozen=True):
+    member_id: str
+    group_instance_id: str | None
+    error: ErrorCode
+
+
+class LeaveGroupResult(Message):
+    error: ErrorCode
+    members: list[LeaveMemberResult] = []
+
+    @property
+    def legacy_error(self) -> ErrorCode:
+        """The single error code of LeaveGroup v0-2 (Kafka's LeaveGroupResponse.getError: the
+        top-level error, else the first member error)."""
+        if self.error != E.none:
+            return self.error
+        return next((m.error for m in self.members if m.error != E.none), E.none)
+
+
+class LeaveGroupRequest(Request):
+    """v0-2 leave one member (by id); v3+ a batch (KIP-345), where an empty member id with a
+    group.instance.id removes that static member."""
+    group_id: str
+    members: list[LeaveMember]
+
+    def error_reply(self, code: ErrorCode) -> LeaveGroupResult:
+        return LeaveGroupResult(code)
+
+
+# -- DescribeGroups, ListGroups, DeleteGroups -----------------------------------------------------
+
+class DescribedMember(msgspec.Struct, array_like=True, frozen=True):
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    member_metadata: bytes
+    member_assignment: bytes
+
+
+class DescribedGroup(msgspec.Struct, array_like=True, frozen=True):
+    error: ErrorCode
+    group_id: str
+    group_state: str = ""
+    protocol_type: str = ""
+    protocol_data: str = ""
+    members: list[DescribedMember] = []
+
+
+class DescribeGroupsResult(Message):
+    groups: list[DescribedGroup]
+
+
+class DescribeGroupsRequest(Request):
+    group_ids: list[str]
+
+    def error_reply(self, code: ErrorCode) -> DescribeGroupsResult:
+        return DescribeGroupsResult([DescribedGroup(code, g) for g in self.group_ids])
+
+
+class ListedGroup(msgspec.Struct, array_like=True, frozen=True):
+    group_id: str
+    protocol_type: str
+    group_state: str          # v4+
+    group_type: str           # v5+
+
+
+class ListGroupsResult(Message):
+    error: ErrorCode
+    groups: list[ListedGroup] = []
+
+
+class ListGroupsRequest(Request):
+    states: list[str]         # v4+ (KIP-518)
+    types: list[str]          # v5+ (KIP-848)
+
+    def error_reply(self, code: ErrorCode) -> ListGroupsResult:
+        return ListGroupsResult(code)
+
+
+class GroupError(msgspec.Struct, array_like=True, frozen=True):
+    group_id: str
+    error: ErrorCode
+
+
+class DeleteGroupsResult(Message):
+    results: list[GroupError]
+
+
+class DeleteGroupsRequest(Request):
+    group_ids: list[str]
+
+    def error_reply(self, code: ErrorCode) -> DeleteGroupsResult:
+        return DeleteGroupsResult([GroupError(g, code) for g in self.group_ids])
+
+
+# -- Offsets: OffsetCommit, TxnOffsetCommit, OffsetDelete, OffsetFetch ----------------------------
+
+class OffsetPartition(msgspec.Struct, array_like=True, frozen=True):
+    """One partition of an offsets request or answer (offset -1, leader epoch -1, metadata ""
+    when there is no committed offset)."""
+    topic: str
+    partition: int
+    offset: int = -1
+    leader_epoch: int = -1
+    metadata: str | None = ""
+    error: ErrorCode = E.none
+
+
+class OffsetsResult(Message):
+    """The answer to OffsetCommit, TxnOffsetCommit and OffsetDelete: an error for the request,
+    or one per partition."""
+    error: ErrorCode
+    offsets: list[OffsetPartition] = []
+
+
+class OffsetCommitRequest(Request):
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None
+    offsets: list[OffsetPartition]
+    api_version: int
+
+    def error_reply(self, code: ErrorCode) -> OffsetsResult:
+        return OffsetsResult(code)
+
+
+class TxnOffsetCommitRequest(Request):
+    transactional_id: str
+    group_id: str
+    producer_id: int
+    producer_epoch: int
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None
+    offsets: list[OffsetPartition]
+    api_version: int
+
+    def error_reply(self, code: ErrorCode) -> OffsetsResult:
+        return OffsetsResult(code)
+
+
+class OffsetDeleteRequest(Request):
+    group_id: str
+    partitions: list[OffsetPartition]
+
+    def error_reply(self, code: ErrorCode) -> OffsetsResult:
+        return OffsetsResult(code)
+
+
+class OffsetFetchGroup(msgspec.Struct, array_like=True, frozen=True):
+    group_id: str
+    partitions: list[OffsetPartition] | None   # None: every partition with a committed offset
+    error: ErrorCode = E.none
+
+
+class OffsetFetchResult(Message):
+    groups: list[OffsetFetchGroup]
+
+
+class OffsetFetchRequest(Request):
+    groups: list[OffsetFetchGroup]
+    require_stable: bool                       # v7+ (KIP-447)
+
+    def error_reply(self, code: ErrorCode) -> OffsetFetchResult:
+        return OffsetFetchResult([OffsetFetchGroup(g.group_id, [], code) for g in self.groups])
