@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [(a, b) for a, b in (("idempotent", "plain"), ("transactional", "idempotent"))
              if any(c.name == a for c in configs) and any(c.name == b for c in configs)]
     if pairs:
-        # Issue 4's yardstick: transactional produce within 10 % of idempotent, same broker.
+        # Our yardstick: transactional produce within 10 % of idempotent, same broker.
         print("\n| record size | " + " | ".join(f"appliance {a} / {b}" for a, b in pairs) + " |")
         print("|---|" + "---|" * len(pairs))
         for size in args.sizes:

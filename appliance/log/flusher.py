@@ -7,8 +7,8 @@ everything is now durable, and wakes the writer. Meanwhile the writer keeps appe
 group of batches accumulates while this one reaches the disk; acks=-1 answers are released when
 ``durable`` passes their batch (the writer's loop does that, single-threaded as ever).
 
-On Linux a file's pages written through a shared mapping are its page cache pages, so
-fdatasync of the file covers them (msync is not needed). An I/O error is fatal: the writer
+The segment's bytes reach the page cache by pwrite (and readers' shared maps are views of the
+same pages), so fdatasync of the file covers them (msync is not needed). An I/O error is fatal: the writer
 exits and recovery decides what is in the log; nothing is acknowledged meanwhile.
 """
 

@@ -7,8 +7,8 @@ retention, and publishes ``log_end_offset`` / ``log_start_offset`` / ``active_se
 files through ``appliance.log.reader``.
 
 Append path, per batch: one header unpack, the 8-byte base-offset patch (outside the CRC), the
-LogAppendTime stamp if configured (the only CRC pass), a roll check, one memcpy into the mapped
-segment, and an index entry every ``index_interval_bytes``. Never a loop over records.
+LogAppendTime stamp if configured (the only CRC pass), a roll check, one pwrite at the end of the
+active segment, and an index entry every ``index_interval_bytes``. Never a loop over records.
 
 Opening (Kafka's LogLoader semantics):
   1. remove ``*.tmp`` (interrupted atomic replacements) and index files without a ``.log``;

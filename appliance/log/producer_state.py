@@ -31,13 +31,12 @@ any append above: non-transactional batch while the         INVALID_TXN_STATE
 producer has a transaction open here
 ==========================================================  ==================================
 
-The unknown-producer rows follow current Kafka (issue 4, digest §7 C9): a plain idempotent
-producer whose state is gone (expired, or lost to retention) may continue with any sequence, as
-Kafka has accepted since KIP-360 - librdkafka and the Java client count on it after a long idle
-period. The KIP-98 seed rejected such a write (guarantee 11; we do not meet it, see README).
+The unknown-producer rows follow current Kafka: a plain idempotent producer whose state is gone
+(expired, or lost to retention) may continue with any sequence, as Kafka has accepted since
+KIP-360 - librdkafka and the Java client count on it after a long idle period. KIP-98's design
+rejected such a write (a non-zero sequence from an expired producer id); we do not, see README.
 Transactional batches keep the strict rule of KIP-890: their first batch on a partition starts
-at sequence 0, else the retriable OUT_OF_ORDER_SEQUENCE_NUMBER (guarantee 3). Sequences wrap
-from 2^31-1 to 0.
+at sequence 0, else the retriable OUT_OF_ORDER_SEQUENCE_NUMBER. Sequences wrap from 2^31-1 to 0.
 
 Transactions (KIP-98, KIP-890), per partition:
 
@@ -208,7 +207,7 @@ class ProducerStateManager:
         if entry is None:
             if first != 0:
                 if h.is_transactional:
-                    # KIP-890 (guarantee 3): a transactional producer's first batch on a
+                    # KIP-890: a transactional producer's first batch on a
                     # partition starts at sequence 0; retriable for the client.
                     raise KafkaError(ErrorCode.out_of_order_sequence_number,
                                      f"No state for transactional producer {pid} on this "
@@ -386,7 +385,7 @@ class ProducerStateManager:
     # -- expiration -----------------------------------------------------------------------------
     def expire(self, now_ms: int) -> int:
         """Forget producers idle for producer_id_expiration_ms, never one with an open
-        transaction (KIP-98 §PID Expiration; Kafka's producer.id.expiration.ms), and
+        transaction (KIP-98's PID expiration; Kafka's producer.id.expiration.ms), and
         verifications that lingered as long (Kafka's removeExpiredProducers)."""
         self._now_ms = now_ms
         gone = [pid for pid, e in self.entries.items()

@@ -4,15 +4,20 @@ Runs in the partition writer only (readers use ``appliance.log.reader``). A segm
 file triple ``<base>.log``, ``<base>.index``, ``<base>.timeindex`` (see ``files.py``), plus
 ``<base>.txnindex`` once an ABORT marker was written to it (``txn_index.py``).
 
-The active segment's ``.log`` is preallocated (sparse ``ftruncate`` to ``segment_bytes``) and
-mapped ``MAP_SHARED``; an append is one slice assignment (one memcpy) into the mapping, so the
-bytes are in the page cache - visible to every reader process, and surviving a kill -9 of the
-writer - before the writer publishes the new high watermark. Index entries follow Kafka's
-LogSegment.append: an offset-index entry (last offset of the batch -> its position) when more
-than ``index_interval_bytes`` have been appended since the previous entry, and with it a
-time-index entry (largest timestamp so far -> offset of the batch that carried it) if the
-largest timestamp grew; when the segment becomes inactive (roll, clean close) a last time-index
-entry records the segment's largest timestamp, which retention and timestamp lookups read back.
+The active segment's ``.log`` is preallocated (sparse ``ftruncate`` to ``segment_bytes``); an
+append is one ``pwrite`` at the end of the valid bytes (``LogSegment.append`` says why not a store
+through a map), so the bytes are in the page cache - visible to every reader process through its
+read-only ``MAP_SHARED`` map, and surviving a kill -9 of the writer - before the writer publishes
+the new high watermark. A full disk is an ENOSPC from that pwrite, answered KAFKA_STORAGE_ERROR
+with nothing appended. The writer also maps the file ``MAP_SHARED``, only to msync the appended
+range on a flush (``flush``); the indexes are written through their own maps.
+
+Index entries follow Kafka's LogSegment.append: an offset-index entry (last offset of the batch
+-> its position) when more than ``index_interval_bytes`` have been appended since the previous
+entry, and with it a time-index entry (largest timestamp so far -> offset of the batch that
+carried it) if the largest timestamp grew; when the segment becomes inactive (roll, clean close)
+a last time-index entry records the segment's largest timestamp, which retention and timestamp
+lookups read back.
 
 Sealing (roll or clean close) msyncs, truncates ``.log`` in place to its real size (readers never
 read past the published end, so no reader touches the cut pages) and replaces the indexes by
@@ -250,7 +255,8 @@ def delete_segment_files(directory: str, base_offset: int) -> None:
 
 
 class LogSegment:
-    """The writer's active segment: a writable map of the preallocated .log and its indexes."""
+    """The writer's active segment: the preallocated .log (appended with pwrite, mapped for
+    msync) and its indexes."""
 
     def __init__(self, directory: str, info: SegmentInfo, *, segment_bytes: int, index_bytes: int,
                  interval: int, now_ms: int, offset_entries: int, time_entries: int,

@@ -4,7 +4,7 @@ Owned by the coordinator worker. Ids are reserved in blocks (as Kafka's Producer
 before the first id of a block is given out, the end of the block is written durably to
 ``<coordinator dir>/producer-id-block`` (atomic replace + fsync). After a crash the next process
 starts at that end, skipping whatever was left of the last block: ids may be skipped, never
-reused (seeds-digest Appendix A: persist the next free id before handing out a block).
+reused (KIP-98: a producer id is unique and never reassigned).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """kill -9 a writer, or the whole appliance, under load; SIGTERM drains. Nothing acknowledged is lost.
 
-Producers run with acks=-1 and retries. Until idempotence lands (issue 3) a retried batch may be
-stored twice, so the checks are "every acknowledged record is present", not "exactly once".
+Producers run with acks=-1 and retries, without idempotence, so a retried batch may be stored
+twice: the checks are "every acknowledged record is present", not "exactly once".
 """
 
 import os

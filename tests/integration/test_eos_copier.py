@@ -1,4 +1,4 @@
-"""Exactly-once consume-transform-produce under failures (issue 5; KIP-98 + KIP-447), the scenario
+"""Exactly-once consume-transform-produce under failures (KIP-98 + KIP-447), the scenario
 of Kafka's own transactions system test.
 
 Three copier processes (``eos_copier.py``: confluent-kafka, read_committed group consumer +

@@ -1,5 +1,7 @@
-"""Transactional offsets and group fencing at the wire, against the real appliance: guarantees
-47-52 of shared/reference/seeds-digest.md §8 (a test's name lists the ones it covers).
+"""Transactional offsets and group fencing at the wire, against the real appliance: KIP-98's
+offsets committed in a transaction (invisible until the COMMIT marker, never after an abort,
+pending across a coordinator restart, stale producer epochs fenced) and KIP-447's group checks of
+TxnOffsetCommit.
 
 Everything is driven by hand with ``RawClient`` (helpers in ``groupwire.py``): InitProducerId,
 AddOffsetsToTxn, TxnOffsetCommit at each version, EndTxn, OffsetCommit, OffsetFetch with and
@@ -70,7 +72,7 @@ def must_end(raw, tid, pid, epoch, commit, v=3):
 
 # -- 47, 48 ---------------------------------------------------------------------------------------
 
-def test_g47_g48_txn_offsets_hidden_until_commit_marker_never_after_abort_unstable_meanwhile(appliance_factory):
+def test_txn_offsets_hidden_until_commit_marker_never_after_abort_unstable_meanwhile(appliance_factory):
     a = start(appliance_factory)
     group, tid = "g47", "g47-txn"
     with RawClient(a.bootstrap) as raw:
@@ -143,7 +145,7 @@ def _offsets_after_restart(raw, group, tps, require_stable):
 
 
 @pytest.mark.parametrize("kill", ["coordinator", "everything"])
-def test_g49_pending_txn_offsets_survive_coordinator_restart_until_the_marker(appliance_factory, kill):
+def test_pending_txn_offsets_survive_coordinator_restart_until_the_marker(appliance_factory, kill):
     """Three transactions hold pending offsets (three groups) when the coordinator dies: after
     the restart one commits, one aborts, one stays open; after a second restart the first two
     outcomes are still there (their markers are in the log) and the third is still pending
@@ -193,7 +195,7 @@ def test_g49_pending_txn_offsets_survive_coordinator_restart_until_the_marker(ap
 
 # -- 50 -------------------------------------------------------------------------------------------
 
-def test_g50_stale_producer_epoch_is_fenced_and_writes_nothing(appliance_factory):
+def test_stale_producer_epoch_is_fenced_and_writes_nothing(appliance_factory):
     a = start(appliance_factory)
     with RawClient(a.bootstrap) as raw:
         for v in range(6):
@@ -254,7 +256,7 @@ def _two_member_group(ra, rb, group):
     return a_id, b_id
 
 
-def test_g51_old_generation_and_unknown_member_are_refused_and_write_nothing(appliance_factory):
+def test_old_generation_and_unknown_member_are_refused_and_write_nothing(appliance_factory):
     a = start(appliance_factory)
     group = "g51"
     with RawClient(a.bootstrap) as ra, RawClient(a.bootstrap) as rb:
@@ -282,7 +284,7 @@ def test_g51_old_generation_and_unknown_member_are_refused_and_write_nothing(app
             last = offsets
 
 
-def test_g51_replaced_static_member_is_fenced(appliance_factory):
+def test_replaced_static_member_is_fenced(appliance_factory):
     a = start(appliance_factory)
     group = "g51-static"
     with RawClient(a.bootstrap) as r1, RawClient(a.bootstrap) as r2:
@@ -315,7 +317,7 @@ def test_g51_replaced_static_member_is_fenced(appliance_factory):
 
 # -- 52 -------------------------------------------------------------------------------------------
 
-def test_g52_default_group_metadata_skips_group_checks(appliance_factory):
+def test_default_group_metadata_skips_group_checks(appliance_factory):
     a = start(appliance_factory)
     group = "g52"
     with RawClient(a.bootstrap) as raw:

@@ -1,4 +1,4 @@
-"""Consumer groups with real clients (issue 5): one group of three members - a confluent-kafka, a
+"""Consumer groups with real clients: one group of three members - a confluent-kafka, a
 kafka-python and an aiokafka consumer, each its own process (``group_member.py``) - over a topic
 of 6 partitions.
 
@@ -8,9 +8,9 @@ of 6 partitions.
   at-least-once);
 - committed offsets survive an appliance restart (kill -9 and clean);
 - OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT while a transaction holds pending
-  offsets for a partition, and the committed offset right after the commit (g48);
-- a zombie whose generation is old gets its TxnOffsetCommit fenced (g51), and one without group
-  metadata is not checked (g52).
+  offsets for a partition, and the committed offset right after the commit (KIP-447);
+- a zombie whose generation is old gets its TxnOffsetCommit fenced (KIP-447), and one without
+  group metadata is not checked.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def _send_offsets(client: str, bootstrap: str, tid: str, group: str, topic: str,
 
 
 @pytest.mark.parametrize("client", ["kafka-python", "aiokafka"])
-def test_g47_offsets_sent_to_a_transaction_count_only_when_it_commits(appliance_factory, client):
+def test_offsets_sent_to_a_transaction_count_only_when_it_commits(appliance_factory, client):
     a = appliance_factory(**GROUP_CONFIG)
     b = a.bootstrap
     topic, group, tid = uid("txo", client), uid("txg", client), uid("txo-tid", client)

@@ -1,4 +1,4 @@
-"""Transactions end to end with real clients (issue 4; KIP-98, KIP-890 part 1).
+"""Transactions end to end with real clients (KIP-98, KIP-890 part 1).
 
 Every client's transactional producer (confluent-kafka, kafka-python, aiokafka) against the real
 appliance, read back by read_committed and read_uncommitted consumers of the same and of another
@@ -6,16 +6,16 @@ client:
 
 - commit, abort, empty transactions (abort and commit with no partition), transactions over
   8 partitions of 2 topics, with and without compression: read_committed sees every committed
-  record once, in order, and none of the aborted ones; read_uncommitted sees both (g29, g40, g41);
+  record once, in order, and none of the aborted ones; read_uncommitted sees both;
 - zombie fencing: a second instance with the same transactional id fences the first, which gets
-  the fatal error its client expects, and the first one's open transaction is aborted (g15, g16);
+  the fatal error its client expects, and the first one's open transaction is aborted;
 - a producer killed mid-transaction: aborted after its timeout, the LSO advances, read_committed
-  consumers continue (g33, g37, g44);
+  consumers continue;
 - kill -9 of the coordinator between PREPARE_COMMIT and the markers, of the whole appliance at the
   same point, and of a writer holding an open transaction: after restart committed transactions
-  are fully visible, aborted ones never, nothing hangs (g27, g28, g45).
+  are fully visible, aborted ones never, nothing hangs.
 
-The raw-wire checks of single guarantees are in ``test_txn_wire.py`` (helpers in ``txnwire.py``).
+The raw-wire checks of single behaviours are in ``test_txn_wire.py`` (helpers in ``txnwire.py``).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def lso_and_hw(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:
 
 @pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("compressed", [False, True], ids=["none", "compressed"])
-def test_g29_g40_g41_commit_abort_and_empty_over_8_partitions_of_2_topics(shared_appliance, client,
+def test_commit_abort_and_empty_over_8_partitions_of_2_topics(shared_appliance, client,
                                                                          compressed):
     b = shared_appliance.bootstrap
     codec = CODEC_OF[client] if compressed else "none"
@@ -184,7 +184,7 @@ def _diff(got: dict, want: dict) -> str:
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_g15_g16_second_instance_fences_the_first_and_aborts_its_transaction(shared_appliance, client):
+def test_second_instance_fences_the_first_and_aborts_its_transaction(shared_appliance, client):
     b = shared_appliance.bootstrap
     topic, tid = uid("zombie", client), uid("zid", client)
     create(b, {topic: 2})
@@ -240,7 +240,7 @@ _ZOMBIE_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_g33_g37_g44_producer_killed_mid_transaction_is_aborted_after_its_timeout(shared_appliance):
+def test_producer_killed_mid_transaction_is_aborted_after_its_timeout(shared_appliance):
     b = shared_appliance.bootstrap
     topic = uid("killed")
     create(b, {topic: 2})
@@ -255,7 +255,8 @@ def test_g33_g37_g44_producer_killed_mid_transaction_is_aborted_after_its_timeou
     # The open transaction pins the LSO at its first offset (0) on both partitions.
     assert lso_and_hw(b, topic, 0) == (0, 25)
 
-    # Another producer commits after it: read_committed sees nothing until the abort (g44).
+    # Another producer commits after it: read_committed sees nothing until the abort (KIP-98:
+    # offset order is kept).
     prod = txn_producer("kafka-python", b, uid("after-tid"))
     try:
         prod.init()
@@ -268,7 +269,7 @@ def test_g33_g37_g44_producer_killed_mid_transaction_is_aborted_after_its_timeou
     if time.monotonic() - killed_at < 2.5:            # before the 3 s timeout could fire
         assert lso == 0 and hw == 25 + 5 + 1, (lso, hw)
 
-    # Aborted within timeout + interval (+ slack): the LSO reaches the high watermark (g33, g37).
+    # Aborted within timeout + interval (+ slack): the LSO reaches the high watermark.
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if all(lso == hw for lso, hw in (lso_and_hw(b, topic, p) for p in range(2))):
@@ -319,7 +320,7 @@ def _wait_state(appliance, tid: str, states: tuple[str, ...], timeout: float = 3
 
 
 @pytest.mark.parametrize("kill", ["coordinator", "everything"])
-def test_g27_kill9_between_prepare_commit_and_markers(appliance_factory, kill):
+def test_kill9_between_prepare_commit_and_markers(appliance_factory, kill):
     a = appliance_factory(transactions={"abort_timed_out_interval_ms": 200})
     b = a.bootstrap
     topic, tid = uid("prep"), uid("prep-tid")
@@ -336,7 +337,8 @@ def test_g27_kill9_between_prepare_commit_and_markers(appliance_factory, kill):
             os.kill(pid, signal.SIGSTOP)
         try:
             t = _commit_in_thread(prod)
-            # EndTxn is answered once PREPARE_COMMIT is durable (KIP-98 §5.1), markers pending.
+            # EndTxn is answered once PREPARE_COMMIT (KIP-98's commit point) is durable, markers
+            # pending.
             _wait_state(a, tid, ("PrepareCommit",))
             t.join(30)
             assert not t.is_alive() and not t.err, t.err
@@ -367,7 +369,7 @@ def test_g27_kill9_between_prepare_commit_and_markers(appliance_factory, kill):
 
 
 @pytest.mark.parametrize("outcome", ["commit", "abort"])
-def test_g28_g45_kill9_writer_holding_an_open_transaction(appliance_factory, outcome):
+def test_kill9_writer_holding_an_open_transaction(appliance_factory, outcome):
     a = appliance_factory(transactions={"abort_timed_out_interval_ms": 200})
     b = a.bootstrap
     topic, tid = uid("wkill"), uid("wkill-tid")
@@ -405,7 +407,7 @@ def test_g28_g45_kill9_writer_holding_an_open_transaction(appliance_factory, out
     before = [lso_and_hw(b, topic, p) for p in range(2)]
     assert all(lso == hw == 32 for lso, hw in before), before
 
-    # g45: a full kill -9 and restart keeps the LSO and what read_committed returns.
+    # A full kill -9 and restart keeps the LSO and what read_committed returns.
     a.kill9_all()
     a.start()
     assert [lso_and_hw(b, topic, p) for p in range(2)] == before
@@ -417,9 +419,9 @@ def test_marker_queued_for_a_restarting_writer_is_appended_once(appliance_factor
     """A marker posted while its writer was dead waits in the ring for the next generation. The
     coordinator used to resend every marker of a writer whose generation changed, so the new
     writer took both and appended two markers (seen in CI as a high watermark one too far in the
-    g28 test above, when the commit raced the writer's restart). Only a marker a dead writer took
-    needs resending. The supervisor is stopped so the writer stays dead while the marker is
-    posted."""
+    kill9_writer_holding_an_open_transaction test above, when the commit raced the writer's
+    restart). Only a marker a dead writer took needs resending. The supervisor is stopped so the
+    writer stays dead while the marker is posted."""
     a = appliance_factory()
     b = a.bootstrap
     topic, tid = uid("requeue"), uid("requeue-tid")

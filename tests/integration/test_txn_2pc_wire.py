@@ -1,6 +1,6 @@
 """Two-phase commit (KIP-939) at the wire level, against the real appliance: InitProducerId v6
-with Enable2Pc and KeepPreparedTxn, driven by hand with ``RawClient`` (guarantees 63-70 of
-shared/reference/seeds-digest.md §8, and every row of the seed's two state-transition examples).
+with Enable2Pc and KeepPreparedTxn, driven by hand with ``RawClient``: what KIP-939 asks of the
+broker, and every row of the two state-transition examples of its "Persisted Data Format Changes".
 
 The coordinator's state after each step is read from its transaction log on disk
 (``<data_dir>/__coordinator/txn-log``): the coordinator appends a record before it answers, so
@@ -72,7 +72,7 @@ def ongoing(r):
 
 
 def log_states(app, txn_id) -> list[dict]:
-    """Every transaction-log record of ``txn_id``, oldest first, as the fields the seed's
+    """Every transaction-log record of ``txn_id``, oldest first, as the fields KIP-939's
     examples name."""
     out = []
     for path in sorted(glob.glob(os.path.join(app.data_dir, "__coordinator", "txn-log", "*.log"))):
@@ -155,16 +155,16 @@ def open_2pc_txn(raw, txn_id, topic, values, partitions=(0,)) -> Txn:
     return t
 
 
-# -- guarantees -----------------------------------------------------------------------------------
+# -- KIP-939 behaviour ----------------------------------------------------------------------------
 
-def test_g63_enable_2pc_refused_when_the_broker_switch_is_off(appliance):
+def test_enable_2pc_refused_when_the_broker_switch_is_off(appliance):
     with RawClient(appliance.bootstrap) as raw:
         r = init_v6(raw, "g63", enable_2pc=True)
         assert r.error_code == TRANSACTIONAL_ID_AUTHORIZATION_FAILED and pair(r) == (-1, -1), r
         assert r.ongoing_txn_producer_id == -1
         # nothing was created for the id
         assert describe(raw, "g63").error_code == 105           # TRANSACTIONAL_ID_NOT_FOUND
-        # KeepPreparedTxn alone needs no switch (seed: "could be set to true even if Enable2Pc
+        # KeepPreparedTxn alone needs no switch (KIP-939: "could be set to true even if Enable2Pc
         # is false"); an idempotent producer cannot ask for either
         r = init_v6(raw, "g63", keep=True)
         assert r.error_code == NONE and ongoing(r) == (-1, -1), r
@@ -175,22 +175,22 @@ def test_g63_enable_2pc_refused_when_the_broker_switch_is_off(appliance):
         assert r.error_code == NONE
 
 
-def test_g64_g65_g66_g68_kept_2pc_transaction_outlives_every_timeout_and_commits(appliance_factory):
+def test_kept_2pc_transaction_outlives_every_timeout_and_commits(appliance_factory):
     app = appliance_factory(**TWO_PC)
     with RawClient(app.bootstrap) as raw:
         create_topic(raw, "g64", partitions=2)
         t = open_2pc_txn(raw, "g64", "g64", [b"a", b"b"], partitions=(0, 1))
         st = tc_state(app, "g64")
-        assert st["timeout"] == -1 and st["state"] == "Ongoing", st       # stored as -1 (C7)
+        assert st["timeout"] == -1 and st["state"] == "Ongoing", st       # stored as -1 (KIP-939)
         # a plain transaction with the maximum timeout, started at the same time, is aborted
         plain = Txn(raw, "g64-plain", timeout_ms=2000)
         plain.must_add("g64", [0])
         plain.must_send("g64", 0, [b"plain"])
         wait_state(raw, "g64-plain", "CompleteAbort")
         time.sleep(1.0)                                         # well past max_timeout_ms as well
-        assert describe(raw, "g64").transaction_state == "Ongoing"      # g64
+        assert describe(raw, "g64").transaction_state == "Ongoing"      # never timed out
         assert committed_values(raw, "g64", (0, 1)) == []
-        # the producer "crashed"; a new incarnation keeps the prepared transaction (g65)
+        # the producer "crashed"; a new incarnation keeps the prepared transaction
         r = init_v6(raw, "g64", enable_2pc=True, keep=True)
         assert r.error_code == NONE, r
         assert ongoing(r) == (t.pid, t.epoch), r
@@ -198,7 +198,7 @@ def test_g64_g65_g66_g68_kept_2pc_transaction_outlives_every_timeout_and_commits
         assert describe(raw, "g64").transaction_state == "Ongoing"
         assert committed_values(raw, "g64", (0, 1)) == []       # still invisible
         expect(app, "g64", "Ongoing", t.pid, t.epoch, -1, t.pid, t.epoch + 1)
-        # commit with the new pair: the original records appear on every partition (g66)
+        # commit with the new pair: the original records appear on every partition
         e = end_txn(raw, "g64", *pair(r), True)
         assert e.error_code == NONE and pair(e) == (t.pid, t.epoch + 2), e
         wait_state(raw, "g64", "CompleteCommit")
@@ -208,12 +208,12 @@ def test_g64_g65_g66_g68_kept_2pc_transaction_outlives_every_timeout_and_commits
             (ctrl,) = [b for b in fetch(raw, "g64", p).batches if b.control and b.producer_id == t.pid]
             assert ctrl.values[0][0] == 1 and ctrl.producer_epoch == t.epoch + 1, ctrl
         expect(app, "g64", "CompleteCommit", t.pid, t.epoch + 2, t.pid, -1, -1)
-        # g68: no open transaction -> the ongoing fields are -1, and it is a plain epoch bump
+        # no open transaction -> the ongoing fields are -1, and it is a plain epoch bump
         r = init_v6(raw, "g64", enable_2pc=True, keep=True)
         assert r.error_code == NONE and ongoing(r) == (-1, -1) and pair(r) == (t.pid, t.epoch + 3), r
 
 
-def test_g67_repeated_keep_prepared_bumps_and_fences_every_earlier_incarnation(appliance_factory):
+def test_repeated_keep_prepared_bumps_and_fences_every_earlier_incarnation(appliance_factory):
     app = appliance_factory(**TWO_PC)
     with RawClient(app.bootstrap) as raw:
         create_topic(raw, "g67")
@@ -247,7 +247,7 @@ def test_g67_repeated_keep_prepared_bumps_and_fences_every_earlier_incarnation(a
         assert end_txn(raw, "g67", *pairs[-1], True).error_code == INVALID_TXN_STATE
 
 
-def test_g69_force_terminate_aborts_a_kept_2pc_transaction(appliance_factory):
+def test_force_terminate_aborts_a_kept_2pc_transaction(appliance_factory):
     app = appliance_factory(**TWO_PC)
     with RawClient(app.bootstrap) as raw:
         create_topic(raw, "g69")
@@ -268,7 +268,7 @@ def test_g69_force_terminate_aborts_a_kept_2pc_transaction(appliance_factory):
 
 
 @pytest.mark.parametrize("how", ["sigterm", "kill9"])
-def test_g70_prepared_2pc_transaction_survives_a_broker_restart(appliance_factory, how):
+def test_prepared_2pc_transaction_survives_a_broker_restart(appliance_factory, how):
     app = appliance_factory(**TWO_PC)
     with RawClient(app.bootstrap) as raw:
         create_topic(raw, "g70")
@@ -297,9 +297,9 @@ def test_g70_prepared_2pc_transaction_survives_a_broker_restart(appliance_factor
         assert committed_values(raw, "g70") == [b"kept"]
 
 
-# -- the seed's state-transition examples (001 §Persisted Data Format Changes) ---------------------
+# -- KIP-939's state-transition examples ("Persisted Data Format Changes") ------------------------
 
-def test_seed_example_1_vanilla_kip890_transaction_with_epoch_overflow(appliance_factory):
+def test_kip939_example_1_vanilla_kip890_transaction_with_epoch_overflow(appliance_factory):
     app = appliance_factory(start=False, **TWO_PC)
     os.makedirs(app.data_dir, exist_ok=True)
     x = seed_state(app, "ex1", MAX_EPOCH - 2)
@@ -332,7 +332,7 @@ def test_seed_example_1_vanilla_kip890_transaction_with_epoch_overflow(appliance
         assert committed_values(raw, "ex1") == [b"one"]
 
 
-def test_seed_example_2_two_phase_commit_with_two_epoch_overflows(appliance_factory):
+def test_kip939_example_2_two_phase_commit_with_two_epoch_overflows(appliance_factory):
     app = appliance_factory(start=False, **TWO_PC)
     os.makedirs(app.data_dir, exist_ok=True)
     x = seed_state(app, "ex2", MAX_EPOCH - 2)

@@ -5,8 +5,8 @@ finalizes ``transaction.version=2``.
   Produce up to 12 and TxnOffsetCommit up to 5; with ``transactions.transaction_version = 1`` the
   finalized level is 1 (Java clients then stay on the KIP-98 protocol).
 - A TV2 transaction: no AddPartitionsToTxn and no AddOffsetsToTxn - Produce v12 and TxnOffsetCommit
-  v5 add their partitions themselves (g56); EndTxn v5 returns epoch + 1 and the markers carry it;
-  a later Produce with the old epoch is fenced (g53); the next transaction with the new epoch works;
+  v5 add their partitions themselves; EndTxn v5 returns epoch + 1 and the markers carry it;
+  a later Produce with the old epoch is fenced; the next transaction with the new epoch works;
   the committed offsets and records are visible, the aborted ones never.
 """
 
@@ -62,7 +62,7 @@ def committed(raw, group, topic, partition) -> int:
     return p.committed_offset
 
 
-def test_g53_g56_tv2_transaction_adds_partitions_implicitly_and_bumps_the_epoch(appliance):
+def test_tv2_transaction_adds_partitions_implicitly_and_bumps_the_epoch(appliance):
     with RawClient(appliance.bootstrap) as raw:
         create_topic(raw, "tv2", 2)
         create_topic(raw, "tv2-in", 1)
@@ -78,7 +78,7 @@ def test_g53_g56_tv2_transaction_adds_partitions_implicitly_and_bumps_the_epoch(
         assert sorted(p for p in d.partitions if p[0] == "tv2") == [("tv2", 0), ("tv2", 1)]
         r = t.end(True, version=5)
         assert r.error_code == NONE
-        assert (r.producer_id, r.producer_epoch) == (t.pid, epoch0 + 1)      # g53: epoch + 1
+        assert (r.producer_id, r.producer_epoch) == (t.pid, epoch0 + 1)      # KIP-890: epoch + 1
         t.wait_state("CompleteCommit")
         # The COMMIT markers carry the bumped epoch.
         f = fetch(raw, "tv2", 0, isolation=READ_COMMITTED)
@@ -87,7 +87,7 @@ def test_g53_g56_tv2_transaction_adds_partitions_implicitly_and_bumps_the_epoch(
         assert [v for b in f.batches if not b.control for v in b.values] == [b"c1", b"c2"]
         assert committed(raw, "tv2-group", "tv2-in", 0) == 42
 
-        # A late batch of the finished transaction, with the old epoch, is fenced (g53).
+        # A late batch of the finished transaction, with the old epoch, is fenced (KIP-890).
         late = produce(raw, "tv2", 0, build_batch(records_of([b"late"]), producer_id=t.pid,
                                                   producer_epoch=epoch0, base_sequence=2,
                                                   transactional=True),

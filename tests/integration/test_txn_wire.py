@@ -1,5 +1,5 @@
-"""Transactions at the wire level, against the real appliance: one test per guarantee of
-shared/reference/seeds-digest.md §8 (a test may cover several; its name lists them).
+"""Transactions at the wire level, against the real appliance: one test per behaviour KIP-98 and
+KIP-890 ask of the broker (a test may cover several; its name says what it checks).
 
 Transactions are driven by hand with ``RawClient``: InitProducerId with a transactional id,
 AddPartitionsToTxn, Produce of transactional batches built with ``build_batch(transactional=True)``,
@@ -9,8 +9,8 @@ DescribeProducers and the files in the data dir. No client library sits in betwe
 code checked here is the broker's own.
 
 Moments that real clients cannot reach on purpose are made with signals: a partition writer
-stopped with SIGSTOP cannot acknowledge markers, so the transaction stays PrepareCommit (g20); a
-stopped coordinator cannot answer a KIP-890 verification (g62, g12). Every process stopped is
+stopped with SIGSTOP cannot acknowledge markers, so the transaction stays PrepareCommit; a stopped
+coordinator cannot answer a KIP-890 verification or load its state. Every process stopped is
 continued in a ``finally``.
 """
 
@@ -39,8 +39,8 @@ from txnwire import (CONCURRENT_TRANSACTIONS, COORDINATOR_NOT_AVAILABLE, EARLIES
                      txn_partitions, write_markers)
 
 
-def test_g3_first_transactional_batch_with_nonzero_sequence_is_out_of_order(appliance):
-    """g3: a transactional producer with no state on the partition whose first batch has
+def test_first_transactional_batch_with_nonzero_sequence_is_out_of_order(appliance):
+    """A transactional producer with no state on the partition whose first batch has
     sequence != 0 gets OUT_OF_ORDER_SEQUENCE_NUMBER and nothing is appended; sequence 0 then
     goes through (the partition really was in the transaction)."""
     with RawClient(appliance.bootstrap) as raw:
@@ -60,8 +60,8 @@ def test_g3_first_transactional_batch_with_nonzero_sequence_is_out_of_order(appl
         assert got.values() == [b"before", b"first"]
 
 
-def test_g8_control_batch_from_a_client_is_rejected(appliance):
-    """g8: a client's control batch (a forged COMMIT marker, transactional or not) is refused
+def test_control_batch_from_a_client_is_rejected(appliance):
+    """A client's control batch (a forged COMMIT marker, transactional or not) is refused
     with INVALID_RECORD and nothing is appended; the open transaction it tries to end stays open."""
     with RawClient(appliance.bootstrap) as raw:
         create_topic(raw, "g8")
@@ -87,8 +87,8 @@ def test_g8_control_batch_from_a_client_is_rejected(appliance):
 
 # -- coordinator basics -----------------------------------------------------------------------------
 
-def test_g12_find_coordinator_for_a_transactional_id_names_this_node(appliance_factory):
-    """g12: FindCoordinator key type 1 (transaction) names this broker at every version that
+def test_find_coordinator_for_a_transactional_id_names_this_node(appliance_factory):
+    """FindCoordinator key type 1 (transaction) names this broker at every version that
     has a key type (v1-6; v4+ batched). An empty transactional id is INVALID_REQUEST (Kafka).
     The location does not depend on the coordinator's state: while it cannot answer (stopped),
     FindCoordinator still names this node and the transaction APIs answer the retriable
@@ -123,8 +123,8 @@ def _txn_log_batches(app) -> int:
     return n
 
 
-def test_g13_init_producer_id_without_transactional_id(appliance):
-    """g13: InitProducerId with a null transactional id hands out a producer id never handed out
+def test_init_producer_id_without_transactional_id(appliance):
+    """InitProducerId with a null transactional id hands out a producer id never handed out
     before, with epoch 0, at every version, and writes nothing to the transaction log (a
     transactional InitProducerId does write there: the check can see a write)."""
     with RawClient(appliance.bootstrap) as raw:
@@ -142,8 +142,8 @@ def test_g13_init_producer_id_without_transactional_id(appliance):
         assert _txn_log_batches(appliance) == before + 1
 
 
-def test_g14_init_producer_id_again_keeps_the_id_and_bumps_the_epoch(appliance):
-    """g14: a second InitProducerId for the same transactional id returns the same producer id
+def test_init_producer_id_again_keeps_the_id_and_bumps_the_epoch(appliance):
+    """A second InitProducerId for the same transactional id returns the same producer id
     and a greater epoch; the mapping is in the transaction log before the reply, so it survives
     kill -9 of the whole appliance right after the reply (and a clean restart)."""
     with RawClient(appliance.bootstrap) as raw:
@@ -166,8 +166,8 @@ def test_g14_init_producer_id_again_keeps_the_id_and_bumps_the_epoch(appliance):
         assert (fourth.producer_id, fourth.producer_epoch) == (first.producer_id, third.producer_epoch + 1)
 
 
-def test_g19_unknown_transactional_id_or_other_producer_id_is_invalid_mapping(appliance):
-    """g19: AddPartitionsToTxn for a transactional id the coordinator does not know, or with a
+def test_unknown_transactional_id_or_other_producer_id_is_invalid_mapping(appliance):
+    """AddPartitionsToTxn for a transactional id the coordinator does not know, or with a
     producer id other than the mapped one, fails with INVALID_PRODUCER_ID_MAPPING at every
     client version (v0-3), and nothing is added; so do AddOffsetsToTxn and EndTxn."""
     with RawClient(appliance.bootstrap) as raw:
@@ -189,11 +189,11 @@ def test_g19_unknown_transactional_id_or_other_producer_id_is_invalid_mapping(ap
         assert txn_partitions(t.describe()) == [("g19", 0), ("g19", 1)]
 
 
-def test_g20_requests_during_prepare_commit_are_refused_and_change_nothing(appliance):
-    """g20: while the transaction is PrepareCommit (its partition writer is stopped, so the
+def test_requests_during_prepare_commit_are_refused_and_change_nothing(appliance):
+    """While the transaction is PrepareCommit (its partition writer is stopped, so the
     COMMIT marker cannot be acknowledged), AddPartitionsToTxn, AddOffsetsToTxn and EndTxn are
     refused with CONCURRENT_TRANSACTIONS (or INVALID_TXN_STATE) and the transaction is unchanged;
-    InitProducerId waits as well and never aborts the decided commit (g17). Once the writer runs
+    InitProducerId waits as well and never aborts the decided commit (KIP-98). Once the writer runs
     again the commit completes and read_committed sees the data."""
     with RawClient(appliance.bootstrap) as raw:
         create_topic(raw, "g20", 2)
@@ -234,8 +234,8 @@ def test_g20_requests_during_prepare_commit_are_refused_and_change_nothing(appli
 
 # -- commit / abort -----------------------------------------------------------------------------------
 
-def test_g24_abort_writes_an_abort_marker_and_index_entry_on_every_partition(appliance):
-    """g24: EndTxn(ABORT) puts an ABORT marker (with the producer's epoch and the coordinator
+def test_abort_writes_an_abort_marker_and_index_entry_on_every_partition(appliance):
+    """EndTxn(ABORT) puts an ABORT marker (with the producer's epoch and the coordinator
     epoch) on every partition of the transaction, including one that got no data, and each
     partition gets an aborted-index entry (pid, first offset, marker offset) that read_committed
     fetches report."""
@@ -269,22 +269,22 @@ def test_g24_abort_writes_an_abort_marker_and_index_entry_on_every_partition(app
                    [(t.pid, first, marker)], (topic, p, entries)
 
 
-def test_g25_g26_end_txn_retries_and_end_txn_without_a_transaction(appliance):
-    """g25: EndTxn retried with the same command after the transaction completed succeeds;
+def test_end_txn_retries_and_end_txn_without_a_transaction(appliance):
+    """EndTxn retried with the same command after the transaction completed succeeds;
     with the opposite command it is INVALID_TXN_STATE (and the outcome does not change).
-    g26: EndTxn with no transaction in progress (Empty) is INVALID_TXN_STATE."""
+    EndTxn with no transaction in progress (Empty) is INVALID_TXN_STATE."""
     with RawClient(appliance.bootstrap) as raw:
         create_topic(raw, "g25")
         t = Txn(raw, "g25-txn")
         for v in range(0, 5):
-            assert t.end(True, version=v).error_code == INVALID_TXN_STATE, v     # g26
+            assert t.end(True, version=v).error_code == INVALID_TXN_STATE, v     # Empty
             assert t.end(False, version=v).error_code == INVALID_TXN_STATE, v
         assert t.describe().transaction_state == "Empty"
         t.must_add("g25", [0])
         t.must_send("g25", 0, [b"c"])
         t.commit()
         for v in range(0, 5):
-            assert t.end(True, version=v).error_code == NONE, v                  # g25
+            assert t.end(True, version=v).error_code == NONE, v                  # a retry
             assert t.end(False, version=v).error_code == INVALID_TXN_STATE, v
         t.must_add("g25", [0])
         t.must_send("g25", 0, [b"a"])
@@ -297,9 +297,9 @@ def test_g25_g26_end_txn_retries_and_end_txn_without_a_transaction(appliance):
         assert [m[2] for m in got.markers()] == [CONTROL_COMMIT, CONTROL_ABORT]
 
 
-def test_g30_g31_stale_marker_epochs_are_rejected(appliance):
-    """g30: WriteTxnMarkers (sent by a client) for a producer whose stored epoch is higher is
-    rejected with INVALID_PRODUCER_EPOCH. g31: one carrying a coordinator epoch below the one
+def test_stale_marker_epochs_are_rejected(appliance):
+    """WriteTxnMarkers (sent by a client) for a producer whose stored epoch is higher is
+    rejected with INVALID_PRODUCER_EPOCH. One carrying a coordinator epoch below the one
     stored for the producer (by the coordinator's last marker) is rejected with
     TRANSACTION_COORDINATOR_FENCED. Neither writes anything: log end, LSO and the open
     transaction stay, and the real commit afterwards works. One carrying a coordinator epoch
@@ -350,9 +350,9 @@ def test_g30_g31_stale_marker_epochs_are_rejected(appliance):
 
 # -- LSO and read_committed -----------------------------------------------------------------------------
 
-def test_g37_g38_lso_tracks_the_first_open_transaction(appliance):
-    """g37: LSO = smallest first offset of the open transactions, the high watermark with none
-    open, never decreasing (Fetch and ListOffsets agree). g38: read_committed returns no batch at
+def test_lso_tracks_the_first_open_transaction(appliance):
+    """LSO = smallest first offset of the open transactions, the high watermark with none
+    open, never decreasing (Fetch and ListOffsets agree). read_committed returns no batch at
     or beyond the LSO, including a fetch that starts between the LSO and the high watermark
     (empty, no error, as Kafka's read bounded by the LSO)."""
     with RawClient(appliance.bootstrap) as raw:
@@ -365,7 +365,7 @@ def test_g37_g38_lso_tracks_the_first_open_transaction(appliance):
             assert end_offsets(raw, "g37") == (hw, lso)
             rc = fetch(raw, "g37", isolation=READ_COMMITTED)
             assert (rc.high_watermark, rc.last_stable_offset) == (hw, lso)
-            assert all(b.last_offset < lso for b in rc.batches), rc.batches          # g38
+            assert all(b.last_offset < lso for b in rc.batches), rc.batches          # below the LSO
             assert rc.batches == [b for b in got.batches if b.last_offset < lso]
             for off in range(lso, hw + 1):
                 mid = fetch(raw, "g37", offset=off, isolation=READ_COMMITTED)
@@ -399,8 +399,8 @@ def test_g37_g38_lso_tracks_the_first_open_transaction(appliance):
         assert rc.aborted == [(t2.pid, 5)]
 
 
-def test_g39_aborted_transactions_overlapping_the_fetched_range(appliance):
-    """g39: a read_committed fetch lists (pid, first offset) of every aborted transaction whose
+def test_aborted_transactions_overlapping_the_fetched_range(appliance):
+    """A read_committed fetch lists (pid, first offset) of every aborted transaction whose
     range overlaps the returned batches - also one whose only batch in range is its abort
     marker (fetch starting at the marker), and one that holds nothing but its marker on the
     partition (added, no data, aborted) - and never a committed one or one wholly before the
@@ -449,8 +449,8 @@ def test_g39_aborted_transactions_overlapping_the_fetched_range(appliance):
         assert fetch(raw, "g39", 1, isolation=READ_COMMITTED).aborted == []
 
 
-def test_g41_read_uncommitted_returns_everything_up_to_the_high_watermark(appliance):
-    """g41: read_uncommitted returns data up to the high watermark - open and aborted
+def test_read_uncommitted_returns_everything_up_to_the_high_watermark(appliance):
+    """Read_uncommitted returns data up to the high watermark - open and aborted
     transactional batches and the markers too - with no aborted list, and still reports the
     LSO (pinned by the open transaction)."""
     with RawClient(appliance.bootstrap) as raw:
@@ -471,8 +471,8 @@ def test_g41_read_uncommitted_returns_everything_up_to_the_high_watermark(applia
         assert rc.values() == [b"aborted"] and rc.aborted == [(a.pid, 0)]   # the client filters it
 
 
-def test_g42_fetch_below_v4_is_not_served(appliance):
-    """g42: a Fetch older than v4 would have to behave as read_uncommitted. The appliance serves
+def test_fetch_below_v4_is_not_served(appliance):
+    """A Fetch older than v4 would have to behave as read_uncommitted. The appliance serves
     Fetch v4-17 only (as Kafka 4.0, which removed v0-3 with KIP-896): ApiVersions says so and a
     v3 request gets the connection closed, so no old-version fetch can leak or hide transactional
     data. The lowest version served, v4, carries the isolation level and honours both."""
@@ -497,8 +497,8 @@ def test_g42_fetch_below_v4_is_not_served(appliance):
         assert raw.closed_by_peer(5.0)
 
 
-def test_g43_list_offsets_latest_is_the_lso_for_read_committed(appliance):
-    """g43: ListOffsets LATEST with READ_COMMITTED answers the LSO, with READ_UNCOMMITTED the
+def test_list_offsets_latest_is_the_lso_for_read_committed(appliance):
+    """ListOffsets LATEST with READ_COMMITTED answers the LSO, with READ_UNCOMMITTED the
     high watermark, at every version with an isolation level (v2+); v1 (none) answers the HW."""
     with RawClient(appliance.bootstrap) as raw:
         create_topic(raw, "g43")
@@ -517,8 +517,8 @@ def test_g43_list_offsets_latest_is_the_lso_for_read_committed(appliance):
             assert list_offset(raw, "g43", isolation=READ_COMMITTED, version=v) == 6, v
 
 
-def test_g44_open_transaction_holds_back_a_later_committed_one(appliance):
-    """g44: P1's transaction is open when P2 commits a later one on the same partition:
+def test_open_transaction_holds_back_a_later_committed_one(appliance):
+    """P1's transaction is open when P2 commits a later one on the same partition:
     read_committed consumers see neither until P1 ends, then both, in offset order (commit),
     or only P2's (abort)."""
     with RawClient(appliance.bootstrap) as raw:
@@ -546,7 +546,7 @@ def test_g44_open_transaction_holds_back_a_later_committed_one(appliance):
             rc = fetch(raw, "g44", p, isolation=READ_COMMITTED)
             assert rc.last_stable_offset == rc.high_watermark == 6
             aborted = {pid for pid, _ in rc.aborted}
-            # the consumer's filter (digest §4.4): drop batches of aborted producers
+            # the consumer's filter (KIP-98, Kafka's fetcher): drop batches of aborted producers
             visible = [v for b in rc.batches if not b.control and b.producer_id not in aborted
                        for v in b.values]
             assert visible == want, (p, visible)
@@ -567,8 +567,8 @@ def _committed_view(raw, topic, partitions):
 
 
 @pytest.mark.parametrize("how", ["terminate", "kill9"])
-def test_g45_aborted_index_and_lso_survive_a_restart(appliance_factory, how):
-    """g45: after a clean restart and after kill -9 of the whole appliance, the aborted
+def test_aborted_index_and_lso_survive_a_restart(appliance_factory, how):
+    """After a clean restart and after kill -9 of the whole appliance, the aborted
     transactions reported for every fetch position, the LSO (pinned by a still-open transaction)
     and the high watermark are what they were; once the open transaction commits, every abort
     is reported, also the one written after it. Small segments put aborts into sealed segments
@@ -646,8 +646,8 @@ def _try_view(raw):
         return None
 
 
-def test_g46_deleted_segment_takes_its_txnindex_with_it(appliance_factory):
-    """g46: retention deletes a segment together with its aborted-transaction index file; the
+def test_deleted_segment_takes_its_txnindex_with_it(appliance_factory):
+    """Retention deletes a segment together with its aborted-transaction index file; the
     index files of the segments that stay are kept (no index without its segment), and
     read_committed still works from the new log start."""
     app = appliance_factory(log={"retention_check_interval_ms": 100})
@@ -688,8 +688,8 @@ def test_g46_deleted_segment_takes_its_txnindex_with_it(appliance_factory):
 
 # -- KIP-890 part 1: verification ------------------------------------------------------------------------
 
-def test_g57_transactional_batch_to_a_partition_not_in_the_transaction(appliance):
-    """g57: with verification on (the default), a transactional batch (old client: Produce
+def test_transactional_batch_to_a_partition_not_in_the_transaction(appliance):
+    """With verification on (the default), a transactional batch (old client: Produce
     <= v11) for a partition that was never added to the Ongoing transaction fails - INVALID_TXN_STATE
     for Produce <= v10, TRANSACTION_ABORTABLE for v11 (Kafka's mapping) - and nothing is appended:
     no hanging transaction, the LSO stays at the high watermark. The same for a producer with no
@@ -713,8 +713,8 @@ def test_g57_transactional_batch_to_a_partition_not_in_the_transaction(appliance
         assert fetch(raw, "g57", 1).batches == []
 
 
-def test_g59_verification_disabled_appends_without_asking_the_coordinator(appliance_factory):
-    """g59: with transactions.partition_verification_enable = false a transactional batch is
+def test_verification_disabled_appends_without_asking_the_coordinator(appliance_factory):
+    """With transactions.partition_verification_enable = false a transactional batch is
     appended without any coordinator check: to a partition never added to the transaction, and
     even while the coordinator is stopped (it could not have answered). The batch opens a
     transaction on the partition (LSO pinned) that no marker will end - the hazard KIP-890
@@ -736,8 +736,8 @@ def test_g59_verification_disabled_appends_without_asking_the_coordinator(applia
         assert end_offsets(raw, "g59", 1) == (1, 0)            # hanging on partition 1
 
 
-def test_g62_coordinator_unavailable_during_verification_is_retriable(appliance_factory):
-    """g62: when the coordinator cannot answer a KIP-890 verification (stopped with SIGSTOP;
+def test_coordinator_unavailable_during_verification_is_retriable(appliance_factory):
+    """When the coordinator cannot answer a KIP-890 verification (stopped with SIGSTOP;
     server.internal_request_timeout_ms bounds the wait), the old client's transactional Produce
     fails with the retriable NOT_ENOUGH_REPLICAS - never a fatal code - and nothing is appended;
     the retry after the coordinator is back is appended."""
@@ -760,8 +760,8 @@ def test_g62_coordinator_unavailable_during_verification_is_retriable(appliance_
 
 # -- authorization ------------------------------------------------------------------------------------------
 
-def test_g74_producing_to_the_transaction_state_topic_is_refused(appliance):
-    """g74: a Produce to ``__transaction_state`` (or ``__consumer_offsets``) is refused with
+def test_producing_to_the_transaction_state_topic_is_refused(appliance):
+    """A Produce to ``__transaction_state`` (or ``__consumer_offsets``) is refused with
     INVALID_TOPIC_EXCEPTION, Kafka's answer for a client append to an internal topic
     (ReplicaManager: "Cannot append to internal topic"): not retriable, so a client fails at once
     instead of retrying an unknown partition. The topic cannot be created either, and the

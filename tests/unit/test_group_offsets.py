@@ -1,5 +1,5 @@
 """Offsets of consumer groups (appliance.group.offsets): OffsetCommit / OffsetFetch, transactional
-offsets and their markers (KIP-98, KIP-447: §8 guarantees 47-49), deletion, group metadata,
+offsets and their markers (KIP-98, KIP-447), deletion, group metadata,
 expiration (KIP-211), restarts."""
 
 import os
@@ -100,7 +100,7 @@ def test_commit_is_persisted_before_returning(tmp_path):
 
 # -- transactional offsets ------------------------------------------------------------------------
 
-def test_g47_txn_offsets_invisible_until_commit_marker(tmp_path):
+def test_txn_offsets_invisible_until_commit_marker(tmp_path):
     om = manager(tmp_path)
     om.commit_offsets("g", [off("t", 0, 5)], 1)
     assert om.txn_commit_offsets("g", 100, 0, [off("t", 0, 50, 2, "x"), off("t", 1, 60)], 2) == {
@@ -116,7 +116,7 @@ def test_g47_txn_offsets_invisible_until_commit_marker(tmp_path):
     om.close()
 
 
-def test_g47_aborted_txn_offsets_never_visible(tmp_path):
+def test_aborted_txn_offsets_never_visible(tmp_path):
     om = manager(tmp_path)
     om.commit_offsets("g", [off("t", 0, 5)], 1)
     om.txn_commit_offsets("g", 100, 0, [off("t", 0, 50), off("t", 1, 60)], 2)
@@ -128,7 +128,7 @@ def test_g47_aborted_txn_offsets_never_visible(tmp_path):
     om.close()
 
 
-def test_g48_require_stable_unstable_during_txn_committed_after(tmp_path):
+def test_require_stable_unstable_during_txn_committed_after(tmp_path):
     om = manager(tmp_path)
     om.commit_offsets("g", [off("t", 0, 5), off("t", 1, 6)], 1)
     om.txn_commit_offsets("g", 100, 0, [off("t", 0, 50)], 2)
@@ -142,7 +142,7 @@ def test_g48_require_stable_unstable_during_txn_committed_after(tmp_path):
     om.close()
 
 
-def test_g48_pending_partition_without_committed_offset_is_unstable(tmp_path):
+def test_pending_partition_without_committed_offset_is_unstable(tmp_path):
     om = manager(tmp_path)
     om.txn_commit_offsets("g", 100, 0, [off("t", 3, 1)], 1)
     assert fetch1(om, "g", "t", 3, stable=True).error == E.unstable_offset_commit
@@ -153,7 +153,7 @@ def test_g48_pending_partition_without_committed_offset_is_unstable(tmp_path):
     om.close()
 
 
-def test_g49_restart_keeps_pending_until_a_later_commit_marker(tmp_path):
+def test_restart_keeps_pending_until_a_later_commit_marker(tmp_path):
     om = manager(tmp_path)
     om.commit_offsets("g", [off("t", 0, 5)], 1)
     om.txn_commit_offsets("g", 100, 1, [off("t", 0, 50)], 2)
@@ -171,7 +171,7 @@ def test_g49_restart_keeps_pending_until_a_later_commit_marker(tmp_path):
     om.close()
 
 
-def test_g49_restart_after_abort_marker(tmp_path):
+def test_restart_after_abort_marker(tmp_path):
     om = manager(tmp_path)
     om.txn_commit_offsets("g", 100, 1, [off("t", 0, 50)], 2)
     om = restart(om, tmp_path)

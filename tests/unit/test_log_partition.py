@@ -336,7 +336,7 @@ def test_segments_version_differs_across_restarts(tmp_path):
     log.close()
 
 
-# -- transaction markers (issue 4) ----------------------------------------------------------------
+# -- transaction markers --------------------------------------------------------------------------
 
 from appliance.protocol.records import (CONTROL_ABORT, CONTROL_COMMIT,  # noqa: E402
                                         parse_control_record)

@@ -410,7 +410,7 @@ def test_update_settings_applies_to_the_active_segment(tmp_path):
     log.close()
 
 
-# -- read_committed support (issue 4) -------------------------------------------------------------
+# -- read_committed support -----------------------------------------------------------------------
 
 def test_next_offset_is_just_past_the_last_returned_batch(filled):
     d, log, sent = filled

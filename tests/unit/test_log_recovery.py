@@ -322,7 +322,7 @@ def test_repeated_crashes_with_appends_in_between(tmp_path):
     assert read_all(d, leo_of(sent)) == b"".join(sent)
 
 
-# -- aborted-transaction index (issue 4) ----------------------------------------------------------
+# -- aborted-transaction index --------------------------------------------------------------------
 
 from appliance.log.files import read_checkpoint, txnindex_path          # noqa: E402
 from appliance.log.txn_index import AbortedTxn, encode_entry, read_entries   # noqa: E402

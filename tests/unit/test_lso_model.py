@@ -5,11 +5,11 @@ aborts (also of producers with nothing open on the partition), TV2-style epoch b
 rolls (small segments, random batch sizes), snapshots, and crash/reopen points (unclean close,
 optionally losing the recovery point so that sealed segments are recovered too, or a clean
 restart). The harness drives PartitionLog + ProducerStateManager the way the partition writer
-does. After every step the LSO must equal the model's (guarantee 37: smallest first offset of an
+does. After every step the LSO must equal the model's (KIP-98: smallest first offset of an
 open transaction, else the high watermark; never decreasing); the aborted-transaction index must
-hold exactly the model's entries, LSO stamps included, before and after every reopen (guarantee
-45); and collect_aborted for random ranges, and for the ranges real reads return, must list
-exactly the aborted transactions intersecting them (guarantee 39, incl. abort-marker-only ones).
+hold exactly the model's entries, LSO stamps included, before and after every reopen; and
+collect_aborted for random ranges, and for the ranges real reads return, must list exactly the
+aborted transactions intersecting them (Fetch's AbortedTransactions, incl. abort-marker-only ones).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def psm(tmp_path):
 
 
 def test_unknown_plain_producer_may_start_at_any_sequence_as_in_kafka(psm):
-    # digest §7 C9, issue 4: current Kafka accepts it (a producer whose state expired)
+    # current Kafka accepts it (since KIP-360) (a producer whose state expired)
     assert code(psm, hdr(seq=0)) == "append"
     assert code(psm, hdr(pid=99, seq=5)) == "append"
 
@@ -186,7 +186,7 @@ def test_load_replays_the_log_after_the_snapshot(tmp_path):
     lg2.close()
 
 
-# -- transactions (issue 4) ----------------------------------------------------------------------
+# -- transactions ----------------------------------------------------------------------------------
 
 from appliance.log.producer_state import CompletedTxn                      # noqa: E402
 from appliance.log.txn_index import AbortedTxn                            # noqa: E402
@@ -199,7 +199,7 @@ def thdr(pid=7, epoch=0, seq=0, n=1):
 
 
 def test_unknown_transactional_producer_with_nonzero_sequence_is_out_of_order(psm):
-    # guarantee 3 (KIP-890): retriable OUT_OF_ORDER, not UNKNOWN_PRODUCER_ID
+    # KIP-890: retriable OUT_OF_ORDER, not UNKNOWN_PRODUCER_ID
     assert code(psm, thdr(seq=3)) == ErrorCode.out_of_order_sequence_number
     assert code(psm, hdr(seq=3)) == "append"
     assert code(psm, thdr(seq=0)) == "append"
@@ -232,7 +232,7 @@ def test_lso_is_the_smallest_open_first_offset_and_hw_when_none(psm):
     psm.update(thdr(pid=2), 2, 1)
     psm.update(thdr(pid=3), 3, 1)
     assert psm.last_stable_offset(4) == 1
-    # P2 commits first: P1 still holds the LSO (guarantee 44)
+    # P2 commits first: P1 still holds the LSO (KIP-98: offset order is kept)
     done = psm.complete_txn(2, 0, 0, 4, False, 1)
     assert done == CompletedTxn(2, 2, 4, False)
     assert psm.last_stable_offset(5) == 1
@@ -263,7 +263,7 @@ def test_heap_stays_bounded_under_a_long_open_transaction(psm):
 
 
 def test_marker_epoch_fencing(psm):
-    # guarantee 30: a marker whose epoch is below the producer's is refused
+    # Kafka's appendEndTxnMarker: a marker whose epoch is below the producer's is refused
     psm.update(thdr(pid=1, epoch=5), 0, 1)
     with pytest.raises(KafkaError) as e:
         psm.check_marker(1, 4, 0)
@@ -273,7 +273,7 @@ def test_marker_epoch_fencing(psm):
 
 
 def test_marker_coordinator_epoch_fencing(psm):
-    # guarantee 31: a marker from an older coordinator is refused
+    # Kafka's appendEndTxnMarker: a marker from an older coordinator is refused
     psm.update(thdr(pid=1), 0, 1)
     psm.complete_txn(1, 0, 7, 1, False, 1)
     with pytest.raises(KafkaError) as e:
@@ -308,7 +308,7 @@ def test_marker_with_bumped_epoch_resets_the_sequence_window(psm):
 
 
 def test_verification_token_race_guard(psm):
-    # guarantee 58: a marker between verification and append invalidates the verification
+    # KIP-890 race guard: a marker between verification and append invalidates the verification
     t = psm.start_verification(1, 0)
     assert psm.verification_valid(1, t)
     psm.complete_txn(1, 0, 0, 5, True, 1)

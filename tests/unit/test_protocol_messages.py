@@ -28,7 +28,8 @@ from appliance.protocol.primitives import uvarint
 # kio registers hypothesis strategies for its phantom types, except Records (bytes on the wire).
 st.register_type_strategy(Records, st.binary(max_size=64))
 
-# The APIs and versions real clients send (protocol-facts.md), all of which we must parse.
+# The APIs and versions real clients send (librdkafka, the Java client, kafka-python, aiokafka),
+# all of which we must parse.
 ROUND_TRIP = {
     0: range(3, 14),    # Produce
     1: range(4, 19),    # Fetch

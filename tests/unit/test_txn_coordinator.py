@@ -1,6 +1,7 @@
-"""The transaction coordinator's request logic (appliance.txn.coordinator), named after the
-seeds-digest §8 guarantees it alone decides. A fake clock; restarts build a new coordinator on
-the same directory with the next coordinator epoch, as the worker does."""
+"""The transaction coordinator's request logic (appliance.txn.coordinator), one test per
+behaviour of KIP-98, KIP-890 and KIP-939 that it alone decides, named after it. A fake clock;
+restarts build a new coordinator on the same directory with the next coordinator epoch, as the
+worker does."""
 
 import pytest
 
@@ -81,7 +82,7 @@ def snapshot(md: TransactionMetadata):
 
 # -- coordinator basics ---------------------------------------------------------------------------
 
-def test_g12_requests_before_load_answer_load_in_progress(tmp_path):
+def test_requests_before_load_answer_load_in_progress(tmp_path):
     sm = TransactionStateManager(str(tmp_path), "os", lambda: T0)
     tc = TransactionCoordinator(sm, ProducerIdManager(str(tmp_path)), TransactionsConfig(), 1, lambda: T0)
     assert tc.init_producer_id("t", TIMEOUT).error == E.coordinator_load_in_progress
@@ -94,7 +95,7 @@ def test_g12_requests_before_load_answer_load_in_progress(tmp_path):
     sm.close()
 
 
-def test_g13_null_transactional_id_gives_fresh_pid_epoch_0_without_log(env):
+def test_null_transactional_id_gives_fresh_pid_epoch_0_without_log(env):
     size = env.sm.size_in_bytes()
     seen = set()
     for _ in range(3):
@@ -110,7 +111,7 @@ def test_g13_null_transactional_id_gives_fresh_pid_epoch_0_without_log(env):
     assert tc.init_producer_id(None, TIMEOUT).producer_id not in seen | {r.producer_id}
 
 
-def test_g14_second_init_bumps_epoch_and_is_logged_before_reply(env):
+def test_second_init_bumps_epoch_and_is_logged_before_reply(env):
     pid, ep = env.init()
     assert ep == 0
     tc = env.crash_restart()                      # the mapping was in the log before the reply
@@ -120,7 +121,7 @@ def test_g14_second_init_bumps_epoch_and_is_logged_before_reply(env):
     assert env.crash_restart().get("t").producer_epoch == 1
 
 
-def test_g15_second_instance_fences_the_first(env):
+def test_second_instance_fences_the_first(env):
     pid, old = env.begin()
     # the second instance: its InitProducerId aborts the first's transaction, then succeeds
     assert env.tc.init_producer_id("t", TIMEOUT, api_version=4).error == E.concurrent_transactions
@@ -138,7 +139,7 @@ def test_g15_second_instance_fences_the_first(env):
     assert env.tc.verify_partition("t", pid, old, ("a", 0), add=True) == E.invalid_producer_epoch
 
 
-def test_g16_init_while_ongoing_aborts_with_bumped_epoch_first(env):
+def test_init_while_ongoing_aborts_with_bumped_epoch_first(env):
     pid, ep = env.begin()
     r = env.tc.init_producer_id("t", TIMEOUT, api_version=4)
     assert r.error == E.concurrent_transactions
@@ -156,7 +157,7 @@ def test_g16_init_while_ongoing_aborts_with_bumped_epoch_first(env):
     assert (r.error, r.producer_id, r.producer_epoch) == (E.none, pid, ep + 2)
 
 
-def test_g17_init_while_prepare_commit_never_aborts(env):
+def test_init_while_prepare_commit_never_aborts(env):
     pid, ep = env.begin()
     assert env.tc.end_txn("t", pid, ep, True).error == E.none
     jobs = env.tc.markers.take_marker_jobs()
@@ -170,7 +171,7 @@ def test_g17_init_while_prepare_commit_never_aborts(env):
     assert env.init() == (pid, ep + 1)
 
 
-def test_g18_timeout_out_of_range_changes_nothing(env):
+def test_timeout_out_of_range_changes_nothing(env):
     pid, ep = env.init(timeout=1000)
     size = env.sm.size_in_bytes()
     for bad in (env.cfg.max_timeout_ms + 1, 0, -1):
@@ -182,7 +183,7 @@ def test_g18_timeout_out_of_range_changes_nothing(env):
     assert env.tc.init_producer_id("t", env.cfg.max_timeout_ms).error == E.none
 
 
-def test_g19_unknown_id_or_other_pid_is_invalid_mapping(env):
+def test_unknown_id_or_other_pid_is_invalid_mapping(env):
     pid, ep = env.init()
     assert env.tc.add_partitions("nope", pid, ep, [("a", 0)]) == {("a", 0): E.invalid_producer_id_mapping}
     assert env.tc.add_partitions("t", pid + 1, ep, [("a", 0)]) == {("a", 0): E.invalid_producer_id_mapping}
@@ -192,7 +193,7 @@ def test_g19_unknown_id_or_other_pid_is_invalid_mapping(env):
     assert env.state() == S.Empty
 
 
-def test_g20_requests_during_prepare_are_refused_and_change_nothing(env):
+def test_requests_during_prepare_are_refused_and_change_nothing(env):
     pid, ep = env.begin()
     env.tc.end_txn("t", pid, ep, True)
     before = snapshot(env.tc.get("t"))
@@ -206,7 +207,7 @@ def test_g20_requests_during_prepare_are_refused_and_change_nothing(env):
     assert snapshot(env.tc.get("t")) == before and env.sm.size_in_bytes() == size
 
 
-def test_g21_first_partition_starts_ongoing_persisted_with_timer(env):
+def test_first_partition_starts_ongoing_persisted_with_timer(env):
     pid, ep = env.init()
     env.clock += 5000
     assert env.tc.add_partitions("t", pid, ep, [("a", 0)]) == {("a", 0): E.none}
@@ -235,9 +236,9 @@ def test_partition_for_is_kafkas():
     assert partition_for("my-group", 8) == abs(java_string_hash("my-group")) % 8
 
 
-def test_g22_add_offsets_adds_the_groups_offsets_partition_and_gets_the_marker(env):
+def test_add_offsets_adds_the_groups_offsets_partition_and_gets_the_marker(env):
     pid, ep = env.init()
-    assert env.tc.add_offsets("t", pid, ep, "Hello World", api_version=2) == E.none   # starts it (C26)
+    assert env.tc.add_offsets("t", pid, ep, "Hello World", api_version=2) == E.none   # starts it, as in Kafka
     part = (OFFSETS_TOPIC, 862545276 % 50)
     assert env.tc.get("t").partitions == {part} and env.state() == S.Ongoing
     env.tc.end_txn("t", pid, ep, True)
@@ -245,7 +246,7 @@ def test_g22_add_offsets_adds_the_groups_offsets_partition_and_gets_the_marker(e
     assert job.partitions == [part] and job.commit
 
 
-def test_g23_commit_prepare_is_durable_before_markers_and_complete_after_all_acks(env):
+def test_commit_prepare_is_durable_before_markers_and_complete_after_all_acks(env):
     pid, ep = env.begin(parts=[("a", 0), ("b", 1), ("c", 2)])
     assert env.tc.end_txn("t", pid, ep, True).error == E.none
     [job] = env.tc.markers.take_marker_jobs()
@@ -262,7 +263,7 @@ def test_g23_commit_prepare_is_durable_before_markers_and_complete_after_all_ack
     assert env.crash_restart().get("t").state == S.CompleteCommit
 
 
-def test_g23_prepare_is_in_log_before_end_txn_returns(env, monkeypatch):
+def test_prepare_is_in_log_before_end_txn_returns(env, monkeypatch):
     pid, ep = env.begin()
     seen = []
     real = env.sm.append
@@ -271,7 +272,7 @@ def test_g23_prepare_is_in_log_before_end_txn_returns(env, monkeypatch):
     assert seen == [S.PrepareCommit] and env.tc.markers.take_marker_jobs()
 
 
-def test_g24_abort_sends_abort_markers_to_every_partition(env):
+def test_abort_sends_abort_markers_to_every_partition(env):
     parts = [("a", 0), ("a", 1), ("b", 0), (OFFSETS_TOPIC, 3)]
     pid, ep = env.begin(parts=parts)
     assert env.tc.end_txn("t", pid, ep, False).error == E.none
@@ -283,7 +284,7 @@ def test_g24_abort_sends_abort_markers_to_every_partition(env):
 
 @pytest.mark.parametrize("version", [3, 5])
 @pytest.mark.parametrize("commit", [True, False])
-def test_g25_end_txn_retry_after_completion(env, version, commit):
+def test_end_txn_retry_after_completion(env, version, commit):
     pid, ep = env.begin()
     r = env.tc.end_txn("t", pid, ep, commit, api_version=version)
     env.ack_all()
@@ -294,7 +295,7 @@ def test_g25_end_txn_retry_after_completion(env, version, commit):
     assert tc.end_txn("t", pid, ep, commit, api_version=version) == r
 
 
-def test_g26_end_txn_on_empty_is_invalid_state(env):
+def test_end_txn_on_empty_is_invalid_state(env):
     pid, ep = env.init()
     for v in (0, 3, 5):
         assert env.tc.end_txn("t", pid, ep, True, api_version=v).error == E.invalid_txn_state
@@ -303,7 +304,7 @@ def test_g26_end_txn_on_empty_is_invalid_state(env):
 
 
 @pytest.mark.parametrize("commit", [True, False])
-def test_g27_restart_after_prepare_resends_markers_with_new_coordinator_epoch(env, commit):
+def test_restart_after_prepare_resends_markers_with_new_coordinator_epoch(env, commit):
     pid, ep = env.begin(parts=[("a", 0), ("b", 1)])
     env.tc.end_txn("t", pid, ep, commit)
     [job] = env.tc.markers.take_marker_jobs()
@@ -319,7 +320,7 @@ def test_g27_restart_after_prepare_resends_markers_with_new_coordinator_epoch(en
     assert tc.get("t").state == (S.CompleteCommit if commit else S.CompleteAbort)
 
 
-def test_g28_restart_while_ongoing_keeps_partitions_epoch_start_and_timeout(env):
+def test_restart_while_ongoing_keeps_partitions_epoch_start_and_timeout(env):
     pid, ep = env.begin()
     env.clock += 30_000
     tc = env.crash_restart()
@@ -335,7 +336,7 @@ def test_g28_restart_while_ongoing_keeps_partitions_epoch_start_and_timeout(env)
 
 # -- timeouts and expiration --------------------------------------------------------------------------
 
-def test_g33_timed_out_transaction_is_fenced_and_aborted(env):
+def test_timed_out_transaction_is_fenced_and_aborted(env):
     pid, ep = env.begin()
     env.advance(TIMEOUT)                        # start + timeout is not yet < now
     assert env.state() == S.Ongoing
@@ -351,17 +352,17 @@ def test_g33_timed_out_transaction_is_fenced_and_aborted(env):
     assert env.clock - T0 <= TIMEOUT + 2 * INTERVAL
 
 
-def test_g33_timeout_runs_from_the_start_not_the_last_update(env):
+def test_timeout_runs_from_the_start_not_the_last_update(env):
     pid, ep = env.begin(parts=[("a", 0)])
     for i in range(1, 8):                       # keep adding partitions every 10 s
         env.clock += INTERVAL
         env.tc.add_partitions("t", pid, ep, [("a", i)])
         env.tc.tick(env.clock)
-    assert env.state() == S.PrepareAbort        # C18: 70 s after the start
+    assert env.state() == S.PrepareAbort        # Kafka times out from the start
 
 
 @pytest.mark.parametrize("tv2", [False, True])
-def test_g34_timed_out_producer_is_fenced(env, tv2):
+def test_timed_out_producer_is_fenced(env, tv2):
     pid, ep = env.begin()
     env.advance(TIMEOUT + INTERVAL)
     env.ack_all()
@@ -374,7 +375,7 @@ def test_g34_timed_out_producer_is_fenced(env, tv2):
     assert env.state() == S.CompleteAbort
 
 
-def test_g35_idle_transactional_id_expires_with_a_tombstone(tmp_path):
+def test_idle_transactional_id_expires_with_a_tombstone(tmp_path):
     env = Env(tmp_path, id_expiration_ms=3_600_000)
     pid, ep = env.init()
     other, _ = env.init("busy")
@@ -393,7 +394,7 @@ def test_g35_idle_transactional_id_expires_with_a_tombstone(tmp_path):
     env.sm.close()
 
 
-def test_g36_transactions_in_progress_never_expire(tmp_path):
+def test_transactions_in_progress_never_expire(tmp_path):
     env = Env(tmp_path, id_expiration_ms=1000, max_timeout_ms=10**9)
     env.begin("ongoing", parts=[("a", 0)])
     env.tc.init_producer_id("ongoing", 10**9)   # fence: Ongoing -> PrepareAbort, markers pending
@@ -409,7 +410,7 @@ def test_g36_transactions_in_progress_never_expire(tmp_path):
 
 # -- KIP-890 ------------------------------------------------------------------------------------------
 
-def test_g53_tv2_end_txn_bumps_epoch_in_reply_and_markers(env):
+def test_tv2_end_txn_bumps_epoch_in_reply_and_markers(env):
     pid, ep = env.begin()
     r = env.tc.end_txn("t", pid, ep, True, api_version=5)
     assert (r.error, r.producer_id, r.producer_epoch) == (E.none, pid, ep + 1)
@@ -429,14 +430,14 @@ def test_g53_tv2_end_txn_bumps_epoch_in_reply_and_markers(env):
     assert env.tc.end_txn("t", pid, ep + 2, True, api_version=4).producer_epoch == ep + 2
 
 
-def test_g53_tv2_retry_while_markers_pending_is_concurrent(env):
+def test_tv2_retry_while_markers_pending_is_concurrent(env):
     pid, ep = env.begin()
     env.tc.end_txn("t", pid, ep, True, api_version=5)
     assert env.tc.end_txn("t", pid, ep, True, api_version=5).error == E.concurrent_transactions
     assert env.tc.end_txn("t", pid, ep + 1, True, api_version=5).error == E.producer_fenced
 
 
-def test_g54_late_batch_of_finished_transaction_cannot_join_the_next(env):
+def test_late_batch_of_finished_transaction_cannot_join_the_next(env):
     pid, ep = env.begin(parts=[("a", 0)])
     env.tc.end_txn("t", pid, ep, True, api_version=5)
     env.ack_all()
@@ -457,7 +458,7 @@ def _at_epoch(env, epoch: int, tid="t"):
     return pid
 
 
-def test_g55_tv2_epoch_overflow_rotates_producer_id(env):
+def test_tv2_epoch_overflow_rotates_producer_id(env):
     x = _at_epoch(env, MAX_EPOCH - 1)
     assert env.tc.add_partitions("t", x, MAX_EPOCH - 1, [("a", 0)]) == {("a", 0): E.none}
     r = env.tc.end_txn("t", x, MAX_EPOCH - 1, True, api_version=5)
@@ -483,7 +484,7 @@ def test_g55_tv2_epoch_overflow_rotates_producer_id(env):
     assert tc.end_txn("t", z, 0, True, api_version=5).producer_epoch == 1
 
 
-def test_g55_overflow_survives_restart_between_prepare_and_complete(env):
+def test_overflow_survives_restart_between_prepare_and_complete(env):
     x = _at_epoch(env, MAX_EPOCH - 1)
     env.tc.add_partitions("t", x, MAX_EPOCH - 1, [("a", 0)])
     r = env.tc.end_txn("t", x, MAX_EPOCH - 1, False, api_version=5)
@@ -529,7 +530,7 @@ def test_init_invalid_requests(env):
     assert env.tc.get("t") is None
 
 
-def test_g56_implicit_add_adds_or_changes_nothing(env):
+def test_implicit_add_adds_or_changes_nothing(env):
     pid, ep = env.init()
     assert env.tc.verify_partition("t", pid, ep, ("a", 0), add=True) == E.none
     md = env.tc.get("t")
@@ -541,13 +542,13 @@ def test_g56_implicit_add_adds_or_changes_nothing(env):
     assert env.crash_restart().get("t").partitions == {("a", 0)}
 
 
-def test_g57_verify_only_partition_not_in_transaction_is_invalid_state(env):
+def test_verify_only_partition_not_in_transaction_is_invalid_state(env):
     pid, ep = env.begin(parts=[("a", 0)])
     assert env.tc.verify_partition("t", pid, ep, ("a", 1), add=False) == E.invalid_txn_state
     assert env.tc.get("t").partitions == {("a", 0)}
 
 
-def test_g61_verify_only_never_changes_state(env):
+def test_verify_only_never_changes_state(env):
     pid, ep = env.init()
     size = env.sm.size_in_bytes()
     cases = []
@@ -759,7 +760,7 @@ def test_describe_transactions(env):
 
 # -- KIP-939 (two-phase commit) ---------------------------------------------------------------------
 
-def test_g64_2pc_transaction_is_never_timed_out_and_its_timeout_is_minus_one(tmp_path):
+def test_2pc_transaction_is_never_timed_out_and_its_timeout_is_minus_one(tmp_path):
     e = Env(tmp_path, two_phase_commit_enable=True)
     r = e.tc.init_producer_id("t", 10, enable_2pc=True, api_version=6)
     assert r.error == E.none
@@ -771,7 +772,7 @@ def test_g64_2pc_transaction_is_never_timed_out_and_its_timeout_is_minus_one(tmp
     e.sm.close()
 
 
-def test_g63_enable_2pc_refused_by_the_switch_and_by_the_authorization_hook(tmp_path):
+def test_enable_2pc_refused_by_the_switch_and_by_the_authorization_hook(tmp_path):
     e = Env(tmp_path)
     assert e.tc.init_producer_id("t", 1000, enable_2pc=True).error == E.transactional_id_authorization_failed
     e.sm.close()
