@@ -4,7 +4,8 @@ Runs as one child of the supervisor. Owns ``<data_dir>/__coordinator/``: the tra
 (``appliance.txn.state_manager``), the coordinator epoch, the producer-id blocks, and the group
 log with groups, committed and pending offsets (``<data_dir>/__coordinator/group-log``). The logic
 is sans-IO: ``appliance.txn.coordinator.TransactionCoordinator`` and
-``appliance.group.service.GroupService``; this module is their loop. It serves the requests that
+``appliance.group.service.GroupService``; this module gives them the worker base's loop
+(``workers.base.Worker``: set-up, hooks for the timers). It serves the requests that
 reach it (from frontends, and the KIP-890 verifications from partition writers) through one
 ``appliance.service.Registry`` over ``TransactionService`` and ``GroupService``, hands the
 writers' marker answers to the ``TransactionMarkerChannelManager`` (``appliance.txn.

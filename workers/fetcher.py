@@ -1,6 +1,7 @@
 """Fetch worker: answers Fetch and ListOffsets from read-only views of the partition logs.
 
-Runs as a child of the supervisor (``server.fetchers`` of them). Owns nothing durable: only its
+Runs as a child of the supervisor (``server.fetchers`` of them), on the worker base's loop
+(``workers.base.Worker``): its registry serves Fetch and ListOffsets. Owns nothing durable: only its
 parked long-polls. Reads partition state pages (high watermark, LSO, log start, active segment end)
 and read-only maps of segments and indexes (``appliance.log.reader.LogReader``); never reads at or
 past what a writer has published.

@@ -6,12 +6,13 @@ Runs as a child of the supervisor, one per partition. Owns that partition's ``Pa
 watermark, LSO, log start and active-segment end in the partition's state page. Single-threaded
 (the flusher thread only runs fdatasync; see appliance/log/flusher.py): no locks on the write path.
 
-Loop: drain every input ring (produce requests from each frontend; markers and verification
-answers from the coordinator), append each batch (patch the base offset in place in the ring,
-then one pwrite into the segment), publish the new high watermark and LSO once for the whole
-group, start a group commit if acks wait for one, then put the acks into each frontend's ack ring
-and ring the bells of those that sleep. Wake fetchers parked on this partition. Sleep on the
-doorbell when there is nothing to do.
+Loop (the worker base's, ``workers.base.Worker``; this module supplies its hooks, and its own
+``drain_inputs`` as the produce fast path): drain every input ring (produce requests from each
+frontend; markers and verification answers from the coordinator), append each batch (patch the base
+offset in place in the ring, then one pwrite into the segment), publish the new high watermark and
+LSO once for the whole group, start a group commit if acks wait for one, then put the acks into
+each frontend's ack ring and ring the bells of those that sleep. Wake fetchers parked on this
+partition. Sleep on the doorbell when there is nothing to do.
 
 Transactions (docs/transactions.md): a transactional batch from a producer with no open
 transaction on this partition is parked, with every later batch of that producer, until the
@@ -387,7 +388,7 @@ class PartitionWriter(Worker):
     # -- group commit and replies ---------------------------------------------------------------
     def _flush_and_reply(self, force: bool = False) -> None:
         """Start a group commit when replies wait for one (or the interval came), release the
-        replies whose batches are durable (the turn's ``flush_outboxes`` hands them to the rings)."""
+        replies whose batches are durable (``flush_outboxes`` hands them to the rings)."""
         fl = self.flusher
         if fl.error is not None:
             raise fl.error           # durability unknown: die; recovery decides, nothing acked
