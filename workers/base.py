@@ -269,8 +269,9 @@ class AsyncWorker(Worker):
         # Producers always ring us: we sleep in epoll, never in Mailbox.wait.
         self.mailbox.arm()
         loop.add_reader(self.mailbox.fileno(), self._on_bell)
-        loop.add_signal_handler(signal.SIGTERM, self.handle_term)
         await self.start_async()
+        # After start_async: begin_stop may use what it set up (the frontend's server).
+        loop.add_signal_handler(signal.SIGTERM, self.handle_term)
         loop.call_soon(self._tick)
         try:
             await self.done

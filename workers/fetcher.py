@@ -1,10 +1,10 @@
 """Fetch worker: answers Fetch and ListOffsets from read-only views of the partition logs.
 
 Runs as a child of the supervisor (``server.fetchers`` of them), on the worker base's loop
-(``workers.base.Worker``): its registry serves Fetch and ListOffsets. Owns nothing durable: only its
-parked long-polls. Reads partition state pages (high watermark, LSO, log start, active segment end)
-and read-only maps of segments and indexes (``appliance.log.reader.LogReader``); never reads at or
-past what a writer has published.
+(``workers.base.Worker``): its registry serves Fetch and ListOffsets. Owns nothing durable: only
+its parked long-polls. Reads partition state pages (high watermark, LSO, log start, active segment
+end) and read-only maps of segments and indexes (``appliance.log.reader.LogReader``); never reads
+at or past what a writer has published.
 
 A Fetch that cannot yet satisfy ``min_bytes`` is parked until ``max_wait_ms``: the fetcher sets its
 flag byte on each involved partition's state page (the writer rings this fetcher's bell after it
