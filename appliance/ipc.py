@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import importlib
 import struct
+from dataclasses import dataclass
 from typing import Union
 
 import msgspec
@@ -75,6 +76,17 @@ def produce_ack(error: int, generation: int, request_id: int, base_offset: int,
     msg = message.encode("utf-8", "replace")[:1024] if message else b""
     return PRODUCE_ACK.pack(KIND_PRODUCE_ACK, 0, error, generation, request_id, base_offset,
                             log_append_time, log_start_offset, len(msg), 0) + msg
+
+
+@dataclass(slots=True)
+class ProduceResult:
+    """One partition's answer to a produce request, as the frontend's handler sees it: a
+    ProduceAck read from the ring, or an error the frontend decided itself."""
+    error_code: int
+    base_offset: int = -1
+    log_append_time: int = -1
+    log_start_offset: int = -1
+    error_message: str | None = None
 
 
 # -- the envelope ---------------------------------------------------------------------------------

@@ -87,11 +87,27 @@ class PendingDelete:
     topics: list[cat.TopicInfo]
 
 
+def _kill(pid: int | None, sig: int) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 class DataDirUnusable(Exception):
     pass
 
 
 class Supervisor:
+    # The system calls and clocks the loop uses, as attributes so that tests drive the restart
+    # and heartbeat rules without forking (as pre-fork servers test their arbiters).
+    fork = staticmethod(os.fork)
+    waitpid = staticmethod(os.waitpid)
+    kill = staticmethod(_kill)
+    clock = staticmethod(time.monotonic)
+    clock_ns = staticmethod(time.monotonic_ns)
+
     def __init__(self, config: Config) -> None:
         self.cfg = config
         self.data_dir = os.path.abspath(config.server.data_dir)
@@ -212,8 +228,9 @@ class Supervisor:
     def _add_worker(self, role: str, name: str, index: int, entry, topic=None) -> WorkerSpec:
         spec = WorkerSpec(role=role, name=name, index=index, heartbeat_slot=self.free_slots.pop(),
                           entry=entry, topic=topic)
-        if role in ("fetcher", "coordinator"):
-            # Their clients (frontends) watch the generation to fail requests a dead one held.
+        if role != "writer":       # a writer's page is made by _add_writer
+            # Every worker publishes generation, status and pid there (workers.base); frontends
+            # watch the fetchers' and the coordinator's generation to fail what a dead one held.
             fields = COORDINATOR_PAGE_FIELDS if role == "coordinator" else WORKER_PAGE_FIELDS
             StatePage.create(self.topo.page_path(name), fields).close()
         self.workers[name] = spec
@@ -245,7 +262,7 @@ class Supervisor:
         spec.generation += 1
         self.hb.clear(spec.heartbeat_slot)
         ctx = self._context(spec)
-        pid = os.fork()
+        pid = self.fork()
         if pid == 0:  # child
             code = 1
             try:
@@ -264,7 +281,7 @@ class Supervisor:
                 logging.shutdown()
                 os._exit(code)
         spec.pid = pid
-        spec.started_at = time.monotonic()
+        spec.started_at = self.clock()
         self.by_pid[pid] = spec
         log.debug("spawned %s pid %d generation %d", spec.name, pid, spec.generation)
         self._write_processes()
@@ -392,7 +409,7 @@ class Supervisor:
             log.info("received SIGQUIT: stopping immediately")
             self.stopping = True
             for spec in list(self.by_pid.values()):
-                _kill(spec.pid, signal.SIGKILL)
+                self.kill(spec.pid, signal.SIGKILL)
         elif signum == signal.SIGHUP:
             log.info("SIGHUP: configuration reload is not supported; ignoring")
         # SIGCHLD: reaping happens every turn.
@@ -400,7 +417,7 @@ class Supervisor:
     def _reap(self) -> None:
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status = self.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
@@ -423,7 +440,7 @@ class Supervisor:
             self.exit_code = EXIT_CRASH_LOOP
             self._begin_stop()
             return
-        now = time.monotonic()
+        now = self.clock()
         window = self.cfg.supervisor.crash_loop_window_ms / 1000
         spec.deaths.append(now)
         while spec.deaths and spec.deaths[0] < now - window:
@@ -441,7 +458,7 @@ class Supervisor:
         log.warning("%s (pid gen %d) %s; restarting in %.2f s", spec.name, spec.generation, how, backoff)
 
     def _respawn_due(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for spec in list(self.workers.values()):
             if spec.pid is None and not spec.removed and spec.next_start and spec.next_start <= now:
                 spec.next_start = 0.0
@@ -449,7 +466,7 @@ class Supervisor:
 
     def _murder_stale(self) -> None:
         timeout_ns = self.cfg.supervisor.heartbeat_timeout_ms * 1_000_000
-        now_ns = time.monotonic_ns()
+        now_ns = self.clock_ns()
         for spec in list(self.by_pid.values()):
             last = self.hb.last(spec.heartbeat_slot)
             if spec.page is not None:
@@ -461,7 +478,7 @@ class Supervisor:
             if now_ns - last > timeout_ns:
                 log.error("%s (pid %d) missed its heartbeat for %.1f s: SIGKILL", spec.name,
                           spec.pid, (now_ns - last) / 1e9)
-                _kill(spec.pid, signal.SIGKILL)
+                self.kill(spec.pid, signal.SIGKILL)
 
     def _wait_writers_ready(self, specs: list[WorkerSpec]) -> bool:
         """Block (serving signals and restarts) until every writer has recovered."""
@@ -554,7 +571,7 @@ class Supervisor:
                 spec = self.workers[writer_name(t.topic_id, p)]
                 spec.removed = True
                 if spec.pid is not None:
-                    _kill(spec.pid, signal.SIGTERM)
+                    self.kill(spec.pid, signal.SIGTERM)
                 writers.append(spec)
         self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
         self._check_pending()
@@ -621,12 +638,12 @@ class Supervisor:
         for phase in (("frontend",), ("fetcher", "coordinator", "writer")):
             targets = [s for s in self.by_pid.values() if s.role in phase]
             for s in targets:
-                _kill(s.pid, signal.SIGTERM)
+                self.kill(s.pid, signal.SIGTERM)
             while any(s.pid is not None for s in targets) and time.monotonic() < deadline:
                 self._wait_children(0.05)
         for s in list(self.by_pid.values()):
             log.error("%s (pid %d) did not stop in time: SIGKILL", s.name, s.pid)
-            _kill(s.pid, signal.SIGKILL)
+            self.kill(s.pid, signal.SIGKILL)
         while self.by_pid:
             self._wait_children(0.05)
 
@@ -664,14 +681,6 @@ def _raise_fd_limit() -> None:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
         except (ValueError, OSError):
-            pass
-
-
-def _kill(pid: int | None, sig: int) -> None:
-    if pid:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
             pass
 
 

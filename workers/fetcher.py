@@ -1,9 +1,10 @@
 """Fetch worker: answers Fetch and ListOffsets from read-only views of the partition logs.
 
-Runs as a child of the supervisor (``server.fetchers`` of them). Owns nothing durable: only its
-parked long-polls. Reads partition state pages (high watermark, LSO, log start, active segment end)
-and read-only maps of segments and indexes (``appliance.log.reader.LogReader``); never reads at or
-past what a writer has published.
+Runs as a child of the supervisor (``server.fetchers`` of them), on the worker base's loop
+(``workers.base.Worker``): its registry serves Fetch and ListOffsets. Owns nothing durable: only
+its parked long-polls. Reads partition state pages (high watermark, LSO, log start, active segment
+end) and read-only maps of segments and indexes (``appliance.log.reader.LogReader``); never reads
+at or past what a writer has published.
 
 A Fetch that cannot yet satisfy ``min_bytes`` is parked until ``max_wait_ms``: the fetcher sets its
 flag byte on each involved partition's state page (the writer rings this fetcher's bell after it
@@ -14,24 +15,19 @@ byte ranges (segment, position, length); the frontend copies them from its own r
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
 from dataclasses import dataclass
 
 from appliance import ipc
-from appliance.catalog import PUBLISHED_FILE, CatalogView, partition_dir
+from appliance.catalog import partition_dir
 from appliance.errors import ErrorCode, KafkaError
 from appliance.log.reader import LogReader
-from appliance.runtime import (HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY, RECOVERING, STARTING,
-                               SUPERVISOR,
-                               SUPERVISOR_PAGE_FIELDS, WORKER_PAGE_FIELDS, WorkerContext,
+from appliance.runtime import (PARTITION_PAGE_FIELDS, RECOVERING, STARTING, WorkerContext,
                                writer_name)
-from appliance.service import Registry, Responder, serves
-from shm.doorbell import BellSender
-from shm.heartbeat import HeartbeatTable
+from appliance.service import Responder, serves
 from shm.statepage import StatePage
-from shm.topology import Mailbox, Outbox, Topology
+from shm.topology import Topology
+from workers.base import IDLE_WAIT_S, Worker
 
 log = logging.getLogger("appliance.fetcher")
 
@@ -40,7 +36,7 @@ EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4,
 
 
 def main(ctx: WorkerContext) -> int:
-    return Fetcher(ctx).run()
+    return Fetcher(ctx).main()
 
 
 class PartitionHandle:
@@ -69,52 +65,27 @@ class Parked:
     handles: list[PartitionHandle]
 
 
-class Fetcher:
+class Fetcher(Worker):
     def __init__(self, ctx: WorkerContext) -> None:
-        self.ctx = ctx
-        self.topo = Topology(ctx.run_dir)
-        self.hb = HeartbeatTable.open(os.path.join(ctx.run_dir, HEARTBEAT_FILE))
-        self.sup_page = StatePage.open(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS,
-                                       readonly=True)
-        self.catalog = CatalogView(self.topo.file_path(PUBLISHED_FILE),
-                                   lambda: self.sup_page.read().catalog_version)
-        self.bells = BellSender()
-        self.mailbox = Mailbox(self.topo, ctx.name)
-        for fe in ctx.frontends:
-            self.mailbox.add(fe)
-        self.outboxes = {fe: Outbox(self.topo, ctx.name, fe, self.bells) for fe in ctx.frontends}
+        super().__init__(ctx)
         self.handles: dict[tuple[bytes, int], PartitionHandle] = {}
         self.parked: list[Parked] = []
-        self.stop = False
-        self.registry = Registry(self, post=self._reply)
+        self.serve(self)
 
-    def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_term)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        # Frontends compare this generation with the one they sent to: a restart fails what our
-        # predecessor held (its parked long-polls) at once.
-        page = StatePage.open(self.topo.page_path(self.ctx.name), WORKER_PAGE_FIELDS)
-        page.reset_seq()
-        page.publish(generation=self.ctx.generation, status=READY, pid=os.getpid())
-        while not self.stop:
-            self.hb.beat(self.ctx.heartbeat_slot)
-            for src, ring in self.mailbox.inputs.items():
-                while (raw := ring.get()) is not None:
-                    self.registry.handle(src, raw)
-            self._recheck_parked()
-            timeout = 0.5
-            for box in self.outboxes.values():
-                if box.queued and box.flush():
-                    timeout = 0.01
-            if self.parked:
-                timeout = max(0.0, min(timeout, min(p.deadline for p in self.parked) - time.monotonic()))
-            self.mailbox.wait(timeout)
+    # Frontends compare the generation in our state page with the one they sent to: a restart
+    # fails what our predecessor held (its parked long-polls) at once.
+
+    def on_turn(self, now: float) -> None:
+        self._recheck_parked()
+
+    def wait_timeout(self, now: float) -> float:
+        if self.parked:
+            return max(0.0, min(IDLE_WAIT_S, min(p.deadline for p in self.parked) - now))
+        return IDLE_WAIT_S
+
+    def on_stop(self) -> None:
         for p in self.parked:   # answer what we hold so frontends can drain
             p.respond(self._evaluate(p.req)[0])
-        return 0
-
-    def _on_term(self, signum, frame) -> None:
-        self.stop = True
 
     # A bug or a damaged file costs its request (the registry answers UNKNOWN_SERVER_ERROR),
     # never the fetcher and every parked long-poll with it.
@@ -260,9 +231,3 @@ class Fetcher:
                 out.append(ipc.ListOffsetsPartResult(0, found[1], found[0]) if found and found[0] < upper
                            else ipc.ListOffsetsPartResult(0, -1, -1))
         return ipc.ListOffsetsResult(out)
-
-    def _reply(self, dst: str, req_id: int, body: ipc.Message) -> None:
-        # A full ring (a slow or restarting frontend) queues the reply; run() retries it.
-        box = self.outboxes[dst]
-        box.post(ipc.encode(req_id, body))
-        box.flush()

@@ -6,12 +6,13 @@ Runs as a child of the supervisor, one per partition. Owns that partition's ``Pa
 watermark, LSO, log start and active-segment end in the partition's state page. Single-threaded
 (the flusher thread only runs fdatasync; see appliance/log/flusher.py): no locks on the write path.
 
-Loop: drain every input ring (produce requests from each frontend; markers and verification
-answers from the coordinator), append each batch (patch the base offset in place in the ring,
-then one pwrite into the segment), publish the new high watermark and LSO once for the whole
-group, start a group commit if acks wait for one, then put the acks into each frontend's ack ring
-and ring the bells of those that sleep. Wake fetchers parked on this partition. Sleep on the
-doorbell when there is nothing to do.
+Loop (the worker base's, ``workers.base.Worker``; this module supplies its hooks, and its own
+``drain_inputs`` as the produce fast path): drain every input ring (produce requests from each
+frontend; markers and verification answers from the coordinator), append each batch (patch the base
+offset in place in the ring, then one pwrite into the segment), publish the new high watermark and
+LSO once for the whole group, start a group commit if acks wait for one, then put the acks into
+each frontend's ack ring and ring the bells of those that sleep. Wake fetchers parked on this
+partition. Sleep on the doorbell when there is nothing to do.
 
 Transactions (docs/transactions.md): a transactional batch from a producer with no open
 transaction on this partition is parked, with every later batch of that producer, until the
@@ -25,8 +26,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import os
-import signal
 import time
 from dataclasses import dataclass
 
@@ -38,14 +37,11 @@ from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.producer_state import ProducerStateManager
 from appliance.log.txn_index import AbortedTxn
 from appliance.protocol.records import read_header
-from appliance.runtime import (COORDINATOR, DRAINING, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, READY,
-                               RECOVERING, STOPPED, WORKER_BOOT_ERROR, WorkerContext)
-from appliance.service import Registry, Responder, serves
+from appliance.runtime import COORDINATOR, PARTITION_PAGE_FIELDS, WORKER_BOOT_ERROR, WorkerContext
+from appliance.service import Responder, serves
 from appliance.txn.messages import VerifyPartitionRequest, VerifyPartitionResult
 from shm.doorbell import BellSender
-from shm.heartbeat import HeartbeatTable
-from shm.statepage import StatePage
-from shm.topology import Mailbox, Outbox, Topology
+from workers.base import IDLE_WAIT_S, Worker
 
 log = logging.getLogger("appliance.writer")
 
@@ -68,7 +64,7 @@ _VERIFY_ERRORS = {
 
 
 def main(ctx: WorkerContext) -> int:
-    return PartitionWriter(ctx).run()
+    return PartitionWriter(ctx).main()
 
 
 @dataclass
@@ -90,32 +86,24 @@ class Verifying:
     deadline: float
 
 
-class PartitionWriter:
+class PartitionWriter(Worker):
+    page_fields = PARTITION_PAGE_FIELDS
+    # msgpack messages on the same rings (markers, fences, DescribeProducers, verification
+    # answers). A failure there stops the writer, as one on the produce path does: the restart
+    # recovers the log.
+    contain = False
+
     def __init__(self, ctx: WorkerContext) -> None:
-        self.ctx = ctx
-        self.cfg = ctx.config
+        super().__init__(ctx)
         self.gen = ctx.generation
-        self.topo = Topology(ctx.run_dir)
-        self.page = StatePage.open(self.topo.page_path(ctx.name), PARTITION_PAGE_FIELDS)
-        self.hb = HeartbeatTable.open(os.path.join(ctx.run_dir, HEARTBEAT_FILE))
-        self.bells = BellSender()
-        self.mailbox = Mailbox(self.topo, ctx.name)
-        peers = list(ctx.frontends) + [COORDINATOR]
-        for peer in peers:
-            self.mailbox.add(peer)
-        # Replies that do not fit their ring (a slow or restarting peer) wait in the outbox's
-        # queue and are retried every turn.
-        self.out = {peer: Outbox(self.topo, ctx.name, peer, self.bells) for peer in peers}
-        self.posted: set[str] = set()       # outboxes posted to since their last flush
         self.fetcher_bells = [self.topo.bell_path(fx) for fx in ctx.fetchers]
-        self.stop = False
         self.policy = self.cfg.log.flush.policy
         self.flush_interval = self.cfg.log.flush.interval_ms / 1000
         self.last_flush = time.monotonic()
         # Replies waiting for their batch or marker to be durable: (end offset, peer, reply).
         self.await_flush: list[tuple[int, str, bytes]] = []
-        self.retention_every = self.cfg.log.retention_check_interval_ms / 1000
-        self.next_retention = time.monotonic() + self.retention_every
+        self.tick_s = self.cfg.log.retention_check_interval_ms / 1000   # retention and rolls
+        self.next_tick = time.monotonic() + self.tick_s
         self.verify_enabled = self.cfg.transactions.partition_verification_enable
         self.verify_timeout = self.cfg.server.internal_request_timeout_ms / 1000
         self.parked: dict[int, collections.deque[Parked]] = {}     # by producer id
@@ -124,23 +112,22 @@ class PartitionWriter:
         self.verify_reqs: dict[int, int] = {}                      # request id -> producer id
         self._ids = itertools.count(((self.gen & 0xFFFF) << 40) | 1)
         self.dirty = False                   # something to publish this turn
-        # msgpack messages on the same rings (markers, fences, DescribeProducers, verification
-        # answers). A failure there stops the writer, as one on the produce path does: the
-        # restart recovers the log.
-        self.registry = Registry(self, post=self._post_message, on_answer=self._verified,
-                                 contain=False)
+        self.serve(self, on_answer=self._verified)
+
+    def inputs(self) -> list[str]:
+        return list(self.ctx.frontends) + [COORDINATOR]
+
+    outputs = inputs
 
     # -- life cycle -----------------------------------------------------------------------------
-    def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_term)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)   # the supervisor orders the drain
-        self.page.reset_seq()
+    def start_fields(self) -> dict:
         # Where this generation starts reading the coordinator's ring, published before it takes
         # anything: the coordinator resends only the markers a predecessor took (and may have died
         # holding); the ones still queued there are ours to answer, and a resend would append a
         # second marker.
-        self.page.publish(generation=self.gen, status=RECOVERING, pid=os.getpid(),
-                          coordinator_ring_head=self.mailbox.inputs[COORDINATOR].head)
+        return {"coordinator_ring_head": self.mailbox.inputs[COORDINATOR].head}
+
+    def setup(self) -> int | None:
         directory = partition_dir(self.ctx.data_dir, self.ctx.topic, self.ctx.index)
         try:
             settings = LogSettings.from_config(self.cfg.log, self.ctx.topic_configs)
@@ -167,53 +154,47 @@ class PartitionWriter:
         own_bell = self.topo.bell_path(self.ctx.name)
         waker = BellSender()            # the flusher thread's own socket
         self.flusher = Flusher(lambda: waker.ring(own_bell), self.log.log_end_offset)
-        self._publish(status=READY)
+        self._publish()                 # the recovered log, before the base publishes READY
         log.info("%s-%d ready: log start %d, log end %d, LSO %d, %d producers (replayed from %d), "
                  "generation %d", self.ctx.topic, self.ctx.index, self.log.log_start_offset,
                  self.log.log_end_offset, self.psm.last_stable_offset(self.log.log_end_offset),
                  len(self.psm.entries), replayed_from, self.gen)
-        try:
-            while not self.stop:
-                self._turn()
-            # Drain what is already queued, so that in-flight produce requests get answers.
-            self.page.publish(status=DRAINING)
-            while self._drain_inputs():
-                pass
-            self._flush_and_reply(force=True)
-        finally:
-            self.flusher.stop()
-            self.log.flush()
-            self.psm.take_snapshot(self.log.log_end_offset)   # no replay after a clean stop
-            self.log.close(clean=True)
-            self.page.publish(status=STOPPED)
-        return 0
+        return None
 
-    def _on_term(self, signum, frame) -> None:
-        self.stop = True
+    def on_stop(self) -> None:
+        # Drain what is already queued, so that in-flight produce requests get answers.
+        while self._drain_inputs():
+            pass
+        self._flush_and_reply(force=True)
+
+    def close(self) -> None:
+        self.flusher.stop()
+        self.log.flush()
+        self.psm.take_snapshot(self.log.log_end_offset)   # no replay after a clean stop
+        self.log.close(clean=True)
 
     # -- one loop turn --------------------------------------------------------------------------
-    def _turn(self) -> None:
-        self.hb.beat(self.ctx.heartbeat_slot)
-        worked = self._drain_inputs()
+    def drain_inputs(self) -> bool:
+        return self._drain_inputs()
+
+    def on_turn(self, now: float) -> None:
         self._expire_verifications()
         self._flush_and_reply()
-        now = time.monotonic()
-        if now >= self.next_retention:
-            self.next_retention = now + self.retention_every
-            changed = self.log.enforce_retention(_now_ms())
-            changed = self.log.maybe_roll(_now_ms()) or changed
-            self.psm.expire(_now_ms())
-            if changed:
-                self._publish()
-        if not worked:
-            timeout = 0.5
-            if self.policy.periodic and self.flusher.durable < self.log.log_end_offset:
-                timeout = max(0.0, self.last_flush + self.flush_interval - now)
-            if self.verifying:
-                timeout = min(timeout, max(0.0, min(v.deadline for v in self.verifying.values()) - now))
-            if any(box.queued for box in self.out.values()):
-                timeout = min(timeout, 0.01)
-            self.mailbox.wait(timeout)
+
+    def on_tick(self, now: float) -> None:
+        changed = self.log.enforce_retention(_now_ms())
+        changed = self.log.maybe_roll(_now_ms()) or changed
+        self.psm.expire(_now_ms())
+        if changed:
+            self._publish()
+
+    def wait_timeout(self, now: float) -> float:
+        timeout = IDLE_WAIT_S
+        if self.policy.periodic and self.flusher.durable < self.log.log_end_offset:
+            timeout = max(0.0, self.last_flush + self.flush_interval - now)
+        if self.verifying:
+            timeout = min(timeout, max(0.0, min(v.deadline for v in self.verifying.values()) - now))
+        return timeout
 
     def _drain_inputs(self) -> bool:
         worked = False
@@ -290,14 +271,7 @@ class PartitionWriter:
             # Also a duplicate whose original is not durable yet: never ack more than the disk holds.
             self.await_flush.append((end, src, ack))
         else:
-            self._post(src, ack)
-
-    def _post(self, dst: str, data: bytes) -> None:
-        self.out[dst].post(data)
-        self.posted.add(dst)
-
-    def _post_message(self, dst: str, req_id: int, body: ipc.Message) -> None:
-        self._post(dst, ipc.encode(req_id, body))
+            self.post(src, ack)
 
     # -- KIP-890 verification ---------------------------------------------------------------------
     def _park(self, p: Parked, h) -> None:
@@ -313,7 +287,7 @@ class PartitionWriter:
         token = self.psm.start_verification(pid, h.producer_epoch)
         self.verifying[pid] = Verifying(req_id, token, time.monotonic() + self.verify_timeout)
         self.verify_reqs[req_id] = pid
-        self._post_message(COORDINATOR, req_id, VerifyPartitionRequest(
+        self.reply(COORDINATOR, req_id, VerifyPartitionRequest(
             p.txn_id, pid, h.producer_epoch, self.ctx.topic, self.ctx.index, add=p.version >= 12))
 
     def _verified(self, req_id: int, resp: VerifyPartitionResult) -> None:
@@ -414,7 +388,7 @@ class PartitionWriter:
     # -- group commit and replies ---------------------------------------------------------------
     def _flush_and_reply(self, force: bool = False) -> None:
         """Start a group commit when replies wait for one (or the interval came), release the
-        replies whose batches are durable, and hand every reply to its peer's ring."""
+        replies whose batches are durable (``flush_outboxes`` hands them to the rings)."""
         fl = self.flusher
         if fl.error is not None:
             raise fl.error           # durability unknown: die; recovery decides, nothing acked
@@ -433,14 +407,10 @@ class PartitionWriter:
             still = []
             for item in self.await_flush:
                 if item[0] <= durable:
-                    self._post(item[1], item[2])
+                    self.post(item[1], item[2])
                 else:
                     still.append(item)
             self.await_flush = still
-        for peer, box in self.out.items():
-            if peer in self.posted or box.queued:
-                box.flush()         # one bell per peer per turn, not one per reply
-        self.posted.clear()
 
     def _publish(self, **extra) -> None:
         lg = self.log

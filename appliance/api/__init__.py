@@ -4,7 +4,9 @@ Runs in frontend processes. A handler is ``handle(ctx, request) -> response`` (p
 coroutine function). It decodes nothing and encodes nothing itself: the connection hands it the kio
 request entity and encodes whatever it returns (a kio response entity, or already-encoded bytes or
 buffer parts, or None for "send no response" as with acks=0 produce). Handlers stay thin: check,
-delegate to the broker facade (``appliance.server.broker``), build the response.
+delegate to the broker facade handed to them in the request context (``ctx.broker``, the
+frontend's ``workers.frontend.broker.Broker``; never imported here: handlers hold no process
+code), build the response.
 
 The version ranges we advertise in ApiVersions are read from this registry (``api_ranges``), never
 kept by hand elsewhere.

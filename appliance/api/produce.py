@@ -20,9 +20,10 @@ import asyncio
 from appliance.api import handles
 from appliance.catalog import INTERNAL_TOPICS
 from appliance.errors import ErrorCode, KafkaError
+from appliance.ipc import ProduceResult
 from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
 from appliance.protocol.records import validate_batch
-from appliance.server.broker import ProduceResult
+
 
 def _max_bytes(cfg, info) -> int:
     v = info.configs.get("max.message.bytes")

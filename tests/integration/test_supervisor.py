@@ -185,3 +185,23 @@ def test_long_poll_held_by_a_killed_fetcher_is_answered_promptly(appliance):
     assert out["err"] == 6                       # NOT_LEADER_OR_FOLLOWER: the client retries
     assert out["elapsed"] < 15                   # not the 20 s max_wait, not the 30 s timeout
     roundtrip(appliance, topic="lp-kill")
+
+
+def test_only_frontends_hold_the_listening_socket(appliance):
+    """Regression: every worker inherited the listening socket, so with the frontends gone the
+    kernel kept accepting connections that no process served. Besides the supervisor (which
+    hands it to restarted frontends), only frontends may hold it."""
+    import psutil
+
+    roundtrip(appliance)                              # a writer exists
+    procs = appliance.processes()
+    roles = {w["pid"]: w["role"] for w in procs["workers"] if w["pid"]}
+    assert {"writer", "fetcher", "coordinator", "frontend"} <= set(roles.values())
+
+    def listening(pid):
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == appliance.port
+                   for c in psutil.Process(pid).net_connections(kind="tcp"))
+
+    holders = {pid for pid in roles if listening(pid)}
+    assert holders == {pid for pid, role in roles.items() if role == "frontend"}
+    assert listening(procs["supervisor"])

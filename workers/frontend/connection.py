@@ -39,7 +39,7 @@ class _Slot:
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, server: "FrontendServer") -> None:
+    def __init__(self, server: "Frontend") -> None:
         self.server = server
         self.broker = server.broker
         self.transport: asyncio.Transport | None = None

@@ -2,7 +2,8 @@
 
 Runs inside each frontend process (asyncio, single thread). Owns this frontend's end of its rings:
 the produce rings to every writer, the request rings to fetchers, the supervisor and the
-coordinator, and the mailbox that collects their replies. Handlers (``appliance.api``) call the
+coordinator, and what arrives in the mailbox (the worker base's, ``workers.base``): acks and
+replies, matched to the futures of the requests they answer. Handlers (``appliance.api``) call the
 ``async`` methods here with a typed request (an ``appliance.ipc.Request``) and get its typed
 result back: ``call_coordinator(JoinGroupRequest(...))`` answers a ``JoinGroupResult``, or the
 request's own ``error_reply(COORDINATOR_NOT_AVAILABLE)`` when the coordinator does not answer in
@@ -19,31 +20,19 @@ import asyncio
 import itertools
 import logging
 import os
-import time
-from dataclasses import dataclass
 
 from appliance import ipc
-from appliance.catalog import PUBLISHED_FILE, Catalog, CatalogView, TopicInfo
+from appliance.catalog import Catalog, TopicInfo
 from appliance.errors import ErrorCode
+from appliance.ipc import ProduceResult
 from appliance.log.reader import SegmentViews
-from appliance.runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, HEARTBEAT_FILE,
-                               PARTITION_PAGE_FIELDS, SUPERVISOR, SUPERVISOR_PAGE_FIELDS,
-                               WORKER_PAGE_FIELDS, WorkerContext, writer_name)
+from appliance.runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS,
+                               SUPERVISOR, WORKER_PAGE_FIELDS, writer_name)
 from shm.doorbell import BellSender
-from shm.heartbeat import HeartbeatTable
 from shm.statepage import StatePage
-from shm.topology import Mailbox, Outbox, Topology
+from shm.topology import Outbox, Topology
 
 log = logging.getLogger("appliance.broker")
-
-
-@dataclass(slots=True)
-class ProduceResult:
-    error_code: int
-    base_offset: int = -1
-    log_append_time: int = -1
-    log_start_offset: int = -1
-    error_message: str | None = None
 
 
 class Channel(Outbox):
@@ -86,22 +75,21 @@ class WorkerRestarted(TimeoutError):
 
 
 class Broker:
-    def __init__(self, ctx: WorkerContext) -> None:
+    """Built by the frontend worker (``workers.frontend.server.Frontend``) from its prologue:
+    the topology, doorbell sender, mailbox (fetchers, supervisor and coordinator are inputs
+    from the start; writers join with the catalog) and catalog view are the worker's."""
+
+    def __init__(self, worker) -> None:
+        ctx = worker.ctx
         self.ctx = ctx
         self.cfg = ctx.config
         self.name = ctx.name
-        self.topo = Topology(ctx.run_dir)
-        self.bells = BellSender()
-        self.hb = HeartbeatTable.open(os.path.join(ctx.run_dir, HEARTBEAT_FILE))
-        self.sup_page = StatePage.open(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS,
-                                       readonly=True)
-        self._catalog = CatalogView(self.topo.file_path(PUBLISHED_FILE),
-                                    lambda: self.sup_page.read().catalog_version)
+        self.topo: Topology = worker.topo
+        self.bells: BellSender = worker.bells
+        self._catalog = worker.catalog
         self._catalog_seen = -1
         self._missing_writers = False
-        self.mailbox = Mailbox(self.topo, self.name)
-        for peer in ctx.fetchers + [SUPERVISOR, COORDINATOR]:
-            self.mailbox.add(peer)
+        self.mailbox = worker.mailbox
         self.fetchers = [WorkerChannel(self.topo, self.name, fx, self.bells, WORKER_PAGE_FIELDS)
                          for fx in ctx.fetchers]
         self.supervisor = Channel(self.topo, self.name, SUPERVISOR, self.bells)
@@ -123,26 +111,19 @@ class Broker:
 
     # -- wiring into the event loop -------------------------------------------------------------
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The worker base has put the mailbox into the event loop; open the writers' rings."""
         self.loop = loop
-        self.mailbox.arm()          # producers always ring us: we sleep in epoll, not in wait()
-        loop.add_reader(self.mailbox.fileno(), self._on_bell)
         self._sync_writers(self.catalog)
-        loop.call_soon(self._tick)
 
-    def _on_bell(self) -> None:
-        self.mailbox.drain()
-        self.mailbox.arm()
-        self._drain()
-
-    def _tick(self) -> None:
-        """Every 20 ms: heartbeat, catch lost wake-ups, retry queued sends, notice writer restarts."""
-        self.hb.beat(self.ctx.heartbeat_slot)
+    def tick(self, now: float) -> None:
+        """Every tick of the worker (20 ms): catch lost wake-ups, retry queued sends, notice
+        worker restarts."""
         # Look at the catalog even when no request asks: an idle frontend must arm the ack rings
         # of writers created since, and retry writers whose rings were not there yet.
         cat = self.catalog                      # syncs the writers if the catalog changed
         if self._missing_writers:
             self._sync_writers(cat)
-        self._drain()
+        self.drain()
         for ch in self.writers.values():
             if ch.queued:
                 ch.flush()
@@ -155,13 +136,12 @@ class Broker:
                 self._check_generation(ch)
         if self.supervisor.queued:
             self.supervisor.flush()
-        now = time.monotonic()
         if now >= self._next_sweep:
             self._next_sweep = now + 5.0
             self.segment_views.sweep()      # release segments retention deleted
-        self.loop.call_later(0.02, self._tick)
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
+        """Deliver every ack and reply waiting in the mailbox's rings."""
         for src, ring in list(self.mailbox.inputs.items()):
             while (mv := ring.peek()) is not None:
                 try:

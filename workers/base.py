@@ -1,0 +1,316 @@
+"""The worker base: one shape for every process the supervisor forks.
+
+Runs in every worker process (partition writers, the coordinator, fetchers, frontends); owns the
+part of each worker that is the same everywhere: its ``Topology`` of the runtime directory, its
+heartbeat slot, its ``Mailbox`` (doorbell and input rings) and ``Outbox``es to its peers, its
+view of the supervisor's page and of the catalog, its own state page (generation, status, pid),
+the SIGTERM handling, the ``Registry`` dispatch of incoming ring messages, and the loop. The
+worker's own state stays in the subclass, which the loop calls through hooks.
+
+Like a pre-fork server's worker class, the arbiter (``appliance.supervisor``) hands the worker its
+context and calls its entry point in the child; ``Worker.main`` then runs::
+
+    close the inherited listening socket   (unless serves_clients: only frontends hold it)
+    install signals                        SIGTERM sets ``stop``; SIGINT is ignored (the
+                                           supervisor orders the drain)
+    publish generation, RECOVERING, pid    + start_fields()
+    setup()                                recovery; an exit code (WORKER_BOOT_ERROR) ends here
+    publish READY
+    run()                                  the loop below, or the event loop (AsyncWorker)
+    publish DRAINING, on_stop(), flush     answer what is already queued
+    close(); publish STOPPED               always, also after an exception
+
+The loop (``Worker.loop``), one turn::
+
+    beat the heartbeat
+    worked = drain_inputs()     default: every input ring through the registry; the partition
+                                writer replaces it with its produce fast path
+    on_tick(now)                every ``tick_s`` seconds
+    on_turn(now)                per-turn work (replies, timers that need every turn)
+    flush_outboxes()            one bell per peer per turn, not one per reply
+    if not worked: mailbox.wait(min(wait_timeout(now), time to the next tick,
+                                    10 ms while replies wait for room in a ring))
+
+The base adds no work per message: dispatch is the registry's one lookup by type, and a worker
+with a hot path (the writer's batches, the frontend's acks) drains its rings itself.
+
+``AsyncWorker`` is the same prologue and the same hooks for a worker that sleeps in epoll (the
+frontend): the mailbox's doorbell is a reader of the event loop (``drain_inputs`` runs on every
+ring of the bell), SIGTERM is an event-loop signal handler that calls ``begin_stop``, and
+``on_tick`` runs every ``tick_s`` from a timer, after the heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from typing import Sequence
+
+from appliance import ipc
+from appliance.catalog import PUBLISHED_FILE, CatalogView
+from appliance.runtime import (DRAINING, HEARTBEAT_FILE, READY, RECOVERING, STOPPED, SUPERVISOR,
+                               SUPERVISOR_PAGE_FIELDS, WORKER_PAGE_FIELDS, WorkerContext)
+from appliance.service import Registry
+from shm.doorbell import BellSender
+from shm.heartbeat import HeartbeatTable
+from shm.statepage import StatePage
+from shm.topology import Mailbox, Outbox, Topology
+
+log = logging.getLogger("appliance.worker")
+
+# How long an idle worker sleeps on its doorbell (a lost wake-up costs at most this).
+IDLE_WAIT_S = 0.5
+# How soon a worker retries replies that found their ring full.
+QUEUED_RETRY_S = 0.01
+
+
+class Worker:
+    """Base of the blocking workers. Subclasses set the class attributes and override hooks."""
+
+    #: layout of this worker's state page (``page.<name>``, created by the supervisor)
+    page_fields: Sequence[tuple[str, str]] = WORKER_PAGE_FIELDS
+    #: frontends keep the inherited listening socket; every other worker closes it at start
+    serves_clients = False
+    #: period of ``on_tick`` in seconds (None: no tick)
+    tick_s: float | None = None
+    #: the registry answers a failing request with its error reply (True) or lets the error stop
+    #: the worker (False: the writer, whose state is not to be trusted after a failure)
+    contain = True
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.config
+        self.name = ctx.name
+        self.generation = ctx.generation
+        self.stop = False
+        self.exit_code = 0
+        self.topo = Topology(ctx.run_dir)
+        self.hb = HeartbeatTable.open(os.path.join(ctx.run_dir, HEARTBEAT_FILE))
+        self.bells = BellSender()
+        self.mailbox = Mailbox(self.topo, ctx.name)
+        for src in self.inputs():
+            self.mailbox.add(src)
+        # Replies that do not fit their ring (a slow or restarting peer) wait in the outbox's
+        # queue and are retried every turn.
+        self.outboxes: dict[str, Outbox] = {dst: Outbox(self.topo, ctx.name, dst, self.bells)
+                                            for dst in self.outputs()}
+        self.posted: set[str] = set()          # outboxes posted to since their last flush
+        self.sup_page = StatePage.open(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS,
+                                       readonly=True)
+        self.catalog = CatalogView(self.topo.file_path(PUBLISHED_FILE),
+                                   lambda: self.sup_page.read().catalog_version)
+        self.page = StatePage.open(self.topo.page_path(ctx.name), self.page_fields)
+        self.next_tick = 0.0
+        self.registry: Registry | None = None
+
+    # -- wiring (hooks called by __init__) ------------------------------------------------------
+    def inputs(self) -> list[str]:
+        """The peers whose rings into this worker it consumes (default: every frontend)."""
+        return list(self.ctx.frontends)
+
+    def outputs(self) -> list[str]:
+        """The peers this worker answers (default: every frontend)."""
+        return list(self.ctx.frontends)
+
+    def serve(self, *services, on_answer=None) -> Registry:
+        """Serve the ``@serves`` methods of ``services`` on the input rings; answers go back
+        through ``reply``; a message that is not a request goes to ``on_answer``."""
+        self.registry = Registry(*services, post=self.reply, on_answer=on_answer,
+                                 contain=self.contain)
+        return self.registry
+
+    # -- life cycle -----------------------------------------------------------------------------
+    def main(self) -> int:
+        """The worker's whole life; returns its exit code."""
+        self.close_listener()
+        self.install_signals()
+        self.page.reset_seq()
+        self.page.publish(generation=self.generation, status=RECOVERING, pid=os.getpid(),
+                          **self.start_fields())
+        code = self.setup()
+        if code:
+            return code
+        self.page.publish(status=READY)
+        return self.run()
+
+    def close_listener(self) -> None:
+        """Every worker inherits the supervisor's listening socket; only frontends serve it. A
+        worker that kept it would keep the port accepting connections nobody serves."""
+        if not self.serves_clients and self.ctx.listen_fd >= 0:
+            try:
+                os.close(self.ctx.listen_fd)
+            except OSError:
+                pass
+            self.ctx.listen_fd = -1
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self.handle_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)     # the supervisor orders the drain
+
+    def handle_term(self, signum=None, frame=None) -> None:
+        self.stop = True
+
+    def exit(self, code: int) -> None:
+        """Leave the loop at the end of this turn with ``code``."""
+        self.exit_code = code
+        self.stop = True
+
+    def run(self) -> int:
+        try:
+            self.loop()
+            self.page.publish(status=DRAINING)
+            self.on_stop()
+            self.flush_outboxes()
+        finally:
+            self.close()
+            self.page.publish(status=STOPPED)
+        return self.exit_code
+
+    def loop(self) -> None:
+        hb, slot, mailbox = self.hb, self.ctx.heartbeat_slot, self.mailbox
+        tick_s = self.tick_s
+        while not self.stop:
+            hb.beat(slot)
+            worked = self.drain_inputs()
+            now = time.monotonic()
+            if tick_s is not None and now >= self.next_tick:
+                self.next_tick = now + tick_s
+                self.on_tick(now)
+            self.on_turn(now)
+            queued = self.flush_outboxes()
+            if not worked and not self.stop:
+                timeout = self.wait_timeout(now)
+                if tick_s is not None:
+                    timeout = min(timeout, max(0.0, self.next_tick - time.monotonic()))
+                if queued:
+                    timeout = min(timeout, QUEUED_RETRY_S)
+                mailbox.wait(timeout)
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def start_fields(self) -> dict:
+        """Extra fields of the first publish (before ``setup``)."""
+        return {}
+
+    def setup(self) -> int | None:
+        """Recovery and everything that needs the signals installed; a non-zero return is the
+        exit code (WORKER_BOOT_ERROR: the supervisor stops the appliance)."""
+        return None
+
+    def drain_inputs(self) -> bool:
+        """Serve every message waiting in the input rings; True if there was any."""
+        worked = False
+        handle = self.registry.handle
+        for src, ring in list(self.mailbox.inputs.items()):
+            while (raw := ring.get()) is not None:
+                worked = True
+                handle(src, raw)
+        return worked
+
+    def on_turn(self, now: float) -> None:
+        """Work of every loop turn, after the inputs were drained."""
+
+    def on_tick(self, now: float) -> None:
+        """Work every ``tick_s`` seconds."""
+
+    def wait_timeout(self, now: float) -> float:
+        """How long an idle turn may sleep (capped by the next tick and queued replies)."""
+        return IDLE_WAIT_S
+
+    def on_stop(self) -> None:
+        """After SIGTERM: answer what is already queued or held (the outboxes are flushed
+        after this)."""
+
+    def close(self) -> None:
+        """Release what the worker holds; runs last, also after an exception."""
+
+    # -- replies --------------------------------------------------------------------------------
+    def post(self, dst: str, data: bytes) -> None:
+        """Queue ``data`` to ``dst``; the turn's ``flush_outboxes`` rings its bell."""
+        self.outboxes[dst].post(data)
+        self.posted.add(dst)
+
+    def reply(self, dst: str, req_id: int, body: ipc.Message) -> None:
+        """The registry's answer path. A peer that went away meanwhile (a deleted topic's
+        writer) gets nothing."""
+        box = self.outboxes.get(dst)
+        if box is not None:
+            box.post(ipc.encode(req_id, body))
+            self.posted.add(dst)
+
+    def flush_outboxes(self) -> bool:
+        """Hand what was posted this turn to the rings and ring each waiting peer once; retry
+        the queues of full rings. True while something remains queued."""
+        queued = False
+        posted = self.posted
+        for dst, box in self.outboxes.items():
+            if dst in posted or box.queued:
+                if box.flush():
+                    queued = True
+        posted.clear()
+        return queued
+
+
+class AsyncWorker(Worker):
+    """A worker that sleeps in epoll (asyncio): the same prologue and hooks, with the blocking
+    loop replaced by the event loop (the mailbox is one of its readers, ``on_tick`` a timer)."""
+
+    tick_s = 0.02
+
+    def run(self) -> int:
+        return asyncio.run(self.run_async())
+
+    async def run_async(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.event_loop = loop
+        self.done = loop.create_future()
+        # Producers always ring us: we sleep in epoll, never in Mailbox.wait.
+        self.mailbox.arm()
+        loop.add_reader(self.mailbox.fileno(), self._on_bell)
+        await self.start_async()
+        # After start_async: begin_stop may use what it set up (the frontend's server).
+        loop.add_signal_handler(signal.SIGTERM, self.handle_term)
+        loop.call_soon(self._tick)
+        try:
+            await self.done
+            self.page.publish(status=DRAINING)
+            self.on_stop()
+        finally:
+            loop.remove_reader(self.mailbox.fileno())
+            self.close()
+            self.page.publish(status=STOPPED)
+        return self.exit_code
+
+    def install_signals(self) -> None:
+        # SIGTERM is the event loop's (run_async); SIGINT stays ignored.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def handle_term(self, signum=None, frame=None) -> None:
+        if not self.stop:
+            self.stop = True
+            self.begin_stop()
+
+    def finish(self) -> None:
+        """End ``run_async`` (the worker has drained)."""
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _on_bell(self) -> None:
+        self.mailbox.drain()
+        self.mailbox.arm()
+        self.drain_inputs()
+
+    def _tick(self) -> None:
+        self.hb.beat(self.ctx.heartbeat_slot)
+        self.on_tick(time.monotonic())
+        self.event_loop.call_later(self.tick_s, self._tick)
+
+    # -- hooks ----------------------------------------------------------------------------------
+    async def start_async(self) -> None:
+        """Set-up that needs the running event loop (e.g. start serving clients)."""
+
+    def begin_stop(self) -> None:
+        """SIGTERM: start draining; call ``finish`` once drained."""
+        self.finish()
