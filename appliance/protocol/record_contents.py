@@ -153,10 +153,11 @@ def _snappy_chunks(data: bytes, max_bytes: int) -> Iterator[bytes]:
 _LZ4_BLOCK_MAX = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}
 
 
-def _lz4_bound(data: bytes) -> int:
-    """Upper bound of an LZ4 frame sequence's decompressed size from its block headers alone:
-    each block decompresses to at most its frame's maximum block size."""
-    n, pos, bound = len(data), 0, 0
+def _lz4_frames(data: bytes) -> Iterator[tuple[int, bool, bool, memoryview]]:
+    """``(block_max, independent, stored, block)`` of each data block of a sequence of LZ4
+    frames (skippable frames skipped), from the frame and block headers alone."""
+    mv = memoryview(data)
+    n, pos = len(data), 0
     while pos < n:
         if pos + 4 > n:
             raise CorruptRecord("truncated lz4 frame header")
@@ -172,6 +173,7 @@ def _lz4_bound(data: bytes) -> int:
         block_max = _LZ4_BLOCK_MAX.get((bd >> 4) & 7)
         if flg >> 6 != 1 or block_max is None:
             raise CorruptRecord("bad lz4 frame descriptor")
+        independent = bool(flg & 0x20)
         pos += 7 + (8 if flg & 0x08 else 0) + (4 if flg & 0x01 else 0)
         block_checksum = 4 if flg & 0x10 else 0
         while True:
@@ -183,15 +185,34 @@ def _lz4_bound(data: bytes) -> int:
                 pos += 4 if flg & 0x04 else 0      # content checksum
                 break
             size = word & 0x7FFFFFFF
-            bound += size if word & 0x80000000 else block_max
+            if pos + size > n or size > block_max:
+                raise CorruptRecord("truncated or oversized lz4 block")
+            yield block_max, independent, bool(word & 0x80000000), mv[pos:pos + size]
             pos += size + block_checksum
-    return bound
 
 
 def _lz4_chunks(data: bytes, max_bytes: int) -> Iterator[bytes]:
-    if _lz4_bound(data) > max_bytes:
-        # Blocks may be linked (each one's matches reach into the previous 64 KiB), so one
-        # frame decodes as a whole: allowed only when its header bound fits.
+    blocks = list(_lz4_frames(data))
+    if all(independent for _, independent, _, _ in blocks):
+        # Kafka's and librdkafka's framing: every block decodes alone, one at a time.
+        total = 0
+        out = bytearray()
+        for block_max, _, stored, block in blocks:
+            if stored:
+                chunk = bytes(block)
+            else:
+                if len(out) < block_max:
+                    out = bytearray(block_max)
+                k = cramjam.lz4.decompress_block_into(block, out)
+                chunk = bytes(out[:k])
+            total += len(chunk)
+            if total > max_bytes:
+                raise _too_big(COMPRESSION_LZ4, max_bytes)
+            yield chunk
+        return
+    # Linked blocks reach into the previous 64 KiB, so such a frame decodes as a whole: allowed
+    # only when the headers bound it (each block at most its frame's maximum block size).
+    if sum(len(b) if stored else block_max for block_max, _, stored, b in blocks) > max_bytes:
         raise _too_big(COMPRESSION_LZ4, max_bytes)
     yield bytes(cramjam.lz4.decompress(data))
 
@@ -318,16 +339,20 @@ def _fast_ok(mv: memoryview, h: BatchHeader, data, *, now_ms: int, before_ms: in
         batch = bytes(head) + data
     else:
         batch = mv[:h.batch_length + LOG_OVERHEAD]
+    check_ts = h.timestamp_type == 0 and (before_ms < NO_TIMESTAMP_LIMIT or after_ms < NO_TIMESTAMP_LIMIT)
+    base = h.base_offset
     try:
+        if not (check_ts or compacted):
+            # The common case: only offsets are needed, each record freed as soon as it is read.
+            return list(map(_offset, _FastBatch(batch))) == list(range(base, base + h.records_count))
         recs = list(_FastBatch(batch))
     except Exception:
         return False
-    base = h.base_offset
     if list(map(_offset, recs)) != list(range(base, base + h.records_count)):
         return False
     if compacted and None in map(_key, recs):
         return False
-    if h.timestamp_type == 0 and (before_ms < NO_TIMESTAMP_LIMIT or after_ms < NO_TIMESTAMP_LIMIT):
+    if check_ts:
         stamps = [t for t in map(_timestamp, recs) if t != _NO_TIMESTAMP]
         if stamps and (now_ms - min(stamps) > before_ms or max(stamps) - now_ms > after_ms):
             return False
