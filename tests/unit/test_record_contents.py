@@ -167,13 +167,12 @@ def test_zstd_bomb_stops_at_the_bound():
 def test_other_writers_framings_decode():
     data = bytes(range(256)) * 400
     lim = len(data)
-    assert decompress_bounded(R.COMPRESSION_LZ4, lz4.frame.compress(data), 1 << 20) == data  # linked blocks
     # Linked blocks decode as one frame, allowed when the headers bound it: each block counts as
-    # its frame's maximum block size (4 MiB here).
-    big_blocks = lz4.frame.compress(data, block_size=lz4.frame.BLOCKSIZE_MAX4MB, content_checksum=True)
-    assert decompress_bounded(R.COMPRESSION_LZ4, big_blocks, 4 << 20) == data
+    # its frame's maximum block size (2 x 64 KiB here).
+    linked = lz4.frame.compress(data, block_linked=True, content_checksum=True)
+    assert decompress_bounded(R.COMPRESSION_LZ4, linked, 128 << 10) == data
     with pytest.raises(KafkaError):
-        decompress_bounded(R.COMPRESSION_LZ4, big_blocks, lim)
+        decompress_bounded(R.COMPRESSION_LZ4, linked, lim)
     independent = lz4.frame.compress(data, block_linked=False, block_checksum=True)
     assert decompress_bounded(R.COMPRESSION_LZ4, independent, lim) == data
     import cramjam
