@@ -145,6 +145,15 @@ class LogConfig(_Section):
     message_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1048588
     # "CreateTime" keeps the producer's timestamps; "LogAppendTime" stamps the broker's clock.
     message_timestamp_type: Literal["CreateTime", "LogAppendTime"] = "CreateTime"
+    # A CreateTime record older / newer than now by more than this is refused with
+    # INVALID_TIMESTAMP (log.message.timestamp.before.max.ms / after.max.ms; Kafka's default:
+    # no limit).
+    message_timestamp_before_max_ms: NonNegative = (1 << 63) - 1
+    message_timestamp_after_max_ms: NonNegative = (1 << 63) - 1
+    # A compressed batch may decompress to at most this many times message_max_bytes (topic
+    # max.message.bytes); beyond it produce refuses it with INVALID_RECORD, recovery truncates
+    # there. Bounds the memory one small batch can make a frontend, writer or fetcher inflate.
+    decompressed_batch_max_factor: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
     flush: FlushConfig = msgspec.field(default_factory=FlushConfig)
 
 

@@ -86,6 +86,9 @@ PRODUCER_CONFIGS: dict[str, ProducerConfig] = {
         ProducerConfig("plain", {"enable.idempotence": False}),
         ProducerConfig("idempotent", {"enable.idempotence": True}),
         ProducerConfig("transactional", {"transactional.id": "bench-{run}"}, commit_every_s=0.1),
+        # Compressed batches: the broker inflates each one to check its records (never recompresses).
+        ProducerConfig("zstd", {"enable.idempotence": False, "compression.type": "zstd"}),
+        ProducerConfig("lz4", {"enable.idempotence": False, "compression.type": "lz4"}),
     )
 }
 DEFAULT_CONFIGS = ["plain"]

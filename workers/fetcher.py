@@ -42,10 +42,12 @@ def main(ctx: WorkerContext) -> int:
 class PartitionHandle:
     """Read-only access to one partition: its state page and its log reader."""
 
-    def __init__(self, topo: Topology, data_dir: str, topic: str, topic_id: bytes, partition: int) -> None:
+    def __init__(self, topo: Topology, data_dir: str, topic: str, topic_id: bytes, partition: int,
+                 max_decompressed_bytes: int) -> None:
         self.name = writer_name(topic_id, partition)
         self.page = StatePage.open(topo.page_path(self.name), PARTITION_PAGE_FIELDS, readonly=False)
-        self.reader = LogReader(partition_dir(data_dir, topic, partition))
+        self.reader = LogReader(partition_dir(data_dir, topic, partition),
+                                max_decompressed_bytes=max_decompressed_bytes)
         self.seen_segments = -1
         self.waiters = 0
 
@@ -111,7 +113,11 @@ class Fetcher(Worker):
             return None
         if h is None:
             try:
-                h = PartitionHandle(self.topo, self.ctx.data_dir, t.name, topic_id, partition)
+                log = self.ctx.config.log
+                # The bound produce applied: this topic's max.message.bytes times the factor.
+                max_message = int(t.configs.get("max.message.bytes", log.message_max_bytes))
+                h = PartitionHandle(self.topo, self.ctx.data_dir, t.name, topic_id, partition,
+                                    max_message * log.decompressed_batch_max_factor)
             except FileNotFoundError:
                 return None
             self.handles[key] = h

@@ -1,7 +1,9 @@
 """Produce (key 0), versions 3-12: validate each partition's batch, hand it to its writer.
 
-Runs in frontends. Per batch, never per record: ``validate_batch`` checks size, magic, CRC-32C and
-the record count against the last offset delta; the writer assigns the base offset and appends.
+Runs in frontends. ``validate_batch`` checks the batch header (size, magic, CRC-32C, the record
+count against the last offset delta), then ``validate_records`` the records themselves, as
+Kafka's LogValidator does (framing, offset deltas, timestamps, compressed data within a bound;
+Produce v8+ gets per-record errors); the writer only assigns the base offset and appends.
 With acks=0 no response is sent; if such a request has an error, the connection is closed instead
 (as Kafka does, so that the producer notices).
 
@@ -16,18 +18,37 @@ transaction (implicit AddPartitionsToTxn) instead of only verifying it.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from appliance.api import handles
 from appliance.catalog import INTERNAL_TOPICS
 from appliance.errors import ErrorCode, KafkaError
 from appliance.ipc import ProduceResult
 from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
+from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValidationError,
+                                                validate_records)
 from appliance.protocol.records import validate_batch
 
 
 def _max_bytes(cfg, info) -> int:
     v = info.configs.get("max.message.bytes")
     return int(v) if v is not None else cfg.log.message_max_bytes
+
+
+def _validate_records(cfg, info, topic: str, pd, header, max_bytes: int, now_ms: int) -> None:
+    """Kafka's LogValidator per-record rules (``record_contents``): framing, offset deltas,
+    timestamps, compressed data inflated within ``decompressed_batch_max_factor`` times the
+    topic's max.message.bytes. Raises the KafkaError the partition answers."""
+    log = cfg.log
+    timestamp_type = info.configs.get("message.timestamp.type", log.message_timestamp_type)
+    # On a LogAppendTime topic the writer stamps the broker's clock: the producer's timestamps
+    # are never checked (Kafka's validateTimestamp only looks at CreateTime).
+    limit = log.message_timestamp_before_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
+    after = log.message_timestamp_after_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
+    validate_records(pd.records, header, max_bytes=max_bytes * log.decompressed_batch_max_factor,
+                     now_ms=now_ms, before_ms=limit, after_ms=after,
+                     compacted="compact" in info.configs.get("cleanup.policy", ""),
+                     topic_partition=f"{topic}-{pd.index}")
 
 
 @handles(0, "Produce", 3, 12)
@@ -40,6 +61,8 @@ async def handle(ctx, req):
     # Validate every partition's batch first: a transactional batch anywhere in a request without
     # a transactional id fails the whole request (Kafka's KafkaApis.handleProduceRequest).
     checked: list[tuple[str, object, int, object]] = []   # (topic, info, index, header or error)
+    record_errors: dict[tuple[str, int], list[tuple[int, str]]] = {}   # Produce v8+
+    now_ms = int(time.time() * 1000)
     transactional = False
     for td in req.topic_data:
         info = catalog.topics.get(td.name)
@@ -55,11 +78,14 @@ async def handle(ctx, req):
                 what = ProduceResult(int(ErrorCode.unknown_topic_or_partition))
             else:
                 try:
-                    what = validate_batch(pd.records or b"", _max_bytes(broker.cfg, info),
-                                          produce_version=ctx.version)
+                    max_bytes = _max_bytes(broker.cfg, info)
+                    what = validate_batch(pd.records or b"", max_bytes, produce_version=ctx.version)
+                    _validate_records(broker.cfg, info, td.name, pd, what, max_bytes, now_ms)
                     transactional = transactional or what.is_transactional
                 except KafkaError as e:
                     what = ProduceResult(int(e.code), error_message=e.message)
+                    if isinstance(e, RecordValidationError):
+                        record_errors[(td.name, pd.index)] = e.record_errors
             checked.append((td.name, info, pd, what))
     refuse_txn = transactional and not txn_id
     pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
@@ -90,5 +116,6 @@ async def handle(ctx, req):
         if topic is None:
             topic = by_topic[name] = ProduceTopic(name, None)
         topic.partitions.append(ProducePartition(index, r.error_code, r.base_offset, r.log_append_time,
-                                                 r.log_start_offset, (), r.error_message))
+                                                 r.log_start_offset, record_errors.get((name, index), ()),
+                                                 r.error_message))
     return encode_produce_response(ctx.version, list(by_topic.values()))

@@ -16,8 +16,10 @@ Opening (Kafka's LogLoader semantics):
      marker;
   3. finish an interrupted retention delete: segments that end at or below the log start offset
      are deleted;
-  4. without the marker, scan every segment whose base offset is >= the recovery point (CRC and
-     offset continuity), truncating after the last valid batch; if a segment that is not the last
+  4. without the marker, scan every segment whose base offset is >= the recovery point (CRC,
+     offset continuity, and records a consumer can read: ``record_contents.records_ok``, the
+     compressed ones inflated within ``max_decompressed_bytes``), truncating after the last
+     valid batch; if a segment that is not the last
      one turns out corrupt, it is truncated and every later segment deleted (as Kafka does).
      Segments below the recovery point, and all segments after a clean shutdown, are loaded with
      index sanity checks and a header walk of their tail, and recovered if that fails;
@@ -100,6 +102,7 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     segment_index_bytes: int = 10485760
     message_timestamp_type: Literal["CreateTime", "LogAppendTime"] = "CreateTime"
     max_message_bytes: int = 1048588
+    decompressed_batch_max_factor: int = 64
 
     @classmethod
     def from_config(cls, cfg: LogConfig, overrides: Mapping[str, str] | None = None) -> "LogSettings":
@@ -112,6 +115,7 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
             "segment_index_bytes": cfg.segment_index_bytes,
             "message_timestamp_type": cfg.message_timestamp_type,
             "max_message_bytes": cfg.message_max_bytes,
+            "decompressed_batch_max_factor": cfg.decompressed_batch_max_factor,
         }
         for name, raw in (overrides or {}).items():
             field = _TOPIC_KEYS.get(name)
@@ -119,6 +123,11 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
                 continue
             values[field] = raw if field == "message_timestamp_type" else int(raw)
         return msgspec.convert(values, cls)
+
+    @property
+    def max_decompressed_bytes(self) -> int:
+        """What one compressed batch may inflate to (recovery's bound, as produce's)."""
+        return self.max_message_bytes * self.decompressed_batch_max_factor
 
     @property
     def log_append_time(self) -> bool:
@@ -214,8 +223,9 @@ class PartitionLog:
             else:
                 if rebuild_from is None:
                     rebuild_from = base
-                info, corrupt, build = recover_segment(directory, base, active=False,
-                                                       next_base=next_base, **seg_kw)
+                info, corrupt, build = recover_segment(
+                    directory, base, active=False, next_base=next_base,
+                    max_decompressed_bytes=s.max_decompressed_bytes, **seg_kw)
                 loaded.append(_Loaded(info, len(build.offsets), len(build.times),
                                       build.bytes_since_last_entry))
                 if corrupt and not last:
@@ -497,7 +507,8 @@ class PartitionLog:
         timestamp is >= ``timestamp``, or None."""
         from appliance.log.reader import LogReader
         if self._reader is None:
-            self._reader = LogReader(self.directory)
+            self._reader = LogReader(self.directory,
+                                     max_decompressed_bytes=self.settings.max_decompressed_bytes)
         if self._reader_version != self.segments_version:
             self._reader.refresh()
             self._reader_version = self.segments_version

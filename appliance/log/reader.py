@@ -29,6 +29,9 @@ Rules that keep a reader safe while the writer appends, rolls, deletes and resta
 * Maps are cached per segment, at most ``max_open_segments`` of them (LRU), so a consumer reading
   a long log from the start does not exhaust ``vm.max_map_count``.
 
+ListOffsets by timestamp reads the (offset, timestamp) of a batch's records without building
+keys or values, inflating a compressed batch no further than ``max_decompressed_bytes``.
+
 Aborted transactions for read_committed fetches (``collect_aborted``) come from the segments'
 ``.txnindex`` files, read with ``pread`` (never mapped). The file of a segment that is not the
 last listed one is complete (the writer only appends to the active segment's) and is cached
@@ -51,7 +54,8 @@ from appliance.log.files import (index_path, list_segment_bases, log_path, timei
                                  txnindex_path)
 from appliance.log.index import OffsetIndex, TimeIndex
 from appliance.log.txn_index import AbortedTxn, collect_entries, read_entries
-from appliance.protocol.records import HEADER_SIZE, MAGIC, BatchHeader, decode_records, read_header
+from appliance.protocol.record_contents import DEFAULT_DECOMPRESSED_FACTOR, offsets_and_timestamps
+from appliance.protocol.records import HEADER_SIZE, MAGIC, BatchHeader, read_header
 
 __all__ = ["Slice", "ReadResult", "LogReader", "SegmentViews"]
 
@@ -175,8 +179,11 @@ class LogReader:
     segment (vm.max_map_count). Nothing handed out refers to these maps, so closing is safe.
     """
 
-    def __init__(self, directory: str, *, max_open_segments: int = 8) -> None:
+    def __init__(self, directory: str, *, max_open_segments: int = 8,
+                 max_decompressed_bytes: int = DEFAULT_DECOMPRESSED_FACTOR * 1048588) -> None:
         self.directory = directory
+        # Timestamp lookups walk a compressed batch's records: never inflating more than this.
+        self.max_decompressed_bytes = max_decompressed_bytes
         self._segs: list[_Segment] = []
         self._bases: list[int] = []
         self._open: OrderedDict[int, _Segment] = OrderedDict()
@@ -432,9 +439,10 @@ class LogReader:
                     return None
                 if h.max_timestamp >= target and h.last_offset >= start:
                     size = h.batch_length + 12
-                    for rec in decode_records(seg.log(pos + size)[pos:pos + size]):
-                        if rec.timestamp >= target and start <= rec.offset < hw:
-                            return rec.offset, rec.timestamp
+                    for off, ts in offsets_and_timestamps(seg.log(pos + size)[pos:pos + size],
+                                                          max_bytes=self.max_decompressed_bytes):
+                        if ts >= target and start <= off < hw:
+                            return off, ts
                 expected = h.last_offset + 1
                 if expected >= hw or expected == next_base:
                     break
@@ -474,9 +482,10 @@ def _max_timestamp_impl(reader: "LogReader", hw: int, lso: int) -> tuple[int, in
         if h.max_timestamp == target:
             size = h.batch_length + 12
             seg = reader._seg(i)
-            for rec in decode_records(seg.log(pos + size)[pos:pos + size]):
-                if rec.timestamp == target and lso <= rec.offset < hw:
-                    return rec.offset, rec.timestamp
+            for off, ts in offsets_and_timestamps(seg.log(pos + size)[pos:pos + size],
+                                                  max_bytes=reader.max_decompressed_bytes):
+                if ts == target and lso <= off < hw:
+                    return off, ts
     return None
 
 

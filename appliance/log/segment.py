@@ -25,7 +25,9 @@ trimmed copies (rename; readers keep the old file), then fsyncs - the ``.txninde
 that a segment below the recovery point has a complete, durable aborted-transaction index.
 
 Recovery (``recover_segment``) follows Kafka's LogSegment.recover: walk the batches from position
-0 checking length, magic, CRC and offset continuity, stop at the first bad one, truncate the file
+0 checking length, magic, CRC and offset continuity - and, stricter than Kafka, that the records
+can be read (framing, compressed data inflated within a bound; ``record_contents.records_ok``),
+so that a batch which passed its CRC but not a consumer is cut off too - stop at the first bad one, truncate the file
 there and rebuild both indexes from the headers just read. The indexes of a scanned segment are
 always rebuilt instead of verified: the scan has already read every header, rebuilding costs one
 pass over that list, and it cannot be fooled by entries written for a batch whose bytes did not
@@ -43,6 +45,7 @@ from appliance.log.files import atomic_write, index_path, log_path, timeindex_pa
 from appliance.log.index import (CorruptIndex, OffsetIndex, TimeIndex, encode_offset_entries,
                                  encode_time_entries)
 from appliance.log.txn_index import TransactionIndex
+from appliance.protocol.record_contents import records_ok
 from appliance.protocol.records import BatchHeader, iter_batch_headers, scan_valid
 
 __all__ = ["SegmentInfo", "LogSegment", "IndexBuild", "build_index_entries", "recover_segment",
@@ -110,10 +113,11 @@ def _all_zero(m: mmap.mmap, start: int, end: int, chunk: int = 1 << 22) -> bool:
 
 
 def recover_segment(directory: str, base_offset: int, *, active: bool, segment_bytes: int,
-                    index_bytes: int, interval: int, next_base: int | None = None
+                    index_bytes: int, interval: int, next_base: int | None = None,
+                    max_decompressed_bytes: int = 64 * 1048588
                     ) -> tuple[SegmentInfo, bool, IndexBuild]:
-    """Scan ``<base>.log`` (length, magic, CRC, contiguous offsets), truncate it after the last
-    valid batch and rebuild its indexes. Returns (info, corrupt, index build) where ``corrupt``
+    """Scan ``<base>.log`` (length, magic, CRC, contiguous offsets, readable records), truncate
+    it after the last valid batch and rebuild its indexes. Returns (info, corrupt, index build) where ``corrupt``
     says that non-zero bytes followed the valid prefix or that the segment does not end where
     ``next_base`` starts - the caller then drops every later segment (Kafka's LogLoader does the
     same: the log must stay a contiguous prefix)."""
@@ -131,7 +135,11 @@ def recover_segment(directory: str, base_offset: int, *, active: bool, segment_b
                 batches, valid_end = scan_valid(m, 0, file_size)
                 expected = base_offset
                 for i, (pos, h) in enumerate(batches):       # offsets must be contiguous
-                    if h.base_offset != expected or h.last_offset_delta < 0:
+                    # A batch whose CRC holds but whose records a consumer cannot read (broken
+                    # framing, undecodable or oversized compressed data) is as corrupt as a torn
+                    # one: truncate there instead of serving it, or crashing on it, forever.
+                    if (h.base_offset != expected or h.last_offset_delta < 0
+                            or not records_ok(m, pos, h, max_bytes=max_decompressed_bytes)):
                         batches, valid_end = batches[:i], pos
                         break
                     expected = h.base_offset + h.last_offset_delta + 1

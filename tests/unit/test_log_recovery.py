@@ -16,7 +16,11 @@ from appliance.log.index import OffsetIndex, TimeIndex
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.reader import LogReader
 from appliance.log.segment import build_index_entries
-from appliance.protocol.records import Record, build_batch, iter_batch_headers, scan_valid
+from crc32c import crc32c
+
+from appliance.protocol.records import (ATTRIBUTES_OFFSET, COMPRESSION_ZSTD, CRC_OFFSET, HEADER_SIZE,
+                                        Record, build_batch, iter_batch_headers, read_header,
+                                        scan_valid)
 
 T0 = 1_700_000_000_000
 SEG = 2048
@@ -137,6 +141,37 @@ def test_corrupt_crc_in_the_middle_of_active_segment_keeps_prefix(tmp_path):
     assert log.log_end_offset == valid[3][1].base_offset
     log.close()
     assert read_all(d, valid[3][1].base_offset) == b"".join(sent[:3])
+    check_indexes_consistent(d, 0)
+
+
+def _poison(data: bytearray, pos: int, how: str) -> None:
+    """Make the batch at ``pos`` unreadable by a consumer while its CRC still holds."""
+    h = read_header(data, pos)
+    end = pos + h.size
+    if how == "record length":                 # the first record's length varint
+        data[pos + HEADER_SIZE] = 0x7E
+    elif how == "garbage claimed as zstd":
+        data[pos + 22] |= COMPRESSION_ZSTD
+    struct.pack_into(">I", data, pos + CRC_OFFSET, crc32c(bytes(data[pos + ATTRIBUTES_OFFSET:end])))
+
+
+@pytest.mark.parametrize("how", ["record length", "garbage claimed as zstd"])
+def test_recovery_truncates_at_a_crc_valid_batch_whose_records_are_unreadable(tmp_path, how):
+    d = str(tmp_path)
+    sent = make_log(d, 6)
+    data = bytearray(open(log_path(d, 0), "rb").read())
+    valid, _ = scan_valid(data)
+    pos3 = valid[3][0]
+    _poison(data, pos3, how)
+    with open(log_path(d, 0), "r+b") as f:
+        f.write(data)
+    assert len(scan_valid(data)[0]) == len(valid)      # the CRC alone does not see it
+    log = PartitionLog.open(d, S, T0)
+    assert log.log_end_offset == valid[3][1].base_offset
+    log.append(batch(99), T0)
+    leo = log.log_end_offset
+    log.close()
+    assert read_all(d, leo)[:sum(map(len, sent[:3]))] == b"".join(sent[:3])
     check_indexes_consistent(d, 0)
 
 
