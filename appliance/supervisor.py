@@ -19,6 +19,7 @@ requests), then writers (flush, close segments cleanly), fetchers and the coordi
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import fcntl
 import json
@@ -41,9 +42,10 @@ from . import catalog as cat
 from . import ipc
 from .config import Config
 from .errors import ErrorCode, KafkaError
-from .log.files import atomic_write
+from .log.files import TMP_SUFFIX, atomic_write
 from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
-                      EXIT_DATA_DIR, EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
+                      EXIT_DATA_DIR, EXIT_LISTEN_ADDRESS, EXIT_LISTEN_IN_USE, EXIT_OK,
+                      EXIT_RUNTIME_DIR, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
                       PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING, RUNTIME_POINTER,
                       STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
@@ -87,8 +89,29 @@ class PendingDelete:
     topics: list[cat.TopicInfo]
 
 
-class DataDirUnusable(Exception):
-    pass
+class StartFailure(Exception):
+    """The appliance cannot start for a reason the operator must see; ``exit_code`` is the
+    documented exit status of ``appliance run`` (appliance.runtime EXIT_*)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class DataDirUnusable(StartFailure):
+    exit_code = EXIT_DATA_DIR
+
+
+class RuntimeDirUnusable(StartFailure):
+    exit_code = EXIT_RUNTIME_DIR
+
+
+# Disk full: the start writes nothing that needs new space (issue: an appliance that cannot
+# start on a full disk cannot serve the DeleteTopics that would free it; Kafka starts).
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class Supervisor:
@@ -108,29 +131,43 @@ class Supervisor:
         self.frontends = [frontend_name(i) for i in range(config.frontend_count)]
         self.fetchers = [fetcher_name(i) for i in range(config.server.fetchers)]
         self._lock_fd = -1
+        self._run_dir_made = False
         self.listener: socket.socket | None = None
         self.bound_port = 0
 
     # -- set-up ---------------------------------------------------------------------------------
     def _prepare_data_dir(self) -> None:
+        # No probe write: on a full disk it would fail, and the appliance must start there to
+        # serve the deletes that free it. Opening the lock file read-write proves what the probe
+        # did (EROFS on a read-only mount, EACCES without permission), creating it when missing.
         try:
             os.makedirs(self.data_dir, exist_ok=True)
-            probe = os.path.join(self.data_dir, f".probe.{os.getpid()}")
-            with open(probe, "wb") as f:
-                f.write(b"x")
-                os.fsync(f.fileno())
-            os.unlink(probe)
+            if not os.access(self.data_dir, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
             self._lock_fd = os.open(os.path.join(self.data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
             raise DataDirUnusable(
                 f"data dir {self.data_dir} is locked by another appliance process") from None
-        os.ftruncate(self._lock_fd, 0)
-        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
-        self._check_meta_properties()
+        # The pid is for operators only; written over the old one (no new block needed).
+        pid = f"{os.getpid()}\n".encode()
+        try:
+            os.pwrite(self._lock_fd, pid, 0)
+            os.ftruncate(self._lock_fd, len(pid))
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
+            log.warning("data dir %s is full: the lock file does not name our pid", self.data_dir)
+        try:
+            self._check_meta_properties()
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) else "meta.properties is not text"
+            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {why}") from None
 
     def _check_meta_properties(self) -> None:
         """Kafka's meta.properties: the cluster id is made once; the node id must not change."""
@@ -153,24 +190,61 @@ class Supervisor:
 
     def _prepare_run_dir(self) -> None:
         parent = os.path.dirname(self.run_dir)
-        # Remove runtime dirs of supervisors that died without cleaning up (kill -9).
-        for entry in os.listdir(parent) if os.path.isdir(parent) else []:
-            if entry.startswith("appliance-") and entry[10:].isdigit():
-                pid = int(entry[10:])
-                if pid != os.getpid() and not _pid_alive(pid):
-                    shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-        if os.path.exists(self.run_dir):
-            shutil.rmtree(self.run_dir)
-        os.makedirs(self.run_dir, mode=0o700)
-        atomic_write(os.path.join(self.data_dir, RUNTIME_POINTER), self.run_dir.encode())
+        try:
+            # Remove runtime dirs of supervisors that died without cleaning up (kill -9).
+            for entry in os.listdir(parent) if os.path.isdir(parent) else []:
+                if entry.startswith("appliance-") and entry[10:].isdigit():
+                    pid = int(entry[10:])
+                    if pid != os.getpid() and not _pid_alive(pid):
+                        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+            if os.path.lexists(self.run_dir):
+                # It is removed, and removed again on exit: only an old runtime dir of ours (or
+                # an empty dir) may be, never a directory someone named by mistake.
+                if not _is_runtime_dir(self.run_dir):
+                    raise RuntimeDirUnusable(
+                        f"runtime dir {self.run_dir} (server.runtime_dir) is neither an empty "
+                        f"directory nor an old appliance runtime dir; refusing to remove it")
+                shutil.rmtree(self.run_dir)
+            os.makedirs(self.run_dir, mode=0o700)
+            self._run_dir_made = True
+            probe = os.path.join(self.run_dir, HEARTBEAT_FILE)
+            os.close(os.open(probe, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError as e:
+            raise RuntimeDirUnusable(
+                f"runtime dir {self.run_dir} (server.runtime_dir) is unusable: {e.strerror}") from None
+        ptr = os.path.join(self.data_dir, RUNTIME_POINTER)
+        try:
+            atomic_write(ptr, self.run_dir.encode())
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                raise
+            # For tools and tests only: a full data dir goes on without it.
+            log.warning("data dir %s is full: %s not written", self.data_dir, RUNTIME_POINTER)
+            for stale in (ptr, ptr + TMP_SUFFIX):
+                with contextlib.suppress(OSError):
+                    os.unlink(stale)
 
     def _bind(self) -> None:
         host, port = self.cfg.listen_host, self.cfg.listen_port
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         s = socket.socket(family, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-        s.listen(1024)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+            s.listen(1024)
+        except socket.gaierror as e:
+            s.close()
+            raise StartFailure(f"server.listen {self.cfg.server.listen}: host {host!r} does not "
+                               f"resolve: {e.strerror}", EXIT_LISTEN_ADDRESS) from None
+        except OSError as e:
+            s.close()
+            if e.errno == errno.EADDRINUSE:
+                raise StartFailure(f"server.listen {self.cfg.server.listen}: address already in "
+                                   f"use", EXIT_LISTEN_IN_USE) from None
+            if e.errno in (errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM, errno.EAFNOSUPPORT):
+                raise StartFailure(f"server.listen {self.cfg.server.listen}: cannot listen "
+                                   f"there: {e.strerror}", EXIT_LISTEN_ADDRESS) from None
+            raise
         s.set_inheritable(True)
         self.listener = s
         self.bound_port = s.getsockname()[1]
@@ -308,9 +382,10 @@ class Supervisor:
         setup_logging("supervisor")
         try:
             self._setup()
-        except DataDirUnusable as e:
-            log.error("%s", e)
-            return EXIT_DATA_DIR
+        except StartFailure as e:
+            log.error("cannot start: %s (exit %d)", e, e.exit_code)
+            self._cleanup()
+            return e.exit_code
         except OSError as e:
             log.error("cannot start: %s", e)
             self._cleanup()
@@ -639,10 +714,13 @@ class Supervisor:
         self._reap()
 
     def _cleanup(self) -> None:
+        # Only what this supervisor made: a runtime dir it refused to use stays, and the
+        # pointer of another appliance holding the data-dir lock is that appliance's.
         try:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            if self._run_dir_made:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
             ptr = os.path.join(self.data_dir, RUNTIME_POINTER)
-            if os.path.exists(ptr):
+            if self._lock_fd >= 0 and os.path.exists(ptr):
                 os.unlink(ptr)
         except OSError:
             pass
@@ -665,6 +743,12 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
         except (ValueError, OSError):
             pass
+
+
+def _is_runtime_dir(path: str) -> bool:
+    """An empty directory, or one an appliance supervisor made (it holds the heartbeat table)."""
+    return os.path.isdir(path) and not os.path.islink(path) and (
+        not os.listdir(path) or os.path.exists(os.path.join(path, HEARTBEAT_FILE)))
 
 
 def _kill(pid: int | None, sig: int) -> None:
