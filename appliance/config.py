@@ -73,6 +73,10 @@ class ServerConfig(_Section):
     node_id: Int32NonNegative = 1
     # Where partitions, the transaction log and the group log live.
     data_dir: str = "./data"
+    # Bytes of the data dir's file system set aside (in <data_dir>/.reserve) while it has room,
+    # and given back when a start finds it full, so that recovery and DeleteTopics can still
+    # write there; 0 = none.
+    disk_reserve_bytes: NonNegative = 67108864
     # Where shared-memory files (rings, state pages, doorbells) live; empty = /dev/shm/appliance-<pid>
     # (or the system temp dir when /dev/shm is missing). Removed on exit.
     runtime_dir: str = ""

@@ -44,13 +44,14 @@ from .config import Config
 from .errors import ErrorCode, KafkaError
 from .log.files import TMP_SUFFIX, atomic_write
 from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
-                      EXIT_DATA_DIR, EXIT_LISTEN_ADDRESS, EXIT_LISTEN_IN_USE, EXIT_OK,
-                      EXIT_RUNTIME_DIR, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
+                      EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
                       PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING, RUNTIME_POINTER,
                       STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
                       fetcher_name, frontend_name, set_process_name, setup_logging, writer_name)
 from .service import Registry, Responder, serves
+from .startup import (NO_SPACE, DataDirUnusable, DiskReserve, RuntimeDirUnusable, StartFailure,
+                      bind_listener, is_runtime_dir)
 from .topic_config import validate_topic_configs
 
 log = logging.getLogger("appliance.supervisor")
@@ -87,31 +88,6 @@ class PendingDelete:
     results: list[cat.TopicResult]
     writers: list[WorkerSpec]
     topics: list[cat.TopicInfo]
-
-
-class StartFailure(Exception):
-    """The appliance cannot start for a reason the operator must see; ``exit_code`` is the
-    documented exit status of ``appliance run`` (appliance.runtime EXIT_*)."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, exit_code: int | None = None) -> None:
-        super().__init__(message)
-        if exit_code is not None:
-            self.exit_code = exit_code
-
-
-class DataDirUnusable(StartFailure):
-    exit_code = EXIT_DATA_DIR
-
-
-class RuntimeDirUnusable(StartFailure):
-    exit_code = EXIT_RUNTIME_DIR
-
-
-# Disk full: the start writes nothing that needs new space (issue: an appliance that cannot
-# start on a full disk cannot serve the DeleteTopics that would free it; Kafka starts).
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class Supervisor:
@@ -160,7 +136,7 @@ class Supervisor:
             os.pwrite(self._lock_fd, pid, 0)
             os.ftruncate(self._lock_fd, len(pid))
         except OSError as e:
-            if e.errno not in _NO_SPACE:
+            if e.errno not in NO_SPACE:
                 raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
             log.warning("data dir %s is full: the lock file does not name our pid", self.data_dir)
         try:
@@ -200,7 +176,7 @@ class Supervisor:
             if os.path.lexists(self.run_dir):
                 # It is removed, and removed again on exit: only an old runtime dir of ours (or
                 # an empty dir) may be, never a directory someone named by mistake.
-                if not _is_runtime_dir(self.run_dir):
+                if not is_runtime_dir(self.run_dir):
                     raise RuntimeDirUnusable(
                         f"runtime dir {self.run_dir} (server.runtime_dir) is neither an empty "
                         f"directory nor an old appliance runtime dir; refusing to remove it")
@@ -216,7 +192,7 @@ class Supervisor:
         try:
             atomic_write(ptr, self.run_dir.encode())
         except OSError as e:
-            if e.errno not in _NO_SPACE:
+            if e.errno not in NO_SPACE:
                 raise
             # For tools and tests only: a full data dir goes on without it.
             log.warning("data dir %s is full: %s not written", self.data_dir, RUNTIME_POINTER)
@@ -225,34 +201,15 @@ class Supervisor:
                     os.unlink(stale)
 
     def _bind(self) -> None:
-        host, port = self.cfg.listen_host, self.cfg.listen_port
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        s = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-            s.listen(1024)
-        except socket.gaierror as e:
-            s.close()
-            raise StartFailure(f"server.listen {self.cfg.server.listen}: host {host!r} does not "
-                               f"resolve: {e.strerror}", EXIT_LISTEN_ADDRESS) from None
-        except OSError as e:
-            s.close()
-            if e.errno == errno.EADDRINUSE:
-                raise StartFailure(f"server.listen {self.cfg.server.listen}: address already in "
-                                   f"use", EXIT_LISTEN_IN_USE) from None
-            if e.errno in (errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM, errno.EAFNOSUPPORT):
-                raise StartFailure(f"server.listen {self.cfg.server.listen}: cannot listen "
-                                   f"there: {e.strerror}", EXIT_LISTEN_ADDRESS) from None
-            raise
-        s.set_inheritable(True)
-        self.listener = s
-        self.bound_port = s.getsockname()[1]
+        self.listener = bind_listener(self.cfg)
+        self.bound_port = self.listener.getsockname()[1]
 
     def _setup(self) -> None:
         self._pid = os.getpid()
         _raise_fd_limit()
         self._prepare_data_dir()
+        self.reserve = DiskReserve(self.data_dir, self.cfg.server.disk_reserve_bytes)
+        self.reserve.at_start()
         self.store = cat.CatalogStore(self.data_dir)
         self.store.load()
         self._prepare_run_dir()
@@ -598,7 +555,17 @@ class Supervisor:
                                                error_message=e.message))
         writers: list[WorkerSpec] = []
         if accepted and not req.validate_only:
-            self.store.add_topics(accepted)
+            try:
+                self.store.add_topics(accepted)
+            except OSError as e:
+                if e.errno not in NO_SPACE:
+                    raise
+                # Not committed (the sweep at the next start removes its directories); a full
+                # disk is refused as Kafka refuses a write to a full log dir.
+                accepted = []
+                results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
+                                           error_message="the data dir's file system is full")
+                           if r.error_code == 0 else r for r in results]
             for t in accepted:
                 for p in range(t.partitions):
                     spec = self._add_writer(t, p)
@@ -621,7 +588,11 @@ class Supervisor:
             else:
                 names.append(name)
                 results.append(cat.TopicResult(name=name, error_code=0, topic_id=t.topic_id))
-        removed = self.store.remove_topics(names) if names else []
+        removed = self._remove_topics(names) if names else []
+        if names and not removed:
+            results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
+                                       error_message="the data dir's file system is full")
+                       if r.error_code == 0 else r for r in results]
         self._publish_catalog()
         writers = []
         for t in removed:
@@ -633,6 +604,20 @@ class Supervisor:
                 writers.append(spec)
         self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
         self._check_pending()
+
+    def _remove_topics(self, names: list[str]) -> list[cat.TopicInfo]:
+        """Commit a DeleteTopics; on a full disk the reserve gives the catalog its room (the
+        delete is what frees the disk). Nothing removed when even that fails."""
+        for attempt in (1, 2):
+            try:
+                return self.store.remove_topics(names)
+            except OSError as e:
+                if e.errno not in NO_SPACE:
+                    raise
+                if attempt == 2 or not self.reserve.release("DeleteTopics needs room"):
+                    break
+        log.error("DeleteTopics %s: the data dir's file system is full", names)
+        return []
 
     def _check_pending(self) -> None:
         now = time.monotonic()
@@ -667,6 +652,8 @@ class Supervisor:
                 self.free_slots.append(s.heartbeat_slot)
             for t in pd.topics:
                 self.store.delete_dirs(t)
+            if pd.topics:
+                self.reserve.restore(need_free=self.reserve.size)
             self._write_processes()
             pd.respond(cat.TopicsResult(pd.results))
         self.pending_deletes = still_d
@@ -743,12 +730,6 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
         except (ValueError, OSError):
             pass
-
-
-def _is_runtime_dir(path: str) -> bool:
-    """An empty directory, or one an appliance supervisor made (it holds the heartbeat table)."""
-    return os.path.isdir(path) and not os.path.islink(path) and (
-        not os.listdir(path) or os.path.exists(os.path.join(path, HEARTBEAT_FILE)))
 
 
 def _kill(pid: int | None, sig: int) -> None:

@@ -23,6 +23,7 @@ confirmation (the race guard), and the batch is refused with INVALID_TXN_STATE.
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import logging
 import os
@@ -183,10 +184,22 @@ class PartitionWriter:
         finally:
             self.flusher.stop()
             self.log.flush()
-            self.psm.take_snapshot(self.log.log_end_offset)   # no replay after a clean stop
-            self.log.close(clean=True)
+            self._close_log()
             self.page.publish(status=STOPPED)
         return 0
+
+    def _close_log(self) -> None:
+        """Snapshot (no replay after a clean stop) and seal the log. On a full disk both are
+        given up, never the stop: the next open replays and recovers the tail, as after a crash
+        (the log itself is already in the page cache)."""
+        try:
+            self.psm.take_snapshot(self.log.log_end_offset)
+            self.log.close(clean=True)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("%s-%d: file system full at stop: closing without the clean-shutdown "
+                        "marker (the next start recovers the tail)", self.ctx.topic, self.ctx.index)
 
     def _on_term(self, signum, frame) -> None:
         self.stop = True
