@@ -10,7 +10,8 @@ reaps dead children, kills workers whose heartbeat went stale, and respawns with
 that restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
 reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
 
-Start: lock the data dir, load the catalog, create the runtime dir and every ring, bind the listening
+Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give
+back the disk reserve if the disk is full, load the catalog, create the runtime dir and every ring, bind the listening
 socket, fork the writers and wait for them to recover, then fork coordinator, fetchers, frontends,
 then notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
 requests), then writers (flush, close segments cleanly), fetchers and the coordinator.

@@ -2,7 +2,9 @@
 
 Kafka starts on a full log dir and serves deletes; an appliance that refused to start there
 (its start wrote a probe file, a pointer, checkpoints, index rebuilds, the coordinator's epoch)
-could not be used to free its own disk. The data dir here is a small ext4 file system on a loop
+could not be used to free its own disk. The supervisor's disk reserve (``server.disk_reserve_bytes``,
+made while there is room, given back when a start finds the disk full) is what lets recovery,
+the coordinator and the DeleteTopics commit write there. The data dir here is a small ext4 file system on a loop
 device, filled to the last block by a filler file, with the appliance stopped and started again
 on it. Needs root and a loop device (CI has both): without them the test fails, it never skips.
 """
