@@ -12,7 +12,11 @@ Sources, later ones winning:
   4. command-line flags (``--listen``, ``--data-dir``).
 
 Unknown keys and values of the wrong type or out of range are rejected with a message that names
-the key, e.g. ``config: log.segment_bytes: Expected `int` >= 1048576, got 10``.
+the key, e.g. ``config: log.segment_bytes: Expected `int` >= 1048576, got 10``, and the
+environment variable when the value came from one (``... (from environment
+APPLIANCE_LOG__SEGMENT_BYTES)``). What only ``appliance run`` can find out (the listen address is in
+use or does not resolve, the runtime dir cannot be made) is the supervisor's to report, with its own
+exit status (``appliance.runtime``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,12 @@ ENV_PREFIX = "APPLIANCE_"
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+# Kafka's node.id is an int32 on the wire (Metadata, FindCoordinator, DescribeCluster).
+Int32NonNegative = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+# Every frontend and fetcher is a process with rings to every other; more than this is a typo,
+# not a machine (and 0 = one per core is capped at it too).
+MAX_WORKERS_PER_ROLE = 256
+WorkerCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_WORKERS_PER_ROLE)]
 
 
 class ConfigError(Exception):
@@ -60,16 +70,20 @@ class ServerConfig(_Section):
     # host:port written into Metadata/FindCoordinator answers; empty = same as listen.
     advertised_listener: str = ""
     # This broker's node id (Kafka's node.id).
-    node_id: NonNegative = 1
+    node_id: Int32NonNegative = 1
     # Where partitions, the transaction log and the group log live.
     data_dir: str = "./data"
+    # Bytes of the data dir's file system set aside (in <data_dir>/.reserve) while it has room,
+    # and given back when a start finds it full, so that recovery and DeleteTopics can still
+    # write there; 0 = none.
+    disk_reserve_bytes: NonNegative = 67108864
     # Where shared-memory files (rings, state pages, doorbells) live; empty = /dev/shm/appliance-<pid>
     # (or the system temp dir when /dev/shm is missing). Removed on exit.
     runtime_dir: str = ""
     # Frontend processes (own client connections); 0 = one per CPU core.
-    frontends: NonNegative = 0
+    frontends: WorkerCount = 0
     # Fetch worker processes.
-    fetchers: Positive = 1
+    fetchers: Annotated[int, msgspec.Meta(ge=1, le=MAX_WORKERS_PER_ROLE)] = 1
     # Largest request frame accepted (Kafka's socket.request.max.bytes); bigger: connection closed.
     socket_request_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 104857600
     # Idle client connections are closed after this long (Kafka's connections.max.idle.ms).
@@ -259,7 +273,7 @@ class Config(_Section):
 
     @property
     def frontend_count(self) -> int:
-        return self.server.frontends or (os.cpu_count() or 1)
+        return self.server.frontends or min(os.cpu_count() or 1, MAX_WORKERS_PER_ROLE)
 
 
 def parse_hostport(value: str, key: str) -> tuple[str, int]:
@@ -276,8 +290,10 @@ def _env_value(raw: str) -> Any:
         return raw
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The overrides the environment gives, and which variable set each dotted key."""
+    out: dict[str, Any] = {}
+    origin: dict[str, str] = {}
     for name, raw in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
@@ -285,18 +301,41 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         if len(path) < 2 or not all(path):
             raise ConfigError(
                 f"config: environment {name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:
+            # os.environ keeps undecodable bytes as surrogates (PEP 383).
+            raise ConfigError(f"config: {'.'.join(path)}: not valid UTF-8 "
+                              f"(from environment {name})") from None
         node: dict[str, Any] = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
+        for depth, part in enumerate(path[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"config: {'.'.join(path[:depth + 1])}: is a value, not a table "
+                                  f"(from environment {origin.get('.'.join(path[:depth + 1]), name)})")
+            node = child
+        if isinstance(node.get(path[-1]), dict):
+            raise ConfigError(f"config: {'.'.join(path)}: is a table, not a value "
+                              f"(from environment {name})")
         node[path[-1]] = _env_value(raw)
-    return out
+        origin[".".join(path)] = name
+    return out, origin
 
 
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def _merge(base: dict[str, Any], over: Mapping[str, Any], where: str = "") -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
+        key = f"{where}.{k}" if where else k
+        if isinstance(v, Mapping):
+            if k not in out:
+                out[k] = _merge({}, v, key)
+            elif isinstance(out[k], dict):
+                out[k] = _merge(out[k], v, key)
+            else:
+                # A table the file got wrong (``server = 5``) is reported, never silently replaced
+                # by the overrides of one of its keys.
+                raise ConfigError(f"config: {key}: Expected `object`, got "
+                                  f"`{type(out[k]).__name__}`")
         else:
             out[k] = v
     return out
@@ -317,30 +356,85 @@ def _check_consistency(cfg: Config) -> None:
             f"= {2 * (cfg.log.message_max_bytes + 65536)}")
     if cfg.supervisor.restart_backoff_max_ms < cfg.supervisor.restart_backoff_initial_ms:
         raise ConfigError("config: supervisor.restart_backoff_max_ms: must be >= restart_backoff_initial_ms")
+    # Kafka refuses group.min.session.timeout.ms > group.max.session.timeout.ms the same way:
+    # no session timeout could ever be accepted.
+    if cfg.groups.min_session_timeout_ms > cfg.groups.max_session_timeout_ms:
+        raise ConfigError(
+            f"config: groups.min_session_timeout_ms: must be <= groups.max_session_timeout_ms "
+            f"({cfg.groups.min_session_timeout_ms} > {cfg.groups.max_session_timeout_ms})")
+    if cfg.server.runtime_dir:
+        run = os.path.abspath(cfg.server.runtime_dir)
+        data = os.path.abspath(cfg.server.data_dir)
+        # The runtime dir is removed on exit: it must not hold the data dir.
+        if data == run or data.startswith(run.rstrip(os.sep) + os.sep):
+            raise ConfigError(
+                f"config: server.runtime_dir: must not be server.data_dir or a parent of it "
+                f"({cfg.server.runtime_dir!r})")
+
+
+def _read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"config: file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError(f"config: {path}: cannot be read: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        # TOML files are UTF-8 (TOML 1.0, "Spec"); say where the first bad byte is.
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"config: {path}: not valid TOML: not UTF-8 "
+                          f"(byte 0x{data[e.start]:02x} on line {line})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config: {path}: not valid TOML: {e}") from None
 
 
 def load(path: str | os.PathLike[str] | None = None,
          environ: Mapping[str, str] | None = None,
          overrides: Mapping[str, Any] | None = None) -> Config:
-    """Decode the effective configuration; raise ConfigError naming the bad key."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                raw = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"config: file not found: {path}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config: {path}: not valid TOML: {e}") from None
-    raw = _merge(raw, _env_overrides(os.environ if environ is None else environ))
-    if overrides:
-        raw = _merge(raw, overrides)
+    """Decode the effective configuration; raise ConfigError naming the bad key (and the
+    environment variable it came from, if it did)."""
+    raw: dict[str, Any] = _read_file(path) if path is not None else {}
+    env, origin = _env_overrides(os.environ if environ is None else environ)
     try:
-        cfg = msgspec.convert(raw, Config)
+        raw = _merge(raw, env)
+        if overrides:
+            # A bad value in the file or the environment is an error even where a flag
+            # overrides it: the flag must not hide a file that the next start without it reads.
+            _convert(raw)
+            for section, values in overrides.items():
+                for key in values:
+                    origin.pop(f"{section}.{key}", None)   # a flag wins over the environment
+            raw = _merge(raw, overrides)
+        cfg = _convert(raw)
+        _check_consistency(cfg)
+    except ConfigError as e:
+        raise ConfigError(_name_origin(str(e), origin)) from None
+    return cfg
+
+
+def _convert(raw: dict[str, Any]) -> Config:
+    try:
+        return msgspec.convert(raw, Config)
     except msgspec.ValidationError as e:
         raise ConfigError(f"config: {_explain(str(e))}") from None
-    _check_consistency(cfg)
-    return cfg
+
+
+def _name_origin(msg: str, origin: Mapping[str, str]) -> str:
+    """Append the environment variable that set the key a message names."""
+    key = msg.removeprefix("config: ").partition(":")[0]
+    name = origin.get(key)
+    if name is None:
+        # A key below a table an environment variable set (APPLIANCE_LOG__FLUSH=x), or an
+        # unknown table only an environment variable names (APPLIANCE_LGO__X: "lgo: unknown key").
+        unknown = msg.endswith(": unknown key")
+        name = next((n for k, n in origin.items()
+                     if key.startswith(k + ".") or (unknown and k.startswith(key + "."))), None)
+    return f"{msg} (from environment {name})" if name and "(from environment" not in msg else msg
 
 
 def _explain(msg: str) -> str:

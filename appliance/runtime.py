@@ -53,12 +53,19 @@ HEARTBEAT_SLOTS = 8192
 PROCESSES_FILE = "processes.json"
 RUNTIME_POINTER = ".runtime"   # in the data dir: path of the current runtime dir (for tools/tests)
 
-# Exit codes. Workers: WORKER_BOOT_ERROR tells the supervisor not to restart (the arbiter's reserved
-# code, as in pre-fork servers); the supervisor then stops everything.
+# Exit statuses of ``appliance run`` (README, "Exit status"; systemd/appliance.service lists in
+# RestartPreventExitStatus= those a restart cannot fix). 1 stays Python's: an unexpected error.
 EXIT_OK = 0
-EXIT_CONFIG = 2
-EXIT_DATA_DIR = 3
-EXIT_CRASH_LOOP = 4
+EXIT_CONFIG = 2             # configuration error (also click's usage error): not restarted
+EXIT_DATA_DIR = 3           # data dir unusable (not writable, locked, another node id): not restarted
+EXIT_CRASH_LOOP = 4         # a worker crash-loops or failed to boot: restarted
+EXIT_LISTEN_IN_USE = 5      # server.listen is in use (EADDRINUSE): restarted, its holder may go
+EXIT_LISTEN_ADDRESS = 6     # server.listen's host does not resolve, is not this machine's, or the
+                            # port needs privileges: not restarted
+EXIT_RUNTIME_DIR = 7        # server.runtime_dir cannot be made, or holds files that are not ours:
+                            # not restarted
+# Workers: WORKER_BOOT_ERROR tells the supervisor not to restart (the arbiter's reserved code, as
+# in pre-fork servers); the supervisor then stops everything and exits EXIT_CRASH_LOOP.
 WORKER_BOOT_ERROR = 3
 
 

@@ -10,7 +10,8 @@ reaps dead children, kills workers whose heartbeat went stale, and respawns with
 that restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
 reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
 
-Start: lock the data dir, load the catalog, create the runtime dir and every ring, bind the listening
+Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give
+back the disk reserve if the disk is full, load the catalog, create the runtime dir and every ring, bind the listening
 socket, fork the writers and wait for them to recover, then fork coordinator, fetchers, frontends,
 then notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
 requests), then writers (flush, close segments cleanly), fetchers and the coordinator.
@@ -19,6 +20,7 @@ requests), then writers (flush, close segments cleanly), fetchers and the coordi
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import fcntl
 import json
@@ -41,14 +43,16 @@ from . import catalog as cat
 from . import ipc
 from .config import Config
 from .errors import ErrorCode, KafkaError
-from .log.files import atomic_write
+from .log.files import TMP_SUFFIX, atomic_write
 from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
-                      EXIT_DATA_DIR, EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
+                      EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
                       PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING, RUNTIME_POINTER,
                       STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
                       fetcher_name, frontend_name, set_process_name, setup_logging, writer_name)
 from .service import Registry, Responder, serves
+from .startup import (NO_SPACE, DataDirUnusable, DiskReserve, RuntimeDirUnusable, StartFailure,
+                      bind_listener, is_runtime_dir)
 from .topic_config import validate_topic_configs
 
 log = logging.getLogger("appliance.supervisor")
@@ -95,10 +99,6 @@ def _kill(pid: int | None, sig: int) -> None:
             pass
 
 
-class DataDirUnusable(Exception):
-    pass
-
-
 class Supervisor:
     # The system calls and clocks the loop uses, as attributes so that tests drive the restart
     # and heartbeat rules without forking (as pre-fork servers test their arbiters).
@@ -124,29 +124,43 @@ class Supervisor:
         self.frontends = [frontend_name(i) for i in range(config.frontend_count)]
         self.fetchers = [fetcher_name(i) for i in range(config.server.fetchers)]
         self._lock_fd = -1
+        self._run_dir_made = False
         self.listener: socket.socket | None = None
         self.bound_port = 0
 
     # -- set-up ---------------------------------------------------------------------------------
     def _prepare_data_dir(self) -> None:
+        # No probe write: on a full disk it would fail, and the appliance must start there to
+        # serve the deletes that free it. Opening the lock file read-write proves what the probe
+        # did (EROFS on a read-only mount, EACCES without permission), creating it when missing.
         try:
             os.makedirs(self.data_dir, exist_ok=True)
-            probe = os.path.join(self.data_dir, f".probe.{os.getpid()}")
-            with open(probe, "wb") as f:
-                f.write(b"x")
-                os.fsync(f.fileno())
-            os.unlink(probe)
+            if not os.access(self.data_dir, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
             self._lock_fd = os.open(os.path.join(self.data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
             raise DataDirUnusable(
                 f"data dir {self.data_dir} is locked by another appliance process") from None
-        os.ftruncate(self._lock_fd, 0)
-        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
-        self._check_meta_properties()
+        # The pid is for operators only; written over the old one (no new block needed).
+        pid = f"{os.getpid()}\n".encode()
+        try:
+            os.pwrite(self._lock_fd, pid, 0)
+            os.ftruncate(self._lock_fd, len(pid))
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
+            log.warning("data dir %s is full: the lock file does not name our pid", self.data_dir)
+        try:
+            self._check_meta_properties()
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) else "meta.properties is not text"
+            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {why}") from None
 
     def _check_meta_properties(self) -> None:
         """Kafka's meta.properties: the cluster id is made once; the node id must not change."""
@@ -169,32 +183,50 @@ class Supervisor:
 
     def _prepare_run_dir(self) -> None:
         parent = os.path.dirname(self.run_dir)
-        # Remove runtime dirs of supervisors that died without cleaning up (kill -9).
-        for entry in os.listdir(parent) if os.path.isdir(parent) else []:
-            if entry.startswith("appliance-") and entry[10:].isdigit():
-                pid = int(entry[10:])
-                if pid != os.getpid() and not _pid_alive(pid):
-                    shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-        if os.path.exists(self.run_dir):
-            shutil.rmtree(self.run_dir)
-        os.makedirs(self.run_dir, mode=0o700)
-        atomic_write(os.path.join(self.data_dir, RUNTIME_POINTER), self.run_dir.encode())
+        try:
+            # Remove runtime dirs of supervisors that died without cleaning up (kill -9).
+            for entry in os.listdir(parent) if os.path.isdir(parent) else []:
+                if entry.startswith("appliance-") and entry[10:].isdigit():
+                    pid = int(entry[10:])
+                    if pid != os.getpid() and not _pid_alive(pid):
+                        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+            if os.path.lexists(self.run_dir):
+                # It is removed, and removed again on exit: only an old runtime dir of ours (or
+                # an empty dir) may be, never a directory someone named by mistake.
+                if not is_runtime_dir(self.run_dir):
+                    raise RuntimeDirUnusable(
+                        f"runtime dir {self.run_dir} (server.runtime_dir) is neither an empty "
+                        f"directory nor an old appliance runtime dir; refusing to remove it")
+                shutil.rmtree(self.run_dir)
+            os.makedirs(self.run_dir, mode=0o700)
+            self._run_dir_made = True
+            probe = os.path.join(self.run_dir, HEARTBEAT_FILE)
+            os.close(os.open(probe, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError as e:
+            raise RuntimeDirUnusable(
+                f"runtime dir {self.run_dir} (server.runtime_dir) is unusable: {e.strerror}") from None
+        ptr = os.path.join(self.data_dir, RUNTIME_POINTER)
+        try:
+            atomic_write(ptr, self.run_dir.encode())
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            # For tools and tests only: a full data dir goes on without it.
+            log.warning("data dir %s is full: %s not written", self.data_dir, RUNTIME_POINTER)
+            for stale in (ptr, ptr + TMP_SUFFIX):
+                with contextlib.suppress(OSError):
+                    os.unlink(stale)
 
     def _bind(self) -> None:
-        host, port = self.cfg.listen_host, self.cfg.listen_port
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        s = socket.socket(family, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-        s.listen(1024)
-        s.set_inheritable(True)
-        self.listener = s
-        self.bound_port = s.getsockname()[1]
+        self.listener = bind_listener(self.cfg)
+        self.bound_port = self.listener.getsockname()[1]
 
     def _setup(self) -> None:
         self._pid = os.getpid()
         _raise_fd_limit()
         self._prepare_data_dir()
+        self.reserve = DiskReserve(self.data_dir, self.cfg.server.disk_reserve_bytes)
+        self.reserve.at_start()
         self.store = cat.CatalogStore(self.data_dir)
         self.store.load()
         self._prepare_run_dir()
@@ -325,9 +357,10 @@ class Supervisor:
         setup_logging("supervisor")
         try:
             self._setup()
-        except DataDirUnusable as e:
-            log.error("%s", e)
-            return EXIT_DATA_DIR
+        except StartFailure as e:
+            log.error("cannot start: %s (exit %d)", e, e.exit_code)
+            self._cleanup()
+            return e.exit_code
         except OSError as e:
             log.error("cannot start: %s", e)
             self._cleanup()
@@ -540,7 +573,17 @@ class Supervisor:
                                                error_message=e.message))
         writers: list[WorkerSpec] = []
         if accepted and not req.validate_only:
-            self.store.add_topics(accepted)
+            try:
+                self.store.add_topics(accepted)
+            except OSError as e:
+                if e.errno not in NO_SPACE:
+                    raise
+                # Not committed (the sweep at the next start removes its directories); a full
+                # disk is refused as Kafka refuses a write to a full log dir.
+                accepted = []
+                results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
+                                           error_message="the data dir's file system is full")
+                           if r.error_code == 0 else r for r in results]
             for t in accepted:
                 for p in range(t.partitions):
                     spec = self._add_writer(t, p)
@@ -563,7 +606,11 @@ class Supervisor:
             else:
                 names.append(name)
                 results.append(cat.TopicResult(name=name, error_code=0, topic_id=t.topic_id))
-        removed = self.store.remove_topics(names) if names else []
+        removed = self._remove_topics(names) if names else []
+        if names and not removed:
+            results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
+                                       error_message="the data dir's file system is full")
+                       if r.error_code == 0 else r for r in results]
         self._publish_catalog()
         writers = []
         for t in removed:
@@ -575,6 +622,20 @@ class Supervisor:
                 writers.append(spec)
         self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
         self._check_pending()
+
+    def _remove_topics(self, names: list[str]) -> list[cat.TopicInfo]:
+        """Commit a DeleteTopics; on a full disk the reserve gives the catalog its room (the
+        delete is what frees the disk). Nothing removed when even that fails."""
+        for attempt in (1, 2):
+            try:
+                return self.store.remove_topics(names)
+            except OSError as e:
+                if e.errno not in NO_SPACE:
+                    raise
+                if attempt == 2 or not self.reserve.release("DeleteTopics needs room"):
+                    break
+        log.error("DeleteTopics %s: the data dir's file system is full", names)
+        return []
 
     def _check_pending(self) -> None:
         now = time.monotonic()
@@ -609,6 +670,8 @@ class Supervisor:
                 self.free_slots.append(s.heartbeat_slot)
             for t in pd.topics:
                 self.store.delete_dirs(t)
+            if pd.topics:
+                self.reserve.restore(need_free=self.reserve.size)
             self._write_processes()
             pd.respond(cat.TopicsResult(pd.results))
         self.pending_deletes = still_d
@@ -656,10 +719,13 @@ class Supervisor:
         self._reap()
 
     def _cleanup(self) -> None:
+        # Only what this supervisor made: a runtime dir it refused to use stays, and the
+        # pointer of another appliance holding the data-dir lock is that appliance's.
         try:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            if self._run_dir_made:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
             ptr = os.path.join(self.data_dir, RUNTIME_POINTER)
-            if os.path.exists(ptr):
+            if self._lock_fd >= 0 and os.path.exists(ptr):
                 os.unlink(ptr)
         except OSError:
             pass

@@ -24,6 +24,7 @@ confirmation (the race guard), and the batch is refused with INVALID_TXN_STATE.
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import logging
 import time
@@ -170,8 +171,20 @@ class PartitionWriter(Worker):
     def close(self) -> None:
         self.flusher.stop()
         self.log.flush()
-        self.psm.take_snapshot(self.log.log_end_offset)   # no replay after a clean stop
-        self.log.close(clean=True)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        """Snapshot (no replay after a clean stop) and seal the log. On a full disk both are
+        given up, never the stop: the next open replays and recovers the tail, as after a crash
+        (the log itself is already in the page cache)."""
+        try:
+            self.psm.take_snapshot(self.log.log_end_offset)
+            self.log.close(clean=True)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("%s-%d: file system full at stop: closing without the clean-shutdown "
+                        "marker (the next start recovers the tail)", self.ctx.topic, self.ctx.index)
 
     # -- one loop turn --------------------------------------------------------------------------
     def drain_inputs(self) -> bool:

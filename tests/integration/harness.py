@@ -71,7 +71,9 @@ class Appliance:
         return f"127.0.0.1:{self.port}"
 
     def start(self, wait: bool = True, timeout: float = 60.0) -> "Appliance":
-        cfg = {"server": {"frontends": 2, "fetchers": 1}, "supervisor": {"shutdown_timeout_ms": 20000}}
+        # No disk reserve: every test's data dir would hold 64 MiB of real blocks in the tmp dir.
+        cfg = {"server": {"frontends": 2, "fetchers": 1, "disk_reserve_bytes": 0},
+               "supervisor": {"shutdown_timeout_ms": 20000}}
         for section, values in self.config.items():
             cfg.setdefault(section, {})
             for k, v in values.items():

@@ -83,3 +83,107 @@ def test_ring_must_hold_two_max_batches():
 def test_dumps_toml_round_trips():
     cfg = load(None, environ={}, overrides={"log": {"retention_ms": 5}})
     assert msgspec.convert(tomllib.loads(dumps_toml(cfg)), Config) == cfg
+
+
+# -- issue 19, item 7: every gap refused with a message naming the key ------------------------
+
+def test_non_utf8_file_is_a_config_error_not_a_traceback(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_bytes(b'[server]\nlisten = "127.0.0.1:9092"\n# caf\xe9\n')
+    with pytest.raises(ConfigError, match=r"not valid TOML: not UTF-8 \(byte 0xe9 on line 3\)"):
+        load(p, environ={})
+
+
+def test_unreadable_config_path_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load(tmp_path, environ={})          # a directory
+
+
+def test_frontends_has_an_upper_bound():
+    with pytest.raises(ConfigError, match=r"server\.frontends: Expected `int` <= 256"):
+        load(None, environ={}, overrides={"server": {"frontends": 100000}})
+    with pytest.raises(ConfigError, match=r"server\.fetchers: Expected `int` <= 256"):
+        load(None, environ={}, overrides={"server": {"fetchers": 100000}})
+
+
+def test_frontends_zero_is_capped_by_the_bound(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 10_000)
+    assert load(None, environ={}).frontend_count == 256
+
+
+def test_min_session_timeout_above_max_is_refused():
+    with pytest.raises(ConfigError, match=r"groups\.min_session_timeout_ms: must be <= "
+                                          r"groups\.max_session_timeout_ms"):
+        load(None, environ={}, overrides={"groups": {"min_session_timeout_ms": 7000,
+                                                     "max_session_timeout_ms": 6000}})
+
+
+def test_node_id_above_int32_is_refused():
+    """Regression: node_id 2**31 was accepted and every Metadata answer then failed to encode."""
+    with pytest.raises(ConfigError, match=r"server\.node_id: Expected `int` <= 2147483647"):
+        load(None, environ={}, overrides={"server": {"node_id": 2**31}})
+    assert load(None, environ={}, overrides={"server": {"node_id": 2**31 - 1}}).server.node_id == 2**31 - 1
+
+
+def test_bad_server_table_is_not_replaced_by_data_dir_flag(tmp_path):
+    """Regression: `server = 5` in the file vanished when --data-dir was given."""
+    p = tmp_path / "c.toml"
+    p.write_text("server = 5\n")
+    with pytest.raises(ConfigError, match=r"^config: server: Expected `object`, got `int`$"):
+        load(p, environ={}, overrides={"server": {"data_dir": str(tmp_path)}})
+
+
+def test_bad_server_value_is_reported_even_when_a_flag_overrides_it(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("[server]\ndata_dir = 5\n")
+    with pytest.raises(ConfigError, match=r"server\.data_dir: Expected `str`, got `int`"):
+        load(p, environ={}, overrides={"server": {"data_dir": str(tmp_path)}})
+
+
+def test_env_value_error_names_the_variable():
+    with pytest.raises(ConfigError, match=r"server\.node_id: Expected `int` <= 2147483647 "
+                                          r"\(from environment APPLIANCE_SERVER__NODE_ID\)"):
+        load(None, environ={"APPLIANCE_SERVER__NODE_ID": str(2**32)})
+
+
+def test_env_unknown_key_and_section_name_the_variable():
+    with pytest.raises(ConfigError, match=r"server\.nodeid: unknown key \(from environment "
+                                          r"APPLIANCE_SERVER__NODEID\)"):
+        load(None, environ={"APPLIANCE_SERVER__NODEID": "3"})
+    with pytest.raises(ConfigError, match=r"lgo: unknown key \(from environment APPLIANCE_LGO__X\)"):
+        load(None, environ={"APPLIANCE_LGO__X": "3"})
+
+
+def test_env_consistency_error_names_the_variable():
+    with pytest.raises(ConfigError, match=r"groups\.min_session_timeout_ms: .* \(from environment "
+                                          r"APPLIANCE_GROUPS__MIN_SESSION_TIMEOUT_MS\)"):
+        load(None, environ={"APPLIANCE_GROUPS__MIN_SESSION_TIMEOUT_MS": "1900000"})
+
+
+def test_env_scalar_over_a_table_names_the_variable():
+    with pytest.raises(ConfigError, match=r"log\.flush: Expected `object`.*\(from environment "
+                                          r"APPLIANCE_LOG__FLUSH\)"):
+        load(None, environ={"APPLIANCE_LOG__FLUSH": "os"})
+
+
+def test_flag_wins_over_env_and_is_not_blamed_on_it(tmp_path):
+    env = {"APPLIANCE_SERVER__LISTEN": "127.0.0.1:1"}
+    with pytest.raises(ConfigError, match=r"^config: server\.listen: expected HOST:PORT, got 'nope'$"):
+        load(None, environ=env, overrides={"server": {"listen": "nope"}})
+
+
+def test_file_error_does_not_name_an_unrelated_variable(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("[server]\nnode_id = -1\n")
+    with pytest.raises(ConfigError, match=r"^config: server\.node_id: Expected `int` >= 0$"):
+        load(p, environ={"APPLIANCE_SERVER__LISTEN": "127.0.0.1:1"})
+
+
+def test_runtime_dir_must_not_hold_the_data_dir(tmp_path):
+    """The runtime dir is removed on exit: as data_dir (or a parent of it) it would take the data."""
+    for run in (str(tmp_path), str(tmp_path / "data"), str(tmp_path) + "/"):
+        with pytest.raises(ConfigError, match=r"server\.runtime_dir: must not be server\.data_dir"):
+            load(None, environ={}, overrides={"server": {"runtime_dir": run,
+                                                         "data_dir": str(tmp_path / "data")}})
+    load(None, environ={}, overrides={"server": {"runtime_dir": str(tmp_path / "datarun"),
+                                                 "data_dir": str(tmp_path / "data")}})
