@@ -208,7 +208,9 @@ class PartitionWriter:
         if not worked:
             timeout = 0.5
             if self.policy.periodic and self.flusher.durable < self.log.log_end_offset:
-                timeout = max(0.0, self.last_flush + self.flush_interval - now)
+                # Capped like every wait: the loop must come round to beat its heartbeat and to
+                # see SIGTERM (a sleep of a long interval_ms had the writer killed for both).
+                timeout = min(timeout, max(0.0, self.last_flush + self.flush_interval - now))
             if self.verifying:
                 timeout = min(timeout, max(0.0, min(v.deadline for v in self.verifying.values()) - now))
             if any(box.queued for box in self.out.values()):
