@@ -3,7 +3,7 @@
 Not a test; run by hand:
 
     .venv/bin/python loadtests/bench_spark.py [--rows 1000000] [--value-size 100] [--rounds 2]
-        [--work-dir DIR] [--keep]
+        [--warm-up-rows 1000] [--work-dir DIR] [--keep]
 
 It starts one appliance (two-phase commit on, flush policy os) and measures, one after the
 other, writing the same rows (a key of up to 7 bytes, a value of ``--value-size`` bytes) to a
@@ -12,7 +12,8 @@ fresh 2-partition topic:
 * spark: a PySpark job in local[2] (two executor cores) writing a DataFrame built with
   ``spark.range`` and ``selectExpr`` (no Python UDF: what is measured is the sink) through the
   appliance data source: per task one KIP-939 transaction, prepared, then committed by the
-  driver. Only ``save()`` is timed (the session is started and warmed up by a small write first).
+  driver. Only ``save()`` is timed (the session is started and warmed up by a small write of
+  ``--warm-up-rows`` first; 0 skips it, for a smoke run that only checks the tool works).
 * client idempotent / client transactional: the appliance's own client (``appliance.client``)
   in this process, one thread; the transactional one commits every 100,000 rows.
 * librdkafka idempotent: confluent-kafka's producer, enable.idempotence, linger.ms=5.
@@ -126,12 +127,16 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warm-up-rows", type=int, default=1000,
+                    help="rows of the untimed first Spark write (0: none, the first round is cold)")
     ap.add_argument("--work-dir", default=None,
                     help="parent of the temporary dir (appliance data and log, removed at the end)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
     args = ap.parse_args()
     if args.rows < 1 or args.value_size < 1 or args.rounds < 1:
         ap.error("--rows, --value-size and --rounds must be positive")
+    if args.warm_up_rows < 0:
+        ap.error("--warm-up-rows must not be negative")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     workdir = tempfile.mkdtemp(prefix="bench-spark-", dir=args.work_dir)
@@ -159,7 +164,8 @@ def run(args: argparse.Namespace, workdir: str, nbytes: int) -> int:
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)
         try:
-            bench_spark(spark, bootstrap, 1000, args.value_size)               # warm-up
+            if args.warm_up_rows:
+                bench_spark(spark, bootstrap, args.warm_up_rows, args.value_size)   # warm-up
             runs: dict[str, list[float]] = {}
             for _ in range(args.rounds):           # interleaved, best of the rounds per writer
                 secs, topic = bench_spark(spark, bootstrap, args.rows, args.value_size)

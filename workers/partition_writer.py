@@ -204,7 +204,9 @@ class PartitionWriter(Worker):
     def wait_timeout(self, now: float) -> float:
         timeout = IDLE_WAIT_S
         if self.policy.periodic and self.flusher.durable < self.log.log_end_offset:
-            timeout = max(0.0, self.last_flush + self.flush_interval - now)
+            # Capped like every wait: the loop must come round to beat its heartbeat and to
+            # see SIGTERM (a sleep of a long interval_ms had the writer killed for both).
+            timeout = min(timeout, max(0.0, self.last_flush + self.flush_interval - now))
         if self.verifying:
             timeout = min(timeout, max(0.0, min(v.deadline for v in self.verifying.values()) - now))
         return timeout

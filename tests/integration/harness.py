@@ -2,7 +2,9 @@
 
 Every test gets its own appliance: ``appliance run`` as a subprocess (its own process group, so
 that the whole appliance can be killed with one signal), on a free port, with a temporary data dir
-and a config file written by the test. Nothing is mocked.
+and a config file written by the test. Nothing is mocked. Tests that need to act at a precise
+moment (a long-poll parked, a request queued in a ring) wait on the runtime directory's state
+pages and rings, read only, through the white-box helpers below.
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+
+from appliance.catalog import PUBLISHED_FILE, read_published
+from appliance.runtime import PARTITION_PAGE_FIELDS, writer_name
+from shm.ring import Ring
+from shm.statepage import StatePage
+from shm.topology import Topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
@@ -82,12 +90,12 @@ class Appliance:
                 else:
                     cfg[section][k] = v
         write_config(self.config_path, cfg)
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [APPLIANCE, "run", "--config", self.config_path, "--listen", self.bootstrap,
-             "--data-dir", self.data_dir],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")})
+        with open(self.log_path, "ab") as log:      # the child keeps its own copy of the fd
+            self.proc = subprocess.Popen(
+                [APPLIANCE, "run", "--config", self.config_path, "--listen", self.bootstrap,
+                 "--data-dir", self.data_dir],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")})
         if wait:
             self.wait_ready(timeout)
         return self
@@ -158,6 +166,32 @@ class Appliance:
             time.sleep(0.05)
         raise TimeoutError(f"timed out waiting for {what}:\n{self.log_tail()}")
 
+    # -- white box: the runtime directory's pages and rings, to wait on what the workers do --------
+    def writer_endpoint(self, topic: str, partition: int) -> str:
+        """The endpoint name of a partition's writer (its state page's and rings' name)."""
+        cat = read_published(os.path.join(self.run_dir, PUBLISHED_FILE))
+        return writer_name(cat.topics[topic].topic_id, partition)
+
+    def _partition_page(self, topic: str, partition: int) -> StatePage:
+        path = Topology(self.run_dir).page_path(self.writer_endpoint(topic, partition))
+        return StatePage.open(path, PARTITION_PAGE_FIELDS, readonly=True)
+
+    def fetch_parked(self, topic: str, partition: int = 0) -> bool:
+        """Whether a fetcher holds a long-poll parked on this partition: while it does, it keeps its
+        flag byte set on the partition's state page (the writer rings it after an append)."""
+        with self._partition_page(topic, partition) as page:
+            return page.any_flag()
+
+    def high_watermark(self, topic: str, partition: int = 0) -> int:
+        """The high watermark the partition's writer last published on its state page."""
+        with self._partition_page(topic, partition) as page:
+            return page.read().high_watermark
+
+    def ring_pending(self, src: str, dst: str) -> bool:
+        """Whether ring src -> dst holds records its consumer has not taken yet."""
+        with Ring.open(Topology(self.run_dir).ring_path(src, dst)) as ring:
+            return not ring.empty()
+
     # -- stopping -------------------------------------------------------------------------------
     def terminate(self, timeout: float = 60.0) -> int:
         if self.proc is None or self.proc.poll() is not None:
@@ -190,8 +224,6 @@ class Appliance:
             except ProcessLookupError:
                 break
             time.sleep(0.02)
-        if hasattr(self, "_log"):
-            self._log.close()
 
     def restart(self, **kw) -> "Appliance":
         return self.start(**kw)

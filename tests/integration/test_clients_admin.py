@@ -27,10 +27,6 @@ from clients import (CLIENTS, EARLIEST, LATEST, LOG_APPEND_TIME, MAX_TIMESTAMP, 
                      partition_counts, raw_batches, raw_topic_error)
 from clients import _watch_shared_appliance, shared_appliance  # noqa: F401 (fixtures)
 
-# kafka-python loads its protocol schemas with importlib.resources APIs that Python deprecates.
-pytestmark = [pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning")]
-
 BASE_TS = int(time.time() * 1000) - 3_600_000
 # One frontend: the delete / re-create test then reads the old and the new topic through the same
 # frontend process (a frontend that kept its map of the old segment used to serve it again).

@@ -21,10 +21,6 @@ from clients import (CLIENTS, Caps, assert_same_records, case_topic, driver, exp
                      make_records, raw_batches, raw_fetch_sizes)
 from clients import _watch_shared_appliance, shared_appliance  # noqa: F401 (fixtures)
 
-# kafka-python loads its protocol schemas with importlib.resources APIs that Python deprecates.
-pytestmark = [pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning")]
-
 BASE_TS = int(time.time() * 1000) - 3_600_000
 
 # Producer settings that make big multi-record batches (long linger, 1 MiB batches).

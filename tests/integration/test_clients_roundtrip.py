@@ -27,10 +27,6 @@ from clients import (CLIENTS, CODECS, EARLIEST, LATEST, MAX_TIMESTAMP, OTHER, as
                      partition_counts, raw_batches, time_targets)
 from clients import _watch_shared_appliance, shared_appliance  # noqa: F401 (fixtures)
 
-# kafka-python loads its protocol schemas with importlib.resources APIs that Python deprecates.
-pytestmark = [pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning")]
-
 N_RECORDS = 10_000
 PARTITION_COUNTS = (1, 8)
 BASE_TS = int(time.time() * 1000) - 3_600_000     # an hour ago: well inside retention

@@ -5,6 +5,7 @@ twice: the checks are "every acknowledged record is present", not "exactly once"
 """
 
 import os
+import select
 import signal
 import threading
 import time
@@ -141,7 +142,9 @@ def test_restart_after_clean_stop_keeps_everything(appliance_factory):
 def test_sigterm_drains_inflight_acks_all_produce(appliance_factory):
     """Requests already read when SIGTERM arrives are answered (here they wait for an interval
     flush), and their data is there after a restart."""
-    app = appliance_factory(log={"flush": {"policy": "interval", "interval_ms": 3000}})
+    # The first interval flush comes after SIGTERM (the test reaches it well within 4 s of the
+    # topic's creation) and inside the frontends' 5 s drain grace period.
+    app = appliance_factory(log={"flush": {"policy": "interval", "interval_ms": 4000}})
     with RawClient(app.bootstrap) as raw:
         r = raw.request(19, 7, {"topics": [{"name": "drain", "num_partitions": 1, "replication_factor": 1,
                                             "assignments": [], "configs": []}], "timeout_ms": 10000})
@@ -153,7 +156,9 @@ def test_sigterm_drains_inflight_acks_all_produce(appliance_factory):
             raw.send_frame(raw.header(0, 9, raw.correlation) + raw.encode(0, 9, {
                 "transactional_id": None, "acks": -1, "timeout_ms": 30000,
                 "topic_data": [{"name": "drain", "partition_data": [{"index": 0, "records": batch}]}]}))
-        time.sleep(0.5)          # let the frontend read them; they now wait for the flush
+        # All appended (the writer published them), none answered: they wait for the flush.
+        app.wait_for(lambda: app.high_watermark("drain") == n, 30, "the batches to be appended")
+        assert not select.select([raw.sock], [], [], 0)[0], "answered before the flush"
         app.proc.send_signal(signal.SIGTERM)
         offsets = []
         for i in range(n):
@@ -165,3 +170,23 @@ def test_sigterm_drains_inflight_acks_all_produce(appliance_factory):
     assert app.proc.wait(60) == 0
     app.start()
     assert read_all(app.bootstrap, "drain", 1, n) == [b"d%02d" % i for i in range(n)]
+
+
+def test_writer_waiting_for_a_long_flush_interval_stops_on_sigterm(appliance_factory):
+    """Regression: with data waiting for an interval flush, a writer slept until the flush was
+    due (up to ``interval_ms``) instead of its usual bounded wait, so it missed SIGTERM (killed
+    at the shutdown timeout, its log left unclean) and, past 30 s, its heartbeat."""
+    app = appliance_factory(log={"flush": {"policy": "interval", "interval_ms": 600000}})
+    with RawClient(app.bootstrap) as raw:
+        r = raw.request(19, 7, {"topics": [{"name": "long-interval", "num_partitions": 1,
+                                            "replication_factor": 1, "assignments": [], "configs": []}],
+                                "timeout_ms": 10000})
+        assert r.topics[0].error_code == 0
+        r = raw.request(0, 9, {"transactional_id": None, "acks": 1, "timeout_ms": 10000, "topic_data": [
+            {"name": "long-interval", "partition_data": [
+                {"index": 0, "records": build_batch([Record(key=None, value=b"unflushed")])}]}]})
+        assert r.responses[0].partition_responses[0].error_code == 0   # acks=1: not held for the flush
+    assert app.terminate() == 0
+    assert "did not stop in time" not in app.log_text()
+    app.start()
+    assert read_all(app.bootstrap, "long-interval", 1, 1) == [b"unflushed"]

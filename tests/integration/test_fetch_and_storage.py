@@ -55,12 +55,16 @@ def test_long_poll_is_woken_by_a_produce(appliance):
 
         t = threading.Thread(target=poll)
         t.start()
-        time.sleep(0.5)
+        # Produce only once the fetch is parked: produced earlier, the fetch would find the data
+        # at once and the wake-up would go untested.
+        appliance.wait_for(lambda: appliance.fetch_parked("lp"), 30, "the fetch to be parked")
+        assert t.is_alive()
         produce(other, "lp", batch_of(3))
         t.join(30)
         assert result["p"].error_code == 0 and result["p"].records
         # Woken by the append, not by the 20 s deadline.
         assert result["elapsed"] < 10
+        assert not appliance.fetch_parked("lp")              # the fetcher let go of it
 
 
 def test_long_poll_times_out_empty(appliance):
@@ -77,8 +81,9 @@ def test_min_bytes_waits_for_enough_data(appliance):
         out = {}
         t = threading.Thread(target=lambda: out.update(p=fetch(raw, "mb", 0, max_wait_ms=20000, min_bytes=2000)))
         t.start()
-        time.sleep(0.3)
-        assert t.is_alive()                               # still parked: 1 small batch < min_bytes
+        # Parked: 1 small batch < min_bytes (answered at once, it would never park).
+        appliance.wait_for(lambda: appliance.fetch_parked("mb"), 30, "the fetch to be parked")
+        assert t.is_alive()
         produce(other, "mb", batch_of(20))
         t.join(30)
         assert sum(1 for _ in iter_batch_headers(out["p"].records)) == 2

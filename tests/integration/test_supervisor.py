@@ -114,6 +114,7 @@ def test_systemd_notify_ready_then_stopping(tmp_path):
             assert sock.recv(100) == b"STOPPING=1"
             assert proc.wait(60) == 0
         finally:
+            sock.close()
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
 
@@ -178,7 +179,8 @@ def test_long_poll_held_by_a_killed_fetcher_is_answered_promptly(appliance):
             out["elapsed"] = time.monotonic() - t0
         t = threading.Thread(target=poll)
         t.start()
-        time.sleep(0.5)
+        # Kill the fetcher only once it holds the long-poll (its flag on the partition's page).
+        appliance.wait_for(lambda: appliance.fetch_parked("lp-kill"), 30, "the fetch to be parked")
         victim = appliance.workers("fetcher")[0]
         os.kill(victim["pid"], signal.SIGKILL)
         t.join(40)

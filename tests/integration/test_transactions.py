@@ -440,7 +440,9 @@ def test_marker_queued_for_a_restarting_writer_is_appended_once(appliance_factor
             _wait_state(a, tid, ("PrepareCommit",))  # the marker is in the dead writer's ring
             t.join(30)
             assert not t.is_alive() and not t.err, t.err
-            time.sleep(0.5)                          # several coordinator ticks see the old page
+            # Posted while the writer is dead: it waits in the ring for the next generation.
+            w = a.writer_endpoint(topic, 0)
+            a.wait_for(lambda: a.ring_pending("co", w), 10, "the marker in the dead writer's ring")
         finally:
             os.kill(a.proc.pid, signal.SIGCONT)
         _wait_state(a, tid, ("CompleteCommit",))

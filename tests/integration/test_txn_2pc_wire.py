@@ -58,6 +58,14 @@ def init_until_done(raw, txn_id, **kw):
         time.sleep(0.05)
 
 
+def wait_for_an_abort_scan(raw, txn_id, topic, timeout_ms):
+    """Opens a plain transaction ``txn_id`` on ``topic`` with ``timeout_ms`` and waits until the
+    coordinator aborted it: an abort scan has run at least ``timeout_ms`` after this call."""
+    probe = Txn(raw, txn_id, timeout_ms=timeout_ms)
+    probe.must_add(topic, [0])
+    wait_state(raw, txn_id, "CompleteAbort")
+
+
 def end_txn(raw, txn_id, pid, epoch, commit, version=5):
     return raw.request(26, version, {"transactional_id": txn_id, "producer_id": pid,
                                      "producer_epoch": epoch, "committed": commit})
@@ -187,8 +195,8 @@ def test_kept_2pc_transaction_outlives_every_timeout_and_commits(appliance_facto
         plain.must_add("g64", [0])
         plain.must_send("g64", 0, [b"plain"])
         wait_state(raw, "g64-plain", "CompleteAbort")
-        time.sleep(1.0)                                         # well past max_timeout_ms as well
-        assert describe(raw, "g64").transaction_state == "Ongoing"      # never timed out
+        wait_for_an_abort_scan(raw, "g64-probe", "g64", 1000)   # well past max_timeout_ms as well
+        assert describe(raw, "g64").transaction_state == "Ongoing"    
         assert committed_values(raw, "g64", (0, 1)) == []
         # the producer "crashed"; a new incarnation keeps the prepared transaction
         r = init_v6(raw, "g64", enable_2pc=True, keep=True)
@@ -280,8 +288,8 @@ def test_prepared_2pc_transaction_survives_a_broker_restart(appliance_factory, h
     else:
         assert app.terminate() == 0
     app.restart()
-    time.sleep(0.5)                                             # several abort scans
     with RawClient(app.bootstrap) as raw:
+        wait_for_an_abort_scan(raw, "g70-probe", "g70", 1)     # the restarted coordinator's scans ran
         d = describe(raw, "g70")
         assert d.transaction_state == "Ongoing" and d.transaction_timeout_ms == -1, d
         assert (d.producer_id, d.producer_epoch) == (t.pid, t.epoch)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 from rawclient import RawClient
 from txnwire import NONE, READ_COMMITTED, Txn, create_topic, describe, fetch
@@ -41,7 +40,12 @@ def test_next_transaction_does_not_join_the_previous_one_ahead_of_its_marker(app
             raw2.send_frame(raw2.header(0, 12, corr) + raw2.encode(0, 12, {
                 "transactional_id": "overtake-tid", "acks": -1, "timeout_ms": 10000,
                 "topic_data": [{"name": "overtake", "partition_data": [{"index": 1, "records": batch}]}]}))
-            time.sleep(0.3)        # let the frontend put the Produce into the stopped writer's ring
+            # Both wait in the stopped writer's rings: the marker (from the coordinator) and the
+            # Produce (from whichever frontend serves raw2).
+            w = a.writer_endpoint("overtake", 1)
+            a.wait_for(lambda: a.ring_pending("co", w), 10, "the marker in the writer's ring")
+            a.wait_for(lambda: any(a.ring_pending(fe["name"], w) for fe in a.workers("frontend")),
+                       10, "the Produce in the writer's ring")
         finally:
             os.kill(writer, signal.SIGCONT)
         answer = raw2.read_response(0, 12, corr).responses[0].partition_responses[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ def test_offset_index_format_is_big_endian_relative_offset_then_position(paths):
     ix = OffsetIndex(paths[0], 100, writable=True, max_bytes=4096)
     ix.append(105, 4242)
     ix.close()
-    raw = open(paths[0], "rb").read()
+    raw = Path(paths[0]).read_bytes()
     assert len(raw) == 4096                                  # preallocated
     assert raw[:8] == struct.pack(">II", 5, 4242) and raw[8:] == bytes(4088)
 
@@ -28,7 +29,7 @@ def test_time_index_format_is_timestamp_then_relative_offset(paths):
     ix = TimeIndex(paths[1], 100, writable=True, max_bytes=4096)
     ix.maybe_append(1_700_000_000_000, 103)
     ix.close()
-    raw = open(paths[1], "rb").read()
+    raw = Path(paths[1]).read_bytes()
     assert len(raw) == 4092                                  # rounded down to 12-byte entries
     assert raw[:12] == struct.pack(">qI", 1_700_000_000_000, 3)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -140,12 +141,12 @@ def test_roll_by_size_seals_segments_to_exact_size(tmp_path):
     for b0, b1 in zip(bases, bases[1:]):
         size = os.path.getsize(log_path(d, b0))
         assert size <= 1000
-        headers = list(iter_batch_headers(open(log_path(d, b0), "rb").read()))
+        headers = list(iter_batch_headers(Path(log_path(d, b0)).read_bytes()))
         assert headers[0][1].base_offset == b0 and headers[-1][1].last_offset + 1 == b1
         assert headers[-1][0] + headers[-1][1].size == size      # trimmed to the real size
         # sealed indexes are trimmed to their entries; the last time entry holds the max
         assert os.path.getsize(index_path(d, b0)) % 8 == 0
-        raw_t = open(timeindex_path(d, b0), "rb").read()
+        raw_t = Path(timeindex_path(d, b0)).read_bytes()
         assert struct.unpack_from(">q", raw_t, len(raw_t) - 12)[0] == max(h.max_timestamp for _, h in headers)
     assert os.path.getsize(log_path(d, bases[-1])) == 1000       # active: preallocated
     assert all_bytes(d, log.log_end_offset) == b"".join(sent)
@@ -158,7 +159,7 @@ def test_index_entries_follow_kafkas_interval_rule(tmp_path):
     for i in range(30):
         log.append(batch(1 + i % 3, size=60, ts=T0 + (i * 7) % 50), T0)
     log.close()
-    data = open(log_path(d, 0), "rb").read()
+    data = Path(log_path(d, 0)).read_bytes()
     headers = list(iter_batch_headers(data))
     want = build_index_entries(headers, 300)
     # Hand check of the rule: an entry for the batch at position p when more than 300 bytes
@@ -169,10 +170,10 @@ def test_index_entries_follow_kafkas_interval_rule(tmp_path):
             expect.append((h.last_offset, pos))
             last = pos
     assert want.offsets == expect and expect
-    raw = open(index_path(d, 0), "rb").read()
+    raw = Path(index_path(d, 0)).read_bytes()
     assert [struct.unpack_from(">II", raw, i) for i in range(0, len(raw), 8)] == [
         (o, p) for o, p in expect]
-    times = open(timeindex_path(d, 0), "rb").read()
+    times = Path(timeindex_path(d, 0)).read_bytes()
     got_t = [struct.unpack_from(">qI", times, i) for i in range(0, len(times), 12)]
     assert [t for t, _ in got_t] == sorted(set(t for t, _ in got_t))   # strictly increasing
     assert got_t[-1][0] == max(h.max_timestamp for _, h in headers)     # final entry at close
@@ -263,7 +264,7 @@ def test_retention_by_time_uses_largest_timestamp(tmp_path):
     now = T0 + 5_000 + 10_001
     log.enforce_retention(now)
     for b in log.segment_bases()[:-1]:
-        hs = list(iter_batch_headers(open(log_path(log.directory, b), "rb").read()))
+        hs = list(iter_batch_headers(Path(log_path(log.directory, b)).read_bytes()))
         assert now - max(h.max_timestamp for _, h in hs) <= 10_000
     assert log.segment_bases()[0] > bases[0]
     assert log.log_start_offset == log.segment_bases()[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +62,7 @@ def read_all(d: str, hw: int, lso: int = 0) -> bytes:
 
 def check_indexes_consistent(d: str, base: int) -> None:
     """The index files describe exactly what Kafka's rule gives for the surviving batches."""
-    data = open(log_path(d, base), "rb").read()
+    data = Path(log_path(d, base)).read_bytes()
     valid, end = scan_valid(data)
     want = build_index_entries(valid, S.index_interval_bytes)
     with OffsetIndex(index_path(d, base), base) as ox, TimeIndex(timeindex_path(d, base), base) as tx:
@@ -82,7 +83,7 @@ def test_torn_last_batch_at_every_byte(tmp_path):
     sent = make_log(pristine, 12)
     bases = sorted(int(n[:20]) for n in os.listdir(pristine) if n.endswith(".log"))
     active = bases[-1]
-    data = open(log_path(pristine, active), "rb").read()
+    data = Path(log_path(pristine, active)).read_bytes()
     valid, end = scan_valid(data)
     last_pos = valid[-1][0]
     assert len(valid) >= 2
@@ -116,7 +117,7 @@ def test_torn_last_batch_at_every_byte(tmp_path):
 def test_garbage_after_last_batch_is_cut(tmp_path, tail):
     d = str(tmp_path)
     sent = make_log(d, 5)
-    data = open(log_path(d, 0), "rb").read()
+    data = Path(log_path(d, 0)).read_bytes()
     end = scan_valid(data)[1]
     with open(log_path(d, 0), "r+b") as f:
         f.seek(end)
@@ -131,7 +132,7 @@ def test_garbage_after_last_batch_is_cut(tmp_path, tail):
 def test_corrupt_crc_in_the_middle_of_active_segment_keeps_prefix(tmp_path):
     d = str(tmp_path)
     sent = make_log(d, 6)
-    data = open(log_path(d, 0), "rb").read()
+    data = Path(log_path(d, 0)).read_bytes()
     valid, _ = scan_valid(data)
     pos3 = valid[3][0]
     with open(log_path(d, 0), "r+b") as f:
@@ -181,7 +182,7 @@ def test_corrupt_earlier_unflushed_segment_drops_later_segments(tmp_path):
     bases = sorted(int(n[:20]) for n in os.listdir(d) if n.endswith(".log"))
     assert len(bases) >= 4
     victim = bases[1]
-    data = open(log_path(d, victim), "rb").read()
+    data = Path(log_path(d, victim)).read_bytes()
     valid, _ = scan_valid(data)
     with open(log_path(d, victim), "r+b") as f:   # flip a byte inside its 2nd batch
         f.seek(valid[1][0] + 65)
@@ -282,7 +283,7 @@ def test_crash_during_roll_new_empty_segment_after_unsealed_one(tmp_path):
         f.truncate(SEG)                  # the new, still empty, preallocated segment
     log = PartitionLog.open(d, S, T0)
     assert log.segment_bases() == [0, leo] and log.log_end_offset == leo
-    assert os.path.getsize(log_path(d, 0)) == scan_valid(open(log_path(d, 0), "rb").read())[1]
+    assert os.path.getsize(log_path(d, 0)) == scan_valid(Path(log_path(d, 0)).read_bytes())[1]
     log.append(batch(7), T0)
     log.close()
     assert read_all(d, leo + 2)[:len(b"".join(sent))] == b"".join(sent)

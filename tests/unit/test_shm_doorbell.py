@@ -42,6 +42,7 @@ def test_ring_from_another_thread_wakes_a_sleeping_wait(tmp_path):
     waiter.join(timeout=30.0)
     assert result == [True]
     bell.close()
+    sender.close()
 
 
 def test_ring_to_a_missing_or_dead_bell_is_silent(tmp_path):
@@ -54,6 +55,7 @@ def test_ring_to_a_missing_or_dead_bell_is_silent(tmp_path):
     s.close()                                                           # file stays, nobody bound
     assert os.path.exists(dead)
     assert sender.ring(dead) is False                                   # ECONNREFUSED
+    sender.close()
 
 
 def test_ringing_a_full_queue_is_silent(tmp_path):
@@ -64,6 +66,7 @@ def test_ringing_a_full_queue_is_silent(tmp_path):
     assert sent[0] is True and sent[-1] is False                       # EAGAIN once full
     assert bell.drain() == sum(sent)
     bell.close()
+    sender.close()
 
 
 def test_stale_socket_file_is_replaced_and_close_spares_a_successor(tmp_path):
@@ -72,7 +75,8 @@ def test_stale_socket_file_is_replaced_and_close_spares_a_successor(tmp_path):
     new = Doorbell(path)                # a restarted consumer binding over its predecessor's file
     old.close()                         # the predecessor's late close must not unlink new's file
     assert os.path.exists(path)
-    BellSender().ring(path)
+    with BellSender() as sender:
+        sender.ring(path)
     assert new.wait(5.0) is True
     new.close()
     assert not os.path.exists(path)
@@ -93,7 +97,8 @@ def test_fileno_is_pollable(tmp_path):
     sel = selectors.DefaultSelector()
     sel.register(bell, selectors.EVENT_READ)
     assert sel.select(0) == []
-    BellSender().ring(path)
+    with BellSender() as sender:
+        sender.ring(path)
     assert len(sel.select(5.0)) == 1
     assert bell.drain() == 1
     sel.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -12,6 +13,13 @@ from shm.ring import Ring
 from shm.topology import Mailbox, Outbox, Topology
 
 PAGE_FIELDS = [("generation", "I"), ("high_watermark", "q")]
+
+
+@pytest.fixture
+def closing():
+    """closing(x) -> x, closed when the test ends (bell sockets, mailboxes), pass or fail."""
+    with contextlib.ExitStack() as stack:
+        yield stack.enter_context
 
 
 def test_paths(tmp_path):
@@ -72,12 +80,12 @@ def test_remove_endpoint_unlinks_its_rings_bell_and_page(tmp_path):
     topo.remove_endpoint("w1.0")                # idempotent
 
 
-def test_outbox_rings_the_bell_only_when_the_consumer_waits(tmp_path):
+def test_outbox_rings_the_bell_only_when_the_consumer_waits(tmp_path, closing):
     topo = Topology(str(tmp_path))
     topo.create_ring("fe0", "w1.0", 4096).close()
     mb = Mailbox(topo, "w1.0")
     ring = mb.add("fe0")
-    sender = BellSender()
+    sender = closing(BellSender())
     out = Outbox(Topology(str(tmp_path)), "fe0", "w1.0", sender)   # the producer's own process
     assert out.send(b"a", b"b")
     assert mb.drain() == 0                      # consumer busy: no wake-up traffic
@@ -89,10 +97,10 @@ def test_outbox_rings_the_bell_only_when_the_consumer_waits(tmp_path):
     mb.close()
 
 
-def test_outbox_send_reports_a_full_ring(tmp_path):
+def test_outbox_send_reports_a_full_ring(tmp_path, closing):
     topo = Topology(str(tmp_path))
     topo.create_ring("fe0", "co", 4096).close()
-    out = Outbox(topo, "fe0", "co", BellSender())
+    out = Outbox(topo, "fe0", "co", closing(BellSender()))
     sent = 0
     while out.send(bytes(1000)):
         sent += 1
@@ -122,12 +130,12 @@ def test_mailbox_wait_returns_promptly_when_data_is_already_there(tmp_path):
     mb.close()
 
 
-def test_mailbox_wait_is_woken_by_an_outbox(tmp_path):
+def test_mailbox_wait_is_woken_by_an_outbox(tmp_path, closing):
     topo = Topology(str(tmp_path))
     topo.create_ring("fe0", "co", 4096).close()
     mb = Mailbox(topo, "co")
     ring = mb.add("fe0")
-    out = Outbox(Topology(str(tmp_path)), "fe0", "co", BellSender())
+    out = Outbox(Topology(str(tmp_path)), "fe0", "co", closing(BellSender()))
     done = threading.Event()
 
     def consumer() -> None:
@@ -159,26 +167,26 @@ def test_mailbox_wait_times_out_and_clears_flags(tmp_path):
     assert not os.path.exists(topo.bell_path("co"))
 
 
-def test_ring_survives_producer_restart_through_topology(tmp_path):
+def test_ring_survives_producer_restart_through_topology(tmp_path, closing):
     run = str(tmp_path)
     Topology(run).create_ring("fe0", "w1.0", 4096).close()
     consumer = Topology(run).open_ring("fe0", "w1.0")
     first = Topology(run)                       # producer process, then its restart
-    assert Outbox(first, "fe0", "w1.0", BellSender()).send(b"1")
+    assert Outbox(first, "fe0", "w1.0", closing(BellSender())).send(b"1")
     first.close()
-    second = Outbox(Topology(run), "fe0", "w1.0", BellSender())
+    second = Outbox(Topology(run), "fe0", "w1.0", closing(BellSender()))
     assert second.send(b"2")
     assert consumer.get() == b"1" and consumer.get() == b"2"
     assert isinstance(second.ring, Ring)
 
 
-def test_outbox_post_queues_in_order_when_full_and_flush_drains(tmp_path):
+def test_outbox_post_queues_in_order_when_full_and_flush_drains(tmp_path, closing):
     from shm.doorbell import BellSender
     from shm.topology import Mailbox, Outbox, Topology
     topo = Topology(str(tmp_path))
     topo.create_ring("a", "b", 4096).close()
-    box = Outbox(topo, "a", "b", BellSender())
-    inbox = Mailbox(topo, "b")
+    box = Outbox(topo, "a", "b", closing(BellSender()))
+    inbox = closing(Mailbox(topo, "b"))
     ring = inbox.add("a")
     msgs = [bytes([i]) * 1000 for i in range(10)]      # more than a 4 KiB ring holds
     for m in msgs:
@@ -193,13 +201,13 @@ def test_outbox_post_queues_in_order_when_full_and_flush_drains(tmp_path):
     assert not box.flush()
 
 
-def test_outbox_post_reports_where_a_record_ends_so_the_sender_can_tell_when_it_was_taken(tmp_path):
+def test_outbox_post_reports_where_a_record_ends_so_the_sender_can_tell_when_it_was_taken(tmp_path, closing):
     from shm.doorbell import BellSender
     from shm.topology import Mailbox, Outbox, Topology
     topo = Topology(str(tmp_path))
     topo.create_ring("a", "b", 4096).close()
-    box = Outbox(topo, "a", "b", BellSender())
-    ring = Mailbox(topo, "b").add("a")
+    box = Outbox(topo, "a", "b", closing(BellSender()))
+    ring = closing(Mailbox(topo, "b")).add("a")
     first, second = b"x" * 1500, b"y" * 1500
     end1 = box.post(first)
     end2 = box.post(second)
@@ -213,13 +221,13 @@ def test_outbox_post_reports_where_a_record_ends_so_the_sender_can_tell_when_it_
     assert not box.is_queued(third)
 
 
-def test_outbox_flush_rings_a_waiting_consumer_once(tmp_path):
+def test_outbox_flush_rings_a_waiting_consumer_once(tmp_path, closing):
     from shm.doorbell import BellSender
     from shm.topology import Mailbox, Outbox, Topology
     topo = Topology(str(tmp_path))
     topo.create_ring("a", "b", 65536).close()
-    box = Outbox(topo, "a", "b", BellSender())
-    inbox = Mailbox(topo, "b")
+    box = Outbox(topo, "a", "b", closing(BellSender()))
+    inbox = closing(Mailbox(topo, "b"))
     inbox.add("a")
     inbox.arm()
     for i in range(5):

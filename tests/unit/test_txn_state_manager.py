@@ -2,6 +2,7 @@
 durability, compaction and its crash safety, and the coordinator epoch file."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -245,7 +246,7 @@ def test_coordinator_epoch_increments_durably(tmp_path):
     assert read_coordinator_epoch(d) == 0
     assert [bump_coordinator_epoch(d) for _ in range(3)] == [1, 2, 3]
     assert read_coordinator_epoch(d) == 3
-    assert open(os.path.join(d, "coordinator-epoch")).read() == "3\n"
+    assert Path(os.path.join(d, "coordinator-epoch")).read_text() == "3\n"
 
 
 def test_damaged_coordinator_epoch_file_is_refused(tmp_path):
