@@ -13,6 +13,8 @@ import signal
 import sys
 from dataclasses import dataclass, field
 
+import setproctitle
+
 from .config import Config
 
 # Endpoint names (see docs/architecture.md, "Runtime directory and channels").
@@ -91,11 +93,23 @@ class WorkerContext:
 _PR_SET_NAME = 15
 
 
-def set_process_name(name: str) -> None:
-    """Name the process (comm, 15 chars) so that ps/psutil show which worker it is."""
+def worker_title(ctx: "WorkerContext") -> str:
+    """What ``ps`` shows for a worker: its role, and the partition a writer owns or the index of
+    a frontend or fetcher (``writer orders-3``, ``frontend 0``, ``coordinator``)."""
+    if ctx.role == "writer":
+        return f"writer {ctx.topic}-{ctx.index}"
+    if ctx.role in ("frontend", "fetcher"):
+        return f"{ctx.role} {ctx.index}"
+    return ctx.role
+
+
+def set_process_title(title: str) -> None:
+    """Show ``appliance: <title>`` as the process's command line (ps, top, systemd-cgls) and its
+    first 15 characters as the kernel's name for it (``comm``: ps -o comm, psutil's name)."""
+    setproctitle.setproctitle(f"appliance: {title}")
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+        libc.prctl(_PR_SET_NAME, title.encode()[:15], 0, 0, 0)
     except OSError:
         pass
 

@@ -49,7 +49,8 @@ from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXI
                       PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING, RUNTIME_POINTER,
                       STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
-                      fetcher_name, frontend_name, set_process_name, setup_logging, writer_name)
+                      fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
+                      writer_name)
 from .service import Registry, Responder, serves
 from .startup import (NO_SPACE, DataDirUnusable, DiskReserve, RuntimeDirUnusable, StartFailure,
                       bind_listener, is_runtime_dir)
@@ -301,7 +302,7 @@ class Supervisor:
                 child_reset_signals()
                 die_with_parent(self._pid)
                 self._close_in_child()
-                set_process_name(f"appl-{spec.name}"[:15])
+                set_process_title(worker_title(ctx))
                 setup_logging(spec.name)
                 code = spec.entry(ctx) or 0
             except SystemExit as e:
@@ -354,6 +355,7 @@ class Supervisor:
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> int:
+        set_process_title("supervisor")
         setup_logging("supervisor")
         try:
             self._setup()

@@ -83,6 +83,7 @@ class Coordinator(Worker):
         self.dir = os.path.join(ctx.data_dir, COORDINATOR_DIR)
         os.makedirs(self.dir, exist_ok=True)
         self.next_metrics = 0.0
+        self._metrics_error: str | None = None    # the last "not published" reason logged
 
     # -- life cycle -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -142,7 +143,14 @@ class Coordinator(Worker):
             metrics.publish(self.ctx.data_dir, "coordinator", {
                 metrics.ACTIVE_TXN_OPEN_TIME_MAX: self.tc.active_transaction_open_time_max_ms()})
         except OSError as e:
-            log.warning("metrics not published: %s", e)
+            # Once, then on change (a full disk would otherwise log this every second).
+            if str(e) != self._metrics_error:
+                log.warning("metrics not published: %s", e)
+                self._metrics_error = str(e)
+            return
+        if self._metrics_error is not None:
+            log.info("metrics published again")
+            self._metrics_error = None
 
     # -- writers ---------------------------------------------------------------------------------
     def _sync_writers(self) -> None:

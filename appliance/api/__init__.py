@@ -3,7 +3,8 @@
 Runs in frontend processes. A handler is ``handle(ctx, request) -> response`` (plain function or
 coroutine function). It decodes nothing and encodes nothing itself: the connection hands it the kio
 request entity and encodes whatever it returns (a kio response entity, or already-encoded bytes or
-buffer parts, or None for "send no response" as with acks=0 produce). Handlers stay thin: check,
+buffer parts, or None for "send no response" as with acks=0 produce, or ``CloseConnection`` to
+answer nothing and close the connection once the requests before it are answered). Handlers stay thin: check,
 delegate to the broker facade handed to them in the request context (``ctx.broker``, the
 frontend's ``workers.frontend.broker.Broker``; never imported here: handlers hold no process
 code), build the response.
@@ -62,6 +63,15 @@ def load_handlers() -> dict[int, Api]:
 
 def api_ranges() -> dict[int, tuple[int, int]]:
     return {a.key: (a.min_version, a.max_version) for a in sorted(REGISTRY.values(), key=lambda a: a.key)}
+
+
+@dataclass(frozen=True)
+class CloseConnection:
+    """A handler's result that closes the connection instead of answering, after the answers to
+    the connection's earlier requests (Kafka's closeConnection response, e.g. an acks=0 produce
+    that failed: the producer notices the error only by the closed connection)."""
+
+    reason: str
 
 
 class RequestContext:

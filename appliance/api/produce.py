@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from appliance.api import handles
+from appliance.api import CloseConnection, handles
 from appliance.catalog import INTERNAL_TOPICS
 from appliance.errors import ErrorCode, KafkaError
 from appliance.ipc import ProduceResult
@@ -102,9 +102,7 @@ async def handle(ctx, req):
             any_error = True
         pending.append((name, pd.index, res))
     if acks == 0:
-        if any_error:
-            ctx.connection._abort("error in a produce request with acks=0")
-        return None
+        return CloseConnection("error in a produce request with acks=0") if any_error else None
     futures = [r for _, _, r in pending if isinstance(r, asyncio.Future)]
     if futures:
         await asyncio.gather(*futures)

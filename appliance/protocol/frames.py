@@ -84,13 +84,16 @@ class FrameDecoder:
     64 KiB reads costs O(n), and memory grows only as bytes actually arrive (no up-front buffer
     of the declared size).
 
-    A declared size above ``max_frame_bytes`` or below 0 raises FrameTooLarge as soon as the
-    prefix is read; a size below ``min_frame_bytes`` (which cannot hold a request header; 0 is
-    legal in Kafka only for raw SASL tokens, which we do not speak) raises ProtocolViolation.
-    After an exception the decoder is unusable: close the connection.
+    A declared size above ``max_frame_bytes`` or below 0 is FrameTooLarge as soon as the prefix
+    is read; a size below ``min_frame_bytes`` (which cannot hold a request header; 0 is legal in
+    Kafka only for raw SASL tokens, which we do not speak) is ProtocolViolation. The frames
+    completed before a bad prefix in the same chunk are still returned (they are answered before
+    the connection closes, as Kafka does), with the error kept in ``error``; ``feed`` raises it
+    when no frame came before it, and on every later call. After an error the decoder is
+    unusable: close the connection.
     """
 
-    __slots__ = ("max_frame_bytes", "min_frame_bytes", "_head", "_need", "_chunks")
+    __slots__ = ("max_frame_bytes", "min_frame_bytes", "_head", "_need", "_chunks", "error")
 
     def __init__(self, max_frame_bytes: int, min_frame_bytes: int = REQUEST_HEADER_MIN_BYTES) -> None:
         self.max_frame_bytes = max_frame_bytes
@@ -98,6 +101,7 @@ class FrameDecoder:
         self._head = b""  # a size prefix split across chunks (< 4 bytes)
         self._need = 0  # bytes still missing from the frame being collected
         self._chunks: list[memoryview] = []  # the collected pieces of that frame
+        self.error: ProtocolViolation | None = None
 
     @property
     def buffered(self) -> int:
@@ -112,9 +116,20 @@ class FrameDecoder:
         return size
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[memoryview | bytes]:
+        if self.error is not None:
+            raise self.error
+        frames: list[memoryview | bytes] = []
+        try:
+            self._feed(data, frames)
+        except ProtocolViolation as e:
+            self.error = e
+            if not frames:
+                raise
+        return frames
+
+    def _feed(self, data: bytes | bytearray | memoryview, frames: list) -> list[memoryview | bytes]:
         if type(data) is not bytes:
             data = bytes(data)  # our views must not change under us
-        frames: list[memoryview | bytes] = []
         n = len(data)
         view = memoryview(data)
         pos = 0

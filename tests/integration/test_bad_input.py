@@ -215,3 +215,37 @@ def test_zz_no_worker_died_and_service_continues(app):
         res = produce(raw, {0: good_batch()})
         assert res[0].error_code == 0
     assert "Traceback" not in app.log_text()
+
+
+def test_request_followed_by_garbage_in_one_write_is_answered_then_closed(app):
+    """Kafka reads a connection's next request only after answering the previous one, so requests
+    before a bad frame are answered and then the connection is closed (regression: the answers
+    of earlier requests were dropped when garbage followed them in the same read)."""
+    with RawClient(app.bootstrap) as raw:
+        api_versions = raw.header(18, 3, 1) + raw.encode(18, 3, {"client_software_name": "t",
+                                                                 "client_software_version": "1"})
+        metadata = raw.header(3, 12, 2) + raw.encode(3, 12, {
+            "topics": [{"topic_id": b"\0" * 16, "name": "bad"}], "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False})
+        garbage = struct.pack(">hhih", 3, 12, 3, -1) + b"\x00" + b"\xff" * 7
+        raw.send_bytes(b"".join(struct.pack(">i", len(f)) + f
+                                for f in (api_versions, metadata, garbage)))
+        assert raw.read_response(18, 3, 1).error_code == 0
+        md = raw.read_response(3, 12, 2)
+        assert [t.name for t in md.topics] == ["bad"] and md.topics[0].error_code == 0
+        assert raw.closed_by_peer()
+
+
+def test_failed_acks0_produce_after_a_request_answers_it_then_closes(app):
+    """acks=0 with an error closes the connection (the producer's only signal), after the answer
+    to the request before it."""
+    bad = bytearray(good_batch())
+    bad[-1] ^= 0xFF
+    with RawClient(app.bootstrap) as raw:
+        raw.correlation = 1
+        raw.send_frame(raw.header(18, 0, 1) + raw.encode(18, 0, {}))
+        raw.request(0, 9, {"transactional_id": None, "acks": 0, "timeout_ms": 1000,
+                           "topic_data": [{"name": "bad", "partition_data": [
+                               {"index": 0, "records": bytes(bad)}]}]}, expect_response=False)
+        assert raw.read_response(18, 0, 1).error_code == 0
+        assert raw.closed_by_peer()

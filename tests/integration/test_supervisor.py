@@ -207,3 +207,22 @@ def test_only_frontends_hold_the_listening_socket(appliance):
     holders = {pid for pid in roles if listening(pid)}
     assert holders == {pid for pid, role in roles.items() if role == "frontend"}
     assert listening(procs["supervisor"])
+
+
+def test_process_titles_name_each_worker_role_and_partition(appliance):
+    """ps, top and systemd-cgls tell the workers apart: ``appliance: writer <topic>-<partition>``
+    and the role (and index) of every other worker."""
+    import psutil
+    roundtrip(appliance, topic="orders")
+    titles = {w["name"]: " ".join(psutil.Process(w["pid"]).cmdline()).rstrip()
+              for w in appliance.workers()}
+    by_role = {}
+    for w in appliance.workers():
+        by_role.setdefault(w["role"], []).append(titles[w["name"]])
+    assert "appliance: writer orders-0" in by_role["writer"]
+    assert by_role["coordinator"] == ["appliance: coordinator"]
+    assert "appliance: frontend 0" in by_role["frontend"]
+    assert "appliance: fetcher 0" in by_role["fetcher"]
+    assert " ".join(psutil.Process(appliance.proc.pid).cmdline()).rstrip() == "appliance: supervisor"
+    # The kernel's 15-character name says the role too (ps -o comm, psutil's name()).
+    assert psutil.Process(appliance.writer("orders", 0)["pid"]).name() == "writer orders-0"

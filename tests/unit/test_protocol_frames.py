@@ -97,6 +97,16 @@ def test_writable_input_is_copied_so_frames_do_not_change() -> None:
     assert bytes(frame) == b"c" * 12
 
 
+def test_frames_before_a_bad_size_in_the_same_chunk_are_returned_then_the_error() -> None:
+    """Regression: a good request followed by garbage in one read lost the good request."""
+    dec = FrameDecoder(100)
+    frames = dec.feed(framed(b"a" * 12) + struct.pack(">i", 5000) + b"junk")
+    assert [bytes(f) for f in frames] == [b"a" * 12]
+    assert isinstance(dec.error, FrameTooLarge)
+    with pytest.raises(FrameTooLarge):
+        dec.feed(framed(b"b" * 12))
+
+
 @pytest.mark.parametrize("size", [101, 2**31 - 1, -1, -(2**31)])
 def test_oversize_or_negative_size_raises_frame_too_large(size: int) -> None:
     dec = FrameDecoder(max_frame_bytes=100)

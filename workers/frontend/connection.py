@@ -6,8 +6,14 @@ order they came, so every request takes a slot in ``self.slots`` when it arrives
 leave only from the head of that queue, whatever order handlers finish in.
 
 Where Kafka closes the connection we close it too: a frame over ``socket.request.max.bytes``, an
-unknown API key, an unsupported version of any API but ApiVersions, a body that does not parse.
-ApiVersions of an unknown version is answered (v0 layout, UNSUPPORTED_VERSION, our ranges).
+unknown API key, an unsupported version of any API but ApiVersions, a body that does not parse,
+a failed acks=0 produce, a handler or an encoder that fails. Kafka's network thread reads a
+connection's next request only after it has answered the previous one, so it answers every
+request that came before the bad one and then closes; so do we (``_close_after``): reading stops
+at the bad frame, the answers queued ahead of it still leave, then the socket is closed, and the
+answers of requests pipelined behind it are dropped (the client fails them on the closed
+connection). ApiVersions of an unknown version is answered (v0 layout, UNSUPPORTED_VERSION, our
+ranges).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import logging
 import time
 from typing import Any
 
-from appliance.api import REGISTRY, RequestContext, encode_body
+from appliance.api import REGISTRY, CloseConnection, RequestContext, encode_body
 from appliance.errors import KafkaError, ProtocolViolation
 from appliance.protocol import frames, messages
 
@@ -30,12 +36,13 @@ RESUME_INFLIGHT = 16
 
 
 class _Slot:
-    __slots__ = ("header", "parts", "done")
+    __slots__ = ("header", "parts", "done", "last")
 
     def __init__(self, header) -> None:
         self.header = header
         self.parts: list | None = None   # encoded frame parts, or None for "no response" (acks=0)
         self.done = False
+        self.last = False                # close the connection when this slot reaches the head
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -47,6 +54,7 @@ class KafkaConnection(asyncio.Protocol):
         self.slots: collections.deque[_Slot] = collections.deque()
         self.paused = False
         self.closed = False
+        self.closing = False       # a bad request was seen: answer what came before it, then close
         self.peer = "?"
         self.last_active = time.monotonic()
         self.fetcher = server.broker.next_fetcher()
@@ -68,25 +76,48 @@ class KafkaConnection(asyncio.Protocol):
             t.cancel()
 
     def data_received(self, data: bytes) -> None:
+        if self.closing or self.closed:
+            return                  # nothing after a bad request is read (Kafka muted the channel)
         self.last_active = time.monotonic()
         try:
             for frame in self.decoder.feed(data):
                 self._on_frame(frame)
-                if self.closed:
+                if self.closing or self.closed:
                     return
+            if self.decoder.error is not None:     # a bad frame after good ones in this read
+                raise self.decoder.error
         except ProtocolViolation as e:
-            self._abort(str(e))
+            self._close_after(None, str(e))
         except Exception:
             # A bug in a handler must cost this connection, never the frontend process.
             log.exception("request from %s failed", self.peer)
-            self._abort("internal error")
+            self._close_after(None, "internal error")
 
     # -- requests ---------------------------------------------------------------------------------
     def _abort(self, why: str) -> None:
+        """Close at once, answered or not (shutdown timeout, idle connection)."""
         log.info("closing connection from %s: %s", self.peer, why)
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
+
+    def _close_after(self, slot: _Slot | None, why: str, level: int = logging.INFO) -> None:
+        """Close the connection once every request before ``slot`` (None: every request taken so
+        far) is answered; ``slot`` itself and anything behind it gets no answer."""
+        if self.closed:
+            return
+        if not self.closing:
+            log.log(level, "closing connection from %s: %s", self.peer, why)
+            self.closing = True
+            if self.transport is not None and not self.paused:
+                self.paused = True
+                self.transport.pause_reading()
+        if slot is None:
+            slot = _Slot(None)
+            self.slots.append(slot)
+        slot.parts = None
+        slot.done = slot.last = True
+        self._flush()
 
     def _on_frame(self, frame) -> None:
         header, body_offset = frames.parse_request_header(frame)
@@ -112,6 +143,10 @@ class KafkaConnection(asyncio.Protocol):
         except KafkaError as e:
             self._fail(slot, api, request, e)
             return
+        except Exception:
+            log.exception("handler of api key %d failed (request from %s)", header.api_key, self.peer)
+            self._close_after(slot, "internal error")
+            return
         if asyncio.iscoroutine(result):
             task = asyncio.ensure_future(self._run(slot, api, request, result))
             self.tasks.add(task)
@@ -131,39 +166,62 @@ class KafkaConnection(asyncio.Protocol):
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("handler for api key %d failed", slot.header.api_key)
-            self._abort("internal error")
+            log.exception("handler of api key %d failed (request from %s)", slot.header.api_key,
+                          self.peer)
+            self._close_after(slot, "internal error")
             return
         self._complete(slot, result)
 
     def _fail(self, slot: _Slot, api, request, e: KafkaError) -> None:
         if api.error_response is None:
-            self._abort(f"{api.name}: {e}")
+            self._close_after(slot, f"{api.name}: {e}")
             return
         self._complete(slot, api.error_response(slot.header.api_version, request, e))
 
     def _complete(self, slot: _Slot, result: Any) -> None:
-        if self.closed:
+        if self.closed or slot.done:
+            return
+        if isinstance(result, CloseConnection):
+            self._close_after(slot, result.reason)
             return
         h = slot.header
         if result is None:
             slot.parts = None
         else:
-            body = encode_body(result)
-            slot.parts = frames.encode_response_frame(
-                h.correlation_id, frames.response_header_version(h.api_key, h.api_version), body)
+            try:
+                body = encode_body(result)
+                slot.parts = frames.encode_response_frame(
+                    h.correlation_id, frames.response_header_version(h.api_key, h.api_version), body)
+            except Exception:
+                # An answer we cannot encode must not leave the client waiting forever: close,
+                # as Kafka does when a response fails to serialise.
+                log.exception("encoding the answer to api key %d v%d for %s failed",
+                              h.api_key, h.api_version, self.peer)
+                self._close_after(slot, "response encoding failed", logging.ERROR)
+                return
         slot.done = True
         self._flush()
 
     def _flush(self) -> None:
         out = []
+        last = False
         while self.slots and self.slots[0].done:
             slot = self.slots.popleft()
+            if slot.last:
+                last = True
+                break
             if slot.parts is not None:
                 out.extend(slot.parts)
         if out and not self.closed:
             self.transport.writelines(out)
-        if self.paused and len(self.slots) <= RESUME_INFLIGHT and not self.server.draining:
+        if last:
+            # close() (not abort) sends what is buffered first.
+            self.closed = True
+            self.slots.clear()
+            self.transport.close()
+            return
+        if (self.paused and not self.closing and len(self.slots) <= RESUME_INFLIGHT
+                and not self.server.draining):
             self.paused = False
             self.transport.resume_reading()
         if self.server.draining and not self.slots:

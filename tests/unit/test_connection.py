@@ -1,0 +1,165 @@
+"""workers.frontend.connection: what reaches the client when a request goes wrong, with a
+recording transport in place of the socket (no fork, no broker).
+
+Kafka reads a connection's next request only after answering the previous one, so every request
+before a bad one is answered, then the connection is closed; an answer that cannot be encoded
+closes the connection instead of leaving the client waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+
+from appliance.api import REGISTRY, Api, CloseConnection, load_handlers
+from appliance.config import Config
+from workers.frontend.connection import KafkaConnection
+
+TEST_KEY = 18          # requests use ApiVersions' framing; the handler is swapped per test
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+        self.aborted = False
+        self.reading = True
+
+    def get_extra_info(self, name):
+        return ("127.0.0.1", 1234) if name == "peername" else None
+
+    def writelines(self, parts) -> None:
+        assert not (self.closed or self.aborted), "write after close"
+        for p in parts:
+            self.written += p
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def answers(self) -> list[int]:
+        """Correlation ids of the frames written."""
+        out, pos = [], 0
+        while pos < len(self.written):
+            (size,) = struct.unpack_from(">i", self.written, pos)
+            out.append(struct.unpack_from(">i", self.written, pos + 4)[0])
+            pos += 4 + size
+        return out
+
+
+class Broker:
+    cfg = Config()
+
+    def next_fetcher(self) -> int:
+        return 0
+
+
+class Server:
+    def __init__(self) -> None:
+        self.broker = Broker()
+        self.connections: set = set()
+        self.draining = False
+        self.api_ranges = {}
+
+
+def frame(correlation: int) -> bytes:
+    body = struct.pack(">hhih", TEST_KEY, 0, correlation, -1)
+    return struct.pack(">i", len(body)) + body
+
+
+GARBAGE = struct.pack(">i", 8) + struct.pack(">hhi", 9999, 0, 99)   # unknown api key
+
+
+@pytest.fixture
+def handler():
+    """Install a handler for TEST_KEY v0 for the test; put the real one back after."""
+    load_handlers()
+    saved = REGISTRY[TEST_KEY]
+
+    def install(fn):
+        REGISTRY[TEST_KEY] = Api(TEST_KEY, "Test", 0, 0, fn)
+    yield install
+    REGISTRY[TEST_KEY] = saved
+
+
+def connect() -> tuple[KafkaConnection, Transport]:
+    conn = KafkaConnection(Server())
+    t = Transport()
+    conn.connection_made(t)
+    return conn, t
+
+
+def test_requests_before_garbage_in_the_same_read_are_answered_then_closed(handler):
+    handler(lambda ctx, req: b"")
+    conn, t = connect()
+    conn.data_received(frame(1) + frame(2) + GARBAGE + frame(4))
+    assert t.answers() == [1, 2]
+    assert t.closed and not t.aborted and not t.reading
+
+
+def test_garbage_behind_a_pending_answer_closes_after_that_answer(handler):
+    async def run():
+        gate = asyncio.get_running_loop().create_future()
+
+        async def slow(ctx, req):
+            await gate
+            return b""
+        handler(slow)
+        conn, t = connect()
+        conn.data_received(frame(1) + GARBAGE)
+        await asyncio.sleep(0)
+        assert t.answers() == [] and not t.closed      # the answer to 1 is still owed
+        conn.data_received(frame(5))                   # read no more after the bad frame
+        gate.set_result(None)
+        while not t.closed:
+            await asyncio.sleep(0)
+        assert t.answers() == [1]
+    asyncio.run(run())
+
+
+def test_an_answer_that_cannot_be_encoded_closes_the_connection(handler):
+    """Regression: an encoding failure in an async handler's completion left the connection
+    open and the client waiting for an answer forever."""
+    async def run():
+        calls = []
+
+        async def unencodable(ctx, req):
+            calls.append(1)
+            if len(calls) == 2:
+                return object()       # not bytes, not a kio entity: the encoder raises
+            return b""
+        handler(unencodable)
+        conn, t = connect()
+        conn.data_received(frame(1) + frame(2) + frame(3))
+        while not t.closed:
+            await asyncio.sleep(0)
+        assert t.answers() == [1]
+    asyncio.run(run())
+
+
+def test_a_handler_that_raises_closes_after_earlier_answers(handler):
+    def boom(ctx, req):
+        if ctx.header.correlation_id == 2:
+            raise RuntimeError("bug")
+        return b""
+    handler(boom)
+    conn, t = connect()
+    conn.data_received(frame(1) + frame(2) + frame(3))
+    assert t.answers() == [1] and t.closed
+
+
+def test_close_connection_result_closes_after_earlier_answers(handler):
+    handler(lambda ctx, req: CloseConnection("acks=0 failed") if ctx.header.correlation_id == 2 else b"")
+    conn, t = connect()
+    conn.data_received(frame(1) + frame(2) + frame(3))
+    assert t.answers() == [1] and t.closed and not t.aborted
