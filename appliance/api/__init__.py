@@ -88,6 +88,16 @@ class RequestContext:
     def version(self) -> int:
         return self.header.api_version
 
+    @property
+    def principal(self) -> str:
+        """Kafka's principal of the connection (``User:ANONYMOUS`` until it authenticates)."""
+        return self.connection.principal
+
+    @property
+    def client_host(self) -> str:
+        """The client's address, as Kafka's ACLs match hosts."""
+        return self.connection.host
+
     def response_class(self):
         return messages.response_class(self.header.api_key, self.header.api_version)
 

@@ -31,6 +31,7 @@ from appliance.protocol import frames, messages
 log = logging.getLogger("appliance.connection")
 
 API_VERSIONS_KEY = 18
+ANONYMOUS = "User:ANONYMOUS"   # Kafka's principal of an unauthenticated connection
 MAX_INFLIGHT = 64          # pause reading beyond this many unanswered requests on one connection
 RESUME_INFLIGHT = 16
 
@@ -56,6 +57,8 @@ class KafkaConnection(asyncio.Protocol):
         self.closed = False
         self.closing = False       # a bad request was seen: answer what came before it, then close
         self.peer = "?"
+        self.host = "?"
+        self.principal = ANONYMOUS
         self.last_active = time.monotonic()
         self.fetcher = server.broker.next_fetcher()
         self.tasks: set[asyncio.Task] = set()
@@ -64,7 +67,9 @@ class KafkaConnection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if peer:
+            self.host = peer[0]
+            self.peer = f"{peer[0]}:{peer[1]}"
         self.server.connections.add(self)
         if self.server.draining:
             self.transport.close()
