@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from harness import ROOT
+from prerequisites import require_java
 
 BIN = os.path.dirname(sys.executable)
 
@@ -36,6 +37,7 @@ def test_produce_benchmark_runs_and_prints_ratios(tmp_path):
 
 
 def test_spark_benchmark_runs_and_prints_ratios(tmp_path):
+    require_java()
     r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_spark.py"), "--rows", "200",
                         "--rounds", "1", "--warm-up-rows", "0", "--work-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=600)

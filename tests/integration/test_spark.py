@@ -32,9 +32,16 @@ from appliance import admin
 from appliance.client import Producer
 from clientkit import create, read_all, settle, uid
 from harness import Appliance
+from prerequisites import require_java
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def java():
+    """Java 17+ first: without it every test here fails with one line that says so."""
+    require_java()
 
 
 @pytest.fixture(scope="module")
