@@ -1,10 +1,11 @@
 """Transaction administration over the Kafka protocol, for ``appliance transactions ...``
 (what Kafka's kafka-transactions.sh does): list, describe, abort a hanging transaction by its
-partition, and force-terminate a transactional id (KIP-939).
+partition, and force-terminate a transactional id (KIP-939); and the two admin calls the Spark
+sink's job log needs besides (create a topic, read one broker config).
 
-Runs in the operator's shell; owns nothing but one connection to the broker
-(``appliance.client.connection.BrokerConnection``, version-negotiated), so it works the same
-against a Kafka cluster's coordinator.
+Runs in the operator's shell, and in the Spark sink's driver and tasks; owns nothing but one
+connection to the broker (``appliance.client.connection.BrokerConnection``, version-negotiated),
+so it works the same against a Kafka cluster's coordinator.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from appliance.client.connection import BrokerConnection
 from appliance.client.errors import ErrorCode, KafkaError
 
 LIST_TRANSACTIONS, DESCRIBE_TRANSACTIONS, DESCRIBE_PRODUCERS = 66, 65, 61
-INIT_PRODUCER_ID, WRITE_TXN_MARKERS = 22, 27
+INIT_PRODUCER_ID, WRITE_TXN_MARKERS, CREATE_TOPICS, DESCRIBE_CONFIGS = 22, 27, 19, 32
+BROKER_RESOURCE = 4
 RETRY = {ErrorCode.concurrent_transactions, ErrorCode.coordinator_load_in_progress,
          ErrorCode.coordinator_not_available, ErrorCode.not_coordinator}
 
@@ -44,8 +46,16 @@ def list_transactions(conn: BrokerConnection, states: list[str] = (), producer_i
 
 
 def describe_transaction(conn: BrokerConnection, transactional_id: str) -> dict:
-    """DescribeTransactions v0, decoded here: the start time of a transaction that has not
-    begun is -1, which kio's timestamp type does not accept.
+    """One transactional id (``describe_transactions``); raises its error code."""
+    (d,) = describe_transactions(conn, [transactional_id])
+    _check(d["error_code"])
+    return d
+
+
+def describe_transactions(conn: BrokerConnection, transactional_ids: list[str]) -> list[dict]:
+    """DescribeTransactions v0 of several ids in one request, each with its ``error_code``,
+    decoded here: the start time of a transaction that has not begun is -1, which kio's
+    timestamp type does not accept.
 
     Response v0 (flexible)::
 
@@ -53,21 +63,27 @@ def describe_transaction(conn: BrokerConnection, transactional_id: str) -> dict:
         state string, timeout_ms int32, start_time_ms int64, producer_id int64,
         producer_epoch int16, [topics: topic string, [partitions int32], tags], tags] | tags
     """
-    body = conn.request(DESCRIBE_TRANSACTIONS, {"transactional_ids": [transactional_id]}, version=0, raw=True)
+    if not transactional_ids:
+        return []
+    body = conn.request(DESCRIBE_TRANSACTIONS, {"transactional_ids": list(transactional_ids)},
+                        version=0, raw=True)
     rd = _Reader(body)
     rd.take(">i")
-    assert rd.uvarint() - 1 == 1, "one transactional id asked, one answered"
-    err = rd.take(">h")
-    tid, state = rd.string(), rd.string()
-    timeout, start, pid, epoch = rd.take(">iqqh")
-    parts = []
+    out = []
     for _ in range(rd.uvarint() - 1):
-        topic = rd.string()
-        parts += [(topic, rd.take(">i")) for _ in range(rd.uvarint() - 1)]
+        err = rd.take(">h")
+        tid, state = rd.string(), rd.string()
+        timeout, start, pid, epoch = rd.take(">iqqh")
+        parts = []
+        for _ in range(rd.uvarint() - 1):
+            topic = rd.string()
+            parts += [(topic, rd.take(">i")) for _ in range(rd.uvarint() - 1)]
+            rd.skip_tags()
         rd.skip_tags()
-    _check(err)
-    return {"transactional_id": tid, "state": state, "timeout_ms": timeout, "start_time_ms": start,
-            "producer_id": pid, "producer_epoch": epoch, "partitions": sorted(parts)}
+        out.append({"transactional_id": tid, "error_code": err, "state": state, "timeout_ms": timeout,
+                    "start_time_ms": start, "producer_id": pid, "producer_epoch": epoch,
+                    "partitions": sorted(parts)})
+    return out
 
 
 class _Reader:
@@ -91,6 +107,8 @@ class _Reader:
 
     def string(self) -> str:
         n = self.uvarint() - 1
+        if n < 0:
+            return ""
         out = self.buf[self.pos:self.pos + n].decode()
         self.pos += n
         return out
@@ -147,3 +165,34 @@ def force_terminate(conn: BrokerConnection, transactional_id: str, timeout_s: fl
         if code not in RETRY or time.monotonic() >= deadline:
             raise KafkaError(code)
         time.sleep(0.1)
+
+
+def create_topic(conn: BrokerConnection, name: str, partitions: int,
+                 configs: dict[str, str] | None = None, timeout_ms: int = 30000) -> bool:
+    """CreateTopics of one topic; True if it was created, False if it existed already."""
+    r = conn.request(CREATE_TOPICS, {
+        "topics": [{"name": name, "num_partitions": partitions, "replication_factor": -1,
+                    "assignments": [],
+                    "configs": [{"name": k, "value": v} for k, v in (configs or {}).items()]}],
+        "timeout_ms": timeout_ms, "validate_only": False})
+    (t,) = r.topics
+    if int(t.error_code) == ErrorCode.topic_already_exists:
+        return False
+    if int(t.error_code) != 0:
+        raise KafkaError(t.error_code, f"CreateTopics {name}: {t.error_message or ''}".rstrip(": "))
+    return True
+
+
+def broker_config(conn: BrokerConnection, name: str) -> str | None:
+    """The value of one config of the broker ``conn`` is connected to (DescribeConfigs of the
+    broker resource), or None when the broker does not report that name."""
+    r = conn.request(DESCRIBE_CONFIGS, {
+        "resources": [{"resource_type": BROKER_RESOURCE, "resource_name": "",
+                       "configuration_keys": [name]}],
+        "include_synonyms": False, "include_documentation": False})
+    (res,) = r.results
+    _check(res.error_code)
+    for c in res.configs:
+        if c.name == name:
+            return c.value
+    return None

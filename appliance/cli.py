@@ -175,5 +175,48 @@ def transactions_force_terminate(ctx, transactional_id) -> None:
     click.echo(f"terminated: transactional id {transactional_id} is now producer {pid} epoch {epoch}")
 
 
+@main.group("spark")
+def spark_group() -> None:
+    """The Spark sink's jobs (appliance.spark): its job log and the transactions it left."""
+
+
+@spark_group.command("recover")
+@click.option("--bootstrap-server", default=None, metavar="HOST:PORT",
+              help="The broker to ask (default: server.listen of the configuration).")
+@click.option("--config", "config", type=click.Path(dir_okay=False), default=None)
+@click.option("--prefix", default=None,
+              help="Only the jobs of this transactionalIdPrefix (default: every prefix the job "
+                   "log or an open transaction names).")
+@click.option("--include-running", is_flag=True,
+              help="Also the jobs heard of within their jobTimeoutMs: use this only when their "
+                   "drivers are known to be dead (a live job rolled back fails, writing nothing).")
+def spark_recover(bootstrap_server: str | None, config: str | None, prefix: str | None,
+                  include_running: bool) -> None:
+    """Roll forward the dead Spark write jobs whose commit was decided, roll back the others,
+    and list what was committed, aborted or left alone (what every write does by itself for its
+    own prefix)."""
+    from .client.errors import KafkaError
+    from .spark import jobs
+    if bootstrap_server is None:
+        bootstrap_server = _load(config).server.listen
+    cfg = {"bootstrap_servers": bootstrap_server, "client_id": "appliance-spark-recover"}
+    failed = False
+    try:
+        with jobs.JobLog(cfg) as jl:
+            entries = jl.read()
+            done = 0
+            for p in ([prefix] if prefix else jobs.prefixes(jl, entries)):
+                for act in jobs.Recovery(jl, p, cfg).run(include_running=include_running, entries=entries):
+                    click.echo(act.line())
+                    done += 1
+                    failed = failed or act.outcome == "failed"
+            if not done:
+                click.echo("nothing to recover")
+    except KafkaError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    sys.exit(1 if failed else 0)
+
+
 if __name__ == "__main__":
     main()

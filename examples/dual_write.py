@@ -26,7 +26,7 @@ For the tests, ``DUAL_WRITE_CRASH_AT`` = before_prepare | after_prepare | after_
 after_kafka_commit kills the process (SIGKILL, no clean-up) at that step of round
 ``DUAL_WRITE_CRASH_ROUND`` (default 1) of this run.
 
-    python examples/dual_write.py --bootstrap 127.0.0.1:9092 --topic orders \\
+    .venv/bin/python examples/dual_write.py --bootstrap 127.0.0.1:9092 [--topic dual-write-orders] \\
         --transactional-id orders-writer --db orders.sqlite --until 100
 
 The broker must allow two-phase commit (``[transactions] two_phase_commit_enable = true``).
@@ -170,7 +170,8 @@ def write_round(producer: Producer, db: Database, args, round_no: int, nonce: st
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bootstrap", required=True)
-    ap.add_argument("--topic", required=True)
+    ap.add_argument("--topic", default="dual-write-orders",
+                    help="default dual-write-orders (examples/spark_pipeline.py uses spark-orders)")
     ap.add_argument("--transactional-id", required=True)
     ap.add_argument("--db", help="SQLite file (default dual_write.sqlite)")
     ap.add_argument("--dsn", help="PostgreSQL connection string instead of SQLite (needs psycopg)")

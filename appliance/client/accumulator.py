@@ -55,7 +55,8 @@ def next_sequence(seq: int, count: int) -> int:
 @dataclass(eq=False, slots=True)
 class Delivery:
     """The outcome of one ``send``: ``offset`` once acknowledged (-1 when the broker answered
-    DUPLICATE_SEQUENCE_NUMBER: the record was written by an earlier attempt), or ``error``."""
+    DUPLICATE_SEQUENCE_NUMBER: the record was written by an earlier attempt), or ``error``.
+    ``timestamp`` is the record's, or once acknowledged on a LogAppendTime topic the broker's."""
 
     topic: str
     partition: int
@@ -115,8 +116,12 @@ class ProducerBatch:
         self.data = None
         self.producer_id = self.producer_epoch = self.base_sequence = -1
 
-    def succeed(self, base_offset: int) -> None:
+    def succeed(self, base_offset: int, log_append_time: int = -1) -> None:
+        """Acknowledged at ``base_offset``; on a LogAppendTime topic the broker's timestamp
+        replaces the record's."""
         for i, d in enumerate(self.deliveries):
+            if log_append_time >= 0:
+                d.timestamp = log_append_time
             d._finish(base_offset + i if base_offset >= 0 else -1)
 
     def fail(self, error: KafkaError) -> None:

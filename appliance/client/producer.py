@@ -85,6 +85,14 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+def _log_append_time(p: Any) -> int:
+    """LogAppendTimeMs of a partition's Produce answer (kio decodes it as a datetime or None)."""
+    t = getattr(p, "log_append_time", None)
+    if t is None:
+        return -1
+    return int(t.timestamp() * 1000) if hasattr(t, "timestamp") else int(t)
+
+
 def default_partition(key: bytes, partitions: int) -> int:
     """The Java client's partition for a keyed record: positive murmur2 modulo the count."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions
@@ -328,7 +336,7 @@ class Producer:
             p = by_tp.get(b.tp)
             code = error_code(p.error_code) if p is not None else ErrorCode.unknown_server_error
             if code == ErrorCode.none:
-                b.succeed(p.base_offset)
+                b.succeed(p.base_offset, _log_append_time(p))
             elif code == ErrorCode.duplicate_sequence_number:
                 b.succeed(-1)                           # an earlier attempt was written
             elif code in _LEADER_ERRORS or code.retriable:

@@ -9,59 +9,40 @@ queries, with the options and the row schema of Spark's Kafka source and sink.
     spark.read.format("appliance").option("kafka.bootstrap.servers", "127.0.0.1:9092") \\
         .option("subscribe", "events").load()
 
-Installed with the ``spark`` extra (``pip install 'appliance[spark]'``: pyspark and pyarrow).
-Owns nothing; the classes below are instantiated by Spark in its Python workers, on the driver
-(planning, commit, abort) and on executors (reading and writing partitions). See
-``appliance.spark.reader`` and ``appliance.spark.writer`` for how each part works, and
-docs/spark.md for the guarantees and their limits.
+Installed with the ``spark`` extra (``pip install 'appliance[spark]'``: pyspark, pyarrow, pandas,
+numpy). Owns nothing; the classes are instantiated by Spark in its Python workers, on the driver
+(planning, commit, abort) and on executors (reading and writing partitions). Modules:
+``source`` (the DataSource), ``reader``, ``writer``, ``encode`` (record batches from Arrow
+columns), ``jobs`` (the sink's job log and its recovery, which needs no pyspark: the
+``appliance spark recover`` command uses it), ``options``. docs/spark.md has the guarantees
+and their limits.
 
 The writer needs two-phase commit on the broker (``[transactions] two_phase_commit_enable =
 true``, KIP-939): each task prepares its transaction, and the driver commits them all.
+
+pyspark is imported when one of the names below is first used, not with the package, so that
+``appliance.spark.jobs`` works where pyspark is not installed.
 """
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource
-from pyspark.sql.types import StructType
+from typing import Any
 
-from appliance.spark.options import OptionError, flag
-from appliance.spark.reader import BatchReader, DataLossError, StreamReader, source_schema
-from appliance.spark.writer import BatchWriter, StreamWriter, TransactionLostError
+__all__ = ["ApplianceDataSource", "register", "OptionError", "DataLossError", "TransactionLostError",
+           "TwoPhaseCommitDisabled", "error_line"]
 
-__all__ = ["ApplianceDataSource", "register", "OptionError", "DataLossError", "TransactionLostError"]
-
-
-class ApplianceDataSource(DataSource):
-    """``format("appliance")``."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "appliance"
-
-    def schema(self) -> StructType:
-        return source_schema(flag(self.options, "includeHeaders", False))
-
-    def reader(self, schema: StructType) -> BatchReader:
-        return BatchReader(self.options)
-
-    def streamReader(self, schema: StructType) -> StreamReader:
-        return StreamReader(self.options)
-
-    def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
-        _append_only(overwrite)
-        return BatchWriter(self.options, schema)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
-        _append_only(overwrite)
-        return StreamWriter(self.options, schema)
+_WHERE = {"ApplianceDataSource": "source", "OptionError": "options", "DataLossError": "reader",
+          "TransactionLostError": "writer", "TwoPhaseCommitDisabled": "writer", "error_line": "options"}
 
 
-def _append_only(overwrite: bool) -> None:
-    if overwrite:
-        raise OptionError("the appliance sink appends; save mode overwrite is not supported "
-                          "(as with Spark's Kafka sink)")
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+        return getattr(importlib.import_module(f"appliance.spark.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'appliance.spark' has no attribute {name!r}")
 
 
 def register(spark) -> None:
     """Make ``format("appliance")`` available in ``spark`` (a SparkSession)."""
+    from appliance.spark.source import ApplianceDataSource
     spark.dataSource.register(ApplianceDataSource)

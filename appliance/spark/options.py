@@ -42,6 +42,26 @@ class OptionError(ValueError):
     """A data source option is missing or malformed (raised on the driver, before any task)."""
 
 
+# How an error raised in a Python worker reaches the driver's program: inside the message of
+# Spark's AnalysisException or PythonException, after the worker's traceback, as
+# "<module>.<class>: <message>".
+_OWN_ERROR = re.compile(r"appliance\.spark\.\w+\.(OptionError|TwoPhaseCommitDisabled|TransactionLostError|"
+                        r"DataLossError): (.+)")
+
+
+def error_line(exc: BaseException) -> str | None:
+    """The one line that says what went wrong when ``exc``, as Spark raises it in the driver's
+    program (a traceback of the Python worker inside its message), comes from one of this data
+    source's own errors: a bad option, two-phase commit off, a lost transaction, lost data.
+    None for any other error. For programs that would rather print that line than Spark's
+    traceback (examples/spark_pipeline.py does)."""
+    if type(exc).__name__ in ("OptionError", "TwoPhaseCommitDisabled", "TransactionLostError",
+                              "DataLossError") and type(exc).__module__.startswith("appliance.spark"):
+        return str(exc)
+    m = _OWN_ERROR.search(str(exc))
+    return m.group(2).strip() if m else None
+
+
 def _lower(options: Mapping[str, Any]) -> dict[str, str]:
     return {str(k).lower(): v for k, v in dict(options).items()}
 

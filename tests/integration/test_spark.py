@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import pytest
 from appliance import admin
 from appliance.client import Producer
 from clientkit import create, read_all, settle, uid
+from appliance.spark.jobs import KILL_ENV
 from harness import Appliance
 from prerequisites import require_java
 
@@ -174,19 +174,123 @@ def _feed(bootstrap: str, topic: str, transactions: int, per_txn: int) -> list[b
     return committed
 
 
-def _driver(broker, source, sink, checkpoint, *extra) -> subprocess.Popen:
+def _env(kill_at: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != KILL_ENV}
+    if kill_at:
+        env[KILL_ENV] = kill_at
+    return env
+
+
+def _driver(broker, source, sink, checkpoint, *extra, kill_at: str | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, os.path.join(HERE, "spark_job.py"), "stream", broker.bootstrap,
                              source, sink, checkpoint, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=_env(kill_at))
 
 
-def _kill9(proc: subprocess.Popen) -> None:
+def _batch_driver(broker, *jobs: str, kill_at: str | None = None, prefix: str = "spark",
+                  rows: int = 600, timeout_ms: int | None = None) -> subprocess.CompletedProcess:
+    """spark_job.py batch: each of ``jobs`` ("TOPIC[:JOB_ID]") writes ``rows`` rows from 3 Spark
+    partitions; with ``kill_at`` the sink kills the driver at that phase."""
+    args = [sys.executable, os.path.join(HERE, "spark_job.py"), "batch", broker.bootstrap,
+            "--rows", str(rows), "--partitions", "3", "--prefix", prefix]
+    for job in jobs:
+        args += ["--job", job]
+    if timeout_ms:
+        args += ["--job-timeout-ms", str(timeout_ms)]
+    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=600, start_new_session=True, env=_env(kill_at))
+
+
+def _listed(bootstrap: str, prefix: str, states: list[str]) -> list[str]:
+    conn = admin.connect(bootstrap)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.communicate(timeout=60)
+        found = admin.list_transactions(conn, states=states)
+    finally:
+        conn.close()
+    return sorted(t["transactional_id"] for t in found if t["transactional_id"].startswith(prefix + "-"))
+
+
+OPEN_OR_ENDING = ["Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"]
+
+
+def _wait_nothing_open(bootstrap: str, prefix: str) -> None:
+    """No transaction of the prefix Ongoing, and none left in a Prepare* state once the markers
+    of those being completed are written (the coordinator finishes those by itself)."""
+    assert not _listed(bootstrap, prefix, ["Ongoing"])
+    deadline = time.monotonic() + 60
+    while left := _listed(bootstrap, prefix, OPEN_OR_ENDING):
+        assert time.monotonic() < deadline, f"still open: {left}"
+        time.sleep(0.05)
+
+
+def _rows_once(bootstrap: str, topic: str, partitions: int, rows: int) -> None:
+    got = values(read_all(bootstrap, topic, partitions))
+    assert Counter(got) == Counter(b"v-%d" % i for i in range(rows)), \
+        f"{topic}: {len(got)} rows, {len(set(got))} distinct, {rows} expected"
+
+
+# Before prepare (a task sending its rows), between prepare and commit (a task has prepared; the
+# commit decision is recorded), in the middle of the commit loop, after the commit.
+KILL_PHASES = ["task_writing:1", "task_prepared:0", "after_decision", "mid_commit", "after_done"]
+
+
+@pytest.mark.timeout(1800)          # six Spark drivers, each started for one job
+def test_batch_job_killed_at_each_phase_then_rerun_with_its_job_id_is_exactly_once(broker):
+    """The driver killed -9 at five moments of a batch write with a jobId: a task sending its
+    rows, a task having prepared, the driver having recorded its commit decision, having
+    committed one partition of three, having recorded the job done. Then one driver runs all
+    five jobs again with the same jobIds: each recovers its earlier run (rolled back, or its
+    decision completed) and writes what is missing, so that read_committed shows every row
+    exactly once, and no transaction is left open."""
+    prefix = "jobid"
+    jobs = []
+    for phase in KILL_PHASES:
+        topic, job_id = uid("spark-kill"), uid("job")
+        create(broker.bootstrap, {topic: 2})
+        r = _batch_driver(broker, f"{topic}:{job_id}", kill_at=phase, prefix=prefix)
+        assert r.returncode == -signal.SIGKILL, f"{phase}: {r.stdout[-3000:]}"
+        jobs.append(f"{topic}:{job_id}")
+    assert _listed(broker.bootstrap, prefix, ["Ongoing"]), "the killed drivers left transactions open"
+    r = _batch_driver(broker, *jobs, prefix=prefix)
+    assert r.returncode == 0, r.stdout[-5000:]
+    _wait_nothing_open(broker.bootstrap, prefix)
+    for job in jobs:
+        _rows_once(broker.bootstrap, job.split(":")[0], 2, 600)
+
+
+def _dead_per_log(bootstrap: str, prefix: str) -> bool:
+    """Every unresolved batch job of the prefix is past its timeout, by the job log's clock."""
+    from appliance.spark.jobs import JobLog, fold
+    with JobLog({"bootstrap_servers": bootstrap}) as jl:
+        jobs = [j for (p, _), j in fold(jl.read()).items() if p == prefix and not j.resolved]
+    return all(time.time() * 1000 > j.last_seen_ms + j.timeout_ms for j in jobs)
+
+
+@pytest.mark.timeout(1200)
+def test_dead_jobs_without_job_id_are_resolved_by_the_next_write_with_the_prefix(spark, broker):
+    """Without jobId: one driver killed after sealing its job (every task prepared, nothing
+    decided), one killed in the middle of its commit loop (decided, one partition committed).
+    Once their jobTimeoutMs has passed, an unrelated write with the same prefix recovers both:
+    the first job's rows are all invisible, the second's all visible, nothing stays open."""
+    prefix = "solo"
+    undecided, decided = uid("spark-solo"), uid("spark-solo")
+    create(broker.bootstrap, {undecided: 2, decided: 2})
+    for topic, phase in ((undecided, "after_seal"), (decided, "mid_commit")):
+        r = _batch_driver(broker, topic, kill_at=phase, prefix=prefix, timeout_ms=1000)
+        assert r.returncode == -signal.SIGKILL, f"{phase}: {r.stdout[-3000:]}"
+    assert len(_listed(broker.bootstrap, prefix, ["Ongoing"])) >= 4     # 3 + 2 prepared, at least
+    deadline = time.monotonic() + 60
+    while not _dead_per_log(broker.bootstrap, prefix):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    other = uid("spark-solo")
+    create(broker.bootstrap, {other: 1})
+    write(rows_df(spark, 10, 1), broker, other, transactionalIdPrefix=prefix)
+    _wait_nothing_open(broker.bootstrap, prefix)
+    assert values(read_all(broker.bootstrap, undecided, 2)) == []
+    _rows_once(broker.bootstrap, decided, 2, 600)
+    assert len(values(read_all(broker.bootstrap, other, 1))) == 10
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
@@ -195,58 +299,27 @@ def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
     return out
 
 
-def _uncommitted_count(bootstrap: str, topic: str, partitions: int) -> int:
-    from appliance.client import Consumer
-    with Consumer(bootstrap_servers=bootstrap, isolation_level="read_uncommitted") as c:
-        tps = [(topic, p) for p in range(partitions)]
-        return sum(c.end_offsets(tps).values())
-
-
+@pytest.mark.timeout(1500)
 def test_streaming_query_killed_and_restarted_from_its_checkpoint_writes_every_row_once(
         spark, broker, tmp_path):
+    """The driver killed -9 three times, each at a phase of its own (a task has prepared its
+    transaction; the commit of micro-batch 1 has committed one partition and not the others; the
+    commit of micro-batch 2 has not started), restarted on its checkpoint each time, then run to
+    the end: the sink holds every committed input row once, upper-cased, aborted input never,
+    and no transaction stays open. (The restart after the partial commit replays micro-batch 1:
+    the committed partition finds its marker offset and writes nothing.)"""
     source, sink = uid("spark-in"), uid("spark-out")
     create(broker.bootstrap, {source: 2, sink: 3})
-    committed = _feed(broker.bootstrap, source, 30, 600)          # 12,000 committed rows
+    committed = _feed(broker.bootstrap, source, 12, 300)          # 2,400 committed rows
     checkpoint = str(tmp_path / "checkpoint")
-    rnd = random.Random(7)
-    for kill in range(2):
-        proc = _driver(broker, source, sink, checkpoint, "--max-offsets", "700")
-        before = _uncommitted_count(broker.bootstrap, sink, 3)
-        deadline = time.monotonic() + 300
-        # Kill it once the sink has grown (a micro-batch is under way or done), at a random moment.
-        while _uncommitted_count(broker.bootstrap, sink, 3) <= before:
-            assert proc.poll() is None, proc.communicate()[0][-5000:]
-            assert time.monotonic() < deadline, "the streaming query wrote nothing"
-            time.sleep(0.2)
-        time.sleep(rnd.uniform(0.0, 1.5))
-        _kill9(proc)
-    _finish(_driver(broker, source, sink, checkpoint, "--max-offsets", "700", "--available-now"))
+    for kill_at in ("task_prepared:1", "stream_mid_commit:1", "stream_before_commit:2"):
+        proc = _driver(broker, source, sink, checkpoint, "--max-offsets", "400", kill_at=kill_at)
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == -signal.SIGKILL, f"{kill_at}: {out[-3000:]}"
+    _finish(_driver(broker, source, sink, checkpoint, "--max-offsets", "400", "--available-now"))
     got = values(read_all(broker.bootstrap, sink, 3))
     assert Counter(got) == Counter(v.upper() for v in committed)
     assert not [t for t in open_transactions(broker.bootstrap) if t.startswith("spark-")]
-
-
-def test_micro_batch_replayed_after_a_partial_commit_is_not_duplicated(spark, broker, tmp_path):
-    """The commit of batch 1 completes partition 0's transaction, then its process dies: batch 1
-    is not in the checkpoint's commit log, so the restarted query replays it. Partition 0's task
-    finds the batch committed (its marker offset, committed in the same transaction) and writes
-    nothing; partition 1's task aborts the transaction the dead run prepared and writes again."""
-    source, sink = uid("spark-in"), uid("spark-out")
-    create(broker.bootstrap, {source: 2, sink: 2})
-    committed = _feed(broker.bootstrap, source, 6, 500)           # 2,000 committed rows
-    checkpoint = str(tmp_path / "checkpoint")
-    crashed = _driver(broker, source, sink, checkpoint, "--max-offsets", "1000", "--available-now",
-                      "--crash-in-commit", "1")
-    try:
-        out, _ = crashed.communicate(timeout=300)
-    finally:
-        _kill9(crashed)
-    assert crashed.returncode != 0, "the commit of batch 1 was to fail"
-    settle_or_pinned = read_all(broker.bootstrap, sink, 2, settled=False)
-    assert 0 < len(values(settle_or_pinned)) < len(committed), "batch 1 was partly committed"
-    _finish(_driver(broker, source, sink, checkpoint, "--max-offsets", "1000", "--available-now"))
-    got = values(read_all(broker.bootstrap, sink, 2))
-    assert Counter(got) == Counter(v.upper() for v in committed)
 
 
 def test_reader_returns_what_kafka_python_wrote_committed_only(spark, broker):
@@ -370,13 +443,33 @@ def test_pipeline_example_loads_once_after_a_failed_load_and_reports(broker, tmp
 
     ok = _example(broker, "load", "--topic", topic, "--rows", str(n))
     assert ok.returncode == 0, ok.stderr[-3000:]
+    # Records that are not orders (examples/dual_write.py's payloads) are refused and counted,
+    # not reported under a customer "null".
+    with Producer(bootstrap_servers=broker.bootstrap) as p:
+        for i in range(7):
+            p.send(topic, b"order %d (0a1b2c3d)" % i, b"%d" % i)
+        p.send(topic, b'{"order_id": 1, "amount": 2.5}', b"x")
+        p.send(topic, None, b"tombstone")
     rep = _example(broker, "report", "--topic", topic, "--json")
     assert rep.returncode == 0, rep.stderr[-3000:]
     got = json.loads(rep.stdout.strip().splitlines()[-1])
+    assert got["refused"] == 9 and f"refused 9 records of {topic}" in rep.stderr
     assert got["orders"] == got["distinct_orders"] == valid
     assert {c: v["orders"] for c, v in got["customers"].items()} == {c: len(v) for c, v in expected.items()}
     for c, v in got["customers"].items():
         assert v["total"] == pytest.approx(sum(expected[c]), abs=0.01)
+
+
+def test_pipeline_example_says_in_one_line_that_two_phase_commit_is_off(appliance_factory):
+    """Against a broker with two-phase commit off, the load fails before any task runs, and the
+    example prints the data source's error as one line naming the setting, not Spark's traceback."""
+    off = appliance_factory()
+    r = _example(off, "load", "--rows", "10")
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: the broker at {off.bootstrap} has two-phase commit off") and \
+        "two_phase_commit_enable = true" in last and "APPLIANCE_TRANSACTIONS__TWO_PHASE_COMMIT_ENABLE=true" in last
+    assert "Traceback" not in r.stderr
 
 
 def test_pipeline_example_loads_a_csv(broker, tmp_path):
@@ -393,12 +486,13 @@ def test_pipeline_example_loads_a_csv(broker, tmp_path):
 
 
 def test_driver_commit_refuses_when_a_prepared_transaction_is_gone(broker):
-    """The driver's commit checks every task's transaction before committing any: one aborted by
-    an operator (force-terminate) fails the job, and the other task's rows stay invisible."""
+    """The driver's commit takes every task's transaction over before committing any: one
+    aborted by an operator (force-terminate) fails the job, which is rolled back (the abort
+    decision in the job log, every id fenced): the other task's rows stay invisible."""
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from appliance.client import PreparedTxnState
     from appliance.spark import TransactionLostError
+    from appliance.spark.jobs import ABORTED, JobLog, fold
     from appliance.spark.writer import PreparedTask, _Sink
 
     topic = uid("spark-lost")
@@ -406,6 +500,8 @@ def test_driver_commit_refuses_when_a_prepared_transaction_is_gone(broker):
     sink = _Sink({"kafka.bootstrap.servers": broker.bootstrap, "topic": topic},
                  StructType([StructField("value", StringType())]))
     key = uid("job")
+    with JobLog(sink.producer_config) as jl:
+        gen = jl.append("begin", "spark", key).offset
     messages = []
     for part in range(2):
         txn_id = f"spark-{key}-{part}"
@@ -423,17 +519,18 @@ def test_driver_commit_refuses_when_a_prepared_transaction_is_gone(broker):
     finally:
         conn.close()
     with pytest.raises(TransactionLostError, match="is gone"):
-        sink.commit_all(messages)
-    assert PreparedTxnState.from_string(messages[0].state).has_transaction
-    sink.abort_open(sink.job_ids(key, messages))
+        sink.commit_batch(key, gen, messages)
+    with JobLog(sink.producer_config) as jl:
+        assert fold(jl.read())[("spark", key)].phase == ABORTED
+    assert not [t for t in open_transactions(broker.bootstrap) if key in t]
     assert values(read_all(broker.bootstrap, topic, 2)) == []
 
 
 def test_stale_task_attempt_after_the_driver_ended_the_job_writes_nothing(broker):
     """A writer that starts after the driver aborted its job (Spark ended its input as if it were
-    complete, and its process was slow to start) finds the job's done marker and gives up: no
-    transaction stays open. A writer whose input is empty opens no producer at all. Driven in
-    this process with a task context of our own (no JVM)."""
+    complete, and its process was slow to start) reads the job log, finds the job ended, and
+    gives up: no transaction stays open. A writer whose input is empty opens no producer at all.
+    Driven in this process with a task context of our own (no JVM)."""
     import pyarrow as pa
     from pyspark import TaskContext
     from pyspark.sql.types import StringType, StructField, StructType
@@ -451,10 +548,15 @@ def test_stale_task_attempt_after_the_driver_ended_the_job_writes_nothing(broker
         txn_id = f"spark-{writer.key}-0"
         empty = writer.write(iter([pa.RecordBatch.from_pydict({"value": pa.array([], pa.string())})]))
         assert empty.rows == 0 and not PreparedTxnState.from_string(empty.state).has_transaction
-        assert not writer.sink._exists(txn_id), "an empty task opened a producer"
+        conn = admin.connect(broker.bootstrap)
+        try:
+            assert txn_id not in {t["transactional_id"] for t in admin.list_transactions(conn)}, \
+                "an empty task opened a producer"
+        finally:
+            conn.close()
 
         writer.abort([None])                                   # the driver gave up on the job
-        with pytest.raises(RuntimeError, match="already ended"):
+        with pytest.raises(RuntimeError, match="stale"):
             writer.write(iter([pa.RecordBatch.from_pydict({"value": ["late"]})]))
     finally:
         TaskContext._setTaskContext(None)

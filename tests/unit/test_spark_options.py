@@ -91,3 +91,27 @@ def test_query_key_is_read_back_from_transactional_ids():
     msgs = [None, PreparedTask("spark-0f-3a-9", 1, ":", 0)]
     assert _query_key("spark", msgs) == "0f-3a"
     assert _query_key("spark", [None]) is None
+
+
+def test_a_data_source_error_wrapped_by_spark_comes_out_as_one_line():
+    from appliance.spark.options import error_line
+    wrapped = ("[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: Traceback "
+               "(most recent call last):\n  File \"writer.py\", line 178, in _check_broker\n"
+               "    raise TwoPhaseCommitDisabled(\nappliance.spark.writer.TwoPhaseCommitDisabled: the "
+               "broker at h:1 has two-phase commit off (KIP-939)\n SQLSTATE: 38000")
+    assert error_line(RuntimeError(wrapped)) == "the broker at h:1 has two-phase commit off (KIP-939)"
+    assert error_line(OptionError("option 'topic' is required")) == "option 'topic' is required"
+    assert error_line(RuntimeError("Traceback ...\nValueError: something else")) is None
+
+
+def test_the_two_examples_write_to_topics_of_their_own_by_default():
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    defaults = {}
+    for name in ("dual_write.py", "spark_pipeline.py"):
+        with open(os.path.join(root, "examples", name)) as f:
+            m = re.search(r'add_argument\("--topic", default="([^"]+)"', f.read())
+        assert m, name
+        defaults[name] = m.group(1)
+    assert defaults == {"dual_write.py": "dual-write-orders", "spark_pipeline.py": "spark-orders"}

@@ -1,0 +1,98 @@
+"""``appliance spark recover`` on a data dir holding a dead Spark write job in each state.
+
+The jobs are the sink's own code driven without a JVM (spark_dead_job.py), killed -9 by the
+sink's test hook: a task sending its rows, every task prepared, the job sealed, the commit
+decided, one partition committed, every partition committed (``done`` not recorded), the abort
+decided, and a streaming micro-batch with its tasks prepared. The appliance is then restarted on
+its data dir; ``recover`` first leaves the jobs alone (they were heard of within their
+jobTimeoutMs), then with ``--include-running`` rolls the decided ones forward and the others
+back: every decided job's rows are all visible, the others' none, nothing stays open.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from appliance import admin
+from appliance.spark.jobs import ABORTED, DONE, JobLog, fold
+from clientkit import create, read_all, uid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.path.dirname(sys.executable)
+ROWS = 200
+# phase -> rolled forward (True) or back (False)
+PHASES = {"task_writing:1": False, "before_seal": False, "after_seal": False,
+          "after_decision": True, "mid_commit": True, "after_commit": True, "abort_decided": False}
+
+
+def dead_job(bootstrap: str, topic: str, phase: str, *extra: str) -> str:
+    """Runs the job until the hook kills it at ``phase``; returns the job's key."""
+    r = subprocess.run([sys.executable, os.path.join(HERE, "spark_dead_job.py"), bootstrap, topic,
+                        phase, "--prefix", "dead", "--rows", str(ROWS), *extra],
+                       capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert r.returncode == -signal.SIGKILL, f"{phase}: {r.returncode} {r.stderr[-3000:]}"
+    return r.stdout.split()[0]
+
+
+def recover(bootstrap: str, *extra: str) -> list[str]:
+    r = subprocess.run([os.path.join(BIN, "appliance"), "spark", "recover", "--bootstrap-server",
+                        bootstrap, *extra], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout.splitlines()
+
+
+def open_ids(bootstrap: str) -> list[str]:
+    conn = admin.connect(bootstrap)
+    try:
+        return sorted(t["transactional_id"] for t in admin.list_transactions(conn, states=["Ongoing"])
+                      if t["transactional_id"].startswith("dead-"))
+    finally:
+        conn.close()
+
+
+def test_recover_on_a_data_dir_with_a_dead_job_in_each_state(appliance_factory):
+    a = appliance_factory(transactions={"two_phase_commit_enable": True})
+    topics, keys = {}, {}
+    for phase in PHASES:
+        topics[phase] = uid("dead")
+        create(a.bootstrap, {topics[phase]: 2})
+        keys[phase] = dead_job(a.bootstrap, topics[phase], phase)
+    stream_topic = uid("dead-stream")
+    create(a.bootstrap, {stream_topic: 2})
+    query = dead_job(a.bootstrap, stream_topic, "task_prepared:1", "--stream")
+    before = open_ids(a.bootstrap)
+    assert len(before) >= 2 * len(PHASES), before
+
+    a.terminate()
+    a.start()
+    with JobLog({"bootstrap_servers": a.bootstrap}) as jl:
+        jobs = {j.key: j for (p, _), j in fold(jl.read()).items() if p == "dead"}
+    assert set(jobs) == set(keys.values()) and not any(j.resolved for j in jobs.values())
+
+    # Heard of a moment ago, with a timeout of 10 minutes: live jobs, as far as anyone can tell.
+    lines = recover(a.bootstrap, "--prefix", "dead")
+    for phase, key in keys.items():
+        assert any(key in line and "running" in line for line in lines), (phase, lines)
+    assert set(before) - {t for t in before if query in t} <= set(open_ids(a.bootstrap))
+
+    lines = recover(a.bootstrap, "--include-running")
+    out = "\n".join(lines)
+    for phase, forward in PHASES.items():
+        want = "rolled forward" if forward else "rolled back"
+        assert any(keys[phase] in line and want in line for line in lines), (phase, out)
+    assert open_ids(a.bootstrap) == [], out
+
+    for phase, forward in PHASES.items():
+        got = [r.value for recs in read_all(a.bootstrap, topics[phase], 2).values() for r in recs]
+        if forward:
+            assert sorted(got) == sorted(b"v-%d" % i for i in range(3 * ROWS)), phase
+        else:
+            assert got == [], phase
+    assert [r for recs in read_all(a.bootstrap, stream_topic, 2).values() for r in recs] == []
+    with JobLog({"bootstrap_servers": a.bootstrap}) as jl:
+        after = {j.key: j.phase for (p, _), j in fold(jl.read()).items() if p == "dead"}
+    assert after == {keys[ph]: DONE if f else ABORTED for ph, f in PHASES.items()}
+    assert recover(a.bootstrap) == ["nothing to recover"]

@@ -1,0 +1,57 @@
+"""The Spark sink's job log: how records fold into each job's phase (pure logic, no broker)."""
+
+from appliance.spark.jobs import (ABORTED, ABORTING, COMMITTING, DONE, RUNNING, SEALED, Entry,
+                                  _entry, fold)
+
+
+def rec(offset, type_, key="k", gen=0, ts=None, prefix="p", txns=(), timeout_ms=0, kind="batch"):
+    return Entry(offset, 1000 + offset if ts is None else ts, type_, prefix, key, gen, kind,
+                 timeout_ms, tuple(txns))
+
+
+def test_a_batch_job_goes_begin_seal_commit_done():
+    entries = [rec(5, "begin", timeout_ms=9000), rec(6, "seal", gen=5),
+               rec(7, "commit", gen=5, txns=[("p-k-0", "1:0")])]
+    job = fold(entries)[("p", "k")]
+    assert (job.gen, job.phase, job.txns, job.timeout_ms) == (5, COMMITTING, (("p-k-0", "1:0"),), 9000)
+    assert (job.first_offset, job.last_offset, job.last_seen_ms) == (5, 7, 1007)
+    assert fold(entries + [rec(8, "done", gen=5)])[("p", "k")].phase == DONE
+    assert fold(entries[:2])[("p", "k")].phase == SEALED
+    assert fold(entries[:1])[("p", "k")].phase == RUNNING
+
+
+def test_the_first_decision_of_a_run_wins():
+    begin = rec(1, "begin")
+    commit = rec(3, "commit", gen=1, txns=[("p-k-0", "1:0")])
+    abort = rec(4, "abort", gen=1)
+    assert fold([begin, commit, abort])[("p", "k")].phase == COMMITTING
+    assert fold([begin, rec(2, "abort", gen=1), commit])[("p", "k")].phase == ABORTING
+    assert fold([begin, rec(2, "abort", gen=1), rec(3, "aborted", gen=1),
+                 rec(4, "done", gen=1)])[("p", "k")].phase == ABORTED
+    # "aborted" completes only an abort decision; "done" only a commit decision
+    assert fold([begin, rec(2, "aborted", gen=1)])[("p", "k")].phase == RUNNING
+    assert fold([begin, rec(2, "done", gen=1)])[("p", "k")].phase == RUNNING
+
+
+def test_a_newer_run_of_the_same_job_replaces_the_older_and_ignores_its_late_records():
+    entries = [rec(1, "begin"), rec(2, "abort", gen=1), rec(3, "aborted", gen=1), rec(4, "begin"),
+               rec(5, "hb", gen=1, ts=99999)]               # a zombie task of the first run
+    job = fold(entries)[("p", "k")]
+    assert (job.gen, job.phase, job.first_offset, job.last_seen_ms) == (4, RUNNING, 4, 1004)
+
+
+def test_heartbeats_keep_a_job_alive_and_jobs_are_kept_apart_by_prefix_and_key():
+    entries = [rec(1, "begin", key="a"), rec(2, "begin", key="a", prefix="q"),
+               rec(3, "hb", key="a", gen=1, ts=50000), rec(4, "recover", key="")]
+    jobs = fold(entries)
+    assert set(jobs) == {("p", "a"), ("q", "a")}
+    assert jobs[("p", "a")].last_seen_ms == 50000 and jobs[("q", "a")].last_seen_ms == 1002
+    stream = fold([rec(7, "hb", key="3f2504e0-4f89-11d3-9a0c-0305e82c3301", kind="stream")])
+    assert next(iter(stream.values())).kind == "stream"
+
+
+def test_records_that_are_not_job_records_are_skipped(caplog):
+    assert _entry(3, 1, b"not json") is None
+    assert _entry(4, 1, b'{"prefix": "p"}') is None
+    e = _entry(5, 7, b'{"type": "commit", "prefix": "p", "key": "k", "gen": 2, "txns": [["p-k-0", "1:0"]]}')
+    assert e == Entry(5, 7, "commit", "p", "k", 2, "batch", 0, (("p-k-0", "1:0"),))
