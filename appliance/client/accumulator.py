@@ -9,13 +9,16 @@ Owns:
   holds ``batch_size`` bytes or its oldest record has waited ``linger_ms``; ``drain`` hands the
   records out as ``ProducerBatch`` es of at most ``batch_size`` bytes each (a larger record gets a
   batch of its own).
-- ``ProducerBatch``: one record batch for one partition. Its bytes are built once, when it is first
-  sent (``seal``), with the producer id, epoch and base sequence of that moment; a retry sends the
-  very same bytes, which is what lets the broker recognise a duplicate.
+- ``ProducerBatch``: one record batch for one partition: ``Record`` s with a ``Delivery`` each, or
+  records already encoded (``EncodedRecords``, the Spark sink's column-wise encoding) with one
+  ``Delivery`` for them all. Its bytes are built once, when it is first sent (``seal``), with the
+  producer id, epoch and base sequence of that moment; a retry sends the very same bytes, which
+  is what lets the broker recognise a duplicate.
 - ``SequenceTracker``: the next sequence number per partition for the current (producer id,
   epoch). ``allocate`` hands out a range; ``release`` gives back the range of a batch the broker
   refused (it was not written, and nothing after it was allocated: the producer sends one batch
-  per partition at a time); ``reset`` starts over at 0 for a new epoch. Sequences wrap at 2**31
+  per partition at a time); ``rewind`` goes back to a refused batch's base once every batch after
+  it is known not written; ``reset`` starts over at 0 for a new epoch. Sequences wrap at 2**31
   as Kafka's do.
 """
 
@@ -27,10 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from appliance.client.errors import IllegalStateError, KafkaError
-from appliance.protocol.records import Record, build_batch
+from appliance.protocol.records import Record, build_batch, build_batch_from_body
 
-__all__ = ["Delivery", "ProducerBatch", "RecordAccumulator", "SequenceTracker", "TopicPartition",
-           "record_size", "next_sequence"]
+__all__ = ["Delivery", "EncodedRecords", "ProducerBatch", "RecordAccumulator", "SequenceTracker",
+           "TopicPartition", "record_size", "next_sequence"]
 
 TopicPartition = tuple[str, int]
 SEQUENCE_MODULO = 1 << 31
@@ -82,10 +85,20 @@ class Delivery:
         return self
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedRecords:
+    """``count`` records already encoded as a batch's records section (offset deltas from 0,
+    timestamp deltas from ``base_timestamp``), uncompressed."""
+    body: bytes | memoryview
+    count: int
+    base_timestamp: int
+    max_timestamp: int
+
+
 @dataclass(eq=False)
 class ProducerBatch:
     tp: TopicPartition
-    records: list[Record]
+    records: list[Record] | EncodedRecords
     deliveries: list[Delivery]
     created: float
     data: bytes | None = None
@@ -93,10 +106,17 @@ class ProducerBatch:
     producer_epoch: int = -1
     base_sequence: int = -1
     attempts: int = 0
+    size: int = 0           # bytes of keys, values and headers (what buffer_memory counts)
+    order: int = 0          # the sender's enqueue order: a partition's sequence order
 
     @property
     def count(self) -> int:
-        return len(self.records)
+        r = self.records
+        return r.count if isinstance(r, EncodedRecords) else len(r)
+
+    @property
+    def done(self) -> bool:
+        return self.deliveries[0].done
 
     @property
     def sealed(self) -> bool:
@@ -106,9 +126,16 @@ class ProducerBatch:
              compression: int) -> bytes:
         """Encode the batch once; later attempts reuse these bytes."""
         self.producer_id, self.producer_epoch, self.base_sequence = producer_id, producer_epoch, base_sequence
-        self.data = build_batch(self.records, producer_id=producer_id, producer_epoch=producer_epoch,
-                                base_sequence=base_sequence, transactional=transactional,
-                                compression=compression)
+        r = self.records
+        if isinstance(r, EncodedRecords):
+            self.data = build_batch_from_body(r.body, r.count, base_timestamp=r.base_timestamp,
+                                              max_timestamp=r.max_timestamp, producer_id=producer_id,
+                                              producer_epoch=producer_epoch, base_sequence=base_sequence,
+                                              transactional=transactional, compression=compression)
+        else:
+            self.data = build_batch(r, producer_id=producer_id, producer_epoch=producer_epoch,
+                                    base_sequence=base_sequence, transactional=transactional,
+                                    compression=compression)
         return self.data
 
     def unseal(self) -> None:
@@ -118,7 +145,7 @@ class ProducerBatch:
 
     def succeed(self, base_offset: int, log_append_time: int = -1) -> None:
         """Acknowledged at ``base_offset``; on a LogAppendTime topic the broker's timestamp
-        replaces the record's."""
+        replaces the record's. (Encoded records have one delivery, at the base offset.)"""
         for i, d in enumerate(self.deliveries):
             if log_append_time >= 0:
                 d.timestamp = log_append_time
@@ -196,13 +223,13 @@ class RecordAccumulator:
             size = BATCH_OVERHEAD
             for rec, d, n in zip(buf.records, buf.deliveries, buf.sizes):
                 if recs and size + n > self.batch_size:
-                    q.append(ProducerBatch(tp, recs, dels, now))
+                    q.append(ProducerBatch(tp, recs, dels, now, size=size))
                     recs, dels, size = [], [], BATCH_OVERHEAD
                 recs.append(rec)
                 dels.append(d)
                 size += n
             if recs:
-                q.append(ProducerBatch(tp, recs, dels, now))
+                q.append(ProducerBatch(tp, recs, dels, now, size=size))
         self._due = min((b.first for b in self._buffers.values()), default=float("inf")) + self.linger
         return out
 
@@ -234,6 +261,12 @@ class SequenceTracker:
     def release(self, tp: TopicPartition, base: int, count: int) -> None:
         """Give back the range of the last allocated batch (the broker refused it)."""
         if self._next.get(tp) == next_sequence(base, count):
+            self._next[tp] = base
+
+    def rewind(self, tp: TopicPartition, base: int) -> None:
+        """The broker refused the batch at ``base`` and none allocated after it was written:
+        the next batch takes ``base`` again."""
+        if tp in self._next:
             self._next[tp] = base
 
     def reset(self) -> None:

@@ -36,6 +36,8 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "linger_ms": 5,                     # how long a record may wait for its batch to fill
     "delivery_timeout_ms": 120000,      # retries of one batch give up after this
     "max_block_ms": 60000,              # budget of metadata and coordinator calls
+    "max_in_flight_requests_per_connection": 5,   # Produce requests unanswered (1 unless idempotent)
+    "buffer_memory": 33554432,          # bytes of batches waiting to be sent before send() waits
 }
 
 CONSUMER_DEFAULTS: dict[str, Any] = {
@@ -113,9 +115,13 @@ def producer_config(raw: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) ->
         cfg["compression_type"] = "none"
     if cfg["compression_type"] not in ("none", "gzip", "snappy", "lz4", "zstd"):
         raise ValueError(f"producer config: unknown compression_type {cfg['compression_type']!r}")
-    for key in ("batch_size", "delivery_timeout_ms", "max_block_ms"):
+    for key in ("batch_size", "delivery_timeout_ms", "max_block_ms", "buffer_memory",
+                "max_in_flight_requests_per_connection"):
         if not isinstance(cfg[key], int) or cfg[key] <= 0:
             raise ValueError(f"producer config: {key} must be a positive integer, not {cfg[key]!r}")
+    if cfg["enable_idempotence"] and cfg["max_in_flight_requests_per_connection"] > 5:
+        raise ValueError("producer config: max_in_flight_requests_per_connection must be at most 5 "
+                         "with idempotence (the broker keeps the last 5 batches per producer)")
     if not isinstance(cfg["linger_ms"], (int, float)) or cfg["linger_ms"] < 0:
         raise ValueError(f"producer config: linger_ms must be >= 0, not {cfg['linger_ms']!r}")
     return cfg

@@ -1,15 +1,22 @@
-"""One blocking connection to one broker: socket, framing, headers, ApiVersions negotiation.
+"""One connection to one broker: socket, framing, headers, ApiVersions negotiation, and the
+requests sent but not answered yet.
 
-Owns the socket, the correlation counter and what the broker said about itself in ApiVersions
-(the version range of every API and the finalized features). Requests are plain dicts (or kio
-entities) encoded with the appliance's own codec (``appliance.protocol.messages.build`` and kio's
-``entity_writer``), with the request header version the API version calls for
-(``appliance.protocol.frames``); responses are decoded with kio's ``entity_reader``.
+Owns the socket, the correlation counter, what the broker said about itself in ApiVersions (the
+version range of every API and the finalized features) and the outstanding requests. Requests are
+plain dicts (or kio entities) encoded with the appliance's own codec
+(``appliance.protocol.messages.build`` and kio's ``entity_writer``), with the request header
+version the API version calls for (``appliance.protocol.frames``); responses are decoded with
+kio's ``entity_reader``.
 
-One request at a time: ``request`` writes the frame and reads the answer before it returns, so
-the connection never has to match out-of-order correlation ids. A socket error or a timeout
-closes the connection (its byte stream can no longer be trusted) and raises
-``KafkaConnectionError`` / ``KafkaTimeoutError``; the caller decides whether to retry, on a new
+Two ways to send. ``request`` writes the frame and reads the answer before it returns.
+``send`` writes the frame and returns at once; the answer is read later by ``complete_one`` /
+``complete_all``, which hand it to the request's callback. A broker answers the requests of one
+connection in the order it received them (Kafka's rule), so the outstanding requests form a
+queue and each answer belongs to its head: the producer keeps several Produce requests in flight
+this way. ``request`` first completes every outstanding request, so that answers are never read
+out of turn. A socket error or a timeout closes the connection (its byte stream can no longer be
+trusted): ``request`` raises ``KafkaConnectionError`` / ``KafkaTimeoutError``, and every
+outstanding request's callback gets that error; the caller decides whether to retry, on a new
 connection.
 
 Version choice: ``version(api_key)`` is the highest version both sides support, where "ours" is
@@ -20,10 +27,12 @@ pins lower versions this way) and by what kio can encode.
 from __future__ import annotations
 
 import io
+import select
 import socket
 import struct
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kio.serial import entity_reader, entity_writer
@@ -127,6 +136,8 @@ class BrokerConnection:
         self.correlation = 0
         self.api_versions: dict[int, tuple[int, int]] = {}
         self.finalized_features: dict[str, int] = {}
+        # Sent, not yet answered: (correlation id, api key, version, callback), oldest first.
+        self._outstanding: deque[tuple[int, int, int, Callable[[Any], None]]] = deque()
         self._connect()
 
     def __repr__(self) -> str:
@@ -145,12 +156,20 @@ class BrokerConnection:
     def connected(self) -> bool:
         return self.sock is not None
 
-    def close(self) -> None:
+    def close(self, error: KafkaError | None = None) -> None:
+        """Close the socket; the outstanding requests' callbacks get ``error`` (a lost
+        connection by default): their outcome is unknown."""
         if self.sock is not None:
             try:
                 self.sock.close()
             finally:
                 self.sock = None
+        if self._outstanding:
+            err = error or KafkaConnectionError(f"connection to {self.host}:{self.port} closed "
+                                                f"with requests unanswered")
+            pending, self._outstanding = self._outstanding, deque()
+            for _corr, _api, _version, callback in pending:
+                callback(err)
 
     # -- ApiVersions ----------------------------------------------------------------------------
     def _negotiate(self) -> None:
@@ -195,12 +214,82 @@ class BrokerConnection:
         """Send one request (at the negotiated version unless ``version`` is given) and return
         the decoded response entity (None when ``expect_response`` is False, e.g. acks=0), or
         with ``raw`` the response body after its header, undecoded (for answers kio cannot
-        read, such as a timestamp of -1)."""
+        read, such as a timestamp of -1). Outstanding requests are completed first."""
+        if version is None:
+            version = self.version(api_key)
+        self.complete_all()
+        if self.sock is None:
+            self._connect()
+        return self._roundtrip(api_key, version, body, expect_response=expect_response, raw=raw)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent with ``send`` and not answered yet."""
+        return len(self._outstanding)
+
+    def send(self, api_key: int, body: Mapping[str, Any] | Any, callback: Callable[[Any], None] | None,
+             *, version: int | None = None, expect_response: bool = True) -> None:
+        """Write one request and return without waiting. Its decoded answer (or the
+        KafkaError that lost it) goes to ``callback`` once ``complete_one`` reads it; without
+        ``expect_response`` (acks=0) there is none. Raises KafkaConnectionError if the frame
+        cannot be written (the connection is then closed)."""
         if version is None:
             version = self.version(api_key)
         if self.sock is None:
             self._connect()
-        return self._roundtrip(api_key, version, body, expect_response=expect_response, raw=raw)
+        self.correlation = (self.correlation + 1) & 0x7FFFFFFF
+        corr = self.correlation
+        frame = encode_request(api_key, version, corr, self.client_id, body)
+        try:
+            self.sock.settimeout(self.timeout)
+            self.sock.sendall(frame)
+        except (socket.timeout, OSError) as exc:
+            err = KafkaConnectionError(f"{messages.api_name(api_key)} v{version} to "
+                                       f"{self.host}:{self.port}: {exc or 'timed out'}")
+            self.close(err)
+            raise err from None
+        if expect_response:
+            assert callback is not None
+            self._outstanding.append((corr, api_key, version, callback))
+
+    def complete_one(self, timeout: float | None = None) -> bool:
+        """Read the answer of the oldest outstanding request and run its callback. Waits at most
+        ``timeout`` seconds for it to start arriving (None: up to the request timeout); returns
+        False if none was outstanding or none arrived in time."""
+        if not self._outstanding or self.sock is None:
+            return False
+        corr, api_key, version, callback = self._outstanding[0]
+        try:
+            if timeout is not None:
+                readable, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
+                if not readable:
+                    return False
+            deadline = time.monotonic() + self.timeout
+            self.sock.settimeout(self.timeout)
+            (size,) = _SIZE.unpack(self._recv_exact(4, deadline))
+            data = self._recv_exact(size, deadline)
+        except socket.timeout:
+            self.close(KafkaTimeoutError(f"{messages.api_name(api_key)} v{version} to "
+                                         f"{self.host}:{self.port}: no answer in {self.timeout:.1f}s"))
+            return True
+        except OSError as exc:
+            self.close(KafkaConnectionError(f"{messages.api_name(api_key)} v{version} to "
+                                            f"{self.host}:{self.port}: {exc}"))
+            return True
+        self._outstanding.popleft()
+        got, entity = decode_response(api_key, version, data)
+        if got != corr:
+            err = KafkaConnectionError(f"correlation id {got} in the answer to request {corr}")
+            self.close(err)
+            callback(err)
+            return True
+        callback(entity)
+        return True
+
+    def complete_all(self) -> None:
+        """Read every outstanding answer (running the callbacks)."""
+        while self._outstanding:
+            self.complete_one()
 
     def _roundtrip(self, api_key: int, version: int, body: Any, *, expect_response: bool = True,
                    raw: bool = False) -> Any:

@@ -2,28 +2,32 @@
 two-phase commit API.
 
 Owns the record accumulator (records buffered per partition), the partitioner, and the send
-loop; the producer id, epoch, sequences and transaction state belong to its
-``TransactionManager`` (``transactions.py``), the connections and metadata to its ``Cluster``
-(``metadata.py``).
+loop (``Sender``, ``sender.py``: the batches between the accumulator and their answers); the
+producer id, epoch, sequences and transaction state belong to its ``TransactionManager``
+(``transactions.py``), the connections and metadata to its ``Cluster`` (``metadata.py``).
 
-Synchronous and single-threaded: ``send`` buffers the record and returns a ``Delivery``; buffered
-records go out when a partition holds ``batch_size`` bytes, when the oldest has waited
-``linger_ms`` at the next ``send``/``poll``, and on ``flush`` (which ``commit_transaction`` and
-``prepare_transaction`` call). One Produce request per leader carries one batch per partition;
-the call returns once every batch has its answer.
+Single-threaded, without a background thread: ``send`` buffers the record and returns a
+``Delivery``; buffered records go out when a partition holds ``batch_size`` bytes, when the oldest
+has waited ``linger_ms`` at the next ``send``/``poll``, and on ``flush`` (which
+``commit_transaction`` and ``prepare_transaction`` call). ``send_encoded`` hands over a batch's
+records already encoded (the Spark sink's column-wise encoder). Sending does not wait for the
+answers: an idempotent or transactional producer keeps up to
+``max_in_flight_requests_per_connection`` (5) Produce requests in flight per connection, each
+with one batch per partition, and reads the answers as they come, at the next send and at
+``flush``. ``buffer_memory`` bounds what waits to be sent: beyond it, ``send`` waits for answers.
 
-Send loop (``_send_batches``): a batch's bytes are built once, with the next sequence number of
-its partition, and a retry sends the same bytes, so the broker writes it once however many
-answers are lost. Retriable errors (lost connection, timeout, NOT_LEADER_OR_FOLLOWER,
-UNKNOWN_TOPIC_OR_PARTITION, CONCURRENT_TRANSACTIONS, ...) are retried with backoff until
-``delivery_timeout_ms``; DUPLICATE_SEQUENCE_NUMBER means an earlier attempt was written. An
-idempotent producer answered OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID (the broker lost
-its state) takes a new producer id and re-sends its unacknowledged batches from sequence 0
-(KIP-360); in a transaction those errors, like every other non-retriable one, make the
-transaction abortable. Fencing errors are fatal. (Limit of that reset: a batch whose earlier
-attempt went unanswered and that is rebuilt under the new producer id could be written twice, if
-that earlier attempt did land; the broker answers OUT_OF_ORDER only after losing the producer's
-state, so this needs both failures at once.)
+Retries (``sender.py``): a batch's bytes are built once, with the next sequence number of its
+partition, and a retry sends the same bytes, in the partition's sequence order, so the broker
+writes it once however many answers are lost. Retriable errors (lost connection, timeout,
+NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, CONCURRENT_TRANSACTIONS, ...) are retried with
+backoff until ``delivery_timeout_ms``; DUPLICATE_SEQUENCE_NUMBER means an earlier attempt was
+written. An idempotent producer answered OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID with
+no earlier failure (the broker lost its state) takes a new producer id and re-sends its
+unacknowledged batches from sequence 0 (KIP-360); in a transaction those errors, like every other
+non-retriable one, make the transaction abortable. Fencing errors are fatal. (Limit of that
+reset: a batch whose earlier attempt went unanswered and that is rebuilt under the new producer
+id could be written twice, if that earlier attempt did land; the broker answers OUT_OF_ORDER only
+after losing the producer's state, so this needs both failures at once.)
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from appliance.client.accumulator import (Delivery, ProducerBatch, RecordAccumulator,
-                                          TopicPartition)
+from appliance.client.accumulator import (Delivery, EncodedRecords, ProducerBatch,
+                                          RecordAccumulator, TopicPartition)
 from appliance.client.config import producer_config
-from appliance.client.errors import (FENCED, ErrorCode, FatalProducerError, KafkaConnectionError,
-                                     KafkaError, KafkaTimeoutError, TransactionAbortableError,
-                                     error_code, error_for)
-from appliance.client.metadata import Cluster, Deadline
+from appliance.client.errors import (ErrorCode, FatalProducerError, KafkaError,
+                                     TransactionAbortableError)
+from appliance.client.metadata import Cluster
+from appliance.client.sender import Sender
 from appliance.client.transactions import (PreparedTxnState, TransactionManager, TxnState)
 from appliance.protocol.records import Record
 
@@ -49,10 +53,6 @@ __all__ = ["Producer", "murmur2", "default_partition"]
 
 PRODUCE = 0
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
-_LEADER_ERRORS = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition,
-                            ErrorCode.leader_not_available, ErrorCode.fenced_leader_epoch,
-                            ErrorCode.kafka_storage_error})
-
 
 _U32LE = struct.Struct("<I")
 
@@ -83,14 +83,6 @@ def murmur2(data: bytes) -> int:
     h = (h * m) & 0xFFFFFFFF
     h ^= h >> 15
     return h - (1 << 32) if h & 0x80000000 else h
-
-
-def _log_append_time(p: Any) -> int:
-    """LogAppendTimeMs of a partition's Produce answer (kio decodes it as a datetime or None)."""
-    t = getattr(p, "log_append_time", None)
-    if t is None:
-        return -1
-    return int(t.timestamp() * 1000) if hasattr(t, "timestamp") else int(t)
 
 
 def default_partition(key: bytes, partitions: int) -> int:
@@ -127,6 +119,7 @@ class Producer:
         self.idempotent = cfg["enable_idempotence"]
         self.compression = CODECS[cfg["compression_type"]]
         self.accumulator = RecordAccumulator(cfg["batch_size"], cfg["linger_ms"])
+        self.sender = Sender(self)
         self._round_robin = itertools.count()
         self._pending_error: KafkaError | None = None
         self._closed = False
@@ -186,16 +179,56 @@ class Producer:
         if self.accumulator.pending:
             self._send_in_passing()
 
+    def send_encoded(self, topic: str, partition: int, records: EncodedRecords,
+                     on_delivery: Callable[[KafkaError | None, Delivery], None] | None = None) -> Delivery:
+        """Send records already encoded as one batch's records section (``EncodedRecords``: at
+        most ``batch_size`` bytes, offset deltas from 0) to one partition, in order with this
+        producer's other batches of the partition. Returns one ``Delivery`` for them all (its
+        offset is the first record's)."""
+        self._check_open()
+        if self.transactional:
+            self.txn.require_transaction("send_encoded")
+        count = self.cluster.partitions_for(topic)
+        if not 0 <= partition < count:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                             f"topic {topic!r} has {count} partitions, not partition {partition}")
+        tp = (topic, partition)
+        delivery = Delivery(topic, partition, records.base_timestamp, on_delivery)
+        batch = ProducerBatch(tp, records, [delivery], time.monotonic(), size=len(records.body))
+        # Records of the partition buffered earlier go first: they were sent earlier.
+        if tp in self.accumulator.partitions():
+            self.sender.enqueue(self.accumulator.drain([tp]))
+        self.sender.enqueue({tp: deque([batch])})
+        self._pump(wait=False)
+        return delivery
+
     def _send_in_passing(self) -> None:
-        # Errors of records sent on the way are kept for flush() (and for their deliveries):
-        # send() reports on its own record, not on others. Fatal errors are raised at once.
+        self._send_ready(force=False)
+
+    def _pump(self, *, wait: bool) -> None:
+        """Run the sender. Errors of records sent on the way are kept for flush() (and for their
+        deliveries): send() reports on its own record, not on others. An error that ends the
+        transaction (or is fatal) is raised at once."""
         try:
-            self._send_ready(force=False)
-        except FatalProducerError:
-            raise
+            self.sender.pump(wait=wait, buffer_bytes=None if wait else self.config["buffer_memory"])
         except KafkaError as exc:
+            # A coordinator call of the send path failed (AddPartitionsToTxn, InitProducerId).
+            self.sender.fail_all(exc)
+            if self.transactional:
+                self.accumulator.abort(exc)
+                raise self.txn.abortable(exc) from None
+            raise
+        err = self.sender.take_error()
+        if err is not None:
+            if self.transactional:
+                self.sender.drain_in_flight()
+                self.sender.fail_all(err)
+                self.accumulator.abort(err)
+                err = self.txn.abortable(err)
+                if isinstance(err, FatalProducerError):
+                    raise err
             if self._pending_error is None:
-                self._pending_error = exc
+                self._pending_error = err
 
     def flush(self) -> None:
         """Send every buffered record and wait for the answers. Raises the first error of a
@@ -204,6 +237,7 @@ class Producer:
         self._check_open()
         try:
             self._send_ready(force=True)
+            self._pump(wait=True)
         finally:
             err, self._pending_error = self._pending_error, None
         if err is not None:
@@ -211,51 +245,13 @@ class Producer:
 
     def _send_ready(self, *, force: bool) -> None:
         ready = self.accumulator.ready(force=force)
-        if not ready:
-            return
-        queues = self.accumulator.drain(ready)
-        self._send_batches(queues)
+        if ready:
+            self.sender.enqueue(self.accumulator.drain(ready))
+        if ready or self.sender.in_flight():
+            self._pump(wait=False)
 
-    def _send_batches(self, queues: dict[TopicPartition, deque[ProducerBatch]]) -> None:
-        """Send the batches (one per partition per request, in order) until each is answered."""
-        if self.idempotent or self.transactional:
-            self.txn.ensure_producer_id()
-        first_error: KafkaError | None = None
-        try:
-            while queues:
-                heads = {tp: q[0] for tp, q in queues.items()}
-                if self.transactional:
-                    self.txn.add_partitions(heads)
-                self._deliver(list(heads.values()))
-                for tp in list(queues):
-                    q = queues[tp]
-                    batch = q[0]
-                    if batch.deliveries[0].done:
-                        q.popleft()
-                        err = batch.deliveries[0].error
-                        if err is not None:
-                            first_error = first_error or err
-                            # The rest of this partition would be out of order: fail it too.
-                            for later in q:
-                                later.fail(err)
-                            q.clear()
-                    if not q:
-                        del queues[tp]
-        except KafkaError as exc:
-            for q in queues.values():
-                for batch in q:
-                    batch.fail(exc)
-            if self.transactional:
-                self.accumulator.abort(exc)
-                raise self.txn.abortable(exc) from None
-            raise
-        if first_error is not None:
-            if self.transactional:
-                self.accumulator.abort(first_error)
-                raise self.txn.abortable(first_error)
-            raise first_error
-
-    def _seal(self, batch: ProducerBatch) -> None:
+    def seal(self, batch: ProducerBatch) -> None:
+        """Build the batch's bytes, with its sequence numbers, the first time it is sent."""
         if batch.sealed:
             return
         if self.idempotent or self.transactional:
@@ -266,99 +262,6 @@ class Producer:
         else:
             batch.seal(producer_id=-1, producer_epoch=-1, base_sequence=-1, transactional=False,
                        compression=self.compression)
-
-    def _release(self, batch: ProducerBatch) -> None:
-        """The broker refused the batch (it was not written): give its sequences back."""
-        if batch.base_sequence >= 0 and batch.producer_id == self.txn.producer_id \
-                and batch.producer_epoch == self.txn.epoch:
-            self.txn.sequences.release(batch.tp, batch.base_sequence, batch.count)
-
-    def _deliver(self, batches: list[ProducerBatch]) -> None:
-        """Send one batch per partition until each has a final answer (success or error)."""
-        deadline = Deadline(self.config["delivery_timeout_ms"], self.config["retry_backoff_ms"])
-        pending = list(batches)
-        last: KafkaError | None = None
-        for _ in deadline:
-            for b in pending:
-                self._seal(b)
-            by_leader: dict[int, list[ProducerBatch]] = {}
-            retry: list[ProducerBatch] = []
-            for b in pending:
-                try:
-                    by_leader.setdefault(self.cluster.leader(*b.tp), []).append(b)
-                except KafkaError as exc:
-                    if not exc.retriable:
-                        self._release(b)
-                        b.fail(error_for(exc.code, f"{b.tp[0]}-{b.tp[1]}", transactional=self.transactional))
-                        continue
-                    last = exc
-                    retry.append(b)
-            for leader, group in by_leader.items():
-                try:
-                    retry.extend(self._produce(leader, group))
-                except (KafkaConnectionError, KafkaTimeoutError) as exc:
-                    last = exc
-                    retry.extend(group)
-                except KafkaError as exc:
-                    if exc.code in FENCED or not exc.retriable:
-                        raise
-                    last = exc
-                    retry.extend(group)
-            pending = [b for b in retry if not b.deliveries[0].done]
-            if not pending:
-                return
-            if self.acks == 0:
-                return
-        err = KafkaTimeoutError(f"{len(pending)} batches not acknowledged within delivery_timeout_ms "
-                                f"({last})")
-        for b in pending:
-            b.fail(err)
-
-    def _produce(self, leader: int, batches: list[ProducerBatch]) -> list[ProducerBatch]:
-        """One Produce request; returns the batches to retry, finishes the others."""
-        conn = self.cluster.connection(leader)
-        topics: dict[str, list[dict]] = {}
-        for b in batches:
-            b.attempts += 1
-            topics.setdefault(b.tp[0], []).append({"index": b.tp[1], "records": b.data})
-        body = {"transactional_id": self.txn.transactional_id, "acks": self.acks,
-                "timeout_ms": self.config["request_timeout_ms"],
-                "topic_data": [{"name": t, "partition_data": ps} for t, ps in topics.items()]}
-        resp = conn.request(PRODUCE, body, expect_response=self.acks != 0)
-        if resp is None:                                # acks=0: no answer, no offsets
-            for b in batches:
-                b.succeed(-1)
-            return []
-        by_tp = {(t.name, p.index): p for t in resp.responses for p in t.partition_responses}
-        retry = []
-        new_producer_id = False
-        for b in batches:
-            p = by_tp.get(b.tp)
-            code = error_code(p.error_code) if p is not None else ErrorCode.unknown_server_error
-            if code == ErrorCode.none:
-                b.succeed(p.base_offset, _log_append_time(p))
-            elif code == ErrorCode.duplicate_sequence_number:
-                b.succeed(-1)                           # an earlier attempt was written
-            elif code in _LEADER_ERRORS or code.retriable:
-                if code in _LEADER_ERRORS:
-                    self.cluster.invalidate(b.tp[0])
-                retry.append(b)
-            elif code in (ErrorCode.out_of_order_sequence_number, ErrorCode.unknown_producer_id) \
-                    and not self.transactional:
-                # KIP-360 for idempotent producers: the broker lost our state. A new producer id,
-                # sequences from 0, and this batch (not written) built again.
-                new_producer_id = True
-                retry.append(b)
-            else:
-                msg = getattr(p, "error_message", None) if p is not None else "no answer for the partition"
-                self._release(b)
-                b.fail(error_for(code, f"produce to {b.tp[0]}-{b.tp[1]}: {msg or code.name}",
-                                 transactional=self.transactional))
-        if new_producer_id:
-            self.txn.reset_idempotent()
-            for b in retry:
-                b.unseal()
-        return retry
 
     # -- transactions -------------------------------------------------------------------------
     def init_transactions(self, keep_prepared_txn: bool = False) -> None:
@@ -405,8 +308,12 @@ class Producer:
         self.txn.end(False)
 
     def _drop_buffered(self) -> None:
-        self.accumulator.abort(TransactionAbortableError(ErrorCode.transaction_abortable,
-                                                         "the transaction was aborted"))
+        err = TransactionAbortableError(ErrorCode.transaction_abortable, "the transaction was aborted")
+        self.accumulator.abort(err)
+        # The markers must come after every Produce of the transaction: wait for their answers.
+        self.sender.drain_in_flight()
+        self.sender.fail_all(err)
+        self.sender.take_error()
         self._pending_error = None
 
     def complete_transaction(self, state: PreparedTxnState | str | None) -> bool | None:
@@ -441,9 +348,10 @@ class Producer:
         if self._closed:
             return
         try:
-            if flush and not self.transactional and self.accumulator.pending \
+            if flush and not self.transactional and (self.accumulator.pending or not self.sender.idle) \
                     and self.txn.state != TxnState.FATAL_ERROR:
                 self._send_ready(force=True)
+                self._pump(wait=True)
         finally:
             self.accumulator.abort(KafkaError(ErrorCode.unknown_server_error, "the producer was closed"))
             self._closed = True

@@ -61,7 +61,8 @@ __all__ = [
     "BatchHeader", "Record", "DecodedRecord",
     "read_header", "validate_batch", "set_base_offset", "stamp_log_append_time",
     "iter_batch_headers", "scan_valid", "batch_crc_ok",
-    "build_batch", "build_control_batch", "decode_records", "parse_control_record",
+    "build_batch", "build_batch_from_body", "build_control_batch", "decode_records",
+    "parse_control_record",
     "compress", "decompress",
 ]
 
@@ -563,6 +564,27 @@ def build_batch(records: Sequence[Record], *, base_offset: int = 0, producer_id:
     _HEADER.pack_into(out, 0, base_offset, size - LOG_OVERHEAD, partition_leader_epoch, MAGIC, 0, attrs,
                       len(records) - 1, base_timestamp, max_ts, producer_id, producer_epoch,
                       base_sequence, len(records))
+    out[HEADER_SIZE:] = payload
+    _CRC_I.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+    return bytes(out)
+
+
+def build_batch_from_body(body, count: int, *, base_timestamp: int, max_timestamp: int,
+                          producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+                          transactional: bool = False, compression: int = COMPRESSION_NONE) -> bytes:
+    """One v2 batch around records already encoded (``body``: ``count`` records, offset deltas
+    0..count-1, timestamp deltas from ``base_timestamp``), compressed as a whole when asked; the
+    column-wise encoder of the Spark sink builds such bodies."""
+    if count <= 0:
+        raise ValueError("a record batch needs at least one record")
+    payload = compress(compression, body) if compression else body
+    attrs = compression & _ATTR_CODEC
+    if transactional:
+        attrs |= _ATTR_TRANSACTIONAL
+    size = HEADER_SIZE + len(payload)
+    out = bytearray(size)
+    _HEADER.pack_into(out, 0, 0, size - LOG_OVERHEAD, -1, MAGIC, 0, attrs, count - 1, base_timestamp,
+                      max_timestamp, producer_id, producer_epoch, base_sequence, count)
     out[HEADER_SIZE:] = payload
     _CRC_I.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
     return bytes(out)

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -68,7 +69,7 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, St
 from appliance import admin
 from appliance.client import Consumer, PreparedTxnState, Producer
 from appliance.client.errors import ErrorCode, FatalProducerError, KafkaError
-from appliance.spark import jobs
+from appliance.spark import encode, jobs
 from appliance.spark.jobs import (ABORTED, COMMITTING, DONE, RUNNING, JobLog, Recovery, fold,
                                   test_hook, transactional_id)
 from appliance.spark.options import OptionError, client_config, positive_int, text
@@ -150,6 +151,7 @@ class _Sink:
         # A task sends everything and waits only at prepare: big batches mean fewer round trips.
         cfg.setdefault("batch_size", WRITER_BATCH_SIZE)
         self.producer_config = cfg
+        self.batch_size = int(cfg["batch_size"])
         self.prefix = _name(options, "transactionalIdPrefix", "spark")
         self.timeout_ms = positive_int(options, "jobTimeoutMs") or jobs.DEFAULT_JOB_TIMEOUT_MS
         self.marker_topic = self.topic or MARKER_TOPIC
@@ -272,35 +274,65 @@ class _Sink:
         return got.get((self.marker_topic, 0)) or 0
 
     def _send_rows(self, producer: Producer, batches: Iterator[Any], partition: int) -> int:
-        send = producer.send
+        """Every row of the task's Arrow batches to the producer: column-wise record batches
+        (``appliance.spark.encode``), or row by row for a batch that carries headers."""
         fixed_topic = self.topic
-        rows = 0
+        partitioner = encode.Partitioner()
+        rows = batches_sent = 0
         for batch in batches:
             n = batch.num_rows
             if n == 0:
                 continue
-            names = [name.lower() for name in batch.schema.names]
-            col = {name: batch.column(i) for i, name in enumerate(names)}
-
-            def values(name: str, default: Any = None) -> list:
-                return col[name].to_pylist() if name in col else [default] * n
-
-            vals = [_as_bytes(v) for v in values("value")]
-            keys = [_as_bytes(k) for k in values("key")]
-            topics = [fixed_topic] * n if fixed_topic else values("topic")
-            parts = values("partition")
-            headers = values("headers")
-            for i in range(n):
-                topic = topics[i]
-                if topic is None:
-                    raise ValueError("null topic present in the data; use the topic option or "
-                                     "a non-null topic column")
-                hs = headers[i]
-                send(topic, vals[i], keys[i], partition=parts[i],
-                     headers=[(h["key"], h["value"]) for h in hs] if hs else None)
+            headers = encode.column(batch, "headers")
+            if headers is not None and headers.null_count < n:
+                self._send_row_by_row(producer, batch)
+            else:
+                keys = encode.binary_column(encode.column(batch, "key"), n)
+                values = encode.binary_column(encode.column(batch, "value"), n)
+                explicit = encode.column(batch, "partition")
+                now = time.time_ns() // 1_000_000
+                for topic, sel in self._by_topic(batch, fixed_topic):
+                    k, v = (keys, values) if sel is None else (keys.filter(sel), values.filter(sel))
+                    e = explicit if explicit is None or sel is None else explicit.filter(sel)
+                    parts = partitioner.assign(topic, producer.cluster.partitions_for(topic), k, e)
+                    for part, records in encode.encode_partitions(k, v, parts, self.batch_size, now):
+                        producer.send_encoded(topic, part, records)
             rows += n
-            test_hook("task_writing", partition)
+            batches_sent += 1
+            if batches_sent == 2:
+                test_hook("task_writing", partition)
         return rows
+
+    @staticmethod
+    def _by_topic(batch: Any, fixed_topic: str | None) -> list[tuple[str, Any]]:
+        """(topic, row mask or None for all rows) for each topic the rows name."""
+        if fixed_topic:
+            return [(fixed_topic, None)]
+        col = encode.column(batch, "topic")
+        if col is None or col.null_count:
+            raise ValueError("null topic present in the data; use the topic option or a non-null "
+                             "topic column")
+        names = col.unique().to_pylist()
+        if len(names) == 1:
+            return [(names[0], None)]
+        import pyarrow.compute as pc
+        return [(name, pc.equal(col, name)) for name in names]
+
+    def _send_row_by_row(self, producer: Producer, batch: Any) -> None:
+        n = batch.num_rows
+
+        def values(name: str) -> list:
+            col = encode.column(batch, name)
+            return col.to_pylist() if col is not None else [None] * n
+
+        topics = [self.topic] * n if self.topic else values("topic")
+        for topic, v, k, part, hs in zip(topics, values("value"), values("key"), values("partition"),
+                                        values("headers")):
+            if topic is None:
+                raise ValueError("null topic present in the data; use the topic option or a "
+                                 "non-null topic column")
+            producer.send(topic, _as_bytes(v), _as_bytes(k), partition=part,
+                          headers=[(h["key"], h["value"]) for h in hs] if hs else None)
 
     # -- driver -----------------------------------------------------------------------------------
     def prepared(self, messages: list[PreparedTask | None]) -> list[tuple[PreparedTask, PreparedTxnState]]:

@@ -87,9 +87,11 @@ def open_transactions(bootstrap: str) -> list[str]:
         conn.close()
 
 
-def rows_df(spark, n: int, parts: int, fail_at: int | None = None, fail_attempts: int = 99):
+def rows_df(spark, n: int, parts: int, fail_at: int | None = None, fail_attempts: int = 99,
+            written: tuple[str, str, int] | None = None):
     """n rows (key = id, value = "v-<id>"); with ``fail_at`` the row of that id raises in the
-    first ``fail_attempts`` attempts of its task, after the rows before it were written."""
+    first ``fail_attempts`` attempts of its task; with ``written`` = (bootstrap, topic, count),
+    only once the topic's log holds ``count`` records (the writer has sent rows before it)."""
     from pyspark.sql.functions import col, udf
 
     @udf("string")
@@ -98,7 +100,14 @@ def rows_df(spark, n: int, parts: int, fail_at: int | None = None, fail_attempts
 
         from pyspark import TaskContext
         if i == fail_at and TaskContext.get().attemptNumber() < fail_attempts:
-            time.sleep(2)           # the rows before it reach the writer, which sends them
+            if written is not None:
+                from appliance.client import Consumer
+                bootstrap, topic, count = written
+                with Consumer(bootstrap_servers=bootstrap, isolation_level="read_uncommitted") as c:
+                    deadline = time.monotonic() + 120
+                    while sum(c.end_offsets([(topic, 0), (topic, 1)]).values()) < count \
+                            and time.monotonic() < deadline:
+                        time.sleep(0.05)
             raise RuntimeError(f"injected failure at row {i}")
         return f"v-{i}"
 
@@ -126,9 +135,11 @@ def test_batch_write_of_100000_rows_appears_exactly_once(spark, broker):
 def test_failed_task_leaves_nothing_visible_and_a_rerun_writes_everything_once(spark, broker):
     topic = uid("spark-fail")
     create(broker.bootstrap, {topic: 2})
-    # Partition 1 of 2 holds ids 20000..39999: it fails at its last row, in every attempt.
+    # Partition 1 of 2 holds ids 20000..39999: it fails at its last row, in every attempt, once
+    # at least 1,000 of its rows are in the log besides partition 0's 20,000.
     with pytest.raises(Exception, match="injected failure"):
-        write(rows_df(spark, 40_000, 2, fail_at=39_999), broker, topic)
+        write(rows_df(spark, 40_000, 2, fail_at=39_999, written=(broker.bootstrap, topic, 21_000)),
+              broker, topic)
     settle(broker.bootstrap, topic, 2)
     uncommitted = values(read_all(broker.bootstrap, topic, 2, "read_uncommitted"))
     # Partition 0's task prepared its 20,000 rows; the failing one had sent some too.
@@ -144,8 +155,10 @@ def test_failed_task_leaves_nothing_visible_and_a_rerun_writes_everything_once(s
 def test_task_retried_by_spark_writes_every_row_once(spark, broker):
     topic = uid("spark-retry")
     create(broker.bootstrap, {topic: 2})
-    # Partition 2 of 3 holds ids 20000..29999: its first attempt fails at its last row.
-    write(rows_df(spark, 30_000, 3, fail_at=29_999, fail_attempts=1), broker, topic)
+    # Partition 2 of 3 holds ids 20000..29999: its first attempt fails at its last row, once at
+    # least 1,000 of its rows are in the log besides the other tasks' 20,000.
+    write(rows_df(spark, 30_000, 3, fail_at=29_999, fail_attempts=1,
+                  written=(broker.bootstrap, topic, 21_000)), broker, topic)
     settle(broker.bootstrap, topic, 2)
     uncommitted = values(read_all(broker.bootstrap, topic, 2, "read_uncommitted"))
     assert len(uncommitted) > 30_000, "the first attempt had sent rows before it failed"
@@ -231,8 +244,17 @@ def _rows_once(bootstrap: str, topic: str, partitions: int, rows: int) -> None:
 
 
 # Before prepare (a task sending its rows), between prepare and commit (a task has prepared; the
-# commit decision is recorded), in the middle of the commit loop, after the commit.
-KILL_PHASES = ["task_writing:1", "task_prepared:0", "after_decision", "mid_commit", "after_done"]
+# commit decision is recorded), in the middle of the commit loop, after the commit; with the
+# phase the job log shows the job in right after the kill.
+KILL_PHASES = {"task_writing:1": "running", "task_prepared:0": "running",
+               "after_decision": "committing", "mid_commit": "committing", "after_done": "done"}
+
+
+def _job_phase(bootstrap: str, prefix: str, key: str) -> str | None:
+    from appliance.spark.jobs import JobLog, fold
+    with JobLog({"bootstrap_servers": bootstrap}) as jl:
+        job = fold(jl.read()).get((prefix, key))
+    return job.phase if job is not None else None
 
 
 @pytest.mark.timeout(1800)          # six Spark drivers, each started for one job
@@ -245,18 +267,21 @@ def test_batch_job_killed_at_each_phase_then_rerun_with_its_job_id_is_exactly_on
     exactly once, and no transaction is left open."""
     prefix = "jobid"
     jobs = []
-    for phase in KILL_PHASES:
+    for phase, left in KILL_PHASES.items():
         topic, job_id = uid("spark-kill"), uid("job")
         create(broker.bootstrap, {topic: 2})
-        r = _batch_driver(broker, f"{topic}:{job_id}", kill_at=phase, prefix=prefix)
+        r = _batch_driver(broker, f"{topic}:{job_id}", kill_at=phase, prefix=prefix, rows=1500)
         assert r.returncode == -signal.SIGKILL, f"{phase}: {r.stdout[-3000:]}"
+        # (Each killed run's own start may already have recovered the earlier ones, when their
+        # jobTimeoutMs had passed: a slow machine.)
+        assert _job_phase(broker.bootstrap, prefix, job_id) == left, phase
         jobs.append(f"{topic}:{job_id}")
-    assert _listed(broker.bootstrap, prefix, ["Ongoing"]), "the killed drivers left transactions open"
-    r = _batch_driver(broker, *jobs, prefix=prefix)
+    r = _batch_driver(broker, *jobs, prefix=prefix, rows=1500)
     assert r.returncode == 0, r.stdout[-5000:]
     _wait_nothing_open(broker.bootstrap, prefix)
     for job in jobs:
-        _rows_once(broker.bootstrap, job.split(":")[0], 2, 600)
+        _rows_once(broker.bootstrap, job.split(":")[0], 2, 1500)
+        assert _job_phase(broker.bootstrap, prefix, job.split(":")[1]) == "done"
 
 
 def _dead_per_log(bootstrap: str, prefix: str) -> bool:

@@ -1,5 +1,6 @@
-"""appliance.client.Producer: the send loop's answers to each kind of Produce error, against a
-scripted broker (no sockets: responses are kio entities built by the codec)."""
+"""appliance.client.Producer: the send loop's answers to each kind of Produce error, and its
+requests in flight, against a scripted broker (no sockets: responses are kio entities built by
+the codec; a request sent without waiting is answered when the producer reads its answer)."""
 
 from __future__ import annotations
 
@@ -29,9 +30,45 @@ class ScriptedBroker(ScriptedConnection):
         self.next_offset = 0
         self.pid, self.epoch = 1000, 0
         self.invalidated: list[str] = []
+        self.unanswered: deque = deque()          # (callback, answer) of requests sent ahead
+        self.most_in_flight = 0
+        self.conns = {1: self}
+
+    # the pipelined surface: answers are made when the request is sent, and read only when the
+    # producer waits for one (nothing has "arrived" for a look without waiting)
+    def send(self, api_key: int, body, callback, *, version: int | None = None,
+             expect_response: bool = True) -> None:
+        try:
+            answer = self._answer(api_key, body, version)
+        except KafkaConnectionError as exc:
+            # The connection is lost: this answer and every one still unread with it.
+            answer = exc
+            self.unanswered = deque((cb, exc) for cb, _ in self.unanswered)
+        if expect_response:
+            self.unanswered.append((callback, answer))
+            self.most_in_flight = max(self.most_in_flight, len(self.unanswered))
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.unanswered)
+
+    def complete_one(self, timeout: float | None = None) -> bool:
+        if not self.unanswered or timeout is not None:
+            return False
+        callback, answer = self.unanswered.popleft()
+        callback(answer)
+        return True
+
+    def complete_all(self) -> None:
+        while self.complete_one():
+            pass
 
     # the rest of the BrokerConnection surface the producer uses
     def request(self, api_key: int, body, *, version: int | None = None, expect_response: bool = True):
+        self.complete_all()                         # as BrokerConnection.request does
+        return self._answer(api_key, body, version)
+
+    def _answer(self, api_key: int, body, version: int | None):
         v = self.versions[api_key] if version is None else version
         self.sent.append((api_key, dict(body)))
         if api_key == PRODUCE:
@@ -197,3 +234,86 @@ def test_transaction_version_1_adds_the_partition_before_producing():
     order = [key for key, _ in broker.sent]
     assert order.index(24) < order.index(PRODUCE) < order.index(END)
     assert codes(broker, PRODUCE)[0]["transactional_id"] == "tid"
+
+
+def headers_of(broker: ScriptedBroker) -> list[tuple[int, int, int]]:
+    return [(h.producer_id, h.base_sequence, h.records_count)
+            for h in (read_header(b) for b in broker.produced)]
+
+
+def test_an_idempotent_producer_keeps_five_produce_requests_in_flight_in_sequence_order():
+    broker = ScriptedBroker()
+    p = producer(broker, batch_size=80)                     # one record per batch
+    ds = [p.send("t", b"record-%02d" % i) for i in range(12)]
+    assert broker.in_flight == 5                            # sent without waiting, then held
+    p.flush()
+    assert broker.most_in_flight == 5
+    assert [seq for _, seq, _ in headers_of(broker)] == list(range(12))
+    assert [d.get().offset for d in ds] == list(range(12))
+
+
+def test_without_idempotence_one_request_is_in_flight():
+    broker = ScriptedBroker()
+    p = producer(broker, batch_size=80, acks=1, enable_idempotence=False)
+    for i in range(6):
+        p.send("t", b"record-%02d" % i)
+    p.flush()
+    assert broker.most_in_flight == 1 and len(broker.produced) == 6
+
+
+def test_a_batch_refused_in_the_middle_goes_back_with_the_later_ones_in_sequence_order():
+    broker = ScriptedBroker()
+    # 4 batches in flight: the 2nd answered NOT_LEADER, so the broker refused the 3rd and 4th as
+    # out of order; all three are sent again, in order, with the same bytes.
+    broker.produce_script.extend([0, 6, 45, 45, 0, 0, 0])
+    p = producer(broker, batch_size=80)
+    ds = [p.send("t", b"record-%02d" % i) for i in range(4)]
+    p.flush()
+    sent = broker.produced
+    assert len(sent) == 7 and sent[4:] == sent[1:4]
+    assert [seq for _, seq, _ in headers_of(broker)] == [0, 1, 2, 3, 1, 2, 3]
+    assert [d.get().offset for d in ds] == [0, 1, 2, 3]
+    assert len(codes(broker, INIT)) == 1                    # no new producer id for that
+
+
+def test_a_connection_lost_with_requests_in_flight_sends_them_again_in_order():
+    broker = ScriptedBroker()
+    # The 1st was written but its answer lost with the connection, the 2nd not written, so the
+    # 3rd was refused as out of order; all three again, in order: the 1st is a duplicate.
+    broker.produce_script.extend([0, KafkaConnectionError("reset"), 45, 46, 0, 0])
+    p = producer(broker, batch_size=80)
+    ds = [p.send("t", b"record-%02d" % i) for i in range(3)]
+    p.flush()
+    assert [seq for _, seq, _ in headers_of(broker)] == [0, 1, 2, 0, 1, 2]
+    assert broker.produced[3:] == broker.produced[:3]
+    assert [d.get().offset for d in ds] == [-1, 1, 2]
+    assert len(codes(broker, INIT)) == 1
+
+
+def test_an_idempotent_producer_takes_a_new_producer_id_once_nothing_is_in_flight():
+    broker = ScriptedBroker()
+    broker.produce_script.extend([0, 45, 45, 0, 0])       # the broker lost our state
+    p = producer(broker, batch_size=80)
+    ds = [p.send("t", b"record-%02d" % i) for i in range(3)]
+    p.flush()
+    assert headers_of(broker) == [(1000, 0, 1), (1000, 1, 1), (1000, 2, 1), (1001, 0, 1), (1001, 1, 1)]
+    assert len(codes(broker, INIT)) == 2
+    assert all(d.get() for d in ds)
+
+
+def test_encoded_records_go_out_as_one_batch_after_what_the_partition_had_buffered():
+    from appliance.client.accumulator import EncodedRecords
+    from appliance.protocol.records import Record, build_batch, decode_records
+    broker = ScriptedBroker()
+    p = producer(broker, transactional_id="tid")
+    p.init_transactions()
+    p.begin_transaction()
+    first = p.send("t", b"buffered", partition=0)
+    body = build_batch([Record(b"k%d" % i, b"v%d" % i, (), 5) for i in range(3)], base_timestamp=5)[61:]
+    d = p.send_encoded("t", 0, EncodedRecords(body, 3, 5, 5))
+    p.commit_transaction()
+    assert headers_of(broker) == [(1000, 0, 1), (1000, 1, 3)]
+    assert [(r.offset, r.key, r.value) for r in decode_records(broker.produced[1])] == \
+        [(0, b"k0", b"v0"), (1, b"k1", b"v1"), (2, b"k2", b"v2")]
+    assert read_header(broker.produced[1]).is_transactional
+    assert (first.get().offset, d.get().offset) == (0, 1)
