@@ -1,4 +1,4 @@
-"""Throughput of the Spark writer (``format("appliance")``) beside plain producers, in one run.
+"""Throughput of the Spark writer and reader (``format("appliance")``) beside plain clients, in one run.
 
 Not a test; run by hand:
 
@@ -12,15 +12,23 @@ fresh 2-partition topic:
 * spark: a PySpark job in local[2] (two executor cores) writing a DataFrame built with
   ``spark.range`` and ``selectExpr`` (no Python UDF: what is measured is the sink) through the
   appliance data source: per task one KIP-939 transaction, prepared, then committed by the
-  driver. Only ``save()`` is timed (the session is started and warmed up by a small write of
-  ``--warm-up-rows`` first; 0 skips it, for a smoke run that only checks the tool works).
-* client idempotent / client transactional: the appliance's own client (``appliance.client``)
-  in this process, one thread; the transactional one commits every 100,000 rows.
+  driver (with its job log records). Only ``save()`` is timed (the session is started and warmed
+  up by a small write of ``--warm-up-rows`` first; 0 skips it, for a smoke run that only checks
+  the tool works).
+* client, Arrow batches: the appliance client in this process, one thread, fed the same rows as
+  Arrow record batches of 10,000 rows made beforehand (what Spark hands its writer), encoded
+  column-wise and sent with ``send_encoded`` (the Spark writer's path, without Spark), idempotent.
+* client, per record: ``Producer.send`` row by row, idempotent, then transactional (a commit
+  every 100,000 rows).
 * librdkafka idempotent: confluent-kafka's producer, enable.idempotence, linger.ms=5.
 
-The producers use one core each; Spark uses both. Prints a markdown table with rows/s and MB/s
-(10**6 bytes of keys and values) and the Spark writer's ratio to each producer, and checks that
-the read_committed end offsets account for every row Spark wrote.
+Then the reader: Spark (local[2]) reading the topic the Spark writer wrote, read_committed, every
+value's length summed (so that every row is decoded and handed to Spark), against a
+confluent-kafka consumer (read_committed, one core) reading the same topic.
+
+The producers and the consumer use one core each; Spark uses both. Prints markdown tables with
+rows/s and MB/s (10**6 bytes of keys and values) and the ratios, and checks that the
+read_committed end offsets account for every row Spark wrote.
 """
 
 from __future__ import annotations
@@ -40,6 +48,10 @@ from bench_produce import appliance as start_appliance  # noqa: E402
 
 
 SPARK = "spark local[2] (2 cores)"
+LIBRDKAFKA = "librdkafka idempotent (1 core)"
+CLIENT_ARROW = "appliance client, Arrow batches, idempotent (1 core)"
+CLIENT_RECORD = "appliance client, per record, idempotent (1 core)"
+ARROW_ROWS = 10_000
 
 
 def key_value(i: int, size: int) -> tuple[bytes, bytes]:
@@ -69,6 +81,37 @@ def bench_spark(spark, bootstrap: str, rows: int, size: int, **options) -> tuple
         w = w.option(k, v)
     w.mode("append").save()
     return time.perf_counter() - t0, topic
+
+
+def arrow_batches(rows: int, size: int) -> list:
+    import pyarrow as pa
+    out = []
+    for start in range(0, rows, ARROW_ROWS):
+        kvs = [key_value(i, size) for i in range(start, min(rows, start + ARROW_ROWS))]
+        out.append(pa.RecordBatch.from_arrays([pa.array([k for k, _ in kvs], pa.binary()),
+                                               pa.array([v for _, v in kvs], pa.binary())],
+                                              names=["key", "value"]))
+    return out
+
+
+def bench_client_arrow(bootstrap: str, batches: list) -> float:
+    from appliance.client import Producer
+    from appliance.spark.encode import Partitioner, encode_partitions
+    topic = f"bench-arrow-{uuid.uuid4().hex[:6]}"
+    create(bootstrap, topic)
+    with Producer(bootstrap_servers=bootstrap, batch_size=512 * 1024) as p:
+        p.send(topic, b"warm-up")
+        p.flush()
+        count = p.cluster.partitions_for(topic)
+        partitioner = Partitioner()
+        t0 = time.perf_counter()
+        for b in batches:
+            keys, values = b.column(0), b.column(1)
+            parts = partitioner.assign(topic, count, keys, None)
+            for part, records in encode_partitions(keys, values, parts, 512 * 1024, int(time.time() * 1000)):
+                p.send_encoded(topic, part, records)
+        p.flush()
+        return time.perf_counter() - t0
 
 
 def bench_client(bootstrap: str, rows: int, size: int, transactional: bool) -> float:
@@ -122,6 +165,36 @@ def bench_librdkafka(bootstrap: str, rows: int, size: int) -> float:
     return time.perf_counter() - t0
 
 
+def read_spark(spark, bootstrap: str, topic: str) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    (row,) = (spark.read.format("appliance").option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribe", topic).load()
+              .selectExpr("count(*) as n", "sum(length(value)) as bytes").collect())
+    return time.perf_counter() - t0, row.n
+
+
+def read_confluent(bootstrap: str, topic: str, rows: int) -> float:
+    from confluent_kafka import Consumer
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})
+    try:
+        c.subscribe([topic])
+        n = 0
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + 300
+        while n < rows:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"confluent-kafka read {n} of {rows} rows")
+            for m in c.consume(10_000, 1.0):
+                if m.error() is None:
+                    n += 1
+                    len(m.value())
+        return time.perf_counter() - t0
+    finally:
+        c.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -144,7 +217,7 @@ def main() -> int:
     try:
         return run(args, workdir, nbytes)
     finally:
-        # A full run leaves about 1 GB of appliance data (every writer, every round).
+        # A full run leaves about 1.5 GB of appliance data (every writer, every round).
         if args.keep:
             print(f"kept {workdir}", file=sys.stderr)
         else:
@@ -152,6 +225,7 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace, workdir: str, nbytes: int) -> int:
+    batches = arrow_batches(args.rows, args.value_size)
     with start_appliance(workdir, "os", 2, 60.0,
                          "[transactions]\ntwo_phase_commit_enable = true\n") as (bootstrap, _log):
         from pyspark.sql import SparkSession
@@ -167,6 +241,7 @@ def run(args: argparse.Namespace, workdir: str, nbytes: int) -> int:
             if args.warm_up_rows:
                 bench_spark(spark, bootstrap, args.warm_up_rows, args.value_size)   # warm-up
             runs: dict[str, list[float]] = {}
+            reads: dict[str, list[float]] = {}
             for _ in range(args.rounds):           # interleaved, best of the rounds per writer
                 secs, topic = bench_spark(spark, bootstrap, args.rows, args.value_size)
                 runs.setdefault(SPARK, []).append(secs)
@@ -179,15 +254,22 @@ def run(args: argparse.Namespace, workdir: str, nbytes: int) -> int:
                 runs.setdefault("spark, kafka.batch.size=16384 (Kafka's default)", []).append(
                     bench_spark(spark, bootstrap, args.rows, args.value_size,
                                 **{"kafka.batch.size": "16384"})[0])
-                runs.setdefault("appliance client, idempotent (1 core)", []).append(
+                runs.setdefault(CLIENT_ARROW, []).append(bench_client_arrow(bootstrap, batches))
+                runs.setdefault(CLIENT_RECORD, []).append(
                     bench_client(bootstrap, args.rows, args.value_size, False))
-                runs.setdefault("appliance client, transactional (1 core)", []).append(
+                runs.setdefault("appliance client, per record, transactional (1 core)", []).append(
                     bench_client(bootstrap, args.rows, args.value_size, True))
-                runs.setdefault("librdkafka idempotent (1 core)", []).append(
+                runs.setdefault(LIBRDKAFKA, []).append(
                     bench_librdkafka(bootstrap, args.rows, args.value_size))
+                secs, got = read_spark(spark, bootstrap, topic)
+                if got != args.rows:
+                    print(f"spark read {got} rows of {topic}, not {args.rows}", file=sys.stderr)
+                    return 1
+                reads.setdefault(f"spark read, {SPARK}", []).append(secs)
+                reads.setdefault("confluent-kafka consumer, read_committed (1 core)", []).append(
+                    read_confluent(bootstrap, topic, args.rows))
         finally:
             spark.stop()
-    results = {name: min(secs) for name, secs in runs.items()}
 
     print("\n## Spark writer throughput\n")
     print(f"- {args.rows:,} rows, {args.value_size} B values and short keys ({nbytes / 1e6:.1f} MB), "
@@ -195,13 +277,23 @@ def run(args: argparse.Namespace, workdir: str, nbytes: int) -> int:
           f"best of {args.rounds} interleaved rounds")
     print(f"- read_committed end offsets after the Spark write: {end:,} "
           f"(the rows plus one commit marker per task and partition)\n")
-    print("| writer | seconds | rows/s | MB/s | spark / this |")
-    print("|---|---|---|---|---|")
-    spark_s = results[SPARK]
-    for name, secs in results.items():
-        print(f"| {name} | {secs:.2f} | {args.rows / secs:,.0f} | {nbytes / secs / 1e6:.1f} | "
-              f"{secs / spark_s:.2f} |")
+    table(runs, args.rows, nbytes, SPARK, "spark / this")
+    print(f"\nspark / librdkafka = {min(runs[LIBRDKAFKA]) / min(runs[SPARK]):.2f}; "
+          f"client (Arrow batches) / librdkafka = {min(runs[LIBRDKAFKA]) / min(runs[CLIENT_ARROW]):.2f}; "
+          f"client (per record) / librdkafka = {min(runs[LIBRDKAFKA]) / min(runs[CLIENT_RECORD]):.2f}")
+    print("\n## Spark reader throughput (the Spark writer's topic, read_committed)\n")
+    table(reads, args.rows, nbytes, f"spark read, {SPARK}", "spark / this")
     return 0
+
+
+def table(runs: dict[str, list[float]], rows: int, nbytes: int, ref: str, ratio: str) -> None:
+    results = {name: min(secs) for name, secs in runs.items()}
+    print(f"| run | seconds | rows/s | MB/s | {ratio} |")
+    print("|---|---|---|---|---|")
+    ref_s = results[ref]
+    for name, secs in results.items():
+        print(f"| {name} | {secs:.2f} | {rows / secs:,.0f} | {nbytes / secs / 1e6:.1f} | "
+              f"{secs / ref_s:.2f} |")
 
 
 if __name__ == "__main__":

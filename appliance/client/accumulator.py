@@ -24,13 +24,16 @@ Owns:
 
 from __future__ import annotations
 
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
 from appliance.client.errors import IllegalStateError, KafkaError
-from appliance.protocol.records import Record, build_batch, build_batch_from_body
+from appliance.protocol.records import HEADER_SIZE, Record, build_batch_from_body
 
 __all__ = ["Delivery", "EncodedRecords", "ProducerBatch", "RecordAccumulator", "SequenceTracker",
            "TopicPartition", "record_size", "next_sequence"]
@@ -41,6 +44,7 @@ SEQUENCE_MODULO = 1 << 31
 # timestamp and offset deltas, key/value lengths, header count: varints, at most this much).
 RECORD_OVERHEAD = 21
 BATCH_OVERHEAD = 61
+_TIMESTAMPS = struct.Struct(">qq")      # base and max timestamp, at byte 27 of a batch
 
 
 def record_size(rec: Record) -> int:
@@ -48,6 +52,21 @@ def record_size(rec: Record) -> int:
     for k, v in rec.headers:
         n += 10 + len(k.encode()) + len(v or b"")
     return n
+
+
+def records_section(records: Sequence[Record]) -> tuple[memoryview, int, int]:
+    """(the records section of a batch of ``records``, its base timestamp, its max timestamp),
+    encoded by aiokafka's compiled record builder (a dependency of the appliance already: the
+    frontends validate with its parser), which writes Kafka's record layout byte for byte as
+    ``appliance.protocol.records.build_batch`` does, four times faster."""
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 0x7FFFFFFF)
+    append = builder.append
+    for i, r in enumerate(records):
+        append(i, timestamp=r.timestamp, key=r.key, value=r.value,
+               headers=list(r.headers) if r.headers else [])
+    raw = builder.build()
+    base_ts, max_ts = _TIMESTAMPS.unpack_from(raw, 27)
+    return memoryview(raw)[HEADER_SIZE:], base_ts, max_ts
 
 
 def next_sequence(seq: int, count: int) -> int:
@@ -133,9 +152,11 @@ class ProducerBatch:
                                               producer_epoch=producer_epoch, base_sequence=base_sequence,
                                               transactional=transactional, compression=compression)
         else:
-            self.data = build_batch(r, producer_id=producer_id, producer_epoch=producer_epoch,
-                                    base_sequence=base_sequence, transactional=transactional,
-                                    compression=compression)
+            body, base_ts, max_ts = records_section(r)
+            self.data = build_batch_from_body(body, len(r), base_timestamp=base_ts, max_timestamp=max_ts,
+                                              producer_id=producer_id, producer_epoch=producer_epoch,
+                                              base_sequence=base_sequence, transactional=transactional,
+                                              compression=compression)
         return self.data
 
     def unseal(self) -> None:

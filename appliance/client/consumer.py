@@ -34,7 +34,8 @@ from appliance.errors import CorruptRecord
 from appliance.protocol.records import (CONTROL_ABORT, batch_crc_ok, decode_records,
                                         iter_batch_headers, parse_control_record)
 
-__all__ = ["Consumer", "ConsumerRecord", "filter_fetched", "READ_COMMITTED", "READ_UNCOMMITTED"]
+__all__ = ["Consumer", "ConsumerRecord", "KeptBatches", "filter_batches", "filter_fetched",
+           "READ_COMMITTED", "READ_UNCOMMITTED"]
 
 FETCH, LIST_OFFSETS, OFFSET_FETCH = 1, 2, 9
 COORDINATOR_GROUP = 0
@@ -71,24 +72,33 @@ class Fetched(NamedTuple):
     log_append_time: frozenset[int] = frozenset()
 
 
-def filter_fetched(data: bytes | memoryview, position: int,
+class KeptBatches(NamedTuple):
+    """The record batches of a Fetch answer that a consumer should see (``filter_batches``):
+    each as (its bytes, its header, the first offset wanted of it), and the position after them."""
+    batches: list[tuple[memoryview, Any, int]]
+    next_position: int
+    aborted_batches: int
+    control_batches: int
+
+
+def filter_batches(data: bytes | memoryview, position: int,
                    aborted: Iterable[tuple[int, int]] | None, read_committed: bool, *,
-                   check_crcs: bool = True) -> Fetched:
-    """The records of a Fetch answer for one partition that the consumer should see.
+                   check_crcs: bool = True) -> KeptBatches:
+    """The data batches of a Fetch answer for one partition that the consumer should see, not
+    yet decoded.
 
     ``aborted`` is the partition's AbortedTransactions list as (producer id, first offset).
-    Batches wholly before ``position`` and records before it inside a batch (a fetch from the
-    middle of a compressed batch returns the whole batch) are dropped. A torn last batch (cut by
-    the byte limit) is ignored: the next fetch starts at it.
+    Batches wholly before ``position`` are dropped; in the first one kept, records before it
+    (a fetch from the middle of a compressed batch returns the whole batch) are the caller's to
+    drop. A torn last batch (cut by the byte limit) is ignored: the next fetch starts at it.
     """
     mv = memoryview(data)
     pending = sorted(aborted or (), key=lambda a: a[1])
     idx = 0
     aborted_pids: set[int] = set()
-    out: list[Any] = []
+    out: list[tuple[memoryview, Any, int]] = []
     next_pos = position
     skipped = controls = 0
-    log_append: set[int] = set()
     for pos, h in iter_batch_headers(mv):
         if h.last_offset < next_pos:
             continue
@@ -111,13 +121,27 @@ def filter_fetched(data: bytes | memoryview, position: int,
             skipped += 1
             next_pos = h.last_offset + 1
             continue
-        for rec in decode_records(mv[pos:pos + size]):
-            if rec.offset >= next_pos:
+        out.append((mv[pos:pos + size], h, next_pos))
+        next_pos = h.last_offset + 1
+    return KeptBatches(out, next_pos, skipped, controls)
+
+
+def filter_fetched(data: bytes | memoryview, position: int,
+                   aborted: Iterable[tuple[int, int]] | None, read_committed: bool, *,
+                   check_crcs: bool = True) -> Fetched:
+    """The records of a Fetch answer for one partition that the consumer should see
+    (``filter_batches``, then each kept batch decoded; records before ``position`` dropped)."""
+    kept = filter_batches(data, position, aborted, read_committed, check_crcs=check_crcs)
+    out: list[Any] = []
+    log_append: set[int] = set()
+    for batch, h, first in kept.batches:
+        for rec in decode_records(batch):
+            if rec.offset >= first:
                 out.append(rec)
                 if h.timestamp_type:
                     log_append.add(rec.offset)
-        next_pos = h.last_offset + 1
-    return Fetched(out, next_pos, skipped, controls, frozenset(log_append))
+    return Fetched(out, kept.next_position, kept.aborted_batches, kept.control_batches,
+                   frozenset(log_append))
 
 
 class Consumer:
@@ -136,6 +160,9 @@ class Consumer:
         self._assignment: list[TopicPartition] = []
         self._positions: dict[TopicPartition, int] = {}
         self._buffered: dict[TopicPartition, deque[ConsumerRecord]] = {}
+        # poll_batches(): the kept batches of the last fetch, not decoded, per partition
+        self._batch_mode = False
+        self._raw: dict[TopicPartition, list[tuple[memoryview, Any, int]]] = {}
         self._closed = False
 
     def __enter__(self) -> "Consumer":
@@ -152,6 +179,7 @@ class Consumer:
         self._assignment = new
         self._positions = {tp: off for tp, off in self._positions.items() if tp in keep}
         self._buffered = {tp: q for tp, q in self._buffered.items() if tp in keep}
+        self._raw = {tp: q for tp, q in self._raw.items() if tp in keep}
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._assignment)
@@ -168,6 +196,7 @@ class Consumer:
             raise ValueError(f"offset {offset} < 0")
         self._positions[tp] = offset
         self._buffered.pop(tp, None)
+        self._raw.pop(tp, None)
 
     def seek_to_beginning(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         tps = [self._check_assigned(tp) for tp in (partitions or self._assignment)]
@@ -180,7 +209,8 @@ class Consumer:
             self.seek(tp, off)
 
     def position(self, tp: TopicPartition) -> int:
-        """The offset of the next record ``poll`` returns for ``tp``."""
+        """The offset of the next record ``poll`` returns for ``tp`` (after ``poll_batches``:
+        the offset after the batches it returned)."""
         tp = self._check_assigned(tp)
         q = self._buffered.get(tp)
         if q:
@@ -297,6 +327,27 @@ class Consumer:
             if time.monotonic() >= end:
                 return self._take_buffered(max_records)
 
+    def poll_batches(self, timeout_ms: float = 1000) -> list[tuple[TopicPartition, list[tuple[memoryview, Any, int]]]]:
+        """Like ``poll``, but the record batches themselves, not decoded (for decoders of their
+        own, such as the Spark reader's column-wise one): per partition, the kept batches as
+        (bytes, header, first offset wanted), in offset order; the position moves past them.
+        Use either this or ``poll`` on one consumer."""
+        if self._closed:
+            raise KafkaError(ErrorCode.unknown_server_error, "the consumer is closed")
+        if not self._assignment:
+            return []
+        self._batch_mode = True
+        end = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            if self._raw:
+                out = [(tp, self._raw.pop(tp)) for tp in self._assignment if tp in self._raw]
+                if out:
+                    return out
+            left_ms = max(0.0, (end - time.monotonic()) * 1000.0)
+            self._fetch_round(int(min(left_ms, self.config["fetch_max_wait_ms"])))
+            if time.monotonic() >= end and not self._raw:
+                return []
+
     def _take_buffered(self, max_records: int | None) -> list[ConsumerRecord]:
         out: list[ConsumerRecord] = []
         for tp in self._assignment:
@@ -308,7 +359,7 @@ class Consumer:
         return out
 
     def _fetch_round(self, max_wait_ms: int) -> None:
-        want = [tp for tp in self._assignment if not self._buffered.get(tp)]
+        want = [tp for tp in self._assignment if not self._buffered.get(tp) and tp not in self._raw]
         missing = [tp for tp in want if tp not in self._positions]
         if missing:
             self._reset_positions(missing)
@@ -378,6 +429,16 @@ class Consumer:
             return
         position = self._positions[tp]
         aborted = [(a.producer_id, a.first_offset) for a in (p.aborted_transactions or ())]
+        if self._batch_mode:
+            kept = filter_batches(data, position, aborted, self.isolation == READ_COMMITTED)
+            if kept.next_position == position:
+                raise KafkaError(ErrorCode.record_list_too_large,
+                                 f"{topic}-{p.partition_index}: the batch at offset {position} is larger "
+                                 f"than max_partition_fetch_bytes ({self.config['max_partition_fetch_bytes']})")
+            self._positions[tp] = kept.next_position
+            if kept.batches:
+                self._raw[tp] = kept.batches
+            return
         got = filter_fetched(data, position, aborted, self.isolation == READ_COMMITTED)
         if got.next_position == position:
             raise KafkaError(ErrorCode.record_list_too_large,

@@ -13,7 +13,8 @@ range still needed (the log start offset passed ``start``): with ``failOnDataLos
 that is an error naming the partition and the offsets, otherwise the range starts at the log
 start offset and a warning says what was skipped.
 
-Rows are handed to Spark as Arrow record batches in the row schema of Spark's Kafka source.
+Rows are handed to Spark as Arrow record batches in the row schema of Spark's Kafka source, decoded
+from the fetched record batches a column at a time (``appliance.spark.decode``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, Str
 
 from appliance.client import Consumer
 from appliance.client.errors import ErrorCode, KafkaError
+from appliance.spark import decode
 from appliance.spark.options import (EARLIEST, LATEST, OptionError, TopicPartition, TopicSelector,
                                      client_config, flag, from_json_offsets, offsets_spec,
                                      positive_int, text, to_json_offsets)
@@ -132,29 +134,37 @@ def _lost(settings: _Settings, topic: str, partition: int, wanted: int, first: i
 
 
 def read_range(settings: _Settings, r: OffsetRange) -> Iterator[Any]:
-    """The rows of ``r`` as pyarrow RecordBatches (yields nothing for an empty range)."""
+    """The rows of ``r`` as pyarrow RecordBatches (yields nothing for an empty range): the
+    consumer's kept record batches, decoded column-wise (``appliance.spark.decode``)."""
+    import numpy as np
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = to_arrow_schema(source_schema(settings.include_headers), timezone="UTC")
     tp = (r.topic, r.partition)
-    cols: list[list] = [[] for _ in schema.names]
+    topic = pa.scalar(r.topic, pa.string())
 
-    def flush():
-        arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema)]
-        for c in cols:
-            c.clear()
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    def arrow(cols: decode.Columns):
+        n = len(cols)
+        arrays = [cols.key, cols.value, pa.repeat(topic, n),
+                  pa.array(np.full(n, r.partition, np.int32)), pa.array(cols.offset),
+                  pa.array(cols.timestamp * 1000).cast(schema.field("timestamp").type),
+                  pa.array(cols.timestamp_type)]
+        if settings.include_headers:
+            arrays.append(pa.array([[{"key": k, "value": v} for k, v in hs] if hs else None
+                                    for hs in cols.headers], type=schema.field("headers").type))
+        batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        for start in range(0, n, ARROW_BATCH_ROWS):
+            yield batch.slice(start, ARROW_BATCH_ROWS)
 
-    start = r.start
     with settings.consumer() as consumer:
         consumer.assign([tp])
-        consumer.seek(tp, start)
+        consumer.seek(tp, r.start)
         last_progress = time.monotonic()
-        position = start
+        position = r.start
         while position < r.end:
             try:
-                records = consumer.poll(timeout_ms=1000, max_records=ARROW_BATCH_ROWS)
+                fetched = consumer.poll_batches(timeout_ms=1000)
             except KafkaError as exc:
                 if exc.code != ErrorCode.offset_out_of_range:
                     raise
@@ -167,19 +177,10 @@ def read_range(settings: _Settings, r: OffsetRange) -> Iterator[Any]:
                 consumer.seek(tp, first)
                 position = first
                 continue
-            key, value, topic, part, offset, ts, ts_type = cols[:7]
-            for rec in records:
-                if rec.offset >= r.end:
-                    break
-                key.append(rec.key)
-                value.append(rec.value)
-                topic.append(rec.topic)
-                part.append(rec.partition)
-                offset.append(rec.offset)
-                ts.append(rec.timestamp * 1000)
-                ts_type.append(rec.timestamp_type)
-                if settings.include_headers:
-                    cols[7].append([{"key": k, "value": v} for k, v in rec.headers] or None)
+            for _tp, batches in fetched:
+                cols = decode.decode_batches(batches, r.end, headers=settings.include_headers)
+                if len(cols):
+                    yield from arrow(cols)
             new_position = consumer.position(tp)
             if new_position > position:
                 position = new_position
@@ -187,10 +188,6 @@ def read_range(settings: _Settings, r: OffsetRange) -> Iterator[Any]:
             elif time.monotonic() - last_progress > settings.poll_timeout_ms / 1000.0:
                 raise TimeoutError(f"{r.topic}-{r.partition}: no progress from offset {position} "
                                    f"towards {r.end} in {settings.poll_timeout_ms} ms")
-            if len(cols[0]) >= ARROW_BATCH_ROWS:
-                yield flush()
-    if cols[0]:
-        yield flush()
 
 
 class BatchReader(DataSourceReader):

@@ -206,3 +206,13 @@ def test_consumer_config_checks():
         consumer_config(None, {"bootstrap_servers": "h:1", "isolation_level": "serializable"})
     with pytest.raises(ValueError, match="auto_offset_reset"):
         consumer_config(None, {"bootstrap_servers": "h:1", "auto_offset_reset": "middle"})
+
+
+def test_records_section_is_the_record_encoders_bytes():
+    from appliance.client.accumulator import records_section
+    from appliance.protocol.records import HEADER_SIZE, Record, build_batch
+    recs = [Record(None if i % 4 == 0 else b"k%d" % i, None if i % 5 == 0 else b"v" * i,
+                   (("h", b"x"), ("n", None)) if i % 3 == 0 else (), 1000 + 7 * i) for i in range(40)]
+    body, base_ts, max_ts = records_section(recs)
+    assert bytes(body) == build_batch(recs)[HEADER_SIZE:]
+    assert (base_ts, max_ts) == (1000, 1000 + 7 * 39)
