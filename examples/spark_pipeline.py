@@ -64,7 +64,8 @@ def load(args) -> int:
             (F.round((F.col("id") * 7919) % 10000 / 100.0, 2) - 5).alias("amount"))
     valid = orders.where(F.col("amount") > 0)
     if args.fail_after is not None:
-        valid = valid.withColumn("amount", _fail_after(args.fail_after)(F.col("amount")))
+        valid = valid.withColumn("amount", _fail_after(args.fail_after, args.bootstrap,
+                                                       args.topic)(F.col("amount")))
     records = valid.select(
         F.col("customer").alias("key"),
         F.to_json(F.struct("order_id", "customer", "amount")).alias("value"))
@@ -75,8 +76,9 @@ def load(args) -> int:
     return 0
 
 
-def _fail_after(n: int):
-    """A pass-through column function that fails the last partition's task after ``n`` rows."""
+def _fail_after(n: int, bootstrap: str, topic: str):
+    """A pass-through column function that fails the last partition's task after ``n`` rows,
+    once the job's rows have started to reach the topic's log (uncommitted)."""
     from pyspark.sql.functions import udf
 
     @udf("double")
@@ -89,7 +91,12 @@ def _fail_after(n: int):
         key = (ctx.stageId(), ctx.partitionId(), ctx.attemptNumber())
         state[key] = state.get(key, 0) + 1
         if ctx.partitionId() == int(os.environ.get("PIPELINE_FAIL_PARTITION", "1")) and state[key] > n:
-            time.sleep(1)            # the rows before have reached the sink, which has sent them
+            from appliance.client import Consumer
+            with Consumer(bootstrap_servers=bootstrap, isolation_level="read_uncommitted") as c:
+                tps = [(topic, p) for p in range(c.cluster.partitions_for(topic))]
+                deadline = time.monotonic() + 120
+                while not sum(c.end_offsets(tps).values()) and time.monotonic() < deadline:
+                    time.sleep(0.05)
             raise RuntimeError(f"injected failure after {n} orders")
         return amount
 
