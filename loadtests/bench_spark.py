@@ -22,6 +22,11 @@ fresh 2-partition topic:
   every 100,000 rows).
 * librdkafka idempotent: confluent-kafka's producer, enable.idempotence, linger.ms=5.
 
+Two more Spark rows show where the Spark writer's time goes: the same DataFrame written to Spark's
+``noop`` sink (the JVM making the rows), and handed to a Python function that drops every Arrow
+batch (``mapInArrow``, then ``noop``: the JVM making the rows and sending them to Python workers as
+Arrow, which every Python data source writer pays before its first line runs).
+
 Then the reader: Spark (local[2]) reading the topic the Spark writer wrote, read_committed, every
 value's length summed (so that every row is decoded and handed to Spark), against a
 confluent-kafka consumer (read_committed, one core) reading the same topic.
@@ -72,15 +77,28 @@ def create(bootstrap: str, topic: str) -> None:
 def bench_spark(spark, bootstrap: str, rows: int, size: int, **options) -> tuple[float, str]:
     topic = f"bench-spark-{uuid.uuid4().hex[:6]}"
     create(bootstrap, topic)
-    df = spark.range(0, rows, 1, numPartitions=2).selectExpr(
-        "cast(id % 1000000 as string) as key",
-        f"rpad(concat(cast(id as string), '-'), {size}, 'x') as value")
+    df = spark_df(spark, rows, size)
     t0 = time.perf_counter()
     w = df.write.format("appliance").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
     for k, v in options.items():
         w = w.option(k, v)
     w.mode("append").save()
     return time.perf_counter() - t0, topic
+
+
+def spark_df(spark, rows: int, size: int):
+    return spark.range(0, rows, 1, numPartitions=2).selectExpr(
+        "cast(id % 1000000 as string) as key",
+        f"rpad(concat(cast(id as string), '-'), {size}, 'x') as value")
+
+
+def bench_spark_floor(spark, rows: int, size: int, to_python: bool) -> float:
+    df = spark_df(spark, rows, size)
+    if to_python:
+        df = df.mapInArrow(lambda batches: (b.slice(0, 0) for b in batches), df.schema)
+    t0 = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t0
 
 
 def arrow_batches(rows: int, size: int) -> list:
@@ -254,6 +272,10 @@ def run(args: argparse.Namespace, workdir: str, nbytes: int) -> int:
                 runs.setdefault("spark, kafka.batch.size=16384 (Kafka's default)", []).append(
                     bench_spark(spark, bootstrap, args.rows, args.value_size,
                                 **{"kafka.batch.size": "16384"})[0])
+                runs.setdefault("spark JVM alone: the rows to the noop sink", []).append(
+                    bench_spark_floor(spark, args.rows, args.value_size, False))
+                runs.setdefault("spark to Python as Arrow, dropped (mapInArrow)", []).append(
+                    bench_spark_floor(spark, args.rows, args.value_size, True))
                 runs.setdefault(CLIENT_ARROW, []).append(bench_client_arrow(bootstrap, batches))
                 runs.setdefault(CLIENT_RECORD, []).append(
                     bench_client(bootstrap, args.rows, args.value_size, False))

@@ -4,16 +4,18 @@ take them, so that a pipeline written for ``format("kafka")`` changes only its f
 Owns no state; runs wherever Spark calls the data source (the driver's Python planner workers
 and the executors' Python workers).
 
-- ``kafka.<key>``: client configuration (``kafka.bootstrap.servers`` is required). Keys our
-  client knows are passed on; Kafka client keys it does not have (``kafka.security.protocol``,
-  ``kafka.group.id`` ...) are logged and ignored, as they would change nothing here.
+- ``kafka.<key>``: client configuration (``kafka.bootstrap.servers`` is required). Every key our
+  client knows is passed on as it is (a key the client gains, such as its security settings,
+  passes with no change here); Kafka client keys it does not have (``kafka.group.id`` ...) are
+  logged and ignored, as they would change nothing here.
 - Reader: exactly one of ``subscribe`` (comma list), ``subscribePattern`` (a regex) or
   ``assign`` (JSON ``{"topic": [0, 1]}``); ``startingOffsets`` / ``endingOffsets`` as
   ``earliest``, ``latest`` or JSON ``{"topic": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest);
   ``failOnDataLoss`` (default true); ``maxOffsetsPerTrigger``; ``includeHeaders``;
   ``kafka.isolation.level`` (default ``read_committed``, unlike Spark's Kafka source).
 - Writer: ``topic`` (overrides a ``topic`` column, as in Spark), ``transactionalIdPrefix``
-  (default ``spark``; ours: Spark's Kafka sink is not transactional).
+  (default ``spark``; ours: Spark's Kafka sink is not transactional), ``jobId`` (a batch job's
+  idempotency key) and ``jobTimeoutMs`` (read in ``appliance.spark.writer``).
 
 Spark hands options in a case-insensitive mapping; names are compared lower-case here.
 """
