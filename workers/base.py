@@ -226,6 +226,17 @@ class Worker:
     def close(self) -> None:
         """Release what the worker holds; runs last, also after an exception."""
 
+    def release(self) -> None:
+        """Close what the prologue opened (mailbox and its doorbell, bell sender, pages, the
+        heartbeat table, the rings). A worker process never needs it (its exit does it); a test
+        that builds workers in its own process does."""
+        self.mailbox.close()
+        self.bells.close()
+        self.page.close()
+        self.sup_page.close()
+        self.hb.close()
+        self.topo.close()
+
     # -- replies --------------------------------------------------------------------------------
     def post(self, dst: str, data: bytes) -> None:
         """Queue ``data`` to ``dst``; the turn's ``flush_outboxes`` rings its bell."""
