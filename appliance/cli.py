@@ -6,6 +6,7 @@ Runs in the user's shell (or under systemd). ``appliance run`` becomes the super
 from __future__ import annotations
 
 import sys
+import time
 
 import click
 
@@ -27,6 +28,7 @@ def _load(config: str | None, listen: str | None = None, data_dir: str | None = 
 
 
 @click.group()
+@click.version_option(package_name="appliance", prog_name="appliance", message="%(prog)s %(version)s")
 def main() -> None:
     """A single-node broker appliance that speaks the Kafka protocol."""
 
@@ -64,9 +66,18 @@ def metrics_cmd(config: str | None, data_dir: str | None) -> None:
     if not found:
         click.echo(f"no metrics published in {cfg.server.data_dir} (is the appliance running?)", err=True)
         sys.exit(1)
+    now_ms = time.time() * 1000
+    stale = []
     for source, values in found.items():
+        age_s = (now_ms - values.get("updated_ms", 0)) / 1000
+        if age_s > metrics.STALE_AFTER_S:
+            stale.append(f"{source} (last written {age_s:.0f} s ago)")
         for name, value in sorted(values.items()):
             click.echo(f"{source}\t{name}\t{value}")
+    if stale:
+        # Workers rewrite their file every second: an old one is what a stopped appliance left.
+        click.echo(f"stale: {', '.join(stale)}; is the appliance running?", err=True)
+        sys.exit(1)
 
 
 @main.group()

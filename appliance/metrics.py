@@ -17,6 +17,8 @@ import time
 __all__ = ["METRICS_DIR", "ACTIVE_TXN_OPEN_TIME_MAX", "publish", "read_all"]
 
 METRICS_DIR = "metrics"
+# Files are rewritten every second; one older than this was left by a worker that stopped.
+STALE_AFTER_S = 10
 # KIP-939
 ACTIVE_TXN_OPEN_TIME_MAX = ("kafka.coordinator.transaction:type=TransactionStateManager,"
                             "name=ActiveTransactionOpenTimeMaxMs")

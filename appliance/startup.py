@@ -20,6 +20,8 @@ import logging
 import os
 import socket
 
+import psutil
+
 from .config import Config
 from .runtime import (EXIT_DATA_DIR, EXIT_LISTEN_ADDRESS, EXIT_LISTEN_IN_USE, EXIT_RUNTIME_DIR,
                       HEARTBEAT_FILE)
@@ -72,14 +74,46 @@ def bind_listener(cfg: Config) -> socket.socket:
     except OSError as e:
         s.close()
         if e.errno == errno.EADDRINUSE:
-            raise StartFailure(f"server.listen {cfg.server.listen}: address already in use",
-                               EXIT_LISTEN_IN_USE) from None
+            raise StartFailure(f"server.listen {cfg.server.listen}: address {host}:{port} already "
+                               f"in use{port_holder(port)}", EXIT_LISTEN_IN_USE) from None
         if e.errno in (errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM, errno.EAFNOSUPPORT):
             raise StartFailure(f"server.listen {cfg.server.listen}: cannot listen there: "
                                f"{e.strerror}", EXIT_LISTEN_ADDRESS) from None
         raise
     s.set_inheritable(True)
     return s
+
+
+def _describe(pid: int | None) -> str:
+    if not pid:
+        return ""
+    try:
+        cmd = " ".join(psutil.Process(pid).cmdline()).strip()
+    except psutil.Error:
+        return f" (pid {pid})"
+    return f" (pid {pid}: {cmd})" if cmd else f" (pid {pid})"
+
+
+def port_holder(port: int) -> str:
+    """`` (pid N: command line)`` of the process listening on TCP ``port``, when this user may
+    see it; empty otherwise."""
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                return _describe(c.pid)
+    except (psutil.Error, OSError):
+        pass
+    return ""
+
+
+def lock_holder(fd: int) -> str:
+    """`` (pid N: command line)`` of the live process whose pid the data dir's lock file names
+    (each appliance writes its pid there), for the message of a refused start."""
+    try:
+        pid = int(os.pread(fd, 32, 0).split()[0])
+    except (OSError, ValueError, IndexError):
+        return ""
+    return _describe(pid) if psutil.pid_exists(pid) else ""
 
 
 def free_bytes(path: str) -> int:

@@ -41,7 +41,7 @@ from shm.topology import Mailbox, Outbox, Topology
 
 from . import catalog as cat
 from . import ipc
-from .config import Config
+from .config import Config, non_defaults
 from .errors import ErrorCode, KafkaError
 from .log.files import TMP_SUFFIX, atomic_write
 from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
@@ -53,6 +53,7 @@ from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXI
                       writer_name)
 from .service import Registry, Responder, serves
 from .startup import (NO_SPACE, DataDirUnusable, DiskReserve, RuntimeDirUnusable, StartFailure,
+                      lock_holder,
                       bind_listener, is_runtime_dir)
 from .topic_config import validate_topic_configs
 
@@ -134,6 +135,9 @@ class Supervisor:
         # No probe write: on a full disk it would fail, and the appliance must start there to
         # serve the deletes that free it. Opening the lock file read-write proves what the probe
         # did (EROFS on a read-only mount, EACCES without permission), creating it when missing.
+        if os.path.exists(self.data_dir) and not os.path.isdir(self.data_dir):
+            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: it is a file, not a "
+                                  "directory (server.data_dir)")
         try:
             os.makedirs(self.data_dir, exist_ok=True)
             if not os.access(self.data_dir, os.W_OK | os.X_OK):
@@ -144,10 +148,11 @@ class Supervisor:
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
+            holder = lock_holder(self._lock_fd)
             os.close(self._lock_fd)
             self._lock_fd = -1
             raise DataDirUnusable(
-                f"data dir {self.data_dir} is locked by another appliance process") from None
+                f"data dir {self.data_dir} is locked by another appliance process{holder}") from None
         # The pid is for operators only; written over the old one (no new block needed).
         pid = f"{os.getpid()}\n".encode()
         try:
@@ -375,6 +380,8 @@ class Supervisor:
         log.info("appliance starting: data dir %s, listening on %s:%d, %d frontends, %d fetchers",
                  self.data_dir, self.cfg.listen_host, self.bound_port, len(self.frontends),
                  len(self.fetchers))
+        changed = non_defaults(self.cfg)
+        log.info("settings other than the defaults: %s", ", ".join(changed) if changed else "none")
         try:
             for t in self.store.catalog.topics.values():
                 for p in range(t.partitions):
@@ -587,6 +594,8 @@ class Supervisor:
                                            error_message="the data dir's file system is full")
                            if r.error_code == 0 else r for r in results]
             for t in accepted:
+                log.info("creating topic %s: %d partitions%s", t.name, t.partitions,
+                         f", configs {dict(t.configs)}" if t.configs else "")
                 for p in range(t.partitions):
                     spec = self._add_writer(t, p)
                     self._spawn(spec)
@@ -609,6 +618,8 @@ class Supervisor:
                 names.append(name)
                 results.append(cat.TopicResult(name=name, error_code=0, topic_id=t.topic_id))
         removed = self._remove_topics(names) if names else []
+        if removed:
+            log.info("deleting topics %s", ", ".join(t.name for t in removed))
         if names and not removed:
             results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
                                        error_message="the data dir's file system is full")
@@ -776,3 +787,4 @@ def sd_notify(state: str) -> None:
     except OSError as e:
         if e.errno not in (errno.ENOENT, errno.ECONNREFUSED):
             log.warning("sd_notify(%s) failed: %s", state, e)
+

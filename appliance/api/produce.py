@@ -18,6 +18,7 @@ transaction (implicit AddPartitionsToTxn) instead of only verifying it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from appliance.api import CloseConnection, handles
@@ -28,6 +29,33 @@ from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, en
 from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValidationError,
                                                 validate_records)
 from appliance.protocol.records import validate_batch
+
+log = logging.getLogger("appliance.produce")
+
+
+class _Refusals:
+    """Logs refused batches (too large, corrupt, invalid records) once per topic a minute, with
+    how many more were refused meanwhile: an operator sees a misconfigured producer, a
+    hostile one cannot flood the log."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[float, int]] = {}     # topic -> (logged at, refused since)
+
+    def note(self, topic: str, partition: int, e: KafkaError, host: str) -> None:
+        now = time.monotonic()
+        at, since = self.last.get(topic, (-self.EVERY_S, 0))
+        if now - at < self.EVERY_S:
+            self.last[topic] = (at, since + 1)
+            return
+        self.last[topic] = (now, 0)
+        more = f" ({since} more refused in the last minute)" if since else ""
+        log.info("refused a batch for %s-%d from %s: %s %s%s", topic, partition, host,
+                 e.code.name.upper(), e.message or "", more)
+
+
+_REFUSALS = _Refusals()
 
 
 def _max_bytes(cfg, info) -> int:
@@ -86,6 +114,7 @@ async def handle(ctx, req):
                     what = ProduceResult(int(e.code), error_message=e.message)
                     if isinstance(e, RecordValidationError):
                         record_errors[(td.name, pd.index)] = e.record_errors
+                    _REFUSALS.note(td.name, pd.index, e, ctx.client_host)
             checked.append((td.name, info, pd, what))
     refuse_txn = transactional and not txn_id
     pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)

@@ -96,3 +96,20 @@ def test_abort_a_hanging_transaction_by_its_start_offset(appliance_factory):
         assert committed_values(raw, "hang") == []
         wrong = tx(app, "abort", "--topic", "hang", "--partition", "0", "--start-offset", "7", ok=False)
         assert wrong.returncode == 1 and "no open transaction" in wrong.stderr
+
+
+def test_metrics_left_by_a_stopped_appliance_are_reported_stale(tmp_path):
+    """After the broker stopped, `appliance metrics` says the values are stale and exits 1
+    (regression: it printed them with exit 0 as if they were live)."""
+    import json
+
+    from appliance import metrics
+    data = tmp_path / "data"
+    (data / metrics.METRICS_DIR).mkdir(parents=True)
+    # What a coordinator that stopped an hour ago left behind.
+    (data / metrics.METRICS_DIR / "coordinator.json").write_text(json.dumps(
+        {ACTIVE_TXN_OPEN_TIME_MAX: 5, "updated_ms": int((time.time() - 3600) * 1000)}))
+    r = cli(None, "metrics", "--data-dir", str(data), ok=False)
+    assert r.returncode == 1
+    assert "stale: coordinator (last written" in r.stderr and "is the appliance running?" in r.stderr
+    assert f"coordinator\t{ACTIVE_TXN_OPEN_TIME_MAX}\t5" in r.stdout

@@ -31,3 +31,13 @@ def test_readme_lists_every_config_section():
                     assert f"`{sub}`" in text, f"{section}.{key}.{sub} missing from README"
             else:
                 assert f"`{key}`" in text, f"{section}.{key} missing from README"
+
+
+def test_exit_statuses_the_unit_does_not_restart_are_the_readmes():
+    """README's exit-status table and the systemd unit's RestartPreventExitStatus= agree."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        rows = re.findall(r"^\| (\d+) \|.*\| (yes|no)[^|]*\|$", f.read(), re.M)
+    not_restarted = {int(code) for code, restarted in rows if restarted == "no" and code != "0"}
+    with open(os.path.join(ROOT, "systemd", "appliance.service")) as f:
+        (line,) = [l for l in f if l.startswith("RestartPreventExitStatus=")]
+    assert set(map(int, line.split("=", 1)[1].split())) == not_restarted
