@@ -43,6 +43,25 @@ def run_dir(tmp_path):
     topo.close()
 
 
+@pytest.fixture(autouse=True)
+def release_workers(monkeypatch):
+    """Close what every worker made here holds (doorbell and bell sockets, maps), so that no
+    test's garbage is reported as an unraisable ResourceWarning in a later one."""
+    made: list[Worker] = []
+    real = Worker.__init__
+
+    def init(self, *args, **kw):
+        made.append(self)
+        real(self, *args, **kw)
+    monkeypatch.setattr(Worker, "__init__", init)
+    yield
+    for w in made:
+        for part in ("mailbox", "bells", "topo", "hb", "sup_page", "page", "metrics"):
+            obj = getattr(w, part, None)
+            if obj is not None:
+                obj.close()
+
+
 def context(run_dir: str, tmp_path, listen_fd: int = -1) -> WorkerContext:
     return WorkerContext(config=Config(), role="fetcher", name=NAME, index=0,
                          generation=GENERATION, heartbeat_slot=SLOT, run_dir=run_dir,
@@ -97,12 +116,24 @@ def restore_signals():
         signal.signal(s, h)
 
 
-def frontend_side(run_dir: str) -> tuple[Topology, Outbox]:
-    topo = Topology(run_dir)
-    return topo, Outbox(topo, "fe0", NAME, BellSender())
+@pytest.fixture
+def frontend_side():
+    """frontend_side(run_dir) -> (topology, outbox to the worker) of a fake fe0, closed after."""
+    made = []
+
+    def make(run_dir: str) -> tuple[Topology, Outbox]:
+        topo = Topology(run_dir)
+        box = Outbox(topo, "fe0", NAME, BellSender())
+        made.append((topo, box))
+        return topo, box
+    yield make
+    for topo, box in made:
+        box.sender.close()
+        topo.close()
 
 
-def test_a_request_in_a_ring_is_served_by_the_registry_and_answered(run_dir, tmp_path):
+def test_a_request_in_a_ring_is_served_by_the_registry_and_answered(frontend_side, run_dir,
+                                                                    tmp_path):
     w = Recorder(context(run_dir, tmp_path))
     topo, to_worker = frontend_side(run_dir)
     assert to_worker.send(ipc.encode(7, ipc.DescribeProducersRequest()))
@@ -207,7 +238,7 @@ def test_workers_that_do_not_serve_clients_close_the_listening_socket(run_dir, t
         listener.close()
 
 
-def test_async_worker_drains_on_its_bell_ticks_and_stops_on_sigterm(run_dir, tmp_path,
+def test_async_worker_drains_on_its_bell_ticks_and_stops_on_sigterm(frontend_side, run_dir, tmp_path,
                                                                   restore_signals):
     _, to_worker = frontend_side(run_dir)
 
@@ -243,3 +274,27 @@ def test_async_worker_drains_on_its_bell_ticks_and_stops_on_sigterm(run_dir, tmp
     assert w.drained == 1 and w.ticks >= 2 and w.stopped
     assert w.page.read().status == STOPPED
     assert w.hb.last(SLOT) > 0
+
+
+def test_a_new_configuration_version_reaches_the_reload_hook_once(run_dir, tmp_path):
+    from appliance import reload
+    from appliance.config import LogConfig
+
+    got = []
+
+    class Reloading(Recorder):
+        def reload(self, old, new):
+            got.append((old.log.retention_ms, new.log.retention_ms, self.cfg is new))
+
+    w = Reloading(context(run_dir, tmp_path), turns=1)
+    sup = StatePage.open(os.path.join(run_dir, f"page.{SUPERVISOR}"), SUPERVISOR_PAGE_FIELDS)
+    w.loop()
+    assert got == []                      # the page moved (catalog), not the version
+    new = Config(log=LogConfig(retention_ms=1000))
+    reload.publish(new, reload.file_path(run_dir))
+    sup.publish(config_version=1)
+    w.stop, w.turns = False, 2
+    w.loop()
+    assert got == [(Config().log.retention_ms, 1000, True)]
+    assert w.ctx.config is w.cfg and w.config_version == 1
+    sup.close()
