@@ -640,6 +640,8 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 continue
             for s in pd.writers:
                 self.topo.remove_endpoint(s.name)
+                if s.metrics is not None:
+                    s.metrics.close()
                 self.workers.pop(s.name, None)
                 self.free_slots.append(s.heartbeat_slot)
             for t in pd.topics:

@@ -84,8 +84,11 @@ class MetricsServer(AsyncWorker):
                 await writer.drain()
                 if not keep:
                     return
-        except ConnectionError:
+        except (ConnectionError, asyncio.IncompleteReadError):
             return
+        except Exception:
+            # A scraper's bad request, or a bug, costs that connection, never the server.
+            log.exception("metrics connection failed")
         finally:
             self.clients.discard(writer)
             writer.close()
