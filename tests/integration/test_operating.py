@@ -17,6 +17,10 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import free_port
+from rawclient import RawClient
+from test_txn_2pc_wire import init_v6
+
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
 
@@ -201,8 +205,12 @@ def test_sighup_applies_live_settings_refuses_the_rest_and_keeps_serving(applian
     assert total(m, "kafka_log_logflushstats_logflushrateandtimems_count") == 0   # policy os
     pids = {w["name"]: w["pid"] for w in app.workers()}
     supervisor = app.processes()["supervisor"]
+    with RawClient(app.bootstrap) as raw:     # KIP-939's switch, off: the coordinator refuses
+        assert init_v6(raw, "reload-2pc", enable_2pc=True).error_code == \
+            TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
     app.reload(log={"retention_ms": 1, "flush": {"policy": "batch"}},
+               transactions={"two_phase_commit_enable": True},
                server={"fetchers": 2}, shm={"small_ring_bytes": 1 << 21})
     app.wait_for(lambda: "reload done" in app.log_text(), what="the reload")
     log = app.log_text()
@@ -228,6 +236,10 @@ def test_sighup_applies_live_settings_refuses_the_rest_and_keeps_serving(applian
     res = {r.name: f.result(30) for r, f in admin.describe_configs(
         [ConfigResource(ResourceType.TOPIC, "r"), ConfigResource(ResourceType.TOPIC, "keep")]).items()}
     assert res["r"]["retention.ms"].value == "1" and res["keep"]["retention.ms"].value == "-1"
+    # The coordinator's: the switch is on now (from its next loop turn).
+    with RawClient(app.bootstrap) as raw:
+        app.wait_for(lambda: init_v6(raw, "reload-2pc", enable_2pc=True).error_code == 0,
+                     what="Enable2Pc allowed by the reloaded coordinator")
     # Service never stopped: same processes, no restart, and only one fetcher still.
     assert app.processes()["supervisor"] == supervisor
     assert {w["name"]: w["pid"] for w in app.workers()} == pids
