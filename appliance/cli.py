@@ -5,26 +5,31 @@ Runs in the user's shell (or under systemd). ``appliance run`` becomes the super
 
 from __future__ import annotations
 
+import os
 import sys
-import time
 
 import click
 
 from .config import ConfigError, dumps_toml, load
-from .runtime import EXIT_CONFIG
+from .runtime import EXIT_CONFIG, LOG_FORMATS
 
 
 def _load(config: str | None, listen: str | None = None, data_dir: str | None = None):
+    try:
+        return _read_config(config, listen, data_dir)
+    except ConfigError as e:
+        click.echo(str(e), err=True)
+        sys.exit(EXIT_CONFIG)
+
+
+def _read_config(config: str | None, listen: str | None, data_dir: str | None):
+    """The file, the environment, then the flags (also what a SIGHUP reload re-reads)."""
     server: dict[str, str] = {}
     if listen:
         server["listen"] = listen
     if data_dir:
         server["data_dir"] = data_dir
-    try:
-        return load(config, overrides={"server": server} if server else None)
-    except ConfigError as e:
-        click.echo(str(e), err=True)
-        sys.exit(EXIT_CONFIG)
+    return load(config, overrides={"server": server} if server else None)
 
 
 @click.group()
@@ -38,11 +43,17 @@ def main() -> None:
               help="TOML configuration file (defaults apply to every key it leaves out).")
 @click.option("--listen", default=None, metavar="HOST:PORT", help="Overrides server.listen.")
 @click.option("--data-dir", default=None, metavar="DIR", help="Overrides server.data_dir.")
-def run(config: str | None, listen: str | None, data_dir: str | None) -> None:
-    """Start the appliance (the supervisor and its workers) in the foreground."""
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+              help="json: one JSON object per line (time, level, role, process, pid, logger, "
+                   "message), for log shippers.")
+def run(config: str | None, listen: str | None, data_dir: str | None, log_format: str) -> None:
+    """Start the appliance (the supervisor and its workers) in the foreground. SIGHUP re-reads
+    the configuration (the file, the environment, these flags) and applies what can change
+    while running."""
     from .supervisor import Supervisor
     cfg = _load(config, listen, data_dir)
-    sys.exit(Supervisor(cfg).run())
+    sys.exit(Supervisor(cfg, source=lambda: _read_config(config, listen, data_dir),
+                        log_format=log_format).run())
 
 
 @main.command("check-config")
@@ -58,26 +69,41 @@ def check_config(config: str | None, listen: str | None, data_dir: str | None) -
 @main.command("metrics")
 @click.option("--config", "config", type=click.Path(dir_okay=False), default=None)
 @click.option("--data-dir", default=None, metavar="DIR")
-def metrics_cmd(config: str | None, data_dir: str | None) -> None:
-    """Print the metrics the running appliance's workers publish (<data_dir>/metrics/)."""
-    from . import metrics
-    cfg = _load(config, None, data_dir)
-    found = metrics.read_all(cfg.server.data_dir)
-    if not found:
-        click.echo(f"no metrics published in {cfg.server.data_dir} (is the appliance running?)", err=True)
-        sys.exit(1)
-    now_ms = time.time() * 1000
-    stale = []
-    for source, values in found.items():
-        age_s = (now_ms - values.get("updated_ms", 0)) / 1000
-        if age_s > metrics.STALE_AFTER_S:
-            stale.append(f"{source} (last written {age_s:.0f} s ago)")
-        for name, value in sorted(values.items()):
-            click.echo(f"{source}\t{name}\t{value}")
-    if stale:
-        # Workers rewrite their file every second: an old one is what a stopped appliance left.
-        click.echo(f"stale: {', '.join(stale)}; is the appliance running?", err=True)
-        sys.exit(1)
+@click.option("--url", default=None, metavar="URL",
+              help="Scrape this endpoint (e.g. http://127.0.0.1:9404/metrics) instead of reading "
+                   "the running appliance's runtime directory.")
+@click.argument("patterns", nargs=-1)
+def metrics_cmd(config: str | None, data_dir: str | None, url: str | None, patterns) -> None:
+    """Print what a Prometheus scrape of the running appliance shows (its text format): only
+    the lines that contain one of PATTERNS, when given."""
+    if url:
+        import urllib.error
+        import urllib.request
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                text = r.read().decode()
+        except (urllib.error.URLError, OSError) as e:
+            click.echo(f"cannot scrape {url}: {e}", err=True)
+            sys.exit(1)
+    else:
+        from .metrics.collector import NotRunning, render
+        from .runtime import RUNTIME_POINTER
+        cfg = _load(config, None, data_dir)
+        pointer = os.path.join(cfg.server.data_dir, RUNTIME_POINTER)
+        try:
+            with open(pointer) as f:
+                run_dir = f.read().strip()
+            text = render(run_dir).decode()
+        except FileNotFoundError:
+            click.echo(f"no appliance runs on {cfg.server.data_dir} ({pointer} is missing)",
+                       err=True)
+            sys.exit(1)
+        except NotRunning as e:
+            click.echo(f"stale: {e}; is the appliance running?", err=True)
+            sys.exit(1)
+    for line in text.splitlines():
+        if not patterns or any(p in line for p in patterns):
+            click.echo(line)
 
 
 @main.group()

@@ -40,6 +40,8 @@ __all__ = [
     "ShmConfig",
     "SupervisorConfig",
     "TransactionsConfig",
+    "MetricsConfig",
+    "check_consistency",
     "load",
     "parse_hostport",
 ]
@@ -241,6 +243,11 @@ class GroupsConfig(_Section):
     offset_metadata_max_bytes: Positive = 4096
 
 
+class MetricsConfig(_Section):
+    # host:port of the Prometheus endpoint (GET /metrics, text format); empty = none.
+    listen: str = ""
+
+
 class Config(_Section):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
@@ -249,6 +256,7 @@ class Config(_Section):
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     transactions: TransactionsConfig = msgspec.field(default_factory=TransactionsConfig)
     groups: GroupsConfig = msgspec.field(default_factory=GroupsConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
 
     # -- derived values -------------------------------------------------------------------
     @property
@@ -342,8 +350,13 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any], where: str = "") -> di
     return out
 
 
-def _check_consistency(cfg: Config) -> None:
+def check_consistency(cfg: Config) -> None:
+    """What no single key's type can say (also applied to the result of a reload)."""
     parse_hostport(cfg.server.listen, "server.listen")
+    if cfg.metrics.listen:
+        parse_hostport(cfg.metrics.listen, "metrics.listen")
+        if cfg.metrics.listen == cfg.server.listen:
+            raise ConfigError("config: metrics.listen: must differ from server.listen")
     if cfg.server.advertised_listener:
         parse_hostport(cfg.server.advertised_listener, "server.advertised_listener")
     if cfg.shm.produce_ring_bytes & (cfg.shm.produce_ring_bytes - 1):
@@ -413,7 +426,7 @@ def load(path: str | os.PathLike[str] | None = None,
                     origin.pop(f"{section}.{key}", None)   # a flag wins over the environment
             raw = _merge(raw, overrides)
         cfg = _convert(raw)
-        _check_consistency(cfg)
+        check_consistency(cfg)
     except ConfigError as e:
         raise ConfigError(_name_origin(str(e), origin)) from None
     return cfg

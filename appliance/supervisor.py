@@ -12,22 +12,20 @@ reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop f
 
 Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give
 back the disk reserve if the disk is full, load the catalog, create the runtime dir and every ring, bind the listening
-socket, fork the writers and wait for them to recover, then fork coordinator, fetchers, frontends,
-then notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
-requests), then writers (flush, close segments cleanly), fetchers and the coordinator.
+socket (and the metrics listener), fork the writers and wait for them to recover, then fork
+coordinator, fetchers, frontends and the metrics server, then notify systemd READY=1. SIGTERM
+drains: frontends first (stop accepting, finish in-flight requests), then writers (flush, close
+segments cleanly), fetchers and the coordinator. SIGHUP reloads the configuration file
+(``appliance.operating``: also the STATUS= line, the watchdog, recovery progress).
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import errno
-import fcntl
 import json
 import logging
 import os
 import selectors
-import shutil
 import signal
 import socket
 import time
@@ -36,6 +34,7 @@ from typing import Callable
 
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
+from shm.metrics import MetricsTable
 from shm.statepage import StatePage
 from shm.topology import Mailbox, Outbox, Topology
 
@@ -43,18 +42,20 @@ from . import catalog as cat
 from . import ipc
 from .config import Config, non_defaults
 from .errors import ErrorCode, KafkaError
-from .log.files import TMP_SUFFIX, atomic_write
+from .log.files import atomic_write
+from .operating import SupervisorOperating
+from .reload import file_path as config_file, publish as publish_config
 from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
-                      EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
-                      PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING, RUNTIME_POINTER,
+                      EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS, METRICS_SERVER,
+                      PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
                       STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
                       fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
                       writer_name)
 from .service import Registry, Responder, serves
-from .startup import (NO_SPACE, DataDirUnusable, DiskReserve, RuntimeDirUnusable, StartFailure,
-                      lock_holder,
-                      bind_listener, is_runtime_dir)
+from .startup import (NO_SPACE, DiskReserve, StartFailure, SupervisorDirs, bind_address,
+                      bind_listener, raise_fd_limit)
+from .systemd import Watchdog, sd_notify
 from .topic_config import validate_topic_configs
 
 log = logging.getLogger("appliance.supervisor")
@@ -75,6 +76,7 @@ class WorkerSpec:
     deaths: collections.deque = field(default_factory=collections.deque)
     removed: bool = False       # topic deleted: do not restart
     page: StatePage | None = None
+    metrics: MetricsTable | None = None     # writers: read for the recovery progress
 
 
 @dataclass
@@ -101,7 +103,13 @@ def _kill(pid: int | None, sig: int) -> None:
             pass
 
 
-class Supervisor:
+# Series each role's metrics table holds at most (frontends: requests and errors per API, and
+# three counters per topic; see appliance.metrics).
+TABLE_CAPACITY = {"frontend": 8192, "writer": 64, "coordinator": 128, "fetcher": 32,
+                  "metrics": 16, SUPERVISOR: 64}
+
+
+class Supervisor(SupervisorDirs, SupervisorOperating):
     # The system calls and clocks the loop uses, as attributes so that tests drive the restart
     # and heartbeat rules without forking (as pre-fork servers test their arbiters).
     fork = staticmethod(os.fork)
@@ -110,8 +118,17 @@ class Supervisor:
     clock = staticmethod(time.monotonic)
     clock_ns = staticmethod(time.monotonic_ns)
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, source: Callable[[], Config] | None = None,
+                 log_format: str = "text") -> None:
         self.cfg = config
+        # What a SIGHUP re-reads: the file, the environment and the flags it started with.
+        self.source = source or (lambda: config)
+        self.log_format = log_format
+        self.config_version = 0
+        self.reload_hooks: list[Callable[[Config, Config], None]] = []
+        self.serving = False
+        self.watchdog = Watchdog()
+        self.metrics = MetricsTable.anonymous(TABLE_CAPACITY[SUPERVISOR])
         self.data_dir = os.path.abspath(config.server.data_dir)
         self.run_dir = os.path.abspath(config.server.runtime_dir) if config.server.runtime_dir \
             else default_run_dir()
@@ -128,108 +145,19 @@ class Supervisor:
         self._lock_fd = -1
         self._run_dir_made = False
         self.listener: socket.socket | None = None
+        self.metrics_listener: socket.socket | None = None
         self.bound_port = 0
 
     # -- set-up ---------------------------------------------------------------------------------
-    def _prepare_data_dir(self) -> None:
-        # No probe write: on a full disk it would fail, and the appliance must start there to
-        # serve the deletes that free it. Opening the lock file read-write proves what the probe
-        # did (EROFS on a read-only mount, EACCES without permission), creating it when missing.
-        if os.path.exists(self.data_dir) and not os.path.isdir(self.data_dir):
-            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: it is a file, not a "
-                                  "directory (server.data_dir)")
-        try:
-            os.makedirs(self.data_dir, exist_ok=True)
-            if not os.access(self.data_dir, os.W_OK | os.X_OK):
-                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-            self._lock_fd = os.open(os.path.join(self.data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = lock_holder(self._lock_fd)
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-            raise DataDirUnusable(
-                f"data dir {self.data_dir} is locked by another appliance process{holder}") from None
-        # The pid is for operators only; written over the old one (no new block needed).
-        pid = f"{os.getpid()}\n".encode()
-        try:
-            os.pwrite(self._lock_fd, pid, 0)
-            os.ftruncate(self._lock_fd, len(pid))
-        except OSError as e:
-            if e.errno not in NO_SPACE:
-                raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
-            log.warning("data dir %s is full: the lock file does not name our pid", self.data_dir)
-        try:
-            self._check_meta_properties()
-        except (OSError, UnicodeDecodeError) as e:
-            why = e.strerror if isinstance(e, OSError) else "meta.properties is not text"
-            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {why}") from None
-
-    def _check_meta_properties(self) -> None:
-        """Kafka's meta.properties: the cluster id is made once; the node id must not change."""
-        path = os.path.join(self.data_dir, "meta.properties")
-        node = self.cfg.server.node_id
-        if not os.path.exists(path):
-            atomic_write(path, (f"version=1\nnode.id={node}\n"
-                                    f"cluster.id={cat.uuid_to_kafka_str(cat.new_topic_id())}\n").encode())
-            return
-        props = {}
-        with open(path) as f:
-            for line in f:
-                k, sep, v = line.strip().partition("=")
-                if sep and not k.startswith("#"):
-                    props[k] = v
-        if props.get("node.id") != str(node):
-            raise DataDirUnusable(
-                f"data dir {self.data_dir} belongs to node.id {props.get('node.id')}, but "
-                f"server.node_id is {node}")
-
-    def _prepare_run_dir(self) -> None:
-        parent = os.path.dirname(self.run_dir)
-        try:
-            # Remove runtime dirs of supervisors that died without cleaning up (kill -9).
-            for entry in os.listdir(parent) if os.path.isdir(parent) else []:
-                if entry.startswith("appliance-") and entry[10:].isdigit():
-                    pid = int(entry[10:])
-                    if pid != os.getpid() and not _pid_alive(pid):
-                        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-            if os.path.lexists(self.run_dir):
-                # It is removed, and removed again on exit: only an old runtime dir of ours (or
-                # an empty dir) may be, never a directory someone named by mistake.
-                if not is_runtime_dir(self.run_dir):
-                    raise RuntimeDirUnusable(
-                        f"runtime dir {self.run_dir} (server.runtime_dir) is neither an empty "
-                        f"directory nor an old appliance runtime dir; refusing to remove it")
-                shutil.rmtree(self.run_dir)
-            os.makedirs(self.run_dir, mode=0o700)
-            self._run_dir_made = True
-            probe = os.path.join(self.run_dir, HEARTBEAT_FILE)
-            os.close(os.open(probe, os.O_RDWR | os.O_CREAT, 0o600))
-        except OSError as e:
-            raise RuntimeDirUnusable(
-                f"runtime dir {self.run_dir} (server.runtime_dir) is unusable: {e.strerror}") from None
-        ptr = os.path.join(self.data_dir, RUNTIME_POINTER)
-        try:
-            atomic_write(ptr, self.run_dir.encode())
-        except OSError as e:
-            if e.errno not in NO_SPACE:
-                raise
-            # For tools and tests only: a full data dir goes on without it.
-            log.warning("data dir %s is full: %s not written", self.data_dir, RUNTIME_POINTER)
-            for stale in (ptr, ptr + TMP_SUFFIX):
-                with contextlib.suppress(OSError):
-                    os.unlink(stale)
-
     def _bind(self) -> None:
         self.listener = bind_listener(self.cfg)
         self.bound_port = self.listener.getsockname()[1]
+        if self.cfg.metrics.listen:
+            self.metrics_listener = bind_address(self.cfg.metrics.listen, "metrics.listen")
 
     def _setup(self) -> None:
         self._pid = os.getpid()
-        _raise_fd_limit()
+        raise_fd_limit()
         self._prepare_data_dir()
         self.reserve = DiskReserve(self.data_dir, self.cfg.server.disk_reserve_bytes)
         self.reserve.at_start()
@@ -240,7 +168,11 @@ class Supervisor:
         self.hb = HeartbeatTable.create(os.path.join(self.run_dir, HEARTBEAT_FILE), HEARTBEAT_SLOTS)
         self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
         self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING, pid=os.getpid())
+        self.metrics = MetricsTable.create(self.topo.metrics_path(SUPERVISOR),
+                                           TABLE_CAPACITY[SUPERVISOR])
+        self.init_metrics([r for r in TABLE_CAPACITY if r != SUPERVISOR])
         cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+        publish_config(self.cfg, config_file(self.run_dir))
         self._bind()
         small = self.cfg.shm.small_ring_bytes
         for fe in self.frontends:
@@ -271,6 +203,12 @@ class Supervisor:
             # watch the fetchers' and the coordinator's generation to fail what a dead one held.
             fields = COORDINATOR_PAGE_FIELDS if role == "coordinator" else WORKER_PAGE_FIELDS
             StatePage.create(self.topo.page_path(name), fields).close()
+        # The worker's metrics table outlives its restarts (appliance.metrics).
+        table = MetricsTable.create(self.topo.metrics_path(name), TABLE_CAPACITY[role])
+        if role == "writer":
+            spec.metrics = table
+        else:
+            table.close()
         self.workers[name] = spec
         return spec
 
@@ -294,7 +232,9 @@ class Supervisor:
             data_dir=self.data_dir, frontends=self.frontends, fetchers=self.fetchers,
             listen_fd=self.listener.fileno() if self.listener else -1, bound_port=self.bound_port,
             topic=t.name if t else "", topic_id=t.topic_id if t else b"",
-            topic_configs=dict(t.configs) if t else {})
+            topic_configs=dict(t.configs) if t else {}, config_version=self.config_version,
+            metrics_fd=self.metrics_listener.fileno() if self.metrics_listener else -1,
+            log_format=self.log_format)
 
     def _spawn(self, spec: WorkerSpec) -> None:
         spec.generation += 1
@@ -306,9 +246,10 @@ class Supervisor:
             try:
                 child_reset_signals()
                 die_with_parent(self._pid)
-                self._close_in_child()
+                self._close_in_child(spec.role)
                 set_process_title(worker_title(ctx))
-                setup_logging(spec.name)
+                setup_logging(spec.name, fmt=self.log_format, role=spec.role,
+                              title=worker_title(ctx))
                 code = spec.entry(ctx) or 0
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 1
@@ -324,11 +265,13 @@ class Supervisor:
         log.debug("spawned %s pid %d generation %d", spec.name, pid, spec.generation)
         self._write_processes()
 
-    def _close_in_child(self) -> None:
+    def _close_in_child(self, role: str) -> None:
         try:
             self.selector.close()
         except Exception:
             pass
+        if self.metrics_listener is not None and role != "metrics":
+            self.metrics_listener.close()      # only the metrics server keeps the port
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -342,7 +285,8 @@ class Supervisor:
     def _write_processes(self) -> None:
         rows = [{"role": s.role, "name": s.name, "pid": s.pid, "generation": s.generation,
                  "topic": s.topic.name if s.topic else None,
-                 "partition": s.index if s.role == "writer" else None}
+                 "partition": s.index if s.role == "writer" else None,
+                 "index": s.index, "slot": s.heartbeat_slot}
                 for s in self.workers.values()]
         atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
                          json.dumps({"supervisor": os.getpid(), "port": self.bound_port,
@@ -361,7 +305,7 @@ class Supervisor:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> int:
         set_process_title("supervisor")
-        setup_logging("supervisor")
+        setup_logging("supervisor", fmt=self.log_format, role="supervisor", title="supervisor")
         try:
             self._setup()
         except StartFailure as e:
@@ -402,9 +346,14 @@ class Supervisor:
                 self._spawn(self._add_worker("fetcher", name, i, fetcher_main))
             for i, name in enumerate(self.frontends):
                 self._spawn(self._add_worker("frontend", name, i, frontend_main))
+            if self.metrics_listener is not None:
+                from workers.metrics_server import main as metrics_main
+                self._spawn(self._add_worker("metrics", METRICS_SERVER, 0, metrics_main))
+                log.info("metrics served at http://%s/metrics", self.cfg.metrics.listen)
             self.page.publish(status=READY)
             log.info("appliance ready on %s:%d", self.cfg.listen_host, self.bound_port)
-            sd_notify("READY=1")
+            self.serving = True
+            self.notify_serving("READY=1")
             while not self.stopping:
                 self._turn(0.1 if (self.pending_creates or self.pending_deletes) else 0.5)
         finally:
@@ -441,6 +390,7 @@ class Supervisor:
             self._check_pending()
             self._murder_stale()
             self._respawn_due()
+            self.watchdog_turn()
 
     def _dispatch_signal(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
@@ -453,7 +403,8 @@ class Supervisor:
             for spec in list(self.by_pid.values()):
                 self.kill(spec.pid, signal.SIGKILL)
         elif signum == signal.SIGHUP:
-            log.info("SIGHUP: configuration reload is not supported; ignoring")
+            log.info("received SIGHUP: reloading the configuration")
+            self.reload()
         # SIGCHLD: reaping happens every turn.
 
     def _reap(self) -> None:
@@ -497,6 +448,7 @@ class Supervisor:
         backoff = min(sc.restart_backoff_max_ms,
                       sc.restart_backoff_initial_ms * (2 ** (len(spec.deaths) - 1))) / 1000
         spec.next_start = now + backoff
+        self.count_restart(spec.role)
         log.warning("%s (pid gen %d) %s; restarting in %.2f s", spec.name, spec.generation, how, backoff)
 
     def _respawn_due(self) -> None:
@@ -506,29 +458,38 @@ class Supervisor:
                 spec.next_start = 0.0
                 self._spawn(spec)
 
-    def _murder_stale(self) -> None:
-        timeout_ns = self.cfg.supervisor.heartbeat_timeout_ms * 1_000_000
+    def silent_workers(self, timeout_ns: int):
+        """(spec, ns since its last beat) of every running worker silent for longer than
+        ``timeout_ns`` (a recovering writer is not: recovery of a big log may take longer)."""
         now_ns = self.clock_ns()
         for spec in list(self.by_pid.values()):
             last = self.hb.last(spec.heartbeat_slot)
             if spec.page is not None:
                 st = spec.page.read()
                 if st.generation == spec.generation and st.status == RECOVERING:
-                    continue   # recovery of a big log may take longer than a heartbeat period
+                    continue
             if last == 0:
                 last = int(spec.started_at * 1e9)
             if now_ns - last > timeout_ns:
-                log.error("%s (pid %d) missed its heartbeat for %.1f s: SIGKILL", spec.name,
-                          spec.pid, (now_ns - last) / 1e9)
-                self.kill(spec.pid, signal.SIGKILL)
+                yield spec, now_ns - last
+
+    def _murder_stale(self) -> None:
+        for spec, age in self.silent_workers(self.cfg.supervisor.heartbeat_timeout_ms * 1_000_000):
+            log.error("%s (pid %d) missed its heartbeat for %.1f s: SIGKILL", spec.name,
+                      spec.pid, age / 1e9)
+            self.kill(spec.pid, signal.SIGKILL)
 
     def _wait_writers_ready(self, specs: list[WorkerSpec]) -> bool:
-        """Block (serving signals and restarts) until every writer has recovered."""
+        """Block (serving signals and restarts) until every writer has recovered, telling
+        the operator how far it got (appliance.operating)."""
+        progress = self.recovery_progress(specs)
         while True:
             self._turn(0.05)
             if self.stopping:
                 return False
+            progress.turn(self.clock(), self._writer_ready)
             if all(self._writer_ready(s) for s in specs):
+                self.recovery_finished(progress)
                 return True
 
     def _writer_ready(self, spec: WorkerSpec) -> bool:
@@ -679,6 +640,8 @@ class Supervisor:
                 continue
             for s in pd.writers:
                 self.topo.remove_endpoint(s.name)
+                if s.metrics is not None:
+                    s.metrics.close()
                 self.workers.pop(s.name, None)
                 self.free_slots.append(s.heartbeat_slot)
             for t in pd.topics:
@@ -692,6 +655,7 @@ class Supervisor:
     def _publish_catalog(self) -> None:
         cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
         self.page.publish(catalog_version=self.store.catalog.version)
+        self.notify_serving()
 
     def _reply(self, dst: str, req_id: int, body: ipc.Message) -> None:
         # A full ring (a slow or restarting frontend) queues the reply; every turn retries it.
@@ -711,7 +675,7 @@ class Supervisor:
             self.listener.close()
             self.listener = None
         deadline = time.monotonic() + self.cfg.supervisor.shutdown_timeout_ms / 1000
-        for phase in (("frontend",), ("fetcher", "coordinator", "writer")):
+        for phase in (("frontend", "metrics"), ("fetcher", "coordinator", "writer")):
             targets = [s for s in self.by_pid.values() if s.role in phase]
             for s in targets:
                 self.kill(s.pid, signal.SIGTERM)
@@ -730,61 +694,3 @@ class Supervisor:
             time.sleep(timeout)
         self.signals.clear()
         self._reap()
-
-    def _cleanup(self) -> None:
-        # Only what this supervisor made: a runtime dir it refused to use stays, and the
-        # pointer of another appliance holding the data-dir lock is that appliance's.
-        try:
-            if self._run_dir_made:
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-            ptr = os.path.join(self.data_dir, RUNTIME_POINTER)
-            if self._lock_fd >= 0 and os.path.exists(ptr):
-                os.unlink(ptr)
-        except OSError:
-            pass
-        if self._lock_fd >= 0:
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-                os.close(self._lock_fd)
-            except OSError:
-                pass
-            self._lock_fd = -1
-
-
-def _raise_fd_limit() -> None:
-    """Every shm mapping keeps a file descriptor (Python 3.11 mmap): a frontend holds about three
-    per partition. Raise the soft limit to the hard one."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
-        except (ValueError, OSError):
-            pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sd_notify(state: str) -> None:
-    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.connect(addr)
-            s.sendall(state.encode())
-    except OSError as e:
-        if e.errno not in (errno.ENOENT, errno.ECONNREFUSED):
-            log.warning("sd_notify(%s) failed: %s", state, e)
-

@@ -24,9 +24,13 @@ import logging
 import os
 import time
 
-from appliance import metrics
+import msgspec
+
 from appliance.catalog import COORDINATOR_DIR
+from appliance.config import Config
 from appliance.group.service import GroupService
+from appliance.log.files import atomic_write
+from appliance.metrics import COORDINATOR_SNAPSHOT, key as mkey
 from appliance.runtime import (COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS, WorkerContext,
                                writer_name)
 from appliance.txn.coordinator import TransactionCoordinator
@@ -42,6 +46,21 @@ log = logging.getLogger("appliance.coordinator")
 
 TICK_S = 0.2
 METRICS_S = 1.0
+
+# Kafka's GroupMetadataManager gauges, by the state they count.
+GROUP_STATE_GAUGES = {
+    "Stable": "kafka_coordinator_group_groupmetadatamanager_numgroupsstable",
+    "PreparingRebalance": "kafka_coordinator_group_groupmetadatamanager_numgroupspreparingrebalance",
+    "CompletingRebalance":
+        "kafka_coordinator_group_groupmetadatamanager_numgroupscompletingrebalance",
+    "Empty": "kafka_coordinator_group_groupmetadatamanager_numgroupsempty",
+    "Dead": "kafka_coordinator_group_groupmetadatamanager_numgroupsdead",
+}
+TXN_STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit",
+              "CompleteAbort", "PrepareEpochFence")
+COUNTERS = {"commits": "kafka_coordinator_transaction_commits",
+            "aborts": "kafka_coordinator_transaction_aborts",
+            "timedout_aborts": "kafka_coordinator_transaction_timedout_aborts"}
 
 
 def main(ctx: WorkerContext) -> int:
@@ -96,6 +115,10 @@ class Coordinator(Worker):
         self.gs = GroupService(os.path.join(self.dir, "group-log"), self.cfg.groups,
                                self.cfg.log.flush.policy, self.tc, _now_ms)
         self.gs.load()
+        # Counters continue from what the predecessor left in the table.
+        m = self.metrics
+        self.counter_slots = {stat: m.slot(mkey(name)) for stat, name in COUNTERS.items()}
+        self.counter_base = {stat: m.values[i] for stat, i in self.counter_slots.items()}
         self.markers = self.tc.markers
         self.markers.attach(self.writers.get, self.gs.complete_txn,
                             first_id=((self.generation & 0xFFFF) << 40) | 1)
@@ -138,18 +161,43 @@ class Coordinator(Worker):
         if not self.exit_code:
             self.gs.close()
 
+    def reload(self, old: Config, new: Config) -> None:
+        self.tc.reconfigure(new.transactions, new.log.flush.policy)
+        self.gs.reconfigure(new.groups, new.log.flush.policy)
+
     def _publish_metrics(self) -> None:
+        """Once a second: the gauges and counters into this worker's table, the per-group
+        offsets into the snapshot file (appliance.metrics)."""
+        m = self.metrics
+        v = m.values
+        tc = self.tc
+        m.set(mkey("kafka_coordinator_transaction_transactionstatemanager_activetransactionopentimemaxms"),
+              tc.active_transaction_open_time_max_ms())
+        states = tc.state_counts()
+        for state in TXN_STATES:
+            m.set(mkey("kafka_coordinator_transaction_transactionstatemanager_transactions",
+                      [("state", state)]), states.get(state, 0))
+        for stat, slot in self.counter_slots.items():
+            v[slot] = self.counter_base[stat] + tc.stats[stat]
+        groups, offsets = self.gs.metrics_snapshot()
+        by_state: dict[str, int] = {}
+        for _, state, _ in groups:
+            by_state[state] = by_state.get(state, 0) + 1
+        m.set(mkey("kafka_coordinator_group_groupmetadatamanager_numgroups"), len(groups))
+        for state, name in GROUP_STATE_GAUGES.items():
+            m.set(mkey(name), by_state.get(state, 0))
+        m.set(mkey("kafka_coordinator_group_groupmetadatamanager_numoffsets"), len(offsets))
         try:
-            metrics.publish(self.ctx.data_dir, "coordinator", {
-                metrics.ACTIVE_TXN_OPEN_TIME_MAX: self.tc.active_transaction_open_time_max_ms()})
+            atomic_write(self.topo.file_path(COORDINATOR_SNAPSHOT), msgspec.msgpack.encode(
+                {"groups": groups, "offsets": offsets}), sync=False)
         except OSError as e:
-            # Once, then on change (a full disk would otherwise log this every second).
+            # Once, then on change (a full runtime dir would otherwise log this every second).
             if str(e) != self._metrics_error:
-                log.warning("metrics not published: %s", e)
+                log.warning("group metrics not published: %s", e)
                 self._metrics_error = str(e)
             return
         if self._metrics_error is not None:
-            log.info("metrics published again")
+            log.info("group metrics published again")
             self._metrics_error = None
 
     # -- writers ---------------------------------------------------------------------------------

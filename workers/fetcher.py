@@ -85,6 +85,14 @@ class Fetcher(Worker):
             return max(0.0, min(IDLE_WAIT_S, min(p.deadline for p in self.parked) - now))
         return IDLE_WAIT_S
 
+    def reload(self, old, new) -> None:
+        # The bound on inflating a batch (ListOffsets by timestamp) follows the new defaults.
+        cat = self.catalog.get()
+        for (topic_id, _), h in self.handles.items():
+            t = cat.by_id(topic_id)
+            if t is not None:
+                h.reader.max_decompressed_bytes = _max_decompressed(new.log, t.configs)
+
     def on_stop(self) -> None:
         for p in self.parked:   # answer what we hold so frontends can drain
             p.respond(self._evaluate(p.req)[0])
@@ -113,11 +121,8 @@ class Fetcher(Worker):
             return None
         if h is None:
             try:
-                log = self.ctx.config.log
-                # The bound produce applied: this topic's max.message.bytes times the factor.
-                max_message = int(t.configs.get("max.message.bytes", log.message_max_bytes))
                 h = PartitionHandle(self.topo, self.ctx.data_dir, t.name, topic_id, partition,
-                                    max_message * log.decompressed_batch_max_factor)
+                                    _max_decompressed(self.cfg.log, t.configs))
             except FileNotFoundError:
                 return None
             self.handles[key] = h
@@ -237,3 +242,9 @@ class Fetcher(Worker):
                 out.append(ipc.ListOffsetsPartResult(0, found[1], found[0]) if found and found[0] < upper
                            else ipc.ListOffsetsPartResult(0, -1, -1))
         return ipc.ListOffsetsResult(out)
+
+
+def _max_decompressed(log_cfg, configs) -> int:
+    """The bound produce applied: the topic's max.message.bytes times the factor."""
+    max_message = int(configs.get("max.message.bytes", log_cfg.message_max_bytes))
+    return max_message * log_cfg.decompressed_batch_max_factor

@@ -37,6 +37,7 @@ from appliance.log.flusher import Flusher
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.producer_state import ProducerStateManager
 from appliance.log.txn_index import AbortedTxn
+from appliance.metrics import Histogram, key
 from appliance.protocol.records import read_header
 from appliance.runtime import COORDINATOR, PARTITION_PAGE_FIELDS, WORKER_BOOT_ERROR, WorkerContext
 from appliance.service import Responder, serves
@@ -114,6 +115,22 @@ class PartitionWriter(Worker):
         self._ids = itertools.count(((self.gen & 0xFFFF) << 40) | 1)
         self.dirty = False                   # something to publish this turn
         self.serve(self, on_answer=self._verified)
+        # Metrics (appliance.metrics): per batch two adds into the shared table, per publish a
+        # few stores; the per-topic series of every partition of a topic sum up.
+        m = self.metrics
+        topic = [("topic", ctx.topic)]
+        tp = topic + [("partition", ctx.index)]
+        self.mv = m.values
+        self.k_messages = m.slot(key("kafka_server_brokertopicmetrics_messagesin", topic))
+        self.k_bytes = m.slot(key("kafka_server_brokertopicmetrics_bytesin", topic))
+        self.k_size = m.slot(key("kafka_log_log_size", tp))
+        self.k_segments = m.slot(key("kafka_log_log_numlogsegments", tp))
+        self.k_producers = m.slot(key("kafka_server_replicamanager_produceridcount"))
+        self.k_recovery = m.slot(key("appliance_log_recovery_bytes", tp))
+        self.flush_hist = Histogram(m, "kafka_log_logflushstats_logflushrateandtimems")
+        self.flushes_seen = 0
+        self.segments_seen = -1
+        self.sealed_bytes = 0
 
     def inputs(self) -> list[str]:
         return list(self.ctx.frontends) + [COORDINATOR]
@@ -130,9 +147,13 @@ class PartitionWriter(Worker):
 
     def setup(self) -> int | None:
         directory = partition_dir(self.ctx.data_dir, self.ctx.topic, self.ctx.index)
+        self.mv[self.k_recovery] = 0
+
+        def progress(nbytes: int) -> None:
+            self.mv[self.k_recovery] += nbytes
+
         try:
-            settings = LogSettings.from_config(self.cfg.log, self.ctx.topic_configs)
-            self.log = PartitionLog.open(directory, settings, _now_ms())
+            self.log = PartitionLog.open(directory, self._log_settings(), _now_ms(), progress)
         except (OSError, ValueError) as e:
             log.error("cannot open partition log %s: %s", directory, e)
             return WORKER_BOOT_ERROR
@@ -161,6 +182,29 @@ class PartitionWriter(Worker):
                  self.log.log_end_offset, self.psm.last_stable_offset(self.log.log_end_offset),
                  len(self.psm.entries), replayed_from, self.gen)
         return None
+
+    def _log_settings(self) -> LogSettings:
+        """Broker defaults (``[log]``) overlaid with the topic's own configs: a default changed
+        by a reload applies to topics that do not override it, as Kafka's dynamic defaults do."""
+        return LogSettings.from_config(self.cfg.log, self.ctx.topic_configs)
+
+    def reload(self, old, new) -> None:
+        waited = self.policy.ack_waits_for_sync
+        self.policy = new.log.flush.policy
+        self.flush_interval = new.log.flush.interval_ms / 1000
+        self.verify_enabled = new.transactions.partition_verification_enable
+        self.verify_timeout = new.server.internal_request_timeout_ms / 1000
+        self.psm.expiration_ms = new.transactions.producer_id_expiration_ms
+        if new.log.retention_check_interval_ms != old.log.retention_check_interval_ms:
+            self.tick_s = new.log.retention_check_interval_ms / 1000
+            self.next_tick = min(self.next_tick, time.monotonic() + self.tick_s)
+        settings = self._log_settings()
+        if settings != self.log.settings:
+            self.log.update_settings(settings)
+            self.next_tick = time.monotonic()        # retention and rolls under the new values
+        if waited and not self.policy.ack_waits_for_sync and self.await_flush:
+            # Answers promised an fdatasync: give them one before the policy stops flushing.
+            self._flush_and_reply(force=True)
 
     def on_stop(self) -> None:
         # Drain what is already queued, so that in-flight produce requests get answers.
@@ -275,6 +319,9 @@ class PartitionWriter(Worker):
         if idempotent:
             self.psm.update(h, info.base_offset, now_ms,
                             info.log_append_time if info.log_append_time >= 0 else h.max_timestamp)
+        mv = self.mv
+        mv[self.k_messages] += info.last_offset - info.base_offset + 1
+        mv[self.k_bytes] += len(batch)
         self.dirty = True
         self._reply_produce(src, acks, info.last_offset + 1, ipc.produce_ack(
             0, self.gen, req_id, info.base_offset, info.log_append_time, self.log.log_start_offset))
@@ -407,6 +454,9 @@ class PartitionWriter(Worker):
         fl = self.flusher
         if fl.error is not None:
             raise fl.error           # durability unknown: die; recovery decides, nothing acked
+        if fl.completed != self.flushes_seen:
+            self.flushes_seen = fl.completed
+            self.flush_hist.observe_us(fl.last_us)
         end = self.log.log_end_offset
         now = time.monotonic()
         if force:
@@ -436,6 +486,13 @@ class PartitionWriter(Worker):
                           active_end_position=lg.active_end_position,
                           segments_version=lg.segments_version,
                           first_unstable_offset=self.psm.first_unstable_offset(), **extra)
+        mv = self.mv
+        if lg.segments_version != self.segments_seen:
+            self.segments_seen = lg.segments_version
+            self.sealed_bytes = lg.size_in_bytes() - lg.active_end_position
+            mv[self.k_segments] = len(lg.segment_bases())
+        mv[self.k_size] = self.sealed_bytes + lg.active_end_position
+        mv[self.k_producers] = len(self.psm.entries)
         # Wake fetchers that parked a long-poll on this partition (their flag byte is set).
         flags = self.page.flags()
         for j, path in enumerate(self.fetcher_bells):

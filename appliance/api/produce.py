@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 
 from appliance.api import CloseConnection, handles
 from appliance.catalog import INTERNAL_TOPICS
@@ -31,6 +32,8 @@ from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValida
 from appliance.protocol.records import validate_batch
 
 log = logging.getLogger("appliance.produce")
+
+FAILED_PRODUCE = "kafka_server_brokertopicmetrics_failedproducerequests"
 
 
 class _Refusals:
@@ -131,18 +134,35 @@ async def handle(ctx, req):
             any_error = True
         pending.append((name, pd.index, res))
     if acks == 0:
+        _count(ctx, catalog, [(name, r) for name, _, r in pending if isinstance(r, ProduceResult)])
         return CloseConnection("error in a produce request with acks=0") if any_error else None
     futures = [r for _, _, r in pending if isinstance(r, asyncio.Future)]
     if futures:
         await asyncio.gather(*futures)
     by_topic: dict[str, ProduceTopic] = {}
+    done: list[tuple[str, ProduceResult]] = []
     for name, index, r in pending:
         if isinstance(r, asyncio.Future):
             r = r.result()
+        done.append((name, r))
         topic = by_topic.get(name)
         if topic is None:
             topic = by_topic[name] = ProduceTopic(name, None)
         topic.partitions.append(ProducePartition(index, r.error_code, r.base_offset, r.log_append_time,
                                                  r.log_start_offset, record_errors.get((name, index), ()),
                                                  r.error_message))
+    _count(ctx, catalog, done)
     return encode_produce_response(ctx.version, list(by_topic.values()))
+
+
+def _count(ctx, catalog, results: list[tuple[str, ProduceResult]]) -> None:
+    """Metrics: the answer's error codes, and failed partitions of existing topics
+    (FailedProduceRequestsPerSec; the topic label of an unknown topic would be the client's to
+    choose)."""
+    errors: Counter = Counter()
+    counters = ctx.broker.counters
+    for name, r in results:
+        errors[r.error_code] += 1
+        if r.error_code and name in catalog.topics:
+            counters.topic(FAILED_PRODUCE, name)
+    ctx.errors = errors

@@ -179,7 +179,10 @@ class PartitionLog:
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
-    def open(cls, directory: str, settings: LogSettings, now_ms: int) -> "PartitionLog":
+    def open(cls, directory: str, settings: LogSettings, now_ms: int,
+             progress: Callable[[int], None] | None = None) -> "PartitionLog":
+        """Open (recovering as needed); ``progress`` gets the bytes of each segment once it is
+        loaded or recovered (for the operator's view of a long recovery)."""
         os.makedirs(directory, exist_ok=True)
         s = settings
         seg_kw = dict(segment_bytes=s.segment_bytes, index_bytes=s.segment_index_bytes,
@@ -220,6 +223,8 @@ class PartitionLog:
             if got is not None:
                 info, n_off, n_time = got
                 loaded.append(_Loaded(info, n_off, n_time, 0))
+                if progress is not None:
+                    progress(info.size)
             else:
                 if rebuild_from is None:
                     rebuild_from = base
@@ -228,6 +233,8 @@ class PartitionLog:
                     max_decompressed_bytes=s.max_decompressed_bytes, **seg_kw)
                 loaded.append(_Loaded(info, len(build.offsets), len(build.times),
                                       build.bytes_since_last_entry))
+                if progress is not None:
+                    progress(info.size)
                 if corrupt and not last:
                     for b in bases[i + 1:]:
                         delete_segment_files(directory, b)

@@ -35,11 +35,13 @@ ring result types of ``appliance.txn.messages``; ``appliance.txn.service`` serve
 
 from __future__ import annotations
 
+import collections
+
 import logging
 from typing import Callable, Iterable, Sequence
 
 from appliance.catalog import OFFSETS_TOPIC
-from appliance.config import TransactionsConfig
+from appliance.config import FlushPolicy, TransactionsConfig
 from appliance.errors import ErrorCode
 from appliance.txn import admin
 from appliance.txn.end_txn import EndTxnMixin
@@ -110,6 +112,9 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
         # is no authorizer yet, so the hook allows everything; the broker switch still applies.
         self._authorize_2pc = authorize_two_phase_commit
         self._txns: dict[str, TransactionMetadata] = {}
+        # For the metrics: transactions completed ("commits", "aborts") and aborted by the
+        # timeout scan ("timedout_aborts"), since this coordinator started.
+        self.stats: collections.Counter = collections.Counter()
         self.markers = TransactionMarkerChannelManager(
             now_ms, on_complete=self._complete, on_abandoned=self._abandoned,
             on_fenced=self._on_fenced, kept_fences=self.kept_fences,
@@ -306,6 +311,15 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
     def describe_transactions(self, transactional_ids: Iterable[str]) -> list[TxnDescription]:
         """DescribeTransactions v0 (see ``admin.describe_transactions``)."""
         return admin.describe_transactions(self._txns, transactional_ids, self._gate())
+
+    def reconfigure(self, tx_config: TransactionsConfig, flush_policy) -> None:
+        """A configuration reload: the new ``[transactions]`` section and flush policy."""
+        self.config = tx_config
+        self._sm.flush_policy = FlushPolicy(flush_policy)
+
+    def state_counts(self) -> collections.Counter:
+        """Transactional ids by the (Kafka) name of their transaction's state."""
+        return collections.Counter(md.state.name for md in self._txns.values())
 
     def active_transaction_open_time_max_ms(self) -> int:
         """KIP-939 metric ActiveTransactionOpenTimeMaxMs (see ``admin``)."""

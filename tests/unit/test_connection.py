@@ -15,7 +15,9 @@ import pytest
 
 from appliance.api import REGISTRY, Api, CloseConnection, load_handlers
 from appliance.config import Config
+from shm.metrics import MetricsTable
 from workers.frontend.connection import KafkaConnection
+from workers.frontend.metrics import FrontendMetrics
 
 TEST_KEY = 18          # requests use ApiVersions' framing; the handler is swapped per test
 
@@ -70,6 +72,8 @@ class Server:
         self.connections: set = set()
         self.draining = False
         self.api_ranges = {}
+        self.table = MetricsTable.anonymous(256)
+        self.counters = FrontendMetrics(self.table)
 
 
 def frame(correlation: int) -> bytes:

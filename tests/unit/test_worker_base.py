@@ -264,3 +264,27 @@ def test_async_worker_drains_on_its_bell_ticks_and_stops_on_sigterm(run_dir, tmp
     assert w.drained == 1 and w.ticks >= 2 and w.stopped
     assert w.page.read().status == STOPPED
     assert w.hb.last(SLOT) > 0
+
+
+def test_a_new_configuration_version_reaches_the_reload_hook_once(run_dir, tmp_path):
+    from appliance import reload
+    from appliance.config import LogConfig
+
+    got = []
+
+    class Reloading(Recorder):
+        def reload(self, old, new):
+            got.append((old.log.retention_ms, new.log.retention_ms, self.cfg is new))
+
+    w = Reloading(context(run_dir, tmp_path), turns=1)
+    sup = StatePage.open(os.path.join(run_dir, f"page.{SUPERVISOR}"), SUPERVISOR_PAGE_FIELDS)
+    w.loop()
+    assert got == []                      # the page moved (catalog), not the version
+    new = Config(log=LogConfig(retention_ms=1000))
+    reload.publish(new, reload.file_path(run_dir))
+    sup.publish(config_version=1)
+    w.stop, w.turns = False, 2
+    w.loop()
+    assert got == [(Config().log.retention_ms, 1000, True)]
+    assert w.ctx.config is w.cfg and w.config_version == 1
+    sup.close()

@@ -82,7 +82,8 @@ class Broker:
     def __init__(self, worker) -> None:
         ctx = worker.ctx
         self.ctx = ctx
-        self.cfg = ctx.config
+        self.cfg = ctx.config       # replaced by a SIGHUP reload (Frontend.reload)
+        self.counters = None        # the frontend's FrontendMetrics (handlers count through it)
         self.name = ctx.name
         self.topo: Topology = worker.topo
         self.bells: BellSender = worker.bells

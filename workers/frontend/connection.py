@@ -27,6 +27,7 @@ from typing import Any
 from appliance.api import REGISTRY, CloseConnection, RequestContext, encode_body
 from appliance.errors import KafkaError, ProtocolViolation
 from appliance.protocol import frames, messages
+from workers.frontend.metrics import error_counts
 
 log = logging.getLogger("appliance.connection")
 
@@ -37,13 +38,16 @@ RESUME_INFLIGHT = 16
 
 
 class _Slot:
-    __slots__ = ("header", "parts", "done", "last")
+    __slots__ = ("header", "parts", "done", "last", "api", "ctx", "started")
 
-    def __init__(self, header) -> None:
+    def __init__(self, header, api: str = "", ctx=None) -> None:
         self.header = header
         self.parts: list | None = None   # encoded frame parts, or None for "no response" (acks=0)
         self.done = False
         self.last = False                # close the connection when this slot reaches the head
+        self.api = api                   # the API's name, for the request metrics ("" = none)
+        self.ctx = ctx                   # its RequestContext (the handler's error counts)
+        self.started = time.monotonic_ns()
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -71,12 +75,15 @@ class KafkaConnection(asyncio.Protocol):
             self.host = peer[0]
             self.peer = f"{peer[0]}:{peer[1]}"
         self.server.connections.add(self)
+        self.server.counters.connections(1)
         if self.server.draining:
             self.transport.close()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        self.server.connections.discard(self)
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            self.server.counters.connections(-1)
         for t in self.tasks:
             t.cancel()
 
@@ -129,7 +136,7 @@ class KafkaConnection(asyncio.Protocol):
         api = REGISTRY.get(header.api_key)
         if api is None:
             raise ProtocolViolation(f"unknown api key {header.api_key}")
-        slot = _Slot(header)
+        slot = _Slot(header, api.name)
         if not api.min_version <= header.api_version <= api.max_version:
             if header.api_key != API_VERSIONS_KEY:
                 raise ProtocolViolation(
@@ -142,7 +149,7 @@ class KafkaConnection(asyncio.Protocol):
             return
         request = messages.decode_request(header.api_key, header.api_version, frame, body_offset)
         self.slots.append(slot)
-        ctx = RequestContext(self.broker, self, header)
+        ctx = slot.ctx = RequestContext(self.broker, self, header)
         try:
             result = api.handle(ctx, request)
         except KafkaError as e:
@@ -192,7 +199,11 @@ class KafkaConnection(asyncio.Protocol):
         h = slot.header
         if result is None:
             slot.parts = None
+            errors = slot.ctx.errors if slot.ctx is not None else None
         else:
+            errors = slot.ctx.errors if slot.ctx is not None else None
+            if errors is None and not isinstance(result, (bytes, bytearray, memoryview, list)):
+                errors = error_counts(result)
             try:
                 body = encode_body(result)
                 slot.parts = frames.encode_response_frame(
@@ -204,6 +215,8 @@ class KafkaConnection(asyncio.Protocol):
                               h.api_key, h.api_version, self.peer)
                 self._close_after(slot, "response encoding failed", logging.ERROR)
                 return
+        if slot.api:
+            self.server.counters.request(slot.api, slot.started, errors)
         slot.done = True
         self._flush()
 

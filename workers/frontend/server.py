@@ -5,7 +5,7 @@ Runs as a child of the supervisor (``server.frontends`` of them); ``Frontend`` i
 tick (heartbeat, then ``Broker.tick``). Owns the client connections (``connection.py``) and the
 listening socket it inherited from the supervisor: every frontend accepts on the same socket (the
 kernel hands each new connection to one of them), and frontends are the only workers that keep
-it. Parses requests, runs the API handlers (``appliance.api``) and answers in per-connection
+it. Counts requests, their latency and error codes into its metrics table (``metrics.py``). Parses requests, runs the API handlers (``appliance.api``) and answers in per-connection
 order. Talks to writers, fetchers, the coordinator and the supervisor only through rings
 (``broker.py``).
 
@@ -31,6 +31,7 @@ from appliance.runtime import COORDINATOR, SUPERVISOR, WorkerContext
 from workers.base import AsyncWorker
 from workers.frontend.broker import Broker
 from workers.frontend.connection import KafkaConnection
+from workers.frontend.metrics import FrontendMetrics
 
 log = logging.getLogger("appliance.frontend")
 
@@ -45,7 +46,9 @@ class Frontend(AsyncWorker):
         super().__init__(ctx)
         load_handlers()
         self.api_ranges = api_ranges()
+        self.counters = FrontendMetrics(self.metrics)
         self.broker = Broker(self)
+        self.broker.counters = self.counters
         self.connections: set[KafkaConnection] = set()
         self.draining = False
         self.server: asyncio.AbstractServer | None = None
@@ -73,6 +76,11 @@ class Frontend(AsyncWorker):
 
     def on_tick(self, now: float) -> None:
         self.broker.tick(now)
+
+    def reload(self, old, new) -> None:
+        # Handlers read the configuration through the broker: new requests see the new values,
+        # connections accepted from now on get the new socket_request_max_bytes.
+        self.broker.cfg = new
 
     def begin_stop(self) -> None:
         self.draining = True
