@@ -1,83 +1,16 @@
-"""The ``appliance`` command line.
+"""``appliance transactions``: Kafka's kafka-transactions.sh (list, describe, abort a hanging
+transaction) plus KIP-939's force-terminate, over the Kafka protocol (``appliance.admin``).
 
-Runs in the user's shell (or under systemd). ``appliance run`` becomes the supervisor process.
+Runs in the user's shell; owns nothing but its connection.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 
 import click
 
-from .config import ConfigError, dumps_toml, load
-from .runtime import EXIT_CONFIG
-
-
-def _load(config: str | None, listen: str | None = None, data_dir: str | None = None):
-    server: dict[str, str] = {}
-    if listen:
-        server["listen"] = listen
-    if data_dir:
-        server["data_dir"] = data_dir
-    try:
-        return load(config, overrides={"server": server} if server else None)
-    except ConfigError as e:
-        click.echo(str(e), err=True)
-        sys.exit(EXIT_CONFIG)
-
-
-@click.group()
-@click.version_option(package_name="appliance", prog_name="appliance", message="%(prog)s %(version)s")
-def main() -> None:
-    """A single-node broker appliance that speaks the Kafka protocol."""
-
-
-@main.command()
-@click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
-              help="TOML configuration file (defaults apply to every key it leaves out).")
-@click.option("--listen", default=None, metavar="HOST:PORT", help="Overrides server.listen.")
-@click.option("--data-dir", default=None, metavar="DIR", help="Overrides server.data_dir.")
-def run(config: str | None, listen: str | None, data_dir: str | None) -> None:
-    """Start the appliance (the supervisor and its workers) in the foreground."""
-    from .supervisor import Supervisor
-    cfg = _load(config, listen, data_dir)
-    sys.exit(Supervisor(cfg).run())
-
-
-@main.command("check-config")
-@click.option("--config", "config", type=click.Path(dir_okay=False), default=None)
-@click.option("--listen", default=None, metavar="HOST:PORT")
-@click.option("--data-dir", default=None, metavar="DIR")
-def check_config(config: str | None, listen: str | None, data_dir: str | None) -> None:
-    """Print the effective configuration, or the error that makes it invalid."""
-    cfg = _load(config, listen, data_dir)
-    click.echo(dumps_toml(cfg), nl=False)
-
-
-@main.command("metrics")
-@click.option("--config", "config", type=click.Path(dir_okay=False), default=None)
-@click.option("--data-dir", default=None, metavar="DIR")
-def metrics_cmd(config: str | None, data_dir: str | None) -> None:
-    """Print the metrics the running appliance's workers publish (<data_dir>/metrics/)."""
-    from . import metrics
-    cfg = _load(config, None, data_dir)
-    found = metrics.read_all(cfg.server.data_dir)
-    if not found:
-        click.echo(f"no metrics published in {cfg.server.data_dir} (is the appliance running?)", err=True)
-        sys.exit(1)
-    now_ms = time.time() * 1000
-    stale = []
-    for source, values in found.items():
-        age_s = (now_ms - values.get("updated_ms", 0)) / 1000
-        if age_s > metrics.STALE_AFTER_S:
-            stale.append(f"{source} (last written {age_s:.0f} s ago)")
-        for name, value in sorted(values.items()):
-            click.echo(f"{source}\t{name}\t{value}")
-    if stale:
-        # Workers rewrite their file every second: an old one is what a stopped appliance left.
-        click.echo(f"stale: {', '.join(stale)}; is the appliance running?", err=True)
-        sys.exit(1)
+from appliance.cli import _load, main
 
 
 @main.group()
@@ -94,8 +27,8 @@ def transactions(ctx: click.Context, bootstrap_server: str | None, config: str |
 
 
 def _admin(ctx: click.Context):
-    from . import admin
-    from .client.errors import KafkaError
+    from appliance import admin
+    from appliance.client.errors import KafkaError
     try:
         return admin, admin.connect(ctx.obj)
     except KafkaError as e:
@@ -104,7 +37,7 @@ def _admin(ctx: click.Context):
 
 
 def _run(fn):
-    from .client.errors import KafkaError
+    from appliance.client.errors import KafkaError
     try:
         return fn()
     except KafkaError as e:
@@ -173,7 +106,3 @@ def transactions_force_terminate(ctx, transactional_id) -> None:
     admin, conn = _admin(ctx)
     pid, epoch = _run(lambda: admin.force_terminate(conn, transactional_id))
     click.echo(f"terminated: transactional id {transactional_id} is now producer {pid} epoch {epoch}")
-
-
-if __name__ == "__main__":
-    main()
