@@ -115,7 +115,7 @@ class Fetcher(Worker):
             try:
                 log = self.ctx.config.log
                 # The bound produce applied: this topic's max.message.bytes times the factor.
-                max_message = int(t.configs.get("max.message.bytes", log.message_max_bytes))
+                max_message = int(cat.overrides(t).get("max.message.bytes", log.message_max_bytes))
                 h = PartitionHandle(self.topo, self.ctx.data_dir, t.name, topic_id, partition,
                                     max_message * log.decompressed_batch_max_factor)
             except FileNotFoundError:
