@@ -2,8 +2,11 @@
 
 Runs in the user's shell (or under systemd). ``appliance run`` becomes the supervisor process.
 One module per tool registers its commands on ``main`` (imported at the bottom of this file):
-``serve`` (run, check-config, metrics) and ``transactions`` (Kafka's kafka-transactions.sh).
-A new tool is a new module here, with its import added below.
+``serve`` (run, check-config, metrics), ``transactions`` (Kafka's kafka-transactions.sh),
+``topics`` (kafka-topics.sh), ``groups`` (kafka-consumer-groups.sh), ``configs``
+(kafka-configs.sh), ``offsets`` (kafka-get-offsets.sh), ``dump_log`` (kafka-dump-log.sh) and
+``console`` (the console producer and consumer); ``tool`` holds what the Kafka tools share. A new
+tool is a new module here, with its import added below.
 """
 
 from __future__ import annotations
@@ -36,4 +39,5 @@ def main() -> None:
 
 
 # The tools: each module registers its commands on ``main``.
-from appliance.cli import serve, transactions  # noqa: E402,F401
+from appliance.cli import (configs, console, dump_log, groups, offsets, serve, topics,  # noqa: E402,F401
+                           transactions)
