@@ -37,6 +37,7 @@ import msgspec
 from .errors import ErrorCode, KafkaError
 from .ipc import Message, Request
 from .log.files import atomic_write
+from .topic_config import dynamic_log_defaults
 
 CATALOG_FILE = "catalog.json"
 PUBLISHED_FILE = "catalog.msgpack"
@@ -84,7 +85,6 @@ class Catalog:
         (Kafka's precedence). Cached per snapshot: produce looks it up per batch."""
         got = self._overrides.get(topic.name)
         if got is None:
-            from .topic_config import dynamic_log_defaults
             got = {**dynamic_log_defaults(self), **topic.configs}
             self._overrides[topic.name] = got
         return got

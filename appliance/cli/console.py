@@ -160,16 +160,20 @@ def consume(bootstrap, as_json, topic, partition, offset, from_beginning, max_me
             else:
                 c.seek_to_end()
             last = time.monotonic()
-            while max_messages is None or count < max_messages:
-                left = None if max_messages is None else max_messages - count
-                records = c.poll(500, max_records=left)
-                if records:
-                    last = time.monotonic()
-                for r in records:
-                    click.echo(_format(r, props, as_json))
-                    count += 1
-                if not records and timeout_ms is not None and (time.monotonic() - last) * 1000 >= timeout_ms:
-                    break
+            try:
+                while max_messages is None or count < max_messages:
+                    left = None if max_messages is None else max_messages - count
+                    records = c.poll(500, max_records=left)
+                    if records:
+                        last = time.monotonic()
+                    for r in records:
+                        click.echo(_format(r, props, as_json))
+                        count += 1
+                    if not records and timeout_ms is not None and \
+                            (time.monotonic() - last) * 1000 >= timeout_ms:
+                        break
+            except KeyboardInterrupt:
+                pass                     # Ctrl-C ends it, as it ends Kafka's console consumer
         finally:
             c.close()
     click.echo(f"Processed a total of {count} messages", err=True)
