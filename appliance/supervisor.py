@@ -5,10 +5,11 @@ of every worker), the listening socket, the runtime directory with every shm fil
 (``appliance.catalog.CatalogStore``) and the data-dir lock.
 
 Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
-loop dispatches queued signals, serves admin requests (CreateTopics/DeleteTopics from frontends),
-reaps dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker
-that restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
-reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
+loop dispatches queued signals, serves admin requests from frontends (topic administration,
+``appliance.topic_admin``), reaps dead children, kills workers whose heartbeat went stale, and
+respawns with backoff. A worker that restarts more than ``crash_loop_restarts`` times in
+``crash_loop_window_ms``, or exits with the reserved WORKER_BOOT_ERROR code, stops the appliance
+(exit 4) rather than loop forever.
 
 Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give
 back the disk reserve if the disk is full, load the catalog, create the runtime dir and every ring, bind the listening
@@ -41,7 +42,6 @@ from shm.topology import Mailbox, Outbox, Topology
 from . import catalog as cat
 from . import ipc
 from .config import Config, non_defaults
-from .errors import ErrorCode, KafkaError
 from .log.files import atomic_write
 from .operating import SupervisorOperating
 from .reload import file_path as config_file, publish as publish_config
@@ -52,11 +52,11 @@ from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXI
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
                       fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
                       writer_name)
-from .service import Registry, Responder, serves
+from .service import Registry
 from .startup import (NO_SPACE, DiskReserve, StartFailure, SupervisorDirs, bind_address,
                       bind_listener, raise_fd_limit)
 from .systemd import Watchdog, sd_notify
-from .topic_config import validate_topic_configs
+from .topic_admin import TopicAdmin
 
 log = logging.getLogger("appliance.supervisor")
 
@@ -77,22 +77,6 @@ class WorkerSpec:
     removed: bool = False       # topic deleted: do not restart
     page: StatePage | None = None
     metrics: MetricsTable | None = None     # writers: read for the recovery progress
-
-
-@dataclass
-class PendingCreate:
-    respond: Responder
-    results: list[cat.TopicResult]
-    writers: list[WorkerSpec]
-    deadline: float
-
-
-@dataclass
-class PendingDelete:
-    respond: Responder
-    results: list[cat.TopicResult]
-    writers: list[WorkerSpec]
-    topics: list[cat.TopicInfo]
 
 
 def _kill(pid: int | None, sig: int) -> None:
@@ -138,8 +122,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.stopping = False
         self.exit_code = EXIT_OK
         self.free_slots = list(range(HEARTBEAT_SLOTS - 1, -1, -1))
-        self.pending_creates: list[PendingCreate] = []
-        self.pending_deletes: list[PendingDelete] = []
+        self.topic_admin = TopicAdmin(self)
         self.frontends = [frontend_name(i) for i in range(config.frontend_count)]
         self.fetchers = [fetcher_name(i) for i in range(config.server.fetchers)]
         self._lock_fd = -1
@@ -187,9 +170,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         for fe in self.frontends:
             self.mailbox.add(fe)
         self.outboxes = {fe: Outbox(self.topo, SUPERVISOR, fe, self.bells) for fe in self.frontends}
-        # CreateTopics/DeleteTopics; an error here stops the appliance rather than go on with a
-        # catalog whose state is unknown.
-        self.registry = Registry(self, post=self._reply, contain=False)
+        # Topic administration (appliance.topic_admin); an error there stops the appliance
+        # rather than go on with a catalog whose state is unknown.
+        self.registry = Registry(self.topic_admin, post=self._reply, contain=False)
 
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
@@ -226,13 +209,20 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
 
     def _context(self, spec: WorkerSpec) -> WorkerContext:
         t = spec.topic
+        if t is not None:
+            # The committed catalog's view of the topic: a restarted writer starts with the
+            # configs and partition count as they are now, not as they were at its first start.
+            now = self.store.catalog.topics.get(t.name)
+            if now is not None and now.topic_id == t.topic_id:
+                t = spec.topic = now
         return WorkerContext(
             config=self.cfg, role=spec.role, name=spec.name, index=spec.index,
             generation=spec.generation, heartbeat_slot=spec.heartbeat_slot, run_dir=self.run_dir,
             data_dir=self.data_dir, frontends=self.frontends, fetchers=self.fetchers,
             listen_fd=self.listener.fileno() if self.listener else -1, bound_port=self.bound_port,
             topic=t.name if t else "", topic_id=t.topic_id if t else b"",
-            topic_configs=dict(t.configs) if t else {}, config_version=self.config_version,
+            topic_configs=self.store.catalog.overrides(t) if t else {},
+            config_version=self.config_version,
             metrics_fd=self.metrics_listener.fileno() if self.metrics_listener else -1,
             log_format=self.log_format)
 
@@ -355,7 +345,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             self.serving = True
             self.notify_serving("READY=1")
             while not self.stopping:
-                self._turn(0.1 if (self.pending_creates or self.pending_deletes) else 0.5)
+                self._turn(0.1 if self.topic_admin.busy else 0.5)
         finally:
             pass
         return self._finish()
@@ -387,7 +377,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 box.flush()
         if not self.stopping:
             self._serve_admin()
-            self._check_pending()
+            self.topic_admin.check_pending()
             self._murder_stale()
             self._respawn_due()
             self.watchdog_turn()
@@ -501,161 +491,6 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         for src, ring in self.mailbox.inputs.items():
             while (raw := ring.get()) is not None:
                 self.registry.handle(src, raw)
-
-    @serves(cat.CreateTopicsRequest, late=True)
-    def _create_topics(self, req: cat.CreateTopicsRequest, respond: Responder) -> None:
-        """Answered once the new writers are READY (or after 60 s)."""
-        results: list[cat.TopicResult] = []
-        accepted: list[cat.TopicInfo] = []
-        current = self.store.catalog
-        total = current.partition_count()
-        seen: set[str] = set()
-        for nt in req.topics:
-            try:
-                if nt.name in seen:
-                    raise KafkaError(ErrorCode.invalid_request,
-                                     f"Duplicate topic name {nt.name} in CreateTopics")
-                seen.add(nt.name)
-                cat.check_topic_name(nt.name)
-                if nt.name in cat.INTERNAL_TOPICS:
-                    raise KafkaError(ErrorCode.invalid_topic_exception,
-                                     f"{nt.name} is an internal topic of the appliance")
-                if nt.name in current.topics:
-                    raise KafkaError(ErrorCode.topic_already_exists,
-                                     f"Topic '{nt.name}' already exists.")
-                parts = nt.num_partitions if nt.num_partitions != -1 else self.cfg.topics.default_partitions
-                if parts <= 0:
-                    raise KafkaError(ErrorCode.invalid_partitions,
-                                     "Number of partitions must be larger than 0.")
-                if total + parts > self.cfg.topics.max_partitions:
-                    raise KafkaError(ErrorCode.policy_violation,
-                                     f"Creating {parts} partitions would exceed topics.max_partitions "
-                                     f"= {self.cfg.topics.max_partitions}")
-                configs = validate_topic_configs(dict(nt.configs))
-                info = cat.TopicInfo(name=nt.name, topic_id=cat.new_topic_id(), partitions=parts,
-                                     configs=configs)
-                total += parts
-                accepted.append(info)
-                results.append(cat.TopicResult(name=nt.name, error_code=0, topic_id=info.topic_id,
-                                               num_partitions=parts, configs=configs))
-            except KafkaError as e:
-                results.append(cat.TopicResult(name=nt.name, error_code=int(e.code),
-                                               error_message=e.message))
-        writers: list[WorkerSpec] = []
-        if accepted and not req.validate_only:
-            try:
-                self.store.add_topics(accepted)
-            except OSError as e:
-                if e.errno not in NO_SPACE:
-                    raise
-                # Not committed (the sweep at the next start removes its directories); a full
-                # disk is refused as Kafka refuses a write to a full log dir.
-                accepted = []
-                results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
-                                           error_message="the data dir's file system is full")
-                           if r.error_code == 0 else r for r in results]
-            for t in accepted:
-                log.info("creating topic %s: %d partitions%s", t.name, t.partitions,
-                         f", configs {dict(t.configs)}" if t.configs else "")
-                for p in range(t.partitions):
-                    spec = self._add_writer(t, p)
-                    self._spawn(spec)
-                    writers.append(spec)
-        self.pending_creates.append(PendingCreate(respond, results, writers,
-                                                  time.monotonic() + 60.0))
-        self._check_pending()
-
-    @serves(cat.DeleteTopicsRequest, late=True)
-    def _delete_topics(self, req: cat.DeleteTopicsRequest, respond: Responder) -> None:
-        """Answered once the writers have stopped and the directories are gone."""
-        results: list[cat.TopicResult] = []
-        names: list[str] = []
-        for name in req.names:
-            t = self.store.catalog.topics.get(name)
-            if t is None:
-                results.append(cat.TopicResult(name=name, error_code=int(ErrorCode.unknown_topic_or_partition),
-                                               error_message="This server does not host this topic."))
-            else:
-                names.append(name)
-                results.append(cat.TopicResult(name=name, error_code=0, topic_id=t.topic_id))
-        removed = self._remove_topics(names) if names else []
-        if removed:
-            log.info("deleting topics %s", ", ".join(t.name for t in removed))
-        if names and not removed:
-            results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
-                                       error_message="the data dir's file system is full")
-                       if r.error_code == 0 else r for r in results]
-        self._publish_catalog()
-        writers = []
-        for t in removed:
-            for p in range(t.partitions):
-                spec = self.workers[writer_name(t.topic_id, p)]
-                spec.removed = True
-                if spec.pid is not None:
-                    self.kill(spec.pid, signal.SIGTERM)
-                writers.append(spec)
-        self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
-        self._check_pending()
-
-    def _remove_topics(self, names: list[str]) -> list[cat.TopicInfo]:
-        """Commit a DeleteTopics; on a full disk the reserve gives the catalog its room (the
-        delete is what frees the disk). Nothing removed when even that fails."""
-        for attempt in (1, 2):
-            try:
-                return self.store.remove_topics(names)
-            except OSError as e:
-                if e.errno not in NO_SPACE:
-                    raise
-                if attempt == 2 or not self.reserve.release("DeleteTopics needs room"):
-                    break
-        log.error("DeleteTopics %s: the data dir's file system is full", names)
-        return []
-
-    def _check_pending(self) -> None:
-        now = time.monotonic()
-        still = []
-        publish = False
-        done: list[PendingCreate] = []
-        for pc in self.pending_creates:
-            if all(self._writer_ready(s) for s in pc.writers):
-                publish = publish or bool(pc.writers)
-                done.append(pc)
-            elif now > pc.deadline:
-                pc.results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.request_timed_out),
-                                              error_message="partition writers did not start in time")
-                              if r.error_code == 0 else r for r in pc.results]
-                publish = True
-                done.append(pc)
-            else:
-                still.append(pc)
-        self.pending_creates = still
-        if publish:
-            self._publish_catalog()
-        for pc in done:
-            pc.respond(cat.TopicsResult(pc.results))
-        still_d = []
-        for pd in self.pending_deletes:
-            if any(s.pid is not None for s in pd.writers):
-                still_d.append(pd)
-                continue
-            for s in pd.writers:
-                self.topo.remove_endpoint(s.name)
-                if s.metrics is not None:
-                    s.metrics.close()
-                self.workers.pop(s.name, None)
-                self.free_slots.append(s.heartbeat_slot)
-            for t in pd.topics:
-                self.store.delete_dirs(t)
-            if pd.topics:
-                self.reserve.restore(need_free=self.reserve.size)
-            self._write_processes()
-            pd.respond(cat.TopicsResult(pd.results))
-        self.pending_deletes = still_d
-
-    def _publish_catalog(self) -> None:
-        cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
-        self.page.publish(catalog_version=self.store.catalog.version)
-        self.notify_serving()
 
     def _reply(self, dst: str, req_id: int, body: ipc.Message) -> None:
         # A full ring (a slow or restarting frontend) queues the reply; every turn retries it.

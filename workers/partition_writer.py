@@ -14,6 +14,11 @@ LSO once for the whole group, start a group commit if acks wait for one, then pu
 each frontend's ack ring and ring the bells of those that sleep. Wake fetchers parked on this
 partition. Sleep on the doorbell when there is nothing to do.
 
+Topic configs apply live: the writer follows the published catalog (its topic's overrides over
+the dynamic broker configs, ``Catalog.overrides``) and hands changed ``LogSettings`` to its log,
+enforcing a changed retention at once. DeleteRecords moves the log start offset here
+(``PartitionLog.delete_records``: persisted, then whole segments below it deleted).
+
 Transactions (docs/transactions.md): a transactional batch from a producer with no open
 transaction on this partition is parked, with every later batch of that producer, until the
 coordinator confirms (KIP-890 part 1: verify only) or performs (part 2, Produce v12: implicit add)
@@ -49,6 +54,9 @@ log = logging.getLogger("appliance.writer")
 
 # How many records one input ring may hand over per loop turn before the others get a turn.
 FAIRNESS_BUDGET = 64
+# How often the writer looks for a new catalog (config changes); the loop wakes at least every
+# IDLE_WAIT_S, so a change applies within about half a second.
+CATALOG_CHECK_S = 0.2
 
 # KIP-890 verification failures as a producer sees them (Kafka's ReplicaManager and
 # AddPartitionsToTxnManager): retriable coordinator trouble becomes NOT_ENOUGH_REPLICAS, which old
@@ -114,6 +122,10 @@ class PartitionWriter(Worker):
         self.verify_reqs: dict[int, int] = {}                      # request id -> producer id
         self._ids = itertools.count(((self.gen & 0xFFFF) << 40) | 1)
         self.dirty = False                   # something to publish this turn
+        self.next_catalog_check = 0.0
+        self.catalog_seen = -1
+        # The topic's configs over the broker defaults (Catalog.overrides), as the catalog has them.
+        self.overrides: dict[str, str] = dict(ctx.topic_configs)
         self.serve(self, on_answer=self._verified)
         # Metrics (appliance.metrics): per batch two adds into the shared table, per publish a
         # few stores; the per-topic series of every partition of a topic sum up.
@@ -186,7 +198,7 @@ class PartitionWriter(Worker):
     def _log_settings(self) -> LogSettings:
         """Broker defaults (``[log]``) overlaid with the topic's own configs: a default changed
         by a reload applies to topics that do not override it, as Kafka's dynamic defaults do."""
-        return LogSettings.from_config(self.cfg.log, self.ctx.topic_configs)
+        return LogSettings.from_config(self.cfg.log, self.overrides)
 
     def reload(self, old, new) -> None:
         waited = self.policy.ack_waits_for_sync
@@ -237,6 +249,9 @@ class PartitionWriter(Worker):
     def on_turn(self, now: float) -> None:
         self._expire_verifications()
         self._flush_and_reply()
+        if now >= self.next_catalog_check:
+            self.next_catalog_check = now + CATALOG_CHECK_S
+            self._follow_catalog()
 
     def on_tick(self, now: float) -> None:
         changed = self.log.enforce_retention(_now_ms())
@@ -244,6 +259,54 @@ class PartitionWriter(Worker):
         self.psm.expire(_now_ms())
         if changed:
             self._publish()
+
+    # -- live configs -----------------------------------------------------------------------------
+    def _follow_catalog(self) -> None:
+        cat = self.catalog.get()
+        if cat.version == self.catalog_seen:
+            return
+        self.catalog_seen = cat.version
+        t = cat.topics.get(self.ctx.topic)
+        if t is None or t.topic_id != self.ctx.topic_id:
+            return      # not published yet (a new topic), or being deleted
+        self.apply_settings(cat.overrides(t))
+
+    def apply_settings(self, overrides: dict[str, str]) -> None:
+        """Apply the topic's effective configs (``self.cfg.log`` under ``overrides``) now:
+        segment size and index interval to the active segment, retention at once (a smaller
+        retention.ms deletes its segments now, not at the next check), the rest to what
+        follows."""
+        self.overrides = overrides
+        new = self._log_settings()
+        old = self.log.settings
+        if new == old:
+            return
+        changed = {f: getattr(new, f) for f in new.__struct_fields__ if getattr(new, f) != getattr(old, f)}
+        log.info("%s-%d: settings changed: %s", self.ctx.topic, self.ctx.index,
+                 ", ".join(f"{k}={v}" for k, v in changed.items()))
+        self.log.update_settings(new)
+        if "retention_ms" in changed or "retention_bytes" in changed or "segment_ms" in changed:
+            self.on_tick(time.monotonic())
+
+    # -- DeleteRecords ------------------------------------------------------------------------------
+    @serves(ipc.DeleteRecordsRequest)
+    def _delete_records(self, req: ipc.DeleteRecordsRequest) -> ipc.DeleteRecordsResult:
+        """Kafka's Partition.deleteRecordsOnLeader: -1 means the high watermark; an offset past
+        it is OFFSET_OUT_OF_RANGE; one below the log start changes nothing. The answer is the
+        log start offset after it (the low watermark)."""
+        hw = self.log.log_end_offset
+        offset = hw if req.offset == -1 else req.offset
+        if offset < 0 or offset > hw:
+            return ipc.DeleteRecordsResult(
+                ErrorCode.offset_out_of_range, -1,
+                f"Cannot increment the log start offset to {offset} of partition "
+                f"{self.ctx.topic}-{self.ctx.index} since it is larger than the high watermark {hw}"
+                if offset > hw else f"The offset {offset} is not valid")
+        if self.log.delete_records(offset):
+            log.info("%s-%d: records below %d deleted (DeleteRecords)", self.ctx.topic,
+                     self.ctx.index, offset)
+            self._publish()
+        return ipc.DeleteRecordsResult(ErrorCode.none, self.log.log_start_offset)
 
     def wait_timeout(self, now: float) -> float:
         timeout = IDLE_WAIT_S
@@ -480,7 +543,10 @@ class PartitionWriter(Worker):
     def _publish(self, **extra) -> None:
         lg = self.log
         hw = lg.log_end_offset
-        self.page.publish(high_watermark=hw, last_stable_offset=self.psm.last_stable_offset(hw),
+        # Never below the log start (Kafka's maybeIncrementFirstUnstableOffset): DeleteRecords
+        # may move it past the start of an open transaction.
+        lso = max(self.psm.last_stable_offset(hw), lg.log_start_offset)
+        self.page.publish(high_watermark=hw, last_stable_offset=lso,
                           log_start_offset=lg.log_start_offset,
                           active_base_offset=lg.active_segment_base,
                           active_end_position=lg.active_end_position,

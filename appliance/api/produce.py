@@ -61,24 +61,24 @@ class _Refusals:
 _REFUSALS = _Refusals()
 
 
-def _max_bytes(cfg, info) -> int:
-    v = info.configs.get("max.message.bytes")
+def _max_bytes(cfg, configs) -> int:
+    v = configs.get("max.message.bytes")
     return int(v) if v is not None else cfg.log.message_max_bytes
 
 
-def _validate_records(cfg, info, topic: str, pd, header, max_bytes: int, now_ms: int) -> None:
+def _validate_records(cfg, configs, topic: str, pd, header, max_bytes: int, now_ms: int) -> None:
     """Kafka's LogValidator per-record rules (``record_contents``): framing, offset deltas,
     timestamps, compressed data inflated within ``decompressed_batch_max_factor`` times the
     topic's max.message.bytes. Raises the KafkaError the partition answers."""
     log = cfg.log
-    timestamp_type = info.configs.get("message.timestamp.type", log.message_timestamp_type)
+    timestamp_type = configs.get("message.timestamp.type", log.message_timestamp_type)
     # On a LogAppendTime topic the writer stamps the broker's clock: the producer's timestamps
     # are never checked (Kafka's validateTimestamp only looks at CreateTime).
     limit = log.message_timestamp_before_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
     after = log.message_timestamp_after_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
     validate_records(pd.records, header, max_bytes=max_bytes * log.decompressed_batch_max_factor,
                      now_ms=now_ms, before_ms=limit, after_ms=after,
-                     compacted="compact" in info.configs.get("cleanup.policy", ""),
+                     compacted="compact" in configs.get("cleanup.policy", ""),
                      topic_partition=f"{topic}-{pd.index}")
 
 
@@ -109,9 +109,11 @@ async def handle(ctx, req):
                 what = ProduceResult(int(ErrorCode.unknown_topic_or_partition))
             else:
                 try:
-                    max_bytes = _max_bytes(broker.cfg, info)
+                    # The topic's configs over the dynamic broker ones (live: AlterConfigs)
+                    configs = catalog.overrides(info)
+                    max_bytes = _max_bytes(broker.cfg, configs)
                     what = validate_batch(pd.records or b"", max_bytes, produce_version=ctx.version)
-                    _validate_records(broker.cfg, info, td.name, pd, what, max_bytes, now_ms)
+                    _validate_records(broker.cfg, configs, td.name, pd, what, max_bytes, now_ms)
                     transactional = transactional or what.is_transactional
                 except KafkaError as e:
                     what = ProduceResult(int(e.code), error_message=e.message)

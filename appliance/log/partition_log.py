@@ -60,6 +60,7 @@ from typing import Callable, Iterator, Literal, Mapping, NamedTuple
 
 import msgspec
 
+from appliance.catalog import LEADER_EPOCH
 from appliance.config import LogConfig
 from appliance.errors import CorruptRecord, ErrorCode, KafkaError
 from appliance.log.files import (CLEAN_SHUTDOWN_FILE, INDEX_SUFFIX, LOG_START_OFFSET_FILE,
@@ -73,7 +74,8 @@ from appliance.log.txn_index import AbortedTxn, TransactionIndex
 from appliance.log.txn_index import sane as txn_index_sane
 from appliance.protocol.records import (HEADER_SIZE, BatchHeader, build_control_batch,
                                         iter_batch_headers, parse_control_record, read_header,
-                                        set_base_offset, stamp_log_append_time)
+                                        set_base_offset, set_partition_leader_epoch,
+                                        stamp_log_append_time)
 
 __all__ = ["LogSettings", "AppendInfo", "PartitionLog", "AbortedTxn"]
 
@@ -347,6 +349,7 @@ class PartitionLog:
         if active.size and (not active.has_room(size, last) or self._time_to_roll(active, now_ms, max_ts)):
             active = self._roll(now_ms)
         set_base_offset(batch, base)
+        set_partition_leader_epoch(batch, LEADER_EPOCH)
         if log_append_time >= 0:
             stamp_log_append_time(batch, now_ms)
         try:
@@ -359,8 +362,8 @@ class PartitionLog:
         return AppendInfo(base, last, log_append_time, pos, active.base_offset)
 
     def append_control(self, producer_id: int, producer_epoch: int, commit: bool,
-                       coordinator_epoch: int, now_ms: int, *, partition_leader_epoch: int = 0
-                       ) -> AppendInfo:
+                       coordinator_epoch: int, now_ms: int, *,
+                       partition_leader_epoch: int = LEADER_EPOCH) -> AppendInfo:
         """Append a COMMIT or ABORT marker of ``producer_id``: the batch Kafka's leader writes for
         WriteTxnMarkers (MemoryRecords.withEndTransactionMarker: CreateTime with the broker's
         clock, transactional + control attributes, base sequence -1, one control record; the
@@ -506,6 +509,32 @@ class PartitionLog:
         self.segments_version += 1
         for seg in doomed:
             delete_segment_files(self.directory, seg.base_offset)
+        return True
+
+    def delete_records(self, offset: int) -> bool:
+        """Kafka's DeleteRecords (UnifiedLog.maybeIncrementLogStartOffset, ClientRecordDeletion):
+        move the log start offset up to ``offset`` (at most the log end; never backwards),
+        persisted before any file goes, then delete the sealed segments that lie wholly below
+        it; the active segment stays, even when the whole log is below the new start. Reads
+        below the new start answer OFFSET_OUT_OF_RANGE (the reader checks the published log
+        start). Returns whether the log start moved."""
+        if offset > self.log_end_offset:
+            raise ValueError(f"log start {offset} past the log end {self.log_end_offset}")
+        if offset <= self._log_start_offset:
+            return False
+        if self._rebuild_ix is not None:
+            self.finish_txn_index_rebuild()
+        write_checkpoint(os.path.join(self.directory, LOG_START_OFFSET_FILE), offset)
+        self._log_start_offset = offset
+        bases = [s.base_offset for s in self._sealed] + [self._active.base_offset]
+        n = 0
+        while n < len(self._sealed) and bases[n + 1] <= offset:
+            n += 1
+        if n:
+            doomed, self._sealed = self._sealed[:n], self._sealed[n:]
+            self.segments_version += 1
+            for seg in doomed:
+                delete_segment_files(self.directory, seg.base_offset)
         return True
 
     # -- lookups -----------------------------------------------------------------------------

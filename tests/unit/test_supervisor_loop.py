@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from appliance.catalog import Catalog
+from appliance.catalog import CatalogStore
 from appliance.config import Config, ServerConfig, SupervisorConfig
 from appliance.runtime import (EXIT_CRASH_LOOP, HEARTBEAT_FILE, RECOVERING, STOPPED, SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, WORKER_PAGE_FIELDS)
@@ -75,6 +76,9 @@ def sup(tmp_path, monkeypatch):
     s.topo = Topology(s.run_dir)
     s.hb = HeartbeatTable.create(os.path.join(s.run_dir, HEARTBEAT_FILE), 64)
     s.page = StatePage.create(s.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
+    os.makedirs(cfg.server.data_dir)
+    s.store = CatalogStore(cfg.server.data_dir)
+    s.store.load()
     yield s
     s.topo.close()
 

@@ -308,6 +308,15 @@ class Broker:
         return await self.call(ch, req,
                                timeout_s or self.cfg.server.internal_request_timeout_ms / 1000)
 
+    def partition_state(self, topic: TopicInfo, partition: int):
+        """The partition's state page as its writer last published it (high watermark, log
+        start, active segment...), or None when this frontend has no channel to it."""
+        ch = self.writers.get(writer_name(topic.topic_id, partition))
+        if ch is None:
+            self._sync_writers(self.catalog)
+            ch = self.writers.get(writer_name(topic.topic_id, partition))
+        return ch.page.read() if ch is not None else None
+
     async def call_supervisor(self, req: ipc.Request, timeout_s: float) -> ipc.Message:
         req_id = next(self._ids)
         fut = self._future(req_id, timeout_s, None)
