@@ -180,21 +180,43 @@ class CatalogStore:
             "topics": {t.name: {"id": uuid_to_kafka_str(t.topic_id), "partitions": t.partitions,
                                 "configs": t.configs} for t in catalog.topics.values()},
         }
-        atomic_write(os.path.join(self.data_dir, CATALOG_FILE),
-                     json.dumps(raw, indent=1, sort_keys=True).encode())
+        data = json.dumps(raw, indent=1, sort_keys=True).encode()
+        path = os.path.join(self.data_dir, CATALOG_FILE)
+        try:
+            atomic_write(path, data)
+        except OSError:
+            # Failed before the rename (ENOSPC, EIO): the old catalog stands, nothing changed.
+            # Failed after it (the directory's fsync): the new one is what a start would read,
+            # so it is the committed one, durable or not, as for any unsynced write.
+            try:
+                with open(path, "rb") as f:
+                    committed = f.read() == data
+            except OSError:
+                committed = False
+            if not committed:
+                raise
         self.catalog = catalog
 
     def add_topics(self, topics: Iterable[TopicInfo]) -> Catalog:
         """Create partition dirs, then commit the catalog (the commit point)."""
         new = dict(self.catalog.topics)
-        for t in topics:
-            for p in range(t.partitions):
-                d = partition_dir(self.data_dir, t.name, p)
-                os.makedirs(d, exist_ok=True)
-                atomic_write(os.path.join(d, "partition.metadata"),
-                             f"version: 0\ntopic_id: {uuid_to_kafka_str(t.topic_id)}\n".encode())
-            new[t.name] = t
-        self._save(Catalog(version=self.catalog.version + 1, topics=new))
+        made: list[str] = []
+        try:
+            for t in topics:
+                for p in range(t.partitions):
+                    d = partition_dir(self.data_dir, t.name, p)
+                    os.makedirs(d, exist_ok=True)
+                    made.append(d)
+                    atomic_write(os.path.join(d, "partition.metadata"),
+                                 f"version: 0\ntopic_id: {uuid_to_kafka_str(t.topic_id)}\n".encode())
+                new[t.name] = t
+            self._save(Catalog(version=self.catalog.version + 1, topics=new))
+        except OSError:
+            # Not committed: take the directories away now rather than at the next start's sweep
+            # (they hold blocks a full disk needs).
+            for d in made:
+                shutil.rmtree(d, ignore_errors=True)
+            raise
         return self.catalog
 
     def remove_topics(self, names: Iterable[str]) -> list[TopicInfo]:

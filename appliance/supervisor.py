@@ -128,6 +128,10 @@ class Supervisor:
         self._run_dir_made = False
         self.listener: socket.socket | None = None
         self.bound_port = 0
+        self._io_problems: dict[str, str] = {}
+        self._catalog_unpublished = False
+        self._start_writers: list[WorkerSpec] = []
+        self._start_others: list[WorkerSpec] = []
 
     # -- set-up ---------------------------------------------------------------------------------
     def _prepare_data_dir(self) -> None:
@@ -232,19 +236,34 @@ class Supervisor:
         self.store.load()
         self._prepare_run_dir()
         self.topo = Topology(self.run_dir)
-        self.hb = HeartbeatTable.create(os.path.join(self.run_dir, HEARTBEAT_FILE), HEARTBEAT_SLOTS)
-        self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
-        self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING, pid=os.getpid())
-        cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+        with self._runtime_dir_space("its shared memory files"):
+            self.hb = HeartbeatTable.create(os.path.join(self.run_dir, HEARTBEAT_FILE), HEARTBEAT_SLOTS)
+            self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
+            self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING,
+                              pid=os.getpid())
+            cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
         self._bind()
         small = self.cfg.shm.small_ring_bytes
-        for fe in self.frontends:
-            for fx in self.fetchers:
-                self._make_ring(fe, fx, small)
-                self._make_ring(fx, fe, small)
-            for peer in (SUPERVISOR, COORDINATOR):
-                self._make_ring(fe, peer, small)
-                self._make_ring(peer, fe, small)
+        with self._runtime_dir_space("the frontends' rings"):
+            for fe in self.frontends:
+                for fx in self.fetchers:
+                    self._make_ring(fe, fx, small)
+                    self._make_ring(fx, fe, small)
+                for peer in (SUPERVISOR, COORDINATOR):
+                    self._make_ring(fe, peer, small)
+                    self._make_ring(peer, fe, small)
+            # Every writer's rings and page, and every other worker's page, before any fork: a
+            # runtime dir too small for them stops the start here, with its own exit status.
+            self._start_writers = [self._add_writer(t, p) for t in self.store.catalog.topics.values()
+                                   for p in range(t.partitions)]
+            from workers.coordinator import main as coordinator_main
+            from workers.fetcher import main as fetcher_main
+            from workers.frontend import main as frontend_main
+            self._start_others = [self._add_worker("coordinator", COORDINATOR, 0, coordinator_main)]
+            self._start_others += [self._add_worker("fetcher", name, i, fetcher_main)
+                                   for i, name in enumerate(self.fetchers)]
+            self._start_others += [self._add_worker("frontend", name, i, frontend_main)
+                                   for i, name in enumerate(self.frontends)]
         self.bells = BellSender()
         self.mailbox = Mailbox(self.topo, SUPERVISOR)
         for fe in self.frontends:
@@ -256,6 +275,20 @@ class Supervisor:
 
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
+
+    @contextlib.contextmanager
+    def _runtime_dir_space(self, what: str):
+        """At start: a runtime dir (tmpfs) without room for ``what`` is a start failure with the
+        runtime dir's exit status, not a traceback (every shm file gets its blocks when made)."""
+        try:
+            yield
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            raise RuntimeDirUnusable(
+                f"runtime dir {self.run_dir} (server.runtime_dir) has no room for {what}: "
+                f"{e.strerror}; make its file system larger (rings take shm.produce_ring_bytes "
+                f"per frontend and partition) or free it") from None
 
     # -- worker table ---------------------------------------------------------------------------
     def _add_worker(self, role: str, name: str, index: int, entry, topic=None) -> WorkerSpec:
@@ -272,13 +305,18 @@ class Supervisor:
     def _add_writer(self, topic: cat.TopicInfo, partition: int) -> WorkerSpec:
         from workers.partition_writer import main as writer_main
         name = writer_name(topic.topic_id, partition)
-        for fe in self.frontends:
-            self._make_ring(fe, name, self.cfg.shm.produce_ring_bytes)
-            self._make_ring(name, fe, self.cfg.shm.small_ring_bytes)
-        self._make_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
-        self._make_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
+        try:
+            for fe in self.frontends:
+                self._make_ring(fe, name, self.cfg.shm.produce_ring_bytes)
+                self._make_ring(name, fe, self.cfg.shm.small_ring_bytes)
+            self._make_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
+            self._make_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
+            page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
+        except OSError:
+            self.topo.remove_endpoint(name)     # what was made of it (ENOSPC on a full tmpfs)
+            raise
         spec = self._add_worker("writer", name, partition, writer_main, topic)
-        spec.page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
+        spec.page = page
         return spec
 
     def _context(self, spec: WorkerSpec) -> WorkerContext:
@@ -339,9 +377,25 @@ class Supervisor:
                  "topic": s.topic.name if s.topic else None,
                  "partition": s.index if s.role == "writer" else None}
                 for s in self.workers.values()]
-        atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
+        try:
+            atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
                          json.dumps({"supervisor": os.getpid(), "port": self.bound_port,
                                      "workers": rows}).encode(), sync=False)
+        except OSError as e:
+            # For operators and tools only: a full runtime dir leaves the last one in place.
+            self._io_trouble("processes", f"{PROCESSES_FILE} not written: {e}")
+        else:
+            self._io_trouble("processes", None)
+
+    def _io_trouble(self, what: str, problem: str | None) -> None:
+        """Log a failing write once, and once more when it works again (not every turn)."""
+        before = self._io_problems.get(what)
+        if problem is not None and before is None:
+            log.warning("%s", problem)
+            self._io_problems[what] = problem
+        elif problem is None and before is not None:
+            log.info("%s: written again", what)
+            del self._io_problems[what]
 
     # -- signals ----------------------------------------------------------------------------------
     def _install_signals(self) -> None:
@@ -376,10 +430,9 @@ class Supervisor:
                  self.data_dir, self.cfg.listen_host, self.bound_port, len(self.frontends),
                  len(self.fetchers))
         try:
-            for t in self.store.catalog.topics.values():
-                for p in range(t.partitions):
-                    self._spawn(self._add_writer(t, p))
-            if not self._wait_writers_ready([s for s in self.workers.values() if s.role == "writer"]):
+            for spec in self._start_writers:
+                self._spawn(spec)
+            if not self._wait_writers_ready(self._start_writers):
                 return self._finish()
             # Import the handlers and warm the codec tables once, before forking frontends, so
             # every frontend shares them (pre-fork) instead of paying the import itself.
@@ -387,14 +440,8 @@ class Supervisor:
             from appliance.protocol.messages import preload
             load_handlers()
             preload(api_ranges())
-            from workers.coordinator import main as coordinator_main
-            from workers.fetcher import main as fetcher_main
-            from workers.frontend import main as frontend_main
-            self._spawn(self._add_worker("coordinator", COORDINATOR, 0, coordinator_main))
-            for i, name in enumerate(self.fetchers):
-                self._spawn(self._add_worker("fetcher", name, i, fetcher_main))
-            for i, name in enumerate(self.frontends):
-                self._spawn(self._add_worker("frontend", name, i, frontend_main))
+            for spec in self._start_others:
+                self._spawn(spec)
             self.page.publish(status=READY)
             log.info("appliance ready on %s:%d", self.cfg.listen_host, self.bound_port)
             sd_notify("READY=1")
@@ -430,6 +477,8 @@ class Supervisor:
             if box.queued:
                 box.flush()
         if not self.stopping:
+            if self._catalog_unpublished:
+                self._publish_catalog()
             self._serve_admin()
             self._check_pending()
             self._murder_stale()
@@ -575,25 +624,43 @@ class Supervisor:
                                                error_message=e.message))
         writers: list[WorkerSpec] = []
         if accepted and not req.validate_only:
+            # The new writers' rings and pages first (they get their memory when made), then the
+            # commit: a runtime dir or a data dir without room refuses the topics, as Kafka refuses
+            # a write to a full log dir, and leaves nothing behind.
+            problem = None
             try:
-                self.store.add_topics(accepted)
+                for t in accepted:
+                    for p in range(t.partitions):
+                        writers.append(self._add_writer(t, p))
             except OSError as e:
-                if e.errno not in NO_SPACE:
-                    raise
-                # Not committed (the sweep at the next start removes its directories); a full
-                # disk is refused as Kafka refuses a write to a full log dir.
-                accepted = []
+                problem = f"the runtime dir has no room for the new partitions' rings: {e.strerror}"
+            if problem is None:
+                try:
+                    self.store.add_topics(accepted)
+                except OSError as e:
+                    problem = f"the data dir cannot commit the catalog: {e.strerror}"
+            if problem is not None:
+                log.error("CreateTopics %s refused: %s", [t.name for t in accepted], problem)
+                for spec in writers:
+                    self._forget_worker(spec)
+                writers = []
                 results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
-                                           error_message="the data dir's file system is full")
+                                           error_message=problem)
                            if r.error_code == 0 else r for r in results]
-            for t in accepted:
-                for p in range(t.partitions):
-                    spec = self._add_writer(t, p)
-                    self._spawn(spec)
-                    writers.append(spec)
+            for spec in writers:
+                self._spawn(spec)
         self.pending_creates.append(PendingCreate(respond, results, writers,
                                                   time.monotonic() + 60.0))
         self._check_pending()
+
+    def _forget_worker(self, spec: WorkerSpec) -> None:
+        """Remove a worker that is not running from the table, with its runtime-dir files."""
+        if spec.page is not None:
+            spec.page.close()
+            spec.page = None
+        self.topo.remove_endpoint(spec.name)
+        if self.workers.pop(spec.name, None) is not None:
+            self.free_slots.append(spec.heartbeat_slot)
 
     @serves(cat.DeleteTopicsRequest, late=True)
     def _delete_topics(self, req: cat.DeleteTopicsRequest, respond: Responder) -> None:
@@ -632,11 +699,10 @@ class Supervisor:
             try:
                 return self.store.remove_topics(names)
             except OSError as e:
-                if e.errno not in NO_SPACE:
-                    raise
-                if attempt == 2 or not self.reserve.release("DeleteTopics needs room"):
+                if e.errno not in NO_SPACE or attempt == 2 \
+                        or not self.reserve.release("DeleteTopics needs room"):
+                    log.error("DeleteTopics %s: the catalog cannot be written: %s", names, e)
                     break
-        log.error("DeleteTopics %s: the data dir's file system is full", names)
         return []
 
     def _check_pending(self) -> None:
@@ -670,16 +736,31 @@ class Supervisor:
                 self.topo.remove_endpoint(s.name)
                 self.workers.pop(s.name, None)
                 self.free_slots.append(s.heartbeat_slot)
-            for t in pd.topics:
-                self.store.delete_dirs(t)
-            if pd.topics:
-                self.reserve.restore(need_free=self.reserve.size)
+            try:
+                for t in pd.topics:
+                    self.store.delete_dirs(t)
+                if pd.topics:
+                    self.reserve.restore(need_free=self.reserve.size)
+            except OSError as e:
+                # Committed: the sweep at the next start removes what is left of the directories.
+                log.error("DeleteTopics: removing the deleted topics' files failed: %s", e)
             self._write_processes()
             pd.respond(cat.TopicsResult(pd.results))
         self.pending_deletes = still_d
 
     def _publish_catalog(self) -> None:
-        cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+        """Publish the committed catalog to the workers. On a full runtime dir the workers keep
+        the previous one (the version on the page moves only with the file) and every turn
+        tries again."""
+        try:
+            cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+        except OSError as e:
+            self._catalog_unpublished = True
+            self._io_trouble("catalog", f"catalog version {self.store.catalog.version} not "
+                                        f"published to the workers: {e}")
+            return
+        self._catalog_unpublished = False
+        self._io_trouble("catalog", None)
         self.page.publish(catalog_version=self.store.catalog.version)
 
     def _reply(self, dst: str, req_id: int, body: ipc.Message) -> None:
