@@ -113,6 +113,7 @@ class PartitionWriter(Worker):
         self.verify_reqs: dict[int, int] = {}                      # request id -> producer id
         self._ids = itertools.count(((self.gen & 0xFFFF) << 40) | 1)
         self.dirty = False                   # something to publish this turn
+        self._tick_problem: str | None = None
         self.serve(self, on_answer=self._verified)
 
     def inputs(self) -> list[str]:
@@ -195,11 +196,28 @@ class PartitionWriter(Worker):
         self._flush_and_reply()
 
     def on_tick(self, now: float) -> None:
-        changed = self.log.enforce_retention(_now_ms())
-        changed = self.log.maybe_roll(_now_ms()) or changed
+        changed = False
+        try:
+            changed = self.log.enforce_retention(_now_ms())
+            changed = self.log.maybe_roll(_now_ms()) or changed
+        except OSError as e:
+            # A full disk (or a failed checkpoint write): retention and the time-based roll are
+            # tried again at the next tick; appends meanwhile answer KAFKA_STORAGE_ERROR.
+            self._tick_trouble(str(e))
+        else:
+            self._tick_trouble(None)
         self.psm.expire(_now_ms())
         if changed:
             self._publish()
+
+    def _tick_trouble(self, problem: str | None) -> None:
+        """Log a failing retention/roll once, and once when it works again."""
+        if problem is not None and self._tick_problem is None:
+            log.warning("%s-%d: retention or time-based roll failed (tried again each tick): %s",
+                        self.ctx.topic, self.ctx.index, problem)
+        elif problem is None and self._tick_problem is not None:
+            log.info("%s-%d: retention and rolls work again", self.ctx.topic, self.ctx.index)
+        self._tick_problem = problem
 
     def wait_timeout(self, now: float) -> float:
         timeout = IDLE_WAIT_S
@@ -388,15 +406,24 @@ class PartitionWriter(Worker):
                                            m.coordinator_epoch, now_ms)
         except KafkaError as e:
             return e.code, 0
-        done = self.psm.complete_txn(m.producer_id, m.producer_epoch, m.coordinator_epoch,
-                                     info.base_offset, not m.commit, now_ms)
+        if not m.commit:
+            # The aborted-transaction entry, before the LSO moves past the marker (published at
+            # the end of this turn) and before the producer's state takes the marker: if the
+            # disk cannot take it, the marker is taken back out of the log and the coordinator,
+            # answered KAFKA_STORAGE_ERROR, sends it again (Kafka's marker channel retries it).
+            first, lso = self.psm.preview_completion(m.producer_id, info.base_offset,
+                                                     self.log.log_end_offset)
+            try:
+                self.log.append_aborted(AbortedTxn(m.producer_id, first, info.last_offset, lso))
+            except OSError as e:
+                log.warning("%s-%d: abort marker of producer %d not written: %s", self.ctx.topic,
+                            self.ctx.index, m.producer_id, e)
+                self.log.undo_control(info)
+                return ErrorCode.kafka_storage_error, 0
+        self.psm.complete_txn(m.producer_id, m.producer_epoch, m.coordinator_epoch,
+                              info.base_offset, not m.commit, now_ms)
         if m.producer_id in self.fenced and self.fenced[m.producer_id] <= m.producer_epoch:
             del self.fenced[m.producer_id]          # the marker's epoch fences it from now on
-        if done.aborted:
-            # Written before the LSO moves past the marker (published at the end of this turn).
-            self.log.append_aborted(AbortedTxn(
-                done.producer_id, done.first_offset, done.last_offset,
-                self.psm.last_stable_offset(self.log.log_end_offset)))
         self.dirty = True
         return ErrorCode.none, info.last_offset + 1
 
