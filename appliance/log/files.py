@@ -35,7 +35,7 @@ __all__ = [
     "LOG_START_OFFSET_FILE", "RECOVERY_POINT_FILE", "CLEAN_SHUTDOWN_FILE",
     "segment_name", "log_path", "index_path", "timeindex_path", "txnindex_path",
     "list_segment_bases",
-    "fsync_dir", "atomic_write", "write_tmp_copies", "allocate", "read_checkpoint",
+    "fsync_dir", "atomic_write", "write_tmp_copies", "allocate", "grow_file", "read_checkpoint",
     "write_checkpoint", "NO_SPACE", "is_no_space",
 ]
 
@@ -94,6 +94,27 @@ def list_segment_bases(directory: str, suffix: str = LOG_SUFFIX) -> list[int]:
             out.append(base)
     out.sort()
     return out
+
+
+def grow_file(fd: int, size: int, want: int, need: int) -> int:
+    """Give a file whose first ``size`` bytes have their blocks more of them: up to ``want``
+    bytes, or, when the file system has not that much left, at least up to ``need``; returns the
+    file's new size (every byte below it has its blocks). OSError (ENOSPC) when not even
+    ``need`` fits; the file keeps whatever size it had then (ext4 keeps what it allocated)."""
+    error: OSError | None = None
+    for target in ((want, need) if need < want else (want,)):
+        try:
+            allocate(fd, target - size, size)
+            return target
+        except OSError as e:
+            if not is_no_space(e):
+                raise
+            size = max(size, os.fstat(fd).st_size)
+            if size >= need:
+                return size
+            error = e
+    assert error is not None
+    raise error
 
 
 def fsync_dir(directory: str) -> None:

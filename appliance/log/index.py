@@ -36,7 +36,7 @@ import os
 import struct
 import sys
 
-from appliance.log.files import allocate, atomic_write
+from appliance.log.files import allocate, atomic_write, grow_file
 
 __all__ = ["CorruptIndex", "OffsetIndex", "TimeIndex", "encode_offset_entries", "encode_time_entries"]
 
@@ -141,19 +141,21 @@ class _Index:
 
     def reserve(self) -> None:
         """Make sure the next entry, and one free slot after it, have their blocks (writer).
-        OSError (ENOSPC) when the file system has no room; nothing changes then."""
+        OSError (ENOSPC) when the file system has no room for the next entry."""
         if self._n + 1 >= self._alloc and self._alloc < self.max_entries:
-            self._grow(min(self.max_entries,
-                           max(self._n + 2, self._alloc + INDEX_GROW_BYTES // self.ENTRY_SIZE)))
+            need = min(self.max_entries, self._n + 2)
+            want = min(self.max_entries, max(need, self._alloc + INDEX_GROW_BYTES // self.ENTRY_SIZE))
+            e = self.ENTRY_SIZE
+            try:
+                grow_file(self._fd, self._alloc * e, want * e, need * e)
+            finally:
+                got = os.fstat(self._fd).st_size // e       # ext4 keeps what it allocated
+                if got > self._alloc:
+                    self._map_entries(self._fd, got)
+                    self._alloc = got
+                    self.file_size = got * e
         if self._n >= self._alloc:
             raise OSError(errno.ENOSPC, f"no room in {self.path} for another entry")
-
-    def _grow(self, count: int) -> None:
-        e = self.ENTRY_SIZE
-        allocate(self._fd, (count - self._alloc) * e, self._alloc * e)
-        self._map_entries(self._fd, count)
-        self._alloc = count
-        self.file_size = count * e
 
     def _follow_growth(self) -> None:
         """Reader whose map holds only written entries: remap if the writer grew the file; once

@@ -43,7 +43,7 @@ import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from appliance.log.files import (allocate, atomic_write, fsync_dir, index_path, log_path,
+from appliance.log.files import (atomic_write, fsync_dir, grow_file, index_path, log_path,
                                  timeindex_path, txnindex_path, write_tmp_copies)
 from appliance.log.index import (CorruptIndex, OffsetIndex, TimeIndex, encode_offset_entries,
                                  encode_time_entries)
@@ -360,13 +360,13 @@ class LogSegment:
     # -- the file's blocks -------------------------------------------------------------------
     def _grow(self, end: int) -> None:
         """Give the .log its blocks up to at least ``end`` (SEGMENT_GROW_BYTES ahead, within the
-        segment's size). Readers map the file's size, so every byte they could touch has its
-        blocks; a full disk is this ENOSPC, before anything of the batch is written."""
+        segment's size, or just ``end`` when the disk has no more). Readers map the file's size,
+        so every byte they could touch has its blocks; a full disk is this ENOSPC, before
+        anything of the batch is written."""
         if end <= self.capacity:
             return
         target = max(end, min(self.capacity + SEGMENT_GROW_BYTES, self._limit))
-        allocate(self._fd, target - self.capacity, self.capacity)
-        self.capacity = target
+        self.capacity = grow_file(self._fd, self.capacity, target, end)
 
     # -- appending ---------------------------------------------------------------------------
     def has_room(self, size: int, last_offset: int) -> bool:
