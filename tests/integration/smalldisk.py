@@ -112,7 +112,7 @@ def fill(path: str, leave: int = 0) -> int:
     got = os.fstat(fd).st_size
     try:
         chunk = max(free_bytes(path) - leave, 0)
-        while chunk >= 4096:
+        while chunk >= 512:          # down to the last block (1 KiB on a small ext4)
             try:
                 os.posix_fallocate(fd, got, chunk)
                 got += chunk

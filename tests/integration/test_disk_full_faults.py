@@ -96,16 +96,16 @@ def _committed(raw: RawClient, group: str, topic: str) -> int:
 
 
 def _init_until_refused(raw: RawClient, limit: int = 400):
-    """InitProducerId for new transactional ids of 30,000 characters until the transaction log
+    """InitProducerId for new transactional ids of 10,000 characters until the transaction log
     refuses one: (the ids stored, the refused id, its error code)."""
     stored = []
     for i in range(limit):
-        txn_id = f"full-{i:04d}-" + "t" * 30000
+        txn_id = f"full-{i:04d}-" + "t" * 10000
         r = init_pid(raw, txn_id)
         if r.error_code != NONE:
             return stored, txn_id, r.error_code
         stored.append(txn_id)
-    pytest.fail(f"{limit} InitProducerId of 30 KB ids were all stored on a full disk")
+    pytest.fail(f"{limit} InitProducerId of 10 KB ids were all stored on a full disk")
 
 
 def test_full_data_disk_answers_kafka_storage_error_and_kills_no_process(small_fs, appliance_factory):
@@ -160,8 +160,15 @@ def test_full_data_disk_answers_kafka_storage_error_and_kills_no_process(small_f
     # goes to a file of the operator's, so that even the smallest batch finds no room.
     left = free_bytes(small_fs)
     assert left < 2 * MiB, f"{left} bytes free"
+    with RawClient(app.bootstrap) as raw:
+        # One more small record still fits; then the disk is full with it in the active segment,
+        # which segment.ms rolls two seconds later: a roll that finds no room.
+        assert produce(raw, "fill", 0, build_batch([Record(key=None, value=b"small-one")])).error_code == NONE
     fill_rest(small_fs)
     assert disk_full(small_fs)
+    app.wait_for(lambda: "time-based roll failed" in app.log_text() or _pids(app) != pids,
+                 timeout=30, what="the time-based roll on the full disk")
+    assert _pids(app) == pids
 
     # The broker's own answer, at the wire: KAFKA_STORAGE_ERROR for the partition. (A small batch
     # may still fit the blocks the segment was given ahead of its appends; a batch of nearly a
