@@ -5,14 +5,21 @@ of every worker), the listening socket, the runtime directory with every shm fil
 (``appliance.catalog.CatalogStore``) and the data-dir lock.
 
 Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
-loop dispatches queued signals, serves admin requests (CreateTopics/DeleteTopics from frontends),
+loop dispatches queued signals, serves admin requests (CreateTopics/DeleteTopics from frontends:
+``appliance.topic_admin``),
 reaps dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker
 that restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
 reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
 
+I/O errors never stop the supervisor: a catalog commit that fails answers CreateTopics/DeleteTopics
+KAFKA_STORAGE_ERROR with the old catalog in place, a runtime dir (tmpfs) without room for a new
+topic's rings refuses it the same way, and the files kept only for tools (processes.json) or
+republished every turn (the published catalog) are logged once when they cannot be written.
+
 Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give
-back the disk reserve if the disk is full, load the catalog, create the runtime dir and every ring, bind the listening
-socket, fork the writers and wait for them to recover, then fork coordinator, fetchers, frontends,
+back the disk reserve if the disk is full, load the catalog, create the runtime dir and every ring
+and page (every shm file gets its memory when made: a runtime dir without room exits 7), bind the
+listening socket, fork the writers and wait for them to recover, then fork coordinator, fetchers, frontends,
 then notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
 requests), then writers (flush, close segments cleanly), fetchers and the coordinator.
 """
@@ -40,9 +47,7 @@ from shm.statepage import StatePage
 from shm.topology import Mailbox, Outbox, Topology
 
 from . import catalog as cat
-from . import ipc
 from .config import Config
-from .errors import ErrorCode, KafkaError
 from .log.files import TMP_SUFFIX, atomic_write
 from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
                       EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
@@ -51,10 +56,10 @@ from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXI
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
                       fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
                       writer_name)
-from .service import Registry, Responder, serves
+from .service import Registry
 from .startup import (NO_SPACE, DataDirUnusable, DiskReserve, RuntimeDirUnusable, StartFailure,
                       bind_listener, is_runtime_dir)
-from .topic_config import validate_topic_configs
+from .topic_admin import PendingCreate, PendingDelete, TopicAdmin
 
 log = logging.getLogger("appliance.supervisor")
 
@@ -76,22 +81,6 @@ class WorkerSpec:
     page: StatePage | None = None
 
 
-@dataclass
-class PendingCreate:
-    respond: Responder
-    results: list[cat.TopicResult]
-    writers: list[WorkerSpec]
-    deadline: float
-
-
-@dataclass
-class PendingDelete:
-    respond: Responder
-    results: list[cat.TopicResult]
-    writers: list[WorkerSpec]
-    topics: list[cat.TopicInfo]
-
-
 def _kill(pid: int | None, sig: int) -> None:
     if pid:
         try:
@@ -100,7 +89,7 @@ def _kill(pid: int | None, sig: int) -> None:
             pass
 
 
-class Supervisor:
+class Supervisor(TopicAdmin):
     # The system calls and clocks the loop uses, as attributes so that tests drive the restart
     # and heartbeat rules without forking (as pre-fork servers test their arbiters).
     fork = staticmethod(os.fork)
@@ -576,198 +565,6 @@ class Supervisor:
     def _writer_ready(self, spec: WorkerSpec) -> bool:
         st = spec.page.read()
         return spec.pid is not None and st.generation == spec.generation and st.status == READY
-
-    # -- admin requests (frontends -> supervisor) -----------------------------------------------
-    def _serve_admin(self) -> None:
-        for src, ring in self.mailbox.inputs.items():
-            while (raw := ring.get()) is not None:
-                self.registry.handle(src, raw)
-
-    @serves(cat.CreateTopicsRequest, late=True)
-    def _create_topics(self, req: cat.CreateTopicsRequest, respond: Responder) -> None:
-        """Answered once the new writers are READY (or after 60 s)."""
-        results: list[cat.TopicResult] = []
-        accepted: list[cat.TopicInfo] = []
-        current = self.store.catalog
-        total = current.partition_count()
-        seen: set[str] = set()
-        for nt in req.topics:
-            try:
-                if nt.name in seen:
-                    raise KafkaError(ErrorCode.invalid_request,
-                                     f"Duplicate topic name {nt.name} in CreateTopics")
-                seen.add(nt.name)
-                cat.check_topic_name(nt.name)
-                if nt.name in cat.INTERNAL_TOPICS:
-                    raise KafkaError(ErrorCode.invalid_topic_exception,
-                                     f"{nt.name} is an internal topic of the appliance")
-                if nt.name in current.topics:
-                    raise KafkaError(ErrorCode.topic_already_exists,
-                                     f"Topic '{nt.name}' already exists.")
-                parts = nt.num_partitions if nt.num_partitions != -1 else self.cfg.topics.default_partitions
-                if parts <= 0:
-                    raise KafkaError(ErrorCode.invalid_partitions,
-                                     "Number of partitions must be larger than 0.")
-                if total + parts > self.cfg.topics.max_partitions:
-                    raise KafkaError(ErrorCode.policy_violation,
-                                     f"Creating {parts} partitions would exceed topics.max_partitions "
-                                     f"= {self.cfg.topics.max_partitions}")
-                configs = validate_topic_configs(dict(nt.configs))
-                info = cat.TopicInfo(name=nt.name, topic_id=cat.new_topic_id(), partitions=parts,
-                                     configs=configs)
-                total += parts
-                accepted.append(info)
-                results.append(cat.TopicResult(name=nt.name, error_code=0, topic_id=info.topic_id,
-                                               num_partitions=parts, configs=configs))
-            except KafkaError as e:
-                results.append(cat.TopicResult(name=nt.name, error_code=int(e.code),
-                                               error_message=e.message))
-        writers: list[WorkerSpec] = []
-        if accepted and not req.validate_only:
-            # The new writers' rings and pages first (they get their memory when made), then the
-            # commit: a runtime dir or a data dir without room refuses the topics, as Kafka refuses
-            # a write to a full log dir, and leaves nothing behind.
-            problem = None
-            try:
-                for t in accepted:
-                    for p in range(t.partitions):
-                        writers.append(self._add_writer(t, p))
-            except OSError as e:
-                problem = f"the runtime dir has no room for the new partitions' rings: {e.strerror}"
-            if problem is None:
-                try:
-                    self.store.add_topics(accepted)
-                except OSError as e:
-                    problem = f"the data dir cannot commit the catalog: {e.strerror}"
-            if problem is not None:
-                log.error("CreateTopics %s refused: %s", [t.name for t in accepted], problem)
-                for spec in writers:
-                    self._forget_worker(spec)
-                writers = []
-                results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
-                                           error_message=problem)
-                           if r.error_code == 0 else r for r in results]
-            for spec in writers:
-                self._spawn(spec)
-        self.pending_creates.append(PendingCreate(respond, results, writers,
-                                                  time.monotonic() + 60.0))
-        self._check_pending()
-
-    def _forget_worker(self, spec: WorkerSpec) -> None:
-        """Remove a worker that is not running from the table, with its runtime-dir files."""
-        if spec.page is not None:
-            spec.page.close()
-            spec.page = None
-        self.topo.remove_endpoint(spec.name)
-        if self.workers.pop(spec.name, None) is not None:
-            self.free_slots.append(spec.heartbeat_slot)
-
-    @serves(cat.DeleteTopicsRequest, late=True)
-    def _delete_topics(self, req: cat.DeleteTopicsRequest, respond: Responder) -> None:
-        """Answered once the writers have stopped and the directories are gone."""
-        results: list[cat.TopicResult] = []
-        names: list[str] = []
-        for name in req.names:
-            t = self.store.catalog.topics.get(name)
-            if t is None:
-                results.append(cat.TopicResult(name=name, error_code=int(ErrorCode.unknown_topic_or_partition),
-                                               error_message="This server does not host this topic."))
-            else:
-                names.append(name)
-                results.append(cat.TopicResult(name=name, error_code=0, topic_id=t.topic_id))
-        removed = self._remove_topics(names) if names else []
-        if names and not removed:
-            results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
-                                       error_message="the data dir's file system is full")
-                       if r.error_code == 0 else r for r in results]
-        self._publish_catalog()
-        writers = []
-        for t in removed:
-            for p in range(t.partitions):
-                spec = self.workers[writer_name(t.topic_id, p)]
-                spec.removed = True
-                if spec.pid is not None:
-                    self.kill(spec.pid, signal.SIGTERM)
-                writers.append(spec)
-        self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
-        self._check_pending()
-
-    def _remove_topics(self, names: list[str]) -> list[cat.TopicInfo]:
-        """Commit a DeleteTopics; on a full disk the reserve gives the catalog its room (the
-        delete is what frees the disk). Nothing removed when even that fails."""
-        for attempt in (1, 2):
-            try:
-                return self.store.remove_topics(names)
-            except OSError as e:
-                if e.errno not in NO_SPACE or attempt == 2 \
-                        or not self.reserve.release("DeleteTopics needs room"):
-                    log.error("DeleteTopics %s: the catalog cannot be written: %s", names, e)
-                    break
-        return []
-
-    def _check_pending(self) -> None:
-        now = time.monotonic()
-        still = []
-        publish = False
-        done: list[PendingCreate] = []
-        for pc in self.pending_creates:
-            if all(self._writer_ready(s) for s in pc.writers):
-                publish = publish or bool(pc.writers)
-                done.append(pc)
-            elif now > pc.deadline:
-                pc.results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.request_timed_out),
-                                              error_message="partition writers did not start in time")
-                              if r.error_code == 0 else r for r in pc.results]
-                publish = True
-                done.append(pc)
-            else:
-                still.append(pc)
-        self.pending_creates = still
-        if publish:
-            self._publish_catalog()
-        for pc in done:
-            pc.respond(cat.TopicsResult(pc.results))
-        still_d = []
-        for pd in self.pending_deletes:
-            if any(s.pid is not None for s in pd.writers):
-                still_d.append(pd)
-                continue
-            for s in pd.writers:
-                self.topo.remove_endpoint(s.name)
-                self.workers.pop(s.name, None)
-                self.free_slots.append(s.heartbeat_slot)
-            try:
-                for t in pd.topics:
-                    self.store.delete_dirs(t)
-                if pd.topics:
-                    self.reserve.restore(need_free=self.reserve.size)
-            except OSError as e:
-                # Committed: the sweep at the next start removes what is left of the directories.
-                log.error("DeleteTopics: removing the deleted topics' files failed: %s", e)
-            self._write_processes()
-            pd.respond(cat.TopicsResult(pd.results))
-        self.pending_deletes = still_d
-
-    def _publish_catalog(self) -> None:
-        """Publish the committed catalog to the workers. On a full runtime dir the workers keep
-        the previous one (the version on the page moves only with the file) and every turn
-        tries again."""
-        try:
-            cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
-        except OSError as e:
-            self._catalog_unpublished = True
-            self._io_trouble("catalog", f"catalog version {self.store.catalog.version} not "
-                                        f"published to the workers: {e}")
-            return
-        self._catalog_unpublished = False
-        self._io_trouble("catalog", None)
-        self.page.publish(catalog_version=self.store.catalog.version)
-
-    def _reply(self, dst: str, req_id: int, body: ipc.Message) -> None:
-        # A full ring (a slow or restarting frontend) queues the reply; every turn retries it.
-        box = self.outboxes[dst]
-        box.post(ipc.encode(req_id, body))
-        box.flush()
 
     # -- stopping -------------------------------------------------------------------------------
     def _begin_stop(self) -> None:
