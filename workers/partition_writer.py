@@ -19,6 +19,12 @@ transaction on this partition is parked, with every later batch of that producer
 coordinator confirms (KIP-890 part 1: verify only) or performs (part 2, Produce v12: implicit add)
 that the partition belongs to the producer's transaction. A marker arriving meanwhile voids the
 confirmation (the race guard), and the batch is refused with INVALID_TXN_STATE.
+
+A full disk (issue 17): appends answer KAFKA_STORAGE_ERROR and leave the log and the producer
+state as they were; retention and time-based rolls that fail are tried again every tick; an
+abort marker is indexed before the producer state takes it and taken back out of the log when its
+index entry cannot be written. Only what leaves durability unknown (a failed fsync, the flusher's
+error, ``LogDirFailure``) stops the writer, whose recovery then decides.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ these files) and by readers (fetchers, frontends), which only list and open them
 
 A partition directory, Kafka's layout plus three small files of our own::
 
-    00000000000000000000.log        record batches, preallocated (sparse) while active
+    00000000000000000000.log        record batches (given blocks ahead of the appends while active)
     00000000000000000000.index      offset index: [u32 relative offset, u32 position] * n
     00000000000000000000.timeindex  time index:   [i64 timestamp, u32 relative offset] * n
     00000000000000000000.txnindex   aborted transactions whose ABORT marker is in this segment

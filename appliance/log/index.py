@@ -1,8 +1,8 @@
 """Kafka's offset and time indexes of one log segment, as memory maps.
 
-The partition writer opens the active segment's indexes writable (preallocated to
-``log.segment_index_bytes``, sparse) and appends; fetchers and the writer's own timestamp lookups
-open them read-only. Formats and lookup semantics are Kafka's (OffsetIndex, TimeIndex,
+The partition writer opens the active segment's indexes writable (up to
+``log.segment_index_bytes``, the file given its blocks a step at a time, see "the file's blocks"
+below) and appends; fetchers and the writer's own timestamp lookups open them read-only. Formats and lookup semantics are Kafka's (OffsetIndex, TimeIndex,
 AbstractIndex); values are big-endian::
 
     offset index, 8 bytes per entry           time index, 12 bytes per entry
@@ -14,7 +14,7 @@ An offset-index entry maps the *last* offset of a batch to the position where th
 ``(t, o)`` says "the largest timestamp up to offset o is t"; ``lookup(t)`` returns the greatest
 entry with timestamp <= t (or ``(-1, base)``). Entries are strictly increasing.
 
-How a reader knows how many entries are valid without trusting the preallocated zeros:
+How a reader knows how many entries are valid without trusting the zeros of unwritten slots:
 every entry has a *commit word* (marked above) that is never 0 in a written entry - an offset
 entry's position is never 0 (Kafka's rule adds the first entry only after index.interval.bytes
 have gone by, so the batch at position 0 is never indexed), and a time entry other than the first

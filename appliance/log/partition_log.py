@@ -25,7 +25,7 @@ Opening (Kafka's LogLoader semantics):
      index sanity checks and a header walk of their tail, and recovered if that fails;
   5. if the log end is below the log start offset (files lost), start over empty at the log start
      offset; with no segment at all, create one there;
-  6. remove the marker, re-extend the active segment's files, and go.
+  6. remove the marker, give the active segment's files their blocks again, and go.
 
 Aborted-transaction index (``.txnindex``, see ``txn_index.py``): the writer appends an entry with
 ``append_aborted`` right after the ABORT marker it belongs to (``append_control``) and before it
@@ -47,6 +47,14 @@ A crash at any instant leaves a state this recovers from: an append is torn at w
 it); a roll seals the old segment completely (trimmed and fsynced) before it creates the new
 files and then advances the recovery point, so at most the last two segments need a scan; a
 retention delete persists the new log start offset before unlinking anything.
+
+A full disk changes nothing that was appended and stops nothing: an append, or a roll, that finds
+no room raises KAFKA_STORAGE_ERROR with the log as it was (``segment.py``), and is tried again by
+the next append, so produce resumes by itself once space is freed. What only saves work at the
+next recovery is skipped on a full disk (the producer snapshot of a roll, the recovery-point and
+log-start checkpoints: stale, they err on the safe side), and retention deletes anyway, since it
+is what frees the disk. A marker whose aborted-transaction entry cannot be written is taken back
+(``undo_control``).
 """
 
 from __future__ import annotations
@@ -267,7 +275,7 @@ class PartitionLog:
         else:
             lso = max(lso, loaded[0].info.base_offset)
             last = loaded[-1]
-            # Reopen the last segment for writing: the sealed files get their preallocation back.
+            # Reopen the last segment for writing: the sealed files get blocks ahead again.
             # A loaded-but-unscanned segment needs its bytes-since-last-entry counter.
             if last.offset_entries and not last.bytes_since:
                 with OffsetIndex(index_path(directory, last.info.base_offset),

@@ -4,13 +4,24 @@ Runs in the partition writer only (readers use ``appliance.log.reader``). A segm
 file triple ``<base>.log``, ``<base>.index``, ``<base>.timeindex`` (see ``files.py``), plus
 ``<base>.txnindex`` once an ABORT marker was written to it (``txn_index.py``).
 
-The active segment's ``.log`` is preallocated (sparse ``ftruncate`` to ``segment_bytes``); an
-append is one ``pwrite`` at the end of the valid bytes (``LogSegment.append`` says why not a store
-through a map), so the bytes are in the page cache - visible to every reader process through its
-read-only ``MAP_SHARED`` map, and surviving a kill -9 of the writer - before the writer publishes
-the new high watermark. A full disk is an ENOSPC from that pwrite, answered KAFKA_STORAGE_ERROR
-with nothing appended. The writer also maps the file ``MAP_SHARED``, only to msync the appended
-range on a flush (``flush``); the indexes are written through their own maps.
+An append is one ``pwrite`` at the end of the valid bytes (``LogSegment.append`` says why not a
+store through a map), so the bytes are in the page cache - visible to every reader process through
+its read-only ``MAP_SHARED`` map, and surviving a kill -9 of the writer - before the writer
+publishes the new high watermark. The indexes are written through the writer's maps.
+
+A full disk: every file here is as long as the blocks it has. The active ``.log`` is given them
+with ``posix_fallocate`` ``SEGMENT_GROW_BYTES`` (1 MiB) ahead of the appends, up to
+``segment_bytes``, never sparse: readers map the file's size, and on tmpfs even a read of a hole
+through a map allocates a page (SIGBUS when the tmpfs is full), while a store into one on any file
+system is a SIGBUS when the disk has no block for it. So the room for a batch (and for its index
+entries) is taken before any byte of it is written, and a full disk is an ENOSPC there, answered
+KAFKA_STORAGE_ERROR with nothing appended; a pwrite that fails anyway is zeroed again and not
+counted. A seal (roll) writes its only new files first, so a disk without room leaves the old
+segment active and whole; what cannot be accounted for (a failed fsync mid-seal, bytes that cannot
+be taken back) is a ``LogDirFailure``, which stops the writer for its recovery to decide, as the
+flusher does. On ext4 a write into fallocated blocks takes no new data block (the extent
+conversion draws on blocks ext4 reserves for it); a copy-on-write file system (btrfs, ZFS) cannot
+promise that, and there a failed write is still answered, not faulted.
 
 Index entries follow Kafka's LogSegment.append: an offset-index entry (last offset of the batch
 -> its position) when more than ``index_interval_bytes`` have been appended since the previous
@@ -19,19 +30,21 @@ carried it) if the largest timestamp grew; when the segment becomes inactive (ro
 a last time-index entry records the segment's largest timestamp, which retention and timestamp
 lookups read back.
 
-Sealing (roll or clean close) msyncs, truncates ``.log`` in place to its real size (readers never
-read past the published end, so no reader touches the cut pages) and replaces the indexes by
-trimmed copies (rename; readers keep the old file), then fsyncs - the ``.txnindex`` too, so
-that a segment below the recovery point has a complete, durable aborted-transaction index.
+Sealing (roll or clean close) writes the trimmed index copies, fdatasyncs, truncates ``.log`` in
+place to its real size (readers never read past the published end, so no reader touches the cut
+pages; the blocks given ahead go back) and renames the trimmed copies over the indexes (readers
+keep the old file), then fsyncs - the ``.txnindex`` too, so that a segment below the recovery point
+has a complete, durable aborted-transaction index.
 
 Recovery (``recover_segment``) follows Kafka's LogSegment.recover: walk the batches from position
 0 checking length, magic, CRC and offset continuity - and, stricter than Kafka, that the records
 can be read (framing, compressed data inflated within a bound; ``record_contents.records_ok``),
-so that a batch which passed its CRC but not a consumer is cut off too - stop at the first bad one, truncate the file
-there and rebuild both indexes from the headers just read. The indexes of a scanned segment are
-always rebuilt instead of verified: the scan has already read every header, rebuilding costs one
-pass over that list, and it cannot be fooled by entries written for a batch whose bytes did not
-survive. Segments that need no scan (``load_segment``) get Kafka's sanity check plus a header walk
+so that a batch which passed its CRC but not a consumer is cut off too - stop at the first bad
+one, truncate the file there and rebuild both indexes from the headers just read. The scan maps
+no further than the file's first hole (a file of the older, sparse layout has one). The indexes
+of a scanned segment are always rebuilt instead of verified: the scan has already read every
+header, rebuilding costs one pass over that list, and it cannot be fooled by entries written for
+a batch whose bytes did not survive. Segments that need no scan (``load_segment``) get Kafka's sanity check plus a header walk
 from the last index entry to the end of the file.
 """
 
