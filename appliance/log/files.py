@@ -98,9 +98,15 @@ def list_segment_bases(directory: str, suffix: str = LOG_SUFFIX) -> list[int]:
 
 def grow_file(fd: int, size: int, want: int, need: int) -> int:
     """Give a file whose first ``size`` bytes have their blocks more of them: up to ``want``
-    bytes, or, when the file system has not that much left, at least up to ``need``; returns the
-    file's new size (every byte below it has its blocks). OSError (ENOSPC) when not even
-    ``need`` fits; the file keeps whatever size it had then (ext4 keeps what it allocated)."""
+    bytes, or only up to ``need`` when the file system has less than twice that step left (what
+    is taken ahead of the appends must not take the last blocks, which the disk reserve keeps for
+    recovery and deletes) or not that much at all; returns the file's new size (every byte below
+    it has its blocks). OSError (ENOSPC) when not even ``need`` fits; the file keeps whatever size
+    it had then (ext4 keeps what it allocated)."""
+    if want > need:
+        st = os.fstatvfs(fd)
+        if st.f_bavail * st.f_frsize < 2 * (want - size):
+            want = need
     error: OSError | None = None
     for target in ((want, need) if need < want else (want,)):
         try:

@@ -11,7 +11,8 @@ publishes the new high watermark. The indexes are written through the writer's m
 
 A full disk: every file here is as long as the blocks it has. The active ``.log`` is given them
 with ``posix_fallocate`` ``SEGMENT_GROW_BYTES`` (1 MiB) ahead of the appends, up to
-``segment_bytes``, never sparse: readers map the file's size, and on tmpfs even a read of a hole
+``segment_bytes`` (only what a batch needs when the disk is nearly full: ``files.grow_file``),
+never sparse: readers map the file's size, and on tmpfs even a read of a hole
 through a map allocates a page (SIGBUS when the tmpfs is full), while a store into one on any file
 system is a SIGBUS when the disk has no block for it. So the room for a batch (and for its index
 entries) is taken before any byte of it is written, and a full disk is an ENOSPC there, answered
@@ -348,10 +349,8 @@ class LogSegment:
                     ix.close()
             os.close(self._fd)
             raise
-        try:
-            self._grow(min(self.size + 1, self._limit))
-        except OSError:
-            pass       # a full disk: the first append that needs room answers ENOSPC
+        # No blocks taken ahead here: a start on a full disk must leave what the disk reserve gave
+        # back to recovery and deletes; the first append takes what it needs.
         self._flushed = info.size
 
     @classmethod
