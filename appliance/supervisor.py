@@ -16,10 +16,10 @@ KAFKA_STORAGE_ERROR with the old catalog in place, a runtime dir (tmpfs) without
 topic's rings refuses it the same way, and the files kept only for tools (processes.json) or
 republished every turn (the published catalog) are logged once when they cannot be written.
 
-Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give
-back the disk reserve if the disk is full, load the catalog, create the runtime dir and every ring
-and page (every shm file gets its memory when made: a runtime dir without room exits 7), bind the
-listening socket, fork the writers and wait for them to recover, then fork coordinator, fetchers, frontends,
+Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give back the
+disk reserve if the disk is full, load the catalog, create the runtime dir and every ring and page
+(every shm file gets its memory when made: a runtime dir without room exits 7), bind the listening
+socket, fork the writers and wait for them to recover, then fork coordinator, fetchers, frontends,
 then notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
 requests), then writers (flush, close segments cleanly), fetchers and the coordinator.
 """

@@ -2,8 +2,8 @@
 
 The partition writer opens the active segment's indexes writable (up to
 ``log.segment_index_bytes``, the file given its blocks a step at a time, see "the file's blocks"
-below) and appends; fetchers and the writer's own timestamp lookups open them read-only. Formats and lookup semantics are Kafka's (OffsetIndex, TimeIndex,
-AbstractIndex); values are big-endian::
+below) and appends; fetchers and the writer's own timestamp lookups open them read-only. Formats
+and lookup semantics are Kafka's (OffsetIndex, TimeIndex, AbstractIndex); values are big-endian::
 
     offset index, 8 bytes per entry           time index, 12 bytes per entry
     0      4  relative offset  u32            0      8  timestamp        i64

@@ -45,8 +45,8 @@ one, truncate the file there and rebuild both indexes from the headers just read
 no further than the file's first hole (a file of the older, sparse layout has one). The indexes
 of a scanned segment are always rebuilt instead of verified: the scan has already read every
 header, rebuilding costs one pass over that list, and it cannot be fooled by entries written for
-a batch whose bytes did not survive. Segments that need no scan (``load_segment``) get Kafka's sanity check plus a header walk
-from the last index entry to the end of the file.
+a batch whose bytes did not survive. Segments that need no scan (``load_segment``) get Kafka's
+sanity check plus a header walk from the last index entry to the end of the file.
 """
 
 from __future__ import annotations
