@@ -175,11 +175,17 @@ class TopicAdmin:
             try:
                 return self.store.remove_topics(names)
             except OSError as e:
-                if e.errno not in NO_SPACE or attempt == 2 \
-                        or not self.reserve.release("DeleteTopics needs room"):
+                if e.errno not in NO_SPACE or attempt == 2 or not self._release_reserve():
                     log.error("DeleteTopics %s: the catalog cannot be written: %s", names, e)
                     break
         return []
+
+    def _release_reserve(self) -> bool:
+        try:
+            return self.reserve.release("DeleteTopics needs room")
+        except OSError as e:
+            log.error("the disk reserve cannot be given back: %s", e)
+            return False
 
     def _check_pending(self) -> None:
         now = time.monotonic()
