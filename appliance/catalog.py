@@ -250,8 +250,21 @@ class CatalogStore:
                                 "configs": t.configs} for t in catalog.topics.values()},
             "broker_configs": {"default": catalog.broker_default, "node": catalog.broker_node},
         }
-        atomic_write(os.path.join(self.data_dir, CATALOG_FILE),
-                     json.dumps(raw, indent=1, sort_keys=True).encode())
+        data = json.dumps(raw, indent=1, sort_keys=True).encode()
+        path = os.path.join(self.data_dir, CATALOG_FILE)
+        try:
+            atomic_write(path, data)
+        except OSError:
+            # Failed before the rename (ENOSPC, EIO): the old catalog stands, nothing changed.
+            # Failed after it (the directory's fsync): the new one is what a start would read,
+            # so it is the committed one, durable or not, as for any unsynced write.
+            try:
+                with open(path, "rb") as f:
+                    committed = f.read() == data
+            except OSError:
+                committed = False
+            if not committed:
+                raise
         self.catalog = catalog
 
     def _next(self, topics: dict[str, TopicInfo] | None = None, broker_default=None,
@@ -261,20 +274,29 @@ class CatalogStore:
                        broker_default=c.broker_default if broker_default is None else broker_default,
                        broker_node=c.broker_node if broker_node is None else broker_node)
 
-    def _make_dirs(self, t: TopicInfo, partitions: Iterable[int]) -> None:
+    def _make_dirs(self, t: TopicInfo, partitions: Iterable[int]) -> list[str]:
+        """The partitions' directories with their partition.metadata; returns the directories."""
+        made = []
         for p in partitions:
             d = partition_dir(self.data_dir, t.name, p)
             os.makedirs(d, exist_ok=True)
+            made.append(d)
             atomic_write(os.path.join(d, "partition.metadata"),
                          f"version: 0\ntopic_id: {uuid_to_kafka_str(t.topic_id)}\n".encode())
+        return made
 
     def add_topics(self, topics: Iterable[TopicInfo]) -> Catalog:
         """Create partition dirs, then commit the catalog (the commit point)."""
         new = dict(self.catalog.topics)
-        for t in topics:
-            self._make_dirs(t, range(t.partitions))
-            new[t.name] = t
-        self._save(self._next(new))
+        made: list[str] = []
+        try:
+            for t in topics:
+                made += self._make_dirs(t, range(t.partitions))
+                new[t.name] = t
+            self._save(self._next(new))
+        except OSError:
+            _remove_dirs(made)
+            raise
         return self.catalog
 
     def grow_topics(self, counts: dict[str, int]) -> list[tuple[TopicInfo, range]]:
@@ -284,13 +306,18 @@ class CatalogStore:
         removes at the next load."""
         new = dict(self.catalog.topics)
         grown = []
-        for name, count in counts.items():
-            old = new[name]
-            t = msgspec.structs.replace(old, partitions=count)
-            self._make_dirs(t, range(old.partitions, count))
-            new[name] = t
-            grown.append((t, range(old.partitions, count)))
-        self._save(self._next(new))
+        made: list[str] = []
+        try:
+            for name, count in counts.items():
+                old = new[name]
+                t = msgspec.structs.replace(old, partitions=count)
+                made += self._make_dirs(t, range(old.partitions, count))
+                new[name] = t
+                grown.append((t, range(old.partitions, count)))
+            self._save(self._next(new))
+        except OSError:
+            _remove_dirs(made)
+            raise
         return grown
 
     def set_configs(self, topic_configs: dict[str, dict[str, str]],
@@ -354,3 +381,10 @@ class CatalogView:
                 return self.catalog
             self._seen = v
         return self.catalog
+
+
+def _remove_dirs(dirs: list[str]) -> None:
+    """Directories of a change that was not committed: taken away now rather than at the next
+    start's sweep (they hold blocks a full disk needs)."""
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)

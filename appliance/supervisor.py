@@ -11,8 +11,14 @@ respawns with backoff. A worker that restarts more than ``crash_loop_restarts`` 
 ``crash_loop_window_ms``, or exits with the reserved WORKER_BOOT_ERROR code, stops the appliance
 (exit 4) rather than loop forever.
 
-Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give
-back the disk reserve if the disk is full, load the catalog, create the runtime dir and every ring, bind the listening
+I/O errors never stop the supervisor: a catalog commit that fails answers the topic request
+KAFKA_STORAGE_ERROR with the old catalog in place, a runtime dir (tmpfs) without room for a new
+topic's rings refuses it the same way, and the files kept only for tools (processes.json) or
+republished every turn (the published catalog) are logged once when they cannot be written.
+
+Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give back the
+disk reserve if the disk is full, load the catalog, create the runtime dir and every ring and page
+(every shm file gets its memory when made: a runtime dir without room exits 7), bind the listening
 socket (and the metrics listener), fork the writers and wait for them to recover, then fork
 coordinator, fetchers, frontends and the metrics server, then notify systemd READY=1. SIGTERM
 drains: frontends first (stop accepting, finish in-flight requests), then writers (flush, close
@@ -23,6 +29,7 @@ segments cleanly), fetchers and the coordinator. SIGHUP reloads the configuratio
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -53,8 +60,8 @@ from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXI
                       fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
                       writer_name)
 from .service import Registry
-from .startup import (NO_SPACE, DiskReserve, StartFailure, SupervisorDirs, bind_address,
-                      bind_listener, raise_fd_limit)
+from .startup import (NO_SPACE, DiskReserve, RuntimeDirUnusable, StartFailure, SupervisorDirs,
+                      bind_address, bind_listener, raise_fd_limit)
 from .systemd import Watchdog, sd_notify
 from .topic_admin import TopicAdmin
 
@@ -130,6 +137,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.listener: socket.socket | None = None
         self.metrics_listener: socket.socket | None = None
         self.bound_port = 0
+        self._io_problems: dict[str, str] = {}
+        self._start_writers: list[WorkerSpec] = []
+        self._start_others: list[WorkerSpec] = []
 
     # -- set-up ---------------------------------------------------------------------------------
     def _bind(self) -> None:
@@ -148,23 +158,42 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.store.load()
         self._prepare_run_dir()
         self.topo = Topology(self.run_dir)
-        self.hb = HeartbeatTable.create(os.path.join(self.run_dir, HEARTBEAT_FILE), HEARTBEAT_SLOTS)
-        self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
-        self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING, pid=os.getpid())
-        self.metrics = MetricsTable.create(self.topo.metrics_path(SUPERVISOR),
-                                           TABLE_CAPACITY[SUPERVISOR])
-        self.init_metrics([r for r in TABLE_CAPACITY if r != SUPERVISOR])
-        cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
-        publish_config(self.cfg, config_file(self.run_dir))
+        with self._runtime_dir_space("its shared memory files"):
+            self.hb = HeartbeatTable.create(os.path.join(self.run_dir, HEARTBEAT_FILE), HEARTBEAT_SLOTS)
+            self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
+            self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING,
+                              pid=os.getpid())
+            self.metrics = MetricsTable.create(self.topo.metrics_path(SUPERVISOR),
+                                               TABLE_CAPACITY[SUPERVISOR])
+            self.init_metrics([r for r in TABLE_CAPACITY if r != SUPERVISOR])
+            cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+            publish_config(self.cfg, config_file(self.run_dir))
         self._bind()
         small = self.cfg.shm.small_ring_bytes
-        for fe in self.frontends:
-            for fx in self.fetchers:
-                self._make_ring(fe, fx, small)
-                self._make_ring(fx, fe, small)
-            for peer in (SUPERVISOR, COORDINATOR):
-                self._make_ring(fe, peer, small)
-                self._make_ring(peer, fe, small)
+        with self._runtime_dir_space("the frontends' rings"):
+            for fe in self.frontends:
+                for fx in self.fetchers:
+                    self._make_ring(fe, fx, small)
+                    self._make_ring(fx, fe, small)
+                for peer in (SUPERVISOR, COORDINATOR):
+                    self._make_ring(fe, peer, small)
+                    self._make_ring(peer, fe, small)
+            # Every writer's rings and page, and every other worker's page, before any fork: a
+            # runtime dir too small for them stops the start here, with its own exit status.
+            self._start_writers = [self._add_writer(t, p) for t in self.store.catalog.topics.values()
+                                   for p in range(t.partitions)]
+            from workers.coordinator import main as coordinator_main
+            from workers.fetcher import main as fetcher_main
+            from workers.frontend import main as frontend_main
+            self._start_others = [self._add_worker("coordinator", COORDINATOR, 0, coordinator_main)]
+            self._start_others += [self._add_worker("fetcher", name, i, fetcher_main)
+                                   for i, name in enumerate(self.fetchers)]
+            self._start_others += [self._add_worker("frontend", name, i, frontend_main)
+                                   for i, name in enumerate(self.frontends)]
+            if self.metrics_listener is not None:
+                from workers.metrics_server import main as metrics_main
+                self._start_others.append(self._add_worker("metrics", METRICS_SERVER, 0,
+                                                           metrics_main))
         self.bells = BellSender()
         self.mailbox = Mailbox(self.topo, SUPERVISOR)
         for fe in self.frontends:
@@ -177,17 +206,37 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
 
+    @contextlib.contextmanager
+    def _runtime_dir_space(self, what: str):
+        """At start: a runtime dir (tmpfs) without room for ``what`` is a start failure with the
+        runtime dir's exit status, not a traceback (every shm file gets its blocks when made)."""
+        try:
+            yield
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            raise RuntimeDirUnusable(
+                f"runtime dir {self.run_dir} (server.runtime_dir) has no room for {what}: "
+                f"{e.strerror}; make its file system larger (rings take shm.produce_ring_bytes "
+                f"per frontend and partition) or free it") from None
+
     # -- worker table ---------------------------------------------------------------------------
     def _add_worker(self, role: str, name: str, index: int, entry, topic=None) -> WorkerSpec:
         spec = WorkerSpec(role=role, name=name, index=index, heartbeat_slot=self.free_slots.pop(),
                           entry=entry, topic=topic)
-        if role != "writer":       # a writer's page is made by _add_writer
-            # Every worker publishes generation, status and pid there (workers.base); frontends
-            # watch the fetchers' and the coordinator's generation to fail what a dead one held.
-            fields = COORDINATOR_PAGE_FIELDS if role == "coordinator" else WORKER_PAGE_FIELDS
-            StatePage.create(self.topo.page_path(name), fields).close()
-        # The worker's metrics table outlives its restarts (appliance.metrics).
-        table = MetricsTable.create(self.topo.metrics_path(name), TABLE_CAPACITY[role])
+        try:
+            if role != "writer":       # a writer's page is made by _add_writer
+                # Every worker publishes generation, status and pid there (workers.base);
+                # frontends watch the fetchers' and the coordinator's generation to fail what a
+                # dead one held.
+                fields = COORDINATOR_PAGE_FIELDS if role == "coordinator" else WORKER_PAGE_FIELDS
+                StatePage.create(self.topo.page_path(name), fields).close()
+            # The worker's metrics table outlives its restarts (appliance.metrics).
+            table = MetricsTable.create(self.topo.metrics_path(name), TABLE_CAPACITY[role])
+        except OSError:
+            self.free_slots.append(spec.heartbeat_slot)
+            self.topo.remove_endpoint(name)     # what was made of it (ENOSPC on a full tmpfs)
+            raise
         if role == "writer":
             spec.metrics = table
         else:
@@ -198,13 +247,18 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
     def _add_writer(self, topic: cat.TopicInfo, partition: int) -> WorkerSpec:
         from workers.partition_writer import main as writer_main
         name = writer_name(topic.topic_id, partition)
-        for fe in self.frontends:
-            self._make_ring(fe, name, self.cfg.shm.produce_ring_bytes)
-            self._make_ring(name, fe, self.cfg.shm.small_ring_bytes)
-        self._make_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
-        self._make_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
+        try:
+            for fe in self.frontends:
+                self._make_ring(fe, name, self.cfg.shm.produce_ring_bytes)
+                self._make_ring(name, fe, self.cfg.shm.small_ring_bytes)
+            self._make_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
+            self._make_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
+            page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
+        except OSError:
+            self.topo.remove_endpoint(name)     # what was made of it (ENOSPC on a full tmpfs)
+            raise
         spec = self._add_worker("writer", name, partition, writer_main, topic)
-        spec.page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
+        spec.page = page
         return spec
 
     def _context(self, spec: WorkerSpec) -> WorkerContext:
@@ -278,9 +332,25 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                  "partition": s.index if s.role == "writer" else None,
                  "index": s.index, "slot": s.heartbeat_slot}
                 for s in self.workers.values()]
-        atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
+        try:
+            atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
                          json.dumps({"supervisor": os.getpid(), "port": self.bound_port,
                                      "workers": rows}).encode(), sync=False)
+        except OSError as e:
+            # For operators and tools only: a full runtime dir leaves the last one in place.
+            self._io_trouble("processes", f"{PROCESSES_FILE} not written: {e}")
+        else:
+            self._io_trouble("processes", None)
+
+    def _io_trouble(self, what: str, problem: str | None) -> None:
+        """Log a failing write once, and once more when it works again (not every turn)."""
+        before = self._io_problems.get(what)
+        if problem is not None and before is None:
+            log.warning("%s", problem)
+            self._io_problems[what] = problem
+        elif problem is None and before is not None:
+            log.info("%s: written again", what)
+            del self._io_problems[what]
 
     # -- signals ----------------------------------------------------------------------------------
     def _install_signals(self) -> None:
@@ -317,10 +387,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         changed = non_defaults(self.cfg)
         log.info("settings other than the defaults: %s", ", ".join(changed) if changed else "none")
         try:
-            for t in self.store.catalog.topics.values():
-                for p in range(t.partitions):
-                    self._spawn(self._add_writer(t, p))
-            if not self._wait_writers_ready([s for s in self.workers.values() if s.role == "writer"]):
+            for spec in self._start_writers:
+                self._spawn(spec)
+            if not self._wait_writers_ready(self._start_writers):
                 return self._finish()
             # Import the handlers and warm the codec tables once, before forking frontends, so
             # every frontend shares them (pre-fork) instead of paying the import itself.
@@ -328,17 +397,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             from appliance.protocol.messages import preload
             load_handlers()
             preload(api_ranges())
-            from workers.coordinator import main as coordinator_main
-            from workers.fetcher import main as fetcher_main
-            from workers.frontend import main as frontend_main
-            self._spawn(self._add_worker("coordinator", COORDINATOR, 0, coordinator_main))
-            for i, name in enumerate(self.fetchers):
-                self._spawn(self._add_worker("fetcher", name, i, fetcher_main))
-            for i, name in enumerate(self.frontends):
-                self._spawn(self._add_worker("frontend", name, i, frontend_main))
+            for spec in self._start_others:
+                self._spawn(spec)
             if self.metrics_listener is not None:
-                from workers.metrics_server import main as metrics_main
-                self._spawn(self._add_worker("metrics", METRICS_SERVER, 0, metrics_main))
                 log.info("metrics served at http://%s/metrics", self.cfg.metrics.listen)
             self.page.publish(status=READY)
             log.info("appliance ready on %s:%d", self.cfg.listen_host, self.bound_port)
@@ -376,6 +437,8 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             if box.queued:
                 box.flush()
         if not self.stopping:
+            if self.topic_admin.unpublished:
+                self.topic_admin.publish()
             self._serve_admin()
             self.topic_admin.check_pending()
             self._murder_stale()

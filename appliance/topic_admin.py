@@ -8,6 +8,12 @@ durable point), then acts: new writers are forked and the catalog is published o
 READY (so frontends never route to a partition without a writer); deleted topics' writers are
 stopped before their directories go; config changes are published at once, and every writer
 applies them live when it sees the new catalog version (``workers.partition_writer``).
+
+I/O errors never stop the supervisor here: new partitions' rings and pages are made before the
+catalog commit (they get their memory when made), so a runtime dir (tmpfs) or a data dir without
+room refuses the request with KAFKA_STORAGE_ERROR, as Kafka refuses a write to a full log dir, and
+leaves the catalog and the runtime dir as they were; a catalog that cannot be published is
+published again every turn (``Supervisor._turn``).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class TopicAdmin:
         self.sup = sup
         self.pending_creates: list[PendingCreate] = []
         self.pending_deletes: list[PendingDelete] = []
+        self.unpublished = False     # the committed catalog could not be published yet
 
     @property
     def busy(self) -> bool:
@@ -102,19 +109,12 @@ class TopicAdmin:
                                                error_message=e.message))
         writers = []
         if accepted and not req.validate_only:
-            try:
-                self.store.add_topics(accepted)
-            except OSError as e:
-                if e.errno not in NO_SPACE:
-                    raise
-                # Not committed (the sweep at the next start removes its directories); a full
-                # disk is refused as Kafka refuses a write to a full log dir.
-                accepted = []
-                results = _fail_accepted(results, ErrorCode.kafka_storage_error, FULL_DISK)
-            for t in accepted:
+            writers, results = self._commit_with_writers(
+                [(t, range(t.partitions)) for t in accepted],
+                lambda: self.store.add_topics(accepted), results, "CreateTopics")
+            for t in accepted if writers else ():
                 log.info("creating topic %s: %d partitions%s", t.name, t.partitions,
                          f", configs {dict(t.configs)}" if t.configs else "")
-                writers += self._start_writers(t, range(t.partitions))
         self._wait_for(respond, results, writers)
 
     def _check_room(self, total: int, more: int) -> None:
@@ -123,13 +123,47 @@ class TopicAdmin:
             raise KafkaError(ErrorCode.policy_violation,
                              f"Creating {more} partitions would exceed topics.max_partitions = {limit}")
 
-    def _start_writers(self, t: cat.TopicInfo, partitions: range) -> list:
-        out = []
-        for p in partitions:
-            spec = self.sup._add_writer(t, p)
-            self.sup._spawn(spec)
-            out.append(spec)
-        return out
+    def _commit_with_writers(self, parts: list[tuple[cat.TopicInfo, range]], commit,
+                             results: list[cat.TopicResult], what: str):
+        """Make the new partitions' writers (rings and pages) first, then ``commit()`` the
+        catalog, then fork them. Either step failing for lack of room refuses the request with
+        KAFKA_STORAGE_ERROR and takes away what was made. Returns (writers, results)."""
+        sup = self.sup
+        writers = []
+        problem = None
+        try:
+            for t, partitions in parts:
+                for p in partitions:
+                    writers.append(sup._add_writer(t, p))
+        except OSError as e:
+            problem = f"the runtime dir has no room for the new partitions' rings: {e.strerror}"
+        if problem is None:
+            try:
+                commit()
+            except OSError as e:
+                problem = (FULL_DISK if e.errno in NO_SPACE
+                           else f"the data dir cannot commit the catalog: {e.strerror}")
+        if problem is not None:
+            log.error("%s %s refused: %s", what, sorted({t.name for t, _ in parts}), problem)
+            for spec in writers:
+                self._forget_worker(spec)
+            return [], _fail_accepted(results, ErrorCode.kafka_storage_error, problem)
+        for spec in writers:
+            sup._spawn(spec)
+        return writers, results
+
+    def _forget_worker(self, spec) -> None:
+        """Remove a worker that never ran from the table, with its runtime-dir files."""
+        sup = self.sup
+        if spec.page is not None:
+            spec.page.close()
+            spec.page = None
+        if spec.metrics is not None:
+            spec.metrics.close()
+            spec.metrics = None
+        sup.topo.remove_endpoint(spec.name)
+        if sup.workers.pop(spec.name, None) is not None:
+            sup.free_slots.append(spec.heartbeat_slot)
 
     def _wait_for(self, respond: Responder, results: list[cat.TopicResult], writers: list) -> None:
         self.pending_creates.append(PendingCreate(respond, results, writers,
@@ -172,19 +206,16 @@ class TopicAdmin:
                                                error_message=e.message))
         writers = []
         if counts and not req.validate_only:
-            try:
-                grown = self.store.grow_topics(counts)
-            except OSError as e:
-                if e.errno not in NO_SPACE:
-                    raise
-                grown = []
-                results = _fail_accepted(results, ErrorCode.kafka_storage_error, FULL_DISK)
-            for t, new in grown:
+            import msgspec
+            grown = [(msgspec.structs.replace(current.topics[name], partitions=count),
+                      range(current.topics[name].partitions, count)) for name, count in counts.items()]
+            writers, results = self._commit_with_writers(
+                grown, lambda: self.store.grow_topics(counts), results, "CreatePartitions")
+            for t, new in grown if writers else ():
                 log.info("topic %s grows from %d to %d partitions", t.name, new.start, new.stop)
                 for spec in self.sup.workers.values():   # restarts see the new count
                     if spec.topic is not None and spec.topic.topic_id == t.topic_id:
                         spec.topic = t
-                writers += self._start_writers(t, new)
         self._wait_for(respond, results, writers)
 
     # -- AlterConfigs / IncrementalAlterConfigs -------------------------------------------------
@@ -282,12 +313,17 @@ class TopicAdmin:
             try:
                 return self.store.remove_topics(names)
             except OSError as e:
-                if e.errno not in NO_SPACE:
-                    raise
-                if attempt == 2 or not self.sup.reserve.release("DeleteTopics needs room"):
+                if e.errno not in NO_SPACE or attempt == 2 or not self._release_reserve():
+                    log.error("DeleteTopics %s: the catalog cannot be written: %s", names, e)
                     break
-        log.error("DeleteTopics %s: the data dir's file system is full", names)
         return []
+
+    def _release_reserve(self) -> bool:
+        try:
+            return self.sup.reserve.release("DeleteTopics needs room")
+        except OSError as e:
+            log.error("the disk reserve cannot be given back: %s", e)
+            return False
 
     # -- what the loop checks every turn --------------------------------------------------------
     def check_pending(self) -> None:
@@ -323,17 +359,32 @@ class TopicAdmin:
                 sup.topo.remove_endpoint(s.name)
                 sup.workers.pop(s.name, None)
                 sup.free_slots.append(s.heartbeat_slot)
-            for t in pd.topics:
-                self.store.delete_dirs(t)
-            if pd.topics:
-                sup.reserve.restore(need_free=sup.reserve.size)
+            try:
+                for t in pd.topics:
+                    self.store.delete_dirs(t)
+                if pd.topics:
+                    sup.reserve.restore(need_free=sup.reserve.size)
+            except OSError as e:
+                # Committed: the sweep at the next start removes what is left of the directories.
+                log.error("DeleteTopics: removing the deleted topics' files failed: %s", e)
             sup._write_processes()
             pd.respond(cat.TopicsResult(pd.results))
         self.pending_deletes = still_d
 
     def publish(self) -> None:
+        """Publish the committed catalog to the workers. On a full runtime dir the workers keep
+        the previous one (the version on the page moves only with the file) and every turn
+        tries again (``unpublished``)."""
         sup = self.sup
-        cat.publish(self.store.catalog, sup.topo.file_path(cat.PUBLISHED_FILE))
+        try:
+            cat.publish(self.store.catalog, sup.topo.file_path(cat.PUBLISHED_FILE))
+        except OSError as e:
+            self.unpublished = True
+            sup._io_trouble("catalog", f"catalog version {self.store.catalog.version} not "
+                                       f"published to the workers: {e}")
+            return
+        self.unpublished = False
+        sup._io_trouble("catalog", None)
         sup.page.publish(catalog_version=self.store.catalog.version)
         sup.notify_serving()          # systemd STATUS= names the partition count
 

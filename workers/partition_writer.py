@@ -24,6 +24,12 @@ transaction on this partition is parked, with every later batch of that producer
 coordinator confirms (KIP-890 part 1: verify only) or performs (part 2, Produce v12: implicit add)
 that the partition belongs to the producer's transaction. A marker arriving meanwhile voids the
 confirmation (the race guard), and the batch is refused with INVALID_TXN_STATE.
+
+A full disk (issue 17): appends answer KAFKA_STORAGE_ERROR and leave the log and the producer
+state as they were; retention and time-based rolls that fail are tried again every tick; an
+abort marker is indexed before the producer state takes it and taken back out of the log when its
+index entry cannot be written. Only what leaves durability unknown (a failed fsync, the flusher's
+error, ``LogDirFailure``) stops the writer, whose recovery then decides.
 """
 
 from __future__ import annotations
@@ -126,6 +132,7 @@ class PartitionWriter(Worker):
         self.catalog_seen = -1
         # The topic's configs over the broker defaults (Catalog.overrides), as the catalog has them.
         self.overrides: dict[str, str] = dict(ctx.topic_configs)
+        self._tick_problem: str | None = None
         self.serve(self, on_answer=self._verified)
         # Metrics (appliance.metrics): per batch two adds into the shared table, per publish a
         # few stores; the per-topic series of every partition of a topic sum up.
@@ -254,8 +261,16 @@ class PartitionWriter(Worker):
             self._follow_catalog()
 
     def on_tick(self, now: float) -> None:
-        changed = self.log.enforce_retention(_now_ms())
-        changed = self.log.maybe_roll(_now_ms()) or changed
+        changed = False
+        try:
+            changed = self.log.enforce_retention(_now_ms())
+            changed = self.log.maybe_roll(_now_ms()) or changed
+        except OSError as e:
+            # A full disk (or a failed checkpoint write): retention and the time-based roll are
+            # tried again at the next tick; appends meanwhile answer KAFKA_STORAGE_ERROR.
+            self._tick_trouble(str(e))
+        else:
+            self._tick_trouble(None)
         self.psm.expire(_now_ms())
         if changed:
             self._publish()
@@ -302,11 +317,25 @@ class PartitionWriter(Worker):
                 f"Cannot increment the log start offset to {offset} of partition "
                 f"{self.ctx.topic}-{self.ctx.index} since it is larger than the high watermark {hw}"
                 if offset > hw else f"The offset {offset} is not valid")
-        if self.log.delete_records(offset):
+        try:
+            moved = self.log.delete_records(offset)
+        except OSError as e:
+            # The new log start could not be persisted (a full disk): nothing changed.
+            return ipc.DeleteRecordsResult(ErrorCode.kafka_storage_error, -1,
+                                           f"cannot persist the log start offset: {e}")
+        if moved:
             log.info("%s-%d: records below %d deleted (DeleteRecords)", self.ctx.topic,
                      self.ctx.index, offset)
             self._publish()
         return ipc.DeleteRecordsResult(ErrorCode.none, self.log.log_start_offset)
+    def _tick_trouble(self, problem: str | None) -> None:
+        """Log a failing retention/roll once, and once when it works again."""
+        if problem is not None and self._tick_problem is None:
+            log.warning("%s-%d: retention or time-based roll failed (tried again each tick): %s",
+                        self.ctx.topic, self.ctx.index, problem)
+        elif problem is None and self._tick_problem is not None:
+            log.info("%s-%d: retention and rolls work again", self.ctx.topic, self.ctx.index)
+        self._tick_problem = problem
 
     def wait_timeout(self, now: float) -> float:
         timeout = IDLE_WAIT_S
@@ -498,15 +527,24 @@ class PartitionWriter(Worker):
                                            m.coordinator_epoch, now_ms)
         except KafkaError as e:
             return e.code, 0
-        done = self.psm.complete_txn(m.producer_id, m.producer_epoch, m.coordinator_epoch,
-                                     info.base_offset, not m.commit, now_ms)
+        if not m.commit:
+            # The aborted-transaction entry, before the LSO moves past the marker (published at
+            # the end of this turn) and before the producer's state takes the marker: if the
+            # disk cannot take it, the marker is taken back out of the log and the coordinator,
+            # answered KAFKA_STORAGE_ERROR, sends it again (Kafka's marker channel retries it).
+            first, lso = self.psm.preview_completion(m.producer_id, info.base_offset,
+                                                     self.log.log_end_offset)
+            try:
+                self.log.append_aborted(AbortedTxn(m.producer_id, first, info.last_offset, lso))
+            except OSError as e:
+                log.warning("%s-%d: abort marker of producer %d not written: %s", self.ctx.topic,
+                            self.ctx.index, m.producer_id, e)
+                self.log.undo_control(info)
+                return ErrorCode.kafka_storage_error, 0
+        self.psm.complete_txn(m.producer_id, m.producer_epoch, m.coordinator_epoch,
+                              info.base_offset, not m.commit, now_ms)
         if m.producer_id in self.fenced and self.fenced[m.producer_id] <= m.producer_epoch:
             del self.fenced[m.producer_id]          # the marker's epoch fences it from now on
-        if done.aborted:
-            # Written before the LSO moves past the marker (published at the end of this turn).
-            self.log.append_aborted(AbortedTxn(
-                done.producer_id, done.first_offset, done.last_offset,
-                self.psm.last_stable_offset(self.log.log_end_offset)))
         self.dirty = True
         return ErrorCode.none, info.last_offset + 1
 
