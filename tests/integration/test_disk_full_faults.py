@@ -292,12 +292,26 @@ def short_tmpfs():
         yield lambda size: stack.enter_context(small_tmpfs(parent, size, name="shm"))
 
 
+def _fixed_metrics_bytes() -> int:
+    """What the metrics tables of the one frontend, fetcher, coordinator and the supervisor take
+    in the runtime dir (appliance.metrics), on top of the rings this test is sized for."""
+    from appliance.supervisor import TABLE_CAPACITY
+    from shm.metrics import MetricsTable
+    with tempfile.TemporaryDirectory() as d:
+        total = 0
+        for role in ("frontend", "fetcher", "coordinator", "supervisor"):
+            path = os.path.join(d, role)
+            MetricsTable.create(path, TABLE_CAPACITY[role if role != "supervisor" else "sup"]).close()
+            total += os.path.getsize(path)
+    return total
+
+
 def test_full_runtime_dir_refuses_create_topics_and_kills_no_process(short_tmpfs, appliance_factory):
     """The runtime dir's tmpfs has room for the appliance and one partition's rings, not for
     four more: CreateTopics answers KAFKA_STORAGE_ERROR and leaves nothing behind (a one-partition
     topic fits afterwards); nothing restarts, and produce to the existing topic goes on. Before,
     the sparse rings were made, and the first produce into them faulted."""
-    shm = short_tmpfs(4 * MiB)
+    shm = short_tmpfs(4 * MiB + _fixed_metrics_bytes())
     app = appliance_factory(server={**RUNTIME_CONFIG, "runtime_dir": os.path.join(shm, "run")},
                             shm=SMALL_SHM, log={"message_max_bytes": 100000})
     admin = AdminClient({"bootstrap.servers": app.bootstrap})
