@@ -20,6 +20,7 @@ WriteTxnMarkers API compares a marker's epoch with.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -42,6 +43,7 @@ log = logging.getLogger("appliance.coordinator")
 
 TICK_S = 0.2
 METRICS_S = 1.0
+SPACE_RETRY_S = 0.5      # how often a start on a full disk tries to persist its epoch again
 
 
 def main(ctx: WorkerContext) -> int:
@@ -87,7 +89,7 @@ class Coordinator(Worker):
 
     # -- life cycle -----------------------------------------------------------------------------
     def setup(self) -> None:
-        epoch = bump_coordinator_epoch(self.dir)
+        epoch = self._bump_epoch()
         self.page.publish(coordinator_epoch=epoch)
         self.tc = TransactionCoordinator(
             TransactionStateManager(self.dir, self.cfg.log.flush.policy, _now_ms()),
@@ -101,6 +103,35 @@ class Coordinator(Worker):
                             first_id=((self.generation & 0xFFFF) << 40) | 1)
         self.serve(TransactionService(self.tc), self.gs, on_answer=self.markers.on_answer)
         log.info("transaction coordinator ready: coordinator epoch %d", epoch)
+
+    def _bump_epoch(self) -> int:
+        """Persist the next coordinator epoch, waiting for space on a full disk.
+
+        Nothing may be served under an epoch that is not durable: a later start could hand it
+        out again, and the writers would take the markers of a dead instance as current. A
+        coordinator that exited on ENOSPC here would be restarted into the same failure until
+        the supervisor's crash-loop rule stopped the whole appliance; so it stays RECOVERING
+        (the supervisor does not hold a recovering worker to its heartbeat; frontends answer
+        COORDINATOR_NOT_AVAILABLE meanwhile, which clients retry) and tries again until the
+        write succeeds or the appliance stops. Nothing is open yet, so a stop just exits."""
+        waiting = False
+        while True:
+            try:
+                epoch = bump_coordinator_epoch(self.dir)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                if not waiting:
+                    log.warning("cannot persist the coordinator epoch (%s): waiting for space on "
+                                "the data dir", e.strerror)
+                    waiting = True
+                if self.stop:
+                    raise SystemExit(0)
+                time.sleep(SPACE_RETRY_S)
+                continue
+            if waiting:
+                log.info("space on the data dir again: coordinator epoch %d persisted", epoch)
+            return epoch
 
     def drain_inputs(self) -> bool:
         # Writers come and go with the catalog: their rings are inputs from this turn on.
