@@ -89,49 +89,58 @@ class Coordinator(Worker):
 
     # -- life cycle -----------------------------------------------------------------------------
     def setup(self) -> None:
-        epoch = self._bump_epoch()
+        """Start, waiting for space on a full disk.
+
+        A start writes before it can serve: the new coordinator epoch (nothing may be served
+        under an epoch that is not durable: a later start could hand it out again, and the
+        writers would take the markers of a dead instance as current), and the recovery of
+        both logs after an unclean stop (indexes rebuilt). A coordinator that exited on ENOSPC
+        there would be restarted into the same failure until the supervisor's crash-loop rule
+        stopped the whole appliance. So it gives back what it opened and tries again every
+        ``SPACE_RETRY_S``, RECOVERING meanwhile (the supervisor does not hold a recovering
+        worker to its heartbeat; frontends answer COORDINATOR_NOT_AVAILABLE, which clients
+        retry), until it starts or the appliance stops."""
+        waiting = False
+        while True:
+            opened: list = []
+            try:
+                epoch = self._start(opened)
+                break
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                for part in reversed(opened):
+                    try:
+                        part.close(clean=False)
+                    except Exception:            # giving back what a failed start opened
+                        pass
+                if not waiting:
+                    log.warning("cannot start on a full disk (%s): waiting for space on the data dir", e)
+                    waiting = True
+            if self.stop:
+                raise SystemExit(0)              # nothing is open: the drain has nothing to do
+            time.sleep(SPACE_RETRY_S)
+        if waiting:
+            log.info("space on the data dir again: started")
+        log.info("transaction coordinator ready: coordinator epoch %d", epoch)
+
+    def _start(self, opened: list) -> int:
+        epoch = bump_coordinator_epoch(self.dir)
         self.page.publish(coordinator_epoch=epoch)
-        self.tc = TransactionCoordinator(
-            TransactionStateManager(self.dir, self.cfg.log.flush.policy, _now_ms()),
-            ProducerIdManager(self.dir), self.cfg.transactions, epoch, _now_ms)
+        txn_log = TransactionStateManager(self.dir, self.cfg.log.flush.policy, _now_ms())
+        opened.append(txn_log)
+        self.tc = TransactionCoordinator(txn_log, ProducerIdManager(self.dir), self.cfg.transactions,
+                                         epoch, _now_ms)
         self.tc.load()
         self.gs = GroupService(os.path.join(self.dir, "group-log"), self.cfg.groups,
                                self.cfg.log.flush.policy, self.tc, _now_ms)
+        opened.append(self.gs)
         self.gs.load()
         self.markers = self.tc.markers
         self.markers.attach(self.writers.get, self.gs.complete_txn,
                             first_id=((self.generation & 0xFFFF) << 40) | 1)
         self.serve(TransactionService(self.tc), self.gs, on_answer=self.markers.on_answer)
-        log.info("transaction coordinator ready: coordinator epoch %d", epoch)
-
-    def _bump_epoch(self) -> int:
-        """Persist the next coordinator epoch, waiting for space on a full disk.
-
-        Nothing may be served under an epoch that is not durable: a later start could hand it
-        out again, and the writers would take the markers of a dead instance as current. A
-        coordinator that exited on ENOSPC here would be restarted into the same failure until
-        the supervisor's crash-loop rule stopped the whole appliance; so it stays RECOVERING
-        (the supervisor does not hold a recovering worker to its heartbeat; frontends answer
-        COORDINATOR_NOT_AVAILABLE meanwhile, which clients retry) and tries again until the
-        write succeeds or the appliance stops. Nothing is open yet, so a stop just exits."""
-        waiting = False
-        while True:
-            try:
-                epoch = bump_coordinator_epoch(self.dir)
-            except OSError as e:
-                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-                if not waiting:
-                    log.warning("cannot persist the coordinator epoch (%s): waiting for space on "
-                                "the data dir", e.strerror)
-                    waiting = True
-                if self.stop:
-                    raise SystemExit(0)
-                time.sleep(SPACE_RETRY_S)
-                continue
-            if waiting:
-                log.info("space on the data dir again: coordinator epoch %d persisted", epoch)
-            return epoch
+        return epoch
 
     def drain_inputs(self) -> bool:
         # Writers come and go with the catalog: their rings are inputs from this turn on.
@@ -167,7 +176,16 @@ class Coordinator(Worker):
 
     def on_stop(self) -> None:
         if not self.exit_code:
-            self.gs.close()
+            try:
+                self.gs.close()
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # Sealing the group log (trimmed index copies, the clean-shutdown marker) needs
+                # room; without it the stop goes on, and the next start recovers the log's tail
+                # as after a crash.
+                log.warning("file system full at stop: group log closed without the "
+                            "clean-shutdown marker")
 
     def _publish_metrics(self) -> None:
         try:

@@ -45,6 +45,7 @@ from shm.doorbell import BellSender
 from workers.base import IDLE_WAIT_S, Worker
 
 log = logging.getLogger("appliance.writer")
+SPACE_RETRY_S = 0.5      # how often a restart on a full disk tries its recovery again
 
 # How many records one input ring may hand over per loop turn before the others get a turn.
 FAIRNESS_BUDGET = 64
@@ -128,14 +129,11 @@ class PartitionWriter(Worker):
         # second marker.
         return {"coordinator_ring_head": self.mailbox.inputs[COORDINATOR].head}
 
-    def setup(self) -> int | None:
-        directory = partition_dir(self.ctx.data_dir, self.ctx.topic, self.ctx.index)
-        try:
-            settings = LogSettings.from_config(self.cfg.log, self.ctx.topic_configs)
-            self.log = PartitionLog.open(directory, settings, _now_ms())
-        except (OSError, ValueError) as e:
-            log.error("cannot open partition log %s: %s", directory, e)
-            return WORKER_BOOT_ERROR
+    def _open(self, directory: str) -> int:
+        """Recover the log and the producer state; the offset the replay started from."""
+        self.log = None
+        settings = LogSettings.from_config(self.cfg.log, self.ctx.topic_configs)
+        self.log = PartitionLog.open(directory, settings, _now_ms())
         # Producer state: the newest snapshot plus a replay of the batches after it, which also
         # rebuilds the aborted-transaction index of the segments recovery had to scan.
         self.psm = ProducerStateManager(directory, self.cfg.transactions.producer_id_expiration_ms)
@@ -151,7 +149,38 @@ class PartitionWriter(Worker):
         replayed_from = self.psm.load(self.log.log_end_offset, self.log.headers_from, _now_ms(),
                                       on_completed=rebuilt, max_start_offset=rebuild_from)
         self.log.finish_txn_index_rebuild()
-        self.log.roll_listener = self.psm.take_snapshot
+        return replayed_from
+
+    def setup(self) -> int | None:
+        directory = partition_dir(self.ctx.data_dir, self.ctx.topic, self.ctx.index)
+        waiting = False
+        while True:
+            try:
+                replayed_from = self._open(directory)
+                break
+            except (OSError, ValueError) as e:
+                opened, self.log = self.log, None
+                if opened is not None:
+                    opened.close(clean=False)        # writes nothing: as a crash would
+                if not (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and self.gen > 1):
+                    if opened is not None:
+                        raise                        # past the log's open: a crash, as ever
+                    log.error("cannot open partition log %s: %s", directory, e)
+                    return WORKER_BOOT_ERROR
+                problem = str(e)
+            # A restart in a running appliance (this writer died, or was killed as hung) on a
+            # full disk: recovery rewrites the indexes of the unclean tail, and cannot. Exiting
+            # would stop the whole appliance (a boot error) or crash-loop it; the partition
+            # waits instead, RECOVERING (the supervisor does not hold it to the heartbeat), and
+            # the others keep serving. A first start keeps the boot error: the supervisor gives
+            # its disk reserve back before it forks the writers (README, "A full disk").
+            if not waiting:
+                log.warning("%s-%d: cannot recover on a full disk (%s): waiting for space",
+                            self.ctx.topic, self.ctx.index, problem)
+                waiting = True
+            if self.stop:
+                raise SystemExit(0)              # nothing is open: the drain has nothing to do
+            time.sleep(SPACE_RETRY_S)
         own_bell = self.topo.bell_path(self.ctx.name)
         waker = BellSender()            # the flusher thread's own socket
         self.flusher = Flusher(lambda: waker.ring(own_bell), self.log.log_end_offset)
