@@ -105,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds between faults, uniform (default 2,6)")
     ap.add_argument("--fault-cycles", type=int, default=0,
                     help="keep running until every enabled fault came up this many times (default 0)")
-    ap.add_argument("--pause", type=parse_range, default=(0.3, 4.0), metavar="MIN,MAX",
-                    help="SIGSTOP length, seconds (default 0.3,4: past the 3 s heartbeat timeout "
+    ap.add_argument("--pause", type=parse_range, default=(0.3, 7.0), metavar="MIN,MAX",
+                    help="SIGSTOP length, seconds (default 0.3,7: past the 5 s heartbeat timeout "
                          "the supervisor kills the paused worker)")
     ap.add_argument("--disk", choices=("loop", "tmpfs", "none"), default="loop" if os.geteuid() == 0 else "none",
                     help="file system of the data dir: a small ext4 loop device (default as root), a "
@@ -138,7 +138,7 @@ def appliance_config(disk: bool) -> dict:
         "server": {"frontends": 2, "fetchers": 1,
                    "disk_reserve_bytes": 4 * MiB if disk else 0},
         "log": {"segment_bytes": 256 * 1024, "segment_index_bytes": 65536},
-        "supervisor": {"heartbeat_timeout_ms": 3000, "shutdown_timeout_ms": 20000},
+        "supervisor": {"heartbeat_timeout_ms": 5000, "shutdown_timeout_ms": 20000},
         "transactions": {"abort_timed_out_interval_ms": 1000},
         "groups": {"initial_rebalance_delay_ms": 0},
     }
@@ -156,15 +156,21 @@ def log_findings(log_path: str) -> dict[str, list[str]]:
 
     Ours: killed by signal 9 (a kill fault, or the supervisor's SIGKILL of a paused worker), or
     the orphans' clean exit after kill -9 of the supervisor. Anything else is a finding."""
-    deaths, tracebacks = [], []
+    deaths, stops, tracebacks = [], [], []
     with open(log_path, errors="replace") as f:
-        for line in f:
-            m = re.search(r"(\S+) \(pid gen \d+\) (killed by signal (\d+)|exited with status (-?\d+))", line)
-            if m and m.group(3) != "9":
-                deaths.append(line.strip())
-            if "Traceback (most recent call last)" in line:
-                tracebacks.append(line.strip())
-    return {"unexpected worker deaths": deaths, "tracebacks": tracebacks}
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        m = re.search(r"(\S+) \(pid gen \d+\) (killed by signal (\d+)|exited with status (-?\d+))", line)
+        if m and m.group(3) != "9":
+            deaths.append(line.strip())
+        elif "stopping the appliance" in line:       # a crash loop or a boot error
+            stops.append(line.strip())
+        if "Traceback (most recent call last)" in line:
+            # The log line before it names the worker; the traceback ends at the next record.
+            end = next((j for j in range(i + 1, len(lines)) if re.match(r"\d{4}-\d\d-\d\d ", lines[j])),
+                       len(lines))
+            tracebacks.append("\n".join(lines[max(0, i - 1):min(end, i + 40)]))
+    return {"unexpected worker deaths": deaths, "appliance stops": stops, "tracebacks": tracebacks}
 
 
 def print_history_check(path: str) -> int:
@@ -312,6 +318,8 @@ def report(args, seed, faults, nemesis, budget, shared, res, run_s, complete, st
     for what, lines in findings.items():
         if lines:
             problems.append(f"{what} in the appliance log ({len(lines)}): " + " | ".join(lines[:5]))
+    for tb in findings["tracebacks"][:3]:
+        print("\n== traceback in the appliance log ==\n" + tb)
     if stuck:
         problems.append(f"clients that did not stop: {stuck}")
     if errors:

@@ -148,8 +148,8 @@ class Client(threading.Thread):
 class CkTxn:
     """A confluent-kafka transactional producer and the outcome rules of one transaction."""
 
-    def __init__(self, client: Client, transactional_id: str) -> None:
-        self.c, self.tid = client, transactional_id
+    def __init__(self, client: Client, transactional_id: str, compression: str = "none") -> None:
+        self.c, self.tid, self.compression = client, transactional_id, compression
         self.p: Producer | None = None
 
     def ensure(self) -> bool:
@@ -160,7 +160,7 @@ class CkTxn:
             p = Producer({**_ck_common(self.c.s.bootstrap), "transactional.id": self.tid,
                           "linger.ms": 2, "transaction.timeout.ms": 20000,
                           "message.timeout.ms": 15000, "request.timeout.ms": 10000,
-                          "socket.timeout.ms": 10000})
+                          "socket.timeout.ms": 10000, "compression.type": self.compression})
             try:
                 p.init_transactions(TXN_TIMEOUT_S)
                 self.p = p
@@ -257,9 +257,14 @@ def _discard(p: Producer) -> None:
         pass
 
 
+# The producers take turns with the codecs, so that the broker's validation and the fetch path
+# see every one of them under the faults.
+CODECS = ("none", "lz4", "zstd", "gzip", "snappy")
+
+
 class CkProducer(Client):
     def body(self) -> None:
-        txn = CkTxn(self, f"chaos-{self.base}")
+        txn = CkTxn(self, f"chaos-{self.base}", CODECS[int(self.base[1:]) % len(CODECS)])
         while not self.s.stop.is_set() and txn.ensure() and self.s.budget.take():
             process = self.process
             sends = [(self.rng.randrange(self.s.partitions), self.value())
@@ -390,7 +395,11 @@ class CkConsumer(Client):
     group = "chaos-consumers"
 
     def body(self) -> None:
-        m = _GroupMember(self, self.group)
+        # Every other consumer fetches with tiny byte limits: a response then ends inside a
+        # transaction, next to its markers and aborted batches, and the next fetch resumes there.
+        small = {"fetch.max.bytes": 1024, "message.max.bytes": 1000,
+                 "max.partition.fetch.bytes": 256} if int(self.base[1:]) % 2 else {}
+        m = _GroupMember(self, self.group, small)
         try:
             while not self.s.stop.is_set():
                 reads, rebalanced = m.poll(self.rng.randint(1, 50), 0.5)

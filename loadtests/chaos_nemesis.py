@@ -10,7 +10,9 @@ Used by ``loadtests/chaos.py`` (in its process, one thread for the schedule). Ow
   on a loop device (``mkfs.ext4 -m 0``: no blocks reserved for root, so a full disk is full for
   the appliance too) or a small tmpfs; filled by a ballast file and freed again.
 * ``Nemesis``: the fault schedule. Every ``interval`` (seeded uniform) it injects the next fault
-  of a seeded shuffle of the enabled kinds (so every kind comes up once per cycle) and prints it:
+  of a seeded shuffle of the enabled kinds (so every kind comes up once per cycle) and prints it.
+  Faults that last (a pause, a full disk) end on their own clock while the next ones come, so
+  they overlap: a writer killed while the disk is full, a pause across a kill-all.
 
     kill-<role>   kill -9 of one worker of that role (frontend, writer, fetcher, coordinator),
                   or of the supervisor alone (its workers get SIGTERM from the kernel and drain;
@@ -42,6 +44,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 MiB = 1 << 20
 ROLES = ("frontend", "writer", "fetcher", "coordinator", "supervisor")
@@ -192,24 +195,26 @@ class Appliance:
         self.exits.append(code)
         return code
 
-    def kill_all(self) -> None:
+    def kill_all(self) -> int:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        self.record_exit()
+        code = self.record_exit()
         self.reap_group(30)
+        return code
 
-    def after_supervisor_death(self, grace: float) -> None:
+    def after_supervisor_death(self, grace: float) -> int:
         """The supervisor is gone: its workers drain on the kernel's SIGTERM; kill -9 whatever
-        is left after ``grace`` (as systemd's stop of the unit's cgroup would)."""
-        self.record_exit()
+        is left after ``grace`` (as systemd's stop of the unit's cgroup would). Its status."""
+        code = self.record_exit()
         if not self.reap_group(grace):
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             self.reap_group(30)
+        return code
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM (the supervisor drains its workers); the exit status, or None if it had to
@@ -341,6 +346,7 @@ class Nemesis(threading.Thread):
         self._order: list[str] = []
         self._hits: dict[str, list[float]] = {}
         self._paused: dict[int, str] = {}   # pid -> name, while SIGSTOPped
+        self._pending: list[tuple[float, str, Callable[[], None]]] = []   # (due, what, end)
         self.lock = threading.Lock()        # held while the appliance is down on purpose
         self.error: BaseException | None = None
 
@@ -363,6 +369,7 @@ class Nemesis(threading.Thread):
         """Wait, watching the appliance; True when the nemesis is told to stop."""
         end = time.monotonic() + seconds
         while True:
+            self._end_due()
             self.watch()
             left = end - time.monotonic()
             if left <= 0:
@@ -411,7 +418,7 @@ class Nemesis(threading.Thread):
         return len(hits) < self.opts.per_worker_budget
 
     def _pick(self, role: str) -> dict | None:
-        ws = [w for w in self.app.workers(role) if self._budget_ok(w["name"])]
+        ws = [w for w in self.app.workers(role) if self._budget_ok(w["name"]) and w["pid"] not in self._paused]
         return self.rng.choice(ws) if ws else None
 
     def inject(self, kind: str) -> None:
@@ -427,7 +434,7 @@ class Nemesis(threading.Thread):
         with self.lock:
             w = self._pick(role)
             if w is None:
-                self.record(FaultEvent(self.now(), kind, detail="every worker of the role is over its budget", skipped=True))
+                self.record(FaultEvent(self.now(), kind, detail="every worker of the role is paused or over its budget", skipped=True))
                 return
             self._hits.setdefault(w["name"], []).append(time.monotonic())
             try:
@@ -439,7 +446,11 @@ class Nemesis(threading.Thread):
                 self.record(FaultEvent(self.now(), kind, w["name"], f"pid {w['pid']}"))
                 return
             at, t = self.now(), time.monotonic()
-            self.app.after_supervisor_death(grace=30.0)
+            self._end_due(what="pause")      # stopped orphans could not drain: SIGCONT them
+            code = self.app.after_supervisor_death(grace=30.0)
+            if code != -signal.SIGKILL:
+                self.findings.unexpected_exits.append(
+                    f"the supervisor had exited with status {code} before kill -9 at {at:.1f}s")
             drained = time.monotonic() - t
             self._restart()
             self.record(FaultEvent(at, kind, "supervisor", f"pid {w['pid']}; workers gone after "
@@ -448,7 +459,7 @@ class Nemesis(threading.Thread):
     def _pause(self, kind: str, role: str) -> None:
         w = self._pick(role)
         if w is None:
-            self.record(FaultEvent(self.now(), kind, detail="every worker of the role is over its budget", skipped=True))
+            self.record(FaultEvent(self.now(), kind, detail="every worker of the role is paused or over its budget", skipped=True))
             return
         self._hits.setdefault(w["name"], []).append(time.monotonic())
         seconds = self.rng.uniform(*self.opts.pause)
@@ -460,8 +471,7 @@ class Nemesis(threading.Thread):
             return
         self._paused[w["pid"]] = w["name"]
         self.record(FaultEvent(self.now(), kind, w["name"], f"pid {w['pid']} SIGSTOP for {seconds:.1f}s"))
-        self.stop_event.wait(seconds)
-        self._resume(w["pid"], start)
+        self._later(seconds, "pause", lambda: self._resume(w["pid"], start))
 
     def _resume(self, pid: int, start: str | None) -> None:
         self._paused.pop(pid, None)
@@ -471,11 +481,25 @@ class Nemesis(threading.Thread):
             except ProcessLookupError:
                 pass
 
+    def _later(self, seconds: float, what: str, end: Callable[[], None]) -> None:
+        """End a fault after ``seconds`` while the schedule goes on (faults overlap)."""
+        self._pending.append((time.monotonic() + seconds, what, end))
+
+    def _end_due(self, everything: bool = False, what: str | None = None) -> None:
+        now = time.monotonic()
+        due = [p for p in self._pending if everything or p[0] <= now or p[1] == what]
+        for p in due:
+            self._pending.remove(p)
+            p[2]()
+
     def _kill_all(self) -> None:
         with self.lock:
             pid = self.app.proc.pid
             at, t = self.now(), time.monotonic()
-            self.app.kill_all()
+            code = self.app.kill_all()
+            if code != -signal.SIGKILL:
+                self.findings.unexpected_exits.append(
+                    f"the supervisor had exited with status {code} before kill -9 at {at:.1f}s")
             self._restart()
             self.record(FaultEvent(at, "kill-all", f"group {pid}",
                                    f"restarted on the same data dir in {time.monotonic() - t:.1f}s"))
@@ -484,15 +508,19 @@ class Nemesis(threading.Thread):
         if self.disk is None:
             self.record(FaultEvent(self.now(), "disk-full", detail="no small disk (--disk none)", skipped=True))
             return
+        if any(p[1] == "disk-full" for p in self._pending):
+            self.record(FaultEvent(self.now(), "disk-full", detail="the disk is full already", skipped=True))
+            return
         seconds = self.rng.uniform(*self.opts.disk_hold)
+        at = self.now()
         size = self.disk.fill()
-        self.record(FaultEvent(self.now(), "disk-full", self.disk.kind,
+        self.record(FaultEvent(at, "disk-full", self.disk.kind,
                                f"ballast {size / MiB:.1f} MiB, {self.disk.free_bytes()} bytes left, held {seconds:.1f}s"))
-        self._wait(seconds)
-        self.disk.free()
+        self._later(seconds, "disk-full", self.disk.free)
 
     def heal(self) -> None:
         """End every fault in force: SIGCONT what is paused, free the disk, the appliance up."""
+        self._end_due(everything=True)
         for pid in list(self._paused):
             self._resume(pid, _start_time(pid))
         if self.disk is not None:

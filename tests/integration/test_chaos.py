@@ -27,7 +27,7 @@ from queue_checker import ANOMALIES  # noqa: E402
 
 def test_queue_workload_under_every_fault_has_no_anomaly(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "loadtests", "chaos.py"), "--seed", str(SEED),
-           "--transactions", "300", "--fault-interval", "1,2", "--fault-cycles", "1", "--pause", "0.3,3.5",
+           "--transactions", "300", "--fault-interval", "1,2", "--fault-cycles", "1", "--pause", "0.3,6.5",
            "--disk", "loop", "--disk-mb", "128", "--work-dir", str(tmp_path),
            "--history", str(tmp_path / "history.jsonl")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=400,
