@@ -97,9 +97,9 @@ class Coordinator(Worker):
         both logs after an unclean stop (indexes rebuilt). A coordinator that exited on ENOSPC
         there would be restarted into the same failure until the supervisor's crash-loop rule
         stopped the whole appliance. So it gives back what it opened and tries again every
-        ``SPACE_RETRY_S``, RECOVERING meanwhile (the supervisor does not hold a recovering
-        worker to its heartbeat; frontends answer COORDINATOR_NOT_AVAILABLE, which clients
-        retry), until it starts or the appliance stops."""
+        ``SPACE_RETRY_S``, RECOVERING and beating its heartbeat meanwhile (frontends answer
+        COORDINATOR_NOT_AVAILABLE, which clients retry), until it starts or the appliance
+        stops."""
         waiting = False
         while True:
             opened: list = []
@@ -119,6 +119,10 @@ class Coordinator(Worker):
                     waiting = True
             if self.stop:
                 raise SystemExit(0)              # nothing is open: the drain has nothing to do
+            # Alive and waiting on purpose: the supervisor holds a starting coordinator to its
+            # heartbeat (only writers' recovery is exempt), which a wait longer than the timeout
+            # would otherwise miss.
+            self.hb.beat(self.ctx.heartbeat_slot)
             time.sleep(SPACE_RETRY_S)
         if waiting:
             log.info("space on the data dir again: started")
@@ -132,6 +136,8 @@ class Coordinator(Worker):
         self.tc = TransactionCoordinator(txn_log, ProducerIdManager(self.dir), self.cfg.transactions,
                                          epoch, _now_ms)
         self.tc.load()
+        # Between the loads: the supervisor holds a starting coordinator to its heartbeat.
+        self.hb.beat(self.ctx.heartbeat_slot)
         self.gs = GroupService(os.path.join(self.dir, "group-log"), self.cfg.groups,
                                self.cfg.log.flush.policy, self.tc, _now_ms)
         opened.append(self.gs)

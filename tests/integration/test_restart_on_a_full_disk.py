@@ -7,8 +7,9 @@ dir's disk was full stopped the whole appliance.
 * A partition writer's recovery failed the same way (rewriting the unclean tail's indexes), which
   it reported as a boot error: the supervisor stopped the appliance at once (exit 4).
 
-Both must wait for space instead, recovering (which the supervisor does not hold to the
-heartbeat), and serve once space is back; the rest of the appliance serves meanwhile. And a stop
+Both must wait for space instead, recovering (the coordinator beating its heartbeat: the
+supervisor holds a starting coordinator to it, and used to kill the waiting one as hung), and
+serve once space is back; the rest of the appliance serves meanwhile. And a stop
 on a full disk is clean (the coordinator's group log used to raise ENOSPC sealing itself).
 
 The data dir is a small ext4 file system on a loop device (root and a loop device needed, as in
@@ -19,8 +20,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 import uuid
 
+import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from harness import ROOT
@@ -28,6 +31,8 @@ from harness import ROOT
 sys.path.insert(0, os.path.join(ROOT, "loadtests"))
 
 from chaos_nemesis import SmallDisk  # noqa: E402
+
+HEARTBEAT_MS = 3000
 
 
 def _commit_one(bootstrap: str, tid: str, value: bytes, partition: int = 0) -> None:
@@ -62,9 +67,11 @@ def _waiting_or_gone(app, what: str):
 def test_coordinator_restarted_on_a_full_disk_waits_for_space_instead_of_crash_looping(tmp_path, appliance_factory):
     disk = SmallDisk(str(tmp_path), "loop", 64)
     disk.mount()
+    app = None
     try:
         app = appliance_factory(data_dir=os.path.join(disk.mnt, "data"), server={"frontends": 1},
-                                topics={"default_partitions": 1})
+                                topics={"default_partitions": 1},
+                                supervisor={"heartbeat_timeout_ms": HEARTBEAT_MS})
         _commit_one(app.bootstrap, "before", b"before")
         co = app.workers("coordinator")[0]
 
@@ -74,9 +81,12 @@ def test_coordinator_restarted_on_a_full_disk_waits_for_space_instead_of_crash_l
         _waiting_or_gone(app, "the restarted coordinator")
         new = app.wait_for(lambda: [w for w in app.workers("coordinator") if w["pid"] != co["pid"]],
                            what="the restarted coordinator's pid")[0]
+        # It outlives the heartbeat timeout by half: a wait, not a hang.
+        app.wait_for(lambda: os.path.exists(f"/proc/{new['pid']}")
+                     and time.time() - psutil.Process(new["pid"]).create_time() > 1.5 * HEARTBEAT_MS / 1000,
+                     what="the waiting coordinator to outlive the heartbeat timeout")
         assert app.proc.poll() is None
-        assert os.path.exists(f"/proc/{new['pid']}")
-        assert "co (pid gen 2) exited" not in app.log_text()
+        assert "co (pid gen 2)" not in app.log_text() and "missed its heartbeat" not in app.log_text()
 
         disk.free()
         app.wait_for(lambda: app.log_text().count("transaction coordinator ready") >= 2, timeout=60,
@@ -86,12 +96,15 @@ def test_coordinator_restarted_on_a_full_disk_waits_for_space_instead_of_crash_l
         assert _read_committed(app.bootstrap) == [b"before", b"after"]
         assert app.terminate() == 0
     finally:
+        if app is not None:
+            app.terminate()               # before its data dir goes away
         disk.unmount()
 
 
 def test_writer_restarted_on_a_full_disk_waits_for_space_instead_of_stopping_the_appliance(tmp_path, appliance_factory):
     disk = SmallDisk(str(tmp_path), "loop", 64)
     disk.mount()
+    app = None
     try:
         app = appliance_factory(data_dir=os.path.join(disk.mnt, "data"), server={"frontends": 1},
                                 topics={"default_partitions": 2})
@@ -126,4 +139,6 @@ def test_writer_restarted_on_a_full_disk_waits_for_space_instead_of_stopping_the
         assert app.terminate() == 0
         assert "Traceback" not in app.log_text()
     finally:
+        if app is not None:
+            app.terminate()               # before its data dir goes away
         disk.unmount()
