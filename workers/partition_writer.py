@@ -162,18 +162,19 @@ class PartitionWriter(Worker):
                 opened, self.log = self.log, None
                 if opened is not None:
                     opened.close(clean=False)        # writes nothing: as a crash would
-                if not (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and self.gen > 1):
+                no_space = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+                if not no_space or (self.gen == 1 and opened is None):
                     if opened is not None:
                         raise                        # past the log's open: a crash, as ever
                     log.error("cannot open partition log %s: %s", directory, e)
                     return WORKER_BOOT_ERROR
                 problem = str(e)
-            # A restart in a running appliance (this writer died, or was killed as hung) on a
-            # full disk: recovery rewrites the indexes of the unclean tail, and cannot. Exiting
-            # would stop the whole appliance (a boot error) or crash-loop it; the partition
-            # waits instead, RECOVERING (the supervisor does not hold it to the heartbeat), and
-            # the others keep serving. A first start keeps the boot error: the supervisor gives
-            # its disk reserve back before it forks the writers (README, "A full disk").
+            # On a full disk: recovery rewrites the indexes of the unclean tail, the replay the
+            # aborted-transaction index, and cannot. Exiting would stop the whole appliance (a
+            # boot error) or crash-loop it; the partition waits instead, RECOVERING (the
+            # supervisor does not hold it to the heartbeat), and the others keep serving. Only a
+            # first start whose log cannot even open keeps the boot error (README, "A full
+            # disk": the supervisor gave its disk reserve back before it forked the writers).
             if not waiting:
                 log.warning("%s-%d: cannot recover on a full disk (%s): waiting for space",
                             self.ctx.topic, self.ctx.index, problem)
