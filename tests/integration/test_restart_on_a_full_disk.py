@@ -5,7 +5,9 @@ dir's disk was full stopped the whole appliance.
   or rebuilding its logs' indexes after the kill), again at every restart, until the supervisor's
   crash-loop rule stopped the appliance (exit 4).
 * A partition writer's recovery failed the same way (rewriting the unclean tail's indexes), which
-  it reported as a boot error: the supervisor stopped the appliance at once (exit 4).
+  it reported as a boot error: the supervisor stopped the appliance at once (exit 4). (Whether
+  that recovery needs new blocks depends on how the log's files got theirs; the test holds for
+  both: recovered, or waiting.)
 
 Both must wait for space instead, recovering (the coordinator beating its heartbeat: the
 supervisor holds a starting coordinator to it, and used to kill the waiting one as hung), and
@@ -118,7 +120,11 @@ def test_writer_restarted_on_a_full_disk_waits_for_space_instead_of_stopping_the
 
         disk.fill()
         os.kill(w["pid"], signal.SIGKILL)
-        _waiting_or_gone(app, "the restarted writer")
+        # The restarted writer recovers if its recovery finds the blocks it needs, or waits for
+        # space; either way the appliance lives on (it stopped on a boot error).
+        app.wait_for(lambda: app.log_text().count("t-0 ready") >= 2 or "waiting for space" in app.log_text()
+                     or app.proc.poll() is not None, timeout=60, what="the restarted writer")
+        assert app.proc.poll() is None, f"the appliance exited with {app.proc.returncode}:\n{app.log_tail()}"
         assert "boot error" not in app.log_text()
         # The rest of the appliance serves meanwhile: partition 1 is read.
         assert _read_committed(app.bootstrap, 1) == [b"on partition 1"]
