@@ -111,7 +111,8 @@ class Appliance:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 90.0) -> None:
+    def start(self, timeout: float = 90.0, waiting: Callable[[], None] = lambda: None) -> None:
+        """Start and wait until it serves; ``waiting`` is called while it is not ready yet."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
         with open(self.log_path, "ab") as log:
             log.write(f"--- chaos: start {self.starts + 1} ---\n".encode())
@@ -122,15 +123,16 @@ class Appliance:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, env=env)
         self.starts += 1
-        self.wait_ready(timeout)
+        self.wait_ready(timeout, waiting)
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float, waiting: Callable[[], None] = lambda: None) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ApplianceExited(self.proc.returncode)
             if self._api_versions_ok() and self._workers_up():
                 return
+            waiting()
             time.sleep(0.1)
         raise TimeoutError(f"the appliance was not ready within {timeout:.0f} s")
 
@@ -400,7 +402,9 @@ class Nemesis(threading.Thread):
         deadline = time.monotonic() + self.opts.restart_timeout
         while True:
             try:
-                self.app.start(timeout=max(1.0, deadline - time.monotonic()))
+                # Faults in force end on their clock meanwhile: a full disk the start waits for
+                # is freed when its time is up.
+                self.app.start(timeout=max(1.0, deadline - time.monotonic()), waiting=self._end_due)
                 return
             except ApplianceExited as e:
                 self.app.exits.append(e.code)
