@@ -50,6 +50,7 @@ MiB = 1 << 20
 ROLES = ("frontend", "writer", "fetcher", "coordinator", "supervisor")
 FAULT_KINDS = tuple([f"kill-{r}" for r in ROLES] + [f"pause-{r}" for r in ROLES] + ["kill-all", "disk-full"])
 _PR_SET_CHILD_SUBREAPER = 36
+MAX_RETRIES = 10         # a skipped fault is tried again this often within its cycle
 
 
 def become_subreaper() -> None:
@@ -346,6 +347,7 @@ class Nemesis(threading.Thread):
         self.findings = Findings()
         self.cycles = 0                     # complete passes over the enabled kinds
         self._order: list[str] = []
+        self._retries: dict[str, int] = {}  # skipped kinds tried again in this cycle
         self._hits: dict[str, list[float]] = {}
         self._paused: dict[int, str] = {}   # pid -> name, while SIGSTOPped
         self._pending: list[tuple[float, str, Callable[[], None]]] = []   # (due, what, end)
@@ -361,7 +363,16 @@ class Nemesis(threading.Thread):
                 if not self._order:
                     self._order = list(self.opts.kinds)
                     self.rng.shuffle(self._order)
-                self.inject(self._order.pop())
+                    self._retries = {}
+                kind = self._order.pop()
+                before = len(self.events)
+                self.inject(kind)
+                skipped = any(ev.skipped for ev in self.events[before:])
+                if skipped and self._retries.get(kind, 0) < MAX_RETRIES:
+                    # Its targets were paused or over budget: again at the end of this cycle,
+                    # so that a cycle holds every kind.
+                    self._retries[kind] = self._retries.get(kind, 0) + 1
+                    self._order.insert(0, kind)
                 if not self._order:
                     self.cycles += 1
         except BaseException as e:          # reported by chaos.py, which then stops the run
