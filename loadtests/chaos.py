@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.transactions and not any(c.is_alive() for c in txn_clients):
                 break
             if nemesis.error is not None:
-                raise RuntimeError(f"the nemesis failed: {nemesis.error!r}")
+                print(f"chaos: the nemesis failed: {nemesis.error!r}; ending the run", flush=True)
+                break
             if time.monotonic() - last_report >= 10:
                 last_report = time.monotonic()
                 print(f"chaos: [{elapsed:7.1f}s] transactions {budget.outcomes} "
@@ -307,6 +308,8 @@ def report(args, seed, faults, nemesis, budget, shared, res, run_s, complete, st
         for case in cases[:3]:
             print(f"  e.g. {kind}: {json.dumps(case, default=str)[:600]}")
     problems = []
+    if nemesis.error is not None:
+        problems.append(f"the nemesis failed (the appliance could not be brought back?): {nemesis.error!r}")
     if not res.valid:
         problems.append("anomalies found")
     if not complete:

@@ -540,7 +540,10 @@ class Nemesis(threading.Thread):
             self._resume(pid, _start_time(pid))
         if self.disk is not None:
             self.disk.free()
-        self.watch()
+        try:
+            self.watch()
+        except Exception as e:              # reported with the run's results
+            self.error = self.error or e
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
