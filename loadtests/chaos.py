@@ -40,6 +40,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -199,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.fault_interval[1]:g}s", flush=True)
 
     become_subreaper()
+    # SIGTERM (a timeout, a CI job cancelled) ends the run through the clean-up below: the
+    # appliance killed, the small disk unmounted, the runtime dir removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = tempfile.mkdtemp(prefix="chaos-", dir=args.work_dir)
     disk = SmallDisk(workdir, args.disk, args.disk_mb) if args.disk != "none" else None
     app = None
@@ -277,8 +281,9 @@ def main(argv: list[str] | None = None) -> int:
                     findings, stuck, errors, app)
         return 0 if ok else 1
     finally:
-        if app is not None and app.proc is not None and app.alive():
-            app.kill_all()
+        if app is not None and app.proc is not None:
+            app.kill_all()                  # the group, also orphans of a dead supervisor
+            shutil.rmtree(app.run_dir, ignore_errors=True)   # left by kill -9 (not appliance-<pid>)
         if disk is not None:
             disk.unmount()
         if args.keep:
