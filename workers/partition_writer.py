@@ -57,6 +57,7 @@ from shm.doorbell import BellSender
 from workers.base import IDLE_WAIT_S, Worker
 
 log = logging.getLogger("appliance.writer")
+SPACE_RETRY_S = 0.5      # how often a restart on a full disk tries its recovery again
 
 # How many records one input ring may hand over per loop turn before the others get a turn.
 FAIRNESS_BUDGET = 64
@@ -164,18 +165,15 @@ class PartitionWriter(Worker):
         # second marker.
         return {"coordinator_ring_head": self.mailbox.inputs[COORDINATOR].head}
 
-    def setup(self) -> int | None:
-        directory = partition_dir(self.ctx.data_dir, self.ctx.topic, self.ctx.index)
-        self.mv[self.k_recovery] = 0
+    def _open(self, directory: str) -> int:
+        """Recover the log and the producer state; the offset the replay started from."""
+        self.log = None
+        self.mv[self.k_recovery] = 0            # bytes checked by this try (a retry starts over)
 
         def progress(nbytes: int) -> None:
             self.mv[self.k_recovery] += nbytes
 
-        try:
-            self.log = PartitionLog.open(directory, self._log_settings(), _now_ms(), progress)
-        except (OSError, ValueError) as e:
-            log.error("cannot open partition log %s: %s", directory, e)
-            return WORKER_BOOT_ERROR
+        self.log = PartitionLog.open(directory, self._log_settings(), _now_ms(), progress)
         # Producer state: the newest snapshot plus a replay of the batches after it, which also
         # rebuilds the aborted-transaction index of the segments recovery had to scan.
         self.psm = ProducerStateManager(directory, self.cfg.transactions.producer_id_expiration_ms)
@@ -191,7 +189,39 @@ class PartitionWriter(Worker):
         replayed_from = self.psm.load(self.log.log_end_offset, self.log.headers_from, _now_ms(),
                                       on_completed=rebuilt, max_start_offset=rebuild_from)
         self.log.finish_txn_index_rebuild()
-        self.log.roll_listener = self.psm.take_snapshot
+        return replayed_from
+
+    def setup(self) -> int | None:
+        directory = partition_dir(self.ctx.data_dir, self.ctx.topic, self.ctx.index)
+        waiting = False
+        while True:
+            try:
+                replayed_from = self._open(directory)
+                break
+            except (OSError, ValueError) as e:
+                opened, self.log = self.log, None
+                if opened is not None:
+                    opened.close(clean=False)        # writes nothing: as a crash would
+                no_space = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+                if not no_space or (self.gen == 1 and opened is None):
+                    if opened is not None:
+                        raise                        # past the log's open: a crash, as ever
+                    log.error("cannot open partition log %s: %s", directory, e)
+                    return WORKER_BOOT_ERROR
+                problem = str(e)
+            # On a full disk: recovery rewrites the indexes of the unclean tail, the replay the
+            # aborted-transaction index, and cannot. Exiting would stop the whole appliance (a
+            # boot error) or crash-loop it; the partition waits instead, RECOVERING (the
+            # supervisor does not hold it to the heartbeat), and the others keep serving. Only a
+            # first start whose log cannot even open keeps the boot error (README, "A full
+            # disk": the supervisor gave its disk reserve back before it forked the writers).
+            if not waiting:
+                log.warning("%s-%d: cannot recover on a full disk (%s): waiting for space",
+                            self.ctx.topic, self.ctx.index, problem)
+                waiting = True
+            if self.stop:
+                raise SystemExit(0)              # nothing is open: the drain has nothing to do
+            time.sleep(SPACE_RETRY_S)
         own_bell = self.topo.bell_path(self.ctx.name)
         waker = BellSender()            # the flusher thread's own socket
         self.flusher = Flusher(lambda: waker.ring(own_bell), self.log.log_end_offset)
