@@ -59,6 +59,7 @@ class KafkaConnection(asyncio.Protocol):
         self.last_active = time.monotonic()
         self.fetcher = server.broker.next_fetcher()
         self.tasks: set[asyncio.Task] = set()
+        self.produce_order: asyncio.Future | None = None   # appliance.api.produce keeps the order
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
