@@ -9,9 +9,10 @@ Kafka user looks for, as STATIC_BROKER_CONFIG. Broker-logger resources are not s
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 from appliance.api import handles
-from appliance.protocol.messages import build
+from appliance.protocol.messages import build, encode_response_items
 from appliance.errors import ErrorCode
 from appliance.topic_config import TOPIC_CONFIGS, effective_topic_configs
 
@@ -77,7 +78,16 @@ def handle(ctx, req):
     host, port = ctx.broker.advertised
     brokers = broker_configs(cfg, host, port)
     results = []
+    # A resource named again is answered again, as Kafka does, from the same result (regression:
+    # 50,000 copies of the broker resource took the frontend minutes to build and encode, past
+    # its heartbeat).
+    seen: dict[tuple, Any] = {}
     for res in req.resources:
+        key = (res.resource_type, res.resource_name,
+               None if res.configuration_keys is None else tuple(res.configuration_keys))
+        if key in seen:
+            results.append(seen[key])
+            continue
         keys = set(res.configuration_keys) if res.configuration_keys is not None else None
         err, msg, entries = ErrorCode.none, None, []
         if res.resource_type == TOPIC:
@@ -110,7 +120,9 @@ def handle(ctx, req):
                         entries.append(_entry(m, name, value, STATIC_BROKER_CONFIG, ctype, None, syn, req))
         else:
             err, msg = ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
-        results.append(dict(error_code=err, error_message=msg,
-                            resource_type=res.resource_type, resource_name=res.resource_name,
-                            configs=tuple(entries)))
-    return build(m.DescribeConfigsResponse, throttle_time=datetime.timedelta(0), results=tuple(results))
+        seen[key] = build(m.DescribeConfigsResult, dict(
+            error_code=err, error_message=msg, resource_type=res.resource_type,
+            resource_name=res.resource_name, configs=tuple(entries)))
+        results.append(seen[key])
+    return encode_response_items(build(m.DescribeConfigsResponse, throttle_time=datetime.timedelta(0)),
+                                 "results", tuple(results))

@@ -34,6 +34,7 @@ one-partition Fetch v15.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import io
 import re
@@ -60,6 +61,7 @@ from kio.static.constants import EntityType
 
 from appliance.errors import ProtocolViolation
 from appliance.protocol import shape
+from appliance.protocol.primitives import I32, uvarint
 
 __all__ = [
     "API_VERSIONS_KEY",
@@ -73,6 +75,7 @@ __all__ = [
     "decode_request",
     "preload",
     "encode_response",
+    "encode_response_items",
     "build",
     "build_response",
     "build_api_versions_response",
@@ -290,6 +293,37 @@ def encode_response(entity: Any) -> bytes:
     buf = io.BytesIO()
     writer(buf, entity)
     return buf.getvalue()
+
+
+def encode_response_items(entity: Any, field: str, items: tuple) -> list[bytes]:
+    """``encode_response(entity)`` with ``items`` as its array ``field``, each distinct item
+    (by identity) encoded once: for answers that repeat one result many times (a request naming
+    one resource 50,000 times), which kio's writer would serialise entity by entity. ``field``
+    must be the entity's last field and the class must have no tagged fields of its own."""
+    cls = type(entity)
+    names = [f.name for f in fields(cls)]
+    if names[-1] != field or any(f.metadata.get("tag") is not None for f in fields(cls)):
+        raise TypeError(f"{cls.__name__}.{field} is not the last field of a class without tags")
+    empty_count, tags = (b"\x01", b"\x00") if cls.__flexible__ else (b"\x00\x00\x00\x00", b"")
+    head = encode_response(dataclasses.replace(entity, **{field: ()}))
+    if not head.endswith(empty_count + tags):
+        raise TypeError(f"unexpected encoding of {cls.__name__} with an empty {field}")
+    prefix = head[:len(head) - len(empty_count) - len(tags)]
+    count = uvarint(len(items) + 1) if cls.__flexible__ else I32.pack(len(items))
+    done: dict[int, bytes] = {}
+    parts = [prefix, count]
+    for item in items:
+        data = done.get(id(item))
+        if data is None:
+            writer = _WRITERS.get(type(item))
+            if writer is None:
+                writer = _WRITERS[type(item)] = entity_writer(type(item))
+            buf = io.BytesIO()
+            writer(buf, item)
+            data = done[id(item)] = buf.getvalue()
+        parts.append(data)
+    parts.append(tags)
+    return parts
 
 
 _ERROR_CODES: Final = {int(code): code for code in ErrorCode}

@@ -109,3 +109,52 @@ def test_produce_of_thousands_of_partitions_keeps_the_frontend_beating(appliance
         assert len(codes) == entries and set(codes) == {0}
         assert raw.request(18, 0, {}).error_code == 0
     assert pids(app) == before
+
+
+def test_requests_repeating_one_entry_are_answered_as_kafka_answers_them(appliance_factory):
+    """Regressions (fuzzer, inflated requests): ListOffsets counted duplicates per partition
+    (quadratic: 40,000 repeats took minutes); DescribeConfigs built and encoded every copy of
+    the broker resource entity by entity (50,000: minutes); both held the frontend's event loop
+    past its heartbeat (here 3 s) and the supervisor killed it. Fetch answered a repeated
+    partition once per repeat (Kafka keeps a full fetch's partitions in a map: once); Metadata
+    too (Kafka reads the topics into a set)."""
+    app = appliance_factory(server={"frontends": 1}, supervisor={"heartbeat_timeout_ms": 3000})
+    with RawClient(app.bootstrap) as raw:
+        create_topic(raw, "rep")
+        batch = build_batch([Record(key=None, value=b"x")])
+        raw.request(0, 9, {"transactional_id": None, "acks": -1, "timeout_ms": 30000, "topic_data": [
+            {"name": "rep", "partition_data": [{"index": 0, "records": batch}]}]})
+    before = pids(app)
+    n = 10_000
+    with RawClient(app.bootstrap, timeout=60) as raw:
+        r = raw.request(2, 7, {"replica_id": -1, "isolation_level": 0, "topics": [
+            {"name": "rep", "partitions": [{"partition_index": 0, "current_leader_epoch": -1,
+                                            "timestamp": -1}] * n}]})
+        assert [(p.partition_index, p.error_code) for p in r.topics[0].partitions] == [(0, 42)]  # INVALID_REQUEST
+
+        r = raw.request(32, 4, {"resources": [{"resource_type": 4, "resource_name": "",
+                                               "configuration_keys": None}] * 5_000,
+                                "include_synonyms": True, "include_documentation": False})
+        assert len(r.results) == 5_000 and len({x for x in r.results}) == 1
+        assert r.results[0].error_code == 0 and len(r.results[0].configs) > 10
+
+        r = raw.request(1, 12, {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20,
+                                "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+                                "topics": [{"topic": "rep", "partitions": [
+                                    {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
+                                     "last_fetched_epoch": -1, "log_start_offset": -1,
+                                     "partition_max_bytes": 1 << 20}] * n}] * 3,
+                                "forgotten_topics_data": [], "rack_id": ""})
+        assert [(t.topic, len(t.partitions)) for t in r.responses] == [("rep", 1)]
+        assert r.responses[0].partitions[0].records
+
+        r = raw.request(3, 12, {"topics": [{"topic_id": b"\0" * 16, "name": "rep"}] * n,
+                                "allow_auto_topic_creation": False,
+                                "include_topic_authorized_operations": False})
+        assert [t.name for t in r.topics] == ["rep"]
+
+        r = raw.request(61, 0, {"topics": [{"name": "rep", "partition_indexes": [0] * n}] * 4})
+        assert sum(len(t.partitions) for t in r.topics) == 4 * n
+        assert {p.error_code for t in r.topics for p in t.partitions} == {0}
+    assert pids(app) == before
+    assert not LOG_PROBLEMS.search(app.log_text())
