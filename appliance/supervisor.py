@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from shm.conntable import ConnectionTable
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.statepage import StatePage
@@ -45,7 +46,7 @@ from .config import Config
 from .errors import ErrorCode, KafkaError
 from .log.files import TMP_SUFFIX, atomic_write
 from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
-                      EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
+                      EXIT_OK, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
                       PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING, RUNTIME_POINTER,
                       STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
@@ -264,8 +265,11 @@ class Supervisor:
         if role != "writer":       # a writer's page is made by _add_writer
             # Every worker publishes generation, status and pid there (workers.base); frontends
             # watch the fetchers' and the coordinator's generation to fail what a dead one held.
-            fields = COORDINATOR_PAGE_FIELDS if role == "coordinator" else WORKER_PAGE_FIELDS
+            fields = {"coordinator": COORDINATOR_PAGE_FIELDS,
+                      "frontend": FRONTEND_PAGE_FIELDS}.get(role, WORKER_PAGE_FIELDS)
             StatePage.create(self.topo.page_path(name), fields).close()
+            if role == "frontend" and self.cfg.server.limits_connections_per_ip:
+                ConnectionTable.create(self.topo.conns_path(name)).close()
         self.workers[name] = spec
         return spec
 
@@ -741,15 +745,22 @@ class Supervisor:
 
 
 def _raise_fd_limit() -> None:
-    """Every shm mapping keeps a file descriptor (Python 3.11 mmap): a frontend holds about three
-    per partition. Raise the soft limit to the hard one."""
+    """Raise the soft open-files limit to the hard one, as servers do (Java's MaxFDLimit for
+    Kafka): every client connection is a descriptor in a frontend, and every shm mapping keeps
+    one too (Python 3.11 mmap: a frontend holds about three per partition). Workers inherit it.
+    Logged, since it bounds the connections a frontend can hold."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if want > soft:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
-        except (ValueError, OSError):
-            pass
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            log.info("raised the open-files limit (RLIMIT_NOFILE) from %d to %d", soft, want)
+            return
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open-files limit (RLIMIT_NOFILE) from %d to %d: %s",
+                        soft, want, e)
+    log.info("open-files limit (RLIMIT_NOFILE) is %d", soft)
 
 
 def _pid_alive(pid: int) -> bool:

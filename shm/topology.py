@@ -12,6 +12,7 @@ must not contain ``-`` or ``/``, because ``-`` separates the two ends of a ring)
     <run_dir>/ring.<src>-<dst>    SPSC ring, producer src -> consumer dst   (shm.ring)
     <run_dir>/bell.<endpoint>     the endpoint's doorbell socket             (shm.doorbell)
     <run_dir>/page.<name>         a state page                               (shm.statepage)
+    <run_dir>/conns.<frontend>    a frontend's connections per IP address    (shm.conntable)
     <run_dir>/<name>              anything else (heartbeats, catalog.msgpack)
 
     <run_dir>/spill.<pid>.<n>     one record too large for its ring          (Outbox.post, unspill)
@@ -87,6 +88,9 @@ class Topology:
 
     def page_path(self, name: str) -> str:
         return f"{self.run_dir}/page.{_check_endpoint(name)}"
+
+    def conns_path(self, frontend: str) -> str:
+        return f"{self.run_dir}/conns.{_check_endpoint(frontend)}"
 
     def file_path(self, name: str) -> str:
         if not name or "/" in name:

@@ -71,6 +71,9 @@ class Server:
         self.draining = False
         self.api_ranges = {}
 
+    def connection_closed(self, conn) -> None:
+        self.connections.discard(conn)
+
 
 def frame(correlation: int) -> bytes:
     body = struct.pack(">hhih", TEST_KEY, 0, correlation, -1)

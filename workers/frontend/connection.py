@@ -72,7 +72,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        self.server.connections.discard(self)
+        self.server.connection_closed(self)     # forgets it, frees its connection quota
         for t in self.tasks:
             t.cancel()
 
