@@ -254,6 +254,7 @@ def _footprint(app) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+@pytest.mark.soak
 def test_connection_load_is_served_and_leaves_nothing_behind(appliance_factory, request):
     soak = request.config.getoption("--soak")
     idle, busy, busy_s = (SOAK_IDLE, SOAK_BUSY, SOAK_BUSY_S) if soak else (IDLE, BUSY, BUSY_S)
