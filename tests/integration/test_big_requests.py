@@ -132,7 +132,8 @@ def test_requests_repeating_one_entry_are_answered_as_kafka_answers_them(applian
                                             "timestamp": -1}] * n}]})
         assert [(p.partition_index, p.error_code) for p in r.topics[0].partitions] == [(0, 42)]  # INVALID_REQUEST
 
-        r = raw.request(32, 4, {"resources": [{"resource_type": 4, "resource_name": "",
+        # This node's broker resource (the empty name is the cluster-wide dynamic defaults only).
+        r = raw.request(32, 4, {"resources": [{"resource_type": 4, "resource_name": "1",
                                                "configuration_keys": None}] * 5_000,
                                 "include_synonyms": True, "include_documentation": False})
         assert len(r.results) == 5_000 and len({x for x in r.results}) == 1
