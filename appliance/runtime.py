@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import setproctitle
 
 from .config import Config
+from .listeners import Listener
 
 # Endpoint names (see docs/architecture.md, "Runtime directory and channels").
 SUPERVISOR = "sup"
@@ -44,7 +45,11 @@ PARTITION_PAGE_FIELDS = [
     ("active_base_offset", "q"), ("active_end_position", "q"), ("segments_version", "Q"),
     ("first_unstable_offset", "q"), ("coordinator_ring_head", "Q"),
 ]
-SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I")]
+# catalog_version: the published catalog's; credentials_version: the published SCRAM
+# credentials' (appliance.security.credentials); tls_version: bumped when SIGHUP made the
+# supervisor publish re-read certificates (appliance.security.tls).
+SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I"),
+                          ("credentials_version", "Q"), ("tls_version", "Q")]
 WORKER_PAGE_FIELDS = [("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I")]
 # The coordinator's page also carries its coordinator epoch (bumped at every start): the
 # WriteTxnMarkers API refuses a marker whose epoch is above it.
@@ -71,6 +76,14 @@ EXIT_RUNTIME_DIR = 7        # server.runtime_dir cannot be made, or holds files 
 WORKER_BOOT_ERROR = 3
 
 
+@dataclass(frozen=True)
+class BoundListener:
+    """A listener and its listening socket's fd, bound by the supervisor before any fork."""
+    listener: Listener
+    fd: int
+    port: int                 # the port bound (differs from the configured one for port 0)
+
+
 @dataclass
 class WorkerContext:
     config: Config
@@ -83,8 +96,9 @@ class WorkerContext:
     data_dir: str
     frontends: list[str]
     fetchers: list[str]
-    listen_fd: int = -1       # frontends: the inherited listening socket
+    listen_fd: int = -1       # the first listener's inherited socket (see listeners)
     bound_port: int = 0
+    listeners: list[BoundListener] = field(default_factory=list)   # frontends serve every one
     topic: str = ""           # writers
     topic_id: bytes = b""     # writers
     topic_configs: dict[str, str] = field(default_factory=dict)

@@ -20,7 +20,8 @@ import logging
 import os
 import socket
 
-from .config import Config
+from .config import DEFAULT_LISTEN, Config
+from .listeners import Listener
 from .runtime import (EXIT_DATA_DIR, EXIT_LISTEN_ADDRESS, EXIT_LISTEN_IN_USE, EXIT_RUNTIME_DIR,
                       HEARTBEAT_FILE)
 
@@ -56,9 +57,27 @@ def is_runtime_dir(path: str) -> bool:
         not os.listdir(path) or os.path.exists(os.path.join(path, HEARTBEAT_FILE)))
 
 
-def bind_listener(cfg: Config) -> socket.socket:
-    """The listening socket of ``server.listen``, inheritable by the frontends."""
-    host, port = cfg.listen_host, cfg.listen_port
+def bind_listeners(cfg: Config) -> list[tuple[Listener, socket.socket]]:
+    """A listening socket for every listener (``server.listeners``, or the one of
+    ``server.listen``), inheritable by the frontends. All or none: a listener that cannot be
+    bound closes the ones bound before it."""
+    bound: list[tuple[Listener, socket.socket]] = []
+    try:
+        for lst in cfg.listeners:
+            bound.append((lst, _bind(cfg, lst)))
+    except BaseException:
+        for _, s in bound:
+            s.close()
+        raise
+    return bound
+
+
+def _bind(cfg: Config, lst: Listener) -> socket.socket:
+    if cfg.server.listeners:
+        where = f"server.listeners {lst}"
+    else:
+        where = f"server.listen {cfg.server.listen or DEFAULT_LISTEN}"
+    host, port = lst.host, lst.port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -67,16 +86,15 @@ def bind_listener(cfg: Config) -> socket.socket:
         s.listen(1024)
     except socket.gaierror as e:
         s.close()
-        raise StartFailure(f"server.listen {cfg.server.listen}: host {host!r} does not "
-                           f"resolve: {e.strerror}", EXIT_LISTEN_ADDRESS) from None
+        raise StartFailure(f"{where}: host {host!r} does not resolve: {e.strerror}",
+                           EXIT_LISTEN_ADDRESS) from None
     except OSError as e:
         s.close()
         if e.errno == errno.EADDRINUSE:
-            raise StartFailure(f"server.listen {cfg.server.listen}: address already in use",
-                               EXIT_LISTEN_IN_USE) from None
+            raise StartFailure(f"{where}: address already in use", EXIT_LISTEN_IN_USE) from None
         if e.errno in (errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM, errno.EAFNOSUPPORT):
-            raise StartFailure(f"server.listen {cfg.server.listen}: cannot listen there: "
-                               f"{e.strerror}", EXIT_LISTEN_ADDRESS) from None
+            raise StartFailure(f"{where}: cannot listen there: {e.strerror}",
+                               EXIT_LISTEN_ADDRESS) from None
         raise
     s.set_inheritable(True)
     return s

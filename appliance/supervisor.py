@@ -42,18 +42,21 @@ from shm.topology import Mailbox, Outbox, Topology
 from . import catalog as cat
 from . import ipc
 from .config import Config
+from .listeners import Listener
+from .security import credentials, tls
 from .errors import ErrorCode, KafkaError
 from .log.files import TMP_SUFFIX, atomic_write
-from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
+from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CONFIG,
+                      EXIT_CRASH_LOOP,
                       EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
                       PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING, RUNTIME_POINTER,
-                      STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
+                      STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, BoundListener,
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
                       fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
                       writer_name)
 from .service import Registry, Responder, serves
 from .startup import (NO_SPACE, DataDirUnusable, DiskReserve, RuntimeDirUnusable, StartFailure,
-                      bind_listener, is_runtime_dir)
+                      bind_listeners, is_runtime_dir)
 from .topic_config import validate_topic_configs
 
 log = logging.getLogger("appliance.supervisor")
@@ -126,8 +129,8 @@ class Supervisor:
         self.fetchers = [fetcher_name(i) for i in range(config.server.fetchers)]
         self._lock_fd = -1
         self._run_dir_made = False
-        self.listener: socket.socket | None = None
-        self.bound_port = 0
+        self.bound: list[tuple[Listener, socket.socket]] = []   # every listener's socket
+        self.bound_port = 0                                     # the first listener's port
 
     # -- set-up ---------------------------------------------------------------------------------
     def _prepare_data_dir(self) -> None:
@@ -219,8 +222,12 @@ class Supervisor:
                     os.unlink(stale)
 
     def _bind(self) -> None:
-        self.listener = bind_listener(self.cfg)
-        self.bound_port = self.listener.getsockname()[1]
+        self.bound = bind_listeners(self.cfg)
+        self.bound_port = self.bound[0][1].getsockname()[1]
+
+    def _listening(self) -> str:
+        return ", ".join(f"{lst.name}://{sock.getsockname()[0]}:{sock.getsockname()[1]}"
+                         for lst, sock in self.bound)
 
     def _setup(self) -> None:
         self._pid = os.getpid()
@@ -236,6 +243,21 @@ class Supervisor:
         self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
         self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING, pid=os.getpid())
         cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+        self.credentials = credentials.CredentialStore(self.data_dir)
+        try:
+            self.credentials.load()
+        except (OSError, ValueError, KeyError) as e:
+            raise DataDirUnusable(f"data dir {self.data_dir}: {credentials.CREDENTIALS_FILE} "
+                                  f"cannot be read: {e}") from None
+        credentials.publish(self.credentials.users,
+                            self.topo.file_path(credentials.PUBLISHED_FILE))
+        self.page.publish(credentials_version=self.credentials.version)
+        if any(lst.tls for lst in self.cfg.listeners):
+            try:
+                tls.publish(self.cfg.tls, self.run_dir, 1)
+            except tls.TlsError as e:
+                raise StartFailure(str(e), EXIT_CONFIG) from None
+            self.page.publish(tls_version=1)
         self._bind()
         small = self.cfg.shm.small_ring_bytes
         for fe in self.frontends:
@@ -287,7 +309,9 @@ class Supervisor:
             config=self.cfg, role=spec.role, name=spec.name, index=spec.index,
             generation=spec.generation, heartbeat_slot=spec.heartbeat_slot, run_dir=self.run_dir,
             data_dir=self.data_dir, frontends=self.frontends, fetchers=self.fetchers,
-            listen_fd=self.listener.fileno() if self.listener else -1, bound_port=self.bound_port,
+            listen_fd=self.bound[0][1].fileno() if self.bound else -1, bound_port=self.bound_port,
+            listeners=[BoundListener(lst, sock.fileno(), sock.getsockname()[1])
+                       for lst, sock in self.bound],
             topic=t.name if t else "", topic_id=t.topic_id if t else b"",
             topic_configs=dict(t.configs) if t else {})
 
@@ -341,6 +365,8 @@ class Supervisor:
                 for s in self.workers.values()]
         atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
                          json.dumps({"supervisor": os.getpid(), "port": self.bound_port,
+                                     "listeners": {lst.name: sock.getsockname()[1]
+                                                   for lst, sock in self.bound},
                                      "workers": rows}).encode(), sync=False)
 
     # -- signals ----------------------------------------------------------------------------------
@@ -372,9 +398,8 @@ class Supervisor:
         self.selector.register(self._wake_r, selectors.EVENT_READ)
         self.selector.register(self.mailbox.fileno(), selectors.EVENT_READ)
         self.mailbox.arm()
-        log.info("appliance starting: data dir %s, listening on %s:%d, %d frontends, %d fetchers",
-                 self.data_dir, self.cfg.listen_host, self.bound_port, len(self.frontends),
-                 len(self.fetchers))
+        log.info("appliance starting: data dir %s, listening on %s, %d frontends, %d fetchers",
+                 self.data_dir, self._listening(), len(self.frontends), len(self.fetchers))
         try:
             for t in self.store.catalog.topics.values():
                 for p in range(t.partitions):
@@ -396,7 +421,7 @@ class Supervisor:
             for i, name in enumerate(self.frontends):
                 self._spawn(self._add_worker("frontend", name, i, frontend_main))
             self.page.publish(status=READY)
-            log.info("appliance ready on %s:%d", self.cfg.listen_host, self.bound_port)
+            log.info("appliance ready on %s", self._listening())
             sd_notify("READY=1")
             while not self.stopping:
                 self._turn(0.1 if (self.pending_creates or self.pending_deletes) else 0.5)
@@ -446,8 +471,23 @@ class Supervisor:
             for spec in list(self.by_pid.values()):
                 self.kill(spec.pid, signal.SIGKILL)
         elif signum == signal.SIGHUP:
-            log.info("SIGHUP: configuration reload is not supported; ignoring")
+            self._reload_certificates()
         # SIGCHLD: reaping happens every turn.
+
+    def _reload_certificates(self) -> None:
+        """SIGHUP: re-read the TLS certificate, key and CA files (the configuration itself is not
+        re-read); frontends pick the new ones up for new connections."""
+        if not any(lst.tls for lst in self.cfg.listeners):
+            log.info("SIGHUP: no TLS listener, nothing to reload")
+            return
+        version = self.page.read().tls_version + 1
+        try:
+            tls.publish(self.cfg.tls, self.run_dir, version)
+        except tls.TlsError as e:
+            log.error("SIGHUP: keeping the certificates in use: %s", e)
+            return
+        self.page.publish(tls_version=version)
+        log.info("SIGHUP: certificates re-read (version %d); new connections use them", version)
 
     def _reap(self) -> None:
         while True:
@@ -625,6 +665,20 @@ class Supervisor:
         self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
         self._check_pending()
 
+    @serves(credentials.AlterScramCredentialsRequest)
+    def _alter_scram_credentials(self, req: credentials.AlterScramCredentialsRequest
+                                 ) -> credentials.AlterScramCredentialsResult:
+        """AlterUserScramCredentials: commit, publish for the frontends, then answer (a login
+        right after the answer sees the new credentials)."""
+        results = self.credentials.alter(req)
+        if any(r.error_code == 0 for r in results):
+            credentials.publish(self.credentials.users,
+                                self.topo.file_path(credentials.PUBLISHED_FILE))
+            self.page.publish(credentials_version=self.credentials.version)
+            log.info("SCRAM credentials altered for %s",
+                     ", ".join(sorted({r.user for r in results if r.error_code == 0})))
+        return credentials.AlterScramCredentialsResult(results)
+
     def _remove_topics(self, names: list[str]) -> list[cat.TopicInfo]:
         """Commit a DeleteTopics; on a full disk the reserve gives the catalog its room (the
         delete is what frees the disk). Nothing removed when even that fails."""
@@ -696,9 +750,9 @@ class Supervisor:
 
     def _stop_all(self) -> None:
         """Drain in order: frontends (finish in-flight requests), then everything else."""
-        if self.listener is not None:
-            self.listener.close()
-            self.listener = None
+        for _, sock in self.bound:
+            sock.close()
+        self.bound = []
         deadline = time.monotonic() + self.cfg.supervisor.shutdown_timeout_ms / 1000
         for phase in (("frontend",), ("fetcher", "coordinator", "writer")):
             targets = [s for s in self.by_pid.values() if s.role in phase]

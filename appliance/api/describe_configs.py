@@ -26,15 +26,16 @@ BROKER_SYNONYM = {"retention.ms": "log.retention.ms", "retention.bytes": "log.re
                   "message.timestamp.type": "log.message.timestamp.type"}
 
 
-def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
+def broker_configs(cfg, advertised: dict[str, tuple[str, int]]) -> dict[str, tuple[str, str]]:
     """Kafka name -> (value, type) of what this broker runs with."""
     s, lg, tx = cfg.server, cfg.log, cfg.transactions
     b = lambda v: "true" if v else "false"  # noqa: E731
     return {
         "node.id": (str(s.node_id), "INT"), "broker.id": (str(s.node_id), "INT"),
         "log.dirs": (s.data_dir, "STRING"),
-        "listeners": (f"PLAINTEXT://{s.listen}", "STRING"),
-        "advertised.listeners": (f"PLAINTEXT://{host}:{port}", "STRING"),
+        "listeners": (",".join(str(x) for x in cfg.listeners), "STRING"),
+        "advertised.listeners": (",".join(f"{name}://{h}:{p}" for name, (h, p)
+                                          in advertised.items()), "STRING"),
         "log.segment.bytes": (str(lg.segment_bytes), "INT"),
         "log.roll.ms": (str(lg.segment_ms), "LONG"),
         "log.retention.bytes": (str(lg.retention_bytes), "LONG"),
@@ -53,6 +54,12 @@ def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
         "transaction.state.log.replication.factor": ("1", "SHORT"),
         "transaction.state.log.min.isr": ("1", "INT"),
         "socket.request.max.bytes": (str(s.socket_request_max_bytes), "INT"),
+        "listener.security.protocol.map": (",".join(
+            f"{x.name}:{x.protocol}" for x in cfg.listeners), "STRING"),
+        "sasl.enabled.mechanisms": (",".join(cfg.sasl.mechanisms), "LIST"),
+        "ssl.client.auth": (cfg.tls.client_auth, "STRING"),
+        "connection.failed.authentication.delay.ms": (
+            str(s.connection_failed_authentication_delay_ms), "INT"),
         "connections.max.idle.ms": (str(s.connections_max_idle_ms), "LONG"),
         "transaction.max.timeout.ms": (str(tx.max_timeout_ms), "INT"),
         "transactional.id.expiration.ms": (str(tx.id_expiration_ms), "INT"),
@@ -74,8 +81,7 @@ def _entry(m, name, value, source, ctype, doc, synonyms, req):
 def handle(ctx, req):
     m = ctx.response_module()
     cfg = ctx.broker.cfg
-    host, port = ctx.broker.advertised
-    brokers = broker_configs(cfg, host, port)
+    brokers = broker_configs(cfg, ctx.broker.endpoints)
     results = []
     for res in req.resources:
         keys = set(res.configuration_keys) if res.configuration_keys is not None else None

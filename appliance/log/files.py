@@ -94,11 +94,13 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes, *, size: int | None = None, sync: bool = True) -> None:
+def atomic_write(path: str, data: bytes, *, size: int | None = None, sync: bool = True,
+                 mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` (optionally extended, sparse, to ``size`` bytes) so that a
-    crash leaves either the old or the new file; readers holding the old file mapped keep it."""
+    crash leaves either the old or the new file; readers holding the old file mapped keep it.
+    A new file gets ``mode`` (0o600 for secrets)."""
     tmp = path + TMP_SUFFIX
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(data)
         while view:

@@ -15,6 +15,8 @@ import pytest
 
 from appliance.api import REGISTRY, Api, CloseConnection, load_handlers
 from appliance.config import Config
+from appliance.listeners import Listener
+from appliance.runtime import BoundListener
 from workers.frontend.connection import KafkaConnection
 
 TEST_KEY = 18          # requests use ApiVersions' framing; the handler is swapped per test
@@ -59,9 +61,14 @@ class Transport:
 
 class Broker:
     cfg = Config()
+    endpoints = {"PLAINTEXT": ("127.0.0.1", 9092), "SASL_PLAINTEXT": ("127.0.0.1", 9093)}
+    users: dict = {}
 
     def next_fetcher(self) -> int:
         return 0
+
+    def scram_credentials(self, user):
+        return self.users.get(user)
 
 
 class Server:
@@ -70,6 +77,10 @@ class Server:
         self.connections: set = set()
         self.draining = False
         self.api_ranges = {}
+        self.principal_rules = []
+
+
+PLAINTEXT = BoundListener(Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092), -1, 9092)
 
 
 def frame(correlation: int) -> bytes:
@@ -92,8 +103,8 @@ def handler():
     REGISTRY[TEST_KEY] = saved
 
 
-def connect() -> tuple[KafkaConnection, Transport]:
-    conn = KafkaConnection(Server())
+def connect(bound: BoundListener = PLAINTEXT) -> tuple[KafkaConnection, Transport]:
+    conn = KafkaConnection(Server(), bound)
     t = Transport()
     conn.connection_made(t)
     return conn, t
