@@ -11,23 +11,25 @@ SaslHandshake v0, raw size-prefixed tokens with no request header, the pre-KIP-1
 COMPLETE, FAILED. Before COMPLETE, a frame over ``MAX_RECEIVE_SIZE`` (Kafka's
 sasl.server.max.receive.size, 512 KiB) fails the authentication.
 
-Mechanisms: SCRAM-SHA-256 and SCRAM-SHA-512 (the ``scramp`` library's server, against the stored
-credentials; any failure is answered with Kafka's generic message, which never says whether the
-user exists), PLAIN (RFC 4616; the password is checked against the user's SCRAM credential; the
+Mechanisms: SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802 against the stored credentials; any failure
+is answered with Kafka's generic message, which never says whether the user exists), PLAIN (RFC 4616; the password is checked against the user's SCRAM credential; the
 failures carry Kafka's PlainSaslServer messages). A client asking for an authorization id other
 than its user name is refused, as Kafka does. The principal is ``User:<user name>``.
 """
 
 from __future__ import annotations
 
+import base64
 import enum
+import hashlib
+import hmac
 import logging
+import os
+import re
 from collections.abc import Callable
 
-import scramp
-
 from appliance.security.principal import USER
-from appliance.security.scram import MECHANISMS, ScramCredential, check_password
+from appliance.security.scram import MECHANISMS, ScramCredential, check_password, hash_name
 
 log = logging.getLogger("appliance.sasl")
 
@@ -89,22 +91,23 @@ class PlainServer:
 
 
 class ScramServer:
-    """RFC 5802 server: client-first -> server-first, client-final -> server-final."""
+    """RFC 5802 server, as Kafka's ScramSaslServer: client-first -> server-first, client-final
+    -> server-final. No channel binding (GS2 flag ``n``), Kafka's token extension is not offered.
+    Written here rather than with a library: Kafka accepts any salt (AlterUserScramCredentials
+    takes the client's), where the library we tried refuses salts under 12 bytes."""
+
+    _FIRST = re.compile(r"^n,(?:a=((?:[^,=]|=2C|=3D)+))?,n=((?:[^,=]|=2C|=3D)+),r=([\x21-\x2b\x2d-\x7e]+)"
+                        r"((?:,[A-Za-z]+=[^,]*)*)$")
+    _FINAL = re.compile(r"^(c=([A-Za-z0-9+/]+={0,2}),r=([\x21-\x2b\x2d-\x7e]+)"
+                        r"(?:,[A-Za-z]+=[^,]*)*),p=([A-Za-z0-9+/]+={0,2})$")
 
     def __init__(self, mechanism: str, lookup: Lookup) -> None:
         self.name = mechanism
+        self.hash = hash_name(mechanism)
         self.lookup = lookup
         self.complete = False
         self.user = ""
-        self._server = scramp.ScramMechanism(mechanism).make_server(self._auth_info)
         self._step = 0
-
-    def _auth_info(self, user: str):
-        cred = (self.lookup(user) or {}).get(self.name)
-        if cred is None:
-            return None           # scramp: unknown user
-        self.user = user
-        return cred.salt, cred.stored_key, cred.server_key, cred.iterations
 
     def evaluate(self, token: bytes) -> bytes:
         generic = (f"Authentication failed during authentication due to invalid credentials "
@@ -113,31 +116,61 @@ class ScramServer:
             text = token.decode("utf-8")
         except UnicodeDecodeError:
             raise SaslFailure(generic, "not UTF-8") from None
-        try:
-            if self._step == 0:
-                self._step = 1
-                authzid = _authzid(text)
-                self._server.set_client_first(text)
-                if authzid and authzid != self.user:
-                    raise SaslFailure("Authentication failed: Client requested an authorization "
-                                      "id that is different from username")
-                return self._server.get_server_first().encode()
-            if self._step == 1:
-                self._step = 2
-                self._server.set_client_final(text)
-                final = self._server.get_server_final().encode()
-                self.complete = True
-                return final
-        except scramp.ScramException as e:
-            raise SaslFailure(generic, f"{self.name}: {e}") from None
+        if self._step == 0:
+            self._step = 1
+            return self._first(text, generic)
+        if self._step == 1:
+            self._step = 2
+            return self._final(text, generic)
         raise SaslFailure(generic, "token after the exchange completed")
 
+    def _first(self, text: str, generic: str) -> bytes:
+        m = self._FIRST.match(text)
+        if m is None:
+            raise SaslFailure(generic, "invalid client-first message")
+        authzid, user, nonce, extensions = (_unescape(m.group(1) or ""), _unescape(m.group(2)),
+                                            m.group(3), m.group(4))
+        if "tokenauth=" in extensions:
+            raise SaslFailure(generic, "delegation tokens are not supported")
+        cred = (self.lookup(user) or {}).get(self.name)
+        if cred is None:
+            raise SaslFailure(generic, f"unknown user {user!r}")
+        if authzid and authzid != user:
+            raise SaslFailure("Authentication failed: Client requested an authorization id "
+                              "that is different from username")
+        self.user, self._cred = user, cred
+        self._gs2 = text[:text.index(",n=") + 1]
+        self._nonce = nonce + base64.b64encode(os.urandom(24)).decode()
+        self._bare = text[len(self._gs2):]
+        self._server_first = (f"r={self._nonce},s={base64.b64encode(cred.salt).decode()},"
+                              f"i={cred.iterations}")
+        return self._server_first.encode()
 
-def _authzid(client_first: str) -> str:
-    """The authorization id of a SCRAM client-first message's GS2 header (``n,a=id,...``)."""
-    _flag, _, rest = client_first.partition(",")
-    a, _, _ = rest.partition(",")
-    return a[2:].replace("=2C", ",").replace("=3D", "=") if a.startswith("a=") else ""
+    def _final(self, text: str, generic: str) -> bytes:
+        m = self._FINAL.match(text)
+        if m is None:
+            raise SaslFailure(generic, "invalid client-final message")
+        without_proof, binding, nonce, proof = m.group(1), m.group(2), m.group(3), m.group(4)
+        if nonce != self._nonce:
+            raise SaslFailure(generic, "Invalid client nonce in the final client message.")
+        if base64.b64decode(binding) != self._gs2.encode():
+            raise SaslFailure(generic, "channel binding does not match the GS2 header")
+        auth_message = f"{self._bare},{self._server_first},{without_proof}".encode()
+        signature = hmac.digest(self._cred.stored_key, auth_message, self.hash)
+        proof = base64.b64decode(proof)
+        if len(proof) != len(signature):
+            raise SaslFailure(generic, "Invalid client credentials")
+        client_key = bytes(a ^ b for a, b in zip(proof, signature))
+        if not hmac.compare_digest(hashlib.new(self.hash, client_key).digest(),
+                                   self._cred.stored_key):
+            raise SaslFailure(generic, "Invalid client credentials")
+        self.complete = True
+        server_signature = hmac.digest(self._cred.server_key, auth_message, self.hash)
+        return f"v={base64.b64encode(server_signature).decode()}".encode()
+
+
+def _unescape(saslname: str) -> str:
+    return saslname.replace("=2C", ",").replace("=3D", "=")
 
 
 def mechanism_server(name: str, lookup: Lookup):
