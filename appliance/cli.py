@@ -79,22 +79,32 @@ def _default_bootstrap(cfg) -> str:
 @click.option("--bootstrap-server", default=None, metavar="HOST:PORT",
               help="The broker to ask (default: the first listener of the configuration).")
 @click.option("--config", "config", type=click.Path(dir_okay=False), default=None)
+@click.option("--command-config", default=None, type=click.Path(dir_okay=False),
+              help="Kafka client properties for a secured listener (security.protocol, "
+                   "sasl.mechanism, sasl.jaas.config, ssl.truststore.location ...).")
 @click.pass_context
-def transactions(ctx: click.Context, bootstrap_server: str | None, config: str | None) -> None:
+def transactions(ctx: click.Context, bootstrap_server: str | None, config: str | None,
+                 command_config: str | None) -> None:
     """Inspect and resolve transactions (Kafka's kafka-transactions.sh, plus KIP-939's
     force-terminate)."""
+    from .users import security_from
     if bootstrap_server is None:
         bootstrap_server = _default_bootstrap(_load(config))
-    ctx.obj = bootstrap_server
+    try:
+        security = security_from(command_config)
+    except (OSError, ValueError) as e:
+        raise click.UsageError(f"--command-config: {e}") from None
+    ctx.obj = (bootstrap_server, security)
 
 
 def _admin(ctx: click.Context):
     from . import admin
     from .client.errors import KafkaError
+    bootstrap, security = ctx.obj
     try:
-        return admin, admin.connect(ctx.obj)
+        return admin, admin.connect(bootstrap, security=security)
     except KafkaError as e:
-        click.echo(f"cannot reach {ctx.obj}: {e}", err=True)
+        click.echo(f"cannot reach {bootstrap}: {e}", err=True)
         sys.exit(1)
 
 

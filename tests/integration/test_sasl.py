@@ -135,6 +135,11 @@ def test_users_cli_online_and_offline(appliance_factory, tmp_path):
     assert r.stdout.splitlines() == ["USER\tMECHANISM\tITERATIONS",
                                      f"{ADMIN}\tSCRAM-SHA-256\t4096", f"{ADMIN}\tSCRAM-SHA-512\t4096",
                                      "dave\tSCRAM-SHA-512\t4096"]
+    # kafka-transactions.sh's twin takes the same --command-config.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+    r = subprocess.run([APPLIANCE, "transactions", *online, "list"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout.startswith("TransactionalId\t"), r.stderr
     r = _users("delete", "dave", *online)
     assert r.returncode == 0 and "deleted SCRAM-SHA-512" in r.stdout, r.stderr
     assert _login_error(s, "SASL_SSL", "dave", "dave-secret") is not None
