@@ -551,6 +551,11 @@ def _convert(raw: dict[str, Any]) -> Config:
 def _name_origin(msg: str, origin: Mapping[str, str]) -> str:
     """Append the environment variable that set the key a message names."""
     key = msg.removeprefix("config: ").partition(":")[0]
+    if ", " in key:
+        # A message about several keys ("server.listen, server.listeners: set one of them"):
+        # name every variable among them.
+        names = [origin[k] for k in key.split(", ") if k in origin]
+        return f"{msg} (from environment {', '.join(names)})" if names else msg
     name = origin.get(key)
     if name is None:
         # A key below a table an environment variable set (APPLIANCE_LOG__FLUSH=x), or an

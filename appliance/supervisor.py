@@ -1,19 +1,22 @@
 """The supervisor: a pre-fork arbiter that owns the process table and the shared resources.
 
 Runs in the top process (``appliance run``). Owns, alone: the process table (pid, role, generation
-of every worker), the listening socket, the runtime directory with every shm file, the topic catalog
-(``appliance.catalog.CatalogStore``) and the data-dir lock.
+of every worker), the listening sockets (one per listener), the runtime directory with every shm
+file, the topic catalog (``appliance.catalog.CatalogStore``), the SCRAM credential store
+and the published copy of the TLS certificates (both through ``appliance.security.supervisor``)
+and the data-dir lock.
 
 Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
-loop dispatches queued signals, serves admin requests (CreateTopics/DeleteTopics from frontends),
-reaps dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker
+loop dispatches queued signals (SIGHUP re-reads the TLS certificate files), serves admin requests
+(CreateTopics/DeleteTopics/AlterUserScramCredentials from frontends), reaps dead children, kills
+workers whose heartbeat went stale, and respawns with backoff. A worker
 that restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
 reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
 
 Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give
-back the disk reserve if the disk is full, load the catalog, create the runtime dir and every ring, bind the listening
-socket, fork the writers and wait for them to recover, then fork coordinator, fetchers, frontends,
-then notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
+back the disk reserve if the disk is full, load the catalog and the credentials, create the runtime
+dir and every ring, publish the TLS certificates, bind every listener, fork the writers and wait
+for them to recover, then fork coordinator, fetchers, frontends, then notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
 requests), then writers (flush, close segments cleanly), fetchers and the coordinator.
 """
 
@@ -43,11 +46,10 @@ from . import catalog as cat
 from . import ipc
 from .config import Config
 from .listeners import Listener
-from .security import credentials, tls
+from .security.supervisor import SecurityService
 from .errors import ErrorCode, KafkaError
 from .log.files import TMP_SUFFIX, atomic_write
-from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CONFIG,
-                      EXIT_CRASH_LOOP,
+from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
                       EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
                       PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING, RUNTIME_POINTER,
                       STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, BoundListener,
@@ -243,21 +245,8 @@ class Supervisor:
         self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
         self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING, pid=os.getpid())
         cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
-        self.credentials = credentials.CredentialStore(self.data_dir)
-        try:
-            self.credentials.load()
-        except (OSError, ValueError, KeyError) as e:
-            raise DataDirUnusable(f"data dir {self.data_dir}: {credentials.CREDENTIALS_FILE} "
-                                  f"cannot be read: {e}") from None
-        credentials.publish(self.credentials.users,
-                            self.topo.file_path(credentials.PUBLISHED_FILE))
-        self.page.publish(credentials_version=self.credentials.version)
-        if any(lst.tls for lst in self.cfg.listeners):
-            try:
-                tls.publish(self.cfg.tls, self.run_dir, 1)
-            except tls.TlsError as e:
-                raise StartFailure(str(e), EXIT_CONFIG) from None
-            self.page.publish(tls_version=1)
+        self.security = SecurityService(self.cfg, self.data_dir, self.run_dir, self.topo, self.page)
+        self.security.start()
         self._bind()
         small = self.cfg.shm.small_ring_bytes
         for fe in self.frontends:
@@ -272,9 +261,9 @@ class Supervisor:
         for fe in self.frontends:
             self.mailbox.add(fe)
         self.outboxes = {fe: Outbox(self.topo, SUPERVISOR, fe, self.bells) for fe in self.frontends}
-        # CreateTopics/DeleteTopics; an error here stops the appliance rather than go on with a
-        # catalog whose state is unknown.
-        self.registry = Registry(self, post=self._reply, contain=False)
+        # CreateTopics/DeleteTopics/AlterUserScramCredentials; an error here stops the appliance
+        # rather than go on with a catalog (or credentials) whose state is unknown.
+        self.registry = Registry(self, self.security, post=self._reply, contain=False)
 
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
@@ -471,23 +460,8 @@ class Supervisor:
             for spec in list(self.by_pid.values()):
                 self.kill(spec.pid, signal.SIGKILL)
         elif signum == signal.SIGHUP:
-            self._reload_certificates()
+            self.security.reload_certificates()
         # SIGCHLD: reaping happens every turn.
-
-    def _reload_certificates(self) -> None:
-        """SIGHUP: re-read the TLS certificate, key and CA files (the configuration itself is not
-        re-read); frontends pick the new ones up for new connections."""
-        if not any(lst.tls for lst in self.cfg.listeners):
-            log.info("SIGHUP: no TLS listener, nothing to reload")
-            return
-        version = self.page.read().tls_version + 1
-        try:
-            tls.publish(self.cfg.tls, self.run_dir, version)
-        except tls.TlsError as e:
-            log.error("SIGHUP: keeping the certificates in use: %s", e)
-            return
-        self.page.publish(tls_version=version)
-        log.info("SIGHUP: certificates re-read (version %d); new connections use them", version)
 
     def _reap(self) -> None:
         while True:
@@ -664,20 +638,6 @@ class Supervisor:
                 writers.append(spec)
         self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
         self._check_pending()
-
-    @serves(credentials.AlterScramCredentialsRequest)
-    def _alter_scram_credentials(self, req: credentials.AlterScramCredentialsRequest
-                                 ) -> credentials.AlterScramCredentialsResult:
-        """AlterUserScramCredentials: commit, publish for the frontends, then answer (a login
-        right after the answer sees the new credentials)."""
-        results = self.credentials.alter(req)
-        if any(r.error_code == 0 for r in results):
-            credentials.publish(self.credentials.users,
-                                self.topo.file_path(credentials.PUBLISHED_FILE))
-            self.page.publish(credentials_version=self.credentials.version)
-            log.info("SCRAM credentials altered for %s",
-                     ", ".join(sorted({r.user for r in results if r.error_code == 0})))
-        return credentials.AlterScramCredentialsResult(results)
 
     def _remove_topics(self, names: list[str]) -> list[cat.TopicInfo]:
         """Commit a DeleteTopics; on a full disk the reserve gives the catalog its room (the

@@ -264,3 +264,14 @@ def test_check_config_hides_the_key_password():
     out = dumps_toml(_load(tls={"key_password": "s3cret"}))
     assert "s3cret" not in out and 'key_password = "[hidden]"' in out
     assert 'mechanisms = ["SCRAM-SHA-256", "SCRAM-SHA-512"]' in out
+
+
+def test_listen_and_listeners_from_the_environment_name_both_variables():
+    env = {"APPLIANCE_SERVER__LISTEN": "0.0.0.0:9092", "APPLIANCE_SERVER__LISTENERS": "SSL://:9093"}
+    with pytest.raises(ConfigError, match=r"set one of them .*\(from environment "
+                                          r"APPLIANCE_SERVER__LISTEN, APPLIANCE_SERVER__LISTENERS\)$"):
+        load(None, environ=env)
+    # An empty value is "not set" (how a container image's default listen is emptied).
+    cfg = load(None, environ={**env, "APPLIANCE_SERVER__LISTEN": "",
+                              "APPLIANCE_SERVER__LISTENERS": "PLAINTEXT://:9093"})
+    assert [str(x) for x in cfg.listeners] == ["PLAINTEXT://:9093"]
