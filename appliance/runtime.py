@@ -66,8 +66,9 @@ EXIT_OK = 0
 EXIT_CONFIG = 2             # configuration error (also click's usage error): not restarted
 EXIT_DATA_DIR = 3           # data dir unusable (not writable, locked, another node id): not restarted
 EXIT_CRASH_LOOP = 4         # a worker crash-loops or failed to boot: restarted
-EXIT_LISTEN_IN_USE = 5      # server.listen is in use (EADDRINUSE): restarted, its holder may go
-EXIT_LISTEN_ADDRESS = 6     # server.listen's host does not resolve, is not this machine's, or the
+EXIT_LISTEN_IN_USE = 5      # a listener (server.listen/listeners) is in use (EADDRINUSE): restarted,
+                            # its holder may go
+EXIT_LISTEN_ADDRESS = 6     # a listener's host does not resolve, is not this machine's, or the
                             # port needs privileges: not restarted
 EXIT_RUNTIME_DIR = 7        # server.runtime_dir cannot be made, or holds files that are not ours:
                             # not restarted
@@ -146,8 +147,12 @@ def die_with_parent(parent_pid: int) -> None:
 def child_reset_signals() -> None:
     """A forked child inherits the supervisor's handlers and wakeup fd; start from defaults."""
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
+    # SIGHUP is the supervisor's (it re-reads the TLS certificates and tells the frontends through
+    # its state page); one sent to the whole process group (a closed terminal) must not kill
+    # every worker.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 

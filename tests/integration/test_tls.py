@@ -112,14 +112,18 @@ def test_sighup_renews_the_certificate_for_new_connections(appliance_factory, tm
         assert _api_versions(old).error_code == 0
         assert dict(x[0] for x in old.sock.getpeercert()["subject"])["commonName"] == "broker"
         # A renewal that does not load (a key that is not the certificate's) keeps the current one.
+        # This SIGHUP goes to the whole process group (as a closed terminal's does): it is the
+        # supervisor's, no worker dies of it.
+        pids = {w["name"]: w["pid"] for w in s.app.workers()}
         shutil.copy(s.pki.client_key, s.pki.broker_key)
-        s.app.proc.send_signal(signal.SIGHUP)
+        os.killpg(s.app.proc.pid, signal.SIGHUP)
         s.app.wait_for(lambda: "SIGHUP: keeping the certificates in use" in s.app.log_text(),
                        what="the refused renewal")
         raw, cn = _served_cn(s.bootstrap("SSL"), ctx)
         raw.close()
         assert cn == "broker-renewed"
         assert s.app.proc.poll() is None
+        assert {w["name"]: w["pid"] for w in s.app.workers()} == pids
     finally:
         old.close()
 
