@@ -50,6 +50,23 @@ def context(run_dir: str, tmp_path, listen_fd: int = -1) -> WorkerContext:
                          listen_fd=listen_fd)
 
 
+_made: list[Worker] = []
+_bells: list[BellSender] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_workers():
+    """Close the doorbells of the workers a test made (a forked worker leaves that to its exit):
+    left to the garbage collector, they warn in whichever test it happens to run in."""
+    yield
+    while _made:
+        w = _made.pop()
+        w.mailbox.doorbell.close(unlink=False)
+        w.bells.close()
+    while _bells:
+        _bells.pop().close()
+
+
 class Recorder(Worker):
     """A small concrete worker: serves DescribeProducers, records every hook call, and stops
     after ``turns`` loop turns."""
@@ -58,6 +75,7 @@ class Recorder(Worker):
 
     def __init__(self, ctx: WorkerContext, turns: int = 1, boot_error: bool = False) -> None:
         super().__init__(ctx)
+        _made.append(self)
         self.calls: list[str] = []
         self.turns = turns
         self.boot_error = boot_error
@@ -99,7 +117,8 @@ def restore_signals():
 
 def frontend_side(run_dir: str) -> tuple[Topology, Outbox]:
     topo = Topology(run_dir)
-    return topo, Outbox(topo, "fe0", NAME, BellSender())
+    _bells.append(BellSender())
+    return topo, Outbox(topo, "fe0", NAME, _bells[-1])
 
 
 def test_a_request_in_a_ring_is_served_by_the_registry_and_answered(run_dir, tmp_path):
