@@ -258,6 +258,7 @@ def test_async_worker_drains_on_its_bell_ticks_and_stops_on_sigterm(run_dir, tmp
             self.finish()
 
     w = Async(context(run_dir, tmp_path))
+    _made.append(w)
     assert w.main() == 0
     assert w.drained == 1 and w.ticks >= 2 and w.stopped
     assert w.page.read().status == STOPPED
