@@ -111,9 +111,15 @@ class RequestContext:
         return self.connection.host
 
     @property
-    def listener(self):
-        """The listener (``appliance.listeners.Listener``) the request came through."""
+    def listener(self) -> str:
+        """Kafka's name of the listener the request came through (``PLAINTEXT``, ``SASL_SSL``,
+        or a name of ``server.listener_security_protocol_map``)."""
         return self.connection.listener
+
+    @property
+    def security_protocol(self) -> str:
+        """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL: the protocol of that listener."""
+        return self.connection.security_protocol
 
     @property
     def advertised(self) -> tuple[str, int]:

@@ -103,6 +103,7 @@ def test_scram_after_api_versions_then_every_api(mechanism):
     assert r2.error_code == 0
     sc.verify(r2.auth_bytes)                       # the server proved it holds the credential
     assert c.conn.principal == "User:alice"
+    assert (c.conn.listener, c.conn.security_protocol) == ("SASL_PLAINTEXT", "SASL_PLAINTEXT")
     assert c.conn.decoder.max_frame_bytes == Config().server.socket_request_max_bytes
     # Authenticated: SaslHandshake and SaslAuthenticate are Kafka's ILLEGAL_SASL_STATE now.
     assert c.call(17, 1, {"mechanism": mechanism}).error_code == 34

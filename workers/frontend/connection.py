@@ -15,7 +15,8 @@ answers of requests pipelined behind it are dropped (the client fails them on th
 connection). ApiVersions of an unknown version is answered (v0 layout, UNSUPPORTED_VERSION, our
 ranges).
 
-Authentication, by the listener's security protocol (``listener``, ``security_protocol``): on
+Authentication, by the security protocol of the connection's listener (``listener``: Kafka's
+listener name; ``security_protocol``; ``endpoint``: the ``appliance.listeners.Listener``): on
 PLAINTEXT and SSL without a client certificate the principal is ``User:ANONYMOUS``; SSL with a
 verified client certificate takes the certificate's subject (``appliance.security.principal``);
 on SASL_PLAINTEXT and SASL_SSL the connection's ``SaslServerAuthenticator``
@@ -66,12 +67,13 @@ class KafkaConnection(asyncio.Protocol):
         self.server = server
         self.broker = server.broker
         self.transport: asyncio.Transport | None = None
-        self.listener = bound.listener
+        self.endpoint = bound.listener                 # the Listener (appliance.listeners)
+        self.listener = bound.listener.name            # Kafka's listener name
         self.security_protocol = bound.listener.protocol
         self.advertised = server.broker.endpoints[bound.listener.name]
         self.sasl: SaslServerAuthenticator | None = None
         max_frame = server.broker.cfg.server.socket_request_max_bytes
-        if self.listener.sasl:
+        if self.endpoint.sasl:
             self.sasl = SaslServerAuthenticator(server.broker.cfg.sasl.mechanisms,
                                                 server.broker.scram_credentials)
             max_frame = min(max_frame, MAX_RECEIVE_SIZE)
@@ -99,7 +101,7 @@ class KafkaConnection(asyncio.Protocol):
         if self.server.draining:
             self.transport.close()
             return
-        if self.listener.tls and not self.listener.sasl:
+        if self.endpoint.tls and not self.endpoint.sasl:
             try:
                 self.principal = ssl_principal(transport.get_extra_info("ssl_object"),
                                                self.server.principal_rules)
@@ -169,7 +171,7 @@ class KafkaConnection(asyncio.Protocol):
         if self.closed or self.auth_failed:
             return
         self.auth_failed = True
-        log.info("failed authentication with %s on %s: %s", self.peer, self.listener, why)
+        log.info("failed authentication with %s on %s: %s", self.peer, self.endpoint, why)
         if self.sasl is not None and not self.sasl.complete:
             self.sasl.state = self.sasl.state.FAILED
         self.closing = True
@@ -203,7 +205,7 @@ class KafkaConnection(asyncio.Protocol):
         self.principal = principal
         self.decoder.max_frame_bytes = self.broker.cfg.server.socket_request_max_bytes
         self.decoder.min_frame_bytes = frames.REQUEST_HEADER_MIN_BYTES
-        log.debug("%s authenticated as %s on %s", self.peer, principal, self.listener)
+        log.debug("%s authenticated as %s on %s", self.peer, principal, self.endpoint)
 
     def _on_raw_token(self, frame) -> None:
         """A SASL token of the SaslHandshake v0 flow: no request header; the answer is the
