@@ -27,6 +27,8 @@ def handle(ctx, req):
         return FailAuthentication(
             build(cls, error_code=ErrorCode.unsupported_sasl_mechanism, mechanisms=enabled),
             f"Unsupported SASL mechanism {req.mechanism}")
+    if auth.raw:
+        ctx.connection.expect_raw_tokens()
     return build(cls, error_code=ErrorCode.none, mechanisms=enabled)
 
 

@@ -221,6 +221,14 @@ def test_handshake_v0_takes_raw_tokens(mechanism):
     assert c.call(18, 3, {"client_software_name": "t", "client_software_version": "1"}).error_code == 0
 
 
+def test_handshake_v0_takes_tokens_shorter_than_a_request_header():
+    c = Client()
+    c.conn.broker.users = {**USERS, "u": {"SCRAM-SHA-256": new_credential("SCRAM-SHA-256", "p")}}
+    c.call(17, 0, {"mechanism": "PLAIN"})
+    assert c.raw_token(b"\0u\0p") == b""
+    assert c.conn.principal == "User:u"
+
+
 def test_handshake_v0_failure_closes_without_an_answer():
     c = Client()
     c.call(17, 0, {"mechanism": "PLAIN"})

@@ -207,6 +207,11 @@ class KafkaConnection(asyncio.Protocol):
         self.decoder.min_frame_bytes = frames.REQUEST_HEADER_MIN_BYTES
         log.debug("%s authenticated as %s on %s", self.peer, principal, self.endpoint)
 
+    def expect_raw_tokens(self) -> None:
+        """After SaslHandshake v0: the next frames are bare SASL tokens, which may be shorter
+        than a request header (a PLAIN token of a one-letter user and password)."""
+        self.decoder.min_frame_bytes = 0
+
     def _on_raw_token(self, frame) -> None:
         """A SASL token of the SaslHandshake v0 flow: no request header; the answer is the
         server's token, size-prefixed, with no header either (nothing when there is none)."""
