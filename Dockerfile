@@ -13,6 +13,7 @@
 # Any other key: -e APPLIANCE_<SECTION>__<KEY>=value, or mount a file and add
 #   `run --config /etc/appliance/config.toml` after the image name.
 # docker stop: give it more than supervisor.shutdown_timeout_ms (30 s): docker stop -t 40.
+# Prometheus metrics: -e APPLIANCE_METRICS__LISTEN=0.0.0.0:9404 -p 9404:9404 (GET /metrics).
 #
 # TLS and SASL: mount the certificates read-only at /etc/appliance/tls and name them; the SCRAM
 # credentials live in the data volume (/var/lib/appliance/credentials.json, written by the

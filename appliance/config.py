@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import os
 import tomllib
+import typing
 from typing import Annotated, Any, Literal, Mapping
 
 import msgspec
@@ -44,6 +45,8 @@ __all__ = [
     "TransactionsConfig",
     "TlsConfig",
     "SaslConfig",
+    "MetricsConfig",
+    "check_consistency",
     "load",
     "parse_hostport",
 ]
@@ -293,6 +296,11 @@ class SaslConfig(_Section):
         default_factory=lambda: ["SCRAM-SHA-256", "SCRAM-SHA-512"])
 
 
+class MetricsConfig(_Section):
+    # host:port of the Prometheus endpoint (GET /metrics, text format); empty = none.
+    listen: str = ""
+
+
 class Config(_Section):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
@@ -303,6 +311,7 @@ class Config(_Section):
     groups: GroupsConfig = msgspec.field(default_factory=GroupsConfig)
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
     sasl: SaslConfig = msgspec.field(default_factory=SaslConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
 
     # -- derived values -------------------------------------------------------------------
     @property
@@ -467,17 +476,24 @@ def _check_listeners(cfg: Config) -> None:
                           "below server.connections_max_idle_ms")
 
 
-def _check_consistency(cfg: Config) -> None:
+def check_consistency(cfg: Config) -> None:
+    """What no single key's type can say (also applied to the result of a reload)."""
     _check_listeners(cfg)
+    if cfg.metrics.listen:
+        host, port = parse_hostport(cfg.metrics.listen, "metrics.listen")
+        for lst in cfg.listeners:
+            if port and (lst.host, lst.port) == (host, port):
+                raise ConfigError(f"config: metrics.listen: must differ from the listener {lst}")
     if cfg.shm.produce_ring_bytes & (cfg.shm.produce_ring_bytes - 1):
         raise ConfigError("config: shm.produce_ring_bytes: must be a power of two")
     if cfg.shm.small_ring_bytes & (cfg.shm.small_ring_bytes - 1):
         raise ConfigError("config: shm.small_ring_bytes: must be a power of two")
     # A ring record must fit in half the ring (see shm.ring); leave 64 KiB for headers.
     if cfg.log.message_max_bytes + 65536 > cfg.shm.produce_ring_bytes // 2:
+        need = 2 * (cfg.log.message_max_bytes + 65536)
         raise ConfigError(
-            "config: shm.produce_ring_bytes: must be at least 2 * (log.message_max_bytes + 65536) "
-            f"= {2 * (cfg.log.message_max_bytes + 65536)}")
+            "config: shm.produce_ring_bytes: must be a power of two of at least "
+            f"2 * (log.message_max_bytes + 65536) = {need}: {1 << (need - 1).bit_length()} will do")
     if cfg.supervisor.restart_backoff_max_ms < cfg.supervisor.restart_backoff_initial_ms:
         raise ConfigError("config: supervisor.restart_backoff_max_ms: must be >= restart_backoff_initial_ms")
     # Kafka refuses group.min.session.timeout.ms > group.max.session.timeout.ms the same way:
@@ -535,7 +551,7 @@ def load(path: str | os.PathLike[str] | None = None,
                     origin.pop(f"{section}.{key}", None)   # a flag wins over the environment
             raw = _merge(raw, overrides)
         cfg = _convert(raw)
-        _check_consistency(cfg)
+        check_consistency(cfg)
     except ConfigError as e:
         raise ConfigError(_name_origin(str(e), origin)) from None
     return cfg
@@ -578,7 +594,44 @@ def _explain(msg: str) -> str:
         field = text.split("`")[1]
         full = f"{key}.{field}" if key else field
         return f"{full}: unknown key"
+    if text.startswith("Invalid enum value") and key:
+        choices = _choices(key)
+        if choices:
+            text = f"{text} (valid values: {', '.join(repr(c) for c in choices)})"
     return f"{key}: {text}" if key else text
+
+
+def _choices(dotted: str) -> list[str]:
+    """The values a Literal or enum key of the config tree accepts (for error messages)."""
+    node: Any = Config
+    for part in dotted.split("."):
+        hints = typing.get_type_hints(node, include_extras=True)
+        if part not in hints:
+            return []
+        node = hints[part]
+        while typing.get_origin(node) is Annotated:
+            node = typing.get_args(node)[0]
+    if typing.get_origin(node) is Literal:
+        return [str(a) for a in typing.get_args(node)]
+    if isinstance(node, type) and issubclass(node, enum.Enum):
+        return [str(m.value) for m in node]
+    return []
+
+
+def non_defaults(cfg: Config) -> list[str]:
+    """``key=value`` of every key whose value is not its default, in file order (logged at start
+    so that an operator sees what a host's file and environment changed)."""
+    out: list[str] = []
+
+    def walk(prefix: str, have: dict[str, Any], default: dict[str, Any]) -> None:
+        for k, v in have.items():
+            key = f"{prefix}.{k}" if prefix else k
+            if isinstance(v, dict):
+                walk(key, v, default.get(k, {}))
+            elif v != default.get(k):
+                out.append(f"{key}={v!r}")
+    walk("", to_toml_dict(cfg), to_toml_dict(Config()))
+    return out
 
 
 def to_toml_dict(cfg: Config) -> dict[str, Any]:

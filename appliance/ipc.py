@@ -41,8 +41,9 @@ notice. The domain request and result types are defined next to the code that se
 (``appliance.txn.messages``, ``appliance.group.messages``, the topic admin ones in
 ``appliance.catalog``); this module holds the base classes and the messages of the data path:
 Fetch and ListOffsets (frontend -> fetcher), and what the partition writers are asked besides
-Produce (markers, KIP-939 fences, DescribeProducers). The decoder's tagged union is every
-``Message`` subclass of the modules in ``MESSAGE_MODULES``, collected the first time it decodes.
+Produce (markers, KIP-939 fences, DescribeProducers, DeleteRecords). The decoder's tagged union
+is every ``Message`` subclass of the modules in ``MESSAGE_MODULES``, collected the first time it
+decodes.
 """
 
 from __future__ import annotations
@@ -244,3 +245,18 @@ class DescribeProducersResult(Message):
 class DescribeProducersRequest(Request):
     def error_reply(self, code: ErrorCode) -> DescribeProducersResult:
         return DescribeProducersResult(code)
+
+
+class DeleteRecordsResult(Message):
+    error: ErrorCode
+    low_watermark: int = -1
+    message: str | None = None
+
+
+class DeleteRecordsRequest(Request):
+    """DeleteRecords: move the partition's log start offset up to ``offset`` (-1: the high
+    watermark); answered with the log start offset after it (Kafka's low watermark)."""
+    offset: int
+
+    def error_reply(self, code: ErrorCode) -> DeleteRecordsResult:
+        return DeleteRecordsResult(code)

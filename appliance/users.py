@@ -1,4 +1,5 @@
-"""``appliance users``: SCRAM users, offline in a data dir or online over the Kafka protocol.
+"""What ``appliance users`` does (its commands: ``appliance.cli.users``): SCRAM users, offline in
+a data dir or online over the Kafka protocol.
 
 Runs in the operator's shell. Offline (no ``--bootstrap-server``) it owns the data dir's
 credential store for the time of the command, under the data dir's lock, and refuses when an
@@ -13,12 +14,10 @@ store (or the broker) gets a salt and Hi(password, salt, i) only.
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from appliance.client.config import ALIASES
 from appliance.client.connection import BrokerConnection
 from appliance.client.errors import ErrorCode, KafkaError
-from appliance.client.security import DEFAULTS, Security
+from appliance.client.security import DEFAULTS, Security, properties_settings
 from appliance.security.credentials import (AlterScramCredentialsRequest, Deletion, Upsertion,
                                             offline_store)
 from appliance.security.scram import BY_TYPE, MECHANISMS, SALT_BYTES, salted_password
@@ -66,30 +65,12 @@ def list_offline(data_dir: str) -> dict[str, dict[str, int]]:
 
 # -- online -------------------------------------------------------------------------------------
 
-def read_command_config(path: str) -> dict[str, Any]:
-    """A Kafka client properties file (``key=value`` lines, # comments) as client settings."""
-    out: dict[str, Any] = {}
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line or line.startswith(("#", "!")):
-                continue
-            key, sep, value = line.partition("=")
-            if not sep:
-                key, _, value = line.partition(":")
-            name = key.strip().replace(".", "_").replace("-", "_")
-            out[ALIASES.get(name, name)] = value.strip()
-    return out
-
-
 def security_from(command_config: str | None) -> Security:
+    """The TLS and SASL settings of a ``--command-config`` properties file (none: PLAINTEXT);
+    OSError or ValueError when it cannot be read or used."""
     if not command_config:
         return Security()
-    raw = read_command_config(command_config)
-    known = {k: v for k, v in raw.items() if k in DEFAULTS}
-    if "ssl_check_hostname" in known:
-        known["ssl_check_hostname"] = str(known["ssl_check_hostname"]).lower() == "true"
-    return Security.from_config({**DEFAULTS, **known})
+    return Security.from_config({**DEFAULTS, **properties_settings(command_config)})
 
 
 def connect(bootstrap: str, security: Security, timeout_ms: int = 30000) -> BrokerConnection:

@@ -12,6 +12,7 @@ must not contain ``-`` or ``/``, because ``-`` separates the two ends of a ring)
     <run_dir>/ring.<src>-<dst>    SPSC ring, producer src -> consumer dst   (shm.ring)
     <run_dir>/bell.<endpoint>     the endpoint's doorbell socket             (shm.doorbell)
     <run_dir>/page.<name>         a state page                               (shm.statepage)
+    <run_dir>/metrics.<name>      the endpoint's metrics table               (shm.metrics)
     <run_dir>/<name>              anything else (heartbeats, catalog.msgpack)
 
 ``Outbox`` and ``Mailbox`` implement the wake-up protocol on top: the producer rings the
@@ -74,6 +75,9 @@ class Topology:
     def page_path(self, name: str) -> str:
         return f"{self.run_dir}/page.{_check_endpoint(name)}"
 
+    def metrics_path(self, name: str) -> str:
+        return f"{self.run_dir}/metrics.{_check_endpoint(name)}"
+
     def file_path(self, name: str) -> str:
         if not name or "/" in name:
             raise ValueError(f"bad runtime file name {name!r}")
@@ -128,7 +132,8 @@ class Topology:
             self._pages.pop(key).close()
 
     def remove_endpoint(self, endpoint: str) -> None:
-        """Unlink every ring whose src or dst is ``endpoint``, its bell and its page."""
+        """Unlink every ring whose src or dst is ``endpoint``, its bell, its page and its metrics
+        table."""
         _check_endpoint(endpoint)
         self.forget(endpoint)
         try:
@@ -143,6 +148,7 @@ class Topology:
                 _unlink(f"{self.run_dir}/{name}")
         _unlink(self.bell_path(endpoint))
         _unlink(self.page_path(endpoint))
+        _unlink(self.metrics_path(endpoint))
 
     def close(self) -> None:
         """Close every cached ring and page."""

@@ -87,14 +87,17 @@ class FailAuthentication:
 
 
 class RequestContext:
-    """What a handler gets besides the request: the broker facade and the request header."""
+    """What a handler gets besides the request: the broker facade and the request header.
+    A handler that encodes its answer itself reports the answer's error codes in ``errors``
+    (code -> count, for the request metrics); for the others they are read from the entity."""
 
-    __slots__ = ("broker", "connection", "header")
+    __slots__ = ("broker", "connection", "header", "errors")
 
     def __init__(self, broker, connection, header) -> None:
         self.broker = broker
         self.connection = connection
         self.header = header
+        self.errors = None
 
     @property
     def version(self) -> int:

@@ -13,6 +13,8 @@ FETCH_SESSION_ID_NOT_FOUND, as Kafka's FetchManager answers.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from appliance import ipc
 from appliance.api import handles
 from appliance.catalog import partition_dir
@@ -20,6 +22,8 @@ from appliance.errors import ErrorCode, KafkaError
 from appliance.protocol.fetch_response import FetchPartition, FetchTopic, encode_fetch_response
 
 READ_COMMITTED = 1
+BYTES_OUT = "kafka_server_brokertopicmetrics_bytesout"
+FAILED_FETCH = "kafka_server_brokertopicmetrics_failedfetchrequests"
 
 
 @handles(1, "Fetch", 4, 17)
@@ -29,6 +33,7 @@ async def handle(ctx, req):
     session_id = getattr(req, "session_id", 0)
     session_epoch = getattr(req, "session_epoch", -1)
     if session_id != 0 or session_epoch not in (0, -1):
+        ctx.errors = Counter({int(ErrorCode.fetch_session_id_not_found): 1})
         parts, _ = encode_fetch_response(v, 0, int(ErrorCode.fetch_session_id_not_found), 0, [])
         return parts
     catalog = broker.catalog
@@ -81,5 +86,26 @@ async def handle(ctx, req):
                 # this partition; the client's next fetch gets OFFSET_OUT_OF_RANGE.
                 records = []
             fp.records = records
+    _count(ctx, catalog, topics)
     parts, _ = encode_fetch_response(v, 0, 0, 0, topics)
     return parts
+
+
+def _count(ctx, catalog, topics: list[FetchTopic]) -> None:
+    """Metrics: the answer's error codes (the top level's NONE too, as Kafka counts them), bytes
+    out and failed partitions per existing topic."""
+    errors: Counter = Counter({0: 1})
+    counters = ctx.broker.counters
+    for ft in topics:
+        known = ft.name in catalog.topics
+        out = 0
+        for fp in ft.partitions:
+            errors[fp.error_code] += 1
+            if fp.error_code:
+                if known:
+                    counters.topic(FAILED_FETCH, ft.name)
+            elif fp.records:
+                out += sum(len(r) for r in fp.records)
+        if out and known:
+            counters.topic(BYTES_OUT, ft.name, out)
+    ctx.errors = errors

@@ -13,6 +13,7 @@ import datetime
 
 from appliance import ipc
 from appliance.api import handles
+from appliance.catalog import LEADER_EPOCH
 from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
 
@@ -58,6 +59,6 @@ async def handle(ctx, req):
             a = answers[what]
             parts.append(dict(partition_index=index,
                               error_code=ErrorCode(a.error_code), timestamp=a.timestamp, offset=a.offset,
-                              leader_epoch=0 if a.offset >= 0 else -1))
+                              leader_epoch=LEADER_EPOCH if a.offset >= 0 else -1))
         topics.append(dict(name=name, partitions=tuple(parts)))
     return build(m.ListOffsetsResponse, throttle_time=datetime.timedelta(0), topics=tuple(topics))

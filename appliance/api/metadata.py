@@ -1,10 +1,11 @@
 """Metadata (key 3), versions 0-13: the one broker, the topics, their partitions, topic ids.
 
 Runs in frontends. The broker is described with the advertised endpoint of the listener the
-request came through, as Kafka does. This node leads every partition, with itself as the only replica and ISR and a
-leader epoch of 0. A topic that does not exist is created on the spot when the request allows it
-(v4+ flag; always for v0-3) and ``topics.auto_create`` is on, with ``topics.default_partitions``
-partitions; we wait for its writers, so the same answer already lists it (Kafka answers
+request came through, as Kafka does. This node leads every partition, with itself as the only
+replica and ISR and a leader epoch of 0 (``LEADER_EPOCH``, the epoch every stored batch carries).
+A topic that does not exist is created on the spot when the request allows it (v4+ flag; always
+for v0-3) and ``topics.auto_create`` is on, with ``topics.default_partitions`` partitions; we
+wait for its writers, so the same answer already lists it (Kafka answers
 LEADER_NOT_AVAILABLE first and lets the client retry; a ready answer saves that round trip).
 """
 
@@ -15,7 +16,7 @@ import uuid
 
 from appliance.api import handles
 from appliance.protocol.messages import build
-from appliance.catalog import CreateTopicsRequest, NewTopic, check_topic_name
+from appliance.catalog import LEADER_EPOCH, CreateTopicsRequest, NewTopic, check_topic_name
 from appliance.errors import ErrorCode, KafkaError
 
 ZERO_UUID = uuid.UUID(int=0)
@@ -87,7 +88,7 @@ async def handle(ctx, req):
             continue
         partitions = tuple(
             dict(error_code=ErrorCode.none, partition_index=p,
-                 leader_id=broker.node_id, leader_epoch=0, replica_nodes=(broker.node_id,),
+                 leader_id=broker.node_id, leader_epoch=LEADER_EPOCH, replica_nodes=(broker.node_id,),
                  isr_nodes=(broker.node_id,), offline_replicas=())
             for p in range(info.partitions))
         topics.append(dict(error_code=ErrorCode.none, name=info.name,

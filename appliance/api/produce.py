@@ -18,7 +18,9 @@ transaction (implicit AddPartitionsToTxn) instead of only verifying it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import Counter
 
 from appliance.api import CloseConnection, handles
 from appliance.catalog import INTERNAL_TOPICS
@@ -29,25 +31,54 @@ from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValida
                                                 validate_records)
 from appliance.protocol.records import validate_batch
 
+log = logging.getLogger("appliance.produce")
 
-def _max_bytes(cfg, info) -> int:
-    v = info.configs.get("max.message.bytes")
+FAILED_PRODUCE = "kafka_server_brokertopicmetrics_failedproducerequests"
+
+
+class _Refusals:
+    """Logs refused batches (too large, corrupt, invalid records) once per topic a minute, with
+    how many more were refused meanwhile: an operator sees a misconfigured producer, a
+    hostile one cannot flood the log."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[float, int]] = {}     # topic -> (logged at, refused since)
+
+    def note(self, topic: str, partition: int, e: KafkaError, host: str) -> None:
+        now = time.monotonic()
+        at, since = self.last.get(topic, (-self.EVERY_S, 0))
+        if now - at < self.EVERY_S:
+            self.last[topic] = (at, since + 1)
+            return
+        self.last[topic] = (now, 0)
+        more = f" ({since} more refused in the last minute)" if since else ""
+        log.info("refused a batch for %s-%d from %s: %s %s%s", topic, partition, host,
+                 e.code.name.upper(), e.message or "", more)
+
+
+_REFUSALS = _Refusals()
+
+
+def _max_bytes(cfg, configs) -> int:
+    v = configs.get("max.message.bytes")
     return int(v) if v is not None else cfg.log.message_max_bytes
 
 
-def _validate_records(cfg, info, topic: str, pd, header, max_bytes: int, now_ms: int) -> None:
+def _validate_records(cfg, configs, topic: str, pd, header, max_bytes: int, now_ms: int) -> None:
     """Kafka's LogValidator per-record rules (``record_contents``): framing, offset deltas,
     timestamps, compressed data inflated within ``decompressed_batch_max_factor`` times the
     topic's max.message.bytes. Raises the KafkaError the partition answers."""
     log = cfg.log
-    timestamp_type = info.configs.get("message.timestamp.type", log.message_timestamp_type)
+    timestamp_type = configs.get("message.timestamp.type", log.message_timestamp_type)
     # On a LogAppendTime topic the writer stamps the broker's clock: the producer's timestamps
     # are never checked (Kafka's validateTimestamp only looks at CreateTime).
     limit = log.message_timestamp_before_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
     after = log.message_timestamp_after_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
     validate_records(pd.records, header, max_bytes=max_bytes * log.decompressed_batch_max_factor,
                      now_ms=now_ms, before_ms=limit, after_ms=after,
-                     compacted="compact" in info.configs.get("cleanup.policy", ""),
+                     compacted="compact" in configs.get("cleanup.policy", ""),
                      topic_partition=f"{topic}-{pd.index}")
 
 
@@ -78,14 +109,17 @@ async def handle(ctx, req):
                 what = ProduceResult(int(ErrorCode.unknown_topic_or_partition))
             else:
                 try:
-                    max_bytes = _max_bytes(broker.cfg, info)
+                    # The topic's configs over the dynamic broker ones (live: AlterConfigs)
+                    configs = catalog.overrides(info)
+                    max_bytes = _max_bytes(broker.cfg, configs)
                     what = validate_batch(pd.records or b"", max_bytes, produce_version=ctx.version)
-                    _validate_records(broker.cfg, info, td.name, pd, what, max_bytes, now_ms)
+                    _validate_records(broker.cfg, configs, td.name, pd, what, max_bytes, now_ms)
                     transactional = transactional or what.is_transactional
                 except KafkaError as e:
                     what = ProduceResult(int(e.code), error_message=e.message)
                     if isinstance(e, RecordValidationError):
                         record_errors[(td.name, pd.index)] = e.record_errors
+                    _REFUSALS.note(td.name, pd.index, e, ctx.client_host)
             checked.append((td.name, info, pd, what))
     refuse_txn = transactional and not txn_id
     pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
@@ -102,18 +136,35 @@ async def handle(ctx, req):
             any_error = True
         pending.append((name, pd.index, res))
     if acks == 0:
+        _count(ctx, catalog, [(name, r) for name, _, r in pending if isinstance(r, ProduceResult)])
         return CloseConnection("error in a produce request with acks=0") if any_error else None
     futures = [r for _, _, r in pending if isinstance(r, asyncio.Future)]
     if futures:
         await asyncio.gather(*futures)
     by_topic: dict[str, ProduceTopic] = {}
+    done: list[tuple[str, ProduceResult]] = []
     for name, index, r in pending:
         if isinstance(r, asyncio.Future):
             r = r.result()
+        done.append((name, r))
         topic = by_topic.get(name)
         if topic is None:
             topic = by_topic[name] = ProduceTopic(name, None)
         topic.partitions.append(ProducePartition(index, r.error_code, r.base_offset, r.log_append_time,
                                                  r.log_start_offset, record_errors.get((name, index), ()),
                                                  r.error_message))
+    _count(ctx, catalog, done)
     return encode_produce_response(ctx.version, list(by_topic.values()))
+
+
+def _count(ctx, catalog, results: list[tuple[str, ProduceResult]]) -> None:
+    """Metrics: the answer's error codes, and failed partitions of existing topics
+    (FailedProduceRequestsPerSec; the topic label of an unknown topic would be the client's to
+    choose)."""
+    errors: Counter = Counter()
+    counters = ctx.broker.counters
+    for name, r in results:
+        errors[r.error_code] += 1
+        if r.error_code and name in catalog.topics:
+            counters.topic(FAILED_PRODUCE, name)
+    ctx.errors = errors

@@ -156,6 +156,29 @@ class Security:
         return ctx
 
 
+def properties_settings(path: str) -> dict[str, Any]:
+    """The TLS and SASL settings of a Kafka client properties file (``key=value`` lines, ``#`` and
+    ``!`` comments: what the ``--command-config`` of Kafka's tools reads), under our key names;
+    its other keys (client.id, request.timeout.ms ...) are left out. OSError when it cannot be
+    read."""
+    out: dict[str, Any] = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith(("#", "!")):
+                continue
+            key, sep, value = line.partition("=")
+            if not sep:
+                key, _, value = line.partition(":")
+            name = key.strip().replace(".", "_").replace("-", "_")
+            name = ALIASES.get(name, name)
+            if name in DEFAULTS:
+                out[name] = value.strip()
+    if "ssl_check_hostname" in out:
+        out["ssl_check_hostname"] = str(out["ssl_check_hostname"]).lower() == "true"
+    return out
+
+
 class SaslError(Exception):
     """The broker refused the SASL exchange; ``code`` and ``message`` are its answer."""
 

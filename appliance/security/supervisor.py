@@ -2,10 +2,11 @@
 certificates.
 
 Runs in the supervisor (``appliance.supervisor.Supervisor`` builds one ``SecurityService`` at
-start and serves it next to the topic admin requests). Owns the ``CredentialStore`` of the data
-dir (``credentials.json``) and its published copy in the runtime dir, and the published copies of
-the certificate files (``tls.<n>/``); bumps ``credentials_version`` and ``tls_version`` on the
-supervisor's state page after publishing, so frontends reload.
+start, serves it next to the topic administration and hooks ``reload`` into its SIGHUP reload).
+Owns the ``CredentialStore`` of the data dir (``credentials.json``) and its published copy in the
+runtime dir, and the published copies of the certificate files (``tls.<n>/``); bumps
+``credentials_version`` and ``tls_version`` on the supervisor's state page after publishing, so
+frontends follow.
 """
 
 from __future__ import annotations
@@ -48,20 +49,24 @@ class SecurityService:
                 raise StartFailure(str(e), EXIT_CONFIG) from None
             self.page.publish(tls_version=1)
 
-    def reload_certificates(self) -> None:
-        """SIGHUP: re-read the TLS certificate, key and CA files (the configuration itself is not
-        re-read); frontends pick the new ones up for new connections."""
+    def reload(self, old: Config, new: Config) -> None:
+        """A reload hook (``Supervisor.reload_hooks``, SIGHUP): re-read the TLS certificate, key
+        and CA files named by the reloaded ``[tls]`` section; frontends pick the new ones up
+        for new connections. Runs before the configuration version moves, so a frontend that
+        follows it finds the new ``tls_version`` already published. A renewal that cannot be
+        read, or does not make a server context, is logged and the certificates in use stay."""
+        self.cfg = new
         if not self.tls_listeners:
-            log.info("SIGHUP: no TLS listener, nothing to reload")
+            log.info("reload: no TLS listener, no certificates to re-read")
             return
         version = self.page.read().tls_version + 1
         try:
-            tls.publish(self.cfg.tls, self.run_dir, version)
-        except tls.TlsError as e:
-            log.error("SIGHUP: keeping the certificates in use: %s", e)
+            tls.publish(new.tls, self.run_dir, version)
+        except (tls.TlsError, OSError) as e:
+            log.error("reload: keeping the certificates in use: %s", e)
             return
         self.page.publish(tls_version=version)
-        log.info("SIGHUP: certificates re-read (version %d); new connections use them", version)
+        log.info("reload: certificates re-read (version %d); new connections use them", version)
 
     @serves(credentials.AlterScramCredentialsRequest)
     def alter_scram_credentials(self, req: credentials.AlterScramCredentialsRequest

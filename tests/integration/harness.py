@@ -72,6 +72,8 @@ class Appliance:
     # TLS listener (use_listeners).
     listener_ports: dict = field(default_factory=dict)
     ready_ssl: object = None
+    args: list = field(default_factory=list)     # more `appliance run` flags (--log-format)
+    env: dict = field(default_factory=dict)      # more environment (NOTIFY_SOCKET)
 
     def __post_init__(self) -> None:
         if not self.port:
@@ -95,6 +97,20 @@ class Appliance:
 
     def start(self, wait: bool = True, timeout: float = 60.0) -> "Appliance":
         # No disk reserve: every test's data dir would hold 64 MiB of real blocks in the tmp dir.
+        self._write_config()
+        with open(self.log_path, "ab") as log:      # the child keeps its own copy of the fd
+            listen = [] if self.listener_ports else ["--listen", self.bootstrap]
+            self.proc = subprocess.Popen(
+                [APPLIANCE, "run", "--config", self.config_path, *listen,
+                 "--data-dir", self.data_dir, *self.args],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**{k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")},
+                     **self.env})
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def _write_config(self) -> None:
         cfg = {"server": {"frontends": 2, "fetchers": 1, "disk_reserve_bytes": 0},
                "supervisor": {"shutdown_timeout_ms": 20000}}
         for section, values in self.config.items():
@@ -105,16 +121,6 @@ class Appliance:
                 else:
                     cfg[section][k] = v
         write_config(self.config_path, cfg)
-        with open(self.log_path, "ab") as log:      # the child keeps its own copy of the fd
-            listen = [] if self.listener_ports else ["--listen", self.bootstrap]
-            self.proc = subprocess.Popen(
-                [APPLIANCE, "run", "--config", self.config_path, *listen,
-                 "--data-dir", self.data_dir],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")})
-        if wait:
-            self.wait_ready(timeout)
-        return self
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -245,6 +251,13 @@ class Appliance:
             except ProcessLookupError:
                 break
             time.sleep(0.02)
+
+    def reload(self, **changes) -> None:
+        """Rewrite the config file with ``changes`` merged in (as ``config``), then SIGHUP."""
+        for section, values in changes.items():
+            self.config.setdefault(section, {}).update(values)
+        self._write_config()
+        self.proc.send_signal(signal.SIGHUP)
 
     def restart(self, **kw) -> "Appliance":
         return self.start(**kw)

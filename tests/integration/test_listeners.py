@@ -81,7 +81,8 @@ def test_a_second_listener_in_use_exits_5_naming_it(tmp_path):
     finally:
         holder.close()
     assert r.returncode == EXIT_LISTEN_IN_USE, r.stderr
-    assert f"server.listeners SASL_PLAINTEXT://127.0.0.1:{busy}: address already in use" in r.stderr
+    assert (f"server.listeners SASL_PLAINTEXT://127.0.0.1:{busy}: address 127.0.0.1:{busy} already "
+            f"in use") in r.stderr
     # The first listener was released with the failed start.
     with socket.socket() as s:
         s.bind(("127.0.0.1", first))
@@ -94,3 +95,26 @@ def test_a_listener_on_a_foreign_address_exits_6(tmp_path):
     r = _run(["run", "--config", str(cfg), "--data-dir", str(tmp_path / "d")], tmp_path)
     assert r.returncode == EXIT_LISTEN_ADDRESS, r.stderr
     assert "server.listeners SASL_PLAINTEXT://192.0.2.1:" in r.stderr
+
+
+def test_the_metrics_endpoint_serves_beside_every_listener(appliance_factory, tmp_path):
+    """[metrics] listen (bound by the supervisor, served by the metrics worker) next to a
+    PLAINTEXT and a SASL_SSL listener: open connections are counted per listener name."""
+    from security import secure_appliance
+    from test_operating import scrape, val
+    port = free_port()
+    s = secure_appliance(appliance_factory, tmp_path, protocols=("PLAINTEXT", "SASL_SSL"),
+                         server={"frontends": 1}, metrics={"listen": f"127.0.0.1:{port}"})
+    assert "metrics served at http://127.0.0.1:%d/metrics" % port in s.app.log_text()
+    plain = RawClient(s.bootstrap("PLAINTEXT"))
+    secured = RawClient(s.bootstrap("SASL_SSL"), ssl_context=s.pki.client_context())
+    try:
+        name = "kafka_server_socket_server_metrics_connection_count"
+        s.app.wait_for(lambda: (val(scrape(port), name, listener="SASL_SSL") or 0) >= 1
+                       and (val(scrape(port), name, listener="PLAINTEXT") or 0) >= 1,
+                       what="a connection counted on each listener")
+    finally:
+        plain.close()
+        secured.close()
+    s.app.wait_for(lambda: val(scrape(port), name, listener="SASL_SSL") == 0,
+                   what="the closed connection uncounted")

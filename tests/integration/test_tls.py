@@ -117,7 +117,7 @@ def test_sighup_renews_the_certificate_for_new_connections(appliance_factory, tm
         pids = {w["name"]: w["pid"] for w in s.app.workers()}
         shutil.copy(s.pki.client_key, s.pki.broker_key)
         os.killpg(s.app.proc.pid, signal.SIGHUP)
-        s.app.wait_for(lambda: "SIGHUP: keeping the certificates in use" in s.app.log_text(),
+        s.app.wait_for(lambda: "reload: keeping the certificates in use" in s.app.log_text(),
                        what="the refused renewal")
         raw, cn = _served_cn(s.bootstrap("SSL"), ctx)
         raw.close()
@@ -126,6 +126,37 @@ def test_sighup_renews_the_certificate_for_new_connections(appliance_factory, tm
         assert {w["name"]: w["pid"] for w in s.app.workers()} == pids
     finally:
         old.close()
+
+
+def test_one_reload_applies_the_file_and_certificates_at_new_paths(appliance_factory, tmp_path):
+    """SIGHUP is one reload: the configuration file's live keys and the certificates (here at new
+    paths, tls.* being live) change together, through the supervisor's reload hook and the
+    frontends' reload."""
+    s = secure_appliance(appliance_factory, tmp_path, protocols=("PLAINTEXT", "SSL"),
+                         server={"frontends": 2})
+    ctx = s.pki.client_context()
+    raw, cn = _served_cn(s.bootstrap("SSL"), ctx)
+    raw.close()
+    assert cn == "broker"
+    pids = {w["name"]: w["pid"] for w in s.app.workers()}
+    cert, key = issue_broker_cert(s.pki, "broker-moved", suffix="-moved")
+    s.app.reload(tls={"cert_file": cert, "key_file": key},
+                 server={"connections_max_idle_ms": 300000})
+    s.app.wait_for(lambda: "reload done" in s.app.log_text(), what="the reload")
+    text = s.app.log_text()
+    assert "reload: server.connections_max_idle_ms: 600000 -> 300000" in text
+    assert f"reload: tls.cert_file: {s.pki.broker_cert!r} -> {cert!r}" in text
+    assert "certificates re-read (version 2)" in text
+    # Every frontend follows the reload (the version on the supervisor's page) and serves the new
+    # certificate to new connections; no process was restarted.
+    s.app.wait_for(lambda: s.app.log_text().count(
+        "new TLS connections use the certificates of version 2") == 2,
+        what="both frontends' new SSL context")
+    for _ in range(8):
+        raw, cn = _served_cn(s.bootstrap("SSL"), ctx)
+        raw.close()
+        assert cn == "broker-moved"
+    assert {w["name"]: w["pid"] for w in s.app.workers()} == pids
 
 
 def test_certificate_that_does_not_load_exits_2(tmp_path):

@@ -275,3 +275,18 @@ def test_listen_and_listeners_from_the_environment_name_both_variables():
     cfg = load(None, environ={**env, "APPLIANCE_SERVER__LISTEN": "",
                               "APPLIANCE_SERVER__LISTENERS": "PLAINTEXT://:9093"})
     assert [str(x) for x in cfg.listeners] == ["PLAINTEXT://:9093"]
+
+
+def test_metrics_listen_must_differ_from_every_listener():
+    with pytest.raises(ConfigError, match="metrics.listen: must differ from the listener "
+                                          "SASL_SSL://127.0.0.1:9093"):
+        load(None, overrides={"server": {"listeners": "PLAINTEXT://127.0.0.1:9092,"
+                                                      "SASL_SSL://127.0.0.1:9093"},
+                              "tls": {"cert_file": "c.pem", "key_file": "k.pem"},
+                              "metrics": {"listen": "127.0.0.1:9093"}})
+    with pytest.raises(ConfigError, match="metrics.listen: must differ from the listener "
+                                          "PLAINTEXT://127.0.0.1:9092"):
+        load(None, overrides={"metrics": {"listen": "127.0.0.1:9092"}})
+    cfg = load(None, overrides={"server": {"listen": "127.0.0.1:0"},
+                                "metrics": {"listen": "127.0.0.1:0"}})   # two ephemeral ports
+    assert cfg.metrics.listen == "127.0.0.1:0"

@@ -17,7 +17,9 @@ from appliance.api import REGISTRY, Api, CloseConnection, load_handlers
 from appliance.config import Config
 from appliance.listeners import Listener
 from appliance.runtime import BoundListener
+from shm.metrics import MetricsTable
 from workers.frontend.connection import KafkaConnection
+from workers.frontend.metrics import FrontendMetrics
 
 TEST_KEY = 18          # requests use ApiVersions' framing; the handler is swapped per test
 
@@ -78,6 +80,8 @@ class Server:
         self.draining = False
         self.api_ranges = {}
         self.principal_rules = []
+        self.table = MetricsTable.anonymous(256)
+        self.counters = FrontendMetrics(self.table)
 
 
 PLAINTEXT = BoundListener(Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092), -1, 9092)

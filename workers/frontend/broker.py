@@ -84,7 +84,8 @@ class Broker:
     def __init__(self, worker) -> None:
         ctx = worker.ctx
         self.ctx = ctx
-        self.cfg = ctx.config
+        self.cfg = ctx.config       # replaced by a SIGHUP reload (Frontend.reload)
+        self.counters = None        # the frontend's FrontendMetrics (handlers count through it)
         self.name = ctx.name
         self.topo: Topology = worker.topo
         self.bells: BellSender = worker.bells
@@ -313,6 +314,15 @@ class Broker:
             return None
         return await self.call(ch, req,
                                timeout_s or self.cfg.server.internal_request_timeout_ms / 1000)
+
+    def partition_state(self, topic: TopicInfo, partition: int):
+        """The partition's state page as its writer last published it (high watermark, log
+        start, active segment...), or None when this frontend has no channel to it."""
+        ch = self.writers.get(writer_name(topic.topic_id, partition))
+        if ch is None:
+            self._sync_writers(self.catalog)
+            ch = self.writers.get(writer_name(topic.topic_id, partition))
+        return ch.page.read() if ch is not None else None
 
     async def call_supervisor(self, req: ipc.Request, timeout_s: float) -> ipc.Message:
         req_id = next(self._ids)

@@ -43,6 +43,7 @@ from appliance.errors import ErrorCode, KafkaError, ProtocolViolation
 from appliance.protocol import frames, messages
 from appliance.security.principal import ANONYMOUS, NoMatchingRule, ssl_principal
 from appliance.security.sasl import MAX_RECEIVE_SIZE, SaslFailure, SaslServerAuthenticator
+from workers.frontend.metrics import error_counts
 
 log = logging.getLogger("appliance.connection")
 
@@ -53,13 +54,16 @@ RESUME_INFLIGHT = 16
 
 
 class _Slot:
-    __slots__ = ("header", "parts", "done", "last")
+    __slots__ = ("header", "parts", "done", "last", "api", "ctx", "started")
 
-    def __init__(self, header) -> None:
+    def __init__(self, header, api: str = "", ctx=None) -> None:
         self.header = header
         self.parts: list | None = None   # encoded frame parts, or None for "no response" (acks=0)
         self.done = False
         self.last = False                # close the connection when this slot reaches the head
+        self.api = api                   # the API's name, for the request metrics ("" = none)
+        self.ctx = ctx                   # its RequestContext (the handler's error counts)
+        self.started = time.monotonic_ns()
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -98,6 +102,7 @@ class KafkaConnection(asyncio.Protocol):
             self.host = peer[0]
             self.peer = f"{peer[0]}:{peer[1]}"
         self.server.connections.add(self)
+        self.server.counters.connections(1, self.listener)
         if self.server.draining:
             self.transport.close()
             return
@@ -111,7 +116,9 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        self.server.connections.discard(self)
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            self.server.counters.connections(-1, self.listener)
         for t in self.tasks:
             t.cancel()
 
@@ -191,6 +198,9 @@ class KafkaConnection(asyncio.Protocol):
                     slot.parts = self._encode(slot.header, response)
                 except Exception:
                     log.exception("encoding the authentication failure for %s failed", self.peer)
+            if slot.api:        # a SaslAuthenticate answered with its failure counts as one
+                self.server.counters.request(slot.api, slot.started,
+                                             error_counts(response) if response is not None else None)
             slot.done = slot.last = True
             self._flush()
 
@@ -261,7 +271,7 @@ class KafkaConnection(asyncio.Protocol):
         api = REGISTRY.get(header.api_key)
         if api is None:
             raise ProtocolViolation(f"unknown api key {header.api_key}")
-        slot = _Slot(header)
+        slot = _Slot(header, api.name)
         if not api.min_version <= header.api_version <= api.max_version:
             if header.api_key != API_VERSIONS_KEY:
                 raise ProtocolViolation(
@@ -274,7 +284,7 @@ class KafkaConnection(asyncio.Protocol):
             return
         request = messages.decode_request(header.api_key, header.api_version, frame, body_offset)
         self.slots.append(slot)
-        ctx = RequestContext(self.broker, self, header)
+        ctx = slot.ctx = RequestContext(self.broker, self, header)
         try:
             result = api.handle(ctx, request)
         except KafkaError as e:
@@ -329,7 +339,11 @@ class KafkaConnection(asyncio.Protocol):
         h = slot.header
         if result is None:
             slot.parts = None
+            errors = slot.ctx.errors if slot.ctx is not None else None
         else:
+            errors = slot.ctx.errors if slot.ctx is not None else None
+            if errors is None and not isinstance(result, (bytes, bytearray, memoryview, list)):
+                errors = error_counts(result)
             try:
                 slot.parts = self._encode(h, result)
             except Exception:
@@ -339,6 +353,8 @@ class KafkaConnection(asyncio.Protocol):
                               h.api_key, h.api_version, self.peer)
                 self._close_after(slot, "response encoding failed", logging.ERROR)
                 return
+        if slot.api:
+            self.server.counters.request(slot.api, slot.started, errors)
         slot.done = True
         self._flush()
 

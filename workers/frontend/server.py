@@ -5,17 +5,19 @@ Runs as a child of the supervisor (``server.frontends`` of them); ``Frontend`` i
 tick (heartbeat, then ``Broker.tick``). Owns the client connections (``connection.py``), the
 listening sockets it inherited from the supervisor (one per listener: every frontend accepts on
 the same sockets, the kernel hands each new connection to one of them, and frontends are the only
-workers that keep them) and its SSL context. Parses requests, runs the API handlers
-(``appliance.api``) and answers in per-connection order. Talks to writers, fetchers, the
-coordinator and the supervisor only through rings (``broker.py``).
+workers that keep them) and its SSL context. Counts requests, their latency and error codes into
+its metrics table (``metrics.py``). Parses requests, runs the API handlers (``appliance.api``)
+and answers in per-connection order. Talks to writers, fetchers, the coordinator and the
+supervisor only through rings (``broker.py``).
 
 Listeners: a PLAINTEXT or SASL_PLAINTEXT one is an asyncio server; an SSL or SASL_SSL one is an
 accept loop of our own that hands each accepted socket to ``connect_accepted_socket`` with the
-SSL context current at that moment, so that a renewed certificate (the supervisor bumps
-``tls_version`` on its page after SIGHUP; ``appliance.security.tls``) reaches the next
-connection while open ones keep theirs. The TLS handshake has ``TLS_HANDSHAKE_TIMEOUT_S``; a
-client that fails it (a plaintext client on a TLS port, an untrusted certificate) is closed, as
-Kafka's SslTransportLayer does.
+SSL context current at that moment, so that a renewed certificate reaches the next connection
+while open ones keep theirs: on SIGHUP the supervisor re-reads the certificate files and bumps
+``tls_version`` on its page before the configuration version, and ``reload`` (the worker's one
+reload entry point) builds the new context (``appliance.security.tls``). The TLS handshake has
+``TLS_HANDSHAKE_TIMEOUT_S``; a client that fails it (a plaintext client on a TLS port, an
+untrusted certificate) is closed, as Kafka's SslTransportLayer does.
 
 SIGTERM drains: stop accepting, stop reading new requests, answer every request already read
 (in-flight produce requests wait for their acks), then exit. Requests that may wait long by
@@ -42,6 +44,7 @@ from appliance.security.principal import parse_mapping_rules
 from workers.base import AsyncWorker
 from workers.frontend.broker import Broker
 from workers.frontend.connection import KafkaConnection
+from workers.frontend.metrics import FrontendMetrics
 
 log = logging.getLogger("appliance.frontend")
 
@@ -57,7 +60,9 @@ class Frontend(AsyncWorker):
         super().__init__(ctx)
         load_handlers()
         self.api_ranges = api_ranges()
+        self.counters = FrontendMetrics(self.metrics, [b.listener.name for b in ctx.listeners])
         self.broker = Broker(self)
+        self.broker.counters = self.counters
         self.connections: set[KafkaConnection] = set()
         self.draining = False
         self.servers: list[asyncio.AbstractServer] = []
@@ -131,6 +136,14 @@ class Frontend(AsyncWorker):
 
     def on_tick(self, now: float) -> None:
         self.broker.tick(now)
+
+    def reload(self, old, new) -> None:
+        # Handlers read the configuration through the broker: new requests see the new values,
+        # connections accepted from now on get the new socket_request_max_bytes, SASL mechanisms
+        # and TLS settings.
+        self.broker.cfg = new
+        self.principal_rules = parse_mapping_rules(new.tls.principal_mapping_rules)
+        # The supervisor published the re-read certificates before the version we follow moved.
         if self.tls_sockets and self.sup_page.read().tls_version != self.tls_version:
             self._load_tls()
             log.info("new TLS connections use the certificates of version %d", self.tls_version)
