@@ -22,7 +22,9 @@ exit status (``appliance.runtime``).
 from __future__ import annotations
 
 import enum
+import ipaddress
 import os
+import re
 import tomllib
 import typing
 from typing import Annotated, Any, Literal, Mapping
@@ -111,6 +113,22 @@ class ServerConfig(_Section):
     # A failed authentication is answered, and its connection closed, this long after it failed
     # (Kafka's connection.failed.authentication.delay.ms): slows down password guessing.
     connection_failed_authentication_delay_ms: NonNegative = 100
+    # Most client connections from one IP address at a time, over all frontends (Kafka's
+    # max.connections.per.ip); a new connection beyond it is closed at once. 0 is allowed only
+    # with overrides (then only the overridden addresses may connect).
+    max_connections_per_ip: Int32NonNegative = 2**31 - 1
+    # Per-address exceptions to max_connections_per_ip: IP address or host name -> limit
+    # (Kafka's max.connections.per.ip.overrides).
+    max_connections_per_ip_overrides: dict[str, Int32NonNegative] = msgspec.field(default_factory=dict)
+    # Most client connections at a time, over all frontends (Kafka's max.connections): at the
+    # limit the frontends stop accepting until one closes (new connections wait in the listen
+    # backlog), as Kafka's acceptor waits for a slot.
+    max_connections: Int32NonNegative = 2**31 - 1
+
+    @property
+    def limits_connections_per_ip(self) -> bool:
+        """Whether connections are counted per IP address (a limit or an override is set)."""
+        return self.max_connections_per_ip < 2**31 - 1 or bool(self.max_connections_per_ip_overrides)
     # Default request timeout for internal round trips (frontend -> writer/fetcher/coordinator).
     internal_request_timeout_ms: Positive = 30000
 
@@ -474,6 +492,16 @@ def _check_listeners(cfg: Config) -> None:
     if s.connection_failed_authentication_delay_ms >= s.connections_max_idle_ms:
         raise ConfigError("config: server.connection_failed_authentication_delay_ms: must be "
                           "below server.connections_max_idle_ms")
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(_HOST_NAME.fullmatch(host))
 
 
 def check_consistency(cfg: Config) -> None:
@@ -494,6 +522,14 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(
             "config: shm.produce_ring_bytes: must be a power of two of at least "
             f"2 * (log.message_max_bytes + 65536) = {need}: {1 << (need - 1).bit_length()} will do")
+    # Kafka's KafkaConfig refuses the same: with a limit of 0 and no exception nobody could connect.
+    if cfg.server.max_connections_per_ip == 0 and not cfg.server.max_connections_per_ip_overrides:
+        raise ConfigError("config: server.max_connections_per_ip: can be 0 only if "
+                          "server.max_connections_per_ip_overrides is set")
+    for host in cfg.server.max_connections_per_ip_overrides:
+        if not _valid_host(host):
+            raise ConfigError(f"config: server.max_connections_per_ip_overrides: {host!r} is "
+                              f"neither an IP address nor a host name")
     if cfg.supervisor.restart_backoff_max_ms < cfg.supervisor.restart_backoff_initial_ms:
         raise ConfigError("config: supervisor.restart_backoff_max_ms: must be >= restart_backoff_initial_ms")
     # Kafka refuses group.min.session.timeout.ms > group.max.session.timeout.ms the same way:

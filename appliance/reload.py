@@ -70,6 +70,10 @@ RESTART_REASONS: dict[str, str] = {
     "server.disk_reserve_bytes": "the reserve is made at start",
     "server.frontends": "the rings between processes are made at start",
     "server.fetchers": "the rings between processes are made at start",
+    "server.max_connections": "each frontend reads its connection quotas once, at start",
+    "server.max_connections_per_ip": "each frontend reads its connection quotas once, at start "
+                                     "(and the shared per-address tables are made only then)",
+    "server.max_connections_per_ip_overrides": "each frontend resolves the overrides once, at start",
     "shm.*": "rings keep the size they were made with",
     "transactions.transaction_version":
         "clients learn the finalized feature once, from ApiVersions",

@@ -62,6 +62,10 @@ WORKER_PAGE_FIELDS = [("generation", "I"), ("status", "I"), ("pid", "I"), ("rese
 # The coordinator's page also carries its coordinator epoch (bumped at every start): the
 # WriteTxnMarkers API refuses a marker whose epoch is above it.
 COORDINATOR_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("coordinator_epoch", "i")]
+# A frontend's page also carries its client connections now open and those it refused since it
+# started (Kafka's max.connections.per.ip): frontends sum each other's connections to enforce
+# max_connections across all of them (workers/frontend/quotas.py).
+FRONTEND_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("connections", "I"), ("refused_connections", "Q")]
 
 HEARTBEAT_FILE = "heartbeats"
 HEARTBEAT_SLOTS = 8192

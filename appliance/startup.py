@@ -349,15 +349,22 @@ class SupervisorDirs:
 
 
 def raise_fd_limit() -> None:
-    """Every shm mapping keeps a file descriptor (Python 3.11 mmap): a frontend holds about three
-    per partition. Raise the soft limit to the hard one."""
+    """Raise the soft open-files limit to the hard one, as servers do (Java's MaxFDLimit for
+    Kafka): every client connection is a descriptor in a frontend, and every shm mapping keeps
+    one too (Python 3.11 mmap: a frontend holds about three per partition). Workers inherit it.
+    Logged, since it bounds the connections a frontend can hold."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if want > soft:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
-        except (ValueError, OSError):
-            pass
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            log.info("raised the open-files limit (RLIMIT_NOFILE) from %d to %d", soft, want)
+            return
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open-files limit (RLIMIT_NOFILE) from %d to %d: %s",
+                        soft, want, e)
+    log.info("open-files limit (RLIMIT_NOFILE) is %d", soft)
 
 
 def pid_alive(pid: int) -> bool:

@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from shm.conntable import ConnectionTable
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.metrics import MetricsTable
@@ -58,8 +59,8 @@ from .log.files import atomic_write
 from .operating import SupervisorOperating
 from .reload import file_path as config_file, publish as publish_config
 from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
-                      EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS, METRICS_SERVER,
-                      PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
+                      EXIT_OK, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
+                      METRICS_SERVER, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
                       STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, BoundListener,
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
                       fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
@@ -250,8 +251,11 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 # Every worker publishes generation, status and pid there (workers.base);
                 # frontends watch the fetchers' and the coordinator's generation to fail what a
                 # dead one held.
-                fields = COORDINATOR_PAGE_FIELDS if role == "coordinator" else WORKER_PAGE_FIELDS
+                fields = {"coordinator": COORDINATOR_PAGE_FIELDS,
+                          "frontend": FRONTEND_PAGE_FIELDS}.get(role, WORKER_PAGE_FIELDS)
                 StatePage.create(self.topo.page_path(name), fields).close()
+                if role == "frontend" and self.cfg.server.limits_connections_per_ip:
+                    ConnectionTable.create(self.topo.conns_path(name)).close()
             # The worker's metrics table outlives its restarts (appliance.metrics).
             table = MetricsTable.create(self.topo.metrics_path(name), TABLE_CAPACITY[role])
         except OSError:

@@ -53,6 +53,9 @@ async def handle(ctx, req):
                     names.append(info.name)
             else:
                 names.append(name)
+        # Kafka answers a topic named twice once (it reads the request's topics into a set).
+        names = list(dict.fromkeys(names))
+        unknown_ids = list(dict.fromkeys(unknown_ids))
 
     errors: dict[str, ErrorCode] = {}
     missing = [n for n in names if n is not None and n not in catalog.topics]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from appliance.catalog import PUBLISHED_FILE, read_published
-from appliance.runtime import PARTITION_PAGE_FIELDS, writer_name
+from appliance.runtime import FRONTEND_PAGE_FIELDS, PARTITION_PAGE_FIELDS, writer_name
 from shm.ring import Ring
 from shm.statepage import StatePage
 from shm.topology import Topology
@@ -43,6 +44,10 @@ def _toml_value(v) -> str:
     return json.dumps(v)
 
 
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
 def write_config(path: str, sections: dict) -> None:
     lines = []
 
@@ -51,7 +56,7 @@ def write_config(path: str, sections: dict) -> None:
         if scalars or not prefix:
             if prefix:
                 lines.append(f"[{prefix}]")
-            lines.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
+            lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in scalars.items())
         for k, v in table.items():
             if isinstance(v, dict):
                 emit(f"{prefix}.{k}" if prefix else k, v)
@@ -213,6 +218,17 @@ class Appliance:
         """The high watermark the partition's writer last published on its state page."""
         with self._partition_page(topic, partition) as page:
             return page.read().high_watermark
+
+    def frontend_connections(self) -> dict[str, tuple[int, int]]:
+        """frontend name -> (client connections open, connections refused), from the
+        frontends' state pages."""
+        out = {}
+        topo = Topology(self.run_dir)
+        for w in self.workers("frontend"):
+            with StatePage.open(topo.page_path(w["name"]), FRONTEND_PAGE_FIELDS, readonly=True) as page:
+                st = page.read()
+                out[w["name"]] = (st.connections, st.refused_connections)
+        return out
 
     def ring_pending(self, src: str, dst: str) -> bool:
         """Whether ring src -> dst holds records its consumer has not taken yet."""

@@ -83,6 +83,9 @@ class Server:
         self.table = MetricsTable.anonymous(256)
         self.counters = FrontendMetrics(self.table)
 
+    def connection_closed(self, conn) -> None:
+        self.connections.discard(conn)
+
 
 PLAINTEXT = BoundListener(Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092), -1, 9092)
 
@@ -178,3 +181,26 @@ def test_close_connection_result_closes_after_earlier_answers(handler):
     conn, t = connect()
     conn.data_received(frame(1) + frame(2) + frame(3))
     assert t.answers() == [1] and t.closed and not t.aborted
+
+
+def test_a_pipeline_abandoned_before_its_handlers_ran_leaves_no_unawaited_coroutine(handler):
+    """Regression (frame fuzzer, abandoned pipelines): the connection was lost while the tasks of
+    its pipelined requests had not yet run once; cancelling them left each handler's coroutine
+    un-awaited ("RuntimeWarning: coroutine 'handle' was never awaited", an error here)."""
+    import gc
+
+    async def slow(ctx, req):
+        await asyncio.sleep(10)
+        return b""
+    handler(slow)
+
+    async def scenario():
+        conn, t = connect()
+        conn.data_received(frame(1) + frame(2) + frame(3))
+        assert len(conn.tasks) == 3
+        conn.connection_lost(ConnectionResetError())     # before the loop ran any of them
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert not conn.tasks
+    asyncio.run(scenario())
+    gc.collect()

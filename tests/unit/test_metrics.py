@@ -18,8 +18,8 @@ from appliance import catalog as cat
 from appliance.errors import ErrorCode
 from appliance.metrics import CATALOG, COORDINATOR_SNAPSHOT, Histogram, key, parse_key
 from appliance.metrics.collector import Collector, NotRunning, render
-from appliance.runtime import (HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY,
-                               SUPERVISOR, WORKER_PAGE_FIELDS, writer_name)
+from appliance.runtime import (FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY,
+                               SUPERVISOR, writer_name)
 from shm.heartbeat import HeartbeatTable
 from shm.metrics import MetricsTable
 from shm.statepage import StatePage
@@ -165,7 +165,7 @@ def run_dir(tmp_path):
         page.publish(generation=1, status=READY, pid=os.getpid(), high_watermark=120,
                      last_stable_offset=100, log_start_offset=10)
     for fe in ("fe0", "fe1"):
-        with StatePage.create(topo.page_path(fe), WORKER_PAGE_FIELDS) as page:
+        with StatePage.create(topo.page_path(fe), FRONTEND_PAGE_FIELDS) as page:
             page.publish(generation=1, status=READY, pid=os.getpid())
     hb.beat(0)
     hb.beat(1)

@@ -260,14 +260,25 @@ class Broker:
             return fut
         req_id = next(self._ids)
         gen = ch.page.read().generation
+        header = ipc.produce_header(acks, gen, req_id, len(batch), version, transactional_id)
+        if len(header) + len(batch) > ch.ring.max_payload:
+            # A topic's max.message.bytes may allow more than the produce ring carries (it is
+            # sized for the broker's message_max_bytes): refused like a batch over the limit.
+            fut = self.loop.create_future()
+            fut.set_result(ProduceResult(int(ErrorCode.message_too_large), error_message=(
+                f"a batch of {len(batch)} bytes is more than this broker's produce ring carries "
+                f"({ch.ring.max_payload} bytes, shm.produce_ring_bytes / 2)")))
+            return fut
+        ch.send(header, batch)
         fut = None
         if acks != 0:
+            # Registered after the send: a send that raises leaves no future behind to expire
+            # unawaited (asyncio's "Future exception was never retrieved").
             fut = self._future(req_id, timeout_s,
                                ProduceResult(int(ErrorCode.request_timed_out),
                                              error_message="the partition writer did not answer in time"))
             ch.inflight[req_id] = gen
             self.produce_owner[req_id] = ch
-        ch.send(ipc.produce_header(acks, gen, req_id, len(batch), version, transactional_id), batch)
         return fut
 
     async def call(self, ch: WorkerChannel, req: ipc.Request, timeout_s: float,
@@ -276,9 +287,11 @@ class Broker:
         worker's generation changes under the request: ``req.error_reply(on_timeout)``, or
         without ``on_timeout`` TimeoutError (WorkerRestarted, a TimeoutError, for the restart)."""
         req_id = next(self._ids)
+        ch.send(ipc.encode(req_id, req))
+        # After the send (the answer cannot come before we await): a send that raises must not
+        # leave a future behind that expires with nobody awaiting it.
         fut = self._future(req_id, timeout_s, None)
         ch.inflight[req_id] = ch.generation()
-        ch.send(ipc.encode(req_id, req))
         try:
             return await fut
         except TimeoutError:
@@ -326,8 +339,8 @@ class Broker:
 
     async def call_supervisor(self, req: ipc.Request, timeout_s: float) -> ipc.Message:
         req_id = next(self._ids)
-        fut = self._future(req_id, timeout_s, None)
         self.supervisor.send(ipc.encode(req_id, req))
+        fut = self._future(req_id, timeout_s, None)
         return await fut
 
     def scram_credentials(self, user: str):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import logging
 import struct
 import time
@@ -92,7 +93,8 @@ class KafkaConnection(asyncio.Protocol):
         self.auth_failed = False
         self.last_active = time.monotonic()
         self.fetcher = server.broker.next_fetcher()
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: dict[asyncio.Task, Any] = {}      # handler task -> the handler's coroutine
+        self.produce_order: asyncio.Future | None = None   # appliance.api.produce keeps the order
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -116,11 +118,14 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        if self in self.server.connections:
-            self.server.connections.discard(self)
-            self.server.counters.connections(-1, self.listener)
-        for t in self.tasks:
+        self.server.connection_closed(self)     # forgets it, frees its quota, counts it
+        for t, coro in list(self.tasks.items()):
             t.cancel()
+            # A task cancelled before its first step never runs _run, so the handler's coroutine
+            # would be collected un-awaited ("coroutine 'handle' was never awaited", found by
+            # the frame fuzzer on abandoned pipelines): close it.
+            if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                coro.close()
 
     def data_received(self, data: bytes) -> None:
         if self.closing or self.closed:
@@ -296,8 +301,8 @@ class KafkaConnection(asyncio.Protocol):
             return
         if asyncio.iscoroutine(result):
             task = asyncio.ensure_future(self._run(slot, api, request, result))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self.tasks[task] = result
+            task.add_done_callback(self._task_done)
         else:
             self._complete(slot, result)
             if header.api_key == API_VERSIONS_KEY and self.sasl is not None:
@@ -305,6 +310,9 @@ class KafkaConnection(asyncio.Protocol):
         if len(self.slots) >= MAX_INFLIGHT and not self.paused:
             self.paused = True
             self.transport.pause_reading()
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.tasks.pop(task, None)
 
     async def _run(self, slot: _Slot, api, request, coro) -> None:
         try:
