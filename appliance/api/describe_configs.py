@@ -28,15 +28,16 @@ CONFIG_TYPES = {"BOOLEAN": 1, "STRING": 2, "INT": 3, "SHORT": 4, "LONG": 5, "DOU
 _BUILTIN = Config()
 
 
-def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
+def broker_configs(cfg, advertised: dict[str, tuple[str, int]]) -> dict[str, tuple[str, str]]:
     """Kafka name -> (value, type) of what this broker runs with."""
     s, lg, tx = cfg.server, cfg.log, cfg.transactions
     b = lambda v: "true" if v else "false"  # noqa: E731
     return {
         "node.id": (str(s.node_id), "INT"), "broker.id": (str(s.node_id), "INT"),
         "log.dirs": (s.data_dir, "STRING"),
-        "listeners": (f"PLAINTEXT://{s.listen}", "STRING"),
-        "advertised.listeners": (f"PLAINTEXT://{host}:{port}", "STRING"),
+        "listeners": (",".join(str(x) for x in cfg.listeners), "STRING"),
+        "advertised.listeners": (",".join(f"{name}://{h}:{p}" for name, (h, p)
+                                          in advertised.items()), "STRING"),
         "log.segment.bytes": (str(lg.segment_bytes), "INT"),
         "log.roll.ms": (str(lg.segment_ms), "LONG"),
         "log.retention.bytes": (str(lg.retention_bytes), "LONG"),
@@ -55,6 +56,12 @@ def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
         "transaction.state.log.replication.factor": ("1", "SHORT"),
         "transaction.state.log.min.isr": ("1", "INT"),
         "socket.request.max.bytes": (str(s.socket_request_max_bytes), "INT"),
+        "listener.security.protocol.map": (",".join(
+            f"{x.name}:{x.protocol}" for x in cfg.listeners), "STRING"),
+        "sasl.enabled.mechanisms": (",".join(cfg.sasl.mechanisms), "LIST"),
+        "ssl.client.auth": (cfg.tls.client_auth, "STRING"),
+        "connection.failed.authentication.delay.ms": (
+            str(s.connection_failed_authentication_delay_ms), "INT"),
         "connections.max.idle.ms": (str(s.connections_max_idle_ms), "LONG"),
         "transaction.max.timeout.ms": (str(tx.max_timeout_ms), "INT"),
         "transactional.id.expiration.ms": (str(tx.id_expiration_ms), "INT"),
@@ -64,12 +71,12 @@ def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
     }
 
 
-def broker_entries(cfg, catalog, host: str, port: int, default_resource: bool
+def broker_entries(cfg, catalog, endpoints: dict[str, tuple[str, int]], default_resource: bool
                    ) -> dict[str, tuple[str, int, str, list[tuple[str, str, int]]]]:
     """Kafka name -> (value, source, type, synonyms) of the broker resource (this node's, or with
     ``default_resource`` the cluster-wide default one, which holds only dynamic defaults)."""
-    static = broker_configs(cfg, host, port)
-    builtin = broker_configs(_BUILTIN, host, port)
+    static = broker_configs(cfg, endpoints)
+    builtin = broker_configs(_BUILTIN, endpoints)
     out = {}
     for name, (value, ctype) in static.items():
         syn: list[tuple[str, str, int]] = []
@@ -101,7 +108,7 @@ def handle(ctx, req):
     m = ctx.response_module()
     cfg = ctx.broker.cfg
     catalog = ctx.broker.catalog
-    host, port = ctx.broker.advertised
+    endpoints = ctx.broker.endpoints
     results = []
     # A resource named again is answered again, as Kafka does, from the same result (regression:
     # 50,000 copies of the broker resource took the frontend minutes to build and encode, past
@@ -130,7 +137,7 @@ def handle(ctx, req):
                     f"Unexpected broker id, expected {ctx.broker.node_id} or empty string, "
                     f"but received {res.resource_name}")
             else:
-                found = broker_entries(cfg, catalog, host, port, default_resource=not res.resource_name)
+                found = broker_entries(cfg, catalog, endpoints, default_resource=not res.resource_name)
                 for name, (value, source, ctype, syn) in found.items():
                     if keys is None or name in keys:
                         entries.append(_entry(name, value, source, ctype, None, syn, req,

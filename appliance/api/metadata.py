@@ -1,9 +1,11 @@
 """Metadata (key 3), versions 0-13: the one broker, the topics, their partitions, topic ids.
 
-Runs in frontends. This node leads every partition, with itself as the only replica and ISR and a
-leader epoch of 0 (``LEADER_EPOCH``, the epoch every stored batch carries). A topic that does not
-exist is created on the spot when the request allows it (v4+ flag; always for v0-3) and
-``topics.auto_create`` is on, with ``topics.default_partitions`` partitions; we wait for its writers, so the same answer already lists it (Kafka answers
+Runs in frontends. The broker is described with the advertised endpoint of the listener the
+request came through, as Kafka does. This node leads every partition, with itself as the only
+replica and ISR and a leader epoch of 0 (``LEADER_EPOCH``, the epoch every stored batch carries).
+A topic that does not exist is created on the spot when the request allows it (v4+ flag; always
+for v0-3) and ``topics.auto_create`` is on, with ``topics.default_partitions`` partitions; we
+wait for its writers, so the same answer already lists it (Kafka answers
 LEADER_NOT_AVAILABLE first and lets the client retry; a ready answer saves that round trip).
 """
 
@@ -77,7 +79,7 @@ async def handle(ctx, req):
                 errors[r.name] = ErrorCode.leader_not_available
         catalog = broker.catalog
 
-    host, port = broker.advertised
+    host, port = ctx.advertised
     include_ops = getattr(req, "include_topic_authorized_operations", False)
     topics = []
     for n in dict.fromkeys(names):

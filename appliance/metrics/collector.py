@@ -37,9 +37,6 @@ from . import CATALOG, COORDINATOR_SNAPSHOT, COUNTER, HISTOGRAM, parse_key
 
 log = logging.getLogger("appliance.metrics")
 
-# Labels of the listener gauge (one plaintext listener).
-LISTENER = "PLAINTEXT"
-
 
 class NotRunning(Exception):
     """No appliance runs on this runtime directory (the message says what was found)."""

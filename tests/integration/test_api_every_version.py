@@ -97,6 +97,16 @@ def _request_for(key, v, topic, topic_id, batch):
                 "include_synonyms": True, "include_documentation": True}
     if key == 60:
         return {"include_cluster_authorized_operations": False}
+    if key == 17:
+        return {"mechanism": "SCRAM-SHA-256"}
+    if key == 36:
+        return {"auth_bytes": b"n,,n=u,r=x"}
+    if key == 50:
+        return {"users": [{"name": f"every-{v}"}]}
+    if key == 51:
+        return {"deletions": [], "upsertions": [{"name": f"every-{v}", "mechanism": 1,
+                                                 "iterations": 4096, "salt": b"s" * 16,
+                                                 "salted_password": b"p" * 32}]}
     if key == 21:
         return {"topics": [{"name": topic, "partitions": [{"partition_index": 0, "offset": 0}]}],
                 "timeout_ms": 10000}
@@ -155,6 +165,14 @@ def _check(key, v, resp):
         assert [p.error_code for p in resp.topics[0].partitions] == [0, 0], (v, resp)
     elif key == 60:
         assert resp.error_code == 0 and resp.brokers[0].port > 0, (v, resp)
+    elif key in (17, 36):
+        # A PLAINTEXT listener has no SASL: Kafka answers ILLEGAL_SASL_STATE.
+        assert resp.error_code == 34, (v, resp)
+    elif key == 51:
+        assert [(r.user, r.error_code) for r in resp.results] == [(f"every-{v}", 0)], (v, resp)
+    elif key == 50:
+        # Asked before the upsertion of the same version: not there yet.
+        assert [r.error_code for r in resp.results] == [91], (v, resp)
     elif key == 21:
         p = resp.topics[0].partitions[0]
         assert p.error_code == 0 and p.low_watermark == 0, (v, resp)

@@ -125,6 +125,18 @@ def test_frontend_metrics_count_requests_errors_and_topics():
     assert got["kafka_server_socket_server_metrics_connection_count|listener=PLAINTEXT"] == 1
 
 
+def test_frontend_metrics_count_connections_per_listener():
+    t = MetricsTable.anonymous(64)
+    fm = FrontendMetrics(t, ["PLAINTEXT", "SASL_SSL"])
+    fm.connections(1, "SASL_SSL")
+    fm.connections(1, "SASL_SSL")
+    fm.connections(-1, "SASL_SSL")
+    got = dict(t.items())
+    assert got["kafka_server_socket_server_metrics_connection_count|listener=SASL_SSL"] == 1
+    # Every listener's series exists from the start, at 0.
+    assert got["kafka_server_socket_server_metrics_connection_count|listener=PLAINTEXT"] == 0
+
+
 # -- the collector --------------------------------------------------------------------------------
 
 TOPIC_ID = bytes(range(16))

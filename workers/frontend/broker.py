@@ -26,6 +26,8 @@ from appliance.catalog import Catalog, TopicInfo
 from appliance.errors import ErrorCode
 from appliance.ipc import ProduceResult
 from appliance.log.reader import SegmentViews
+from appliance.security import credentials
+from appliance.security.credentials import CredentialsView
 from appliance.runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS,
                                SUPERVISOR, WORKER_PAGE_FIELDS, writer_name)
 from shm.doorbell import BellSender
@@ -101,7 +103,12 @@ class Broker:
         self.produce_owner: dict[int, WriterChannel] = {}
         self._ids = itertools.count((ctx.generation & 0xFFFFFF) << 40 | 1)
         self._rr = itertools.count()
-        self.advertised = ctx.config.advertised(ctx.bound_port)
+        # Each listener's advertised (host, port); a connection answers with its listener's.
+        self.endpoints = ctx.config.advertised_endpoints(
+            {b.listener.name: b.port for b in ctx.listeners})
+        self.advertised = next(iter(self.endpoints.values()))   # the first listener's
+        self.credentials = CredentialsView(self.topo.file_path(credentials.PUBLISHED_FILE),
+                                           lambda: worker.sup_page.read().credentials_version)
         self.node_id = ctx.config.server.node_id
         self.cluster_id = read_cluster_id(ctx.data_dir)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -335,6 +342,11 @@ class Broker:
         self.supervisor.send(ipc.encode(req_id, req))
         fut = self._future(req_id, timeout_s, None)
         return await fut
+
+    def scram_credentials(self, user: str):
+        """The SCRAM credentials of ``user`` by mechanism (None: no such user), as the
+        supervisor last published them."""
+        return self.credentials.get().get(user)
 
     def next_fetcher(self) -> int:
         return next(self._rr)
