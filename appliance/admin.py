@@ -16,18 +16,21 @@ from typing import Any
 
 from appliance.client.connection import BrokerConnection
 from appliance.client.errors import ErrorCode, KafkaError
+from appliance.client.security import Security
 
 LIST_TRANSACTIONS, DESCRIBE_TRANSACTIONS, DESCRIBE_PRODUCERS = 66, 65, 61
 INIT_PRODUCER_ID, WRITE_TXN_MARKERS, CREATE_TOPICS, DESCRIBE_CONFIGS = 22, 27, 19, 32
+METADATA = 3
 BROKER_RESOURCE = 4
 RETRY = {ErrorCode.concurrent_transactions, ErrorCode.coordinator_load_in_progress,
          ErrorCode.coordinator_not_available, ErrorCode.not_coordinator}
 
 
-def connect(bootstrap: str, timeout_ms: int = 30000) -> BrokerConnection:
+def connect(bootstrap: str, timeout_ms: int = 30000, security: Security | None = None,
+            client_id: str = "appliance-transactions") -> BrokerConnection:
     host, port = bootstrap.rsplit(":", 1)
-    return BrokerConnection(host, int(port), client_id="appliance-transactions",
-                            request_timeout_ms=timeout_ms)
+    return BrokerConnection(host.strip("[]"), int(port), client_id=client_id,
+                            request_timeout_ms=timeout_ms, security=security)
 
 
 def _check(code) -> None:
@@ -183,11 +186,27 @@ def create_topic(conn: BrokerConnection, name: str, partitions: int,
     return True
 
 
+def node_id(conn: BrokerConnection) -> int:
+    """The node id of the broker ``conn`` is connected to (Metadata without topics: the broker
+    whose address is the connection's, else the first one listed)."""
+    r = conn.request(METADATA, {"topics": [], "allow_auto_topic_creation": False,
+                                "include_cluster_authorized_operations": False,
+                                "include_topic_authorized_operations": False})
+    brokers = list(r.brokers)
+    if not brokers:
+        raise KafkaError(ErrorCode.broker_not_available, "Metadata listed no broker")
+    for b in brokers:
+        if (b.host, b.port) == (conn.host, conn.port):
+            return b.node_id
+    return brokers[0].node_id
+
+
 def broker_config(conn: BrokerConnection, name: str) -> str | None:
-    """The value of one config of the broker ``conn`` is connected to (DescribeConfigs of the
-    broker resource), or None when the broker does not report that name."""
+    """The value of one config of the broker ``conn`` is connected to (DescribeConfigs of that
+    broker's resource, named by its node id: the cluster-wide default resource, named "", lists
+    only dynamic configs, as Kafka's does), or None when the broker does not report that name."""
     r = conn.request(DESCRIBE_CONFIGS, {
-        "resources": [{"resource_type": BROKER_RESOURCE, "resource_name": "",
+        "resources": [{"resource_type": BROKER_RESOURCE, "resource_name": str(node_id(conn)),
                        "configuration_keys": [name]}],
         "include_synonyms": False, "include_documentation": False})
     (res,) = r.results

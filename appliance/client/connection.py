@@ -1,4 +1,5 @@
-"""One connection to one broker: socket, framing, headers, ApiVersions negotiation, and the
+"""One connection to one broker: socket, framing, headers, ApiVersions negotiation, the
+connection's security (TLS, then SASL after ApiVersions; ``appliance.client.security``), and the
 requests sent but not answered yet.
 
 Owns the socket, the correlation counter, what the broker said about itself in ApiVersions (the
@@ -14,10 +15,13 @@ Two ways to send. ``request`` writes the frame and reads the answer before it re
 connection in the order it received them (Kafka's rule), so the outstanding requests form a
 queue and each answer belongs to its head: the producer keeps several Produce requests in flight
 this way. ``request`` first completes every outstanding request, so that answers are never read
-out of turn. A socket error or a timeout closes the connection (its byte stream can no longer be
-trusted): ``request`` raises ``KafkaConnectionError`` / ``KafkaTimeoutError``, and every
-outstanding request's callback gets that error; the caller decides whether to retry, on a new
-connection.
+out of turn. The same holds over TLS and SASL: SASL runs when the connection opens, before
+anything can be in flight, and an answer the TLS layer has already decrypted and buffered counts
+as arrived (``select`` on the socket no longer sees those bytes).
+
+A socket error or a timeout closes the connection (its byte stream can no longer be trusted):
+``request`` raises ``KafkaConnectionError`` / ``KafkaTimeoutError``, and every outstanding
+request's callback gets that error; the caller decides whether to retry, on a new connection.
 
 Version choice: ``version(api_key)`` is the highest version both sides support, where "ours" is
 ``CLIENT_MAX`` capped by the caller's ``max_versions`` (a test or the transaction-protocol choice
@@ -29,6 +33,7 @@ from __future__ import annotations
 import io
 import select
 import socket
+import ssl
 import struct
 import time
 from collections import deque
@@ -39,6 +44,8 @@ from kio.serial import entity_reader, entity_writer
 
 from appliance.client.errors import (ErrorCode, KafkaConnectionError, KafkaError,
                                      KafkaTimeoutError)
+from appliance.client.security import (SASL_AUTHENTICATE, SASL_HANDSHAKE, SaslError, Security,
+                                       authenticate)
 from appliance.protocol import frames, messages
 from appliance.protocol.primitives import read_uvarint
 
@@ -49,10 +56,10 @@ API_VERSIONS = 18
 # The versions this client implements (lowest, highest) per API key. Lowest: the first version
 # with the fields the client relies on (Produce/Fetch v3/v4: record batch v2; ListOffsets v1:
 # single offsets; FindCoordinator v1: key type; Metadata v1: leader ids).
-CLIENT_MIN: dict[int, int] = {0: 3, 1: 4, 2: 1, 3: 1, 9: 1, 10: 1, 18: 0, 22: 0, 24: 0, 25: 0,
-                              26: 0, 28: 0}
-CLIENT_MAX: dict[int, int] = {0: 12, 1: 17, 2: 8, 3: 12, 9: 7, 10: 4, 18: 4, 22: 6, 24: 3, 25: 4,
-                              26: 5, 28: 5}
+CLIENT_MIN: dict[int, int] = {0: 3, 1: 4, 2: 1, 3: 1, 9: 1, 10: 1, 17: 1, 18: 0, 22: 0, 24: 0,
+                              25: 0, 26: 0, 28: 0, 36: 0}
+CLIENT_MAX: dict[int, int] = {0: 12, 1: 17, 2: 8, 3: 12, 9: 7, 10: 4, 17: 1, 18: 4, 22: 6, 24: 3,
+                              25: 4, 26: 5, 28: 5, 36: 2}
 
 _SIZE = struct.Struct(">i")
 _HEAD = struct.Struct(">hhi")
@@ -127,8 +134,10 @@ class BrokerConnection:
     """A connected, version-negotiated socket to one broker (``node_id`` -1 for a bootstrap)."""
 
     def __init__(self, host: str, port: int, *, node_id: int = -1, client_id: str = "appliance-client",
-                 request_timeout_ms: int = 30000, max_versions: Mapping[int, int] | None = None) -> None:
+                 request_timeout_ms: int = 30000, max_versions: Mapping[int, int] | None = None,
+                 security: Security | None = None) -> None:
         self.host, self.port, self.node_id = host, port, node_id
+        self.security = security or Security()
         self.client_id = client_id
         self.timeout = request_timeout_ms / 1000.0
         self.max_versions = dict(max_versions or {})
@@ -146,11 +155,30 @@ class BrokerConnection:
     # -- lifecycle ----------------------------------------------------------------------------
     def _connect(self) -> None:
         try:
-            self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         except OSError as exc:
             raise KafkaConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.security.tls:
+            try:
+                sock = self.security.ssl_context().wrap_socket(sock, server_hostname=self.host)
+            except (OSError, ssl.SSLError) as exc:
+                sock.close()
+                raise KafkaConnectionError(f"TLS to {self.host}:{self.port}: {exc}") from None
+        self.sock = sock
         self._negotiate()
+        if self.security.sasl:
+            self._authenticate()
+
+    def _authenticate(self) -> None:
+        """SASL right after ApiVersions, before any other request (KIP-152). A refusal is not
+        retriable: SASL_AUTHENTICATION_FAILED (or the broker's code) with its message."""
+        try:
+            authenticate(self.security, self._roundtrip, self.version(SASL_HANDSHAKE),
+                         self.version(SASL_AUTHENTICATE))
+        except SaslError as exc:
+            self.close()
+            raise KafkaError(ErrorCode(exc.code), f"{self.host}:{self.port}: {exc.message}") from None
 
     @property
     def connected(self) -> bool:
@@ -260,7 +288,7 @@ class BrokerConnection:
             return False
         corr, api_key, version, callback = self._outstanding[0]
         try:
-            if timeout is not None:
+            if timeout is not None and not self._buffered():
                 readable, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
                 if not readable:
                     return False
@@ -285,6 +313,11 @@ class BrokerConnection:
             return True
         callback(entity)
         return True
+
+    def _buffered(self) -> bool:
+        """True if the TLS layer holds decrypted bytes not read yet: ``select`` on the socket
+        does not see them (they left the kernel's buffer with the record that carried them)."""
+        return isinstance(self.sock, ssl.SSLSocket) and self.sock.pending() > 0
 
     def complete_all(self) -> None:
         """Read every outstanding answer (running the callbacks)."""

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance import admin
-from appliance.client import Consumer, PreparedTxnState, Producer
+from appliance.client import Consumer, PreparedTxnState, Producer, security
 from appliance.client.errors import ErrorCode, KafkaError
 
 log = logging.getLogger("appliance.spark")
@@ -183,12 +183,21 @@ def _entry(offset: int, timestamp: int, value: bytes | None) -> Entry | None:
 
 # -- the log itself ----------------------------------------------------------------------------
 
+def connection_config(client_config: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a producer config that say how to reach the broker, TLS and SASL included:
+    the job log, the admin connections, the consumers and the producers of the sink all reach
+    it the same way."""
+    keep = {"bootstrap_servers", "client_id", "request_timeout_ms", "retry_backoff_ms",
+            "max_versions", *security.DEFAULTS}
+    return {k: v for k, v in client_config.items() if k in keep}
+
+
 class JobLog:
     """Appends to and reads ``__spark_sink_jobs`` (created on first use)."""
 
     def __init__(self, client_config: dict[str, Any]) -> None:
-        keep = ("bootstrap_servers", "client_id", "request_timeout_ms", "retry_backoff_ms", "max_versions")
-        self.config = {k: v for k, v in client_config.items() if k in keep}
+        self.config = connection_config(client_config)
+        self.security = security.Security.from_config({**security.DEFAULTS, **self.config})
         self._producer: Producer | None = None
         self._created = False
 
@@ -208,7 +217,7 @@ class JobLog:
         return (servers.split(",") if isinstance(servers, str) else list(servers))[0].strip()
 
     def admin(self):
-        return admin.connect(self.bootstrap())
+        return admin.connect(self.bootstrap(), security=self.security)
 
     def ensure_topic(self) -> None:
         if self._created:

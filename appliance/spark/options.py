@@ -5,9 +5,14 @@ Owns no state; runs wherever Spark calls the data source (the driver's Python pl
 and the executors' Python workers).
 
 - ``kafka.<key>``: client configuration (``kafka.bootstrap.servers`` is required). Every key our
-  client knows is passed on as it is (a key the client gains, such as its security settings,
-  passes with no change here); Kafka client keys it does not have (``kafka.group.id`` ...) are
-  logged and ignored, as they would change nothing here.
+  client knows is passed on as it is, security included as Spark's Kafka connector passes it:
+  ``kafka.security.protocol``, ``kafka.sasl.mechanism``, ``kafka.sasl.jaas.config`` (a
+  PlainLoginModule or ScramLoginModule line: its username and password are used),
+  ``kafka.ssl.truststore.location`` / ``kafka.ssl.keystore.location`` (PEM stores,
+  ``kafka.ssl.truststore.type=PEM``), ``kafka.ssl.key.password``,
+  ``kafka.ssl.endpoint.identification.algorithm`` (see ``appliance.client.security``); the
+  producers, the admin connections and the job log all use them. Kafka client keys it does not
+  have (``kafka.group.id`` ...) are logged and ignored, as they would change nothing here.
 - Reader: exactly one of ``subscribe`` (comma list), ``subscribePattern`` (a regex) or
   ``assign`` (JSON ``{"topic": [0, 1]}``); ``startingOffsets`` / ``endingOffsets`` as
   ``earliest``, ``latest`` or JSON ``{"topic": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest);
@@ -28,7 +33,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from appliance.client.config import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
+from appliance.client.config import ALIASES, CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
+from appliance.client.security import Security
 
 log = logging.getLogger("appliance.spark")
 
@@ -78,6 +84,7 @@ def client_config(options: Mapping[str, Any], kind: str) -> dict[str, Any]:
             continue
         name = key[len("kafka."):]
         ours = name.replace(".", "_").replace("-", "_")
+        ours = ALIASES.get(ours, ours)
         if ours in ("transactional_id", "enable_two_phase_commit", "transaction_two_phase_commit_enable"):
             raise OptionError(f"option {key!r}: the appliance sink sets the transactional id and "
                               "two-phase commit itself (see transactionalIdPrefix)")
@@ -88,6 +95,10 @@ def client_config(options: Mapping[str, Any], kind: str) -> dict[str, Any]:
         out[ours] = _typed(value, table[ours])
     if not out.get("bootstrap_servers"):
         raise OptionError("option 'kafka.bootstrap.servers' is required")
+    try:
+        Security.from_config({**table, **out})      # a bad security option fails on the driver
+    except ValueError as e:
+        raise OptionError(f"kafka.* security options: {e}") from None
     return out
 
 

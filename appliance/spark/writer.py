@@ -203,9 +203,7 @@ class _Sink:
         return Producer(self.producer_config, transactional_id=txn_id, enable_two_phase_commit=True)
 
     def _consumer(self) -> Consumer:
-        cfg = {k: v for k, v in self.producer_config.items()
-               if k in ("bootstrap_servers", "client_id", "request_timeout_ms", "retry_backoff_ms")}
-        return Consumer(cfg)
+        return Consumer(jobs.connection_config(self.producer_config))
 
     def heartbeat(self, key: str, gen: int, kind: str) -> jobs.Heartbeat:
         return jobs.Heartbeat(self.producer_config, self.prefix, key, gen, kind, self.timeout_ms)

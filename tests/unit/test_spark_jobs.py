@@ -55,3 +55,23 @@ def test_records_that_are_not_job_records_are_skipped(caplog):
     assert _entry(4, 1, b'{"prefix": "p"}') is None
     e = _entry(5, 7, b'{"type": "commit", "prefix": "p", "key": "k", "gen": 2, "txns": [["p-k-0", "1:0"]]}')
     assert e == Entry(5, 7, "commit", "p", "k", 2, "batch", 0, (("p-k-0", "1:0"),))
+
+
+def test_the_job_log_and_the_sinks_consumers_reach_the_broker_with_the_producers_security():
+    # Regression: the streaming replay check's consumer dropped the TLS and SASL settings of the
+    # sink's options, so it spoke plaintext to a SASL_SSL listener.
+    from appliance.spark.jobs import JobLog, connection_config
+    from appliance.spark.options import client_config
+    jaas = ('org.apache.kafka.common.security.scram.ScramLoginModule required '
+            'username="alice" password="pw";')
+    cfg = client_config({"kafka.bootstrap.servers": "h:9093", "kafka.security.protocol": "SASL_SSL",
+                         "kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.jaas.config": jaas,
+                         "kafka.ssl.truststore.location": "/etc/ca.pem", "kafka.linger.ms": "5",
+                         "kafka.batch.size": "1024"}, "producer")
+    conn = connection_config(cfg)
+    assert conn == {"bootstrap_servers": "h:9093", "security_protocol": "SASL_SSL",
+                    "sasl_mechanism": "SCRAM-SHA-512", "sasl_jaas_config": jaas,
+                    "ssl_cafile": "/etc/ca.pem"}
+    sec = JobLog(cfg).security
+    assert (sec.protocol, sec.sasl_mechanism, sec.sasl_username, sec.ssl_cafile) == \
+        ("SASL_SSL", "SCRAM-SHA-512", "alice", "/etc/ca.pem")
