@@ -23,12 +23,17 @@ CONFIG_TYPES = {"BOOLEAN": 1, "STRING": 2, "INT": 3, "SHORT": 4, "LONG": 5, "DOU
 BROKER_SYNONYM = {"retention.ms": "log.retention.ms", "retention.bytes": "log.retention.bytes",
                   "segment.bytes": "log.segment.bytes", "segment.ms": "log.roll.ms",
                   "max.message.bytes": "message.max.bytes",
-                  "message.timestamp.type": "log.message.timestamp.type"}
+                  "message.timestamp.type": "log.message.timestamp.type",
+                  "cleanup.policy": "log.cleanup.policy",
+                  "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+                  "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+                  "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+                  "delete.retention.ms": "log.cleaner.delete.retention.ms"}
 
 
 def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
     """Kafka name -> (value, type) of what this broker runs with."""
-    s, lg, tx = cfg.server, cfg.log, cfg.transactions
+    s, lg, tx, cl = cfg.server, cfg.log, cfg.transactions, cfg.log.cleaner
     b = lambda v: "true" if v else "false"  # noqa: E731
     return {
         "node.id": (str(s.node_id), "INT"), "broker.id": (str(s.node_id), "INT"),
@@ -45,6 +50,20 @@ def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
         "message.max.bytes": (str(lg.message_max_bytes), "INT"),
         "log.message.timestamp.type": (lg.message_timestamp_type, "STRING"),
         "log.flush.interval.ms": (str(lg.flush.kafka_flush_interval_ms), "LONG"),
+        "log.cleanup.policy": (lg.cleanup_policy, "LIST"),
+        "log.segment.delete.delay.ms": (str(lg.segment_delete_delay_ms), "LONG"),
+        "log.cleaner.enable": (b(cl.enable), "BOOLEAN"),
+        "log.cleaner.threads": (str(cl.processes), "INT"),
+        # Kafka's default (no limit) is Double.MAX_VALUE; 0 is ours for the same.
+        "log.cleaner.io.max.bytes.per.second":
+            (str(float(cl.io_max_bytes_per_second)) if cl.io_max_bytes_per_second
+             else "1.7976931348623157E308", "DOUBLE"),
+        "log.cleaner.dedupe.buffer.size": (str(cl.dedupe_buffer_size), "LONG"),
+        "log.cleaner.backoff.ms": (str(cl.backoff_ms), "LONG"),
+        "log.cleaner.min.cleanable.ratio": (str(cl.min_cleanable_ratio), "DOUBLE"),
+        "log.cleaner.min.compaction.lag.ms": (str(cl.min_compaction_lag_ms), "LONG"),
+        "log.cleaner.max.compaction.lag.ms": (str(cl.max_compaction_lag_ms), "LONG"),
+        "log.cleaner.delete.retention.ms": (str(cl.delete_retention_ms), "LONG"),
         "auto.create.topics.enable": (b(cfg.topics.auto_create), "BOOLEAN"),
         "num.partitions": (str(cfg.topics.default_partitions), "INT"),
         "default.replication.factor": ("1", "INT"),

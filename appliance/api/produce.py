@@ -30,6 +30,7 @@ from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, en
 from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValidationError,
                                                 validate_records)
 from appliance.protocol.records import validate_batch
+from appliance.topic_config import cleanup_policy_set
 
 log = logging.getLogger("appliance.produce")
 
@@ -78,7 +79,8 @@ def _validate_records(cfg, info, topic: str, pd, header, max_bytes: int, now_ms:
     after = log.message_timestamp_after_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
     validate_records(pd.records, header, max_bytes=max_bytes * log.decompressed_batch_max_factor,
                      now_ms=now_ms, before_ms=limit, after_ms=after,
-                     compacted="compact" in info.configs.get("cleanup.policy", ""),
+                     compacted="compact" in cleanup_policy_set(
+                         info.configs.get("cleanup.policy", log.cleanup_policy)),
                      topic_partition=f"{topic}-{pd.index}")
 
 

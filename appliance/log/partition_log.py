@@ -88,7 +88,14 @@ _TOPIC_KEYS = {
     "segment.index.bytes": "segment_index_bytes",
     "message.timestamp.type": "message_timestamp_type",
     "max.message.bytes": "max_message_bytes",
+    "cleanup.policy": "cleanup_policy",
+    "min.cleanable.dirty.ratio": "min_cleanable_ratio",
+    "min.compaction.lag.ms": "min_compaction_lag_ms",
+    "max.compaction.lag.ms": "max_compaction_lag_ms",
+    "delete.retention.ms": "delete_retention_ms",
 }
+_STRING_KEYS = frozenset({"message_timestamp_type", "cleanup_policy"})
+_FLOAT_KEYS = frozenset({"min_cleanable_ratio"})
 
 
 class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -103,6 +110,11 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     message_timestamp_type: Literal["CreateTime", "LogAppendTime"] = "CreateTime"
     max_message_bytes: int = 1048588
     decompressed_batch_max_factor: int = 64
+    cleanup_policy: str = "delete"
+    min_cleanable_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = 2**63 - 1
+    delete_retention_ms: int = 86400000
 
     @classmethod
     def from_config(cls, cfg: LogConfig, overrides: Mapping[str, str] | None = None) -> "LogSettings":
@@ -116,13 +128,39 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
             "message_timestamp_type": cfg.message_timestamp_type,
             "max_message_bytes": cfg.message_max_bytes,
             "decompressed_batch_max_factor": cfg.decompressed_batch_max_factor,
+            "cleanup_policy": cfg.cleanup_policy,
+            "min_cleanable_ratio": cfg.cleaner.min_cleanable_ratio,
+            "min_compaction_lag_ms": cfg.cleaner.min_compaction_lag_ms,
+            "max_compaction_lag_ms": cfg.cleaner.max_compaction_lag_ms,
+            "delete_retention_ms": cfg.cleaner.delete_retention_ms,
         }
         for name, raw in (overrides or {}).items():
             field = _TOPIC_KEYS.get(name)
             if field is None:
                 continue
-            values[field] = raw if field == "message_timestamp_type" else int(raw)
+            values[field] = (raw if field in _STRING_KEYS else
+                             float(raw) if field in _FLOAT_KEYS else int(raw))
         return msgspec.convert(values, cls)
+
+    @property
+    def compact(self) -> bool:
+        """cleanup.policy has "compact": the log cleaner keeps the last record of each key."""
+        return "compact" in _policies(self.cleanup_policy)
+
+    @property
+    def delete(self) -> bool:
+        """cleanup.policy has "delete": retention.ms and retention.bytes delete old segments
+        (Kafka's LogConfig.delete; a "compact" topic keeps every segment)."""
+        return "delete" in _policies(self.cleanup_policy)
+
+    @property
+    def roll_ms(self) -> int:
+        """Kafka's LogConfig.maxSegmentMs: a compacted topic also rolls by max.compaction.lag.ms,
+        so that a record does not wait in the active segment, which is never cleaned, for longer
+        than that."""
+        if self.compact and self.max_compaction_lag_ms > 0:
+            return min(self.max_compaction_lag_ms, self.segment_ms)
+        return self.segment_ms
 
     @property
     def max_decompressed_bytes(self) -> int:
@@ -132,6 +170,10 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def log_append_time(self) -> bool:
         return self.message_timestamp_type == "LogAppendTime"
+
+
+def _policies(value: str) -> set[str]:
+    return {p.strip() for p in value.split(",")}
 
 
 class AppendInfo(NamedTuple):
@@ -431,7 +473,7 @@ class PartitionLog:
             return False
         first = seg.rolling_base_timestamp()
         waited = batch_max_ts - first if first >= 0 else now_ms - seg.created_ms
-        return waited > self.settings.segment_ms
+        return waited > self.settings.roll_ms
 
     def maybe_roll(self, now_ms: int) -> bool:
         """Periodic time-based roll (no batch at hand: the clock stands in for its timestamp)."""
@@ -475,6 +517,8 @@ class PartitionLog:
         """Delete the oldest sealed segments past retention.ms (by their largest timestamp) or
         retention.bytes (whole-log size), never the active one; returns whether any went."""
         s = self.settings
+        if not s.delete:
+            return False          # cleanup.policy=compact: segments go only by compaction
         n_time = n_size = 0
         if s.retention_ms >= 0:
             for seg in self._sealed:
