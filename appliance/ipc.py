@@ -150,6 +150,7 @@ class Slice(msgspec.Struct, array_like=True, frozen=True):
     segment_base: int
     position: int
     length: int
+    inode: int = 0          # of the .log the fetcher read (a cleaner swap replaces files by name)
 
 
 class FetchPartResult(msgspec.Struct, array_like=True, frozen=True):

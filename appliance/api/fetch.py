@@ -80,10 +80,12 @@ async def handle(ctx, req):
             records = []
             try:
                 for s in r.slices:
-                    records.append(views.view(directory, s.segment_base, s.position, s.length))
+                    records.append(views.view(directory, s.segment_base, s.position, s.length,
+                                              s.inode))
             except KafkaError:
-                # Retention deleted the segment between the lookup and now: answer nothing for
-                # this partition; the client's next fetch gets OFFSET_OUT_OF_RANGE.
+                # Retention deleted the segment between the lookup and now (the client's next
+                # fetch gets OFFSET_OUT_OF_RANGE), or a cleaner swap replaced it and its old file
+                # is gone too: answer nothing for this partition; the next fetch reads anew.
                 records = []
             fp.records = records
     _count(ctx, catalog, topics)

@@ -11,6 +11,8 @@ LogAppendTime stamp if configured (the only CRC pass), a roll check, one pwrite 
 active segment, and an index entry every ``index_interval_bytes``. Never a loop over records.
 
 Opening (Kafka's LogLoader semantics):
+  0. finish a committed cleaner swap, remove cleaned copies and retired files
+     (``appliance.log.swap``);
   1. remove ``*.tmp`` (interrupted atomic replacements) and index files without a ``.log``;
   2. read the ``log-start-offset`` and ``recovery-point`` checkpoints and the clean-shutdown
      marker;
@@ -67,6 +69,7 @@ from appliance.log.files import (CLEAN_SHUTDOWN_FILE, INDEX_SUFFIX, LOG_START_OF
                                  fsync_dir, index_path, list_segment_bases, log_path,
                                  read_checkpoint, txnindex_path, write_checkpoint)
 from appliance.log.index import OffsetIndex
+from appliance.log import swap
 from appliance.log.segment import (LogSegment, SegmentInfo, delete_segment_files, load_segment,
                                    recover_segment)
 from appliance.log.txn_index import AbortedTxn, TransactionIndex
@@ -218,6 +221,10 @@ class PartitionLog:
                                        else txn_index_rebuild_from)
         self._rebuild_pending = rebuild_pending     # recovery point held back for the rebuild
         self._rebuild_ix: TransactionIndex | None = None   # a sealed segment's, during rebuild
+        # Files a cleaner swap replaced, kept for readers until their time (monotonic s).
+        self._retired: list[tuple[float, str]] = []
+        # Tests only: called with each step of a swap (appliance.log.swap), to crash there.
+        self.crash_hook: Callable[[str], None] | None = None
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
@@ -232,6 +239,8 @@ class PartitionLog:
         for name in os.listdir(directory):
             if name.endswith(TMP_SUFFIX):
                 os.unlink(os.path.join(directory, name))
+        # 0. a cleaner swap: finished if it was committed, else its copy goes.
+        swap.recover(directory)
         bases = list_segment_bases(directory)
         known = set(bases)
         for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
@@ -551,6 +560,55 @@ class PartitionLog:
         for seg in doomed:
             delete_segment_files(self.directory, seg.base_offset)
         return True
+
+    # -- compaction (appliance.log.swap) ----------------------------------------------------
+    def replace_segments(self, base: int, old: list[tuple[int, int, int]], checkpoint: int,
+                         retire_s: float) -> SegmentInfo:
+        """Swap the cleaner's copy ``<base>.*.cleaned`` in for the sealed segments ``old``
+        ((base, inode, size) as the cleaner read them, consecutive, the first named ``base``),
+        and write the cleaner checkpoint when ``checkpoint`` >= 0. The replaced .log files stay
+        readable under their retired names for ``retire_s`` seconds. Raises swap.SwapRefused
+        (the copy is removed, nothing changed); OSError after the commit (the writer must
+        stop: the next open finishes the swap)."""
+        bases = [s.base_offset for s in self._sealed]
+        step = self.crash_hook or (lambda name: None)
+        try:
+            i = bases.index(base)
+            if [b for b, _, _ in old] != bases[i:i + len(old)]:
+                raise swap.SwapRefused(f"segments {[b for b, _, _ in old]} are not consecutive "
+                                       f"sealed segments of {self.directory}")
+            j = i + len(old)
+            next_base = bases[j] if j < len(bases) else self._active.base_offset
+            info, _, _ = swap.check_copy(self.directory, base, old, next_base)
+        except (ValueError, swap.SwapRefused) as e:
+            swap.remove_cleaned(self.directory)
+            raise swap.SwapRefused(str(e)) from None
+        step("checked")
+        if self._rebuild_ix is not None:
+            self.finish_txn_index_rebuild()
+        swap.write_manifest(self.directory, swap.SwapManifest(base, [b for b, _, _ in old],
+                                                              checkpoint))
+        step("committed")
+        retired = swap.roll_forward(self.directory, swap.SwapManifest(
+            base, [b for b, _, _ in old], checkpoint), retire=True, step=step)
+        self._sealed[i:j] = [info]
+        self.segments_version += 1
+        until = time.monotonic() + retire_s
+        self._retired += [(until, p) for p in retired]
+        return info
+
+    def delete_retired(self, now: float | None = None) -> int:
+        """Remove the retired files whose time has come; returns how many went."""
+        now = time.monotonic() if now is None else now
+        due = [p for t, p in self._retired if t <= now]
+        if due:
+            self._retired = [(t, p) for t, p in self._retired if t > now]
+            for p in due:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+        return len(due)
 
     # -- lookups -----------------------------------------------------------------------------
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
