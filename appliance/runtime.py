@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import setproctitle
@@ -33,6 +34,16 @@ def fetcher_name(i: int) -> str:
 
 
 METRICS_SERVER = "mx"       # the metrics worker (serves [metrics] listen)
+
+
+def cleaner_name(i: int) -> str:
+    return f"cl{i}"
+
+
+def cleaner_of(writer: str, processes: int) -> str:
+    """The cleaner process that cleans the partition of writer endpoint ``writer`` (a stable
+    spread: the assignment changes only with log.cleaner.processes, which needs a restart)."""
+    return cleaner_name(zlib.crc32(writer.encode()) % processes)
 
 
 def writer_name(topic_id: bytes, partition: int) -> str:
@@ -83,7 +94,7 @@ WORKER_BOOT_ERROR = 3
 @dataclass
 class WorkerContext:
     config: Config
-    role: str                 # "writer" | "frontend" | "fetcher" | "coordinator" | "metrics"
+    role: str                 # "writer" | "frontend" | "fetcher" | "coordinator" | "metrics" | "cleaner"
     name: str                 # endpoint name
     index: int                # frontend/fetcher index; partition for writers
     generation: int           # bumps on every restart of this worker
@@ -117,6 +128,8 @@ def role_title(role: str, index: int, topic: str | None = None) -> str:
         return f"writer {topic}-{index}"
     if role in ("frontend", "fetcher"):
         return f"{role} {index}"
+    if role == "cleaner" and index:
+        return f"cleaner {index}"        # the first (often the only) one is "cleaner"
     return role
 
 

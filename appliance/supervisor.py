@@ -49,7 +49,8 @@ from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXI
                       EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS, METRICS_SERVER,
                       PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
                       STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
-                      WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
+                      WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, cleaner_name,
+                      cleaner_of, default_run_dir,
                       fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
                       writer_name)
 from .service import Registry, Responder, serves
@@ -106,7 +107,7 @@ def _kill(pid: int | None, sig: int) -> None:
 # Series each role's metrics table holds at most (frontends: requests and errors per API, and
 # three counters per topic; see appliance.metrics).
 TABLE_CAPACITY = {"frontend": 8192, "writer": 64, "coordinator": 128, "fetcher": 32,
-                  "metrics": 16, SUPERVISOR: 64}
+                  "metrics": 16, "cleaner": 64, SUPERVISOR: 64}
 
 
 class Supervisor(SupervisorDirs, SupervisorOperating):
@@ -220,6 +221,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             self._make_ring(name, fe, self.cfg.shm.small_ring_bytes)
         self._make_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
         self._make_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
+        cleaner = cleaner_of(name, self.cfg.log.cleaner.processes)
+        self._make_ring(cleaner, name, self.cfg.shm.small_ring_bytes)
+        self._make_ring(name, cleaner, self.cfg.shm.small_ring_bytes)
         spec = self._add_worker("writer", name, partition, writer_main, topic)
         spec.page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
         return spec
@@ -338,10 +342,13 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             from appliance.protocol.messages import preload
             load_handlers()
             preload(api_ranges())
+            from workers.cleaner import main as cleaner_main
             from workers.coordinator import main as coordinator_main
             from workers.fetcher import main as fetcher_main
             from workers.frontend import main as frontend_main
             self._spawn(self._add_worker("coordinator", COORDINATOR, 0, coordinator_main))
+            for i in range(self.cfg.log.cleaner.processes):
+                self._spawn(self._add_worker("cleaner", cleaner_name(i), i, cleaner_main))
             for i, name in enumerate(self.fetchers):
                 self._spawn(self._add_worker("fetcher", name, i, fetcher_main))
             for i, name in enumerate(self.frontends):
@@ -675,7 +682,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             self.listener.close()
             self.listener = None
         deadline = time.monotonic() + self.cfg.supervisor.shutdown_timeout_ms / 1000
-        for phase in (("frontend", "metrics"), ("fetcher", "coordinator", "writer")):
+        for phase in (("frontend", "metrics", "cleaner"), ("fetcher", "coordinator", "writer")):
             targets = [s for s in self.by_pid.values() if s.role in phase]
             for s in targets:
                 self.kill(s.pid, signal.SIGTERM)

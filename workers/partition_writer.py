@@ -33,13 +33,17 @@ from dataclasses import dataclass
 from appliance import ipc
 from appliance.catalog import partition_dir
 from appliance.errors import ErrorCode, KafkaError
+from appliance import testhooks
+from appliance.log import swap
+from appliance.log.cleaner import messages as cm
 from appliance.log.flusher import Flusher
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.producer_state import ProducerStateManager
 from appliance.log.txn_index import AbortedTxn
 from appliance.metrics import Histogram, key
 from appliance.protocol.records import read_header
-from appliance.runtime import COORDINATOR, PARTITION_PAGE_FIELDS, WORKER_BOOT_ERROR, WorkerContext
+from appliance.runtime import (COORDINATOR, PARTITION_PAGE_FIELDS, WORKER_BOOT_ERROR, WorkerContext,
+                               cleaner_of)
 from appliance.service import Responder, serves
 from appliance.txn.messages import VerifyPartitionRequest, VerifyPartitionResult
 from shm.doorbell import BellSender
@@ -133,7 +137,10 @@ class PartitionWriter(Worker):
         self.sealed_bytes = 0
 
     def inputs(self) -> list[str]:
-        return list(self.ctx.frontends) + [COORDINATOR]
+        # The partition's cleaner process: log.cleaner.processes needs a restart, so the ring
+        # between them stays the same for the writer's life.
+        return list(self.ctx.frontends) + [COORDINATOR,
+                                           cleaner_of(self.ctx.name, self.cfg.log.cleaner.processes)]
 
     outputs = inputs
 
@@ -173,6 +180,7 @@ class PartitionWriter(Worker):
                                       on_completed=rebuilt, max_start_offset=rebuild_from)
         self.log.finish_txn_index_rebuild()
         self.log.roll_listener = self.psm.take_snapshot
+        self.log.crash_hook = testhooks.hook("writer")
         own_bell = self.topo.bell_path(self.ctx.name)
         waker = BellSender()            # the flusher thread's own socket
         self.flusher = Flusher(lambda: waker.ring(own_bell), self.log.log_end_offset)
@@ -237,6 +245,8 @@ class PartitionWriter(Worker):
     def on_turn(self, now: float) -> None:
         self._expire_verifications()
         self._flush_and_reply()
+        if self.log.has_retired:
+            self.log.delete_retired()
 
     def on_tick(self, now: float) -> None:
         changed = self.log.enforce_retention(_now_ms())
@@ -446,6 +456,33 @@ class PartitionWriter(Worker):
                 self.psm.last_stable_offset(self.log.log_end_offset)))
         self.dirty = True
         return ErrorCode.none, info.last_offset + 1
+
+    # -- the cleaner (appliance.log.cleaner: it reads and writes copies; the swap is ours) --------
+    @serves(cm.CleanerBeginRequest)
+    def _cleaner_begin(self, req: cm.CleanerBeginRequest) -> cm.CleanerBeginResult:
+        if req.cursor < 0:
+            # A copy no swap of ours named: its cleaner died, or gave up, while writing it.
+            swap.remove_cleaned(self.log.directory)
+        items = sorted((e.producer_id, e.last_offset if e.batches else -1, e.epoch)
+                       for e in self.psm.active() if e.producer_id > req.cursor)
+        page = items[:cm.PRODUCERS_PER_ANSWER]
+        more = page[-1][0] if len(items) > len(page) else -1
+        return cm.CleanerBeginResult(ErrorCode.none, cm.pack_producers(page), more)
+
+    @serves(cm.CleanerSwapRequest)
+    def _cleaner_swap(self, req: cm.CleanerSwapRequest) -> cm.CleanerSwapResult:
+        """Swap a cleaned copy in (``PartitionLog.replace_segments``). A failure after the
+        commit point is an OSError that stops the writer (``contain`` is off): the restart's
+        open finishes the swap."""
+        try:
+            self.log.replace_segments(req.base, [tuple(x) for x in req.old], req.checkpoint,
+                                      self.cfg.log.segment_delete_delay_ms / 1000)
+        except swap.SwapRefused as e:
+            log.info("%s-%d: cleaned copy of segment %d refused: %s", self.ctx.topic,
+                     self.ctx.index, req.base, e)
+            return cm.CleanerSwapResult(ErrorCode.invalid_request, str(e))
+        self.dirty = True                    # readers re-list at the new segments_version
+        return cm.CleanerSwapResult(ErrorCode.none)
 
     # -- group commit and replies ---------------------------------------------------------------
     def _flush_and_reply(self, force: bool = False) -> None:

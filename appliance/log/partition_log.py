@@ -597,6 +597,10 @@ class PartitionLog:
         self._retired += [(until, p) for p in retired]
         return info
 
+    @property
+    def has_retired(self) -> bool:
+        return bool(self._retired)
+
     def delete_retired(self, now: float | None = None) -> int:
         """Remove the retired files whose time has come; returns how many went."""
         now = time.monotonic() if now is None else now

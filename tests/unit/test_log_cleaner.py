@@ -559,3 +559,18 @@ def test_reads_and_timestamp_lookups_across_empty_and_gapped_segments(tmp_path):
     p.reopen(clean=False)
     assert [r_.offset for r_ in p.read(committed=False)] == [1, 4, 5, 6, 7]
     p.close()
+
+
+def test_nothing_is_dirty_once_cleaned_up_to_the_active_segment(part):
+    # Regression: the last sealed segment was taken as unbounded, so a cleaned log looked dirty
+    # and was cleaned again and again.
+    p = part
+    for rnd in range(3):
+        p.put([kv(i, f"r{rnd}-") for i in range(5)])
+    p.roll()
+    p.put([kv(1, "active")])
+    _, c = p.plan()
+    assert c.cleanable_bytes > 0 and c.due(0.0)
+    p.clean()
+    _, c = p.plan()
+    assert (c.first_dirty, c.cleanable_bytes, c.due(0.0)) == (p.log.active_segment_base, 0, False)

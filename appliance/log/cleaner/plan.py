@@ -94,6 +94,7 @@ class Cleanable:
 
     first_dirty: int
     first_uncleanable: int        # a segment boundary: rounds clean whole segments below it
+    active_base: int
     clean_bytes: int
     cleanable_bytes: int
     compaction_delay_ms: int      # how far past max.compaction.lag.ms its oldest dirty batch is
@@ -113,13 +114,15 @@ class Cleanable:
                 or self.ratio > min_cleanable_ratio)
 
 
-def _overlapping(segs: list[SegmentFile], start: int, end: int) -> list[SegmentFile]:
-    """Kafka's logSegments(from, to): the segment holding ``start`` and those after it with a
-    base offset below ``end``."""
+def _overlapping(segs: list[SegmentFile], start: int, end: int, active_base: int
+                 ) -> list[SegmentFile]:
+    """Kafka's logSegments(from, to) among the sealed segments: the segment holding ``start``
+    and those after it with a base offset below ``end`` (the last sealed one ends where the
+    active one begins)."""
     out = []
     for i, s in enumerate(segs):
-        nxt = segs[i + 1].base if i + 1 < len(segs) else None
-        if s.base < end and (nxt is None or nxt > start):
+        nxt = segs[i + 1].base if i + 1 < len(segs) else active_base
+        if s.base < end and nxt > start:
             out.append(s)
     return out
 
@@ -151,20 +154,20 @@ def cleanable(segs: list[SegmentFile], *, log_start: int, log_end: int, last_sta
             break
     clean = sum(s.size for s in segs if s.base < first_dirty)
     dirty = sum(s.size for s in _overlapping(segs, min(first_dirty, first_uncleanable),
-                                             first_uncleanable))
+                                             first_uncleanable, active_base))
     delay = 0
     stamps = [s.first_batch_timestamp for s in sealed_dirty if s.first_batch_timestamp > 0]
     if stamps and max_compaction_lag_ms < now_ms:
         until = now_ms - max(max_compaction_lag_ms, 0)
         if min(stamps) < until:
             delay = until - min(stamps)
-    return Cleanable(first_dirty, first_uncleanable, clean, dirty, delay, reset)
+    return Cleanable(first_dirty, first_uncleanable, active_base, clean, dirty, delay, reset)
 
 
 def dirty_segments(segs: list[SegmentFile], c: Cleanable) -> list[SegmentFile]:
     """The segments whose records go into the key map: from the one holding the first dirty
     offset up to the first uncleanable one."""
-    return _overlapping(segs, c.first_dirty, c.first_uncleanable)
+    return _overlapping(segs, c.first_dirty, c.first_uncleanable, c.active_base)
 
 
 def group_segments(segs: list[SegmentFile], max_size: int, max_index_size: int,
