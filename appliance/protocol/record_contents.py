@@ -444,12 +444,12 @@ def offsets_and_timestamps(batch, *, max_bytes: int) -> Iterator[tuple[int, int]
 
 
 def stored_records(batch, h: BatchHeader | None = None, *, max_bytes: int) -> list:
-    """Every record of one stored batch as ``records.DecodedRecord`` (offset, timestamp, key,
-    value, headers), compressed data inflated within ``max_bytes``: the log cleaner's read of a
-    batch whose records it filters. Through aiokafka's parser when it takes the batch (it then
-    sees the inflated records behind an uncompressed copy of the header, as in ``_fast_ok``),
-    else through ``records.decode_records``."""
-    from appliance.protocol.records import DecodedRecord, decode_records
+    """Every record of one stored batch, compressed data inflated within ``max_bytes``: the log
+    cleaner's read of a batch whose records it filters. Each record has ``offset``,
+    ``timestamp``, ``key``, ``value`` and ``headers`` (aiokafka's record objects when its parser
+    takes the batch - it then sees the inflated records behind an uncompressed copy of the
+    header, as in ``_fast_ok`` - else ``records.DecodedRecord``)."""
+    from appliance.protocol.records import decode_records
     mv = memoryview(batch)
     if h is None:
         h = read_header(mv, 0)
@@ -463,8 +463,7 @@ def stored_records(batch, h: BatchHeader | None = None, *, max_bytes: int) -> li
         plain = mv[:h.batch_length + LOG_OVERHEAD]
     if _FastBatch is not None:
         try:
-            return [DecodedRecord(r.offset, r.timestamp, r.key, r.value, r.headers)
-                    for r in _FastBatch(plain)]
+            return list(_FastBatch(plain))
         except Exception:
             pass           # what the parser refuses, ours words (or refuses) below
     return decode_records(plain)

@@ -50,6 +50,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
+from hashlib import md5
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -308,12 +309,18 @@ class Cleaner:
                     if h.is_control:
                         meta.on_control(h, _control_type(h, batch))
                     elif not meta.on_batch(h):
-                        for rec in stored_records(batch, h, max_bytes=max_bytes):
-                            stats.map_messages_read += 1
-                            if rec.key is not None and rec.offset >= start:
-                                if m.full and m.latest_offset >= start:
+                        recs = stored_records(batch, h, max_bytes=max_bytes)
+                        stats.map_messages_read += len(recs)
+                        # The hot loop (every record of the dirty section): OffsetMap.put and
+                        # its bound, inlined.
+                        d, cap = m._map, m.max_entries
+                        for rec in recs:
+                            k = rec.key
+                            if k is not None and rec.offset >= start:
+                                if len(d) >= cap and m.latest_offset >= start:
                                     return          # full: clean up to the last batch mapped
-                                m.put(rec.key, rec.offset)
+                                d[k if len(k) < 16 else md5(k, usedforsecurity=False).digest()] = \
+                                    rec.offset
                     if h.base_offset + h.last_offset_delta >= start:
                         m.update_latest_offset(h.base_offset + h.last_offset_delta)
             finally:
@@ -385,16 +392,22 @@ class Cleaner:
             if control:
                 kept = recs
             else:
+                # The hot loop (every record of every segment cleaned): OffsetMap.get inlined.
                 m = self.map
                 latest = m.latest_offset
+                get = m._map.get
                 retain_deletes = horizon is None or now < horizon
                 kept = []
                 for r in recs:
-                    if r.offset > latest:
+                    off = r.offset
+                    if off > latest:
                         kept.append(r)
-                    elif r.key is None:
+                        continue
+                    k = r.key
+                    if k is None:
                         stats.invalid_messages += 1      # Kafka drops what it cannot key
-                    elif r.offset >= m.get(r.key) and (r.value is not None or retain_deletes):
+                    elif off >= get(k if len(k) < 16 else md5(k, usedforsecurity=False).digest(), -1) \
+                            and (retain_deletes or r.value is not None):
                         kept.append(r)
         if kept:
             stats.messages_written += len(kept)
