@@ -76,8 +76,9 @@ def clean_once(directory: str) -> tuple[float, float, object]:
                   checkpoint=None, min_compaction_lag_ms=0, max_compaction_lag_ms=2**63 - 1,
                   now_ms=now)
 
-    def swap(g) -> bool:
-        log.replace_segments(g.base, [(x.base, x.ino, x.size) for x in g.old], g.checkpoint, 0)
+    def swap(groups, checkpoint) -> bool:
+        log.replace_segments([(g.base, [(x.base, x.ino, x.size) for x in g.old]) for g in groups],
+                             checkpoint, 0)
         return True
     cleaner = Cleaner(directory, s, OffsetMap(Config().log.cleaner.dedupe_buffer_size))
     cpu, wall = time.process_time(), time.monotonic()

@@ -325,15 +325,15 @@ class CleanerWorker(Worker):
                 break
             cursor = r.next_cursor
 
-        def swap(g) -> bool:
+        def swap(groups, checkpoint) -> bool:
             testhooks.crash_point("cleaner", "written")
             res = self._call(name, cm.CleanerSwapRequest(
-                g.base, [(x.base, x.ino, x.size) for x in g.old], g.checkpoint), timeout)
+                [(g.base, [(x.base, x.ino, x.size) for x in g.old]) for g in groups], checkpoint),
+                timeout)
             if res is None:
                 raise CleaningAborted("the writer did not answer a swap")
             if res.error != ErrorCode.none:
-                log.info("%s-%d: swap of segment %d refused: %s", link.topic, link.partition,
-                         g.base, res.message)
+                log.info("%s-%d: swap refused: %s", link.topic, link.partition, res.message)
             return res.error == ErrorCode.none
 
         cleaner = Cleaner(link.directory, s, OffsetMap(self.map_bytes),

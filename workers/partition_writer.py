@@ -475,11 +475,10 @@ class PartitionWriter(Worker):
         commit point is an OSError that stops the writer (``contain`` is off): the restart's
         open finishes the swap."""
         try:
-            self.log.replace_segments(req.base, [tuple(x) for x in req.old], req.checkpoint,
-                                      self.cfg.log.segment_delete_delay_ms / 1000)
+            self.log.replace_segments([(base, [tuple(x) for x in old]) for base, old in req.groups],
+                                      req.checkpoint, self.cfg.log.segment_delete_delay_ms / 1000)
         except swap.SwapRefused as e:
-            log.info("%s-%d: cleaned copy of segment %d refused: %s", self.ctx.topic,
-                     self.ctx.index, req.base, e)
+            log.info("%s-%d: cleaned copies refused: %s", self.ctx.topic, self.ctx.index, e)
             return cm.CleanerSwapResult(ErrorCode.invalid_request, str(e))
         self.dirty = True                    # readers re-list at the new segments_version
         return cm.CleanerSwapResult(ErrorCode.none)

@@ -562,40 +562,44 @@ class PartitionLog:
         return True
 
     # -- compaction (appliance.log.swap) ----------------------------------------------------
-    def replace_segments(self, base: int, old: list[tuple[int, int, int]], checkpoint: int,
-                         retire_s: float) -> SegmentInfo:
-        """Swap the cleaner's copy ``<base>.*.cleaned`` in for the sealed segments ``old``
-        ((base, inode, size) as the cleaner read them, consecutive, the first named ``base``),
-        and write the cleaner checkpoint when ``checkpoint`` >= 0. The replaced .log files stay
-        readable under their retired names for ``retire_s`` seconds. Raises swap.SwapRefused
-        (the copy is removed, nothing changed); OSError after the commit (the writer must
-        stop: the next open finishes the swap)."""
+    def replace_segments(self, groups: list[tuple[int, list[tuple[int, int, int]]]],
+                         checkpoint: int, retire_s: float) -> list[SegmentInfo]:
+        """Swap the cleaner's copies in, one commit for all: each group is (base, old), the
+        copy ``<base>.*.cleaned`` replacing the consecutive sealed segments ``old`` ((base,
+        inode, size) as the cleaner read them, the first named ``base``). Writes the cleaner
+        checkpoint when ``checkpoint`` >= 0. The replaced .log files stay readable under their
+        retired names for ``retire_s`` seconds. Raises swap.SwapRefused (the copies are
+        removed, nothing changed); OSError after the commit (the writer must stop: the next
+        open finishes the swap)."""
         bases = [s.base_offset for s in self._sealed]
         step = self.crash_hook or (lambda name: None)
+        plan: list[tuple[int, int, SegmentInfo]] = []
         try:
-            i = bases.index(base)
-            if [b for b, _, _ in old] != bases[i:i + len(old)]:
-                raise swap.SwapRefused(f"segments {[b for b, _, _ in old]} are not consecutive "
-                                       f"sealed segments of {self.directory}")
-            j = i + len(old)
-            next_base = bases[j] if j < len(bases) else self._active.base_offset
-            info, _, _ = swap.check_copy(self.directory, base, old, next_base)
+            prev_end = -1
+            for base, old in groups:
+                i = bases.index(base)
+                if [b for b, _, _ in old] != bases[i:i + len(old)] or i < prev_end:
+                    raise swap.SwapRefused(f"segments {[b for b, _, _ in old]} are not consecutive "
+                                           f"sealed segments of {self.directory}, in order")
+                j = prev_end = i + len(old)
+                next_base = bases[j] if j < len(bases) else self._active.base_offset
+                plan.append((i, j, swap.check_copy(self.directory, base, old, next_base)[0]))
         except (ValueError, swap.SwapRefused) as e:
             swap.remove_cleaned(self.directory)
             raise swap.SwapRefused(str(e)) from None
         step("checked")
         if self._rebuild_ix is not None:
             self.finish_txn_index_rebuild()
-        swap.write_manifest(self.directory, swap.SwapManifest(base, [b for b, _, _ in old],
-                                                              checkpoint))
+        m = swap.SwapManifest([(base, [b for b, _, _ in old]) for base, old in groups], checkpoint)
+        swap.write_manifest(self.directory, m)
         step("committed")
-        retired = swap.roll_forward(self.directory, swap.SwapManifest(
-            base, [b for b, _, _ in old], checkpoint), retire=True, step=step)
-        self._sealed[i:j] = [info]
+        retired = swap.roll_forward(self.directory, m, retire=True, step=step)
+        for i, j, info in reversed(plan):
+            self._sealed[i:j] = [info]
         self.segments_version += 1
         until = time.monotonic() + retire_s
         self._retired += [(until, p) for p in retired]
-        return info
+        return [info for _, _, info in plan]
 
     @property
     def has_retired(self) -> bool:

@@ -104,13 +104,13 @@ class _Segment:
         except FileNotFoundError:
             raise _Stale from None
         try:
-            st = os.fstat(fd)
+            m, st = _map_whole(fd)
             size = st.st_size
             if size < need_end or (self.ino and st.st_ino != self.ino):
                 # Shorter than what we know is there, or another file under the name (a cleaner
                 # swap): what we read so far came from the old one.
+                m.close()
                 raise _Stale
-            m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         finally:
             os.close(fd)
         if self._log is not None:
@@ -176,6 +176,21 @@ class _Segment:
             self._log = None
             self._log_len = 0
         self.ino = 0
+
+
+def _map_whole(fd: int) -> tuple[mmap.mmap, os.stat_result]:
+    """A read-only map of the whole file and the stat it was made with. A roll cuts the active
+    segment to its size under us (regression: "mmap length is greater than file size" between
+    the fstat and the mmap, answered UNKNOWN_SERVER_ERROR): look again."""
+    for _ in range(3):
+        st = os.fstat(fd)
+        if st.st_size == 0:
+            raise _Stale
+        try:
+            return mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ), st
+        except ValueError:
+            continue
+    raise _Stale
 
 
 def _sealed_max_timestamp(directory: str, base: int) -> int:
@@ -606,13 +621,18 @@ class SegmentViews:
             except FileNotFoundError:
                 continue
             try:
-                st = os.fstat(fd)
+                try:
+                    m, st = _map_whole(fd)
+                except _Stale:
+                    continue                # empty, or cut again and again under us
                 if inode and st.st_ino != inode:
+                    m.close()
                     continue
                 if st.st_size < end:
+                    m.close()
                     raise ValueError(f"range end {end} is past the end ({st.st_size}) of segment "
                                      f"{segment_base} of {partition_dir}")
-                return memoryview(mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ)), st.st_ino
+                return memoryview(m), st.st_ino
             finally:
                 os.close(fd)
         raise KafkaError(ErrorCode.offset_out_of_range,

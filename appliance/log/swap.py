@@ -4,19 +4,22 @@ Run by the partition writer only (``PartitionLog.replace_segments``, and ``recov
 opens the log): a cleaner process (``appliance.log.cleaner``) writes a group's copy as
 ``<base>.log.cleaned`` with ``.index.cleaned``, ``.timeindex.cleaned`` and ``.txnindex.cleaned``
 (fsynced, the directory too) and asks the writer to swap it in for the old segments
-``old`` (the first of which is named ``<base>``, like the copy). The discipline is the coordinator
-logs' compaction (``compacted_log``): a durable commit point, before which a crash leaves the
-old segments and after which opening the log finishes the swap, so that a kill -9 at any step
-leaves the old or the new segments, never a mix::
+``old`` (the first of which is named ``<base>``, like the copy); one swap takes several groups
+(one commit, whatever their number). The discipline is the coordinator logs' compaction
+(``compacted_log``): a durable commit point, before which a crash leaves the old segments and
+after which opening the log finishes the swap, so that a kill -9 at any step leaves the old or
+the new segments, never a mix::
 
-    check the copy (``load_segment`` on the .cleaned files, its .txnindex) and that every old
+    check each copy (``load_segment`` on the .cleaned files, its .txnindex) and that every old
     segment is still the file the cleaner read (inode and size)          step "checked"
     write the swap file ``cleaner-swap`` (atomic: tmp, fsync, rename, fsync dir): the commit
                                                                          step "committed"
-    link <base>.log to its retired name; rename the .cleaned indexes, then the .cleaned log,
-    over <base>'s names (rename(2): each name always names one whole file)    step "renamed"
-    the other old segments: .log renamed to its retired name, indexes removed  step "retired"
-    the cleaner checkpoint (with the round's last group), fsync the directory,
+    per group: link <base>.log to its retired name; rename the .cleaned indexes, then the
+    .cleaned log, over <base>'s names (rename(2): each name always names one whole file)
+                                                                         step "renamed"
+    the group's other old segments: .log renamed to its retired name, indexes removed
+                                                                         step "retired"
+    the cleaner checkpoint (with the round's last groups), fsync the directory,
     remove the swap file, fsync the directory                            step "done"
 
 Opening (``recover``) before anything else: a swap file that parses is finished (each rename
@@ -55,9 +58,8 @@ _PATHS = {LOG_SUFFIX: log_path, INDEX_SUFFIX: index_path, TIMEINDEX_SUFFIX: time
 
 
 class SwapManifest(msgspec.Struct, frozen=True):
-    base: int                 # the cleaned segment's base offset (= old[0])
-    old: list[int]            # the segments it replaces
-    checkpoint: int = -1      # the cleaner's next first dirty offset, -1: none with this group
+    groups: list[tuple[int, list[int]]]   # (copy's base offset = old[0], the segments it replaces)
+    checkpoint: int = -1      # the cleaner's next first dirty offset, -1: none with this swap
 
 
 def write_manifest(directory: str, m: SwapManifest) -> None:
@@ -84,34 +86,35 @@ def _unlink(path: str) -> None:
 
 def roll_forward(directory: str, m: SwapManifest, *, retire: bool,
                  step: Callable[[str], None] = lambda name: None) -> list[str]:
-    """Make the swap ``m`` describes (committed: its swap file is durable). ``retire``: keep the
-    replaced .log files under their retired names for readers (a live swap) instead of removing
-    them (at open, nobody reads). Returns the retired paths."""
+    """Make the swap ``m`` describes (committed: its swap file is durable), group by group.
+    ``retire``: keep the replaced .log files under their retired names for readers (a live
+    swap) instead of removing them (at open, nobody reads). Returns the retired paths."""
     retired: list[str] = []
-    base_log = log_path(directory, m.base)
-    if os.path.exists(base_log + CLEANED_SUFFIX):
-        if retire and os.path.exists(base_log):
-            dst = retired_log_path(directory, m.base, os.stat(base_log).st_ino)
-            if not os.path.exists(dst):
-                os.link(base_log, dst)
-            retired.append(dst)
-        for suffix in _SUFFIXES:
-            live = _PATHS[suffix](directory, m.base)
-            if os.path.exists(live + CLEANED_SUFFIX):
-                os.replace(live + CLEANED_SUFFIX, live)
-    step("renamed")
-    for b in m.old:
-        if b == m.base:
-            continue
-        p = log_path(directory, b)
-        if retire and os.path.exists(p):
-            dst = retired_log_path(directory, b, os.stat(p).st_ino)
-            os.replace(p, dst)
-            retired.append(dst)
-        # Indexes first, the log last (as segment.delete_segment_files).
-        for suffix in (TXNINDEX_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, LOG_SUFFIX):
-            _unlink(_PATHS[suffix](directory, b))
-    step("retired")
+    for base, old in m.groups:
+        base_log = log_path(directory, base)
+        if os.path.exists(base_log + CLEANED_SUFFIX):
+            if retire and os.path.exists(base_log):
+                dst = retired_log_path(directory, base, os.stat(base_log).st_ino)
+                if not os.path.exists(dst):
+                    os.link(base_log, dst)
+                retired.append(dst)
+            for suffix in _SUFFIXES:
+                live = _PATHS[suffix](directory, base)
+                if os.path.exists(live + CLEANED_SUFFIX):
+                    os.replace(live + CLEANED_SUFFIX, live)
+        step("renamed")
+        for b in old:
+            if b == base:
+                continue
+            p = log_path(directory, b)
+            if retire and os.path.exists(p):
+                dst = retired_log_path(directory, b, os.stat(p).st_ino)
+                os.replace(p, dst)
+                retired.append(dst)
+            # Indexes first, the log last (as segment.delete_segment_files).
+            for suffix in (TXNINDEX_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, LOG_SUFFIX):
+                _unlink(_PATHS[suffix](directory, b))
+        step("retired")
     if m.checkpoint >= 0:
         write_checkpoint(os.path.join(directory, CLEANER_CHECKPOINT_FILE), m.checkpoint)
     fsync_dir(directory)

@@ -394,3 +394,84 @@ def test_idempotent_retry_after_its_batch_was_compacted_away_is_a_duplicate(appl
         assert code == 0 and off > first
     assert [(o, v) for o, k, v in consume_confluent(a.bootstrap, t, "read_uncommitted")
             if k == b"dup"][-1] == (off, b"second")
+
+
+def test_consumers_keep_reading_correct_records_across_swaps(appliance_factory):
+    """Fetchers and frontends hold maps of segment files that swaps replace: every pass of a
+    consumer reading the partition from the start while the cleaner swaps returns records in
+    increasing offsets, each one the record produced at that offset."""
+    import threading
+    a = appliance_factory(**CLEANER_CONFIG)
+    t = uid("live")
+    create_topic(a.bootstrap, t, **COMPACTED)
+    produced: dict[int, tuple] = {}
+    stop = threading.Event()
+    errors: list = []
+
+    def produce():
+        p = Producer({"bootstrap.servers": a.bootstrap, "linger.ms": 2})
+        i = 0
+
+        def cb(err, msg):
+            if err is not None:
+                errors.append(err)
+            else:
+                produced[msg.offset()] = (msg.key(), msg.value())
+        while not stop.is_set():
+            for _ in range(20):
+                p.produce(t, key=b"k%d" % (i % 13), value=b"v%d" % i, partition=0, on_delivery=cb)
+                i += 1
+            p.flush(TIMEOUT_S)
+    th = threading.Thread(target=produce)
+    th.start()
+    passes = 0
+    rounds_at_start = None
+    try:
+        c = Consumer({"bootstrap.servers": a.bootstrap, "group.id": uid("g"), "enable.auto.commit": False,
+                      "fetch.wait.max.ms": 10, "max.partition.fetch.bytes": 2048})
+        deadline = time.monotonic() + TIMEOUT_S
+        while passes < 6 or cleaner_rounds(a) - rounds_at_start < 3:
+            assert time.monotonic() < deadline, (passes, cleaner_rounds(a))
+            if rounds_at_start is None:
+                rounds_at_start = cleaner_rounds(a)
+            tp = TopicPartition(t, 0, 0)
+            c.assign([tp])
+            end = max(produced, default=-1) + 1       # offsets whose delivery report is in
+            last = -1
+            while last < end - 1:
+                msgs = c.consume(200, 0.5)
+                for m in msgs:
+                    assert not m.error(), m.error()
+                    assert m.offset() > last
+                    last = m.offset()
+                    if m.offset() < end:
+                        assert produced[m.offset()] == (m.key(), m.value()), m.offset()
+                if not msgs and c.position([tp])[0].offset >= end:
+                    break
+            passes += 1
+        c.close()
+    finally:
+        stop.set()
+        th.join()
+    assert not errors
+
+
+def cleaner_rounds(a) -> int:
+    from appliance.metrics.collector import render
+    for line in render(a.run_dir).decode().splitlines():
+        if line.startswith("appliance_log_cleaner_rounds_total"):
+            return int(float(line.split()[-1]))
+    return 0
+
+
+def test_reload_turns_the_cleaner_on(appliance_factory):
+    a = appliance_factory(log={"cleaner": {"enable": False, "backoff_ms": 100}})
+    t = uid("reload")
+    create_topic(a.bootstrap, t, **COMPACTED)
+    sent = produce_mixed(a.bootstrap, t, 6)
+    assert read_checkpoint(os.path.join(pdir(a, t), CLEANER_CHECKPOINT_FILE)) is None
+    a.reload(log={"cleaner": {"enable": True, "backoff_ms": 100}})
+    st = a.wait_for(lambda: cleaned(a, t), timeout=TIMEOUT_S, what="cleaning after the reload")
+    assert consume_confluent(a.bootstrap, t, "read_committed") == \
+        expected(sent, st.active_base_offset, True)
+    assert "reload: log.cleaner.enable: False -> True" in a.log_text()

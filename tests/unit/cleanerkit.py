@@ -107,9 +107,9 @@ class Part:
         segs, c = self.plan(now)
         cl = Cleaner(self.d, self.s, OffsetMap(map_bytes))
 
-        def swap(g) -> bool:
-            self.log.replace_segments(g.base, [(x.base, x.ino, x.size) for x in g.old],
-                                      g.checkpoint, 60.0)
+        def swap(groups, checkpoint) -> bool:
+            self.log.replace_segments([(g.base, [(x.base, x.ino, x.size) for x in g.old])
+                                       for g in groups], checkpoint, 60.0)
             return True
         return cl.clean(segs, c, hw=self.hw, producers=self.producers(), swap=swap, now_ms=now)
 

@@ -277,9 +277,9 @@ def test_map_overflow_cleans_up_to_where_the_map_stopped(tmp_path):
         from appliance.log.cleaner.clean import Cleaner
         m = OffsetMap(1 << 20)
         m.max_entries = 500
-        st = Cleaner(q.d, q.s, m).clean(segs, c, hw=q.hw, producers={}, swap=lambda g: bool(
-            q.log.replace_segments(g.base, [(x.base, x.ino, x.size) for x in g.old], g.checkpoint, 60)),
-            now_ms=q.now)
+        st = Cleaner(q.d, q.s, m).clean(segs, c, hw=q.hw, producers={}, swap=lambda gs, cp: bool(
+            q.log.replace_segments([(g.base, [(x.base, x.ino, x.size) for x in g.old]) for g in gs],
+                                   cp, 60)), now_ms=q.now)
         rounds += 1
         assert st.end_offset > c.first_dirty
     assert rounds >= 4 and q.table() == full
@@ -342,10 +342,11 @@ def test_writer_refuses_a_copy_of_segments_that_changed(part):
     segs, c = p.plan()
     refused = []
 
-    def swap(g):
+    def swap(groups, checkpoint):
         # The segments changed under the cleaner (as if retention replaced them).
         try:
-            p.log.replace_segments(g.base, [(x.base, x.ino + 1, x.size) for x in g.old], g.checkpoint, 60)
+            p.log.replace_segments([(g.base, [(x.base, x.ino + 1, x.size) for x in g.old])
+                                    for g in groups], checkpoint, 60)
         except SwapRefused as e:
             refused.append(str(e))
             return False

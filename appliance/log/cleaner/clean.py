@@ -98,7 +98,12 @@ class CleanedGroup:
     base: int
     old: list[SegmentFile]
     size: int
-    checkpoint: int           # the next round's first dirty offset with the last group, else -1
+
+
+# Groups are handed over for the swap once the segments they replace hold this many bytes (and
+# at the end of the round): one commit covers many small groups, while the copies waiting for it
+# take at most about this much disk.
+SWAP_BATCH_BYTES = 256 << 20
 
 
 @dataclass
@@ -202,13 +207,13 @@ class _CleanedWriter:
                              (".timeindex", encode_time_entries(self.base, build.times)),
                              (".txnindex", b"".join(encode_entry(t) for t in self.aborted))):
             with open(self.paths[suffix], "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+                if data:                 # an empty file has nothing to sync but its name
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
         # Kafka keeps the replaced segments' last-modified time (retention of compact,delete
         # topics without timestamps, and the legacy delete horizon, read it).
         os.utime(self.paths[".log"], ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
-        fsync_dir(self.directory)
         return self.pos
 
     def abandon(self) -> None:
@@ -253,11 +258,14 @@ class Cleaner:
 
     # -- the round ------------------------------------------------------------------------------
     def clean(self, segs: list[SegmentFile], c: Cleanable, *, hw: int,
-              producers: dict[int, LastRecord], swap: Callable[[CleanedGroup], bool],
+              producers: dict[int, LastRecord],
+              swap: Callable[[list[CleanedGroup], int], bool],
               now_ms: int | None = None) -> RoundStats:
         """Clean the sealed segments ``segs`` (``plan.sealed_segments``) as ``c`` plans;
         ``hw``: the high watermark read with the plan (aborted-transaction entries are trusted
-        below it); ``producers``: the writer's non-expired producers. Raises CleaningAborted."""
+        below it); ``producers``: the writer's non-expired producers; ``swap(groups,
+        checkpoint)``: the writer's swap of cleaned groups (checkpoint -1 but with the last).
+        Raises CleaningAborted."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         stats = RoundStats()
         bases = list_segment_bases(self.directory)
@@ -269,13 +277,19 @@ class Cleaner:
         groups = group_segments([x for x in segs if x.base < end], s.segment_bytes,
                                 s.segment_index_bytes, c.first_uncleanable)
         meta = CleanedTransactionMetadata()
+        pending: list[CleanedGroup] = []
         for gi, group in enumerate(groups):
             last = gi == len(groups) - 1
             out = self._clean_group(group, segs, bases, meta, c.first_uncleanable, hw, producers,
                                     now, stats)
             stats.groups += 1
-            if not swap(CleanedGroup(group[0].base, group, out, end if last else -1)):
-                raise CleaningAborted(f"the writer refused the swap of segment {group[0].base}")
+            pending.append(CleanedGroup(group[0].base, group, out))
+            if last or sum(x.size for g in pending for x in g.old) >= SWAP_BATCH_BYTES:
+                fsync_dir(self.directory)        # the copies' names, before the writer commits
+                if not swap(pending, end if last else -1):
+                    raise CleaningAborted(f"the writer refused the swap of segments "
+                                          f"{[g.base for g in pending]}")
+                pending = []
         stats.elapsed_s = time.monotonic() - stats.started
         return stats
 

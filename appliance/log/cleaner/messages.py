@@ -8,8 +8,9 @@ Defined here, next to the cleaner that sends them; served by ``workers/partition
   own named (a cleaner that died while writing one), and answers the last records of its
   producers that have not expired (Kafka's lastRecordsOfActiveProducers): packed, ``cursor`` to
   page through more than one answer holds.
-- ``CleanerSwapRequest``: swap the copy ``<base>.*.cleaned`` in for ``old`` (``appliance.log.swap``);
-  ``checkpoint`` >= 0 with a round's last group (the next round's first dirty offset).
+- ``CleanerSwapRequest``: swap the copies ``<base>.*.cleaned`` in for their groups of old
+  segments, in one commit (``appliance.log.swap``); ``checkpoint`` >= 0 with a round's last
+  groups (the next round's first dirty offset).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ class CleanerSwapResult(Message):
 
 
 class CleanerSwapRequest(Request):
-    base: int
-    old: list[tuple[int, int, int]]      # (base offset, inode, size) of each replaced segment
+    # (copy's base offset, [(base offset, inode, size) of each segment it replaces]) per group
+    groups: list[tuple[int, list[tuple[int, int, int]]]]
     checkpoint: int = -1
 
     def error_reply(self, code: ErrorCode) -> CleanerSwapResult:
