@@ -11,9 +11,9 @@ LogAppendTime stamp if configured (the only CRC pass), a roll check, one pwrite 
 active segment, and an index entry every ``index_interval_bytes``. Never a loop over records.
 
 Opening (Kafka's LogLoader semantics):
-  0. finish a committed cleaner swap, remove cleaned copies and retired files
-     (``appliance.log.swap``);
-  1. remove ``*.tmp`` (interrupted atomic replacements) and index files without a ``.log``;
+  1. remove ``*.tmp`` (interrupted atomic replacements); finish a committed cleaner swap, remove
+     cleaned copies and retired files (``appliance.log.swap``); remove index files without a
+     ``.log``;
   2. read the ``log-start-offset`` and ``recovery-point`` checkpoints and the clean-shutdown
      marker;
   3. finish an interrupted retention delete: segments that end at or below the log start offset

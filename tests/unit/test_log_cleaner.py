@@ -428,8 +428,8 @@ class Crash(Exception):
     pass
 
 
-def _scenario(d: str) -> Part:
-    p = Part(d, settings(segment_bytes=100_000))
+def _scenario(d: str, segment_bytes: int = 100_000) -> Part:
+    p = Part(d, settings(segment_bytes=segment_bytes))
     for rnd in range(3):
         p.put([kv(i, f"r{rnd}-") for i in range(6)])
         p.put([kv(9, "txn")], pid=4, txn=True)
@@ -438,15 +438,21 @@ def _scenario(d: str) -> Part:
     return p
 
 
+@pytest.mark.parametrize("segment_bytes", [100_000, 300], ids=["one group", "groups"])
 @pytest.mark.parametrize("step", ["checked", "committed", "renamed", "retired", "done"])
-def test_a_crash_at_any_step_of_a_swap_leaves_the_old_or_the_new_segments(tmp_path, step):
-    ref = _scenario(str(tmp_path / "ref"))
+def test_a_crash_at_any_step_of_a_swap_leaves_the_old_or_the_new_segments(tmp_path, step,
+                                                                          segment_bytes):
+    ref = _scenario(str(tmp_path / "ref"), segment_bytes)
     old = (ref.read(committed=False), ref.read())
     ref.clean()
     new = (ref.read(committed=False), ref.read())
     ref.close()
     assert old != new
-    p = _scenario(str(tmp_path / "crash"))
+    p = _scenario(str(tmp_path / "crash"), segment_bytes)
+    if segment_bytes == 300:
+        from appliance.log.cleaner.plan import group_segments
+        segs, c = p.plan()
+        assert len(group_segments(segs, 300, 4096, c.first_uncleanable)) > 1
     files_before = sorted(os.listdir(p.d))
 
     def hook(name):
