@@ -338,7 +338,12 @@ class CleanerWorker(Worker):
 
         cleaner = Cleaner(link.directory, s, OffsetMap(self.map_bytes),
                           check_done=self._check_done, throttle=self.throttler)
-        stats = cleaner.clean(segs, c, hw=st.high_watermark, producers=producers, swap=swap)
+        try:
+            stats = cleaner.clean(segs, c, hw=st.high_watermark, producers=producers, swap=swap)
+        except FileNotFoundError as e:
+            if os.path.isdir(link.directory):
+                raise
+            raise CleaningAborted(f"the partition went away ({e})") from None
         mv = self.mv
         mv[self.k_rounds] += 1
         mv[self.k_read] += stats.bytes_read + stats.map_bytes_read
