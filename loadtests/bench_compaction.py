@@ -172,7 +172,7 @@ def main(argv=None) -> int:
                     os.makedirs(w)
                     extra = ("[log.cleaner]\n"
                              f"enable = {'true' if on else 'false'}\nbackoff_ms = 100\n")
-                    with appliance(w, "os", 1, 60.0, extra) as (bootstrap, _):
+                    with appliance(w, "os", 1, 60.0, extra) as (bootstrap, *_):
                         admin = AdminClient(_quiet(bootstrap))
                         admin.create_topics([NewTopic("c", 1, 1, config={
                             "cleanup.policy": "compact", "segment.bytes": str(SEGMENT),

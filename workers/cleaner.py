@@ -28,9 +28,11 @@ SIGTERM between batches):
 4. metrics (Kafka's ``kafka.log:type=LogCleaner`` and ``LogCleanerManager`` gauges, one series
    per cleaner process). Nothing due: the next look is ``backoff_ms`` later.
 
-A round that fails on something other than a stop, a changed segment or a refused swap marks
-the partition uncleanable until the process restarts (Kafka's markPartitionUncleanable) and is
-logged; the other partitions go on.
+A round that fails on something other than a stop, a changed segment, a refused swap or a full
+disk marks the partition uncleanable until the process restarts (Kafka's
+markPartitionUncleanable) and is logged; the other partitions go on. A full disk (ENOSPC writing a
+copy, or KAFKA_STORAGE_ERROR from the writer's commit) stops the round, has the copy removed and
+tries again after ``backoff_ms``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from appliance.log.cleaner import messages as cm
 from appliance.log.cleaner.clean import Cleaner, CleaningAborted, LastRecord
 from appliance.log.cleaner.offset_map import OffsetMap
 from appliance.log.cleaner.plan import NoSuchSegment, cleanable, sealed_segments
-from appliance.log.files import CLEANER_CHECKPOINT_FILE, read_checkpoint
+from appliance.log.files import CLEANER_CHECKPOINT_FILE, is_no_space, read_checkpoint
 from appliance.log.partition_log import LogSettings
 from appliance.metrics import key
 from appliance.runtime import PARTITION_PAGE_FIELDS, READY, WorkerContext, cleaner_of, writer_name
@@ -126,6 +128,7 @@ class CleanerWorker(Worker):
         self.next_round = 0.0
         self.last_run = time.monotonic()
         self.uncleanable: set[str] = set()
+        self.no_space: set[str] = set()         # partitions whose last round met a full disk
         self._ids = itertools.count(((self.generation & 0xFFFF) << 40) | 1)
         self._apply(self.cfg)
         m = self.metrics
@@ -203,16 +206,44 @@ class CleanerWorker(Worker):
         try:
             self._clean(name, settings, segs, c, st)
             self.next_round = 0.0                  # more may be due: look again at once
+            if name in self.no_space:
+                self.no_space.discard(name)
+                log.info("%s-%d: cleaning works again", self.links[name].topic,
+                         self.links[name].partition)
         except CleaningAborted as e:
             if not self.stop:
                 log.info("%s-%d: cleaning stopped: %s", self.links[name].topic,
                          self.links[name].partition, e)
+        except OSError as e:
+            if not is_no_space(e):
+                self._uncleanable(name)
+            else:
+                self._no_space(name, e)
         except Exception:
-            link = self.links[name]
-            log.exception("%s-%d: cleaning failed; the partition is not cleaned again until this "
-                          "process restarts", link.topic, link.partition)
-            self.uncleanable.add(name)
-            self.mv[self.k_uncleanable] = len(self.uncleanable)
+            self._uncleanable(name)
+
+    def _uncleanable(self, name: str) -> None:
+        link = self.links[name]
+        log.exception("%s-%d: cleaning failed; the partition is not cleaned again until this "
+                      "process restarts", link.topic, link.partition)
+        self.uncleanable.add(name)
+        self.mv[self.k_uncleanable] = len(self.uncleanable)
+
+    def _no_space(self, name: str, e: OSError) -> None:
+        """A full disk while writing a copy: nothing is wrong with the partition. The copy made
+        so far gives its blocks back at once (the writer removes copies no swap named when a
+        round begins: asked now rather than at the next round), and the round is tried again
+        after the back-off, as Kafka's cleaner retries a partition after an I/O error."""
+        link = self.links[name]
+        if name not in self.no_space:           # once an episode, as the writers log a full disk
+            self.no_space.add(name)
+            log.warning("%s-%d: cleaning stopped, file system full (%s); tried again every %.1f s",
+                        link.topic, link.partition, e.strerror, self.backoff_s)
+        try:
+            self._call(name, cm.CleanerBeginRequest(-1),
+                       self.cfg.server.internal_request_timeout_ms / 1000)
+        except CleaningAborted:
+            pass
 
     # -- partitions -----------------------------------------------------------------------------
     def _sync_links(self) -> None:
@@ -229,6 +260,7 @@ class CleanerWorker(Worker):
             self.mailbox.remove(w)
             self.topo.forget(w)
             self.uncleanable.discard(w)
+            self.no_space.discard(w)
         for w, (topic, p) in wanted.items():
             if w in self.links:
                 continue
@@ -241,8 +273,11 @@ class CleanerWorker(Worker):
             self.links[w] = _Link(topic, p, partition_dir(self.ctx.data_dir, topic, p), out, page)
 
     def _settings(self, topic: str) -> LogSettings | None:
-        t = self.catalog.get().topics.get(topic)
-        return None if t is None else LogSettings.from_config(self.cfg.log, t.configs)
+        """The topic's effective settings: its own configs over the dynamic broker configs
+        (``Catalog.overrides``) over ``[log]``, as its writer has them."""
+        cat = self.catalog.get()
+        t = cat.topics.get(topic)
+        return None if t is None else LogSettings.from_config(self.cfg.log, cat.overrides(t))
 
     def _filthiest(self):
         now_ms = time.time_ns() // 1_000_000

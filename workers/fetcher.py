@@ -72,6 +72,7 @@ class Fetcher(Worker):
         super().__init__(ctx)
         self.handles: dict[tuple[bytes, int], PartitionHandle] = {}
         self.parked: list[Parked] = []
+        self._bounds_version = -1      # catalog version the handles' inflation bounds follow
         self.serve(self)
 
     # Frontends compare the generation in our state page with the one they sent to: a restart
@@ -87,11 +88,16 @@ class Fetcher(Worker):
 
     def reload(self, old, new) -> None:
         # The bound on inflating a batch (ListOffsets by timestamp) follows the new defaults.
-        cat = self.catalog.get()
+        self._refresh_bounds(self.catalog.get(), new.log)
+
+    def _refresh_bounds(self, cat, log_cfg) -> None:
+        """Every open partition's inflation bound from the topic's current max.message.bytes
+        (changed live by AlterConfigs, or by a reload of the broker defaults)."""
+        self._bounds_version = cat.version
         for (topic_id, _), h in self.handles.items():
             t = cat.by_id(topic_id)
             if t is not None:
-                h.reader.max_decompressed_bytes = _max_decompressed(new.log, t.configs)
+                h.reader.max_decompressed_bytes = _max_decompressed(log_cfg, cat.overrides(t))
 
     def on_stop(self) -> None:
         for p in self.parked:   # answer what we hold so frontends can drain
@@ -113,6 +119,8 @@ class Fetcher(Worker):
         key = (topic_id, partition)
         h = self.handles.get(key)
         cat = self.catalog.get()
+        if cat.version != self._bounds_version:
+            self._refresh_bounds(cat, self.cfg.log)
         t = cat.by_id(topic_id)
         if t is None or partition >= t.partitions:
             if h is not None:
@@ -122,7 +130,7 @@ class Fetcher(Worker):
         if h is None:
             try:
                 h = PartitionHandle(self.topo, self.ctx.data_dir, t.name, topic_id, partition,
-                                    _max_decompressed(self.cfg.log, t.configs))
+                                    _max_decompressed(self.cfg.log, cat.overrides(t)))
             except FileNotFoundError:
                 return None
             self.handles[key] = h

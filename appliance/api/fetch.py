@@ -41,24 +41,34 @@ async def handle(ctx, req):
     asks: list[ipc.FetchPart] = []
     topics: list[FetchTopic] = []
     plan: list[tuple[FetchPartition, int, str]] = []   # (response partition, ask index, dir)
+    # A partition named twice is fetched once, at its first place with its last fetch position:
+    # Kafka keeps a full fetch's partitions in a LinkedHashMap (regression: a request repeating
+    # one partition 40,000 times was answered with 40,000 copies of its records, 18 MB).
+    entries: dict[tuple, object] = {}
     for t in req.topics:
-        if v >= 13:
-            info = catalog.by_id(t.topic_id.bytes) if t.topic_id is not None else None
-            missing = ErrorCode.unknown_topic_id
-            ft = FetchTopic(info.name if info else "", t.topic_id)
-        else:
-            info = catalog.topics.get(t.topic)
-            missing = ErrorCode.unknown_topic_or_partition
-            ft = FetchTopic(t.topic, info.topic_id if info else None)
-        topics.append(ft)
+        tkey = t.topic_id if v >= 13 else t.topic
         for p in t.partitions:
-            fp = FetchPartition(p.partition)
-            ft.partitions.append(fp)
-            if info is None or not 0 <= p.partition < info.partitions:
-                fp.error_code = int(missing if info is None else ErrorCode.unknown_topic_or_partition)
-                continue
-            plan.append((fp, len(asks), partition_dir(broker.ctx.data_dir, info.name, p.partition)))
-            asks.append(ipc.FetchPart(info.topic_id, p.partition, p.fetch_offset, p.partition_max_bytes))
+            entries[(tkey, p.partition)] = p
+    ft, ft_key, info, missing = None, None, None, ErrorCode.unknown_topic_or_partition
+    for (tkey, _index), p in entries.items():
+        if ft is None or tkey != ft_key:
+            ft_key = tkey
+            if v >= 13:
+                info = catalog.by_id(tkey.bytes) if tkey is not None else None
+                missing = ErrorCode.unknown_topic_id
+                ft = FetchTopic(info.name if info else "", tkey)
+            else:
+                info = catalog.topics.get(tkey)
+                missing = ErrorCode.unknown_topic_or_partition
+                ft = FetchTopic(tkey, info.topic_id if info else None)
+            topics.append(ft)
+        fp = FetchPartition(p.partition)
+        ft.partitions.append(fp)
+        if info is None or not 0 <= p.partition < info.partitions:
+            fp.error_code = int(missing if info is None else ErrorCode.unknown_topic_or_partition)
+            continue
+        plan.append((fp, len(asks), partition_dir(broker.ctx.data_dir, info.name, p.partition)))
+        asks.append(ipc.FetchPart(info.topic_id, p.partition, p.fetch_offset, p.partition_max_bytes))
     if asks:
         max_wait_ms = int(req.max_wait.total_seconds() * 1000)
         max_bytes = getattr(req, "max_bytes", 0x7FFFFFFF)

@@ -22,6 +22,14 @@ the new segments, never a mix::
     the cleaner checkpoint (with the round's last groups), fsync the directory,
     remove the swap file, fsync the directory                            step "done"
 
+A full disk: the commit (the swap file) is the only step that needs a new block, and an ENOSPC
+there is ``SwapNoSpace`` (the copies are removed, the log is as before, the writer answers
+KAFKA_STORAGE_ERROR and lives on). After the commit nothing waits for space: a retired name
+that cannot be made (a directory that would have to grow) is given up (readers of that file
+get an empty answer and read anew), and so is the cleaner checkpoint (the next round reads the
+clean segments again), so that neither a live swap nor the roll-forward of an open can fail
+for want of space.
+
 Opening (``recover``) before anything else: a swap file that parses is finished (each rename
 happens only while its ``.cleaned`` source is there, so repeating a step is harmless); then
 every ``.cleaned`` file (a copy no committed swap names) and every retired file goes.
@@ -38,6 +46,7 @@ entries as hints checked against the log.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable
 
@@ -45,11 +54,13 @@ import msgspec
 
 from appliance.log.files import (CLEANED_SUFFIX, CLEANER_CHECKPOINT_FILE, DELETED_SUFFIX,
                                  INDEX_SUFFIX, LOG_SUFFIX, SWAP_FILE, TIMEINDEX_SUFFIX,
-                                 TXNINDEX_SUFFIX, atomic_write, fsync_dir, index_path, log_path,
-                                 retired_log_path, timeindex_path, txnindex_path,
-                                 write_checkpoint)
+                                 TXNINDEX_SUFFIX, atomic_write, fsync_dir, index_path,
+                                 is_no_space, log_path, retired_log_path, timeindex_path,
+                                 txnindex_path, write_checkpoint)
 
 __all__ = ["SwapManifest", "write_manifest", "roll_forward", "recover", "remove_cleaned"]
+
+log = logging.getLogger("appliance.log.swap")
 
 # The indexes before the log: once the log is renamed, every file of <base> is the new one.
 _SUFFIXES = (TXNINDEX_SUFFIX, TIMEINDEX_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX)
@@ -63,7 +74,15 @@ class SwapManifest(msgspec.Struct, frozen=True):
 
 
 def write_manifest(directory: str, m: SwapManifest) -> None:
-    atomic_write(os.path.join(directory, SWAP_FILE), msgspec.json.encode(m))
+    """The commit. On a full disk nothing is committed (``atomic_write`` leaves no file) and
+    the copies go: SwapNoSpace."""
+    try:
+        atomic_write(os.path.join(directory, SWAP_FILE), msgspec.json.encode(m))
+    except OSError as e:
+        if not is_no_space(e):
+            raise
+        remove_cleaned(directory)
+        raise SwapNoSpace(f"no space to commit the swap: {e}") from None
 
 
 def _read_manifest(directory: str) -> SwapManifest | None:
@@ -95,9 +114,8 @@ def roll_forward(directory: str, m: SwapManifest, *, retire: bool,
         if os.path.exists(base_log + CLEANED_SUFFIX):
             if retire and os.path.exists(base_log):
                 dst = retired_log_path(directory, base, os.stat(base_log).st_ino)
-                if not os.path.exists(dst):
-                    os.link(base_log, dst)
-                retired.append(dst)
+                if _retire(lambda: os.path.exists(dst) or os.link(base_log, dst)):
+                    retired.append(dst)
             for suffix in _SUFFIXES:
                 live = _PATHS[suffix](directory, base)
                 if os.path.exists(live + CLEANED_SUFFIX):
@@ -109,19 +127,36 @@ def roll_forward(directory: str, m: SwapManifest, *, retire: bool,
             p = log_path(directory, b)
             if retire and os.path.exists(p):
                 dst = retired_log_path(directory, b, os.stat(p).st_ino)
-                os.replace(p, dst)
-                retired.append(dst)
+                if _retire(lambda: os.replace(p, dst)):
+                    retired.append(dst)
             # Indexes first, the log last (as segment.delete_segment_files).
             for suffix in (TXNINDEX_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, LOG_SUFFIX):
                 _unlink(_PATHS[suffix](directory, b))
         step("retired")
     if m.checkpoint >= 0:
-        write_checkpoint(os.path.join(directory, CLEANER_CHECKPOINT_FILE), m.checkpoint)
+        try:
+            write_checkpoint(os.path.join(directory, CLEANER_CHECKPOINT_FILE), m.checkpoint)
+        except OSError as e:
+            if not is_no_space(e):
+                raise
+            log.warning("%s: no cleaner checkpoint at %d (file system full): the next round "
+                        "reads the cleaned segments again", directory, m.checkpoint)
     fsync_dir(directory)
     _unlink(os.path.join(directory, SWAP_FILE))
     fsync_dir(directory)
     step("done")
     return retired
+
+
+def _retire(make: Callable[[], object]) -> bool:
+    """Make a retired name; False when the directory has no room for it (full disk)."""
+    try:
+        make()
+    except OSError as e:
+        if not is_no_space(e):
+            raise
+        return False
+    return True
 
 
 def remove_cleaned(directory: str) -> int:
@@ -151,6 +186,10 @@ def recover(directory: str) -> bool:
 class SwapRefused(Exception):
     """The copy cannot be swapped in (the old segments changed, or the copy fails its checks);
     the copy's files are removed and the log is as before."""
+
+
+class SwapNoSpace(SwapRefused):
+    """The commit found the file system full: the copies are removed, the log is as before."""
 
 
 def check_copy(directory: str, base: int, old: list[tuple[int, int, int]], next_base: int):

@@ -85,7 +85,10 @@ def partition_for(group_id: str, partitions: int = OFFSETS_TOPIC_PARTITIONS) -> 
 
 
 def _append_error(code: ErrorCode) -> ErrorCode:
-    """Kafka's appendTransactionToLog mapping of a failed log append to a coordinator error."""
+    """Kafka's appendTransactionToLog mapping of a failed log append to a coordinator error: a
+    full disk (KAFKA_STORAGE_ERROR) is NOT_COORDINATOR, which clients answer by looking the
+    coordinator up again and retrying. As in Kafka, whose updateCacheCallback completes the
+    transition only after a successful append, the cached metadata stays as it was (``_persist``)."""
     if code in (E.kafka_storage_error, E.not_leader_or_follower):
         return E.not_coordinator
     if code in (E.unknown_topic_or_partition, E.not_enough_replicas,

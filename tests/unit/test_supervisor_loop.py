@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from appliance.catalog import Catalog
+from appliance.catalog import CatalogStore
 from appliance.config import Config, ServerConfig, SupervisorConfig
 from appliance.runtime import (EXIT_CRASH_LOOP, HEARTBEAT_FILE, RECOVERING, STOPPED, SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, WORKER_PAGE_FIELDS)
@@ -75,6 +76,9 @@ def sup(tmp_path, monkeypatch):
     s.topo = Topology(s.run_dir)
     s.hb = HeartbeatTable.create(os.path.join(s.run_dir, HEARTBEAT_FILE), 64)
     s.page = StatePage.create(s.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
+    os.makedirs(cfg.server.data_dir)
+    s.store = CatalogStore(cfg.server.data_dir)
+    s.store.load()
     yield s
     s.topo.close()
 
@@ -246,6 +250,19 @@ def test_a_reload_publishes_the_new_configuration_and_runs_the_hooks(sup, notify
     spec = start_fetcher(sup)
     ctx = sup._context(spec)
     assert ctx.config is sup.cfg and ctx.config_version == 1
+
+
+def test_reload_hooks_run_before_the_version_the_workers_follow_moves(sup, notify):
+    """What a hook publishes for the workers (re-read certificates, appliance.security) must be
+    in place when a worker sees the new config_version and runs its reload."""
+    from shm.metrics import MetricsTable
+    sup.metrics = MetricsTable.anonymous(64)
+    sup.source = lambda: sup.cfg
+    seen = []
+    sup.reload_hooks.append(lambda old, cfg: seen.append(sup.page.read().config_version))
+    sup.store = SimpleNamespace(catalog=Catalog())
+    sup.reload()
+    assert seen == [0] and sup.page.read().config_version == 1
 
 
 def test_recovery_reports_partitions_ready_bytes_and_an_estimate(sup, notify, caplog, tmp_path):

@@ -218,7 +218,10 @@ class _CleanedWriter:
 
     def abandon(self) -> None:
         if not self.f.closed:
-            self.f.close()
+            try:
+                self.f.close()
+            except OSError:
+                pass            # the buffered rest could not be written (a full disk): closed anyway
         for p in self.paths.values():
             try:
                 os.unlink(p)
