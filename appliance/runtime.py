@@ -44,7 +44,8 @@ PARTITION_PAGE_FIELDS = [
     ("active_base_offset", "q"), ("active_end_position", "q"), ("segments_version", "Q"),
     ("first_unstable_offset", "q"), ("coordinator_ring_head", "Q"),
 ]
-SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I")]
+SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I"),
+                          ("acl_version", "Q")]
 WORKER_PAGE_FIELDS = [("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I")]
 # The coordinator's page also carries its coordinator epoch (bumped at every start): the
 # WriteTxnMarkers API refuses a marker whose epoch is above it.

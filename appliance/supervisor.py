@@ -2,10 +2,11 @@
 
 Runs in the top process (``appliance run``). Owns, alone: the process table (pid, role, generation
 of every worker), the listening socket, the runtime directory with every shm file, the topic catalog
-(``appliance.catalog.CatalogStore``) and the data-dir lock.
+(``appliance.catalog.CatalogStore``), the ACLs (``appliance.acl.store``) and the data-dir lock.
 
 Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
-loop dispatches queued signals, serves admin requests (CreateTopics/DeleteTopics from frontends),
+loop dispatches queued signals, serves admin requests (CreateTopics/DeleteTopics, CreateAcls/DeleteAcls
+from frontends),
 reaps dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker
 that restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
 reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
@@ -41,6 +42,7 @@ from shm.topology import Mailbox, Outbox, Topology
 
 from . import catalog as cat
 from . import ipc
+from .acl import store as acl_store
 from .config import Config
 from .errors import ErrorCode, KafkaError
 from .log.files import TMP_SUFFIX, atomic_write
@@ -230,12 +232,18 @@ class Supervisor:
         self.reserve.at_start()
         self.store = cat.CatalogStore(self.data_dir)
         self.store.load()
+        self.acls = acl_store.AclStore(self.data_dir)
+        self.acls.load()
         self._prepare_run_dir()
         self.topo = Topology(self.run_dir)
         self.hb = HeartbeatTable.create(os.path.join(self.run_dir, HEARTBEAT_FILE), HEARTBEAT_SLOTS)
         self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
         self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING, pid=os.getpid())
         cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+        self.acl_service = acl_store.AclService(
+            self.acls, self.topo.file_path(acl_store.PUBLISHED_FILE),
+            lambda v: self.page.publish(acl_version=v))
+        self.acl_service.publish()
         self._bind()
         small = self.cfg.shm.small_ring_bytes
         for fe in self.frontends:
@@ -250,9 +258,9 @@ class Supervisor:
         for fe in self.frontends:
             self.mailbox.add(fe)
         self.outboxes = {fe: Outbox(self.topo, SUPERVISOR, fe, self.bells) for fe in self.frontends}
-        # CreateTopics/DeleteTopics; an error here stops the appliance rather than go on with a
-        # catalog whose state is unknown.
-        self.registry = Registry(self, post=self._reply, contain=False)
+        # CreateTopics/DeleteTopics, CreateAcls/DeleteAcls; an error here stops the appliance
+        # rather than go on with a catalog or ACLs whose state is unknown.
+        self.registry = Registry(self, self.acl_service, post=self._reply, contain=False)
 
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it

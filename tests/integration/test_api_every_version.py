@@ -97,6 +97,17 @@ def _request_for(key, v, topic, topic_id, batch):
                 "include_synonyms": True, "include_documentation": True}
     if key == 60:
         return {"include_cluster_authorized_operations": False}
+    if key == 29:
+        return {"resource_type_filter": 1, "resource_name_filter": None, "pattern_type_filter": 1,
+                "principal_filter": None, "host_filter": None, "operation": 1, "permission_type": 1}
+    if key == 30:
+        return {"creations": [{"resource_type": 2, "resource_name": topic, "resource_pattern_type": 3,
+                               "principal": "User:alice", "host": "*", "operation": 3,
+                               "permission_type": 3}]}
+    if key == 31:
+        return {"filters": [{"resource_type_filter": 1, "resource_name_filter": None,
+                             "pattern_type_filter": 1, "principal_filter": None, "host_filter": None,
+                             "operation": 1, "permission_type": 1}]}
     raise AssertionError(f"no request written for api key {key}: add one")
 
 
@@ -129,6 +140,12 @@ def _check(key, v, resp):
         assert [p.error_code for p in resp.topics[0].partitions] == [0, 0], (v, resp)
     elif key == 60:
         assert resp.error_code == 0 and resp.brokers[0].port > 0, (v, resp)
+    elif key == 29:       # the authorizer is off here, as in a Kafka without one
+        assert resp.error_code == 54, (v, resp)                 # SECURITY_DISABLED
+    elif key == 30:
+        assert [r.error_code for r in resp.results] == [54], (v, resp)
+    elif key == 31:
+        assert [r.error_code for r in resp.filter_results] == [54], (v, resp)
 
 
 # -- transaction APIs -----------------------------------------------------------------------------

@@ -187,3 +187,10 @@ def test_runtime_dir_must_not_hold_the_data_dir(tmp_path):
                                                          "data_dir": str(tmp_path / "data")}})
     load(None, environ={}, overrides={"server": {"runtime_dir": str(tmp_path / "datarun"),
                                                  "data_dir": str(tmp_path / "data")}})
+
+
+def test_super_users_must_be_principals():
+    cfg = load(None, environ={}, overrides={"authorizer": {"super_users": ["User:admin"]}})
+    assert cfg.authorizer.super_users == ["User:admin"] and not cfg.authorizer.enable
+    with pytest.raises(ConfigError, match=r"authorizer\.super_users: 'admin' is not a principal"):
+        load(None, environ={}, overrides={"authorizer": {"super_users": ["admin"]}})
