@@ -4,12 +4,16 @@ Runs in frontends. Topic entries are the effective topic configs (``appliance.to
 their source (TOPIC_CONFIG when set on the topic, DEFAULT_CONFIG otherwise, and with synonyms the
 broker setting it defaults to). Broker entries map our ``config.toml`` keys onto the Kafka names a
 Kafka user looks for, as STATIC_BROKER_CONFIG. Broker-logger resources are not supported.
+
+Authorization (Kafka's ConfigHelper): DescribeConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED)
+or, for broker resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED), with no configs.
 """
 
 from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
@@ -80,7 +84,13 @@ def handle(ctx, req):
     for res in req.resources:
         keys = set(res.configuration_keys) if res.configuration_keys is not None else None
         err, msg, entries = ErrorCode.none, None, []
-        if res.resource_type == TOPIC:
+        if res.resource_type == TOPIC and not ctx.authorize(
+                AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, res.resource_name):
+            err, msg = ErrorCode.topic_authorization_failed, "Topic authorization failed."
+        elif res.resource_type in (BROKER, BROKER_LOGGER) and not ctx.authorize_cluster(
+                AclOperation.DESCRIBE_CONFIGS):
+            err, msg = ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
+        elif res.resource_type == TOPIC:
             info = ctx.broker.catalog.topics.get(res.resource_name)
             if info is None:
                 err, msg = ErrorCode.unknown_topic_or_partition, "This server does not host this topic-partition."

@@ -1,7 +1,9 @@
 """DescribeProducers (key 61), version 0: the active producers of each partition.
 
 Runs in frontends; each partition's writer answers from its ProducerStateManager (producer id,
-epoch, last sequence, last timestamp, coordinator epoch, first offset of its open transaction).
+epoch, last sequence, last timestamp, coordinator epoch, first offset of its open transaction). Each topic needs a legal name (else INVALID_TOPIC_EXCEPTION)
+and Read on it (else TOPIC_AUTHORIZATION_FAILED), both before its existence (Kafka's
+KafkaApis.handleDescribeProducersRequest).
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ import asyncio
 import datetime
 
 from appliance import ipc
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.errors import ErrorCode
+from appliance.catalog import check_topic_name
+from appliance.errors import ErrorCode, KafkaError
 from appliance.protocol.messages import build
 
 
@@ -21,6 +25,18 @@ async def handle(ctx, req):
     catalog = broker.catalog
     topics = []
     for t in req.topics:
+        refused = None
+        try:
+            check_topic_name(t.name)
+            if not ctx.authorize(AclOperation.READ, ResourceType.TOPIC, t.name):
+                refused = (ErrorCode.topic_authorization_failed, None)
+        except KafkaError as e:
+            refused = (e.code, e.message)
+        if refused is not None:
+            topics.append(dict(name=t.name, partitions=tuple(
+                dict(partition_index=p, error_code=refused[0], error_message=refused[1],
+                     active_producers=()) for p in t.partition_indexes)))
+            continue
         info = catalog.topics.get(t.name)
         calls = []
         for p in t.partition_indexes:

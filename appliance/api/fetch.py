@@ -9,11 +9,17 @@ Fetch sessions (KIP-227, v7+): we never create one. A full fetch (session id 0, 
 answered with session id 0, which tells the client to keep sending full fetches, as it does when a
 Kafka broker's session cache is full. Anything else names a session that does not exist:
 FETCH_SESSION_ID_NOT_FOUND, as Kafka's FetchManager answers.
+
+Authorization (Kafka's KafkaApis.handleFetchRequest): a consumer needs Read on each topic (else
+TOPIC_AUTHORIZATION_FAILED, checked before the topic's existence); a follower (replica id >= 0)
+needs ClusterAction on the Cluster, else every partition gets TOPIC_AUTHORIZATION_FAILED. An
+unknown topic id (v13+) is UNKNOWN_TOPIC_ID first, as ids are not secret.
 """
 
 from __future__ import annotations
 
 from appliance import ipc
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.catalog import partition_dir
 from appliance.errors import ErrorCode, KafkaError
@@ -36,19 +42,35 @@ async def handle(ctx, req):
     asks: list[ipc.FetchPart] = []
     topics: list[FetchTopic] = []
     plan: list[tuple[FetchPartition, int, str]] = []   # (response partition, ask index, dir)
+    follower_denied = False
+    if broker.authorizer.enabled:
+        state = getattr(req, "replica_state", None)
+        replica_id = state.replica_id if state is not None else getattr(req, "replica_id", -1)
+        if replica_id >= 0:
+            follower_denied = not ctx.authorize_cluster(AclOperation.CLUSTER_ACTION)
+        authorize = None if replica_id >= 0 else ctx.authorize
+    else:
+        authorize = None
     for t in req.topics:
         if v >= 13:
             info = catalog.by_id(t.topic_id.bytes) if t.topic_id is not None else None
             missing = ErrorCode.unknown_topic_id
             ft = FetchTopic(info.name if info else "", t.topic_id)
+            name = info.name if info else None
         else:
             info = catalog.topics.get(t.topic)
             missing = ErrorCode.unknown_topic_or_partition
             ft = FetchTopic(t.topic, info.topic_id if info else None)
+            name = t.topic
         topics.append(ft)
+        denied = follower_denied or (authorize is not None and name is not None
+                                     and not authorize(AclOperation.READ, ResourceType.TOPIC, name))
         for p in t.partitions:
             fp = FetchPartition(p.partition)
             ft.partitions.append(fp)
+            if denied:
+                fp.error_code = int(ErrorCode.topic_authorization_failed)
+                continue
             if info is None or not 0 <= p.partition < info.partitions:
                 fp.error_code = int(missing if info is None else ErrorCode.unknown_topic_or_partition)
                 continue

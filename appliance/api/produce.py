@@ -13,6 +13,13 @@ with INVALID_TOPIC_EXCEPTION, as Kafka refuses them; those logs are the coordina
 Produce 12 (KIP-890 part 2, transaction version 2) has v11's layout; it tells the writer to add
 the partition to the producer's transaction at the coordinator before the first batch of a
 transaction (implicit AddPartitionsToTxn) instead of only verifying it.
+
+Authorization (Kafka's KafkaApis.handleProduceRequest): a request holding a transactional batch
+needs Write on its TransactionalId, else every partition gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+each topic needs Write (one check per topic, not per batch), else its partitions get
+TOPIC_AUTHORIZATION_FAILED, before any other check, so that an unauthorized client learns
+nothing about the topic. An idempotent producer needs nothing more here: Kafka 3.x checks
+IdempotentWrite (or Write on some topic) at InitProducerId only.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import CloseConnection, handles
 from appliance.catalog import INTERNAL_TOPICS
 from appliance.errors import ErrorCode, KafkaError
@@ -27,7 +35,17 @@ from appliance.ipc import ProduceResult
 from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
 from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValidationError,
                                                 validate_records)
-from appliance.protocol.records import validate_batch
+from appliance.protocol.records import ATTRIBUTES_OFFSET, validate_batch
+
+
+WRITE = AclOperation.WRITE
+TOPIC, TRANSACTIONAL_ID = ResourceType.TOPIC, ResourceType.TRANSACTIONAL_ID
+
+
+def _flagged_transactional(records) -> bool:
+    """The transactional bit of a (not yet validated) batch's attributes."""
+    return (records is not None and len(records) > ATTRIBUTES_OFFSET + 1
+            and bool(records[ATTRIBUTES_OFFSET + 1] & 0x10))
 
 
 def _max_bytes(cfg, info) -> int:
@@ -64,10 +82,16 @@ async def handle(ctx, req):
     record_errors: dict[tuple[str, int], list[tuple[int, str]]] = {}   # Produce v8+
     now_ms = int(time.time() * 1000)
     transactional = False
+    authorize = ctx.authorize if broker.authorizer.enabled else None    # the hot path: once
     for td in req.topic_data:
         info = catalog.topics.get(td.name)
+        allowed = authorize is None or authorize(WRITE, TOPIC, td.name)
         for pd in td.partition_data:
-            if acks not in (0, 1, -1):
+            if not allowed:
+                what = ProduceResult(int(ErrorCode.topic_authorization_failed))
+                # Kafka looks at every batch for the transactional flag, authorized or not.
+                transactional = transactional or _flagged_transactional(pd.records)
+            elif acks not in (0, 1, -1):
                 what = ProduceResult(int(ErrorCode.invalid_required_acks))
             elif td.name in INTERNAL_TOPICS:
                 # Kafka's ReplicaManager.appendToLocalLog refuses client appends to internal
@@ -87,13 +111,15 @@ async def handle(ctx, req):
                     if isinstance(e, RecordValidationError):
                         record_errors[(td.name, pd.index)] = e.record_errors
             checked.append((td.name, info, pd, what))
-    refuse_txn = transactional and not txn_id
+    refuse_txn = transactional and (
+        not txn_id or (authorize is not None and not authorize(WRITE, TRANSACTIONAL_ID, txn_id)))
     pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
     any_error = False
     for name, info, pd, what in checked:
         if refuse_txn:
             res = ProduceResult(int(ErrorCode.transactional_id_authorization_failed),
-                                error_message="transactional records need a transactional id")
+                                error_message="transactional records need a transactional id"
+                                if not txn_id else None)
         elif isinstance(what, ProduceResult):
             res = what
         else:
