@@ -4,6 +4,7 @@ Not a test; run by hand (``make bench``) in the user's shell:
 
     .venv/bin/python loadtests/bench_produce.py [--seconds 10] [--record-sizes 100,1024]
         [--acks -1] [--flush-policy os] [--partitions 1] [--configs plain]
+        [--authorizer off,super,acl] [--rounds 1]
 
 It starts both brokers itself:
 
@@ -22,8 +23,13 @@ metadata, producer id, one delivered record), then produces as fast as one Pytho
 ``--seconds``. Only records whose delivery report (acks) arrived inside
 the window count; what is still queued at the end is purged. MB = 10**6 bytes of record values.
 
-Prints a markdown table: per record size a row for the appliance, one for the sink and one for
-appliance/sink.
+``--authorizer`` measures the appliance once per authorizer setting (``AUTHORIZER_MODES``: off;
+on with the producer a super user; on with the producer allowed by ACLs), each its own appliance
+run, one after the other in the same run; ``--rounds`` repeats them (interleaved) and keeps each
+cell's best, to see through a noisy machine.
+
+Prints a markdown table: per record size a row per appliance setting, one for the sink, one for
+appliance/sink and one per authorizer setting for its ratio to the authorizer off.
 """
 
 from __future__ import annotations
@@ -93,6 +99,31 @@ PRODUCER_CONFIGS: dict[str, ProducerConfig] = {
 }
 DEFAULT_CONFIGS = ["plain"]
 
+# The appliance's [authorizer] for each --authorizer mode (one appliance run each). Every client
+# here is User:ANONYMOUS (PLAINTEXT). "acl": the benchmark's topics and transactional ids
+# ("bench-" prefixed) get an ALLOW All ACL for it, created through CreateAcls once the appliance
+# is up (allow_everyone_if_no_acl_found lets it do that; the topics' decisions then come from
+# their ACLs, not from that default).
+AUTHORIZER_MODES: dict[str, str] = {
+    "off": "",
+    "super": '[authorizer]\nenable = true\nsuper_users = ["User:ANONYMOUS"]\n',
+    "acl": "[authorizer]\nenable = true\nallow_everyone_if_no_acl_found = true\n",
+}
+AUTHORIZER_LABELS = {"off": "appliance", "super": "appliance, authorizer: super user",
+                     "acl": "appliance, authorizer: ACL"}
+
+
+def grant_bench_acls(bootstrap: str) -> None:
+    """The "acl" mode's ACLs: ALLOW All on the bench- topics and transactional ids."""
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType,
+                                       ResourcePatternType, ResourceType)
+    admin = AdminClient(_quiet(bootstrap))
+    acls = [AclBinding(rt, "bench-", ResourcePatternType.PREFIXED, "User:ANONYMOUS", "*",
+                       AclOperation.ALL, AclPermissionType.ALLOW)
+            for rt in (ResourceType.TOPIC, ResourceType.TRANSACTIONAL_ID)]
+    for fut in admin.create_acls(acls, request_timeout=60).values():
+        fut.result(timeout=90)
+
 
 class MeasureError(Exception):
     """This cell of the table could not be measured (the others still are)."""
@@ -105,6 +136,11 @@ class Rate:
     record_size: int
     errors: int = 0
     first_error: str = ""
+    cpu_s: float | None = None      # CPU seconds the broker's processes used in the window
+
+    @property
+    def cpu_us_per_record(self) -> float | None:
+        return self.cpu_s / self.records * 1e6 if self.cpu_s is not None and self.records else None
 
     @property
     def records_per_s(self) -> float:
@@ -195,9 +231,11 @@ def appliance_command() -> list[str]:
 
 @contextlib.contextmanager
 def appliance(workdir: str, flush_policy: str, partitions: int,
-              ready_timeout: float, extra_toml: str = "") -> Iterator[tuple[str, str]]:
+              ready_timeout: float, extra_toml: str = "",
+              pids: list[int] | None = None) -> Iterator[tuple[str, str]]:
     """Run the appliance for the block; yields (bootstrap, log path). ``extra_toml``: more
-    config sections, appended to the file."""
+    config sections, appended to the file; ``pids`` gets the supervisor's pid (its process
+    group's id)."""
     port = free_port()
     data_dir = os.path.join(workdir, "data")
     conf = os.path.join(workdir, "appliance.toml")
@@ -220,6 +258,8 @@ def appliance(workdir: str, flush_policy: str, partitions: int,
     bootstrap = f"127.0.0.1:{port}"
     try:
         wait_metadata(bootstrap, proc, ready_timeout, "the appliance", log_path)
+        if pids is not None:
+            pids.append(proc.pid)
         yield bootstrap, log_path
     finally:
         stop_group(proc, grace=15)
@@ -278,8 +318,23 @@ def producer_settings(bootstrap: str, acks: int, cfg: ProducerConfig, run: str) 
     return out
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of every live process in the process group (the appliance's
+    supervisor and workers): unlike throughput, it hardly moves when other work shares the CPUs."""
+    import psutil
+    total = 0.0
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                t = p.cpu_times()
+                total += t.user + t.system
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return total
+
+
 def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
-            cfg: ProducerConfig) -> Rate:
+            cfg: ProducerConfig, pgid: int | None = None) -> Rate:
     """Produce ``size``-byte records to ``topic`` for ``seconds``; count deliveries in the window."""
     delivered = 0
     errors = 0
@@ -325,6 +380,7 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
     value = os.urandom(size)
     produce, poll = p.produce, p.poll
     clock = time.monotonic
+    cpu0 = group_cpu_seconds(pgid) if pgid else None
     t0 = clock()
     end = t0 + seconds
     next_commit = t0 + cfg.commit_every_s if transactional else float("inf")
@@ -348,7 +404,8 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
     except (KafkaException, SystemError) as e:
         raise MeasureError(f"producer failed: {e.__cause__ or e}") from None
     elapsed = clock() - t0
-    rate = Rate(delivered, elapsed, size, errors, first_error)
+    cpu = group_cpu_seconds(pgid) - cpu0 if pgid and cpu0 is not None else None
+    rate = Rate(delivered, elapsed, size, errors, first_error, cpu)
     # Drop what is still queued; its delivery reports (purge errors) no longer count.
     if transactional:
         with contextlib.suppress(KafkaException):
@@ -364,25 +421,61 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
 # ---------------------------------------------------------------------------------------------
 
 def markdown_table(sizes: list[int], configs: list[ProducerConfig],
-                   results: dict[tuple[str, int, str], Rate]) -> str:
+                   results: dict[tuple[str, int, str], Rate],
+                   modes: list[str] | None = None) -> str:
+    modes = modes or ["off"]
+    appliances = [AUTHORIZER_LABELS[m] for m in modes]
     head = ["record size", "broker"]
     for c in configs:
         head += [f"{c.name} MB/s", f"{c.name} records/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def ratio_row(size: int, label: str, num: str, den: str) -> str:
+        row = [f"{size} B", label]
+        for c in configs:
+            a = results.get((num, size, c.name))
+            s = results.get((den, size, c.name))
+            ratio = f"{a.records_per_s / s.records_per_s:.2f}" if a and s and s.records_per_s else "-"
+            row += [ratio, ratio]
+        return "| " + " | ".join(row) + " |"
+
     for size in sizes:
-        for target in ("appliance", "sink"):
+        for target in (*appliances, "sink"):
             row = [f"{size} B", target]
             for c in configs:
                 r = results.get((target, size, c.name))
                 row += [f"{r.mb_per_s:.1f}", f"{r.records_per_s:,.0f}"] if r else ["-", "-"]
             lines.append("| " + " | ".join(row) + " |")
-        row = [f"{size} B", "appliance / sink"]
-        for c in configs:
-            a = results.get(("appliance", size, c.name))
-            s = results.get(("sink", size, c.name))
-            ratio = f"{a.records_per_s / s.records_per_s:.2f}" if a and s and s.records_per_s else "-"
-            row += [ratio, ratio]
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(ratio_row(size, f"{appliances[0]} / sink", appliances[0], "sink"))
+        if "off" in modes:
+            for m in modes:
+                if m != "off":
+                    lines.append(ratio_row(size, f"{AUTHORIZER_LABELS[m]} / authorizer off",
+                                           AUTHORIZER_LABELS[m], AUTHORIZER_LABELS["off"]))
+    return "\n".join(lines)
+
+
+def cpu_table(sizes: list[int], configs: list[ProducerConfig],
+              cpu: dict[tuple[str, int, str], Rate], modes: list[str]) -> str:
+    head = ["record size", "appliance"] + [f"{c.name} CPU us/record" for c in configs]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for size in sizes:
+        for m in modes:
+            row = [f"{size} B", AUTHORIZER_LABELS[m]]
+            for c in configs:
+                r = cpu.get((AUTHORIZER_LABELS[m], size, c.name))
+                row.append(f"{r.cpu_us_per_record:.3f}" if r else "-")
+            lines.append("| " + " | ".join(row) + " |")
+        if "off" in modes:
+            for m in modes:
+                if m == "off":
+                    continue
+                row = [f"{size} B", f"{AUTHORIZER_LABELS[m]} / authorizer off"]
+                for c in configs:
+                    a = cpu.get((AUTHORIZER_LABELS[m], size, c.name))
+                    b = cpu.get((AUTHORIZER_LABELS["off"], size, c.name))
+                    row.append(f"{a.cpu_us_per_record / b.cpu_us_per_record:.2f}" if a and b else "-")
+                lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -409,6 +502,11 @@ def main(argv: list[str] | None = None) -> int:
                          "dir); put it on the disk you want to measure")
     ap.add_argument("--only", choices=("both", "appliance", "sink"), default="both",
                     help="measure only one broker (the ratio is then missing)")
+    ap.add_argument("--authorizer", default="off",
+                    help=f"appliance authorizer settings to measure, of: {', '.join(AUTHORIZER_MODES)} "
+                         "(one appliance run each; ratios to 'off' printed)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every appliance setting this many times, interleaved; keep the best")
     ap.add_argument("--ready-timeout", type=float, default=60.0,
                     help="seconds to wait for the appliance to answer Metadata")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
@@ -418,39 +516,59 @@ def main(argv: list[str] | None = None) -> int:
         configs = [PRODUCER_CONFIGS[n] for n in args.configs.split(",") if n]
     except KeyError as e:
         ap.error(f"unknown producer config {e}; known: {', '.join(PRODUCER_CONFIGS)}")
+    modes = [m for m in args.authorizer.split(",") if m]
+    if not modes or any(m not in AUTHORIZER_MODES for m in modes):
+        ap.error(f"--authorizer takes modes of: {', '.join(AUTHORIZER_MODES)}")
     workdir = tempfile.mkdtemp(prefix="appliance-bench-", dir=args.work_dir)
-    targets = ["sink", "appliance"] if args.only == "both" else [args.only]
+    appliance_runs = [m for _ in range(max(args.rounds, 1)) for m in modes]
+    targets = (["sink"] if args.only != "appliance" else []) + \
+        (appliance_runs if args.only != "sink" else [])
     results: dict[tuple[str, int, str], Rate] = {}
+    cpu_results: dict[tuple[str, int, str], Rate] = {}     # the least CPU per record of each cell
     warnings: list[str] = []
     failures: list[str] = []
     run = uuid.uuid4().hex[:6]
     try:
         # One broker at a time (the sink first): on a small machine the idle processes of one
         # would take CPU from the other's measurement.
-        for target in targets:
+        for n, target in enumerate(targets):
             if target == "sink":
                 broker = sink(args.partitions, workdir)
             else:
-                broker = appliance(workdir, args.flush_policy, args.partitions, args.ready_timeout)
+                run_dir = os.path.join(workdir, f"appliance-{n}-{target}")
+                os.makedirs(run_dir)
+                group: list[int] = []
+                broker = appliance(run_dir, args.flush_policy, args.partitions, args.ready_timeout,
+                                   AUTHORIZER_MODES[target], group)
             with broker as started:
                 bootstrap = started if target == "sink" else started[0]
+                pgid = None if target == "sink" else group[0]
+                if target == "acl":
+                    grant_bench_acls(bootstrap)
+                label = "sink" if target == "sink" else AUTHORIZER_LABELS[target]
                 for size in args.sizes:
                     for cfg in configs:
-                        topic = f"bench-{run}-{cfg.name}-{size}"
+                        topic = f"bench-{run}-{n}-{cfg.name}-{size}"
                         err = create_topic(bootstrap, topic, args.partitions)
                         if err:
-                            warnings.append(f"CreateTopics of {topic} on the {target} failed ({err}); "
+                            warnings.append(f"CreateTopics of {topic} on the {label} failed ({err}); "
                                             "the topic was auto-created by the producer's Metadata request")
                             print(f"WARNING: {warnings[-1]}", file=sys.stderr, flush=True)
                         try:
-                            r = measure(bootstrap, topic, size, args.seconds, args.acks, cfg)
+                            r = measure(bootstrap, topic, size, args.seconds, args.acks, cfg, pgid)
                         except MeasureError as e:
-                            failures.append(f"{target}, {cfg.name}, {size} B: {e}")
+                            failures.append(f"{label}, {cfg.name}, {size} B: {e}")
                             print(f"FAILED: {failures[-1]}", file=sys.stderr, flush=True)
                             continue
-                        results[(target, size, cfg.name)] = r
+                        best = results.get((label, size, cfg.name))
+                        if best is None or r.records_per_s > best.records_per_s:
+                            results[(label, size, cfg.name)] = r
+                        cpu_best = cpu_results.get((label, size, cfg.name))
+                        if r.cpu_us_per_record is not None and (
+                                cpu_best is None or r.cpu_us_per_record < cpu_best.cpu_us_per_record):
+                            cpu_results[(label, size, cfg.name)] = r
                         note = f", {r.errors} delivery errors (first: {r.first_error})" if r.errors else ""
-                        print(f"  {target:9} {cfg.name:13} {size:6} B: {r.records_per_s:12,.0f} records/s "
+                        print(f"  {label:33} {cfg.name:13} {size:6} B: {r.records_per_s:12,.0f} records/s "
                               f"{r.mb_per_s:8.1f} MB/s{note}", file=sys.stderr, flush=True)
     finally:
         if args.keep:
@@ -474,7 +592,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.python_version()}, {os.cpu_count()} CPUs, data dir under "
           f"{args.work_dir or tempfile.gettempdir()}")
     print("- MB = 10^6 bytes of record values; only acknowledged records count\n")
-    print(markdown_table(args.sizes, configs, results))
+    if modes != ["off"]:
+        print(f"- appliance settings measured: {', '.join(AUTHORIZER_LABELS[m] for m in modes)}; "
+              f"{max(args.rounds, 1)} round(s), the best of each kept\n")
+    print(markdown_table(args.sizes, configs, results, modes))
+    if len(modes) > 1 or args.rounds > 1:
+        print("\nThe appliance's CPU (all its processes, user + system) per acknowledged record, "
+              "the least of the rounds:\n")
+        print(cpu_table(args.sizes, configs, cpu_results, modes))
     pairs = [(a, b) for a, b in (("idempotent", "plain"), ("transactional", "idempotent"))
              if any(c.name == a for c in configs) and any(c.name == b for c in configs)]
     if pairs:
@@ -484,7 +609,8 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.sizes:
             cells = []
             for a, b in pairs:
-                ra, rb = results.get(("appliance", size, a)), results.get(("appliance", size, b))
+                first = AUTHORIZER_LABELS[modes[0]]
+                ra, rb = results.get((first, size, a)), results.get((first, size, b))
                 cells.append(f"{ra.records_per_s / rb.records_per_s:.2f}"
                              if ra and rb and rb.records_per_s else "-")
             print(f"| {size} B | " + " | ".join(cells) + " |")

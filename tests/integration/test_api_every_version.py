@@ -20,9 +20,16 @@ def _ranges(raw: RawClient) -> dict[int, tuple[int, int]]:
     return {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
 
 
-def test_every_version_of_every_api(appliance_factory):
+@pytest.mark.parametrize("authorizer", ["off", "super user"])
+def test_every_version_of_every_api(appliance_factory, authorizer):
     # No initial rebalance delay: every group request below starts a fresh one-member group.
-    appliance = appliance_factory(groups={"initial_rebalance_delay_ms": 0})
+    # With the authorizer on and the client (User:ANONYMOUS) a super user, every handler's
+    # authorization path runs and allows, and the ACL APIs answer.
+    config = {"groups": {"initial_rebalance_delay_ms": 0}}
+    if authorizer == "super user":
+        config["authorizer"] = {"enable": True, "super_users": ["User:ANONYMOUS"]}
+    appliance = appliance_factory(**config)
+    security = 54 if authorizer == "off" else 0          # SECURITY_DISABLED without an authorizer
     with RawClient(appliance.bootstrap) as raw:
         ranges = _ranges(raw)
         assert {0, 1, 2, 3, 10, 18, 19, 20, 22, 24, 25, 26, 27, 32, 60, 61, 65, 66} <= ranges.keys()
@@ -59,7 +66,7 @@ def test_every_version_of_every_api(appliance_factory):
                 elif key in GROUP_APIS:
                     _group_check(env, key, v, resp)
                 else:
-                    _check(key, v, resp)
+                    _check(key, v, resp, security)
 
 
 def _request_for(key, v, topic, topic_id, batch):
@@ -111,7 +118,7 @@ def _request_for(key, v, topic, topic_id, batch):
     raise AssertionError(f"no request written for api key {key}: add one")
 
 
-def _check(key, v, resp):
+def _check(key, v, resp, acl_error=54):
     if key == 0:
         p = resp.responses[0].partition_responses[0]
         assert p.error_code == 0 and p.base_offset >= 0, (v, resp)
@@ -140,12 +147,12 @@ def _check(key, v, resp):
         assert [p.error_code for p in resp.topics[0].partitions] == [0, 0], (v, resp)
     elif key == 60:
         assert resp.error_code == 0 and resp.brokers[0].port > 0, (v, resp)
-    elif key == 29:       # the authorizer is off here, as in a Kafka without one
-        assert resp.error_code == 54, (v, resp)                 # SECURITY_DISABLED
+    elif key == 29:       # SECURITY_DISABLED with the authorizer off, as Kafka without one
+        assert resp.error_code == acl_error, (v, resp)
     elif key == 30:
-        assert [r.error_code for r in resp.results] == [54], (v, resp)
+        assert [r.error_code for r in resp.results] == [acl_error], (v, resp)
     elif key == 31:
-        assert [r.error_code for r in resp.filter_results] == [54], (v, resp)
+        assert [r.error_code for r in resp.filter_results] == [acl_error], (v, resp)
 
 
 # -- transaction APIs -----------------------------------------------------------------------------
