@@ -137,6 +137,31 @@ def test_kafka_python_producer_refused(locked):
         prod.close(timeout=5)
 
 
+def test_aiokafka_producer_and_group_consumer_refused(locked):
+    import asyncio
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
+    _, p = locked
+
+    async def run():
+        prod = AIOKafkaProducer(bootstrap_servers=p.bootstrap, request_timeout_ms=10000)
+        await prod.start()
+        try:
+            assert (await prod.send_and_wait("ok-t", b"v")).offset >= 0
+            with pytest.raises(TopicAuthorizationFailedError):
+                await prod.send_and_wait("ro-t", b"v")
+        finally:
+            await prod.stop()
+        cons = AIOKafkaConsumer("ok-t", bootstrap_servers=p.bootstrap, group_id="g-no-aio",
+                                auto_offset_reset="earliest", session_timeout_ms=6000)
+        try:
+            with pytest.raises(GroupAuthorizationFailedError):     # its FindCoordinator
+                await cons.start()
+        finally:
+            await cons.stop()
+    asyncio.run(run())
+
+
 def fetch_request(topic: str, replica_id: int = -1) -> dict:
     return {"replica_id": replica_id, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20,
             "isolation_level": 0, "session_id": 0, "session_epoch": -1,
