@@ -277,8 +277,6 @@ def validate_new_acl(acl: AclBinding) -> tuple[ErrorCode, str] | None:
     if not sep or not ptype:
         return bad, (f"Could not parse principal from `{acl.principal}` (no colon is present "
                      "separating the principal type from the principal name)")
-    if not acl.host:
-        return bad, "Invalid empty host"
     return None
 
 
