@@ -242,7 +242,8 @@ class Supervisor:
         cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
         self.acl_service = acl_store.AclService(
             self.acls, self.topo.file_path(acl_store.PUBLISHED_FILE),
-            lambda v: self.page.publish(acl_version=v))
+            lambda v: self.page.publish(acl_version=v),
+            reply_bytes=self.cfg.shm.small_ring_bytes // 4)
         self.acl_service.publish()
         self._bind()
         small = self.cfg.shm.small_ring_bytes

@@ -13,6 +13,13 @@ CreateTopics answers.
 supervisor page's sequence number while nothing changed, and reloads the snapshot when the ACL
 version moved (``appliance.acl.authorizer.Authorizer`` then drops its decision cache).
 
+Bounds (so that no answer outgrows its ring, where a too large message would stop the
+supervisor): one operation changes at most ``MAX_ACLS_PER_OPERATION`` ACLs, Kafka's controller's
+limit (a larger DeleteAcls deletes nothing and says so; the frontends send CreateAcls in chunks
+of at most ``CREATE_CHUNK`` ACLs), an error message carries at most ``MESSAGE_MAX`` characters,
+and a DeleteAcls whose answer (every ACL each filter matched) would not fit ``reply_bytes`` is
+refused the same way.
+
 The file names each field as Kafka's tools do (``"operation": "Read"``, ``"resource_type":
 "TransactionalId"``), so that it reads like ``kafka-acls.sh --list``; an unreadable file stops the
 start (exit 3) rather than run with fewer ACLs than were granted and denied.
@@ -43,6 +50,9 @@ log = logging.getLogger("appliance.acl")
 
 ACL_FILE = "acls.json"
 PUBLISHED_FILE = "acls.msgpack"
+MAX_ACLS_PER_OPERATION = 10000       # Kafka's QuorumController.MAX_RECORDS_PER_USER_OP
+CREATE_CHUNK = 200                   # ACLs per CreateAclsRequest (frontend -> supervisor)
+MESSAGE_MAX = 200                    # characters of an error message (they may quote input)
 
 
 def _to_json(acl: AclBinding) -> dict:
@@ -100,7 +110,7 @@ class AclStore:
         for acl in acls:
             bad = validate_new_acl(acl)
             if bad is not None:
-                results.append(AclCreateResult(int(bad[0]), bad[1]))
+                results.append(AclCreateResult(int(bad[0]), bad[1][:MESSAGE_MAX]))
                 continue
             new.add(acl)
             results.append(AclCreateResult())
@@ -115,9 +125,10 @@ class AclStore:
                 results = [failed if r.error_code == 0 else r for r in results]
         return results
 
-    def delete(self, filters) -> list[AclDeleteResult]:
+    def delete(self, filters, reply_bytes: int = 1 << 62) -> list[AclDeleteResult]:
         """Kafka's DeleteAcls: each filter answers the ACLs it matched; all of them go in one
-        commit (an ACL two filters match is listed by both)."""
+        commit (an ACL two filters match is listed by both). Nothing is deleted when that would
+        be more than MAX_ACLS_PER_OPERATION ACLs, or an answer of more than ``reply_bytes``."""
         results: list[AclDeleteResult] = []
         gone: set[AclBinding] = set()
         for f in filters:
@@ -128,6 +139,14 @@ class AclStore:
             matched = self.snapshot.matching(f)
             gone.update(matched)
             results.append(AclDeleteResult(0, None, matched))
+        if len(gone) > MAX_ACLS_PER_OPERATION or (
+                gone and len(_encoder.encode(results)) > reply_bytes):
+            # Kafka's controller: "Cannot remove more than 10000 acls in a single delete
+            # operation" (a BoundedListTooLongException, UNKNOWN_SERVER_ERROR for the client).
+            refused = AclDeleteResult(int(ErrorCode.unknown_server_error), (
+                f"Cannot remove more than {MAX_ACLS_PER_OPERATION} acls in a single delete "
+                f"operation ({len(gone)} matched); narrow the filters")[:MESSAGE_MAX])
+            return [refused if r.error_code == 0 else r for r in results]
         if gone:
             try:
                 self._commit(a for a in self.snapshot.acls if a not in gone)
@@ -143,10 +162,11 @@ class AclService:
     """The supervisor's CreateAcls/DeleteAcls service: change, commit, publish, then answer."""
 
     def __init__(self, store: AclStore, published_path: str,
-                 publish_version: Callable[[int], None]) -> None:
+                 publish_version: Callable[[int], None], reply_bytes: int = 1 << 62) -> None:
         self.store = store
         self.published_path = published_path
         self._publish_version = publish_version
+        self.reply_bytes = reply_bytes          # the largest answer the rings to frontends take
 
     def publish(self) -> None:
         publish(self.store.snapshot, self.published_path)
@@ -154,6 +174,10 @@ class AclService:
 
     @serves(CreateAclsRequest)
     def create_acls(self, req: CreateAclsRequest) -> CreateAclsResult:
+        if len(req.acls) > CREATE_CHUNK:
+            # The frontends never send more (CreateAcls handler); an answer this long might not
+            # fit the ring back.
+            return req.error_reply(ErrorCode.invalid_request)
         before = self.store.snapshot
         results = self.store.create(req.acls)
         if self.store.snapshot is not before:
@@ -163,7 +187,7 @@ class AclService:
     @serves(DeleteAclsRequest)
     def delete_acls(self, req: DeleteAclsRequest) -> DeleteAclsResult:
         before = self.store.snapshot
-        results = self.store.delete(req.filters)
+        results = self.store.delete(req.filters, self.reply_bytes)
         if self.store.snapshot is not before:
             self.publish()
         return DeleteAclsResult(results)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 
+from appliance import ipc
 from appliance.acl.messages import AclDeleteResult, DeleteAclsRequest
 from appliance.acl.model import AclOperation, unknown_elements
 from appliance.api import CloseConnection, handles
@@ -46,6 +47,10 @@ async def handle(ctx, req):
     if not n:
         return _response(ctx, [])
     request = DeleteAclsRequest([filter_of(f) for f in req.filters])
+    if len(ipc.encode(0, request)) > ctx.broker.supervisor.ring.max_payload // 2:
+        # Ours: filters that would not fit the ring to the supervisor (names of hundreds of KiB).
+        return _response(ctx, [AclDeleteResult(int(ErrorCode.invalid_request),
+                                               "filters too large")] * n)
     try:
         r = await ctx.broker.call_supervisor(
             request, ctx.broker.cfg.server.internal_request_timeout_ms / 1000)

@@ -656,6 +656,38 @@ def test_unknown_acl_elements_close_the_connection(appliance_factory, api_key, b
                                  "permission_type": 1}).error_code == 0
 
 
+def test_acl_requests_too_big_for_one_operation_are_refused_and_nothing_breaks(appliance_factory):
+    """Kafka's controller changes at most 10,000 ACLs per operation; an answer listing more
+    deleted ACLs than a ring holds is refused the same way (nothing deleted); an ACL of
+    hundreds of KiB is refused alone. The appliance goes on serving."""
+    a = appliance_factory(authorizer={"enable": True, "super_users": [ANONYMOUS]},
+                          shm={"small_ring_bytes": 65536})
+
+    def creation(name, principal="User:x"):
+        return {"resource_type": 2, "resource_name": name, "resource_pattern_type": 3,
+                "principal": principal, "host": "*", "operation": 3, "permission_type": 3}
+    every = {"resource_type_filter": 1, "resource_name_filter": None, "pattern_type_filter": 1,
+             "principal_filter": None, "host_filter": None, "operation": 1, "permission_type": 1}
+    with RawClient(a.bootstrap, timeout=60) as r:
+        over = r.request(30, 3, {"creations": [creation(f"t{i}") for i in range(10001)]})
+        assert {c.error_code for c in over.results} == {-1}                  # UNKNOWN_SERVER_ERROR
+        huge = r.request(30, 3, {"creations": [creation("h" * 40000), creation("small")]})
+        assert [c.error_code for c in huge.results] == [INVALID_REQUEST, 0]
+        # 600 ACLs of ~100 bytes: more than a 64 KiB ring's answer may list.
+        many = r.request(30, 3, {"creations": [creation(f"topic-{i:04d}-" + "x" * 80) for i in range(600)]})
+        assert {c.error_code for c in many.results} == {0}
+        refused = r.request(31, 3, {"filters": [every]})
+        assert refused.filter_results[0].error_code == -1
+        assert "Cannot remove more than" in refused.filter_results[0].error_message
+        d = r.request(29, 3, every)
+        assert sum(len(x.acls) for x in d.resources) == 601                   # nothing deleted
+        narrow = dict(every, resource_type_filter=2, resource_name_filter="small",
+                      pattern_type_filter=3)
+        ok = r.request(31, 3, {"filters": [narrow]})
+        assert [m.resource_name for m in ok.filter_results[0].matching_acls] == ["small"]
+    assert a.proc.poll() is None and not log_errors(a, 0)
+
+
 # -- super users, the no-ACL default, changes seen at once ----------------------------------------------
 
 def test_super_user_may_do_everything_even_when_denied(appliance_factory):

@@ -93,3 +93,20 @@ def test_published_snapshot_round_trips(tmp_path):
     publish(s.snapshot, str(tmp_path / "p"))
     assert read_published(str(tmp_path / "p")).acls == s.snapshot.acls
     assert os.path.exists(tmp_path / "p")
+
+
+def test_delete_refuses_an_answer_too_large_and_deletes_nothing(tmp_path):
+    s = AclStore(str(tmp_path))
+    s.create([acl(f"topic-{i}") for i in range(50)])
+    refused = s.delete([AclFilter()], reply_bytes=500)
+    assert refused[0].error_code == -1 and refused[0].deleted == []      # UNKNOWN_SERVER_ERROR
+    assert len(s.snapshot) == 50
+    assert len(s.delete([AclFilter()], reply_bytes=1 << 20)[0].deleted) == 50
+
+
+def test_service_refuses_a_create_chunk_above_the_bound(tmp_path):
+    from appliance.acl.store import CREATE_CHUNK
+    svc = AclService(AclStore(str(tmp_path)), str(tmp_path / "p"), lambda v: None)
+    r = svc.create_acls(CreateAclsRequest([acl(f"t{i}") for i in range(CREATE_CHUNK + 1)]))
+    assert {x.error_code for x in r.results} == {42}
+    assert len(svc.store.snapshot) == 0
