@@ -187,7 +187,10 @@ class Authorizer:
         """May ``principal``, connected from ``address``, do ``op`` on the (LITERAL) resource?"""
         if not self.enabled or principal in self.super_users:
             return True
-        snap = self.snapshot()
+        snap = self._snapshots()          # inlined snapshot(): this runs on every Produce
+        if snap is not self._snapshot:
+            self._snapshot = snap
+            self._cache.clear()
         key = (principal, address, op, resource_type, name)
         r = self._cache.get(key)
         if r is None:
