@@ -1,16 +1,20 @@
-"""The topic catalog: which topics exist, their ids, partition counts and config overrides.
+"""The topic catalog: which topics exist, their ids, partition counts and config overrides, and
+the dynamic broker configs (Kafka's KIP-226: the cluster-wide default and this node's), kept apart
+from the static ``[log]`` settings of the TOML file, as Kafka keeps them apart from
+server.properties.
 
 Owned (read-write) by the supervisor alone. It is durable as ``<data_dir>/catalog.json`` (replaced
 atomically: write, fsync, rename, fsync the directory), which is the commit point of CreateTopics
-and DeleteTopics. Each partition directory ``<data_dir>/<topic>-<partition>/`` also holds Kafka's
+DeleteTopics, CreatePartitions and AlterConfigs. Each partition directory ``<data_dir>/<topic>-<partition>/`` also holds Kafka's
 ``partition.metadata`` file (``version: 0`` / ``topic_id: <base64url id>``) so that a directory can
 be matched to its topic the way Kafka does.
 
 Other processes read the catalog as published by the supervisor in the runtime directory
 (``catalog.msgpack``, replaced atomically) and notice changes through the ``catalog_version`` field
 of the supervisor's state page (``CatalogView``). Frontends ask the supervisor to change it with
-``CreateTopicsRequest`` / ``DeleteTopicsRequest`` (ring messages, defined here next to the catalog
-they change; the supervisor serves them).
+``CreateTopicsRequest``, ``DeleteTopicsRequest``, ``CreatePartitionsRequest`` and
+``AlterConfigsRequest`` (ring messages, defined here next to the catalog they change; the
+supervisor serves them, ``appliance.topic_admin``).
 
 The names of the data directory's internal places are here too: ``COORDINATOR_DIR`` (the
 coordinator worker's directory) and the internal topics (``OFFSETS_TOPIC``: Kafka's
@@ -33,6 +37,7 @@ import msgspec
 from .errors import ErrorCode, KafkaError
 from .ipc import Message, Request
 from .log.files import atomic_write
+from .topic_config import dynamic_log_defaults
 
 CATALOG_FILE = "catalog.json"
 PUBLISHED_FILE = "catalog.msgpack"
@@ -42,6 +47,9 @@ OFFSETS_TOPIC = "__consumer_offsets"
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 COORDINATOR_DIR = "__coordinator"        # <data_dir>/__coordinator/, the coordinator worker's
+# This node leads every partition, from its creation on, in one leader epoch: what Metadata,
+# ListOffsets and OffsetForLeaderEpoch answer and what every appended batch carries.
+LEADER_EPOCH = 0
 
 
 class TopicInfo(msgspec.Struct, frozen=True):
@@ -52,17 +60,34 @@ class TopicInfo(msgspec.Struct, frozen=True):
 
 
 class Catalog:
-    """An immutable snapshot: topics by name and by id, and the version it was published as."""
+    """An immutable snapshot: topics by name and by id, the dynamic broker configs (Kafka names:
+    ``broker_default`` for the cluster-wide default resource, ``broker_node`` for this node's),
+    and the version it was published as."""
 
-    __slots__ = ("version", "topics", "_by_id")
+    __slots__ = ("version", "topics", "broker_default", "broker_node", "_by_id", "_overrides")
 
-    def __init__(self, version: int = 0, topics: dict[str, TopicInfo] | None = None) -> None:
+    def __init__(self, version: int = 0, topics: dict[str, TopicInfo] | None = None,
+                 broker_default: dict[str, str] | None = None,
+                 broker_node: dict[str, str] | None = None) -> None:
         self.version = version
         self.topics: dict[str, TopicInfo] = topics or {}
+        self.broker_default: dict[str, str] = broker_default or {}
+        self.broker_node: dict[str, str] = broker_node or {}
         self._by_id: dict[bytes, TopicInfo] = {t.topic_id: t for t in self.topics.values()}
+        self._overrides: dict[str, dict[str, str]] = {}
 
     def by_id(self, topic_id: bytes) -> TopicInfo | None:
         return self._by_id.get(topic_id)
+
+    def overrides(self, topic: TopicInfo) -> dict[str, str]:
+        """The topic configs that differ from the static ``[log]`` settings: the dynamic broker
+        defaults (cluster-wide, then this node's) under their topic names, then the topic's own
+        (Kafka's precedence). Cached per snapshot: produce looks it up per batch."""
+        got = self._overrides.get(topic.name)
+        if got is None:
+            got = {**dynamic_log_defaults(self), **topic.configs}
+            self._overrides[topic.name] = got
+        return got
 
     def partition_count(self) -> int:
         return sum(t.partitions for t in self.topics.values())
@@ -103,6 +128,47 @@ class DeleteTopicsRequest(Request):
 
     def error_reply(self, code: ErrorCode) -> TopicsResult:
         return TopicsResult([TopicResult(n, int(code)) for n in self.names])
+
+
+class CreatePartitionsRequest(Request):
+    """Grow topics to ``counts`` partitions each (name -> new total)."""
+    counts: list[tuple[str, int]]
+    validate_only: bool = False
+
+    def error_reply(self, code: ErrorCode) -> TopicsResult:
+        return TopicsResult([TopicResult(n, int(code)) for n, _ in self.counts])
+
+
+# IncrementalAlterConfigs operations (Kafka's AlterConfigOp.OpType ids); the legacy AlterConfigs
+# replaces a resource's whole set, which the request says with ``incremental=False`` (every op SET).
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4
+
+
+class ConfigChange(msgspec.Struct, array_like=True, frozen=True):
+    resource_type: int
+    resource_name: str
+    ops: list[tuple[int, str, str | None]]     # (op, config name, value)
+
+
+class ConfigResult(msgspec.Struct, array_like=True, frozen=True):
+    error_code: int
+    error_message: str | None = None
+
+
+class AlterConfigsResult(Message):
+    results: list[ConfigResult]
+
+
+class AlterConfigsRequest(Request):
+    """AlterConfigs and IncrementalAlterConfigs of topic and broker resources: validated and
+    applied by the supervisor against the catalog it owns (all or nothing per resource)."""
+    changes: list[ConfigChange]
+    incremental: bool
+    validate_only: bool = False
+
+    def error_reply(self, code: ErrorCode) -> AlterConfigsResult:
+        return AlterConfigsResult([ConfigResult(int(code))] * len(self.changes))
 
 
 def uuid_to_kafka_str(topic_id: bytes) -> str:
@@ -158,7 +224,10 @@ class CatalogStore:
                                 partitions=int(t["partitions"]), configs=dict(t.get("configs", {})))
                 for name, t in raw.get("topics", {}).items()
             }
-            self.catalog = Catalog(version=int(raw.get("version", 0)), topics=topics)
+            broker = raw.get("broker_configs", {})
+            self.catalog = Catalog(version=int(raw.get("version", 0)), topics=topics,
+                                   broker_default=dict(broker.get("default", {})),
+                                   broker_node=dict(broker.get("node", {})))
         self._sweep()
         return self.catalog
 
@@ -179,22 +248,86 @@ class CatalogStore:
             "version": catalog.version,
             "topics": {t.name: {"id": uuid_to_kafka_str(t.topic_id), "partitions": t.partitions,
                                 "configs": t.configs} for t in catalog.topics.values()},
+            "broker_configs": {"default": catalog.broker_default, "node": catalog.broker_node},
         }
-        atomic_write(os.path.join(self.data_dir, CATALOG_FILE),
-                     json.dumps(raw, indent=1, sort_keys=True).encode())
+        data = json.dumps(raw, indent=1, sort_keys=True).encode()
+        path = os.path.join(self.data_dir, CATALOG_FILE)
+        try:
+            atomic_write(path, data)
+        except OSError:
+            # Failed before the rename (ENOSPC, EIO): the old catalog stands, nothing changed.
+            # Failed after it (the directory's fsync): the new one is what a start would read,
+            # so it is the committed one, durable or not, as for any unsynced write.
+            try:
+                with open(path, "rb") as f:
+                    committed = f.read() == data
+            except OSError:
+                committed = False
+            if not committed:
+                raise
         self.catalog = catalog
+
+    def _next(self, topics: dict[str, TopicInfo] | None = None, broker_default=None,
+              broker_node=None) -> Catalog:
+        c = self.catalog
+        return Catalog(version=c.version + 1, topics=c.topics if topics is None else topics,
+                       broker_default=c.broker_default if broker_default is None else broker_default,
+                       broker_node=c.broker_node if broker_node is None else broker_node)
+
+    def _make_dirs(self, t: TopicInfo, partitions: Iterable[int]) -> list[str]:
+        """The partitions' directories with their partition.metadata; returns the directories."""
+        made = []
+        for p in partitions:
+            d = partition_dir(self.data_dir, t.name, p)
+            os.makedirs(d, exist_ok=True)
+            made.append(d)
+            atomic_write(os.path.join(d, "partition.metadata"),
+                         f"version: 0\ntopic_id: {uuid_to_kafka_str(t.topic_id)}\n".encode())
+        return made
 
     def add_topics(self, topics: Iterable[TopicInfo]) -> Catalog:
         """Create partition dirs, then commit the catalog (the commit point)."""
         new = dict(self.catalog.topics)
-        for t in topics:
-            for p in range(t.partitions):
-                d = partition_dir(self.data_dir, t.name, p)
-                os.makedirs(d, exist_ok=True)
-                atomic_write(os.path.join(d, "partition.metadata"),
-                             f"version: 0\ntopic_id: {uuid_to_kafka_str(t.topic_id)}\n".encode())
-            new[t.name] = t
-        self._save(Catalog(version=self.catalog.version + 1, topics=new))
+        made: list[str] = []
+        try:
+            for t in topics:
+                made += self._make_dirs(t, range(t.partitions))
+                new[t.name] = t
+            self._save(self._next(new))
+        except OSError:
+            _remove_dirs(made)
+            raise
+        return self.catalog
+
+    def grow_topics(self, counts: dict[str, int]) -> list[tuple[TopicInfo, range]]:
+        """CreatePartitions: make the new partitions' dirs, then commit the new counts. Returns
+        each grown topic with the range of its new partition numbers (Kafka numbers new
+        partitions after the existing ones). A crash before the commit leaves dirs the sweep
+        removes at the next load."""
+        new = dict(self.catalog.topics)
+        grown = []
+        made: list[str] = []
+        try:
+            for name, count in counts.items():
+                old = new[name]
+                t = msgspec.structs.replace(old, partitions=count)
+                made += self._make_dirs(t, range(old.partitions, count))
+                new[name] = t
+                grown.append((t, range(old.partitions, count)))
+            self._save(self._next(new))
+        except OSError:
+            _remove_dirs(made)
+            raise
+        return grown
+
+    def set_configs(self, topic_configs: dict[str, dict[str, str]],
+                    broker_default: dict[str, str] | None = None,
+                    broker_node: dict[str, str] | None = None) -> Catalog:
+        """AlterConfigs: commit new override sets (whole sets: name -> configs; None = unchanged)."""
+        new = dict(self.catalog.topics)
+        for name, configs in topic_configs.items():
+            new[name] = msgspec.structs.replace(new[name], configs=dict(configs))
+        self._save(self._next(new, broker_default, broker_node))
         return self.catalog
 
     def remove_topics(self, names: Iterable[str]) -> list[TopicInfo]:
@@ -202,7 +335,7 @@ class CatalogStore:
         between is finished by the sweep at the next load."""
         new = dict(self.catalog.topics)
         removed = [new.pop(n) for n in names if n in new]
-        self._save(Catalog(version=self.catalog.version + 1, topics=new))
+        self._save(self._next(new))
         return removed
 
     def delete_dirs(self, topic: TopicInfo) -> None:
@@ -218,14 +351,16 @@ def publish(catalog: Catalog, path: str) -> None:
     """Write the catalog for other processes (runtime dir, tmpfs: no fsync needed)."""
     atomic_write(path, msgspec.msgpack.encode(
         [catalog.version, [[t.name, t.topic_id, t.partitions, t.configs]
-                           for t in catalog.topics.values()]]), sync=False)
+                           for t in catalog.topics.values()],
+         catalog.broker_default, catalog.broker_node]), sync=False)
 
 
 def read_published(path: str) -> Catalog:
     with open(path, "rb") as f:
-        version, topics = msgspec.msgpack.decode(f.read())
+        version, topics, broker_default, broker_node = msgspec.msgpack.decode(f.read())
     return Catalog(version=version, topics={
-        n: TopicInfo(name=n, topic_id=i, partitions=p, configs=c) for n, i, p, c in topics})
+        n: TopicInfo(name=n, topic_id=i, partitions=p, configs=c) for n, i, p, c in topics},
+        broker_default=broker_default, broker_node=broker_node)
 
 
 class CatalogView:
@@ -246,3 +381,10 @@ class CatalogView:
                 return self.catalog
             self._seen = v
         return self.catalog
+
+
+def _remove_dirs(dirs: list[str]) -> None:
+    """Directories of a change that was not committed: taken away now rather than at the next
+    start's sweep (they hold blocks a full disk needs)."""
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)

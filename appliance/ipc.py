@@ -41,8 +41,9 @@ notice. The domain request and result types are defined next to the code that se
 (``appliance.txn.messages``, ``appliance.group.messages``, the topic admin ones in
 ``appliance.catalog``); this module holds the base classes and the messages of the data path:
 Fetch and ListOffsets (frontend -> fetcher), and what the partition writers are asked besides
-Produce (markers, KIP-939 fences, DescribeProducers). The decoder's tagged union is every
-``Message`` subclass of the modules in ``MESSAGE_MODULES``, collected the first time it decodes.
+Produce (markers, KIP-939 fences, DescribeProducers, DeleteRecords). The decoder's tagged union
+is every ``Message`` subclass of the modules in ``MESSAGE_MODULES``, collected the first time it
+decodes.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from typing import Union
 import msgspec
 
 from appliance.errors import ErrorCode
+from shm.topology import SPILLED, unspill
 
 KIND_PRODUCE = 1
 KIND_PRODUCE_ACK = 2
@@ -106,7 +108,8 @@ class Request(Message):
 
 # Modules that define Message subclasses: the decoder knows the ones defined there.
 MESSAGE_MODULES = ("appliance.ipc", "appliance.catalog", "appliance.txn.messages",
-                   "appliance.group.messages", "appliance.acl.messages")
+                   "appliance.group.messages", "appliance.security.credentials",
+                   "appliance.acl.messages")
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder | None = None
@@ -130,10 +133,13 @@ def encode(req_id: int, body: Message) -> bytes:
 
 
 def decode(data: bytes | memoryview) -> tuple[int, Message]:
-    """(request id, body) of one envelope."""
+    """(request id, body) of one envelope, also of one too large for its ring (spilled to a
+    file by ``shm.topology.Outbox.post``)."""
     global _decoder
     if _decoder is None:
         _decoder = msgspec.msgpack.Decoder(tuple[int, Union[tuple(message_types())]])
+    if data[0] == SPILLED:
+        data = unspill(data)
     return _decoder.decode(data)
 
 
@@ -244,3 +250,18 @@ class DescribeProducersResult(Message):
 class DescribeProducersRequest(Request):
     def error_reply(self, code: ErrorCode) -> DescribeProducersResult:
         return DescribeProducersResult(code)
+
+
+class DeleteRecordsResult(Message):
+    error: ErrorCode
+    low_watermark: int = -1
+    message: str | None = None
+
+
+class DeleteRecordsRequest(Request):
+    """DeleteRecords: move the partition's log start offset up to ``offset`` (-1: the high
+    watermark); answered with the log start offset after it (Kafka's low watermark)."""
+    offset: int
+
+    def error_reply(self, code: ErrorCode) -> DeleteRecordsResult:
+        return DeleteRecordsResult(code)

@@ -7,15 +7,18 @@ forks; the child's entry point (``workers/*.py``) receives it as its only argume
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 
 import setproctitle
 
 from .config import Config
+from .listeners import Listener
 
 # Endpoint names (see docs/architecture.md, "Runtime directory and channels").
 SUPERVISOR = "sup"
@@ -28,6 +31,9 @@ def frontend_name(i: int) -> str:
 
 def fetcher_name(i: int) -> str:
     return f"fx{i}"
+
+
+METRICS_SERVER = "mx"       # the metrics worker (serves [metrics] listen)
 
 
 def writer_name(topic_id: bytes, partition: int) -> str:
@@ -44,16 +50,28 @@ PARTITION_PAGE_FIELDS = [
     ("active_base_offset", "q"), ("active_end_position", "q"), ("segments_version", "Q"),
     ("first_unstable_offset", "q"), ("coordinator_ring_head", "Q"),
 ]
+# catalog_version: the published catalog's; credentials_version: the published SCRAM
+# credentials' (appliance.security.credentials); tls_version: bumped when a reload (SIGHUP) made
+# the supervisor publish re-read certificates (appliance.security.tls), before config_version;
+# config_version: bumped by a SIGHUP reload after the new configuration is in CONFIG_FILE; workers
+# compare it with the version they were forked with (WorkerContext.config_version); acl_version:
+# the published ACLs' (appliance.acl.store).
 SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I"),
-                          ("acl_version", "Q")]
+                          ("credentials_version", "Q"), ("tls_version", "Q"),
+                          ("config_version", "Q"), ("acl_version", "Q")]
 WORKER_PAGE_FIELDS = [("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I")]
 # The coordinator's page also carries its coordinator epoch (bumped at every start): the
 # WriteTxnMarkers API refuses a marker whose epoch is above it.
 COORDINATOR_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("coordinator_epoch", "i")]
+# A frontend's page also carries its client connections now open and those it refused since it
+# started (Kafka's max.connections.per.ip): frontends sum each other's connections to enforce
+# max_connections across all of them (workers/frontend/quotas.py).
+FRONTEND_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("connections", "I"), ("refused_connections", "Q")]
 
 HEARTBEAT_FILE = "heartbeats"
 HEARTBEAT_SLOTS = 8192
 PROCESSES_FILE = "processes.json"
+CONFIG_FILE = "config.msgpack"   # the running configuration, rewritten by a reload (msgspec)
 RUNTIME_POINTER = ".runtime"   # in the data dir: path of the current runtime dir (for tools/tests)
 
 # Exit statuses of ``appliance run`` (README, "Exit status"; systemd/appliance.service lists in
@@ -62,8 +80,9 @@ EXIT_OK = 0
 EXIT_CONFIG = 2             # configuration error (also click's usage error): not restarted
 EXIT_DATA_DIR = 3           # data dir unusable (not writable, locked, another node id): not restarted
 EXIT_CRASH_LOOP = 4         # a worker crash-loops or failed to boot: restarted
-EXIT_LISTEN_IN_USE = 5      # server.listen is in use (EADDRINUSE): restarted, its holder may go
-EXIT_LISTEN_ADDRESS = 6     # server.listen's host does not resolve, is not this machine's, or the
+EXIT_LISTEN_IN_USE = 5      # a listener (server.listen/listeners) is in use (EADDRINUSE): restarted,
+                            # its holder may go
+EXIT_LISTEN_ADDRESS = 6     # a listener's host does not resolve, is not this machine's, or the
                             # port needs privileges: not restarted
 EXIT_RUNTIME_DIR = 7        # server.runtime_dir cannot be made, or holds files that are not ours:
                             # not restarted
@@ -72,10 +91,18 @@ EXIT_RUNTIME_DIR = 7        # server.runtime_dir cannot be made, or holds files 
 WORKER_BOOT_ERROR = 3
 
 
+@dataclass(frozen=True)
+class BoundListener:
+    """A listener and its listening socket's fd, bound by the supervisor before any fork."""
+    listener: Listener
+    fd: int
+    port: int                 # the port bound (differs from the configured one for port 0)
+
+
 @dataclass
 class WorkerContext:
     config: Config
-    role: str                 # "writer" | "frontend" | "fetcher" | "coordinator"
+    role: str                 # "writer" | "frontend" | "fetcher" | "coordinator" | "metrics"
     name: str                 # endpoint name
     index: int                # frontend/fetcher index; partition for writers
     generation: int           # bumps on every restart of this worker
@@ -84,11 +111,15 @@ class WorkerContext:
     data_dir: str
     frontends: list[str]
     fetchers: list[str]
-    listen_fd: int = -1       # frontends: the inherited listening socket
+    listen_fd: int = -1       # the first listener's inherited socket (see listeners)
     bound_port: int = 0
+    listeners: list[BoundListener] = field(default_factory=list)   # frontends serve every one
     topic: str = ""           # writers
     topic_id: bytes = b""     # writers
     topic_configs: dict[str, str] = field(default_factory=dict)
+    config_version: int = 0   # of ``config`` (the supervisor's page shows the current one)
+    metrics_fd: int = -1      # the metrics worker: the inherited [metrics] listen socket
+    log_format: str = "text"  # "text" | "json" (``appliance run --log-format``)
 
 
 _PR_SET_NAME = 15
@@ -97,11 +128,16 @@ _PR_SET_NAME = 15
 def worker_title(ctx: "WorkerContext") -> str:
     """What ``ps`` shows for a worker: its role, and the partition a writer owns or the index of
     a frontend or fetcher (``writer orders-3``, ``frontend 0``, ``coordinator``)."""
-    if ctx.role == "writer":
-        return f"writer {ctx.topic}-{ctx.index}"
-    if ctx.role in ("frontend", "fetcher"):
-        return f"{ctx.role} {ctx.index}"
-    return ctx.role
+    return role_title(ctx.role, ctx.index, ctx.topic)
+
+
+def role_title(role: str, index: int, topic: str | None = None) -> str:
+    """``worker_title`` from its parts (also the ``worker`` label of the worker metrics)."""
+    if role == "writer":
+        return f"writer {topic}-{index}"
+    if role in ("frontend", "fetcher"):
+        return f"{role} {index}"
+    return role
 
 
 def set_process_title(title: str) -> None:
@@ -133,18 +169,53 @@ def die_with_parent(parent_pid: int) -> None:
 def child_reset_signals() -> None:
     """A forked child inherits the supervisor's handlers and wakeup fd; start from defaults."""
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
+    # SIGHUP is the supervisor's (it reloads the configuration and the TLS certificates and tells
+    # the workers through its state page); one sent to the whole process group (a closed
+    # terminal) must not kill every worker.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
-def setup_logging(role: str, level: int = logging.INFO) -> None:
+LOG_FORMATS = ("text", "json")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log shippers: time (RFC 3339, UTC, ms), level, role, process
+    (the worker's title, as ``ps`` shows it), pid, logger, message, and the traceback as
+    ``exception`` when there is one."""
+
+    def __init__(self, role: str, process: str) -> None:
+        super().__init__()
+        self.role = role
+        self.process = process
+
+    def format(self, record: logging.LogRecord) -> str:
+        t = time.gmtime(record.created)
+        out = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z",
+               "level": record.levelname, "role": self.role, "process": self.process,
+               "pid": record.process, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exception"] = record.exc_text
+        return json.dumps(out, ensure_ascii=False)
+
+
+def setup_logging(name: str, level: int = logging.INFO, fmt: str = "text", role: str = "",
+                  title: str = "") -> None:
+    """Every process logs to stderr: ``fmt`` "text" (``time LEVEL [name pid] logger: message``)
+    or "json" (``JsonFormatter``, with ``role`` and ``title``)."""
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
     h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(logging.Formatter(
-        f"%(asctime)s %(levelname)s [{role} %(process)d] %(name)s: %(message)s"))
+    if fmt == "json":
+        h.setFormatter(JsonFormatter(role or name, title or name))
+    else:
+        h.setFormatter(logging.Formatter(
+            f"%(asctime)s %(levelname)s [{name} %(process)d] %(name)s: %(message)s"))
     root.addHandler(h)
     root.setLevel(level)
 

@@ -1,8 +1,9 @@
 """What stops ``appliance run`` before it serves, each with its documented exit status, and the
 data dir's disk reserve.
 
-Owns: the reserve file ``<data_dir>/.reserve`` (``DiskReserve``). Runs in the supervisor only,
-during its start-up and when a DeleteTopics has freed space; single-threaded.
+Owns: the reserve file ``<data_dir>/.reserve`` (``DiskReserve``), and the supervisor's preparation
+and removal of the data dir's lock and the runtime dir (``SupervisorDirs``). Runs in the supervisor
+only, during its start-up, at exit and when a DeleteTopics has freed space; single-threaded.
 
 A full data dir must not stop the start: Kafka starts on a full log dir and serves the deletes
 that free it, and an appliance that cannot start cannot free its own disk. What a start writes
@@ -15,14 +16,23 @@ deletes have freed twice its size.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import logging
 import os
+import shutil
 import socket
 
-from .config import Config
+import psutil
+
+from . import catalog as cat
+from .log.files import TMP_SUFFIX, atomic_write
+
+from .config import DEFAULT_LISTEN, Config, parse_hostport
+from .listeners import Listener
 from .runtime import (EXIT_DATA_DIR, EXIT_LISTEN_ADDRESS, EXIT_LISTEN_IN_USE, EXIT_RUNTIME_DIR,
-                      HEARTBEAT_FILE)
+                      HEARTBEAT_FILE, RUNTIME_POINTER)
 
 log = logging.getLogger("appliance.supervisor")
 
@@ -56,9 +66,35 @@ def is_runtime_dir(path: str) -> bool:
         not os.listdir(path) or os.path.exists(os.path.join(path, HEARTBEAT_FILE)))
 
 
-def bind_listener(cfg: Config) -> socket.socket:
-    """The listening socket of ``server.listen``, inheritable by the frontends."""
-    host, port = cfg.listen_host, cfg.listen_port
+def bind_listeners(cfg: Config) -> list[tuple[Listener, socket.socket]]:
+    """A listening socket for every listener (``server.listeners``, or the one of
+    ``server.listen``), inheritable by the frontends. All or none: a listener that cannot be
+    bound closes the ones bound before it."""
+    bound: list[tuple[Listener, socket.socket]] = []
+    try:
+        for lst in cfg.listeners:
+            if cfg.server.listeners:
+                where = f"server.listeners {lst}"
+            else:
+                where = f"server.listen {cfg.server.listen or DEFAULT_LISTEN}"
+            bound.append((lst, bind_socket(lst.host, lst.port, where)))
+    except BaseException:
+        for _, s in bound:
+            s.close()
+        raise
+    return bound
+
+
+def bind_address(address: str, key: str) -> socket.socket:
+    """A listening TCP socket on ``address`` (HOST:PORT, from config ``key``), inheritable; the
+    failures are StartFailures naming the key, with their exit statuses."""
+    host, port = parse_hostport(address, key)
+    return bind_socket(host, port, f"{key} {address}")
+
+
+def bind_socket(host: str, port: int, where: str) -> socket.socket:
+    """A listening TCP socket on ``host``:``port``, inheritable; the failures are StartFailures
+    whose message starts with ``where`` (the key and value that named the address)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -67,19 +103,51 @@ def bind_listener(cfg: Config) -> socket.socket:
         s.listen(1024)
     except socket.gaierror as e:
         s.close()
-        raise StartFailure(f"server.listen {cfg.server.listen}: host {host!r} does not "
-                           f"resolve: {e.strerror}", EXIT_LISTEN_ADDRESS) from None
+        raise StartFailure(f"{where}: host {host!r} does not resolve: {e.strerror}",
+                           EXIT_LISTEN_ADDRESS) from None
     except OSError as e:
         s.close()
         if e.errno == errno.EADDRINUSE:
-            raise StartFailure(f"server.listen {cfg.server.listen}: address already in use",
-                               EXIT_LISTEN_IN_USE) from None
+            raise StartFailure(f"{where}: address {host}:{port} already in use"
+                               f"{port_holder(port)}", EXIT_LISTEN_IN_USE) from None
         if e.errno in (errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM, errno.EAFNOSUPPORT):
-            raise StartFailure(f"server.listen {cfg.server.listen}: cannot listen there: "
-                               f"{e.strerror}", EXIT_LISTEN_ADDRESS) from None
+            raise StartFailure(f"{where}: cannot listen there: {e.strerror}",
+                               EXIT_LISTEN_ADDRESS) from None
         raise
     s.set_inheritable(True)
     return s
+
+
+def _describe(pid: int | None) -> str:
+    if not pid:
+        return ""
+    try:
+        cmd = " ".join(psutil.Process(pid).cmdline()).strip()
+    except psutil.Error:
+        return f" (pid {pid})"
+    return f" (pid {pid}: {cmd})" if cmd else f" (pid {pid})"
+
+
+def port_holder(port: int) -> str:
+    """`` (pid N: command line)`` of the process listening on TCP ``port``, when this user may
+    see it; empty otherwise."""
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                return _describe(c.pid)
+    except (psutil.Error, OSError):
+        pass
+    return ""
+
+
+def lock_holder(fd: int) -> str:
+    """`` (pid N: command line)`` of the live process whose pid the data dir's lock file names
+    (each appliance writes its pid there), for the message of a refused start."""
+    try:
+        pid = int(os.pread(fd, 32, 0).split()[0])
+    except (OSError, ValueError, IndexError):
+        return ""
+    return _describe(pid) if psutil.pid_exists(pid) else ""
 
 
 def free_bytes(path: str) -> int:
@@ -154,3 +222,156 @@ class DiskReserve:
                 pass
             return
         log.info("data dir %s: %d-byte disk reserve in place", self.data_dir, self.size)
+
+
+class SupervisorDirs:
+    """The supervisor's start and end in its two directories: the data dir (lock, pid,
+    ``meta.properties``) and the runtime dir (made fresh, removed on exit, with the pointer to it
+    in the data dir). Mixed into ``appliance.supervisor.Supervisor``, whose attributes
+    (``cfg``, ``data_dir``, ``run_dir``, ``_lock_fd``, ``_run_dir_made``) these methods use."""
+
+    cfg: Config
+    data_dir: str
+    run_dir: str
+    _lock_fd: int
+    _run_dir_made: bool
+
+    def _prepare_data_dir(self) -> None:
+        # No probe write: on a full disk it would fail, and the appliance must start there to
+        # serve the deletes that free it. Opening the lock file read-write proves what the probe
+        # did (EROFS on a read-only mount, EACCES without permission), creating it when missing.
+        if os.path.exists(self.data_dir) and not os.path.isdir(self.data_dir):
+            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: it is a file, not a "
+                                  "directory (server.data_dir)")
+        try:
+            os.makedirs(self.data_dir, exist_ok=True)
+            if not os.access(self.data_dir, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+            self._lock_fd = os.open(os.path.join(self.data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = lock_holder(self._lock_fd)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise DataDirUnusable(
+                f"data dir {self.data_dir} is locked by another appliance process{holder}") from None
+        # The pid is for operators only; written over the old one (no new block needed).
+        pid = f"{os.getpid()}\n".encode()
+        try:
+            os.pwrite(self._lock_fd, pid, 0)
+            os.ftruncate(self._lock_fd, len(pid))
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
+            log.warning("data dir %s is full: the lock file does not name our pid", self.data_dir)
+        try:
+            self._check_meta_properties()
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) else "meta.properties is not text"
+            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {why}") from None
+
+    def _check_meta_properties(self) -> None:
+        """Kafka's meta.properties: the cluster id is made once; the node id must not change."""
+        path = os.path.join(self.data_dir, "meta.properties")
+        node = self.cfg.server.node_id
+        if not os.path.exists(path):
+            atomic_write(path, (f"version=1\nnode.id={node}\n"
+                                    f"cluster.id={cat.uuid_to_kafka_str(cat.new_topic_id())}\n").encode())
+            return
+        props = {}
+        with open(path) as f:
+            for line in f:
+                k, sep, v = line.strip().partition("=")
+                if sep and not k.startswith("#"):
+                    props[k] = v
+        if props.get("node.id") != str(node):
+            raise DataDirUnusable(
+                f"data dir {self.data_dir} belongs to node.id {props.get('node.id')}, but "
+                f"server.node_id is {node}")
+
+    def _prepare_run_dir(self) -> None:
+        parent = os.path.dirname(self.run_dir)
+        try:
+            # Remove runtime dirs of supervisors that died without cleaning up (kill -9).
+            for entry in os.listdir(parent) if os.path.isdir(parent) else []:
+                if entry.startswith("appliance-") and entry[10:].isdigit():
+                    pid = int(entry[10:])
+                    if pid != os.getpid() and not pid_alive(pid):
+                        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+            if os.path.lexists(self.run_dir):
+                # It is removed, and removed again on exit: only an old runtime dir of ours (or
+                # an empty dir) may be, never a directory someone named by mistake.
+                if not is_runtime_dir(self.run_dir):
+                    raise RuntimeDirUnusable(
+                        f"runtime dir {self.run_dir} (server.runtime_dir) is neither an empty "
+                        f"directory nor an old appliance runtime dir; refusing to remove it")
+                shutil.rmtree(self.run_dir)
+            os.makedirs(self.run_dir, mode=0o700)
+            self._run_dir_made = True
+            probe = os.path.join(self.run_dir, HEARTBEAT_FILE)
+            os.close(os.open(probe, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError as e:
+            raise RuntimeDirUnusable(
+                f"runtime dir {self.run_dir} (server.runtime_dir) is unusable: {e.strerror}") from None
+        ptr = os.path.join(self.data_dir, RUNTIME_POINTER)
+        try:
+            atomic_write(ptr, self.run_dir.encode())
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            # For tools and tests only: a full data dir goes on without it.
+            log.warning("data dir %s is full: %s not written", self.data_dir, RUNTIME_POINTER)
+            for stale in (ptr, ptr + TMP_SUFFIX):
+                with contextlib.suppress(OSError):
+                    os.unlink(stale)
+
+    def _cleanup(self) -> None:
+        # Only what this supervisor made: a runtime dir it refused to use stays, and the
+        # pointer of another appliance holding the data-dir lock is that appliance's.
+        try:
+            if self._run_dir_made:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            ptr = os.path.join(self.data_dir, RUNTIME_POINTER)
+            if self._lock_fd >= 0 and os.path.exists(ptr):
+                os.unlink(ptr)
+        except OSError:
+            pass
+        if self._lock_fd >= 0:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                os.close(self._lock_fd)
+            except OSError:
+                pass
+            self._lock_fd = -1
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft open-files limit to the hard one, as servers do (Java's MaxFDLimit for
+    Kafka): every client connection is a descriptor in a frontend, and every shm mapping keeps
+    one too (Python 3.11 mmap: a frontend holds about three per partition). Workers inherit it.
+    Logged, since it bounds the connections a frontend can hold."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            log.info("raised the open-files limit (RLIMIT_NOFILE) from %d to %d", soft, want)
+            return
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open-files limit (RLIMIT_NOFILE) from %d to %d: %s",
+                        soft, want, e)
+    log.info("open-files limit (RLIMIT_NOFILE) is %d", soft)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

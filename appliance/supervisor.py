@@ -1,62 +1,78 @@
 """The supervisor: a pre-fork arbiter that owns the process table and the shared resources.
 
 Runs in the top process (``appliance run``). Owns, alone: the process table (pid, role, generation
-of every worker), the listening socket, the runtime directory with every shm file, the topic catalog
-(``appliance.catalog.CatalogStore``), the ACLs (``appliance.acl.store``) and the data-dir lock.
+of every worker), the listening sockets (one per listener), the runtime directory with every shm
+file, the topic catalog (``appliance.catalog.CatalogStore``), the SCRAM credential store
+and the published copy of the TLS certificates (both through ``appliance.security.supervisor``),
+the ACLs (``appliance.acl.store``) and the data-dir lock.
 
 Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
-loop dispatches queued signals, serves admin requests (CreateTopics/DeleteTopics, CreateAcls/DeleteAcls
-from frontends),
-reaps dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker
-that restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
+loop dispatches queued signals, serves admin requests from frontends (topic administration,
+``appliance.topic_admin``; AlterUserScramCredentials, ``appliance.security.supervisor``;
+CreateAcls/DeleteAcls, ``appliance.acl.store``), reaps
+dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker that
+restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
 reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
 
-Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give
-back the disk reserve if the disk is full, load the catalog, create the runtime dir and every ring, bind the listening
-socket, fork the writers and wait for them to recover, then fork coordinator, fetchers, frontends,
-then notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
-requests), then writers (flush, close segments cleanly), fetchers and the coordinator.
+I/O errors never stop the supervisor: a catalog commit that fails answers the topic request
+KAFKA_STORAGE_ERROR with the old catalog in place, a runtime dir (tmpfs) without room for a new
+topic's rings refuses it the same way, and the files kept only for tools (processes.json) or
+republished every turn (the published catalog) are logged once when they cannot be written.
+
+Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give back the
+disk reserve if the disk is full, load the catalog and the credentials, create the runtime dir and
+every ring and page (every shm file gets its memory when made: a runtime dir without room exits 7),
+publish the TLS certificates, bind every listener (and the metrics listener), fork the writers and
+wait for them to recover, then fork coordinator, fetchers, frontends and the metrics server, then
+notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
+requests), then writers (flush, close segments cleanly), fetchers and the coordinator. SIGHUP
+reloads the configuration file and re-reads the TLS certificate files (``appliance.operating``:
+also the STATUS= line, the watchdog, recovery progress; the certificates are a reload hook of
+``appliance.security.supervisor``).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import errno
-import fcntl
 import json
 import logging
 import os
 import selectors
-import shutil
 import signal
 import socket
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from shm.conntable import ConnectionTable
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
+from shm.metrics import MetricsTable
 from shm.statepage import StatePage
 from shm.topology import Mailbox, Outbox, Topology
 
 from . import catalog as cat
 from . import ipc
 from .acl import store as acl_store
-from .config import Config
-from .errors import ErrorCode, KafkaError
-from .log.files import TMP_SUFFIX, atomic_write
+from .config import Config, non_defaults
+from .listeners import Listener
+from .log.files import atomic_write
+from .operating import SupervisorOperating
+from .reload import file_path as config_file, publish as publish_config
 from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
-                      EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
-                      PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING, RUNTIME_POINTER,
-                      STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
+                      EXIT_OK, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
+                      METRICS_SERVER, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
+                      STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, BoundListener,
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
                       fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
                       writer_name)
-from .service import Registry, Responder, serves
-from .startup import (NO_SPACE, DataDirUnusable, DiskReserve, RuntimeDirUnusable, StartFailure,
-                      bind_listener, is_runtime_dir)
-from .topic_config import validate_topic_configs
+from .security.supervisor import SecurityService
+from .service import Registry
+from .startup import (NO_SPACE, DiskReserve, RuntimeDirUnusable, StartFailure, SupervisorDirs,
+                      bind_address, bind_listeners, raise_fd_limit)
+from .systemd import Watchdog, sd_notify
+from .topic_admin import TopicAdmin
 
 log = logging.getLogger("appliance.supervisor")
 
@@ -76,22 +92,7 @@ class WorkerSpec:
     deaths: collections.deque = field(default_factory=collections.deque)
     removed: bool = False       # topic deleted: do not restart
     page: StatePage | None = None
-
-
-@dataclass
-class PendingCreate:
-    respond: Responder
-    results: list[cat.TopicResult]
-    writers: list[WorkerSpec]
-    deadline: float
-
-
-@dataclass
-class PendingDelete:
-    respond: Responder
-    results: list[cat.TopicResult]
-    writers: list[WorkerSpec]
-    topics: list[cat.TopicInfo]
+    metrics: MetricsTable | None = None     # writers: read for the recovery progress
 
 
 def _kill(pid: int | None, sig: int) -> None:
@@ -102,7 +103,13 @@ def _kill(pid: int | None, sig: int) -> None:
             pass
 
 
-class Supervisor:
+# Series each role's metrics table holds at most (frontends: requests and errors per API, and
+# three counters per topic; see appliance.metrics).
+TABLE_CAPACITY = {"frontend": 8192, "writer": 64, "coordinator": 128, "fetcher": 32,
+                  "metrics": 16, SUPERVISOR: 64}
+
+
+class Supervisor(SupervisorDirs, SupervisorOperating):
     # The system calls and clocks the loop uses, as attributes so that tests drive the restart
     # and heartbeat rules without forking (as pre-fork servers test their arbiters).
     fork = staticmethod(os.fork)
@@ -111,8 +118,17 @@ class Supervisor:
     clock = staticmethod(time.monotonic)
     clock_ns = staticmethod(time.monotonic_ns)
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, source: Callable[[], Config] | None = None,
+                 log_format: str = "text") -> None:
         self.cfg = config
+        # What a SIGHUP re-reads: the file, the environment and the flags it started with.
+        self.source = source or (lambda: config)
+        self.log_format = log_format
+        self.config_version = 0
+        self.reload_hooks: list[Callable[[Config, Config], None]] = []
+        self.serving = False
+        self.watchdog = Watchdog()
+        self.metrics = MetricsTable.anonymous(TABLE_CAPACITY[SUPERVISOR])
         self.data_dir = os.path.abspath(config.server.data_dir)
         self.run_dir = os.path.abspath(config.server.runtime_dir) if config.server.runtime_dir \
             else default_run_dir()
@@ -122,111 +138,35 @@ class Supervisor:
         self.stopping = False
         self.exit_code = EXIT_OK
         self.free_slots = list(range(HEARTBEAT_SLOTS - 1, -1, -1))
-        self.pending_creates: list[PendingCreate] = []
-        self.pending_deletes: list[PendingDelete] = []
+        self.topic_admin = TopicAdmin(self)
         self.frontends = [frontend_name(i) for i in range(config.frontend_count)]
         self.fetchers = [fetcher_name(i) for i in range(config.server.fetchers)]
         self._lock_fd = -1
         self._run_dir_made = False
-        self.listener: socket.socket | None = None
-        self.bound_port = 0
+        self.bound: list[tuple[Listener, socket.socket]] = []   # every listener's socket
+        self.bound_port = 0                                     # the first listener's port
+        self.metrics_listener: socket.socket | None = None
+        self._io_problems: dict[str, str] = {}
+        self._start_writers: list[WorkerSpec] = []
+        self._start_others: list[WorkerSpec] = []
 
     # -- set-up ---------------------------------------------------------------------------------
-    def _prepare_data_dir(self) -> None:
-        # No probe write: on a full disk it would fail, and the appliance must start there to
-        # serve the deletes that free it. Opening the lock file read-write proves what the probe
-        # did (EROFS on a read-only mount, EACCES without permission), creating it when missing.
-        try:
-            os.makedirs(self.data_dir, exist_ok=True)
-            if not os.access(self.data_dir, os.W_OK | os.X_OK):
-                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-            self._lock_fd = os.open(os.path.join(self.data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-            raise DataDirUnusable(
-                f"data dir {self.data_dir} is locked by another appliance process") from None
-        # The pid is for operators only; written over the old one (no new block needed).
-        pid = f"{os.getpid()}\n".encode()
-        try:
-            os.pwrite(self._lock_fd, pid, 0)
-            os.ftruncate(self._lock_fd, len(pid))
-        except OSError as e:
-            if e.errno not in NO_SPACE:
-                raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
-            log.warning("data dir %s is full: the lock file does not name our pid", self.data_dir)
-        try:
-            self._check_meta_properties()
-        except (OSError, UnicodeDecodeError) as e:
-            why = e.strerror if isinstance(e, OSError) else "meta.properties is not text"
-            raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {why}") from None
-
-    def _check_meta_properties(self) -> None:
-        """Kafka's meta.properties: the cluster id is made once; the node id must not change."""
-        path = os.path.join(self.data_dir, "meta.properties")
-        node = self.cfg.server.node_id
-        if not os.path.exists(path):
-            atomic_write(path, (f"version=1\nnode.id={node}\n"
-                                    f"cluster.id={cat.uuid_to_kafka_str(cat.new_topic_id())}\n").encode())
-            return
-        props = {}
-        with open(path) as f:
-            for line in f:
-                k, sep, v = line.strip().partition("=")
-                if sep and not k.startswith("#"):
-                    props[k] = v
-        if props.get("node.id") != str(node):
-            raise DataDirUnusable(
-                f"data dir {self.data_dir} belongs to node.id {props.get('node.id')}, but "
-                f"server.node_id is {node}")
-
-    def _prepare_run_dir(self) -> None:
-        parent = os.path.dirname(self.run_dir)
-        try:
-            # Remove runtime dirs of supervisors that died without cleaning up (kill -9).
-            for entry in os.listdir(parent) if os.path.isdir(parent) else []:
-                if entry.startswith("appliance-") and entry[10:].isdigit():
-                    pid = int(entry[10:])
-                    if pid != os.getpid() and not _pid_alive(pid):
-                        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-            if os.path.lexists(self.run_dir):
-                # It is removed, and removed again on exit: only an old runtime dir of ours (or
-                # an empty dir) may be, never a directory someone named by mistake.
-                if not is_runtime_dir(self.run_dir):
-                    raise RuntimeDirUnusable(
-                        f"runtime dir {self.run_dir} (server.runtime_dir) is neither an empty "
-                        f"directory nor an old appliance runtime dir; refusing to remove it")
-                shutil.rmtree(self.run_dir)
-            os.makedirs(self.run_dir, mode=0o700)
-            self._run_dir_made = True
-            probe = os.path.join(self.run_dir, HEARTBEAT_FILE)
-            os.close(os.open(probe, os.O_RDWR | os.O_CREAT, 0o600))
-        except OSError as e:
-            raise RuntimeDirUnusable(
-                f"runtime dir {self.run_dir} (server.runtime_dir) is unusable: {e.strerror}") from None
-        ptr = os.path.join(self.data_dir, RUNTIME_POINTER)
-        try:
-            atomic_write(ptr, self.run_dir.encode())
-        except OSError as e:
-            if e.errno not in NO_SPACE:
-                raise
-            # For tools and tests only: a full data dir goes on without it.
-            log.warning("data dir %s is full: %s not written", self.data_dir, RUNTIME_POINTER)
-            for stale in (ptr, ptr + TMP_SUFFIX):
-                with contextlib.suppress(OSError):
-                    os.unlink(stale)
-
     def _bind(self) -> None:
-        self.listener = bind_listener(self.cfg)
-        self.bound_port = self.listener.getsockname()[1]
+        self.bound = bind_listeners(self.cfg)
+        self.bound_port = self.bound[0][1].getsockname()[1]
+        if self.cfg.metrics.listen:
+            self.metrics_listener = bind_address(self.cfg.metrics.listen, "metrics.listen")
+
+    def listening(self) -> str:
+        """Every listener with the address it is bound to (the configured ones before that)."""
+        if self.bound:
+            return ", ".join(f"{lst.name}://{sock.getsockname()[0]}:{sock.getsockname()[1]}"
+                             for lst, sock in self.bound)
+        return ", ".join(str(lst) for lst in self.cfg.listeners)
 
     def _setup(self) -> None:
         self._pid = os.getpid()
-        _raise_fd_limit()
+        raise_fd_limit()
         self._prepare_data_dir()
         self.reserve = DiskReserve(self.data_dir, self.cfg.server.disk_reserve_bytes)
         self.reserve.at_start()
@@ -236,69 +176,147 @@ class Supervisor:
         self.acls.load()
         self._prepare_run_dir()
         self.topo = Topology(self.run_dir)
-        self.hb = HeartbeatTable.create(os.path.join(self.run_dir, HEARTBEAT_FILE), HEARTBEAT_SLOTS)
-        self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
-        self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING, pid=os.getpid())
-        cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
-        self.acl_service = acl_store.AclService(
-            self.acls, self.topo.file_path(acl_store.PUBLISHED_FILE),
-            lambda v: self.page.publish(acl_version=v),
-            reply_bytes=self.cfg.shm.small_ring_bytes // 4)
-        self.acl_service.publish()
+        with self._runtime_dir_space("its shared memory files"):
+            self.hb = HeartbeatTable.create(os.path.join(self.run_dir, HEARTBEAT_FILE), HEARTBEAT_SLOTS)
+            self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
+            self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING,
+                              pid=os.getpid())
+            self.metrics = MetricsTable.create(self.topo.metrics_path(SUPERVISOR),
+                                               TABLE_CAPACITY[SUPERVISOR])
+            self.init_metrics([r for r in TABLE_CAPACITY if r != SUPERVISOR])
+            cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+            publish_config(self.cfg, config_file(self.run_dir))
+        with self._runtime_dir_space("the published credentials and certificates"):
+            self.security = SecurityService(self.cfg, self.data_dir, self.run_dir, self.topo,
+                                            self.page)
+            self.security.start()
+        with self._runtime_dir_space("the published ACLs"):
+            self.acl_service = acl_store.AclService(
+                self.acls, self.topo.file_path(acl_store.PUBLISHED_FILE),
+                lambda v: self.page.publish(acl_version=v),
+                reply_bytes=self.cfg.shm.small_ring_bytes // 4)
+            self.acl_service.publish()
+        # SIGHUP re-reads the certificate files (a renewed certificate needs no restart).
+        self.reload_hooks.append(self.security.reload)
         self._bind()
         small = self.cfg.shm.small_ring_bytes
-        for fe in self.frontends:
-            for fx in self.fetchers:
-                self._make_ring(fe, fx, small)
-                self._make_ring(fx, fe, small)
-            for peer in (SUPERVISOR, COORDINATOR):
-                self._make_ring(fe, peer, small)
-                self._make_ring(peer, fe, small)
+        with self._runtime_dir_space("the frontends' rings"):
+            for fe in self.frontends:
+                for fx in self.fetchers:
+                    self._make_ring(fe, fx, small)
+                    self._make_ring(fx, fe, small)
+                for peer in (SUPERVISOR, COORDINATOR):
+                    self._make_ring(fe, peer, small)
+                    self._make_ring(peer, fe, small)
+            # Every writer's rings and page, and every other worker's page, before any fork: a
+            # runtime dir too small for them stops the start here, with its own exit status.
+            self._start_writers = [self._add_writer(t, p) for t in self.store.catalog.topics.values()
+                                   for p in range(t.partitions)]
+            from workers.coordinator import main as coordinator_main
+            from workers.fetcher import main as fetcher_main
+            from workers.frontend import main as frontend_main
+            self._start_others = [self._add_worker("coordinator", COORDINATOR, 0, coordinator_main)]
+            self._start_others += [self._add_worker("fetcher", name, i, fetcher_main)
+                                   for i, name in enumerate(self.fetchers)]
+            self._start_others += [self._add_worker("frontend", name, i, frontend_main)
+                                   for i, name in enumerate(self.frontends)]
+            if self.metrics_listener is not None:
+                from workers.metrics_server import main as metrics_main
+                self._start_others.append(self._add_worker("metrics", METRICS_SERVER, 0,
+                                                           metrics_main))
         self.bells = BellSender()
         self.mailbox = Mailbox(self.topo, SUPERVISOR)
         for fe in self.frontends:
             self.mailbox.add(fe)
         self.outboxes = {fe: Outbox(self.topo, SUPERVISOR, fe, self.bells) for fe in self.frontends}
-        # CreateTopics/DeleteTopics, CreateAcls/DeleteAcls; an error here stops the appliance
-        # rather than go on with a catalog or ACLs whose state is unknown.
-        self.registry = Registry(self, self.acl_service, post=self._reply, contain=False)
+        # Topic administration (appliance.topic_admin), AlterUserScramCredentials
+        # (appliance.security.supervisor), CreateAcls/DeleteAcls (appliance.acl.store); an error
+        # there stops the appliance rather than go on with a catalog (or credentials, or ACLs)
+        # whose state is unknown.
+        self.registry = Registry(self.topic_admin, self.security, self.acl_service,
+                                 post=self._reply, contain=False)
 
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
+
+    @contextlib.contextmanager
+    def _runtime_dir_space(self, what: str):
+        """At start: a runtime dir (tmpfs) without room for ``what`` is a start failure with the
+        runtime dir's exit status, not a traceback (every shm file gets its blocks when made)."""
+        try:
+            yield
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            raise RuntimeDirUnusable(
+                f"runtime dir {self.run_dir} (server.runtime_dir) has no room for {what}: "
+                f"{e.strerror}; make its file system larger (rings take shm.produce_ring_bytes "
+                f"per frontend and partition) or free it") from None
 
     # -- worker table ---------------------------------------------------------------------------
     def _add_worker(self, role: str, name: str, index: int, entry, topic=None) -> WorkerSpec:
         spec = WorkerSpec(role=role, name=name, index=index, heartbeat_slot=self.free_slots.pop(),
                           entry=entry, topic=topic)
-        if role != "writer":       # a writer's page is made by _add_writer
-            # Every worker publishes generation, status and pid there (workers.base); frontends
-            # watch the fetchers' and the coordinator's generation to fail what a dead one held.
-            fields = COORDINATOR_PAGE_FIELDS if role == "coordinator" else WORKER_PAGE_FIELDS
-            StatePage.create(self.topo.page_path(name), fields).close()
+        try:
+            if role != "writer":       # a writer's page is made by _add_writer
+                # Every worker publishes generation, status and pid there (workers.base);
+                # frontends watch the fetchers' and the coordinator's generation to fail what a
+                # dead one held.
+                fields = {"coordinator": COORDINATOR_PAGE_FIELDS,
+                          "frontend": FRONTEND_PAGE_FIELDS}.get(role, WORKER_PAGE_FIELDS)
+                StatePage.create(self.topo.page_path(name), fields).close()
+                if role == "frontend" and self.cfg.server.limits_connections_per_ip:
+                    ConnectionTable.create(self.topo.conns_path(name)).close()
+            # The worker's metrics table outlives its restarts (appliance.metrics).
+            table = MetricsTable.create(self.topo.metrics_path(name), TABLE_CAPACITY[role])
+        except OSError:
+            self.free_slots.append(spec.heartbeat_slot)
+            self.topo.remove_endpoint(name)     # what was made of it (ENOSPC on a full tmpfs)
+            raise
+        if role == "writer":
+            spec.metrics = table
+        else:
+            table.close()
         self.workers[name] = spec
         return spec
 
     def _add_writer(self, topic: cat.TopicInfo, partition: int) -> WorkerSpec:
         from workers.partition_writer import main as writer_main
         name = writer_name(topic.topic_id, partition)
-        for fe in self.frontends:
-            self._make_ring(fe, name, self.cfg.shm.produce_ring_bytes)
-            self._make_ring(name, fe, self.cfg.shm.small_ring_bytes)
-        self._make_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
-        self._make_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
+        try:
+            for fe in self.frontends:
+                self._make_ring(fe, name, self.cfg.shm.produce_ring_bytes)
+                self._make_ring(name, fe, self.cfg.shm.small_ring_bytes)
+            self._make_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
+            self._make_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
+            page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
+        except OSError:
+            self.topo.remove_endpoint(name)     # what was made of it (ENOSPC on a full tmpfs)
+            raise
         spec = self._add_worker("writer", name, partition, writer_main, topic)
-        spec.page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
+        spec.page = page
         return spec
 
     def _context(self, spec: WorkerSpec) -> WorkerContext:
         t = spec.topic
+        if t is not None:
+            # The committed catalog's view of the topic: a restarted writer starts with the
+            # configs and partition count as they are now, not as they were at its first start.
+            now = self.store.catalog.topics.get(t.name)
+            if now is not None and now.topic_id == t.topic_id:
+                t = spec.topic = now
         return WorkerContext(
             config=self.cfg, role=spec.role, name=spec.name, index=spec.index,
             generation=spec.generation, heartbeat_slot=spec.heartbeat_slot, run_dir=self.run_dir,
             data_dir=self.data_dir, frontends=self.frontends, fetchers=self.fetchers,
-            listen_fd=self.listener.fileno() if self.listener else -1, bound_port=self.bound_port,
+            listen_fd=self.bound[0][1].fileno() if self.bound else -1, bound_port=self.bound_port,
+            listeners=[BoundListener(lst, sock.fileno(), sock.getsockname()[1])
+                       for lst, sock in self.bound],
             topic=t.name if t else "", topic_id=t.topic_id if t else b"",
-            topic_configs=dict(t.configs) if t else {})
+            topic_configs=self.store.catalog.overrides(t) if t else {},
+            config_version=self.config_version,
+            metrics_fd=self.metrics_listener.fileno() if self.metrics_listener else -1,
+            log_format=self.log_format)
 
     def _spawn(self, spec: WorkerSpec) -> None:
         spec.generation += 1
@@ -310,9 +328,10 @@ class Supervisor:
             try:
                 child_reset_signals()
                 die_with_parent(self._pid)
-                self._close_in_child()
+                self._close_in_child(spec.role)
                 set_process_title(worker_title(ctx))
-                setup_logging(spec.name)
+                setup_logging(spec.name, fmt=self.log_format, role=spec.role,
+                              title=worker_title(ctx))
                 code = spec.entry(ctx) or 0
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 1
@@ -328,11 +347,13 @@ class Supervisor:
         log.debug("spawned %s pid %d generation %d", spec.name, pid, spec.generation)
         self._write_processes()
 
-    def _close_in_child(self) -> None:
+    def _close_in_child(self, role: str) -> None:
         try:
             self.selector.close()
         except Exception:
             pass
+        if self.metrics_listener is not None and role != "metrics":
+            self.metrics_listener.close()      # only the metrics server keeps the port
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -346,11 +367,30 @@ class Supervisor:
     def _write_processes(self) -> None:
         rows = [{"role": s.role, "name": s.name, "pid": s.pid, "generation": s.generation,
                  "topic": s.topic.name if s.topic else None,
-                 "partition": s.index if s.role == "writer" else None}
+                 "partition": s.index if s.role == "writer" else None,
+                 "index": s.index, "slot": s.heartbeat_slot}
                 for s in self.workers.values()]
-        atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
+        try:
+            atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
                          json.dumps({"supervisor": os.getpid(), "port": self.bound_port,
+                                     "listeners": {lst.name: sock.getsockname()[1]
+                                                   for lst, sock in self.bound},
                                      "workers": rows}).encode(), sync=False)
+        except OSError as e:
+            # For operators and tools only: a full runtime dir leaves the last one in place.
+            self._io_trouble("processes", f"{PROCESSES_FILE} not written: {e}")
+        else:
+            self._io_trouble("processes", None)
+
+    def _io_trouble(self, what: str, problem: str | None) -> None:
+        """Log a failing write once, and once more when it works again (not every turn)."""
+        before = self._io_problems.get(what)
+        if problem is not None and before is None:
+            log.warning("%s", problem)
+            self._io_problems[what] = problem
+        elif problem is None and before is not None:
+            log.info("%s: written again", what)
+            del self._io_problems[what]
 
     # -- signals ----------------------------------------------------------------------------------
     def _install_signals(self) -> None:
@@ -365,7 +405,7 @@ class Supervisor:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> int:
         set_process_title("supervisor")
-        setup_logging("supervisor")
+        setup_logging("supervisor", fmt=self.log_format, role="supervisor", title="supervisor")
         try:
             self._setup()
         except StartFailure as e:
@@ -381,14 +421,14 @@ class Supervisor:
         self.selector.register(self._wake_r, selectors.EVENT_READ)
         self.selector.register(self.mailbox.fileno(), selectors.EVENT_READ)
         self.mailbox.arm()
-        log.info("appliance starting: data dir %s, listening on %s:%d, %d frontends, %d fetchers",
-                 self.data_dir, self.cfg.listen_host, self.bound_port, len(self.frontends),
-                 len(self.fetchers))
+        log.info("appliance starting: data dir %s, listening on %s, %d frontends, %d fetchers",
+                 self.data_dir, self.listening(), len(self.frontends), len(self.fetchers))
+        changed = non_defaults(self.cfg)
+        log.info("settings other than the defaults: %s", ", ".join(changed) if changed else "none")
         try:
-            for t in self.store.catalog.topics.values():
-                for p in range(t.partitions):
-                    self._spawn(self._add_writer(t, p))
-            if not self._wait_writers_ready([s for s in self.workers.values() if s.role == "writer"]):
+            for spec in self._start_writers:
+                self._spawn(spec)
+            if not self._wait_writers_ready(self._start_writers):
                 return self._finish()
             # Import the handlers and warm the codec tables once, before forking frontends, so
             # every frontend shares them (pre-fork) instead of paying the import itself.
@@ -396,19 +436,16 @@ class Supervisor:
             from appliance.protocol.messages import preload
             load_handlers()
             preload(api_ranges())
-            from workers.coordinator import main as coordinator_main
-            from workers.fetcher import main as fetcher_main
-            from workers.frontend import main as frontend_main
-            self._spawn(self._add_worker("coordinator", COORDINATOR, 0, coordinator_main))
-            for i, name in enumerate(self.fetchers):
-                self._spawn(self._add_worker("fetcher", name, i, fetcher_main))
-            for i, name in enumerate(self.frontends):
-                self._spawn(self._add_worker("frontend", name, i, frontend_main))
+            for spec in self._start_others:
+                self._spawn(spec)
+            if self.metrics_listener is not None:
+                log.info("metrics served at http://%s/metrics", self.cfg.metrics.listen)
             self.page.publish(status=READY)
-            log.info("appliance ready on %s:%d", self.cfg.listen_host, self.bound_port)
-            sd_notify("READY=1")
+            log.info("appliance ready on %s", self.listening())
+            self.serving = True
+            self.notify_serving("READY=1")
             while not self.stopping:
-                self._turn(0.1 if (self.pending_creates or self.pending_deletes) else 0.5)
+                self._turn(0.1 if self.topic_admin.busy else 0.5)
         finally:
             pass
         return self._finish()
@@ -439,10 +476,13 @@ class Supervisor:
             if box.queued:
                 box.flush()
         if not self.stopping:
+            if self.topic_admin.unpublished:
+                self.topic_admin.publish()
             self._serve_admin()
-            self._check_pending()
+            self.topic_admin.check_pending()
             self._murder_stale()
             self._respawn_due()
+            self.watchdog_turn()
 
     def _dispatch_signal(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
@@ -455,7 +495,8 @@ class Supervisor:
             for spec in list(self.by_pid.values()):
                 self.kill(spec.pid, signal.SIGKILL)
         elif signum == signal.SIGHUP:
-            log.info("SIGHUP: configuration reload is not supported; ignoring")
+            log.info("received SIGHUP: reloading the configuration and the certificates")
+            self.reload()
         # SIGCHLD: reaping happens every turn.
 
     def _reap(self) -> None:
@@ -499,6 +540,7 @@ class Supervisor:
         backoff = min(sc.restart_backoff_max_ms,
                       sc.restart_backoff_initial_ms * (2 ** (len(spec.deaths) - 1))) / 1000
         spec.next_start = now + backoff
+        self.count_restart(spec.role)
         log.warning("%s (pid gen %d) %s; restarting in %.2f s", spec.name, spec.generation, how, backoff)
 
     def _respawn_due(self) -> None:
@@ -508,29 +550,38 @@ class Supervisor:
                 spec.next_start = 0.0
                 self._spawn(spec)
 
-    def _murder_stale(self) -> None:
-        timeout_ns = self.cfg.supervisor.heartbeat_timeout_ms * 1_000_000
+    def silent_workers(self, timeout_ns: int):
+        """(spec, ns since its last beat) of every running worker silent for longer than
+        ``timeout_ns`` (a recovering writer is not: recovery of a big log may take longer)."""
         now_ns = self.clock_ns()
         for spec in list(self.by_pid.values()):
             last = self.hb.last(spec.heartbeat_slot)
             if spec.page is not None:
                 st = spec.page.read()
                 if st.generation == spec.generation and st.status == RECOVERING:
-                    continue   # recovery of a big log may take longer than a heartbeat period
+                    continue
             if last == 0:
                 last = int(spec.started_at * 1e9)
             if now_ns - last > timeout_ns:
-                log.error("%s (pid %d) missed its heartbeat for %.1f s: SIGKILL", spec.name,
-                          spec.pid, (now_ns - last) / 1e9)
-                self.kill(spec.pid, signal.SIGKILL)
+                yield spec, now_ns - last
+
+    def _murder_stale(self) -> None:
+        for spec, age in self.silent_workers(self.cfg.supervisor.heartbeat_timeout_ms * 1_000_000):
+            log.error("%s (pid %d) missed its heartbeat for %.1f s: SIGKILL", spec.name,
+                      spec.pid, age / 1e9)
+            self.kill(spec.pid, signal.SIGKILL)
 
     def _wait_writers_ready(self, specs: list[WorkerSpec]) -> bool:
-        """Block (serving signals and restarts) until every writer has recovered."""
+        """Block (serving signals and restarts) until every writer has recovered, telling
+        the operator how far it got (appliance.operating)."""
+        progress = self.recovery_progress(specs)
         while True:
             self._turn(0.05)
             if self.stopping:
                 return False
+            progress.turn(self.clock(), self._writer_ready)
             if all(self._writer_ready(s) for s in specs):
+                self.recovery_finished(progress)
                 return True
 
     def _writer_ready(self, spec: WorkerSpec) -> bool:
@@ -542,154 +593,6 @@ class Supervisor:
         for src, ring in self.mailbox.inputs.items():
             while (raw := ring.get()) is not None:
                 self.registry.handle(src, raw)
-
-    @serves(cat.CreateTopicsRequest, late=True)
-    def _create_topics(self, req: cat.CreateTopicsRequest, respond: Responder) -> None:
-        """Answered once the new writers are READY (or after 60 s)."""
-        results: list[cat.TopicResult] = []
-        accepted: list[cat.TopicInfo] = []
-        current = self.store.catalog
-        total = current.partition_count()
-        seen: set[str] = set()
-        for nt in req.topics:
-            try:
-                if nt.name in seen:
-                    raise KafkaError(ErrorCode.invalid_request,
-                                     f"Duplicate topic name {nt.name} in CreateTopics")
-                seen.add(nt.name)
-                cat.check_topic_name(nt.name)
-                if nt.name in cat.INTERNAL_TOPICS:
-                    raise KafkaError(ErrorCode.invalid_topic_exception,
-                                     f"{nt.name} is an internal topic of the appliance")
-                if nt.name in current.topics:
-                    raise KafkaError(ErrorCode.topic_already_exists,
-                                     f"Topic '{nt.name}' already exists.")
-                parts = nt.num_partitions if nt.num_partitions != -1 else self.cfg.topics.default_partitions
-                if parts <= 0:
-                    raise KafkaError(ErrorCode.invalid_partitions,
-                                     "Number of partitions must be larger than 0.")
-                if total + parts > self.cfg.topics.max_partitions:
-                    raise KafkaError(ErrorCode.policy_violation,
-                                     f"Creating {parts} partitions would exceed topics.max_partitions "
-                                     f"= {self.cfg.topics.max_partitions}")
-                configs = validate_topic_configs(dict(nt.configs))
-                info = cat.TopicInfo(name=nt.name, topic_id=cat.new_topic_id(), partitions=parts,
-                                     configs=configs)
-                total += parts
-                accepted.append(info)
-                results.append(cat.TopicResult(name=nt.name, error_code=0, topic_id=info.topic_id,
-                                               num_partitions=parts, configs=configs))
-            except KafkaError as e:
-                results.append(cat.TopicResult(name=nt.name, error_code=int(e.code),
-                                               error_message=e.message))
-        writers: list[WorkerSpec] = []
-        if accepted and not req.validate_only:
-            try:
-                self.store.add_topics(accepted)
-            except OSError as e:
-                if e.errno not in NO_SPACE:
-                    raise
-                # Not committed (the sweep at the next start removes its directories); a full
-                # disk is refused as Kafka refuses a write to a full log dir.
-                accepted = []
-                results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
-                                           error_message="the data dir's file system is full")
-                           if r.error_code == 0 else r for r in results]
-            for t in accepted:
-                for p in range(t.partitions):
-                    spec = self._add_writer(t, p)
-                    self._spawn(spec)
-                    writers.append(spec)
-        self.pending_creates.append(PendingCreate(respond, results, writers,
-                                                  time.monotonic() + 60.0))
-        self._check_pending()
-
-    @serves(cat.DeleteTopicsRequest, late=True)
-    def _delete_topics(self, req: cat.DeleteTopicsRequest, respond: Responder) -> None:
-        """Answered once the writers have stopped and the directories are gone."""
-        results: list[cat.TopicResult] = []
-        names: list[str] = []
-        for name in req.names:
-            t = self.store.catalog.topics.get(name)
-            if t is None:
-                results.append(cat.TopicResult(name=name, error_code=int(ErrorCode.unknown_topic_or_partition),
-                                               error_message="This server does not host this topic."))
-            else:
-                names.append(name)
-                results.append(cat.TopicResult(name=name, error_code=0, topic_id=t.topic_id))
-        removed = self._remove_topics(names) if names else []
-        if names and not removed:
-            results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.kafka_storage_error),
-                                       error_message="the data dir's file system is full")
-                       if r.error_code == 0 else r for r in results]
-        self._publish_catalog()
-        writers = []
-        for t in removed:
-            for p in range(t.partitions):
-                spec = self.workers[writer_name(t.topic_id, p)]
-                spec.removed = True
-                if spec.pid is not None:
-                    self.kill(spec.pid, signal.SIGTERM)
-                writers.append(spec)
-        self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
-        self._check_pending()
-
-    def _remove_topics(self, names: list[str]) -> list[cat.TopicInfo]:
-        """Commit a DeleteTopics; on a full disk the reserve gives the catalog its room (the
-        delete is what frees the disk). Nothing removed when even that fails."""
-        for attempt in (1, 2):
-            try:
-                return self.store.remove_topics(names)
-            except OSError as e:
-                if e.errno not in NO_SPACE:
-                    raise
-                if attempt == 2 or not self.reserve.release("DeleteTopics needs room"):
-                    break
-        log.error("DeleteTopics %s: the data dir's file system is full", names)
-        return []
-
-    def _check_pending(self) -> None:
-        now = time.monotonic()
-        still = []
-        publish = False
-        done: list[PendingCreate] = []
-        for pc in self.pending_creates:
-            if all(self._writer_ready(s) for s in pc.writers):
-                publish = publish or bool(pc.writers)
-                done.append(pc)
-            elif now > pc.deadline:
-                pc.results = [cat.TopicResult(name=r.name, error_code=int(ErrorCode.request_timed_out),
-                                              error_message="partition writers did not start in time")
-                              if r.error_code == 0 else r for r in pc.results]
-                publish = True
-                done.append(pc)
-            else:
-                still.append(pc)
-        self.pending_creates = still
-        if publish:
-            self._publish_catalog()
-        for pc in done:
-            pc.respond(cat.TopicsResult(pc.results))
-        still_d = []
-        for pd in self.pending_deletes:
-            if any(s.pid is not None for s in pd.writers):
-                still_d.append(pd)
-                continue
-            for s in pd.writers:
-                self.topo.remove_endpoint(s.name)
-                self.workers.pop(s.name, None)
-                self.free_slots.append(s.heartbeat_slot)
-            for t in pd.topics:
-                self.store.delete_dirs(t)
-            if pd.topics:
-                self.reserve.restore(need_free=self.reserve.size)
-            self._write_processes()
-            pd.respond(cat.TopicsResult(pd.results))
-        self.pending_deletes = still_d
-
-    def _publish_catalog(self) -> None:
-        cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
-        self.page.publish(catalog_version=self.store.catalog.version)
 
     def _reply(self, dst: str, req_id: int, body: ipc.Message) -> None:
         # A full ring (a slow or restarting frontend) queues the reply; every turn retries it.
@@ -705,11 +608,11 @@ class Supervisor:
 
     def _stop_all(self) -> None:
         """Drain in order: frontends (finish in-flight requests), then everything else."""
-        if self.listener is not None:
-            self.listener.close()
-            self.listener = None
+        for _, sock in self.bound:
+            sock.close()
+        self.bound = []
         deadline = time.monotonic() + self.cfg.supervisor.shutdown_timeout_ms / 1000
-        for phase in (("frontend",), ("fetcher", "coordinator", "writer")):
+        for phase in (("frontend", "metrics"), ("fetcher", "coordinator", "writer")):
             targets = [s for s in self.by_pid.values() if s.role in phase]
             for s in targets:
                 self.kill(s.pid, signal.SIGTERM)
@@ -728,60 +631,3 @@ class Supervisor:
             time.sleep(timeout)
         self.signals.clear()
         self._reap()
-
-    def _cleanup(self) -> None:
-        # Only what this supervisor made: a runtime dir it refused to use stays, and the
-        # pointer of another appliance holding the data-dir lock is that appliance's.
-        try:
-            if self._run_dir_made:
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-            ptr = os.path.join(self.data_dir, RUNTIME_POINTER)
-            if self._lock_fd >= 0 and os.path.exists(ptr):
-                os.unlink(ptr)
-        except OSError:
-            pass
-        if self._lock_fd >= 0:
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-                os.close(self._lock_fd)
-            except OSError:
-                pass
-            self._lock_fd = -1
-
-
-def _raise_fd_limit() -> None:
-    """Every shm mapping keeps a file descriptor (Python 3.11 mmap): a frontend holds about three
-    per partition. Raise the soft limit to the hard one."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
-        except (ValueError, OSError):
-            pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sd_notify(state: str) -> None:
-    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.connect(addr)
-            s.sendall(state.encode())
-    except OSError as e:
-        if e.errno not in (errno.ENOENT, errno.ECONNREFUSED):
-            log.warning("sd_notify(%s) failed: %s", state, e)

@@ -1,8 +1,23 @@
-"""Topic-level configuration: which Kafka topic configs the appliance knows, their defaults, checks.
+"""Topic-level configuration and the dynamic broker configs that topic configs default to: which
+Kafka configs the appliance knows, their layers and sources, and the checks of CreateTopics,
+AlterConfigs and IncrementalAlterConfigs.
 
-Owns nothing; used by the supervisor (CreateTopics validation), the frontends (DescribeConfigs) and
-the writers (effective LogSettings). Defaults come from the broker's ``[log]`` config section, as
-Kafka's topic configs default to the broker's ``log.*`` settings.
+Owns nothing; used by the supervisor (validation of CreateTopics and of config changes, which it
+applies to the catalog it owns), the frontends (DescribeConfigs, the produce checks) and the
+writers and fetchers (effective ``LogSettings``).
+
+A topic config's value comes from the first layer that sets it, as in Kafka (KIP-226):
+
+    the topic's own override               DYNAMIC_TOPIC_CONFIG          catalog, per topic
+    this node's dynamic broker config      DYNAMIC_BROKER_CONFIG         catalog ``broker_node``
+    the cluster-wide dynamic default       DYNAMIC_DEFAULT_BROKER_CONFIG catalog ``broker_default``
+    the TOML file's ``[log]`` section      STATIC_BROKER_CONFIG          ``Config`` (reloadable)
+    the built-in default                   DEFAULT_CONFIG
+
+The first three are changed over the Kafka protocol and persisted in the catalog; the TOML file
+stays the static layer, so that re-reading it never loses what an operator set with
+kafka-configs.sh, and what kafka-configs.sh set wins over the file, as Kafka's dynamic configs win
+over server.properties.
 """
 
 from __future__ import annotations
@@ -13,6 +28,11 @@ from typing import Callable
 from .config import Config
 from .errors import ErrorCode, KafkaError
 
+# Kafka's ConfigSource ids (DescribeConfigs v1+).
+DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG = 1, 2, 3
+STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 4, 5
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3     # IncrementalAlterConfigs op types
+
 
 @dataclass(frozen=True)
 class TopicConfigDef:
@@ -21,6 +41,7 @@ class TopicConfigDef:
     default: Callable[[Config], str]
     check: Callable[[str], str | None]   # returns an error text or None
     doc: str
+    broker: str | None = None       # the broker config it defaults to (Kafka's synonym)
 
 
 def _int_check(lo: int, hi: int = 2**63 - 1) -> Callable[[str], str | None]:
@@ -43,17 +64,26 @@ def _choice(*allowed: str) -> Callable[[str], str | None]:
 
 TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in [
     TopicConfigDef("retention.ms", "LONG", lambda c: str(c.log.retention_ms), _int_check(-1),
-                   "Delete segments whose newest record is older than this; -1 keeps forever."),
+                   "Delete segments whose newest record is older than this; -1 keeps forever.",
+                   "log.retention.ms"),
     TopicConfigDef("retention.bytes", "LONG", lambda c: str(c.log.retention_bytes), _int_check(-1),
-                   "Delete the oldest segments beyond this many bytes per partition; -1 no limit."),
+                   "Delete the oldest segments beyond this many bytes per partition; -1 no limit.",
+                   "log.retention.bytes"),
     TopicConfigDef("segment.bytes", "INT", lambda c: str(c.log.segment_bytes), _int_check(14, 2**31 - 1),
-                   "Roll a new segment at this size."),
+                   "Roll a new segment at this size.", "log.segment.bytes"),
     TopicConfigDef("segment.ms", "LONG", lambda c: str(c.log.segment_ms), _int_check(1),
-                   "Roll a new segment this long after the segment's first batch."),
+                   "Roll a new segment this long after the segment's first batch.", "log.roll.ms"),
+    TopicConfigDef("segment.index.bytes", "INT", lambda c: str(c.log.segment_index_bytes),
+                   _int_check(4096, 2**31 - 1), "Size of a segment's offset and time index files.",
+                   "log.index.size.max.bytes"),
+    TopicConfigDef("index.interval.bytes", "INT", lambda c: str(c.log.index_interval_bytes),
+                   _int_check(0, 2**31 - 1), "One index entry per this many log bytes.",
+                   "log.index.interval.bytes"),
     TopicConfigDef("max.message.bytes", "INT", lambda c: str(c.log.message_max_bytes),
-                   _int_check(0, 2**31 - 1), "Largest record batch accepted."),
+                   _int_check(0, 2**31 - 1), "Largest record batch accepted.", "message.max.bytes"),
     TopicConfigDef("message.timestamp.type", "STRING", lambda c: c.log.message_timestamp_type,
-                   _choice("CreateTime", "LogAppendTime"), "CreateTime or LogAppendTime."),
+                   _choice("CreateTime", "LogAppendTime"), "CreateTime or LogAppendTime.",
+                   "log.message.timestamp.type"),
     TopicConfigDef("cleanup.policy", "LIST", lambda c: "delete", _choice("delete"),
                    "Only 'delete' is supported; log compaction is not implemented."),
     TopicConfigDef("min.insync.replicas", "INT", lambda c: "1", _int_check(1, 1),
@@ -61,6 +91,10 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in [
     TopicConfigDef("compression.type", "STRING", lambda c: "producer", _choice("producer"),
                    "Batches are stored as the producer compressed them."),
 ]}
+
+# The broker configs that may be changed live (Kafka's dynamic broker configs that the appliance
+# can apply: the log defaults every partition writer re-reads), by broker name -> topic name.
+DYNAMIC_BROKER_CONFIGS: dict[str, str] = {d.broker: d.name for d in TOPIC_CONFIGS.values() if d.broker}
 
 
 def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
@@ -72,15 +106,132 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
             raise KafkaError(ErrorCode.invalid_config, f"Unknown topic config name: {name}")
         if value is None:
             continue
-        err = d.check(value)
-        if err:
-            raise KafkaError(ErrorCode.invalid_config,
-                             f"Invalid value {value} for configuration {name}: {err}")
+        _check_value(d, name, value, ErrorCode.invalid_config)
         out[name] = value
     return out
 
 
-def effective_topic_configs(cfg: Config, overrides: dict[str, str]) -> dict[str, tuple[str, bool]]:
-    """name -> (value, is_default) for every known topic config."""
-    return {name: ((overrides[name], False) if name in overrides else (d.default(cfg), True))
-            for name, d in TOPIC_CONFIGS.items()}
+def _check_value(d: TopicConfigDef, name: str, value: str, code: ErrorCode) -> None:
+    err = d.check(value)
+    if err:
+        raise KafkaError(code, f"Invalid value {value} for configuration {name}: {err}")
+
+
+def dynamic_log_defaults(catalog) -> dict[str, str]:
+    """The dynamic broker configs of a catalog under their topic names (this node's over the
+    cluster-wide default)."""
+    out: dict[str, str] = {}
+    for layer in (catalog.broker_default, catalog.broker_node):
+        for name, value in layer.items():
+            topic_name = DYNAMIC_BROKER_CONFIGS.get(name)
+            if topic_name is not None:
+                out[topic_name] = value
+    return out
+
+
+# -- DescribeConfigs --------------------------------------------------------------------------
+
+_BUILTIN = Config()
+
+
+def describe_topic_configs(cfg: Config, catalog, topic_configs: dict[str, str]
+                           ) -> dict[str, tuple[str, int, list[tuple[str, str, int]]]]:
+    """name -> (value, source, synonyms) of every known topic config of a topic whose own
+    overrides are ``topic_configs``. Synonyms are (name, value, source) in precedence order,
+    the topic's own first, then the broker config it defaults to at each layer, as Kafka lists
+    them; the value and source are the first synonym's."""
+    out = {}
+    for name, d in TOPIC_CONFIGS.items():
+        syn: list[tuple[str, str, int]] = []
+        if name in topic_configs:
+            syn.append((name, topic_configs[name], DYNAMIC_TOPIC_CONFIG))
+        b = d.broker
+        if b is not None:
+            if b in catalog.broker_node:
+                syn.append((b, catalog.broker_node[b], DYNAMIC_BROKER_CONFIG))
+            if b in catalog.broker_default:
+                syn.append((b, catalog.broker_default[b], DYNAMIC_DEFAULT_BROKER_CONFIG))
+            static, builtin = d.default(cfg), d.default(_BUILTIN)
+            if static != builtin:
+                syn.append((b, static, STATIC_BROKER_CONFIG))
+            syn.append((b, builtin, DEFAULT_CONFIG))
+        else:
+            syn.append((name, d.default(cfg), DEFAULT_CONFIG))
+        out[name] = (syn[0][1], syn[0][2], syn)
+    return out
+
+
+# -- AlterConfigs / IncrementalAlterConfigs ----------------------------------------------------
+
+def _list_op(op: int, current: str, value: str) -> str:
+    have = [v for v in current.split(",") if v] if current else []
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if op == OP_APPEND:
+        have += [v for v in items if v not in have]
+    else:
+        have = [v for v in have if v not in items]
+    return ",".join(have)
+
+
+def _apply_ops(current: dict[str, str], ops, incremental: bool, known: Callable[[str], bool],
+               current_value: Callable[[str], str], is_list: Callable[[str], bool],
+               unknown: Callable[[list[str]], KafkaError]) -> dict[str, str]:
+    names = [name for _, name, _ in ops]
+    if len(set(names)) != len(names):
+        raise KafkaError(ErrorCode.invalid_request, "Error due to duplicate config keys")
+    nulls = [name for op, name, value in ops if value is None and (op != OP_DELETE or not incremental)]
+    if nulls:
+        raise KafkaError(ErrorCode.invalid_request, f"Null value not supported for : {', '.join(nulls)}")
+    bad = [name for op, name, _ in ops if not known(name) and (op != OP_DELETE or not incremental)]
+    if bad:
+        raise unknown(bad)
+    new = dict(current) if incremental else {}
+    for op, name, value in ops:
+        if op == OP_SET:
+            new[name] = value
+        elif op == OP_DELETE:
+            new.pop(name, None)
+        elif op in (OP_APPEND, OP_SUBTRACT):
+            if not is_list(name):
+                verb = "append" if op == OP_APPEND else "subtract"
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Config value {verb} is not allowed for config key: {name}")
+            new[name] = _list_op(op, new.get(name, current_value(name)), value)
+        else:
+            raise KafkaError(ErrorCode.invalid_request, f"Unknown operations type {op}")
+    return new
+
+
+def alter_topic_configs(cfg: Config, catalog, topic: str, ops, incremental: bool) -> dict[str, str]:
+    """The topic's new override set after ``ops`` ((op, name, value); every op SET and the whole
+    set replaced when not ``incremental``), checked as Kafka's LogConfig.validate checks it:
+    INVALID_CONFIG for an unknown name or a bad value."""
+    info = catalog.topics[topic]
+
+    def effective(name: str) -> str:
+        return describe_topic_configs(cfg, catalog, info.configs)[name][0]
+
+    new = _apply_ops(info.configs, ops, incremental, lambda n: n in TOPIC_CONFIGS, effective,
+                     lambda n: TOPIC_CONFIGS[n].type == "LIST",
+                     lambda bad: KafkaError(ErrorCode.invalid_config, f"Unknown topic config name: {bad[0]}"))
+    for name, value in new.items():
+        _check_value(TOPIC_CONFIGS[name], name, value, ErrorCode.invalid_config)
+    return new
+
+
+def alter_broker_configs(current: dict[str, str], ops, incremental: bool) -> dict[str, str]:
+    """A broker resource's new dynamic config set. Only the log defaults the writers re-read
+    can change live; any other name is refused for the whole resource with Kafka's
+    INVALID_REQUEST "Cannot update these configs dynamically" (a bad value too, as Kafka's
+    broker-side validation answers it)."""
+    def unknown(bad: list[str]) -> KafkaError:
+        return KafkaError(ErrorCode.invalid_request,
+                          f"Cannot update these configs dynamically: Set({', '.join(bad)}) "
+                          f"(the appliance changes only {', '.join(sorted(DYNAMIC_BROKER_CONFIGS))} "
+                          "live; the rest are set in its TOML file)")
+
+    new = _apply_ops(current, ops, incremental, lambda n: n in DYNAMIC_BROKER_CONFIGS,
+                     lambda n: "", lambda n: False, unknown)
+    for name, value in new.items():
+        _check_value(TOPIC_CONFIGS[DYNAMIC_BROKER_CONFIGS[name]], name, value, ErrorCode.invalid_request)
+    return new

@@ -4,7 +4,7 @@ Not a test; run by hand (``make bench``) in the user's shell:
 
     .venv/bin/python loadtests/bench_produce.py [--seconds 10] [--record-sizes 100,1024]
         [--acks -1] [--flush-policy os] [--partitions 1] [--configs plain]
-        [--authorizer off,super,acl] [--rounds 1]
+        [--security-protocols PLAINTEXT,SSL,SASL_SSL]
 
 It starts both brokers itself:
 
@@ -23,13 +23,15 @@ metadata, producer id, one delivered record), then produces as fast as one Pytho
 ``--seconds``. Only records whose delivery report (acks) arrived inside
 the window count; what is still queued at the end is purged. MB = 10**6 bytes of record values.
 
-``--authorizer`` measures the appliance once per authorizer setting (``AUTHORIZER_MODES``: off;
-on with the producer a super user; on with the producer allowed by ACLs), each its own appliance
-run, one after the other in the same run; ``--rounds`` repeats them (interleaved) and keeps each
-cell's best, to see through a noisy machine.
+The security protocol is a dimension too (``--security-protocols``): the appliance then runs
+one listener per protocol (plus PLAINTEXT, for readiness and the sink comparison), with a
+certificate made for the run (a throw-away CA, ``cryptography``) and a SCRAM user added offline
+(``appliance users add``); SASL_SSL and SASL_PLAINTEXT log in with SCRAM-SHA-512. The same
+producer measures each listener in turn, on the same appliance. The sink speaks PLAINTEXT only.
 
-Prints a markdown table: per record size a row per appliance setting, one for the sink, one for
-appliance/sink and one per authorizer setting for its ratio to the authorizer off.
+Prints a markdown table: per record size a row for the appliance (one per security protocol), one
+for the sink and one for appliance/sink; with several protocols, a table of each protocol's rate
+over PLAINTEXT's.
 """
 
 from __future__ import annotations
@@ -99,31 +101,6 @@ PRODUCER_CONFIGS: dict[str, ProducerConfig] = {
 }
 DEFAULT_CONFIGS = ["plain"]
 
-# The appliance's [authorizer] for each --authorizer mode (one appliance run each). Every client
-# here is User:ANONYMOUS (PLAINTEXT). "acl": the benchmark's topics and transactional ids
-# ("bench-" prefixed) get an ALLOW All ACL for it, created through CreateAcls once the appliance
-# is up (allow_everyone_if_no_acl_found lets it do that; the topics' decisions then come from
-# their ACLs, not from that default).
-AUTHORIZER_MODES: dict[str, str] = {
-    "off": "",
-    "super": '[authorizer]\nenable = true\nsuper_users = ["User:ANONYMOUS"]\n',
-    "acl": "[authorizer]\nenable = true\nallow_everyone_if_no_acl_found = true\n",
-}
-AUTHORIZER_LABELS = {"off": "appliance", "super": "appliance, authorizer: super user",
-                     "acl": "appliance, authorizer: ACL"}
-
-
-def grant_bench_acls(bootstrap: str) -> None:
-    """The "acl" mode's ACLs: ALLOW All on the bench- topics and transactional ids."""
-    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType,
-                                       ResourcePatternType, ResourceType)
-    admin = AdminClient(_quiet(bootstrap))
-    acls = [AclBinding(rt, "bench-", ResourcePatternType.PREFIXED, "User:ANONYMOUS", "*",
-                       AclOperation.ALL, AclPermissionType.ALLOW)
-            for rt in (ResourceType.TOPIC, ResourceType.TRANSACTIONAL_ID)]
-    for fut in admin.create_acls(acls, request_timeout=60).values():
-        fut.result(timeout=90)
-
 
 class MeasureError(Exception):
     """This cell of the table could not be measured (the others still are)."""
@@ -136,11 +113,6 @@ class Rate:
     record_size: int
     errors: int = 0
     first_error: str = ""
-    cpu_s: float | None = None      # CPU seconds the broker's processes used in the window
-
-    @property
-    def cpu_us_per_record(self) -> float | None:
-        return self.cpu_s / self.records * 1e6 if self.cpu_s is not None and self.records else None
 
     @property
     def records_per_s(self) -> float:
@@ -229,17 +201,87 @@ def appliance_command() -> list[str]:
     return [sys.executable, "-m", "appliance.cli"]
 
 
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+BENCH_USER, BENCH_PASSWORD = "bench", "bench-secret"
+
+
+def make_certificates(workdir: str) -> dict[str, str]:
+    """A throw-away CA and a broker certificate for 127.0.0.1 (PEM files in ``workdir``)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+
+    def cert(subject, public, ca: bool) -> x509.Certificate:
+        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(name("bench CA"))
+             .public_key(public).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(minutes=5))
+             .not_valid_after(now + datetime.timedelta(days=2))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            b = b.add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return b.sign(ca_key, hashes.SHA256())
+    out = {}
+    for label, data in (
+            ("ca", cert(name("bench CA"), ca_key.public_key(), True).public_bytes(serialization.Encoding.PEM)),
+            ("cert", cert(name("broker"), key.public_key(), False).public_bytes(serialization.Encoding.PEM)),
+            ("key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))):
+        out[label] = os.path.join(workdir, f"{label}.pem")
+        with open(out[label], "wb") as f:
+            f.write(data)
+    return out
+
+
+def client_security(protocol: str, certs: dict[str, str] | None) -> dict[str, Any]:
+    """librdkafka settings for one listener's protocol."""
+    out: dict[str, Any] = {"security.protocol": protocol.lower()}
+    if protocol in ("SSL", "SASL_SSL"):
+        out["ssl.ca.location"] = certs["ca"]
+    if protocol.startswith("SASL"):
+        out.update({"sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": BENCH_USER,
+                    "sasl.password": BENCH_PASSWORD})
+    return out
+
+
 @contextlib.contextmanager
 def appliance(workdir: str, flush_policy: str, partitions: int,
-              ready_timeout: float, extra_toml: str = "",
-              pids: list[int] | None = None) -> Iterator[tuple[str, str]]:
-    """Run the appliance for the block; yields (bootstrap, log path). ``extra_toml``: more
-    config sections, appended to the file; ``pids`` gets the supervisor's pid (its process
-    group's id)."""
+              ready_timeout: float, extra_toml: str = "", protocols: tuple[str, ...] = ("PLAINTEXT",),
+              ) -> Iterator[tuple[str, str, dict[str, str], dict[str, str] | None]]:
+    """Run the appliance for the block; yields (PLAINTEXT bootstrap, log path, protocol ->
+    bootstrap, certificate paths or None). ``extra_toml``: more config sections, appended to the
+    file. With protocols other than PLAINTEXT: one listener each, a certificate and a user."""
     port = free_port()
     data_dir = os.path.join(workdir, "data")
     conf = os.path.join(workdir, "appliance.toml")
     log_path = os.path.join(workdir, "appliance.log")
+    bootstraps = {"PLAINTEXT": f"127.0.0.1:{port}"}
+    certs = None
+    security = ""
+    if set(protocols) - {"PLAINTEXT"}:
+        certs = make_certificates(workdir)
+        for proto in protocols:
+            if proto != "PLAINTEXT":
+                bootstraps[proto] = f"127.0.0.1:{free_port()}"
+        security = ("[server]\nlisteners = \"" + ",".join(f"{p}://{b}" for p, b in bootstraps.items())
+                    + f'"\n[tls]\ncert_file = "{certs["cert"]}"\nkey_file = "{certs["key"]}"\n'
+                    '[sasl]\nmechanisms = ["SCRAM-SHA-512"]\n')
+        r = subprocess.run(appliance_command() + ["users", "add", BENCH_USER, "--mechanism",
+                                                  "SCRAM-SHA-512", "--password-stdin",
+                                                  "--data-dir", data_dir],
+                           input=BENCH_PASSWORD + "\n", capture_output=True, text=True)
+        if r.returncode:
+            raise SystemExit(f"appliance users add failed: {r.stderr}")
     with open(conf, "w") as f:
         f.write("# written by loadtests/bench_produce.py\n"
                 "[log.flush]\n"
@@ -248,19 +290,17 @@ def appliance(workdir: str, flush_policy: str, partitions: int,
                 "auto_create = true\n"
                 f"default_partitions = {partitions}\n"
                 "[supervisor]\n"
-                "shutdown_timeout_ms = 10000\n" + extra_toml)
-    cmd = appliance_command() + ["run", "--listen", f"127.0.0.1:{port}", "--data-dir", data_dir,
-                                 "--config", conf]
+                "shutdown_timeout_ms = 10000\n" + security + extra_toml)
+    listen = [] if security else ["--listen", bootstraps["PLAINTEXT"]]
+    cmd = appliance_command() + ["run", *listen, "--data-dir", data_dir, "--config", conf]
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=workdir, env=env, start_new_session=True)
-    bootstrap = f"127.0.0.1:{port}"
+    bootstrap = bootstraps["PLAINTEXT"]
     try:
         wait_metadata(bootstrap, proc, ready_timeout, "the appliance", log_path)
-        if pids is not None:
-            pids.append(proc.pid)
-        yield bootstrap, log_path
+        yield bootstrap, log_path, bootstraps, certs
     finally:
         stop_group(proc, grace=15)
         if proc.returncode not in (0, -signal.SIGTERM, None):
@@ -294,14 +334,15 @@ def sink(partitions: int, workdir: str) -> Iterator[str]:
 # One measurement
 # ---------------------------------------------------------------------------------------------
 
-def create_topic(bootstrap: str, name: str, partitions: int) -> str | None:
+def create_topic(bootstrap: str, name: str, partitions: int,
+                 security: dict[str, Any] | None = None) -> str | None:
     """CreateTopics through the AdminClient; returns None, or the error it failed with.
 
     A failure is not fatal: the appliance's temporary config has auto-creation on with
     ``--partitions`` partitions, so the producer's first Metadata request creates the topic; the
     failure is shown under the table so that it gets fixed rather than forgotten.
     """
-    admin = AdminClient(_quiet(bootstrap))
+    admin = AdminClient({**_quiet(bootstrap), **(security or {})})
     try:
         for fut in admin.create_topics([NewTopic(name, partitions, 1)],
                                        operation_timeout=30, request_timeout=60).values():
@@ -311,30 +352,16 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> str | None:
     return None
 
 
-def producer_settings(bootstrap: str, acks: int, cfg: ProducerConfig, run: str) -> dict[str, Any]:
-    out = {"bootstrap.servers": bootstrap, "acks": acks, **BASE_SETTINGS}
+def producer_settings(bootstrap: str, acks: int, cfg: ProducerConfig, run: str,
+                      security: dict[str, Any] | None = None) -> dict[str, Any]:
+    out = {"bootstrap.servers": bootstrap, "acks": acks, **BASE_SETTINGS, **(security or {})}
     for k, v in cfg.settings.items():
         out[k] = v.format(run=run) if isinstance(v, str) else v
     return out
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds of every live process in the process group (the appliance's
-    supervisor and workers): unlike throughput, it hardly moves when other work shares the CPUs."""
-    import psutil
-    total = 0.0
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid:
-                t = p.cpu_times()
-                total += t.user + t.system
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
-    return total
-
-
 def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
-            cfg: ProducerConfig, pgid: int | None = None) -> Rate:
+            cfg: ProducerConfig, security: dict[str, Any] | None = None) -> Rate:
     """Produce ``size``-byte records to ``topic`` for ``seconds``; count deliveries in the window."""
     delivered = 0
     errors = 0
@@ -356,7 +383,7 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
         if err.fatal():
             fatal.append(err.str())
 
-    settings = producer_settings(bootstrap, acks, cfg, uuid.uuid4().hex[:8])
+    settings = producer_settings(bootstrap, acks, cfg, uuid.uuid4().hex[:8], security)
     p = Producer({**settings, "on_delivery": on_delivery, "error_cb": on_error})
     transactional = cfg.commit_every_s is not None
     if transactional:
@@ -380,7 +407,6 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
     value = os.urandom(size)
     produce, poll = p.produce, p.poll
     clock = time.monotonic
-    cpu0 = group_cpu_seconds(pgid) if pgid else None
     t0 = clock()
     end = t0 + seconds
     next_commit = t0 + cfg.commit_every_s if transactional else float("inf")
@@ -404,8 +430,7 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
     except (KafkaException, SystemError) as e:
         raise MeasureError(f"producer failed: {e.__cause__ or e}") from None
     elapsed = clock() - t0
-    cpu = group_cpu_seconds(pgid) - cpu0 if pgid and cpu0 is not None else None
-    rate = Rate(delivered, elapsed, size, errors, first_error, cpu)
+    rate = Rate(delivered, elapsed, size, errors, first_error)
     # Drop what is still queued; its delivery reports (purge errors) no longer count.
     if transactional:
         with contextlib.suppress(KafkaException):
@@ -420,62 +445,32 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
 # The run
 # ---------------------------------------------------------------------------------------------
 
+def row_name(protocol: str) -> str:
+    return "appliance" if protocol == "PLAINTEXT" else f"appliance {protocol}"
+
+
 def markdown_table(sizes: list[int], configs: list[ProducerConfig],
                    results: dict[tuple[str, int, str], Rate],
-                   modes: list[str] | None = None) -> str:
-    modes = modes or ["off"]
-    appliances = [AUTHORIZER_LABELS[m] for m in modes]
+                   protocols: tuple[str, ...] = ("PLAINTEXT",)) -> str:
     head = ["record size", "broker"]
     for c in configs:
         head += [f"{c.name} MB/s", f"{c.name} records/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-
-    def ratio_row(size: int, label: str, num: str, den: str) -> str:
-        row = [f"{size} B", label]
-        for c in configs:
-            a = results.get((num, size, c.name))
-            s = results.get((den, size, c.name))
-            ratio = f"{a.records_per_s / s.records_per_s:.2f}" if a and s and s.records_per_s else "-"
-            row += [ratio, ratio]
-        return "| " + " | ".join(row) + " |"
-
+    rows = [row_name(p) for p in protocols] + ["sink"]
     for size in sizes:
-        for target in (*appliances, "sink"):
+        for target in rows:
             row = [f"{size} B", target]
             for c in configs:
                 r = results.get((target, size, c.name))
                 row += [f"{r.mb_per_s:.1f}", f"{r.records_per_s:,.0f}"] if r else ["-", "-"]
             lines.append("| " + " | ".join(row) + " |")
-        lines.append(ratio_row(size, f"{appliances[0]} / sink", appliances[0], "sink"))
-        if "off" in modes:
-            for m in modes:
-                if m != "off":
-                    lines.append(ratio_row(size, f"{AUTHORIZER_LABELS[m]} / authorizer off",
-                                           AUTHORIZER_LABELS[m], AUTHORIZER_LABELS["off"]))
-    return "\n".join(lines)
-
-
-def cpu_table(sizes: list[int], configs: list[ProducerConfig],
-              cpu: dict[tuple[str, int, str], Rate], modes: list[str]) -> str:
-    head = ["record size", "appliance"] + [f"{c.name} CPU us/record" for c in configs]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for size in sizes:
-        for m in modes:
-            row = [f"{size} B", AUTHORIZER_LABELS[m]]
-            for c in configs:
-                r = cpu.get((AUTHORIZER_LABELS[m], size, c.name))
-                row.append(f"{r.cpu_us_per_record:.3f}" if r else "-")
-            lines.append("| " + " | ".join(row) + " |")
-        if "off" in modes:
-            for m in modes:
-                if m == "off":
-                    continue
-                row = [f"{size} B", f"{AUTHORIZER_LABELS[m]} / authorizer off"]
-                for c in configs:
-                    a = cpu.get((AUTHORIZER_LABELS[m], size, c.name))
-                    b = cpu.get((AUTHORIZER_LABELS["off"], size, c.name))
-                    row.append(f"{a.cpu_us_per_record / b.cpu_us_per_record:.2f}" if a and b else "-")
-                lines.append("| " + " | ".join(row) + " |")
+        row = [f"{size} B", "appliance / sink"]
+        for c in configs:
+            a = results.get(("appliance", size, c.name))
+            s = results.get(("sink", size, c.name))
+            ratio = f"{a.records_per_s / s.records_per_s:.2f}" if a and s and s.records_per_s else "-"
+            row += [ratio, ratio]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -502,74 +497,64 @@ def main(argv: list[str] | None = None) -> int:
                          "dir); put it on the disk you want to measure")
     ap.add_argument("--only", choices=("both", "appliance", "sink"), default="both",
                     help="measure only one broker (the ratio is then missing)")
-    ap.add_argument("--authorizer", default="off",
-                    help=f"appliance authorizer settings to measure, of: {', '.join(AUTHORIZER_MODES)} "
-                         "(one appliance run each; ratios to 'off' printed)")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="measure every appliance setting this many times, interleaved; keep the best")
     ap.add_argument("--ready-timeout", type=float, default=60.0,
                     help="seconds to wait for the appliance to answer Metadata")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
+    ap.add_argument("--security-protocols", default="PLAINTEXT",
+                    help="the appliance's listeners to measure, of: " + ", ".join(SECURITY_PROTOCOLS))
     args = ap.parse_args(argv)
+    protocols = tuple(dict.fromkeys(p.strip().upper() for p in args.security_protocols.split(",")
+                                    if p.strip()))
+    if not protocols or any(p not in SECURITY_PROTOCOLS for p in protocols):
+        ap.error(f"--security-protocols: of {', '.join(SECURITY_PROTOCOLS)}")
 
     try:
         configs = [PRODUCER_CONFIGS[n] for n in args.configs.split(",") if n]
     except KeyError as e:
         ap.error(f"unknown producer config {e}; known: {', '.join(PRODUCER_CONFIGS)}")
-    modes = [m for m in args.authorizer.split(",") if m]
-    if not modes or any(m not in AUTHORIZER_MODES for m in modes):
-        ap.error(f"--authorizer takes modes of: {', '.join(AUTHORIZER_MODES)}")
     workdir = tempfile.mkdtemp(prefix="appliance-bench-", dir=args.work_dir)
-    appliance_runs = [m for _ in range(max(args.rounds, 1)) for m in modes]
-    targets = (["sink"] if args.only != "appliance" else []) + \
-        (appliance_runs if args.only != "sink" else [])
+    targets = ["sink", "appliance"] if args.only == "both" else [args.only]
     results: dict[tuple[str, int, str], Rate] = {}
-    cpu_results: dict[tuple[str, int, str], Rate] = {}     # the least CPU per record of each cell
     warnings: list[str] = []
     failures: list[str] = []
     run = uuid.uuid4().hex[:6]
     try:
         # One broker at a time (the sink first): on a small machine the idle processes of one
         # would take CPU from the other's measurement.
-        for n, target in enumerate(targets):
+        for target in targets:
             if target == "sink":
                 broker = sink(args.partitions, workdir)
             else:
-                run_dir = os.path.join(workdir, f"appliance-{n}-{target}")
-                os.makedirs(run_dir)
-                group: list[int] = []
-                broker = appliance(run_dir, args.flush_policy, args.partitions, args.ready_timeout,
-                                   AUTHORIZER_MODES[target], group)
+                broker = appliance(workdir, args.flush_policy, args.partitions, args.ready_timeout,
+                                   protocols=protocols)
             with broker as started:
-                bootstrap = started if target == "sink" else started[0]
-                pgid = None if target == "sink" else group[0]
-                if target == "acl":
-                    grant_bench_acls(bootstrap)
-                label = "sink" if target == "sink" else AUTHORIZER_LABELS[target]
-                for size in args.sizes:
-                    for cfg in configs:
-                        topic = f"bench-{run}-{n}-{cfg.name}-{size}"
-                        err = create_topic(bootstrap, topic, args.partitions)
-                        if err:
-                            warnings.append(f"CreateTopics of {topic} on the {label} failed ({err}); "
-                                            "the topic was auto-created by the producer's Metadata request")
-                            print(f"WARNING: {warnings[-1]}", file=sys.stderr, flush=True)
-                        try:
-                            r = measure(bootstrap, topic, size, args.seconds, args.acks, cfg, pgid)
-                        except MeasureError as e:
-                            failures.append(f"{label}, {cfg.name}, {size} B: {e}")
-                            print(f"FAILED: {failures[-1]}", file=sys.stderr, flush=True)
-                            continue
-                        best = results.get((label, size, cfg.name))
-                        if best is None or r.records_per_s > best.records_per_s:
-                            results[(label, size, cfg.name)] = r
-                        cpu_best = cpu_results.get((label, size, cfg.name))
-                        if r.cpu_us_per_record is not None and (
-                                cpu_best is None or r.cpu_us_per_record < cpu_best.cpu_us_per_record):
-                            cpu_results[(label, size, cfg.name)] = r
-                        note = f", {r.errors} delivery errors (first: {r.first_error})" if r.errors else ""
-                        print(f"  {label:33} {cfg.name:13} {size:6} B: {r.records_per_s:12,.0f} records/s "
-                              f"{r.mb_per_s:8.1f} MB/s{note}", file=sys.stderr, flush=True)
+                if target == "sink":
+                    endpoints, certs = {"PLAINTEXT": started}, None
+                else:
+                    endpoints, certs = started[2], started[3]
+                for proto in (("PLAINTEXT",) if target == "sink" else protocols):
+                    bootstrap = endpoints[proto]
+                    security = client_security(proto, certs)
+                    name = "sink" if target == "sink" else row_name(proto)
+                    for size in args.sizes:
+                        for cfg in configs:
+                            topic = f"bench-{run}-{proto.lower()}-{cfg.name}-{size}"
+                            err = create_topic(bootstrap, topic, args.partitions, security)
+                            if err:
+                                warnings.append(f"CreateTopics of {topic} on the {name} failed ({err}); "
+                                                "the topic was auto-created by the producer's Metadata request")
+                                print(f"WARNING: {warnings[-1]}", file=sys.stderr, flush=True)
+                            try:
+                                r = measure(bootstrap, topic, size, args.seconds, args.acks, cfg,
+                                            security)
+                            except MeasureError as e:
+                                failures.append(f"{name}, {cfg.name}, {size} B: {e}")
+                                print(f"FAILED: {failures[-1]}", file=sys.stderr, flush=True)
+                                continue
+                            results[(name, size, cfg.name)] = r
+                            note = f", {r.errors} delivery errors (first: {r.first_error})" if r.errors else ""
+                            print(f"  {name:20} {cfg.name:13} {size:6} B: {r.records_per_s:12,.0f} records/s "
+                                  f"{r.mb_per_s:8.1f} MB/s{note}", file=sys.stderr, flush=True)
     finally:
         if args.keep:
             print(f"kept {workdir}", file=sys.stderr)
@@ -592,14 +577,23 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.python_version()}, {os.cpu_count()} CPUs, data dir under "
           f"{args.work_dir or tempfile.gettempdir()}")
     print("- MB = 10^6 bytes of record values; only acknowledged records count\n")
-    if modes != ["off"]:
-        print(f"- appliance settings measured: {', '.join(AUTHORIZER_LABELS[m] for m in modes)}; "
-              f"{max(args.rounds, 1)} round(s), the best of each kept\n")
-    print(markdown_table(args.sizes, configs, results, modes))
-    if len(modes) > 1 or args.rounds > 1:
-        print("\nThe appliance's CPU (all its processes, user + system) per acknowledged record, "
-              "the least of the rounds:\n")
-        print(cpu_table(args.sizes, configs, cpu_results, modes))
+    if len(protocols) > 1:
+        print(f"- security protocols: {', '.join(protocols)} (listeners of one appliance; SASL: "
+              "SCRAM-SHA-512; TLS: an EC P-256 certificate, Python's default TLS settings)")
+    print(markdown_table(args.sizes, configs, results, protocols))
+    others = [p for p in protocols if p != "PLAINTEXT"]
+    if others and "PLAINTEXT" in protocols:
+        print("\n| record size | config | " + " | ".join(f"{p} / PLAINTEXT" for p in others) + " |")
+        print("|---|---|" + "---|" * len(others))
+        for size in args.sizes:
+            for c in configs:
+                base = results.get(("appliance", size, c.name))
+                cells = []
+                for p in others:
+                    r = results.get((row_name(p), size, c.name))
+                    cells.append(f"{r.records_per_s / base.records_per_s:.2f}"
+                                 if r and base and base.records_per_s else "-")
+                print(f"| {size} B | {c.name} | " + " | ".join(cells) + " |")
     pairs = [(a, b) for a, b in (("idempotent", "plain"), ("transactional", "idempotent"))
              if any(c.name == a for c in configs) and any(c.name == b for c in configs)]
     if pairs:
@@ -609,8 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.sizes:
             cells = []
             for a, b in pairs:
-                first = AUTHORIZER_LABELS[modes[0]]
-                ra, rb = results.get((first, size, a)), results.get((first, size, b))
+                ra, rb = results.get(("appliance", size, a)), results.get(("appliance", size, b))
                 cells.append(f"{ra.records_per_s / rb.records_per_s:.2f}"
                              if ra and rb and rb.records_per_s else "-")
             print(f"| {size} B | " + " | ".join(cells) + " |")

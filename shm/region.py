@@ -10,10 +10,16 @@ a worker restart would then take the channel away from everybody else. A plain f
 until the supervisor removes it.
 
 Creation is atomic for openers: the file is made under a hidden temporary name in the same
-directory (``.<name>.<pid>.<random>.tmp``), sized with ftruncate (tmpfs pages read as zero until
-touched), optionally initialised through the ``init`` callback (ring/page headers), and only then
-renamed over ``path``. An opener therefore never sees a short or half-initialised file, and a
-process that still maps a replaced file keeps its old (now nameless) mapping.
+directory (``.<name>.<pid>.<random>.tmp``), given all its blocks with ``posix_fallocate``,
+optionally initialised through the ``init`` callback (ring/page headers), and only then renamed
+over ``path``. An opener therefore never sees a short or half-initialised file, and a process
+that still maps a replaced file keeps its old (now nameless) mapping.
+
+Why the blocks up front: a page of a sparse file on tmpfs is allocated when it is first touched
+through a map, by a read as much as by a write, and when the tmpfs is full that touch is a SIGBUS
+in whichever process made it (a frontend writing a ring, a worker reading a page), with nothing
+to catch. Allocated at creation, a full runtime dir is an ENOSPC from ``create`` instead, which
+the supervisor answers (a refused CreateTopics, a start that exits with the runtime-dir status).
 
 Mapping a region after ``fork`` is per process; ``Region.anonymous`` is only useful for regions made
 before the fork (tests, heartbeats of children of one parent).
@@ -21,14 +27,28 @@ before the fork (tests, heartbeats of children of one parent).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import secrets
 from typing import Callable
 
-__all__ = ["Region"]
+__all__ = ["Region", "allocate"]
 
 PAGE_SIZE = 4096
+
+
+def allocate(fd: int, size: int, offset: int = 0) -> None:
+    """Give the file its blocks for [offset, offset + size), extending it when that reaches past
+    its end: ENOSPC now rather than SIGBUS when a map touches the range. A file system without
+    fallocate (EOPNOTSUPP, EINVAL) gets a sparse extension instead, as before."""
+    try:
+        os.posix_fallocate(fd, offset, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        if os.fstat(fd).st_size < offset + size:
+            os.ftruncate(fd, offset + size)
 
 
 class Region:
@@ -59,7 +79,7 @@ class Region:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
         buf: mmap.mmap | None = None
         try:
-            os.ftruncate(fd, size)
+            allocate(fd, size)
             buf = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)   # MAP_SHARED, rw
             if init is not None:
                 init(buf)

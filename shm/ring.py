@@ -70,6 +70,7 @@ and recorded in the header, so every opener agrees with the producer; opening wi
 
 from __future__ import annotations
 
+import os
 import platform
 import struct
 from typing import Union
@@ -78,7 +79,8 @@ from crc32c import crc32c
 
 from .region import PAGE_SIZE, Region
 
-__all__ = ["Ring", "RingCorrupt", "Buffer", "HEADER_SIZE", "PADDING", "default_checksums"]
+__all__ = ["Ring", "RingCorrupt", "Buffer", "HEADER_SIZE", "PADDING", "default_checksums",
+           "ring_fill"]
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -96,6 +98,7 @@ _WAITING = 192 // 8
 
 _HEADER = struct.Struct("<IHHQ")     # magic, version, flags, capacity
 _REC = struct.Struct("<II")          # length, checksum
+_U64 = struct.Struct("<Q")
 _POSLEN = struct.Struct("<QI")       # what the checksum covers before the payload
 
 # Machines whose memory model is TSO (x86-64). platform.machine() spells it per OS.
@@ -128,6 +131,10 @@ def _as_bytes_parts(parts: tuple) -> list[Buffer]:
         out.append(mv)
     return out
 
+
+
+class RecordTooLarge(ValueError):
+    """A record larger than the ring's ``max_payload``: it can never be put."""
 
 class RingCorrupt(RuntimeError):
     """The ring holds something that is not a record (only raised when checksums are off)."""
@@ -230,7 +237,8 @@ class Ring:
     def try_put(self, *parts: Buffer) -> bool:
         """Write ``parts`` back to back as one record; False (nothing written) if it does not fit now.
 
-        Raises ValueError if the payload exceeds ``max_payload`` (it would never fit).
+        Raises RecordTooLarge (a ValueError) if the payload exceeds ``max_payload`` (it would
+        never fit).
         """
         n = 0
         for p in parts:
@@ -242,7 +250,7 @@ class Ring:
                 n = sum(len(x) for x in parts)
                 break
         if n > self.max_payload:
-            raise ValueError(f"record payload of {n} bytes exceeds max_payload {self.max_payload}")
+            raise RecordTooLarge(f"record payload of {n} bytes exceeds max_payload {self.max_payload}")
         q = self._q
         tail = q[_TAIL]
         cap = self.capacity
@@ -385,6 +393,23 @@ class Ring:
     def __repr__(self) -> str:
         return (f"Ring({self._region.path or 'anonymous'!r}, offset={self._offset}, "
                 f"capacity={self.capacity}, checksums={self.checksums})")
+
+
+def ring_fill(path: str) -> tuple[int, int]:
+    """(used bytes, capacity) of the ring file at ``path``, read with one pread of its header and
+    no mapping: for observers (the metrics collector) that must not hold thousands of maps nor
+    write anything. Both counters are single aligned stores, so each value read is whole."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        raw = os.pread(fd, _TAIL * 8 + 8, 0)
+    finally:
+        os.close(fd)
+    magic, _, _, capacity = _HEADER.unpack_from(raw, 0)
+    if magic != MAGIC:
+        raise ValueError(f"{path}: not a ring")
+    head = _U64.unpack_from(raw, _HEAD * 8)[0]
+    tail = _U64.unpack_from(raw, _TAIL * 8)[0]
+    return max(0, tail - head), capacity
 
 
 def _check_capacity(capacity: int) -> None:

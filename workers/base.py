@@ -4,8 +4,10 @@ Runs in every worker process (partition writers, the coordinator, fetchers, fron
 part of each worker that is the same everywhere: its ``Topology`` of the runtime directory, its
 heartbeat slot, its ``Mailbox`` (doorbell and input rings) and ``Outbox``es to its peers, its
 view of the supervisor's page and of the catalog, its own state page (generation, status, pid),
-the SIGTERM handling, the ``Registry`` dispatch of incoming ring messages, and the loop. The
-worker's own state stays in the subclass, which the loop calls through hooks.
+its metrics table (``self.metrics``, ``shm.metrics``), the SIGTERM handling, the ``Registry``
+dispatch of incoming ring messages, the running configuration (``self.cfg``, replaced by a
+SIGHUP reload: ``reload`` is the worker's one entry point for it), and the loop. The worker's own
+state stays in the subclass, which the loop calls through hooks.
 
 Like a pre-fork server's worker class, the arbiter (``appliance.supervisor``) hands the worker its
 context and calls its entry point in the child; ``Worker.main`` then runs::
@@ -23,6 +25,7 @@ context and calls its entry point in the child; ``Worker.main`` then runs::
 The loop (``Worker.loop``), one turn::
 
     beat the heartbeat
+    if the supervisor's page moved: a new configuration version -> reload(old, new)
     worked = drain_inputs()     default: every input ring through the registry; the partition
                                 writer replaces it with its produce fast path
     on_tick(now)                every ``tick_s`` seconds
@@ -49,13 +52,15 @@ import signal
 import time
 from typing import Sequence
 
-from appliance import ipc
+from appliance import ipc, reload as config_reload
 from appliance.catalog import PUBLISHED_FILE, CatalogView
+from appliance.config import Config
 from appliance.runtime import (DRAINING, HEARTBEAT_FILE, READY, RECOVERING, STOPPED, SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WORKER_PAGE_FIELDS, WorkerContext)
 from appliance.service import Registry
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
+from shm.metrics import MetricsTable
 from shm.statepage import StatePage
 from shm.topology import Mailbox, Outbox, Topology
 
@@ -103,6 +108,9 @@ class Worker:
         self.catalog = CatalogView(self.topo.file_path(PUBLISHED_FILE),
                                    lambda: self.sup_page.read().catalog_version)
         self.page = StatePage.open(self.topo.page_path(ctx.name), self.page_fields)
+        self.metrics = _open_metrics(self.topo, ctx.name)
+        self.config_version = ctx.config_version
+        self._sup_seq = -1                      # the supervisor page's seq last looked at
         self.next_tick = 0.0
         self.registry: Registry | None = None
 
@@ -139,12 +147,15 @@ class Worker:
     def close_listener(self) -> None:
         """Every worker inherits the supervisor's listening socket; only frontends serve it. A
         worker that kept it would keep the port accepting connections nobody serves."""
-        if not self.serves_clients and self.ctx.listen_fd >= 0:
+        if self.serves_clients:
+            return
+        for fd in {self.ctx.listen_fd, *(b.fd for b in self.ctx.listeners)} - {-1}:
             try:
-                os.close(self.ctx.listen_fd)
+                os.close(fd)
             except OSError:
                 pass
-            self.ctx.listen_fd = -1
+        self.ctx.listen_fd = -1
+        self.ctx.listeners = []
 
     def install_signals(self) -> None:
         signal.signal(signal.SIGTERM, self.handle_term)
@@ -171,11 +182,14 @@ class Worker:
 
     def loop(self) -> None:
         hb, slot, mailbox = self.hb, self.ctx.heartbeat_slot, self.mailbox
-        tick_s = self.tick_s
+        sup_page = self.sup_page
         while not self.stop:
             hb.beat(slot)
+            if sup_page.seq != self._sup_seq:
+                self.check_config()
             worked = self.drain_inputs()
             now = time.monotonic()
+            tick_s = self.tick_s          # a reload may change it
             if tick_s is not None and now >= self.next_tick:
                 self.next_tick = now + tick_s
                 self.on_tick(now)
@@ -188,6 +202,33 @@ class Worker:
                 if queued:
                     timeout = min(timeout, QUEUED_RETRY_S)
                 mailbox.wait(timeout)
+
+    # -- configuration --------------------------------------------------------------------------
+    def check_config(self) -> None:
+        """The supervisor's page changed: when its configuration version moved, read the new
+        configuration and hand it to ``reload``."""
+        self._sup_seq = self.sup_page.seq
+        version = self.sup_page.read().config_version
+        if version == self.config_version:
+            return
+        try:
+            new = config_reload.read_published(config_reload.file_path(self.ctx.run_dir))
+        except (OSError, ValueError) as e:
+            log.error("%s: the reloaded configuration cannot be read: %s", self.name, e)
+            self.config_version = version
+            return
+        old = self.cfg
+        self.cfg = self.ctx.config = new
+        self.config_version = version
+        try:
+            self.reload(old, new)
+        except Exception:
+            log.exception("%s: applying the reloaded configuration failed", self.name)
+
+    def reload(self, old: Config, new: Config) -> None:
+        """SIGHUP reload: ``self.cfg`` is already ``new``; apply what this worker caches of it.
+        Called on every reload whose file loaded, changed keys or not (files such as
+        certificates may have changed)."""
 
     # -- hooks ----------------------------------------------------------------------------------
     def start_fields(self) -> dict:
@@ -225,6 +266,18 @@ class Worker:
 
     def close(self) -> None:
         """Release what the worker holds; runs last, also after an exception."""
+
+    def release(self) -> None:
+        """Close what the prologue opened (mailbox and its doorbell, bell sender, pages, the
+        heartbeat table, the rings). A worker process never needs it (its exit does it); a test
+        that builds workers in its own process does."""
+        self.mailbox.close()
+        self.bells.close()
+        self.page.close()
+        self.sup_page.close()
+        self.hb.close()
+        self.metrics.close()
+        self.topo.close()
 
     # -- replies --------------------------------------------------------------------------------
     def post(self, dst: str, data: bytes) -> None:
@@ -304,6 +357,8 @@ class AsyncWorker(Worker):
 
     def _tick(self) -> None:
         self.hb.beat(self.ctx.heartbeat_slot)
+        if self.sup_page.seq != self._sup_seq:
+            self.check_config()
         self.on_tick(time.monotonic())
         self.event_loop.call_later(self.tick_s, self._tick)
 
@@ -314,3 +369,12 @@ class AsyncWorker(Worker):
     def begin_stop(self) -> None:
         """SIGTERM: start draining; call ``finish`` once drained."""
         self.finish()
+
+
+def _open_metrics(topo: Topology, name: str) -> MetricsTable:
+    """The worker's metrics table (made by the supervisor before the fork); a private one when
+    it is missing, so that counting code never has to ask."""
+    try:
+        return MetricsTable.open(topo.metrics_path(name))
+    except FileNotFoundError:
+        return MetricsTable.anonymous()

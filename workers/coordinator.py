@@ -20,13 +20,18 @@ WriteTxnMarkers API compares a marker's epoch with.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
 
-from appliance import metrics
+import msgspec
+
 from appliance.catalog import COORDINATOR_DIR
+from appliance.config import Config
 from appliance.group.service import GroupService
+from appliance.log.files import atomic_write
+from appliance.metrics import COORDINATOR_SNAPSHOT, key as mkey
 from appliance.runtime import (COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS, WorkerContext,
                                writer_name)
 from appliance.txn.coordinator import TransactionCoordinator
@@ -42,6 +47,22 @@ log = logging.getLogger("appliance.coordinator")
 
 TICK_S = 0.2
 METRICS_S = 1.0
+SPACE_RETRY_S = 0.5      # how often a start on a full disk tries to persist its epoch again
+
+# Kafka's GroupMetadataManager gauges, by the state they count.
+GROUP_STATE_GAUGES = {
+    "Stable": "kafka_coordinator_group_groupmetadatamanager_numgroupsstable",
+    "PreparingRebalance": "kafka_coordinator_group_groupmetadatamanager_numgroupspreparingrebalance",
+    "CompletingRebalance":
+        "kafka_coordinator_group_groupmetadatamanager_numgroupscompletingrebalance",
+    "Empty": "kafka_coordinator_group_groupmetadatamanager_numgroupsempty",
+    "Dead": "kafka_coordinator_group_groupmetadatamanager_numgroupsdead",
+}
+TXN_STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit",
+              "CompleteAbort", "PrepareEpochFence")
+COUNTERS = {"commits": "kafka_coordinator_transaction_commits",
+            "aborts": "kafka_coordinator_transaction_aborts",
+            "timedout_aborts": "kafka_coordinator_transaction_timedout_aborts"}
 
 
 def main(ctx: WorkerContext) -> int:
@@ -87,20 +108,68 @@ class Coordinator(Worker):
 
     # -- life cycle -----------------------------------------------------------------------------
     def setup(self) -> None:
+        """Start, waiting for space on a full disk.
+
+        A start writes before it can serve: the new coordinator epoch (nothing may be served
+        under an epoch that is not durable: a later start could hand it out again, and the
+        writers would take the markers of a dead instance as current), and the recovery of
+        both logs after an unclean stop (indexes rebuilt). A coordinator that exited on ENOSPC
+        there would be restarted into the same failure until the supervisor's crash-loop rule
+        stopped the whole appliance. So it gives back what it opened and tries again every
+        ``SPACE_RETRY_S``, RECOVERING and beating its heartbeat meanwhile (frontends answer
+        COORDINATOR_NOT_AVAILABLE, which clients retry), until it starts or the appliance
+        stops."""
+        waiting = False
+        while True:
+            opened: list = []
+            try:
+                epoch = self._start(opened)
+                break
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                for part in reversed(opened):
+                    try:
+                        part.close(clean=False)
+                    except Exception:            # giving back what a failed start opened
+                        pass
+                if not waiting:
+                    log.warning("cannot start on a full disk (%s): waiting for space on the data dir", e)
+                    waiting = True
+            if self.stop:
+                raise SystemExit(0)              # nothing is open: the drain has nothing to do
+            # Alive and waiting on purpose: the supervisor holds a starting coordinator to its
+            # heartbeat (only writers' recovery is exempt), which a wait longer than the timeout
+            # would otherwise miss.
+            self.hb.beat(self.ctx.heartbeat_slot)
+            time.sleep(SPACE_RETRY_S)
+        if waiting:
+            log.info("space on the data dir again: started")
+        log.info("transaction coordinator ready: coordinator epoch %d", epoch)
+
+    def _start(self, opened: list) -> int:
         epoch = bump_coordinator_epoch(self.dir)
         self.page.publish(coordinator_epoch=epoch)
-        self.tc = TransactionCoordinator(
-            TransactionStateManager(self.dir, self.cfg.log.flush.policy, _now_ms()),
-            ProducerIdManager(self.dir), self.cfg.transactions, epoch, _now_ms)
+        txn_log = TransactionStateManager(self.dir, self.cfg.log.flush.policy, _now_ms())
+        opened.append(txn_log)
+        self.tc = TransactionCoordinator(txn_log, ProducerIdManager(self.dir), self.cfg.transactions,
+                                         epoch, _now_ms)
         self.tc.load()
+        # Between the loads: the supervisor holds a starting coordinator to its heartbeat.
+        self.hb.beat(self.ctx.heartbeat_slot)
         self.gs = GroupService(os.path.join(self.dir, "group-log"), self.cfg.groups,
                                self.cfg.log.flush.policy, self.tc, _now_ms)
+        opened.append(self.gs)
         self.gs.load()
+        # Counters continue from what the predecessor left in the table.
+        m = self.metrics
+        self.counter_slots = {stat: m.slot(mkey(name)) for stat, name in COUNTERS.items()}
+        self.counter_base = {stat: m.values[i] for stat, i in self.counter_slots.items()}
         self.markers = self.tc.markers
         self.markers.attach(self.writers.get, self.gs.complete_txn,
                             first_id=((self.generation & 0xFFFF) << 40) | 1)
         self.serve(TransactionService(self.tc), self.gs, on_answer=self.markers.on_answer)
-        log.info("transaction coordinator ready: coordinator epoch %d", epoch)
+        return epoch
 
     def drain_inputs(self) -> bool:
         # Writers come and go with the catalog: their rings are inputs from this turn on.
@@ -136,20 +205,54 @@ class Coordinator(Worker):
 
     def on_stop(self) -> None:
         if not self.exit_code:
-            self.gs.close()
+            try:
+                self.gs.close()
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # Sealing the group log (trimmed index copies, the clean-shutdown marker) needs
+                # room; without it the stop goes on, and the next start recovers the log's tail
+                # as after a crash.
+                log.warning("file system full at stop: group log closed without the "
+                            "clean-shutdown marker")
+
+    def reload(self, old: Config, new: Config) -> None:
+        self.tc.reconfigure(new.transactions, new.log.flush.policy)
+        self.gs.reconfigure(new.groups, new.log.flush.policy)
 
     def _publish_metrics(self) -> None:
+        """Once a second: the gauges and counters into this worker's table, the per-group
+        offsets into the snapshot file (appliance.metrics)."""
+        m = self.metrics
+        v = m.values
+        tc = self.tc
+        m.set(mkey("kafka_coordinator_transaction_transactionstatemanager_activetransactionopentimemaxms"),
+              tc.active_transaction_open_time_max_ms())
+        states = tc.state_counts()
+        for state in TXN_STATES:
+            m.set(mkey("kafka_coordinator_transaction_transactionstatemanager_transactions",
+                      [("state", state)]), states.get(state, 0))
+        for stat, slot in self.counter_slots.items():
+            v[slot] = self.counter_base[stat] + tc.stats[stat]
+        groups, offsets = self.gs.metrics_snapshot()
+        by_state: dict[str, int] = {}
+        for _, state, _ in groups:
+            by_state[state] = by_state.get(state, 0) + 1
+        m.set(mkey("kafka_coordinator_group_groupmetadatamanager_numgroups"), len(groups))
+        for state, name in GROUP_STATE_GAUGES.items():
+            m.set(mkey(name), by_state.get(state, 0))
+        m.set(mkey("kafka_coordinator_group_groupmetadatamanager_numoffsets"), len(offsets))
         try:
-            metrics.publish(self.ctx.data_dir, "coordinator", {
-                metrics.ACTIVE_TXN_OPEN_TIME_MAX: self.tc.active_transaction_open_time_max_ms()})
+            atomic_write(self.topo.file_path(COORDINATOR_SNAPSHOT), msgspec.msgpack.encode(
+                {"groups": groups, "offsets": offsets}), sync=False)
         except OSError as e:
-            # Once, then on change (a full disk would otherwise log this every second).
+            # Once, then on change (a full runtime dir would otherwise log this every second).
             if str(e) != self._metrics_error:
-                log.warning("metrics not published: %s", e)
+                log.warning("group metrics not published: %s", e)
                 self._metrics_error = str(e)
             return
         if self._metrics_error is not None:
-            log.info("metrics published again")
+            log.info("group metrics published again")
             self._metrics_error = None
 
     # -- writers ---------------------------------------------------------------------------------

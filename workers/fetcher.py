@@ -72,6 +72,7 @@ class Fetcher(Worker):
         super().__init__(ctx)
         self.handles: dict[tuple[bytes, int], PartitionHandle] = {}
         self.parked: list[Parked] = []
+        self._bounds_version = -1      # catalog version the handles' inflation bounds follow
         self.serve(self)
 
     # Frontends compare the generation in our state page with the one they sent to: a restart
@@ -84,6 +85,19 @@ class Fetcher(Worker):
         if self.parked:
             return max(0.0, min(IDLE_WAIT_S, min(p.deadline for p in self.parked) - now))
         return IDLE_WAIT_S
+
+    def reload(self, old, new) -> None:
+        # The bound on inflating a batch (ListOffsets by timestamp) follows the new defaults.
+        self._refresh_bounds(self.catalog.get(), new.log)
+
+    def _refresh_bounds(self, cat, log_cfg) -> None:
+        """Every open partition's inflation bound from the topic's current max.message.bytes
+        (changed live by AlterConfigs, or by a reload of the broker defaults)."""
+        self._bounds_version = cat.version
+        for (topic_id, _), h in self.handles.items():
+            t = cat.by_id(topic_id)
+            if t is not None:
+                h.reader.max_decompressed_bytes = _max_decompressed(log_cfg, cat.overrides(t))
 
     def on_stop(self) -> None:
         for p in self.parked:   # answer what we hold so frontends can drain
@@ -105,6 +119,8 @@ class Fetcher(Worker):
         key = (topic_id, partition)
         h = self.handles.get(key)
         cat = self.catalog.get()
+        if cat.version != self._bounds_version:
+            self._refresh_bounds(cat, self.cfg.log)
         t = cat.by_id(topic_id)
         if t is None or partition >= t.partitions:
             if h is not None:
@@ -113,11 +129,8 @@ class Fetcher(Worker):
             return None
         if h is None:
             try:
-                log = self.ctx.config.log
-                # The bound produce applied: this topic's max.message.bytes times the factor.
-                max_message = int(t.configs.get("max.message.bytes", log.message_max_bytes))
                 h = PartitionHandle(self.topo, self.ctx.data_dir, t.name, topic_id, partition,
-                                    max_message * log.decompressed_batch_max_factor)
+                                    _max_decompressed(self.cfg.log, cat.overrides(t)))
             except FileNotFoundError:
                 return None
             self.handles[key] = h
@@ -237,3 +250,9 @@ class Fetcher(Worker):
                 out.append(ipc.ListOffsetsPartResult(0, found[1], found[0]) if found and found[0] < upper
                            else ipc.ListOffsetsPartResult(0, -1, -1))
         return ipc.ListOffsetsResult(out)
+
+
+def _max_decompressed(log_cfg, configs) -> int:
+    """The bound produce applied: the topic's max.message.bytes times the factor."""
+    max_message = int(configs.get("max.message.bytes", log_cfg.message_max_bytes))
+    return max_message * log_cfg.decompressed_batch_max_factor

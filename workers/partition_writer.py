@@ -14,11 +14,22 @@ LSO once for the whole group, start a group commit if acks wait for one, then pu
 each frontend's ack ring and ring the bells of those that sleep. Wake fetchers parked on this
 partition. Sleep on the doorbell when there is nothing to do.
 
+Topic configs apply live: the writer follows the published catalog (its topic's overrides over
+the dynamic broker configs, ``Catalog.overrides``) and hands changed ``LogSettings`` to its log,
+enforcing a changed retention at once. DeleteRecords moves the log start offset here
+(``PartitionLog.delete_records``: persisted, then whole segments below it deleted).
+
 Transactions (docs/transactions.md): a transactional batch from a producer with no open
 transaction on this partition is parked, with every later batch of that producer, until the
 coordinator confirms (KIP-890 part 1: verify only) or performs (part 2, Produce v12: implicit add)
 that the partition belongs to the producer's transaction. A marker arriving meanwhile voids the
 confirmation (the race guard), and the batch is refused with INVALID_TXN_STATE.
+
+A full disk (issue 17): appends answer KAFKA_STORAGE_ERROR and leave the log and the producer
+state as they were; retention and time-based rolls that fail are tried again every tick; an
+abort marker is indexed before the producer state takes it and taken back out of the log when its
+index entry cannot be written. Only what leaves durability unknown (a failed fsync, the flusher's
+error, ``LogDirFailure``) stops the writer, whose recovery then decides.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from appliance.log.flusher import Flusher
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.producer_state import ProducerStateManager
 from appliance.log.txn_index import AbortedTxn
+from appliance.metrics import Histogram, key
 from appliance.protocol.records import read_header
 from appliance.runtime import COORDINATOR, PARTITION_PAGE_FIELDS, WORKER_BOOT_ERROR, WorkerContext
 from appliance.service import Responder, serves
@@ -45,9 +57,13 @@ from shm.doorbell import BellSender
 from workers.base import IDLE_WAIT_S, Worker
 
 log = logging.getLogger("appliance.writer")
+SPACE_RETRY_S = 0.5      # how often a restart on a full disk tries its recovery again
 
 # How many records one input ring may hand over per loop turn before the others get a turn.
 FAIRNESS_BUDGET = 64
+# How often the writer looks for a new catalog (config changes); the loop wakes at least every
+# IDLE_WAIT_S, so a change applies within about half a second.
+CATALOG_CHECK_S = 0.2
 
 # KIP-890 verification failures as a producer sees them (Kafka's ReplicaManager and
 # AddPartitionsToTxnManager): retriable coordinator trouble becomes NOT_ENOUGH_REPLICAS, which old
@@ -113,7 +129,28 @@ class PartitionWriter(Worker):
         self.verify_reqs: dict[int, int] = {}                      # request id -> producer id
         self._ids = itertools.count(((self.gen & 0xFFFF) << 40) | 1)
         self.dirty = False                   # something to publish this turn
+        self.next_catalog_check = 0.0
+        self.catalog_seen = -1
+        # The topic's configs over the broker defaults (Catalog.overrides), as the catalog has them.
+        self.overrides: dict[str, str] = dict(ctx.topic_configs)
+        self._tick_problem: str | None = None
         self.serve(self, on_answer=self._verified)
+        # Metrics (appliance.metrics): per batch two adds into the shared table, per publish a
+        # few stores; the per-topic series of every partition of a topic sum up.
+        m = self.metrics
+        topic = [("topic", ctx.topic)]
+        tp = topic + [("partition", ctx.index)]
+        self.mv = m.values
+        self.k_messages = m.slot(key("kafka_server_brokertopicmetrics_messagesin", topic))
+        self.k_bytes = m.slot(key("kafka_server_brokertopicmetrics_bytesin", topic))
+        self.k_size = m.slot(key("kafka_log_log_size", tp))
+        self.k_segments = m.slot(key("kafka_log_log_numlogsegments", tp))
+        self.k_producers = m.slot(key("kafka_server_replicamanager_produceridcount"))
+        self.k_recovery = m.slot(key("appliance_log_recovery_bytes", tp))
+        self.flush_hist = Histogram(m, "kafka_log_logflushstats_logflushrateandtimems")
+        self.flushes_seen = 0
+        self.segments_seen = -1
+        self.sealed_bytes = 0
 
     def inputs(self) -> list[str]:
         return list(self.ctx.frontends) + [COORDINATOR]
@@ -128,14 +165,15 @@ class PartitionWriter(Worker):
         # second marker.
         return {"coordinator_ring_head": self.mailbox.inputs[COORDINATOR].head}
 
-    def setup(self) -> int | None:
-        directory = partition_dir(self.ctx.data_dir, self.ctx.topic, self.ctx.index)
-        try:
-            settings = LogSettings.from_config(self.cfg.log, self.ctx.topic_configs)
-            self.log = PartitionLog.open(directory, settings, _now_ms())
-        except (OSError, ValueError) as e:
-            log.error("cannot open partition log %s: %s", directory, e)
-            return WORKER_BOOT_ERROR
+    def _open(self, directory: str) -> int:
+        """Recover the log and the producer state; the offset the replay started from."""
+        self.log = None
+        self.mv[self.k_recovery] = 0            # bytes checked by this try (a retry starts over)
+
+        def progress(nbytes: int) -> None:
+            self.mv[self.k_recovery] += nbytes
+
+        self.log = PartitionLog.open(directory, self._log_settings(), _now_ms(), progress)
         # Producer state: the newest snapshot plus a replay of the batches after it, which also
         # rebuilds the aborted-transaction index of the segments recovery had to scan.
         self.psm = ProducerStateManager(directory, self.cfg.transactions.producer_id_expiration_ms)
@@ -151,7 +189,39 @@ class PartitionWriter(Worker):
         replayed_from = self.psm.load(self.log.log_end_offset, self.log.headers_from, _now_ms(),
                                       on_completed=rebuilt, max_start_offset=rebuild_from)
         self.log.finish_txn_index_rebuild()
-        self.log.roll_listener = self.psm.take_snapshot
+        return replayed_from
+
+    def setup(self) -> int | None:
+        directory = partition_dir(self.ctx.data_dir, self.ctx.topic, self.ctx.index)
+        waiting = False
+        while True:
+            try:
+                replayed_from = self._open(directory)
+                break
+            except (OSError, ValueError) as e:
+                opened, self.log = self.log, None
+                if opened is not None:
+                    opened.close(clean=False)        # writes nothing: as a crash would
+                no_space = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+                if not no_space or (self.gen == 1 and opened is None):
+                    if opened is not None:
+                        raise                        # past the log's open: a crash, as ever
+                    log.error("cannot open partition log %s: %s", directory, e)
+                    return WORKER_BOOT_ERROR
+                problem = str(e)
+            # On a full disk: recovery rewrites the indexes of the unclean tail, the replay the
+            # aborted-transaction index, and cannot. Exiting would stop the whole appliance (a
+            # boot error) or crash-loop it; the partition waits instead, RECOVERING (the
+            # supervisor does not hold it to the heartbeat), and the others keep serving. Only a
+            # first start whose log cannot even open keeps the boot error (README, "A full
+            # disk": the supervisor gave its disk reserve back before it forked the writers).
+            if not waiting:
+                log.warning("%s-%d: cannot recover on a full disk (%s): waiting for space",
+                            self.ctx.topic, self.ctx.index, problem)
+                waiting = True
+            if self.stop:
+                raise SystemExit(0)              # nothing is open: the drain has nothing to do
+            time.sleep(SPACE_RETRY_S)
         own_bell = self.topo.bell_path(self.ctx.name)
         waker = BellSender()            # the flusher thread's own socket
         self.flusher = Flusher(lambda: waker.ring(own_bell), self.log.log_end_offset)
@@ -161,6 +231,29 @@ class PartitionWriter(Worker):
                  self.log.log_end_offset, self.psm.last_stable_offset(self.log.log_end_offset),
                  len(self.psm.entries), replayed_from, self.gen)
         return None
+
+    def _log_settings(self) -> LogSettings:
+        """Broker defaults (``[log]``) overlaid with the topic's own configs: a default changed
+        by a reload applies to topics that do not override it, as Kafka's dynamic defaults do."""
+        return LogSettings.from_config(self.cfg.log, self.overrides)
+
+    def reload(self, old, new) -> None:
+        waited = self.policy.ack_waits_for_sync
+        self.policy = new.log.flush.policy
+        self.flush_interval = new.log.flush.interval_ms / 1000
+        self.verify_enabled = new.transactions.partition_verification_enable
+        self.verify_timeout = new.server.internal_request_timeout_ms / 1000
+        self.psm.expiration_ms = new.transactions.producer_id_expiration_ms
+        if new.log.retention_check_interval_ms != old.log.retention_check_interval_ms:
+            self.tick_s = new.log.retention_check_interval_ms / 1000
+            self.next_tick = min(self.next_tick, time.monotonic() + self.tick_s)
+        settings = self._log_settings()
+        if settings != self.log.settings:
+            self.log.update_settings(settings)
+            self.next_tick = time.monotonic()        # retention and rolls under the new values
+        if waited and not self.policy.ack_waits_for_sync and self.await_flush:
+            # Answers promised an fdatasync: give them one before the policy stops flushing.
+            self._flush_and_reply(force=True)
 
     def on_stop(self) -> None:
         # Drain what is already queued, so that in-flight produce requests get answers.
@@ -193,13 +286,86 @@ class PartitionWriter(Worker):
     def on_turn(self, now: float) -> None:
         self._expire_verifications()
         self._flush_and_reply()
+        if now >= self.next_catalog_check:
+            self.next_catalog_check = now + CATALOG_CHECK_S
+            self._follow_catalog()
 
     def on_tick(self, now: float) -> None:
-        changed = self.log.enforce_retention(_now_ms())
-        changed = self.log.maybe_roll(_now_ms()) or changed
+        changed = False
+        try:
+            changed = self.log.enforce_retention(_now_ms())
+            changed = self.log.maybe_roll(_now_ms()) or changed
+        except OSError as e:
+            # A full disk (or a failed checkpoint write): retention and the time-based roll are
+            # tried again at the next tick; appends meanwhile answer KAFKA_STORAGE_ERROR.
+            self._tick_trouble(str(e))
+        else:
+            self._tick_trouble(None)
         self.psm.expire(_now_ms())
         if changed:
             self._publish()
+
+    # -- live configs -----------------------------------------------------------------------------
+    def _follow_catalog(self) -> None:
+        cat = self.catalog.get()
+        if cat.version == self.catalog_seen:
+            return
+        self.catalog_seen = cat.version
+        t = cat.topics.get(self.ctx.topic)
+        if t is None or t.topic_id != self.ctx.topic_id:
+            return      # not published yet (a new topic), or being deleted
+        self.apply_settings(cat.overrides(t))
+
+    def apply_settings(self, overrides: dict[str, str]) -> None:
+        """Apply the topic's effective configs (``self.cfg.log`` under ``overrides``) now:
+        segment size and index interval to the active segment, retention at once (a smaller
+        retention.ms deletes its segments now, not at the next check), the rest to what
+        follows."""
+        self.overrides = overrides
+        new = self._log_settings()
+        old = self.log.settings
+        if new == old:
+            return
+        changed = {f: getattr(new, f) for f in new.__struct_fields__ if getattr(new, f) != getattr(old, f)}
+        log.info("%s-%d: settings changed: %s", self.ctx.topic, self.ctx.index,
+                 ", ".join(f"{k}={v}" for k, v in changed.items()))
+        self.log.update_settings(new)
+        if "retention_ms" in changed or "retention_bytes" in changed or "segment_ms" in changed:
+            self.on_tick(time.monotonic())
+
+    # -- DeleteRecords ------------------------------------------------------------------------------
+    @serves(ipc.DeleteRecordsRequest)
+    def _delete_records(self, req: ipc.DeleteRecordsRequest) -> ipc.DeleteRecordsResult:
+        """Kafka's Partition.deleteRecordsOnLeader: -1 means the high watermark; an offset past
+        it is OFFSET_OUT_OF_RANGE; one below the log start changes nothing. The answer is the
+        log start offset after it (the low watermark)."""
+        hw = self.log.log_end_offset
+        offset = hw if req.offset == -1 else req.offset
+        if offset < 0 or offset > hw:
+            return ipc.DeleteRecordsResult(
+                ErrorCode.offset_out_of_range, -1,
+                f"Cannot increment the log start offset to {offset} of partition "
+                f"{self.ctx.topic}-{self.ctx.index} since it is larger than the high watermark {hw}"
+                if offset > hw else f"The offset {offset} is not valid")
+        try:
+            moved = self.log.delete_records(offset)
+        except OSError as e:
+            # The new log start could not be persisted (a full disk): nothing changed.
+            return ipc.DeleteRecordsResult(ErrorCode.kafka_storage_error, -1,
+                                           f"cannot persist the log start offset: {e}")
+        if moved:
+            log.info("%s-%d: records below %d deleted (DeleteRecords)", self.ctx.topic,
+                     self.ctx.index, offset)
+            self._publish()
+        return ipc.DeleteRecordsResult(ErrorCode.none, self.log.log_start_offset)
+    def _tick_trouble(self, problem: str | None) -> None:
+        """Log a failing retention/roll once, and once when it works again."""
+        if problem is not None and self._tick_problem is None:
+            log.warning("%s-%d: retention or time-based roll failed (tried again each tick): %s",
+                        self.ctx.topic, self.ctx.index, problem)
+        elif problem is None and self._tick_problem is not None:
+            log.info("%s-%d: retention and rolls work again", self.ctx.topic, self.ctx.index)
+        self._tick_problem = problem
 
     def wait_timeout(self, now: float) -> float:
         timeout = IDLE_WAIT_S
@@ -275,6 +441,9 @@ class PartitionWriter(Worker):
         if idempotent:
             self.psm.update(h, info.base_offset, now_ms,
                             info.log_append_time if info.log_append_time >= 0 else h.max_timestamp)
+        mv = self.mv
+        mv[self.k_messages] += info.last_offset - info.base_offset + 1
+        mv[self.k_bytes] += len(batch)
         self.dirty = True
         self._reply_produce(src, acks, info.last_offset + 1, ipc.produce_ack(
             0, self.gen, req_id, info.base_offset, info.log_append_time, self.log.log_start_offset))
@@ -388,15 +557,24 @@ class PartitionWriter(Worker):
                                            m.coordinator_epoch, now_ms)
         except KafkaError as e:
             return e.code, 0
-        done = self.psm.complete_txn(m.producer_id, m.producer_epoch, m.coordinator_epoch,
-                                     info.base_offset, not m.commit, now_ms)
+        if not m.commit:
+            # The aborted-transaction entry, before the LSO moves past the marker (published at
+            # the end of this turn) and before the producer's state takes the marker: if the
+            # disk cannot take it, the marker is taken back out of the log and the coordinator,
+            # answered KAFKA_STORAGE_ERROR, sends it again (Kafka's marker channel retries it).
+            first, lso = self.psm.preview_completion(m.producer_id, info.base_offset,
+                                                     self.log.log_end_offset)
+            try:
+                self.log.append_aborted(AbortedTxn(m.producer_id, first, info.last_offset, lso))
+            except OSError as e:
+                log.warning("%s-%d: abort marker of producer %d not written: %s", self.ctx.topic,
+                            self.ctx.index, m.producer_id, e)
+                self.log.undo_control(info)
+                return ErrorCode.kafka_storage_error, 0
+        self.psm.complete_txn(m.producer_id, m.producer_epoch, m.coordinator_epoch,
+                              info.base_offset, not m.commit, now_ms)
         if m.producer_id in self.fenced and self.fenced[m.producer_id] <= m.producer_epoch:
             del self.fenced[m.producer_id]          # the marker's epoch fences it from now on
-        if done.aborted:
-            # Written before the LSO moves past the marker (published at the end of this turn).
-            self.log.append_aborted(AbortedTxn(
-                done.producer_id, done.first_offset, done.last_offset,
-                self.psm.last_stable_offset(self.log.log_end_offset)))
         self.dirty = True
         return ErrorCode.none, info.last_offset + 1
 
@@ -407,6 +585,9 @@ class PartitionWriter(Worker):
         fl = self.flusher
         if fl.error is not None:
             raise fl.error           # durability unknown: die; recovery decides, nothing acked
+        if fl.completed != self.flushes_seen:
+            self.flushes_seen = fl.completed
+            self.flush_hist.observe_us(fl.last_us)
         end = self.log.log_end_offset
         now = time.monotonic()
         if force:
@@ -430,12 +611,22 @@ class PartitionWriter(Worker):
     def _publish(self, **extra) -> None:
         lg = self.log
         hw = lg.log_end_offset
-        self.page.publish(high_watermark=hw, last_stable_offset=self.psm.last_stable_offset(hw),
+        # Never below the log start (Kafka's maybeIncrementFirstUnstableOffset): DeleteRecords
+        # may move it past the start of an open transaction.
+        lso = max(self.psm.last_stable_offset(hw), lg.log_start_offset)
+        self.page.publish(high_watermark=hw, last_stable_offset=lso,
                           log_start_offset=lg.log_start_offset,
                           active_base_offset=lg.active_segment_base,
                           active_end_position=lg.active_end_position,
                           segments_version=lg.segments_version,
                           first_unstable_offset=self.psm.first_unstable_offset(), **extra)
+        mv = self.mv
+        if lg.segments_version != self.segments_seen:
+            self.segments_seen = lg.segments_version
+            self.sealed_bytes = lg.size_in_bytes() - lg.active_end_position
+            mv[self.k_segments] = len(lg.segment_bases())
+        mv[self.k_size] = self.sealed_bytes + lg.active_end_position
+        mv[self.k_producers] = len(self.psm.entries)
         # Wake fetchers that parked a long-poll on this partition (their flag byte is set).
         flags = self.page.flags()
         for j, path in enumerate(self.fetcher_bells):

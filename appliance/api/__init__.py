@@ -4,7 +4,8 @@ Runs in frontend processes. A handler is ``handle(ctx, request) -> response`` (p
 coroutine function). It decodes nothing and encodes nothing itself: the connection hands it the kio
 request entity and encodes whatever it returns (a kio response entity, or already-encoded bytes or
 buffer parts, or None for "send no response" as with acks=0 produce, or ``CloseConnection`` to
-answer nothing and close the connection once the requests before it are answered). Handlers stay thin: check,
+answer nothing and close the connection once the requests before it are answered, or
+``FailAuthentication`` to answer after Kafka's delay and close). Handlers stay thin: check,
 delegate to the broker facade handed to them in the request context (``ctx.broker``, the
 frontend's ``workers.frontend.broker.Broker``; never imported here: handlers hold no process
 code), build the response.
@@ -74,15 +75,29 @@ class CloseConnection:
     reason: str
 
 
-class RequestContext:
-    """What a handler gets besides the request: the broker facade and the request header."""
+@dataclass(frozen=True)
+class FailAuthentication:
+    """A handler's result that fails the connection's authentication: ``response`` (a response
+    entity, or None for no answer) is sent after ``server.connection_failed_authentication_delay_ms``
+    and the connection then closed (Kafka's delayed close on a failed authentication, KIP-306);
+    nothing more is read from the connection meanwhile."""
 
-    __slots__ = ("broker", "connection", "header")
+    response: Any
+    reason: str
+
+
+class RequestContext:
+    """What a handler gets besides the request: the broker facade and the request header.
+    A handler that encodes its answer itself reports the answer's error codes in ``errors``
+    (code -> count, for the request metrics); for the others they are read from the entity."""
+
+    __slots__ = ("broker", "connection", "header", "errors")
 
     def __init__(self, broker, connection, header) -> None:
         self.broker = broker
         self.connection = connection
         self.header = header
+        self.errors = None
 
     @property
     def version(self) -> int:
@@ -119,6 +134,23 @@ class RequestContext:
         conn = self.connection
         return self.broker.authorizer.authorized_operations(conn.principal, conn.host,
                                                             resource_type, name)
+    @property
+    def listener(self) -> str:
+        """Kafka's name of the listener the request came through (``PLAINTEXT``, ``SASL_SSL``,
+        or a name of ``server.listener_security_protocol_map``)."""
+        return self.connection.listener
+
+    @property
+    def security_protocol(self) -> str:
+        """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL: the protocol of that listener."""
+        return self.connection.security_protocol
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """(host, port) of the listener the client connected through, as Metadata,
+        FindCoordinator and DescribeCluster answer it (Kafka answers with the endpoint of the
+        request's listener)."""
+        return self.connection.advertised
 
     def response_class(self):
         return messages.response_class(self.header.api_key, self.header.api_version)

@@ -57,7 +57,7 @@ async def handle(ctx, req):
             r = request.error_reply(ErrorCode.request_timed_out)
         results += r.results
     if too_big:
-        # Ours: an ACL that would not fit the ring to the supervisor (a name of hundreds of KiB).
+        # Ours: an ACL that would not fit the ring to the supervisor (names of tens of KiB with a small ring).
         it = iter(results)
         results = [AclCreateResult(int(ErrorCode.invalid_request), "ACL too large")
                    if i in too_big else next(it) for i in range(n)]

@@ -21,10 +21,9 @@ from appliance.api import handles
 from appliance.catalog import CreateTopicsRequest, NewTopic, TopicResult
 from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
-from appliance.topic_config import TOPIC_CONFIGS, effective_topic_configs
+from appliance.topic_config import describe_topic_configs
 
 ZERO_UUID = uuid.UUID(int=0)
-DEFAULT_CONFIG, TOPIC_CONFIG = 5, 1
 
 
 def _precheck(ctx, t) -> tuple[ErrorCode, str] | None:
@@ -79,6 +78,7 @@ async def handle(ctx, req):
             results[i] = r
     out = []
     cfg = ctx.broker.cfg
+    catalog = ctx.broker.catalog
     for i, t in enumerate(req.topics):
         r = results[i]
         ok = r.error_code == 0
@@ -91,9 +91,8 @@ async def handle(ctx, req):
             continue
         if ok:
             configs = tuple(
-                dict(name=name, value=value, read_only=False,
-                     config_source=DEFAULT_CONFIG if is_default else TOPIC_CONFIG, is_sensitive=False)
-                for name, (value, is_default) in effective_topic_configs(cfg, r.configs).items())
+                dict(name=name, value=value, read_only=False, config_source=source, is_sensitive=False)
+                for name, (value, source, _) in describe_topic_configs(cfg, catalog, r.configs).items())
         out.append(dict(name=t.name,
                         topic_id=uuid.UUID(bytes=r.topic_id) if ok and r.topic_id else ZERO_UUID,
                         error_code=ErrorCode(r.error_code), error_message=r.error_message,

@@ -21,7 +21,7 @@ NO_OPS = -2147483648
 def handle(ctx, req):
     m = ctx.response_module()
     b = ctx.broker
-    host, port = b.advertised
+    host, port = ctx.advertised
     endpoint_type = getattr(req, "endpoint_type", 1)
     if endpoint_type not in (1, 2):
         return build(m.DescribeClusterResponse, throttle_time=datetime.timedelta(0),

@@ -1,9 +1,12 @@
 """DescribeConfigs (key 32), versions 1-4: topic configs and this broker's configs.
 
-Runs in frontends. Topic entries are the effective topic configs (``appliance.topic_config``) with
-their source (TOPIC_CONFIG when set on the topic, DEFAULT_CONFIG otherwise, and with synonyms the
-broker setting it defaults to). Broker entries map our ``config.toml`` keys onto the Kafka names a
-Kafka user looks for, as STATIC_BROKER_CONFIG. Broker-logger resources are not supported.
+Runs in frontends. Topic entries are the effective topic configs with Kafka's sources and
+synonyms (``appliance.topic_config``: the topic's own override, this node's or the cluster-wide
+dynamic broker config, the TOML file, the built-in default). Broker entries map our
+``config.toml`` keys onto the Kafka names a Kafka user looks for; the ones that can change live
+(dynamic broker configs) are not read-only and show their dynamic value first. The cluster-wide
+default broker resource (empty name) lists only its dynamic configs, as Kafka does.
+Broker-logger resources are not supported.
 
 Authorization (Kafka's ConfigHelper): DescribeConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED)
 or, for broker resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED), with no configs.
@@ -12,33 +15,33 @@ or, for broker resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED), wi
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.protocol.messages import build
+from appliance.config import Config
 from appliance.errors import ErrorCode
-from appliance.topic_config import TOPIC_CONFIGS, effective_topic_configs
+from appliance.protocol.messages import build, encode_response_items
+from appliance.topic_config import (DEFAULT_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_BROKER_CONFIGS,
+                                    DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG,
+                                    TOPIC_CONFIGS, describe_topic_configs)
 
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
-TOPIC_CONFIG_SOURCE, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
 CONFIG_TYPES = {"BOOLEAN": 1, "STRING": 2, "INT": 3, "SHORT": 4, "LONG": 5, "DOUBLE": 6, "LIST": 7,
                 "CLASS": 8, "PASSWORD": 9}
-# The broker setting each topic config defaults to (Kafka's synonyms).
-BROKER_SYNONYM = {"retention.ms": "log.retention.ms", "retention.bytes": "log.retention.bytes",
-                  "segment.bytes": "log.segment.bytes", "segment.ms": "log.roll.ms",
-                  "max.message.bytes": "message.max.bytes",
-                  "message.timestamp.type": "log.message.timestamp.type"}
+_BUILTIN = Config()
 
 
-def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
+def broker_configs(cfg, advertised: dict[str, tuple[str, int]]) -> dict[str, tuple[str, str]]:
     """Kafka name -> (value, type) of what this broker runs with."""
     s, lg, tx = cfg.server, cfg.log, cfg.transactions
     b = lambda v: "true" if v else "false"  # noqa: E731
     return {
         "node.id": (str(s.node_id), "INT"), "broker.id": (str(s.node_id), "INT"),
         "log.dirs": (s.data_dir, "STRING"),
-        "listeners": (f"PLAINTEXT://{s.listen}", "STRING"),
-        "advertised.listeners": (f"PLAINTEXT://{host}:{port}", "STRING"),
+        "listeners": (",".join(str(x) for x in cfg.listeners), "STRING"),
+        "advertised.listeners": (",".join(f"{name}://{h}:{p}" for name, (h, p)
+                                          in advertised.items()), "STRING"),
         "log.segment.bytes": (str(lg.segment_bytes), "INT"),
         "log.roll.ms": (str(lg.segment_ms), "LONG"),
         "log.retention.bytes": (str(lg.retention_bytes), "LONG"),
@@ -57,6 +60,12 @@ def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
         "transaction.state.log.replication.factor": ("1", "SHORT"),
         "transaction.state.log.min.isr": ("1", "INT"),
         "socket.request.max.bytes": (str(s.socket_request_max_bytes), "INT"),
+        "listener.security.protocol.map": (",".join(
+            f"{x.name}:{x.protocol}" for x in cfg.listeners), "STRING"),
+        "sasl.enabled.mechanisms": (",".join(cfg.sasl.mechanisms), "LIST"),
+        "ssl.client.auth": (cfg.tls.client_auth, "STRING"),
+        "connection.failed.authentication.delay.ms": (
+            str(s.connection_failed_authentication_delay_ms), "INT"),
         "connections.max.idle.ms": (str(s.connections_max_idle_ms), "LONG"),
         "transaction.max.timeout.ms": (str(tx.max_timeout_ms), "INT"),
         "transactional.id.expiration.ms": (str(tx.id_expiration_ms), "INT"),
@@ -66,10 +75,34 @@ def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
     }
 
 
-def _entry(m, name, value, source, ctype, doc, synonyms, req):
-    return dict(name=name, value=value, read_only=source != TOPIC_CONFIG_SOURCE and source != DEFAULT_CONFIG,
-                config_source=source, is_sensitive=False,
-                synonyms=tuple(synonyms) if req.include_synonyms else (),
+def broker_entries(cfg, catalog, endpoints: dict[str, tuple[str, int]], default_resource: bool
+                   ) -> dict[str, tuple[str, int, str, list[tuple[str, str, int]]]]:
+    """Kafka name -> (value, source, type, synonyms) of the broker resource (this node's, or with
+    ``default_resource`` the cluster-wide default one, which holds only dynamic defaults)."""
+    static = broker_configs(cfg, endpoints)
+    builtin = broker_configs(_BUILTIN, endpoints)
+    out = {}
+    for name, (value, ctype) in static.items():
+        syn: list[tuple[str, str, int]] = []
+        if not default_resource and name in catalog.broker_node:
+            syn.append((name, catalog.broker_node[name], DYNAMIC_BROKER_CONFIG))
+        if name in catalog.broker_default:
+            syn.append((name, catalog.broker_default[name], DYNAMIC_DEFAULT_BROKER_CONFIG))
+        if default_resource:
+            if syn:
+                out[name] = (syn[0][1], syn[0][2], ctype, syn)
+            continue
+        if value != builtin[name][0]:
+            syn.append((name, value, STATIC_BROKER_CONFIG))
+        syn.append((name, builtin[name][0], DEFAULT_CONFIG))
+        out[name] = (syn[0][1], syn[0][2], ctype, syn)
+    return out
+
+
+def _entry(name, value, source, ctype, doc, synonyms, req, read_only):
+    return dict(name=name, value=value, read_only=read_only, config_source=source, is_sensitive=False,
+                synonyms=tuple(dict(name=n, value=v, source=s) for n, v, s in synonyms)
+                if req.include_synonyms else (),
                 config_type=CONFIG_TYPES.get(ctype, 0),
                 documentation=doc if getattr(req, "include_documentation", False) else None)
 
@@ -78,10 +111,19 @@ def _entry(m, name, value, source, ctype, doc, synonyms, req):
 def handle(ctx, req):
     m = ctx.response_module()
     cfg = ctx.broker.cfg
-    host, port = ctx.broker.advertised
-    brokers = broker_configs(cfg, host, port)
+    catalog = ctx.broker.catalog
+    endpoints = ctx.broker.endpoints
     results = []
+    # A resource named again is answered again, as Kafka does, from the same result (regression:
+    # 50,000 copies of the broker resource took the frontend minutes to build and encode, past
+    # its heartbeat).
+    seen: dict[tuple, Any] = {}
     for res in req.resources:
+        key = (res.resource_type, res.resource_name,
+               None if res.configuration_keys is None else tuple(res.configuration_keys))
+        if key in seen:
+            results.append(seen[key])
+            continue
         keys = set(res.configuration_keys) if res.configuration_keys is not None else None
         err, msg, entries = ErrorCode.none, None, []
         if res.resource_type == TOPIC and not ctx.authorize(
@@ -91,36 +133,30 @@ def handle(ctx, req):
                 AclOperation.DESCRIBE_CONFIGS):
             err, msg = ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
         elif res.resource_type == TOPIC:
-            info = ctx.broker.catalog.topics.get(res.resource_name)
+            info = catalog.topics.get(res.resource_name)
             if info is None:
                 err, msg = ErrorCode.unknown_topic_or_partition, "This server does not host this topic-partition."
             else:
-                for name, (value, is_default) in effective_topic_configs(cfg, info.configs).items():
-                    if keys is not None and name not in keys:
-                        continue
-                    d = TOPIC_CONFIGS[name]
-                    syn = []
-                    if not is_default:
-                        syn.append(dict(name=name, value=value, source=TOPIC_CONFIG_SOURCE))
-                    if name in BROKER_SYNONYM:
-                        bname = BROKER_SYNONYM[name]
-                        syn.append(dict(name=bname, value=brokers[bname][0],
-                                        source=STATIC_BROKER_CONFIG))
-                    entries.append(_entry(m, name, value, DEFAULT_CONFIG if is_default else TOPIC_CONFIG_SOURCE,
-                                          d.type, d.doc, syn, req))
+                for name, (value, source, syn) in describe_topic_configs(cfg, catalog, info.configs).items():
+                    if keys is None or name in keys:
+                        d = TOPIC_CONFIGS[name]
+                        entries.append(_entry(name, value, source, d.type, d.doc, syn, req, False))
         elif res.resource_type == BROKER:
             if res.resource_name not in ("", str(ctx.broker.node_id)):
                 err, msg = ErrorCode.invalid_request, (
                     f"Unexpected broker id, expected {ctx.broker.node_id} or empty string, "
                     f"but received {res.resource_name}")
             else:
-                for name, (value, ctype) in brokers.items():
+                found = broker_entries(cfg, catalog, endpoints, default_resource=not res.resource_name)
+                for name, (value, source, ctype, syn) in found.items():
                     if keys is None or name in keys:
-                        syn = [dict(name=name, value=value, source=STATIC_BROKER_CONFIG)]
-                        entries.append(_entry(m, name, value, STATIC_BROKER_CONFIG, ctype, None, syn, req))
+                        entries.append(_entry(name, value, source, ctype, None, syn, req,
+                                              name not in DYNAMIC_BROKER_CONFIGS))
         else:
             err, msg = ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
-        results.append(dict(error_code=err, error_message=msg,
-                            resource_type=res.resource_type, resource_name=res.resource_name,
-                            configs=tuple(entries)))
-    return build(m.DescribeConfigsResponse, throttle_time=datetime.timedelta(0), results=tuple(results))
+        seen[key] = build(m.DescribeConfigsResult, dict(
+            error_code=err, error_message=msg, resource_type=res.resource_type,
+            resource_name=res.resource_name, configs=tuple(entries)))
+        results.append(seen[key])
+    return encode_response_items(build(m.DescribeConfigsResponse, throttle_time=datetime.timedelta(0)),
+                                 "results", tuple(results))

@@ -18,6 +18,8 @@ unknown topic id (v13+) is UNKNOWN_TOPIC_ID first, as ids are not secret.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from appliance import ipc
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
@@ -26,6 +28,8 @@ from appliance.errors import ErrorCode, KafkaError
 from appliance.protocol.fetch_response import FetchPartition, FetchTopic, encode_fetch_response
 
 READ_COMMITTED = 1
+BYTES_OUT = "kafka_server_brokertopicmetrics_bytesout"
+FAILED_FETCH = "kafka_server_brokertopicmetrics_failedfetchrequests"
 
 
 @handles(1, "Fetch", 4, 17)
@@ -35,6 +39,7 @@ async def handle(ctx, req):
     session_id = getattr(req, "session_id", 0)
     session_epoch = getattr(req, "session_epoch", -1)
     if session_id != 0 or session_epoch not in (0, -1):
+        ctx.errors = Counter({int(ErrorCode.fetch_session_id_not_found): 1})
         parts, _ = encode_fetch_response(v, 0, int(ErrorCode.fetch_session_id_not_found), 0, [])
         return parts
     catalog = broker.catalog
@@ -51,31 +56,41 @@ async def handle(ctx, req):
         authorize = None if replica_id >= 0 else ctx.authorize
     else:
         authorize = None
+    # A partition named twice is fetched once, at its first place with its last fetch position:
+    # Kafka keeps a full fetch's partitions in a LinkedHashMap (regression: a request repeating
+    # one partition 40,000 times was answered with 40,000 copies of its records, 18 MB).
+    entries: dict[tuple, object] = {}
     for t in req.topics:
-        if v >= 13:
-            info = catalog.by_id(t.topic_id.bytes) if t.topic_id is not None else None
-            missing = ErrorCode.unknown_topic_id
-            ft = FetchTopic(info.name if info else "", t.topic_id)
-            name = info.name if info else None
-        else:
-            info = catalog.topics.get(t.topic)
-            missing = ErrorCode.unknown_topic_or_partition
-            ft = FetchTopic(t.topic, info.topic_id if info else None)
-            name = t.topic
-        topics.append(ft)
-        denied = follower_denied or (authorize is not None and name is not None
-                                     and not authorize(AclOperation.READ, ResourceType.TOPIC, name))
+        tkey = t.topic_id if v >= 13 else t.topic
         for p in t.partitions:
-            fp = FetchPartition(p.partition)
-            ft.partitions.append(fp)
-            if denied:
-                fp.error_code = int(ErrorCode.topic_authorization_failed)
-                continue
-            if info is None or not 0 <= p.partition < info.partitions:
-                fp.error_code = int(missing if info is None else ErrorCode.unknown_topic_or_partition)
-                continue
-            plan.append((fp, len(asks), partition_dir(broker.ctx.data_dir, info.name, p.partition)))
-            asks.append(ipc.FetchPart(info.topic_id, p.partition, p.fetch_offset, p.partition_max_bytes))
+            entries[(tkey, p.partition)] = p
+    ft, ft_key, info, missing, denied = None, None, None, ErrorCode.unknown_topic_or_partition, False
+    for (tkey, _index), p in entries.items():
+        if ft is None or tkey != ft_key:
+            ft_key = tkey
+            if v >= 13:
+                info = catalog.by_id(tkey.bytes) if tkey is not None else None
+                missing = ErrorCode.unknown_topic_id
+                ft = FetchTopic(info.name if info else "", tkey)
+                name = info.name if info else None
+            else:
+                info = catalog.topics.get(tkey)
+                missing = ErrorCode.unknown_topic_or_partition
+                ft = FetchTopic(tkey, info.topic_id if info else None)
+                name = tkey
+            topics.append(ft)
+            denied = follower_denied or (authorize is not None and name is not None and not
+                                         authorize(AclOperation.READ, ResourceType.TOPIC, name))
+        fp = FetchPartition(p.partition)
+        ft.partitions.append(fp)
+        if denied:
+            fp.error_code = int(ErrorCode.topic_authorization_failed)
+            continue
+        if info is None or not 0 <= p.partition < info.partitions:
+            fp.error_code = int(missing if info is None else ErrorCode.unknown_topic_or_partition)
+            continue
+        plan.append((fp, len(asks), partition_dir(broker.ctx.data_dir, info.name, p.partition)))
+        asks.append(ipc.FetchPart(info.topic_id, p.partition, p.fetch_offset, p.partition_max_bytes))
     if asks:
         max_wait_ms = int(req.max_wait.total_seconds() * 1000)
         max_bytes = getattr(req, "max_bytes", 0x7FFFFFFF)
@@ -103,5 +118,26 @@ async def handle(ctx, req):
                 # this partition; the client's next fetch gets OFFSET_OUT_OF_RANGE.
                 records = []
             fp.records = records
+    _count(ctx, catalog, topics)
     parts, _ = encode_fetch_response(v, 0, 0, 0, topics)
     return parts
+
+
+def _count(ctx, catalog, topics: list[FetchTopic]) -> None:
+    """Metrics: the answer's error codes (the top level's NONE too, as Kafka counts them), bytes
+    out and failed partitions per existing topic."""
+    errors: Counter = Counter({0: 1})
+    counters = ctx.broker.counters
+    for ft in topics:
+        known = ft.name in catalog.topics
+        out = 0
+        for fp in ft.partitions:
+            errors[fp.error_code] += 1
+            if fp.error_code:
+                if known:
+                    counters.topic(FAILED_FETCH, ft.name)
+            elif fp.records:
+                out += sum(len(r) for r in fp.records)
+        if out and known:
+            counters.topic(BYTES_OUT, ft.name, out)
+    ctx.errors = errors

@@ -38,7 +38,7 @@ def _answer(ctx, key_type: int, key: str):
 def handle(ctx, req):
     m = ctx.response_module()
     broker = ctx.broker
-    host, port = broker.advertised
+    host, port = ctx.advertised
     key_type = getattr(req, "key_type", GROUP)
     if ctx.version >= 4:
         coords = []

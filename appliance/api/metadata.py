@@ -1,9 +1,11 @@
 """Metadata (key 3), versions 0-13: the one broker, the topics, their partitions, topic ids.
 
-Runs in frontends. This node leads every partition, with itself as the only replica and ISR and a
-leader epoch of 0. A topic that does not exist is created on the spot when the request allows it
-(v4+ flag; always for v0-3) and ``topics.auto_create`` is on, with ``topics.default_partitions``
-partitions; we wait for its writers, so the same answer already lists it (Kafka answers
+Runs in frontends. The broker is described with the advertised endpoint of the listener the
+request came through, as Kafka does. This node leads every partition, with itself as the only
+replica and ISR and a leader epoch of 0 (``LEADER_EPOCH``, the epoch every stored batch carries).
+A topic that does not exist is created on the spot when the request allows it (v4+ flag; always
+for v0-3) and ``topics.auto_create`` is on, with ``topics.default_partitions`` partitions; we
+wait for its writers, so the same answer already lists it (Kafka answers
 LEADER_NOT_AVAILABLE first and lets the client retry; a ready answer saves that round trip).
 
 Authorization (Kafka's KafkaApis.handleTopicMetadataRequest): only topics the principal may
@@ -23,7 +25,7 @@ import uuid
 from appliance.acl.model import CLUSTER_NAME, AclOperation, ResourceType
 from appliance.api import handles
 from appliance.protocol.messages import build
-from appliance.catalog import CreateTopicsRequest, NewTopic, check_topic_name
+from appliance.catalog import LEADER_EPOCH, CreateTopicsRequest, NewTopic, check_topic_name
 from appliance.errors import ErrorCode, KafkaError
 
 ZERO_UUID = uuid.UUID(int=0)
@@ -61,7 +63,9 @@ async def handle(ctx, req):
                     by_id.add(info.name)
             else:
                 names.append(name)
+    # Kafka answers a topic named twice once (it reads the request's topics into a set).
     names = list(dict.fromkeys(names))
+    unknown_ids = list(dict.fromkeys(unknown_ids))
     denied = {n for n in names if n is not None and not ctx.authorize(O.DESCRIBE, R.TOPIC, n)}
     if all_topics:
         names = [n for n in names if n not in denied]
@@ -94,7 +98,7 @@ async def handle(ctx, req):
                 errors[r.name] = ErrorCode.leader_not_available
         catalog = broker.catalog
 
-    host, port = broker.advertised
+    host, port = ctx.advertised
     include_ops = v >= 8 and getattr(req, "include_topic_authorized_operations", False)
     topics = []
     for n in names:
@@ -117,7 +121,7 @@ async def handle(ctx, req):
             continue
         partitions = tuple(
             dict(error_code=ErrorCode.none, partition_index=p,
-                 leader_id=broker.node_id, leader_epoch=0, replica_nodes=(broker.node_id,),
+                 leader_id=broker.node_id, leader_epoch=LEADER_EPOCH, replica_nodes=(broker.node_id,),
                  isr_nodes=(broker.node_id,), offline_replicas=())
             for p in range(info.partitions))
         topics.append(dict(error_code=ErrorCode.none, name=info.name,

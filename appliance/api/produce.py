@@ -25,7 +25,9 @@ IdempotentWrite (or Write on some topic) at InitProducerId only.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import Counter
 
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import CloseConnection, handles
@@ -47,47 +49,151 @@ def _flagged_transactional(records) -> bool:
     return (records is not None and len(records) > ATTRIBUTES_OFFSET + 1
             and bool(records[ATTRIBUTES_OFFSET + 1] & 0x10))
 
+log = logging.getLogger("appliance.produce")
 
-def _max_bytes(cfg, info) -> int:
-    v = info.configs.get("max.message.bytes")
+FAILED_PRODUCE = "kafka_server_brokertopicmetrics_failedproducerequests"
+
+# A request gives the event loop back after this long, looked at every YIELD_EVERY partitions
+# (validating and sending a batch cost 20-250 µs: a usual request never yields).
+YIELD_EVERY = 64
+YIELD_AFTER_S = 0.05
+
+
+class _Refusals:
+    """Logs refused batches (too large, corrupt, invalid records) once per topic a minute, with
+    how many more were refused meanwhile: an operator sees a misconfigured producer, a
+    hostile one cannot flood the log."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[float, int]] = {}     # topic -> (logged at, refused since)
+
+    def note(self, topic: str, partition: int, e: KafkaError, host: str) -> None:
+        now = time.monotonic()
+        at, since = self.last.get(topic, (-self.EVERY_S, 0))
+        if now - at < self.EVERY_S:
+            self.last[topic] = (at, since + 1)
+            return
+        self.last[topic] = (now, 0)
+        more = f" ({since} more refused in the last minute)" if since else ""
+        log.info("refused a batch for %s-%d from %s: %s %s%s", topic, partition, host,
+                 e.code.name.upper(), e.message or "", more)
+
+
+_REFUSALS = _Refusals()
+
+
+def _max_bytes(cfg, configs) -> int:
+    v = configs.get("max.message.bytes")
     return int(v) if v is not None else cfg.log.message_max_bytes
 
 
-def _validate_records(cfg, info, topic: str, pd, header, max_bytes: int, now_ms: int) -> None:
+def _validate_records(cfg, configs, topic: str, pd, header, max_bytes: int, now_ms: int) -> None:
     """Kafka's LogValidator per-record rules (``record_contents``): framing, offset deltas,
     timestamps, compressed data inflated within ``decompressed_batch_max_factor`` times the
     topic's max.message.bytes. Raises the KafkaError the partition answers."""
     log = cfg.log
-    timestamp_type = info.configs.get("message.timestamp.type", log.message_timestamp_type)
+    timestamp_type = configs.get("message.timestamp.type", log.message_timestamp_type)
     # On a LogAppendTime topic the writer stamps the broker's clock: the producer's timestamps
     # are never checked (Kafka's validateTimestamp only looks at CreateTime).
     limit = log.message_timestamp_before_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
     after = log.message_timestamp_after_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
     validate_records(pd.records, header, max_bytes=max_bytes * log.decompressed_batch_max_factor,
                      now_ms=now_ms, before_ms=limit, after_ms=after,
-                     compacted="compact" in info.configs.get("cleanup.policy", ""),
+                     compacted="compact" in configs.get("cleanup.policy", ""),
                      topic_partition=f"{topic}-{pd.index}")
 
 
 @handles(0, "Produce", 3, 12)
 async def handle(ctx, req):
     broker = ctx.broker
-    catalog = broker.catalog
     acks = req.acks
     timeout_s = max(req.timeout.total_seconds(), 0.001) if req.timeout is not None else 30.0
     txn_id = req.transactional_id
-    # Validate every partition's batch first: a transactional batch anywhere in a request without
-    # a transactional id fails the whole request (Kafka's KafkaApis.handleProduceRequest).
-    checked: list[tuple[str, object, int, object]] = []   # (topic, info, index, header or error)
-    record_errors: dict[tuple[str, int], list[tuple[int, str]]] = {}   # Produce v8+
+    order = _SendOrder(ctx.connection)
+    try:
+        # Validate every partition's batch first: a transactional batch anywhere in a request
+        # without a transactional id fails the whole request (Kafka's handleProduceRequest).
+        checked, record_errors, transactional, authorize = await _validate(ctx, req, order)
+        await order.my_turn()
+        refuse_txn = transactional and (
+            not txn_id or (authorize is not None and not authorize(WRITE, TRANSACTIONAL_ID, txn_id)))
+        pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
+        any_error = False
+        pace = _Pace(order)
+        for name, info, pd, what in checked:
+            if pace.due():
+                await pace.rest()
+            if refuse_txn:
+                res = ProduceResult(int(ErrorCode.transactional_id_authorization_failed),
+                                    error_message="transactional records need a transactional id"
+                                    if not txn_id else None)
+            elif isinstance(what, ProduceResult):
+                res = what
+            else:
+                res = broker.produce(info, pd.index, acks, pd.records, timeout_s, ctx.version, txn_id)
+            if isinstance(res, ProduceResult) and res.error_code:
+                any_error = True
+            pending.append((name, pd.index, res))
+    finally:
+        order.sent()
+    catalog = broker.catalog
+    if acks == 0:
+        _count(ctx, catalog, [(name, r) for name, _, r in pending if isinstance(r, ProduceResult)])
+        return CloseConnection("error in a produce request with acks=0") if any_error else None
+    futures = [r for _, _, r in pending if isinstance(r, asyncio.Future)]
+    if futures:
+        await asyncio.gather(*futures)
+    by_topic: dict[str, ProduceTopic] = {}
+    done: list[tuple[str, ProduceResult]] = []
+    for name, index, r in pending:
+        if isinstance(r, asyncio.Future):
+            r = r.result()
+        done.append((name, r))
+        topic = by_topic.get(name)
+        if topic is None:
+            topic = by_topic[name] = ProduceTopic(name, None)
+        topic.partitions.append(ProducePartition(index, r.error_code, r.base_offset, r.log_append_time,
+                                                 r.log_start_offset, record_errors.get((name, index), ()),
+                                                 r.error_message))
+    _count(ctx, catalog, done)
+    return encode_produce_response(ctx.version, list(by_topic.values()))
+
+
+def _count(ctx, catalog, results: list[tuple[str, ProduceResult]]) -> None:
+    """Metrics: the answer's error codes, and failed partitions of existing topics
+    (FailedProduceRequestsPerSec; the topic label of an unknown topic would be the client's to
+    choose)."""
+    errors: Counter = Counter()
+    counters = ctx.broker.counters
+    for name, r in results:
+        errors[r.error_code] += 1
+        if r.error_code and name in catalog.topics:
+            counters.topic(FAILED_PRODUCE, name)
+    ctx.errors = errors
+
+
+async def _validate(ctx, req, order: "_SendOrder"):
+    """Per partition: the batch header (``validate_batch``) or the ProduceResult that refuses
+    it; the per-record errors (v8+); whether any batch is transactional; the request's authorize
+    function (None: every write allowed, the authorizer off or a super user)."""
+    broker = ctx.broker
+    catalog = broker.catalog
+    acks = req.acks
+    checked: list[tuple[str, object, object, object]] = []   # (topic, info, partition data, header or error)
+    record_errors: dict[tuple[str, int], list[tuple[int, str]]] = {}
     now_ms = int(time.time() * 1000)
     transactional = False
     authz = broker.authorizer          # the hot path: decided once per request for a super user
     authorize = None if not authz.enabled or ctx.principal in authz.super_users else ctx.authorize
+    pace = _Pace(order)
     for td in req.topic_data:
         info = catalog.topics.get(td.name)
         allowed = authorize is None or authorize(WRITE, TOPIC, td.name)
         for pd in td.partition_data:
+            if pace.due():
+                await pace.rest()
             if not allowed:
                 what = ProduceResult(int(ErrorCode.topic_authorization_failed))
                 # Kafka looks at every batch for the transactional flag, authorized or not.
@@ -103,44 +209,77 @@ async def handle(ctx, req):
                 what = ProduceResult(int(ErrorCode.unknown_topic_or_partition))
             else:
                 try:
-                    max_bytes = _max_bytes(broker.cfg, info)
+                    # The topic's configs over the dynamic broker ones (live: AlterConfigs)
+                    configs = catalog.overrides(info)
+                    max_bytes = _max_bytes(broker.cfg, configs)
                     what = validate_batch(pd.records or b"", max_bytes, produce_version=ctx.version)
-                    _validate_records(broker.cfg, info, td.name, pd, what, max_bytes, now_ms)
+                    _validate_records(broker.cfg, configs, td.name, pd, what, max_bytes, now_ms)
                     transactional = transactional or what.is_transactional
                 except KafkaError as e:
                     what = ProduceResult(int(e.code), error_message=e.message)
                     if isinstance(e, RecordValidationError):
                         record_errors[(td.name, pd.index)] = e.record_errors
+                    _REFUSALS.note(td.name, pd.index, e, ctx.client_host)
             checked.append((td.name, info, pd, what))
-    refuse_txn = transactional and (
-        not txn_id or (authorize is not None and not authorize(WRITE, TRANSACTIONAL_ID, txn_id)))
-    pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
-    any_error = False
-    for name, info, pd, what in checked:
-        if refuse_txn:
-            res = ProduceResult(int(ErrorCode.transactional_id_authorization_failed),
-                                error_message="transactional records need a transactional id"
-                                if not txn_id else None)
-        elif isinstance(what, ProduceResult):
-            res = what
-        else:
-            res = broker.produce(info, pd.index, acks, pd.records, timeout_s, ctx.version, txn_id)
-        if isinstance(res, ProduceResult) and res.error_code:
-            any_error = True
-        pending.append((name, pd.index, res))
-    if acks == 0:
-        return CloseConnection("error in a produce request with acks=0") if any_error else None
-    futures = [r for _, _, r in pending if isinstance(r, asyncio.Future)]
-    if futures:
-        await asyncio.gather(*futures)
-    by_topic: dict[str, ProduceTopic] = {}
-    for name, index, r in pending:
-        if isinstance(r, asyncio.Future):
-            r = r.result()
-        topic = by_topic.get(name)
-        if topic is None:
-            topic = by_topic[name] = ProduceTopic(name, None)
-        topic.partitions.append(ProducePartition(index, r.error_code, r.base_offset, r.log_append_time,
-                                                 r.log_start_offset, record_errors.get((name, index), ()),
-                                                 r.error_message))
-    return encode_produce_response(ctx.version, list(by_topic.values()))
+    return checked, record_errors, transactional, authorize
+
+
+class _Pace:
+    """Gives the event loop back after YIELD_AFTER_S of work, looked at every YIELD_EVERY
+    partitions: a request of thousands of partitions (inflated, hostile) must not hold the
+    frontend's other connections and its heartbeat. A usual request never yields."""
+
+    __slots__ = ("order", "count", "since")
+
+    def __init__(self, order: "_SendOrder") -> None:
+        self.order = order
+        self.count = 0
+        self.since = time.monotonic()
+
+    def due(self) -> bool:
+        self.count += 1
+        if self.count < YIELD_EVERY:
+            return False
+        self.count = 0
+        return time.monotonic() - self.since > YIELD_AFTER_S
+
+    async def rest(self) -> None:
+        self.order.yielding()
+        await asyncio.sleep(0)
+        self.since = time.monotonic()
+
+
+class _SendOrder:
+    """Produce requests of one connection reach the writers in the order they came, as in Kafka
+    (one request of a connection at a time), also when one of them gave the event loop back
+    while validating and a later one finished first. Costs nothing unless a request yields:
+    the connection's ``produce_order`` is the future of its latest request not yet sent, set
+    only while some request of the connection waits or yields."""
+
+    __slots__ = ("conn", "before", "mine")
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.before = conn.produce_order          # an earlier request not sent yet, or None
+        self.mine = None
+        if self.before is not None:
+            self._register()
+
+    def _register(self) -> None:
+        self.mine = asyncio.get_running_loop().create_future()
+        self.conn.produce_order = self.mine
+
+    def yielding(self) -> None:
+        if self.mine is None:
+            self._register()
+
+    async def my_turn(self) -> None:
+        if self.before is not None and not self.before.done():
+            await self.before
+
+    def sent(self) -> None:
+        if self.mine is not None:
+            if not self.mine.done():
+                self.mine.set_result(None)
+            if self.conn.produce_order is self.mine:
+                self.conn.produce_order = None

@@ -263,6 +263,10 @@ class GroupAdmin:
         return GroupInfo(group.state.value, group.protocol_type, group.generation_id,
                          group.state_timestamp, group.subscribed_topics, group.size)
 
+    def summaries(self) -> list[tuple[str, str, int]]:
+        """(group id, Kafka's state name, members) of every group, for the metrics."""
+        return [(g.group_id, g.state.value, g.size) for g in self._groups.values()]
+
     def group_ids(self) -> list[str]:
         return list(self._groups)
 

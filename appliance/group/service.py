@@ -31,6 +31,7 @@ import logging
 from typing import Callable
 
 from appliance.catalog import OFFSETS_TOPIC
+from appliance.config import FlushPolicy
 from appliance.errors import ErrorCode
 from appliance.group.membership import GroupCoordinator, MembershipConfig
 from appliance.group.messages import (DeleteGroupsRequest, DeleteGroupsResult,
@@ -67,6 +68,15 @@ class GroupService:
             persist=lambda g, r: self.offsets.store_group(g, r, self.now()), now_ms=now_ms)
         self._next_expiry = 0
 
+    def reconfigure(self, groups_cfg, flush_policy) -> None:
+        """A configuration reload: the new ``[groups]`` section and flush policy."""
+        self.cfg = groups_cfg
+        self.groups.config = MembershipConfig(
+            groups_cfg.min_session_timeout_ms, groups_cfg.max_session_timeout_ms,
+            groups_cfg.initial_rebalance_delay_ms, groups_cfg.max_size)
+        self.offsets.offset_metadata_max_bytes = groups_cfg.offset_metadata_max_bytes
+        self.store.flush_policy = FlushPolicy(flush_policy)
+
     def load(self) -> None:
         records = self.offsets.load()
         self.groups.load(records, offset_groups=self.offsets.groups_with_offsets())
@@ -93,6 +103,14 @@ class GroupService:
 
     def next_deadline_ms(self) -> int | None:
         return self.groups.next_deadline_ms()
+
+    def metrics_snapshot(self) -> tuple[list[tuple[str, str, int]],
+                                        list[tuple[str, str, int, int]]]:
+        """For the metrics: (group id, state, members) of every group, and (group, topic,
+        partition, committed offset) of every committed offset."""
+        offsets = [(g, tp[0], tp[1], e.offset)
+                   for g, parts in self.store.offsets.items() for tp, e in parts.items()]
+        return self.groups.summaries(), offsets
 
     # -- markers ----------------------------------------------------------------------------------
     def complete_txn(self, producer_id: int, producer_epoch: int, commit: bool,

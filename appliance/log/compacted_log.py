@@ -358,13 +358,20 @@ class CompactedLog:
         if size > self.compact_bytes and size > 2 * self._live_bytes:
             try:
                 self.compact(now_ms)
-            except Exception:
+            except Exception as e:
                 # The write that triggered this is already done; compaction is retried on the
-                # next write. A failure halfway is repaired like a crash.
-                self.LOGGER.exception("%s compaction failed", self.WHAT)
+                # next write. A failure halfway is repaired like a crash; a rewrite that did not
+                # get as far as the swap is removed at once (on a full disk it holds blocks).
+                if isinstance(e, (OSError, KafkaError, CompactedLogWriteError)) \
+                        and self._log is not None:
+                    self.LOGGER.warning("%s compaction failed: %s", self.WHAT, e)
+                else:
+                    self.LOGGER.exception("%s compaction failed", self.WHAT)
                 if self._log is None:
                     self._repair()
                     self._log = PartitionLog.open(self._swap.live, self._settings, self._now(now_ms))
+                elif not os.path.exists(os.path.join(self._swap.new, COMPLETE_MARKER)):
+                    rmtree(self._swap.new)
 
     def _step(self, name: str) -> None:
         if self._crash_hook is not None:

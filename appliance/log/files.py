@@ -5,7 +5,7 @@ these files) and by readers (fetchers, frontends), which only list and open them
 
 A partition directory, Kafka's layout plus three small files of our own::
 
-    00000000000000000000.log        record batches, preallocated (sparse) while active
+    00000000000000000000.log        record batches (given blocks ahead of the appends while active)
     00000000000000000000.index      offset index: [u32 relative offset, u32 position] * n
     00000000000000000000.timeindex  time index:   [i64 timestamp, u32 relative offset] * n
     00000000000000000000.txnindex   aborted transactions whose ABORT marker is in this segment
@@ -25,14 +25,18 @@ never mapped - readers ``pread`` them - so they are appended to and cut in place
 
 from __future__ import annotations
 
+import errno
 import os
+
+from shm.region import allocate
 
 __all__ = [
     "LOG_SUFFIX", "INDEX_SUFFIX", "TIMEINDEX_SUFFIX", "TXNINDEX_SUFFIX", "TMP_SUFFIX",
     "LOG_START_OFFSET_FILE", "RECOVERY_POINT_FILE", "CLEAN_SHUTDOWN_FILE",
     "segment_name", "log_path", "index_path", "timeindex_path", "txnindex_path",
     "list_segment_bases",
-    "fsync_dir", "atomic_write", "read_checkpoint", "write_checkpoint",
+    "fsync_dir", "atomic_write", "write_tmp_copies", "allocate", "grow_file", "read_checkpoint",
+    "write_checkpoint", "NO_SPACE", "is_no_space",
 ]
 
 LOG_SUFFIX = ".log"
@@ -44,6 +48,12 @@ LOG_START_OFFSET_FILE = "log-start-offset"
 RECOVERY_POINT_FILE = "recovery-point"
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 _CHECKPOINT_VERSION = 0
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_no_space(e: BaseException) -> bool:
+    """A full file system (or quota), as opposed to an I/O error."""
+    return isinstance(e, OSError) and e.errno in NO_SPACE
 
 
 def segment_name(base_offset: int) -> str:
@@ -86,6 +96,33 @@ def list_segment_bases(directory: str, suffix: str = LOG_SUFFIX) -> list[int]:
     return out
 
 
+def grow_file(fd: int, size: int, want: int, need: int) -> int:
+    """Give a file whose first ``size`` bytes have their blocks more of them: up to ``want``
+    bytes, or only up to ``need`` when the file system has less than twice that step left (what
+    is taken ahead of the appends must not take the last blocks, which the disk reserve keeps for
+    recovery and deletes) or not that much at all; returns the file's new size (every byte below
+    it has its blocks). OSError (ENOSPC) when not even ``need`` fits; the file keeps whatever size
+    it had then (ext4 keeps what it allocated)."""
+    if want > need:
+        st = os.fstatvfs(fd)
+        if st.f_bavail * st.f_frsize < 2 * (want - size):
+            want = need
+    error: OSError | None = None
+    for target in ((want, need) if need < want else (want,)):
+        try:
+            allocate(fd, target - size, size)
+            return target
+        except OSError as e:
+            if not is_no_space(e):
+                raise
+            size = max(size, os.fstat(fd).st_size)
+            if size >= need:
+                return size
+            error = e
+    assert error is not None
+    raise error
+
+
 def fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -94,24 +131,60 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes, *, size: int | None = None, sync: bool = True) -> None:
-    """Replace ``path`` with ``data`` (optionally extended, sparse, to ``size`` bytes) so that a
-    crash leaves either the old or the new file; readers holding the old file mapped keep it."""
+def _write_tmp(path: str, data: bytes, sync: bool, mode: int = 0o644) -> str:
+    """``data`` in ``path.tmp`` (fsynced when ``sync``; a new file gets ``mode``); on failure (a
+    full disk) the partial copy is removed again, giving its blocks back, and the error raised."""
     tmp = path + TMP_SUFFIX
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if size is not None and size > len(data):
-            os.ftruncate(fd, size)
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return tmp
+
+
+def write_tmp_copies(items: list[tuple[str, bytes]]) -> list[tuple[str, str]]:
+    """The first half of replacing several files at once: each ``data`` written and fsynced
+    under ``path.tmp``; returns (tmp, path) pairs for ``os.replace``. All or none: on a failure
+    the copies already made are removed and the error raised."""
+    done: list[tuple[str, str]] = []
+    try:
+        for path, data in items:
+            done.append((_write_tmp(path, data, True), path))
+    except BaseException:
+        for tmp, _ in done:
+            _unlink_quietly(tmp)
+        raise
+    return done
+
+
+def atomic_write(path: str, data: bytes, *, sync: bool = True, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file;
+    readers holding the old file mapped keep it. A new file gets ``mode`` (0o600 for secrets).
+    On a full disk (ENOSPC) the old file stands and nothing of the new one is left behind."""
+    tmp = _write_tmp(path, data, sync, mode)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
     if sync:
         fsync_dir(os.path.dirname(path) or ".")
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def read_checkpoint(path: str) -> int | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from typing import Callable
 
 
@@ -27,6 +28,10 @@ class Flusher:
         self.durable = durable          # every batch below this offset is on disk
         self.busy = False
         self.error: OSError | None = None
+        # The last flush's fdatasync time and how many flushes finished: the writer's loop turns
+        # them into its flush-latency histogram (it owns the metrics, the thread only reports).
+        self.last_us = 0
+        self.completed = 0
         self._thread = threading.Thread(target=self._run, name="flusher", daemon=True)
         self._thread.start()
 
@@ -45,11 +50,14 @@ class Flusher:
             if item is None:
                 return
             fd, offset = item
+            t0 = time.monotonic_ns()
             try:
                 os.fdatasync(fd)
             except OSError as e:
                 self.error = e
             else:
+                self.last_us = (time.monotonic_ns() - t0) // 1000
+                self.completed += 1
                 if offset > self.durable:
                     self.durable = offset
             finally:

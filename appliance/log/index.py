@@ -1,9 +1,9 @@
 """Kafka's offset and time indexes of one log segment, as memory maps.
 
-The partition writer opens the active segment's indexes writable (preallocated to
-``log.segment_index_bytes``, sparse) and appends; fetchers and the writer's own timestamp lookups
-open them read-only. Formats and lookup semantics are Kafka's (OffsetIndex, TimeIndex,
-AbstractIndex); values are big-endian::
+The partition writer opens the active segment's indexes writable (up to
+``log.segment_index_bytes``, the file given its blocks a step at a time, see "the file's blocks"
+below) and appends; fetchers and the writer's own timestamp lookups open them read-only. Formats
+and lookup semantics are Kafka's (OffsetIndex, TimeIndex, AbstractIndex); values are big-endian::
 
     offset index, 8 bytes per entry           time index, 12 bytes per entry
     0      4  relative offset  u32            0      8  timestamp        i64
@@ -14,7 +14,7 @@ An offset-index entry maps the *last* offset of a batch to the position where th
 ``(t, o)`` says "the largest timestamp up to offset o is t"; ``lookup(t)`` returns the greatest
 entry with timestamp <= t (or ``(-1, base)``). Entries are strictly increasing.
 
-How a reader knows how many entries are valid without trusting the preallocated zeros:
+How a reader knows how many entries are valid without trusting the zeros of unwritten slots:
 every entry has a *commit word* (marked above) that is never 0 in a written entry - an offset
 entry's position is never 0 (Kafka's rule adds the first entry only after index.interval.bytes
 have gone by, so the batch at position 0 is never indexed), and a time entry other than the first
@@ -30,21 +30,39 @@ Readers also only use an entry for offsets below the high watermark they were gi
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
 import sys
 
-from appliance.log.files import atomic_write
+from appliance.log.files import allocate, atomic_write, grow_file
 
 __all__ = ["CorruptIndex", "OffsetIndex", "TimeIndex", "encode_offset_entries", "encode_time_entries"]
 
 _MAX_RELATIVE = 0x7FFFFFFF
+INDEX_GROW_BYTES = 64 * 1024      # what the writer allocates at a time (8192 offset entries)
 _OFF_ENTRY = struct.Struct(">II")
 _TIME_ENTRY = struct.Struct(">qI")
 _U32 = struct.Struct(">I")
 _Q = struct.Struct(">q")
 _LITTLE = sys.byteorder == "little"
+
+
+def _allocated_entries(fd: int, count: int, entry_size: int) -> int:
+    """The writer's open: give the file's ``count`` entries their blocks (a file of an older
+    layout was extended sparse), or, on a full disk, count only those before its first hole."""
+    if not count:
+        return 0
+    try:
+        allocate(fd, count * entry_size)
+        return count
+    except OSError:
+        try:
+            hole = os.lseek(fd, 0, os.SEEK_HOLE)
+        except OSError:
+            return 0
+        return min(count, hole // entry_size)
 
 
 def _native_word(value: int) -> int:
@@ -67,34 +85,97 @@ class _Index:
         self.base_offset = base_offset
         self.writable = writable
         e = self.ENTRY_SIZE
+        self._fd = -1
+        self._map: mmap.mmap | None = None
+        self._words: memoryview | None = None
+        self._final = False
         fd = os.open(path, (os.O_RDWR | os.O_CREAT) if writable else os.O_RDONLY, 0o644)
         try:
             st = os.fstat(fd)
-            size = st.st_size
             self.inode = st.st_ino
-            self.file_size = size
+            self.file_size = st.st_size
+            self._alloc = st.st_size // e          # whole entries the file holds (with blocks)
             if writable:
-                want = max_bytes - max_bytes % e
-                if entries is not None:
-                    want = max(want, entries * e)
-                if size < want:
-                    os.ftruncate(fd, want)     # sparse preallocation
-                    size = want
-            length = size - size % e
-            if length:
-                prot = (mmap.PROT_READ | mmap.PROT_WRITE) if writable else mmap.PROT_READ
-                self._map: mmap.mmap | None = mmap.mmap(fd, length, mmap.MAP_SHARED, prot)
-                self._words: memoryview | None = memoryview(self._map).cast("I")
+                self.max_entries = max(max_bytes // e, entries or 0, self._alloc)
+                self._alloc = _allocated_entries(fd, self._alloc, e)
             else:
-                self._map = None
-                self._words = None
-        finally:
+                self.max_entries = self._alloc
+            self._map_entries(fd, self._alloc)
+        except BaseException:
             os.close(fd)
-        self.max_entries = length // e
+            self.close()
+            raise
+        if writable:
+            self._fd = fd                          # kept: the file grows while it is active
+        else:
+            os.close(fd)
         self._n = 0
         self._flushed = 0
         self._n = entries if entries is not None else self._detect_count(0)
         self._flushed = self._n
+        if writable:
+            try:
+                self.reserve()
+            except OSError:
+                pass     # a full disk: the first append that needs the room says so (ENOSPC)
+
+    # -- the file's blocks ------------------------------------------------------------------
+    # The file holds only slots that have their blocks (posix_fallocate), and the maps cover
+    # just the file: a store into a sparse page on a full disk, or on tmpfs even a read of one,
+    # is a SIGBUS, and a map past the end of the file is one too. The writer grows the file
+    # INDEX_GROW_BYTES at a time, before the append that needs the room (``reserve``, called
+    # before the batch is written), so a full disk is an ENOSPC with nothing written; it keeps a
+    # free slot after the last entry while the index can still grow, so a reader whose map is
+    # all written entries knows the file has grown (or is final) and looks once (``entries``).
+    def _map_entries(self, fd: int, count: int) -> None:
+        words, m = self._words, self._map
+        self._words = self._map = None
+        if words is not None:
+            words.release()
+        if m is not None:
+            m.close()
+        if count:
+            prot = (mmap.PROT_READ | mmap.PROT_WRITE) if self.writable else mmap.PROT_READ
+            self._map = mmap.mmap(fd, count * self.ENTRY_SIZE, mmap.MAP_SHARED, prot)
+            self._words = memoryview(self._map).cast("I")
+
+    def reserve(self) -> None:
+        """Make sure the next entry, and one free slot after it, have their blocks (writer).
+        OSError (ENOSPC) when the file system has no room for the next entry."""
+        if self._n + 1 >= self._alloc and self._alloc < self.max_entries:
+            need = min(self.max_entries, self._n + 2)
+            want = min(self.max_entries, max(need, self._alloc + INDEX_GROW_BYTES // self.ENTRY_SIZE))
+            e = self.ENTRY_SIZE
+            try:
+                grow_file(self._fd, self._alloc * e, want * e, need * e)
+            finally:
+                got = os.fstat(self._fd).st_size // e       # ext4 keeps what it allocated
+                if got > self._alloc:
+                    self._map_entries(self._fd, got)
+                    self._alloc = got
+                    self.file_size = got * e
+        if self._n >= self._alloc:
+            raise OSError(errno.ENOSPC, f"no room in {self.path} for another entry")
+
+    def _follow_growth(self) -> None:
+        """Reader whose map holds only written entries: remap if the writer grew the file; once
+        the file is seen to be final (trimmed, replaced, or at its size limit), never look again."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            self._final = True
+            return
+        try:
+            st = os.fstat(fd)
+            count = st.st_size // self.ENTRY_SIZE
+            if st.st_ino != self.inode or count <= self._alloc:
+                self._final = True
+                return
+            self._map_entries(fd, count)
+            self._alloc = self.max_entries = count
+            self.file_size = st.st_size
+        finally:
+            os.close(fd)
 
     # -- entry count ------------------------------------------------------------------------
     def _committed(self, slot: int) -> bool:
@@ -102,7 +183,7 @@ class _Index:
 
     def _detect_count(self, lo: int) -> int:
         """First slot >= lo whose commit word is 0 (slots below lo are known to be written)."""
-        hi = self.max_entries
+        hi = self._alloc
         while lo < hi:
             mid = (lo + hi) // 2
             if self._committed(mid):
@@ -115,8 +196,13 @@ class _Index:
     def entries(self) -> int:
         """Valid entries: exact for the writer; for a reader, re-detected (entries only grow
         in a mapped file - shrinking happens by replacing the file, see files.py)."""
-        if not self.writable and self._map is not None:
-            self._n = self._detect_count(self._n)
+        if not self.writable:
+            if self._map is not None:
+                self._n = self._detect_count(self._n)
+            if self._n >= self._alloc and not self._final:
+                self._follow_growth()
+                if self._map is not None:
+                    self._n = self._detect_count(self._n)
         return self._n
 
     def is_full(self) -> bool:
@@ -165,6 +251,9 @@ class _Index:
         if self._map is not None:
             self._map.close()
             self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self):
         return self
@@ -214,6 +303,8 @@ class OffsetIndex(_Index):
             raise ValueError("position 0 is never indexed (it is the empty-slot marker)")
         rel = self._relative(offset)
         n = self._n
+        if n + 1 >= self._alloc:
+            self.reserve()
         _U32.pack_into(self._map, n * 8, rel)                    # type: ignore[arg-type]
         self._words[n * 2 + 1] = _native_word(position)          # type: ignore[index]  commit
         self._n = n + 1
@@ -264,7 +355,7 @@ class TimeIndex(_Index):
         self._last = self.entry(self._n - 1) if self._n else (-1, base_offset)
 
     def _detect_count(self, lo: int) -> int:
-        if self.max_entries == 0:
+        if self._alloc == 0:
             return 0
         if lo == 0:
             # Slot 0 may legitimately have relative offset 0: decide it on the whole entry.
@@ -322,6 +413,8 @@ class TimeIndex(_Index):
         rel = self._relative(offset)
         if n and rel == 0:
             return False     # cannot happen (see module docstring); never write an uncommittable entry
+        if n + 1 >= self._alloc:
+            self.reserve()
         _Q.pack_into(self._map, n * 12, timestamp)                # type: ignore[arg-type]
         self._words[n * 3 + 2] = _native_word(rel)                # type: ignore[index]  commit
         self._n = n + 1

@@ -25,7 +25,7 @@ Opening (Kafka's LogLoader semantics):
      index sanity checks and a header walk of their tail, and recovered if that fails;
   5. if the log end is below the log start offset (files lost), start over empty at the log start
      offset; with no segment at all, create one there;
-  6. remove the marker, re-extend the active segment's files, and go.
+  6. remove the marker, give the active segment's files their blocks again, and go.
 
 Aborted-transaction index (``.txnindex``, see ``txn_index.py``): the writer appends an entry with
 ``append_aborted`` right after the ABORT marker it belongs to (``append_control``) and before it
@@ -47,11 +47,20 @@ A crash at any instant leaves a state this recovers from: an append is torn at w
 it); a roll seals the old segment completely (trimmed and fsynced) before it creates the new
 files and then advances the recovery point, so at most the last two segments need a scan; a
 retention delete persists the new log start offset before unlinking anything.
+
+A full disk changes nothing that was appended and stops nothing: an append, or a roll, that finds
+no room raises KAFKA_STORAGE_ERROR with the log as it was (``segment.py``), and is tried again by
+the next append, so produce resumes by itself once space is freed. What only saves work at the
+next recovery is skipped on a full disk (the producer snapshot of a roll, the recovery-point and
+log-start checkpoints: stale, they err on the safe side), and retention deletes anyway, since it
+is what frees the disk. A marker whose aborted-transaction entry cannot be written is taken back
+(``undo_control``).
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import mmap
 import os
 import time
@@ -60,22 +69,33 @@ from typing import Callable, Iterator, Literal, Mapping, NamedTuple
 
 import msgspec
 
+from appliance.catalog import LEADER_EPOCH
 from appliance.config import LogConfig
 from appliance.errors import CorruptRecord, ErrorCode, KafkaError
 from appliance.log.files import (CLEAN_SHUTDOWN_FILE, INDEX_SUFFIX, LOG_START_OFFSET_FILE,
                                  RECOVERY_POINT_FILE, TIMEINDEX_SUFFIX, TMP_SUFFIX, TXNINDEX_SUFFIX,
-                                 fsync_dir, index_path, list_segment_bases, log_path,
-                                 read_checkpoint, txnindex_path, write_checkpoint)
+                                 fsync_dir, index_path, is_no_space, list_segment_bases, log_path,
+                                 read_checkpoint, timeindex_path, txnindex_path, write_checkpoint)
 from appliance.log.index import OffsetIndex
-from appliance.log.segment import (LogSegment, SegmentInfo, delete_segment_files, load_segment,
-                                   recover_segment)
+from appliance.log.segment import (LogDirFailure, LogSegment, SegmentInfo, SegmentMark,
+                                   delete_segment_files, load_segment, recover_segment)
 from appliance.log.txn_index import AbortedTxn, TransactionIndex
 from appliance.log.txn_index import sane as txn_index_sane
 from appliance.protocol.records import (HEADER_SIZE, BatchHeader, build_control_batch,
                                         iter_batch_headers, parse_control_record, read_header,
-                                        set_base_offset, stamp_log_append_time)
+                                        set_base_offset, set_partition_leader_epoch,
+                                        stamp_log_append_time)
 
 __all__ = ["LogSettings", "AppendInfo", "PartitionLog", "AbortedTxn"]
+
+log = logging.getLogger("appliance.log")
+
+
+def _entries_in(path: str, entry_size: int) -> int:
+    try:
+        return os.path.getsize(path) // entry_size
+    except OSError:
+        return 0
 
 
 # Kafka topic-config names -> LogSettings fields.
@@ -176,10 +196,15 @@ class PartitionLog:
                                        else txn_index_rebuild_from)
         self._rebuild_pending = rebuild_pending     # recovery point held back for the rebuild
         self._rebuild_ix: TransactionIndex | None = None   # a sealed segment's, during rebuild
+        self._control_mark: tuple[AppendInfo, SegmentMark] | None = None
+        self._unsaved_start = False     # log-start-offset checkpoint not written (full disk)
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
-    def open(cls, directory: str, settings: LogSettings, now_ms: int) -> "PartitionLog":
+    def open(cls, directory: str, settings: LogSettings, now_ms: int,
+             progress: Callable[[int], None] | None = None) -> "PartitionLog":
+        """Open (recovering as needed); ``progress`` gets the bytes of each segment once it is
+        loaded or recovered (for the operator's view of a long recovery)."""
         os.makedirs(directory, exist_ok=True)
         s = settings
         seg_kw = dict(segment_bytes=s.segment_bytes, index_bytes=s.segment_index_bytes,
@@ -220,14 +245,18 @@ class PartitionLog:
             if got is not None:
                 info, n_off, n_time = got
                 loaded.append(_Loaded(info, n_off, n_time, 0))
+                if progress is not None:
+                    progress(info.size)
             else:
                 if rebuild_from is None:
                     rebuild_from = base
                 info, corrupt, build = recover_segment(
-                    directory, base, active=False, next_base=next_base,
+                    directory, base, next_base=next_base,
                     max_decompressed_bytes=s.max_decompressed_bytes, **seg_kw)
                 loaded.append(_Loaded(info, len(build.offsets), len(build.times),
                                       build.bytes_since_last_entry))
+                if progress is not None:
+                    progress(info.size)
                 if corrupt and not last:
                     for b in bases[i + 1:]:
                         delete_segment_files(directory, b)
@@ -255,7 +284,7 @@ class PartitionLog:
         else:
             lso = max(lso, loaded[0].info.base_offset)
             last = loaded[-1]
-            # Reopen the last segment for writing: the sealed files get their preallocation back.
+            # Reopen the last segment for writing: the sealed files get blocks ahead again.
             # A loaded-but-unscanned segment needs its bytes-since-last-entry counter.
             if last.offset_entries and not last.bytes_since:
                 with OffsetIndex(index_path(directory, last.info.base_offset),
@@ -337,23 +366,27 @@ class PartitionLog:
             max_ts = log_append_time = now_ms
         else:
             max_ts, log_append_time = h.max_timestamp, -1
-        if active.size and (not active.has_room(size, last) or self._time_to_roll(active, now_ms, max_ts)):
-            active = self._roll(now_ms)
-        set_base_offset(batch, base)
-        if log_append_time >= 0:
-            stamp_log_append_time(batch, now_ms)
         try:
+            if active.size and (not active.has_room(size, last)
+                                or self._time_to_roll(active, now_ms, max_ts)):
+                active = self._roll(now_ms)
+            set_base_offset(batch, base)
+            set_partition_leader_epoch(batch, LEADER_EPOCH)
+            if log_append_time >= 0:
+                stamp_log_append_time(batch, now_ms)
             pos = active.append(batch, size, last, max_ts)
         except OSError as e:
-            # Nothing counts as appended (the segment's size did not move; stray bytes past it
-            # are overwritten by the next append or cut by recovery). Kafka answers
-            # KAFKA_STORAGE_ERROR when a log dir fails.
+            # Nothing counts as appended: the room is taken before the batch is written (the
+            # segment's size does not move, bytes of a short write are zeroed again), and a
+            # roll that cannot get its room leaves the old segment active. Kafka answers
+            # KAFKA_STORAGE_ERROR when a log dir cannot take a write; here the writer lives on
+            # and the next append tries again, so produce resumes once there is space.
             raise KafkaError(ErrorCode.kafka_storage_error, f"cannot append to {self.directory}: {e}") from None
         return AppendInfo(base, last, log_append_time, pos, active.base_offset)
 
     def append_control(self, producer_id: int, producer_epoch: int, commit: bool,
-                       coordinator_epoch: int, now_ms: int, *, partition_leader_epoch: int = 0
-                       ) -> AppendInfo:
+                       coordinator_epoch: int, now_ms: int, *,
+                       partition_leader_epoch: int = LEADER_EPOCH) -> AppendInfo:
         """Append a COMMIT or ABORT marker of ``producer_id``: the batch Kafka's leader writes for
         WriteTxnMarkers (MemoryRecords.withEndTransactionMarker: CreateTime with the broker's
         clock, transactional + control attributes, base sequence -1, one control record; the
@@ -363,7 +396,25 @@ class PartitionLog:
             commit=commit, producer_id=producer_id, producer_epoch=producer_epoch,
             coordinator_epoch=coordinator_epoch, timestamp_ms=now_ms,
             partition_leader_epoch=partition_leader_epoch))
-        return self.append(batch, now_ms)
+        before = self._active
+        mark = before.mark()
+        info = self.append(batch, now_ms)
+        # What undo_control needs: the marker went to position 0 of a new segment if it rolled.
+        self._control_mark = (info, mark if self._active is before else
+                              SegmentMark(0, info.base_offset, -1, -1, -1, 0))
+        return info
+
+    def undo_control(self, info: AppendInfo) -> None:
+        """Take back the marker ``append_control`` just appended (nothing published since): its
+        bytes are zeroed and its index entries removed, so that neither readers nor a recovery
+        after a crash see it. For a marker whose aborted-transaction entry could not be
+        written: the coordinator then gets KAFKA_STORAGE_ERROR and sends it again.
+        LogDirFailure if the bytes cannot be overwritten."""
+        got = self._control_mark
+        if got is None or got[0] is not info or self._active.next_offset != info.last_offset + 1:
+            raise ValueError(f"{info} is not the last append of {self.directory}")
+        self._control_mark = None
+        self._active.rewind(got[1])
 
     def append_aborted(self, txn: AbortedTxn) -> None:
         """Add an aborted-transaction entry to the ``.txnindex`` of the segment holding its marker
@@ -398,8 +449,8 @@ class PartitionLog:
         self._close_rebuild_ix(sync=True)
         if self._rebuild_pending:
             fsync_dir(self.directory)
-            write_checkpoint(os.path.join(self.directory, RECOVERY_POINT_FILE), self._active.base_offset)
-            self._rebuild_pending = False
+            if self._checkpoint(RECOVERY_POINT_FILE, self._active.base_offset):
+                self._rebuild_pending = False
 
     def _close_rebuild_ix(self, *, sync: bool) -> None:
         ix = self._rebuild_ix
@@ -434,22 +485,58 @@ class PartitionLog:
         return True
 
     def _roll(self, now_ms: int) -> LogSegment:
+        """Seal the active segment and start the next one. On a full disk (OSError) the old
+        segment stays the active one, whole, and the roll is tried again by the next append:
+        the seal fails before it changes anything, and a new segment that cannot be created
+        has the sealed one reopened. What follows the swap (the producer snapshot, the recovery
+        point) only saves work at the next recovery, so a full disk skips it."""
         old = self._active
+        bytes_since = old.counts()[2]
         info = old.seal()
         s = self.settings
-        new = LogSegment.create(self.directory, info.next_offset, segment_bytes=s.segment_bytes,
-                                index_bytes=s.segment_index_bytes, interval=s.index_interval_bytes,
-                                now_ms=now_ms)
+        seg_kw = dict(segment_bytes=s.segment_bytes, index_bytes=s.segment_index_bytes,
+                      interval=s.index_interval_bytes, now_ms=now_ms)
+        try:
+            new = LogSegment.create(self.directory, info.next_offset, **seg_kw)
+        except OSError:
+            delete_segment_files(self.directory, info.next_offset)
+            d, b = self.directory, info.base_offset
+            try:
+                self._active = LogSegment(d, info, offset_entries=_entries_in(index_path(d, b), 8),
+                                          time_entries=_entries_in(timeindex_path(d, b), 12),
+                                          bytes_since_last_entry=bytes_since, **seg_kw)
+            except OSError as e:
+                raise LogDirFailure(f"cannot reopen segment {b} of {d}: {e}") from e
+            raise
         self._sealed.append(info)
         self._active = new
         if self.roll_listener is not None:
-            self.roll_listener(new.base_offset)
+            try:
+                self.roll_listener(new.base_offset)
+            except OSError as e:
+                if not is_no_space(e):
+                    raise
+                log.warning("%s: no producer snapshot at %d (file system full); the next "
+                            "recovery replays from an earlier one", self.directory, new.base_offset)
         self._close_rebuild_ix(sync=True)      # the recovery point passes rebuilt segments now
         self._rebuild_pending = False
         # The dir fsync inside write_checkpoint also makes the new files' names durable.
-        write_checkpoint(os.path.join(self.directory, RECOVERY_POINT_FILE), new.base_offset)
+        self._checkpoint(RECOVERY_POINT_FILE, new.base_offset)
         self.segments_version += 1
         return new
+
+    def _checkpoint(self, name: str, offset: int) -> bool:
+        """Write a checkpoint; on a full disk leave the old one (both checkpoints only ever
+        err on the safe side when stale: recovery scans more, or open derives the log start
+        from the first segment) and say so."""
+        try:
+            write_checkpoint(os.path.join(self.directory, name), offset)
+            return True
+        except OSError as e:
+            if not is_no_space(e):
+                raise
+            log.warning("%s: %s not updated to %d (file system full)", self.directory, name, offset)
+            return False
 
     def flush(self) -> None:
         """msync everything appended since the last flush (group commit point)."""
@@ -492,13 +579,43 @@ class PartitionLog:
         remaining = self._sealed[n:]
         new_lso = max(self._log_start_offset,
                       remaining[0].base_offset if remaining else self._active.base_offset)
-        # Persist the new start before unlinking: a crash in between is finished at open.
-        write_checkpoint(os.path.join(self.directory, LOG_START_OFFSET_FILE), new_lso)
+        # Persist the new start before unlinking: a crash in between is finished at open. On a
+        # full disk the deletes go ahead anyway (they are what frees it): oldest first, so a
+        # crash leaves a suffix of the segments, and open takes the log start from the first.
+        saved = self._checkpoint(LOG_START_OFFSET_FILE, new_lso)
         self._log_start_offset = new_lso
         self._sealed = remaining
         self.segments_version += 1
         for seg in doomed:
             delete_segment_files(self.directory, seg.base_offset)
+        if not saved:
+            self._checkpoint(LOG_START_OFFSET_FILE, new_lso)
+        return True
+
+    def delete_records(self, offset: int) -> bool:
+        """Kafka's DeleteRecords (UnifiedLog.maybeIncrementLogStartOffset, ClientRecordDeletion):
+        move the log start offset up to ``offset`` (at most the log end; never backwards),
+        persisted before any file goes, then delete the sealed segments that lie wholly below
+        it; the active segment stays, even when the whole log is below the new start. Reads
+        below the new start answer OFFSET_OUT_OF_RANGE (the reader checks the published log
+        start). Returns whether the log start moved."""
+        if offset > self.log_end_offset:
+            raise ValueError(f"log start {offset} past the log end {self.log_end_offset}")
+        if offset <= self._log_start_offset:
+            return False
+        if self._rebuild_ix is not None:
+            self.finish_txn_index_rebuild()
+        write_checkpoint(os.path.join(self.directory, LOG_START_OFFSET_FILE), offset)
+        self._log_start_offset = offset
+        bases = [s.base_offset for s in self._sealed] + [self._active.base_offset]
+        n = 0
+        while n < len(self._sealed) and bases[n + 1] <= offset:
+            n += 1
+        if n:
+            doomed, self._sealed = self._sealed[:n], self._sealed[n:]
+            self.segments_version += 1
+            for seg in doomed:
+                delete_segment_files(self.directory, seg.base_offset)
         return True
 
     # -- lookups -----------------------------------------------------------------------------

@@ -347,6 +347,19 @@ class ProducerStateManager:
             self._verifying.pop(producer_id, None)
         return CompletedTxn(producer_id, first, marker_offset, aborted)
 
+    def preview_completion(self, producer_id: int, marker_offset: int,
+                           high_watermark: int) -> tuple[int, int]:
+        """(first offset of the transaction a marker at ``marker_offset`` ends, the LSO once it
+        has ended) - what ``complete_txn`` and ``last_stable_offset`` will say, without changing
+        anything: the writer indexes an aborted transaction before it applies the marker, so a
+        failed index write leaves the producer's state as it was."""
+        entry = self.entries.get(producer_id)
+        first = entry.txn_first_offset if entry is not None and entry.txn_first_offset >= 0 \
+            else marker_offset
+        others = [off for pid, off in self._open.items() if pid != producer_id]
+        fu = min(others) if others else -1
+        return first, (fu if 0 <= fu < high_watermark else high_watermark)
+
     def first_unstable_offset(self) -> int:
         """The smallest first offset of an open transaction, -1 when none is open."""
         heap, live = self._heap, self._open

@@ -20,8 +20,13 @@ Rules that keep a reader safe while the writer appends, rolls, deletes and resta
   (the writer creates a segment's files before it bumps the version, and bumps the version before
   it publishes any offset in the new segment).
 * Index files are replaced (renamed over), never shrunk in place, so an old map stays valid;
-  ``refresh()`` re-opens maps whose file was replaced. Index answers are only hints: the header
-  found there must agree, else the segment is scanned from position 0.
+  ``refresh()`` re-opens maps whose file was replaced. The active segment's index files grow
+  (the writer gives them blocks a step at a time); a reader's map covers the file's size when
+  it was opened and follows the growth (``appliance.log.index``). Index answers are only hints:
+  the header found there must agree, else the segment is scanned from position 0.
+* Every byte of a segment's or index's file has its blocks (the writer allocates them before
+  it writes; see ``appliance.log.segment``), so a map never touches a hole: on tmpfs reading a
+  hole through a map allocates a page, a SIGBUS when the tmpfs is full.
 * Second line of defence for a caller that missed a refresh: before reading past the furthest
   batch it has verified in the last listed segment, the reader checks that file's real size (one
   ``stat``), and treats a shortfall as "stale: refresh and retry".
@@ -128,14 +133,16 @@ class _Segment:
         return self._tidx
 
     def replaced(self) -> bool:
-        """Whether an index file we hold was replaced since we opened it."""
+        """Whether an index file we hold was replaced, or resized, since we opened it (a writer
+        reopening a trimmed index grows it in place)."""
         for ix, path in ((self._oidx, index_path), (self._tidx, timeindex_path)):
             if ix is None:
                 continue
             try:
-                if os.stat(path(self.directory, self.base)).st_ino != ix.inode:
-                    return True
+                st = os.stat(path(self.directory, self.base))
             except FileNotFoundError:
+                return True
+            if st.st_ino != ix.inode or st.st_size != ix.file_size:
                 return True
         return False
 

@@ -4,13 +4,25 @@ Runs in the partition writer only (readers use ``appliance.log.reader``). A segm
 file triple ``<base>.log``, ``<base>.index``, ``<base>.timeindex`` (see ``files.py``), plus
 ``<base>.txnindex`` once an ABORT marker was written to it (``txn_index.py``).
 
-The active segment's ``.log`` is preallocated (sparse ``ftruncate`` to ``segment_bytes``); an
-append is one ``pwrite`` at the end of the valid bytes (``LogSegment.append`` says why not a store
-through a map), so the bytes are in the page cache - visible to every reader process through its
-read-only ``MAP_SHARED`` map, and surviving a kill -9 of the writer - before the writer publishes
-the new high watermark. A full disk is an ENOSPC from that pwrite, answered KAFKA_STORAGE_ERROR
-with nothing appended. The writer also maps the file ``MAP_SHARED``, only to msync the appended
-range on a flush (``flush``); the indexes are written through their own maps.
+An append is one ``pwrite`` at the end of the valid bytes (``LogSegment.append`` says why not a
+store through a map), so the bytes are in the page cache - visible to every reader process through
+its read-only ``MAP_SHARED`` map, and surviving a kill -9 of the writer - before the writer
+publishes the new high watermark. The indexes are written through the writer's maps.
+
+A full disk: every file here is as long as the blocks it has. The active ``.log`` is given them
+with ``posix_fallocate`` ``SEGMENT_GROW_BYTES`` (1 MiB) ahead of the appends, up to
+``segment_bytes`` (only what a batch needs when the disk is nearly full: ``files.grow_file``),
+never sparse: readers map the file's size, and on tmpfs even a read of a hole
+through a map allocates a page (SIGBUS when the tmpfs is full), while a store into one on any file
+system is a SIGBUS when the disk has no block for it. So the room for a batch (and for its index
+entries) is taken before any byte of it is written, and a full disk is an ENOSPC there, answered
+KAFKA_STORAGE_ERROR with nothing appended; a pwrite that fails anyway is zeroed again and not
+counted. A seal (roll) writes its only new files first, so a disk without room leaves the old
+segment active and whole; what cannot be accounted for (a failed fsync mid-seal, bytes that cannot
+be taken back) is a ``LogDirFailure``, which stops the writer for its recovery to decide, as the
+flusher does. On ext4 a write into fallocated blocks takes no new data block (the extent
+conversion draws on blocks ext4 reserves for it); a copy-on-write file system (btrfs, ZFS) cannot
+promise that, and there a failed write is still answered, not faulted.
 
 Index entries follow Kafka's LogSegment.append: an offset-index entry (last offset of the batch
 -> its position) when more than ``index_interval_bytes`` have been appended since the previous
@@ -19,39 +31,45 @@ carried it) if the largest timestamp grew; when the segment becomes inactive (ro
 a last time-index entry records the segment's largest timestamp, which retention and timestamp
 lookups read back.
 
-Sealing (roll or clean close) msyncs, truncates ``.log`` in place to its real size (readers never
-read past the published end, so no reader touches the cut pages) and replaces the indexes by
-trimmed copies (rename; readers keep the old file), then fsyncs - the ``.txnindex`` too, so
-that a segment below the recovery point has a complete, durable aborted-transaction index.
+Sealing (roll or clean close) writes the trimmed index copies, fdatasyncs, truncates ``.log`` in
+place to its real size (readers never read past the published end, so no reader touches the cut
+pages; the blocks given ahead go back) and renames the trimmed copies over the indexes (readers
+keep the old file), then fsyncs - the ``.txnindex`` too, so that a segment below the recovery point
+has a complete, durable aborted-transaction index.
 
 Recovery (``recover_segment``) follows Kafka's LogSegment.recover: walk the batches from position
 0 checking length, magic, CRC and offset continuity - and, stricter than Kafka, that the records
 can be read (framing, compressed data inflated within a bound; ``record_contents.records_ok``),
-so that a batch which passed its CRC but not a consumer is cut off too - stop at the first bad one, truncate the file
-there and rebuild both indexes from the headers just read. The indexes of a scanned segment are
-always rebuilt instead of verified: the scan has already read every header, rebuilding costs one
-pass over that list, and it cannot be fooled by entries written for a batch whose bytes did not
-survive. Segments that need no scan (``load_segment``) get Kafka's sanity check plus a header walk
-from the last index entry to the end of the file.
+so that a batch which passed its CRC but not a consumer is cut off too - stop at the first bad
+one, truncate the file there and rebuild both indexes from the headers just read. The scan maps
+no further than the file's first hole (a file of the older, sparse layout has one). The indexes
+of a scanned segment are always rebuilt instead of verified: the scan has already read every
+header, rebuilding costs one pass over that list, and it cannot be fooled by entries written for
+a batch whose bytes did not survive. Segments that need no scan (``load_segment``) get Kafka's
+sanity check plus a header walk from the last index entry to the end of the file.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from appliance.log.files import atomic_write, index_path, log_path, timeindex_path, txnindex_path
+from appliance.log.files import (atomic_write, fsync_dir, grow_file, index_path, log_path,
+                                 timeindex_path, txnindex_path, write_tmp_copies)
 from appliance.log.index import (CorruptIndex, OffsetIndex, TimeIndex, encode_offset_entries,
                                  encode_time_entries)
 from appliance.log.txn_index import TransactionIndex
 from appliance.protocol.record_contents import records_ok
 from appliance.protocol.records import BatchHeader, iter_batch_headers, scan_valid
 
-__all__ = ["SegmentInfo", "LogSegment", "IndexBuild", "build_index_entries", "recover_segment",
-           "load_segment", "delete_segment_files"]
+__all__ = ["SegmentInfo", "LogSegment", "LogDirFailure", "SegmentMark", "IndexBuild",
+           "build_index_entries", "recover_segment", "load_segment", "delete_segment_files"]
 
 MAX_RELATIVE_OFFSET = 0x7FFFFFFF
+SEGMENT_GROW_BYTES = 1 << 20      # how far ahead of the appends the active .log gets its blocks
 
 
 @dataclass(slots=True)
@@ -104,15 +122,31 @@ def _map_read(fd: int, size: int) -> mmap.mmap | None:
     return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) if size else None
 
 
-def _all_zero(m: mmap.mmap, start: int, end: int, chunk: int = 1 << 22) -> bool:
+def _data_end(fd: int, file_size: int) -> int:
+    """Where the file's first hole starts (its size when it has none). A segment is written from
+    position 0 on, so its bytes lie before that; recovery maps no further, because on tmpfs a
+    read of a hole through a map allocates the page (SIGBUS on a full tmpfs). Only a file of an
+    older layout, extended sparse to segment_bytes, has such a hole."""
+    try:
+        return min(file_size, os.lseek(fd, 0, os.SEEK_HOLE))
+    except OSError:
+        return file_size
+
+
+def _all_zero(fd: int, start: int, end: int, chunk: int = 1 << 22) -> bool:
+    """Whether [start, end) reads as zeros (pread: reading a hole allocates nothing)."""
     for off in range(start, end, chunk):
-        piece = m[off:min(end, off + chunk)]
+        piece = os.pread(fd, min(end - off, chunk), off)
         if piece.count(0) != len(piece):
             return False
-    return True
+    try:
+        os.lseek(fd, end, os.SEEK_DATA)      # any data after the first hole is not zero
+        return False
+    except OSError:
+        return True
 
 
-def recover_segment(directory: str, base_offset: int, *, active: bool, segment_bytes: int,
+def recover_segment(directory: str, base_offset: int, *, segment_bytes: int,
                     index_bytes: int, interval: int, next_base: int | None = None,
                     max_decompressed_bytes: int = 64 * 1048588
                     ) -> tuple[SegmentInfo, bool, IndexBuild]:
@@ -126,13 +160,14 @@ def recover_segment(directory: str, base_offset: int, *, active: bool, segment_b
     try:
         st = os.fstat(fd)
         file_size = st.st_size
-        m = _map_read(fd, file_size)
+        data_end = _data_end(fd, file_size)
+        m = _map_read(fd, data_end)
         batches: list[tuple[int, BatchHeader]] = []
         valid_end = 0
         corrupt = False
         if m is not None:
             try:
-                batches, valid_end = scan_valid(m, 0, file_size)
+                batches, valid_end = scan_valid(m, 0, data_end)
                 expected = base_offset
                 for i, (pos, h) in enumerate(batches):       # offsets must be contiguous
                     # A batch whose CRC holds but whose records a consumer cannot read (broken
@@ -143,30 +178,25 @@ def recover_segment(directory: str, base_offset: int, *, active: bool, segment_b
                         batches, valid_end = batches[:i], pos
                         break
                     expected = h.base_offset + h.last_offset_delta + 1
-                corrupt = valid_end < file_size and not _all_zero(m, valid_end, file_size)
             finally:
                 m.close()
+        corrupt = valid_end < file_size and not _all_zero(fd, valid_end, data_end)
         next_offset = (batches[-1][1].base_offset + batches[-1][1].last_offset_delta + 1
                        if batches else base_offset)
         if next_base is not None and next_offset != next_base:
             corrupt = True
         if valid_end < file_size:
             os.ftruncate(fd, valid_end)   # also zeroes whatever a later extension exposes
-        if active and valid_end < segment_bytes:
-            os.ftruncate(fd, segment_bytes)
         os.fsync(fd)
     finally:
         os.close(fd)
     build = build_index_entries(batches, interval)
-    if not active and build.max_timestamp >= 0 and (
-            not build.times or build.max_timestamp > build.times[-1][0]):
+    if build.max_timestamp >= 0 and (not build.times or build.max_timestamp > build.times[-1][0]):
         build.times.append((build.max_timestamp, build.offset_of_max_timestamp))
-    prealloc_o = index_bytes - index_bytes % 8 if active else None
-    prealloc_t = index_bytes - index_bytes % 12 if active else None
     atomic_write(index_path(directory, base_offset),
-                 encode_offset_entries(base_offset, build.offsets), size=prealloc_o)
+                 encode_offset_entries(base_offset, build.offsets))
     atomic_write(timeindex_path(directory, base_offset),
-                 encode_time_entries(base_offset, build.times), size=prealloc_t)
+                 encode_time_entries(base_offset, build.times))
     info = SegmentInfo(base_offset, valid_end, next_offset, build.max_timestamp,
                        build.offset_of_max_timestamp,
                        batches[0][1].max_timestamp if batches else -1, int(st.st_mtime * 1000))
@@ -262,9 +292,26 @@ def delete_segment_files(directory: str, base_offset: int) -> None:
             pass
 
 
+class LogDirFailure(RuntimeError):
+    """An I/O error that leaves the segment in a state the writer cannot account for (a failed
+    fsync or truncate in the middle of a seal, bytes that cannot be taken back): the writer must
+    stop, and its recovery decides what the log holds, as after a crash."""
+
+
+class SegmentMark(NamedTuple):
+    """The active segment's append state at one moment (``LogSegment.mark``/``rewind``)."""
+
+    size: int
+    next_offset: int
+    max_timestamp: int
+    offset_of_max_timestamp: int
+    first_batch_timestamp: int
+    bytes_since: int
+
+
 class LogSegment:
-    """The writer's active segment: the preallocated .log (appended with pwrite, mapped for
-    msync) and its indexes."""
+    """The writer's active segment: the .log (appended with pwrite, given its blocks ahead of
+    the appends) and its indexes."""
 
     def __init__(self, directory: str, info: SegmentInfo, *, segment_bytes: int, index_bytes: int,
                  interval: int, now_ms: int, offset_entries: int, time_entries: int,
@@ -281,12 +328,14 @@ class LogSegment:
         self._limit = segment_bytes
         self._bytes_since = bytes_since_last_entry if info.size else 0
         self._fd = os.open(log_path(directory, self.base_offset), os.O_RDWR | os.O_CREAT, 0o644)
+        self.offset_index = self.time_index = None
         try:
-            self.capacity = max(segment_bytes, info.size)
-            if os.fstat(self._fd).st_size < self.capacity:
-                os.ftruncate(self._fd, self.capacity)       # sparse preallocation
-            self._map = mmap.mmap(self._fd, self.capacity, mmap.MAP_SHARED,
-                                  mmap.PROT_READ | mmap.PROT_WRITE)
+            if os.fstat(self._fd).st_size != info.size:
+                # Past the valid bytes (a sparse extension of an older layout): cut, so that
+                # every byte of the file has its blocks. Readers never read past the high
+                # watermark, which lies at or before info.size.
+                os.ftruncate(self._fd, info.size)
+            self.capacity = info.size       # the file's size: bytes with their blocks
             self.offset_index = OffsetIndex(index_path(directory, self.base_offset), self.base_offset,
                                             writable=True, max_bytes=index_bytes, entries=offset_entries)
             self.time_index = TimeIndex(timeindex_path(directory, self.base_offset), self.base_offset,
@@ -295,8 +344,13 @@ class LogSegment:
             self.txn_index = TransactionIndex(txnindex_path(directory, self.base_offset),
                                               self.base_offset, writable=True)
         except BaseException:
+            for ix in (self.offset_index, self.time_index):
+                if ix is not None:
+                    ix.close()
             os.close(self._fd)
             raise
+        # No blocks taken ahead here: a start on a full disk must leave what the disk reserve gave
+        # back to recovery and deletes; the first append takes what it needs.
         self._flushed = info.size
 
     @classmethod
@@ -315,6 +369,17 @@ class LogSegment:
                    index_bytes=index_bytes, interval=interval, now_ms=now_ms, offset_entries=0,
                    time_entries=0, bytes_since_last_entry=0)
 
+    # -- the file's blocks -------------------------------------------------------------------
+    def _grow(self, end: int) -> None:
+        """Give the .log its blocks up to at least ``end`` (SEGMENT_GROW_BYTES ahead, within the
+        segment's size, or just ``end`` when the disk has no more). Readers map the file's size,
+        so every byte they could touch has its blocks; a full disk is this ENOSPC, before
+        anything of the batch is written."""
+        if end <= self.capacity:
+            return
+        target = max(end, min(self.capacity + SEGMENT_GROW_BYTES, self._limit))
+        self.capacity = grow_file(self._fd, self.capacity, target, end)
+
     # -- appending ---------------------------------------------------------------------------
     def has_room(self, size: int, last_offset: int) -> bool:
         """Kafka's LogSegment.shouldRoll without the time rule: the batch fits, neither index is
@@ -331,21 +396,30 @@ class LogSegment:
     def append(self, batch, size: int, last_offset: int, max_timestamp: int) -> int:
         """Copy one batch (offsets already assigned) to the end; returns its position.
 
-        The copy is one pwrite into the page cache, not a store through our mapping: a store to
-        a fresh page of the sparse file faults, zero-fills the page and reserves its block one
-        page at a time (measured 0.4-4 GB/s), pwrite fills whole pages (5+ GB/s), and readers'
-        shared maps see the same page cache either way. A full disk is then an ENOSPC error
-        (answered KAFKA_STORAGE_ERROR, nothing appended) instead of a SIGBUS."""
+        Room first: the .log's blocks and, when this batch gets an index entry, the indexes'
+        (``_grow``, ``reserve``). A full disk fails there with ENOSPC and nothing written. The
+        copy is then one pwrite into the page cache, not a store through a map: pwrite fills
+        whole pages (5+ GB/s, against 0.4-4 GB/s for stores that fault page by page), and
+        readers' shared maps see the same page cache either way. A pwrite that fails anyway
+        (an I/O error, a file system that does not keep fallocated blocks) leaves nothing
+        counted: the segment's size does not move and the bytes it wrote are zeroed again."""
         pos = self.size
-        written = os.pwrite(self._fd, batch, pos)
+        if pos + size > self.capacity:
+            self._grow(pos + size)
+        index_due = self._bytes_since > self._interval
+        if index_due:
+            self.offset_index.reserve()
+            self.time_index.reserve()
+        written = os.pwrite(self._fd, batch, pos)      # raises with nothing written
         if written != size:
-            raise OSError(28, f"short write of a record batch ({written} of {size} bytes)")
+            self._zero(pos, written)
+            raise OSError(errno.ENOSPC, f"short write of a record batch ({written} of {size} bytes)")
         if max_timestamp > self.max_timestamp:
             self.max_timestamp = max_timestamp
             self.offset_of_max_timestamp = last_offset
         if pos == 0:
             self.first_batch_timestamp = max_timestamp
-        if self._bytes_since > self._interval:
+        if index_due:
             self.offset_index.append(last_offset, pos)
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
             self._bytes_since = 0
@@ -354,11 +428,39 @@ class LogSegment:
         self.next_offset = last_offset + 1
         return pos
 
+    def _zero(self, pos: int, length: int) -> bool:
+        """Overwrite [pos, pos + length) with zeros (blocks it already has: no new space), so
+        that no reader or recovery can take them for a batch. False if even that fails."""
+        try:
+            if length > 0 and os.pwrite(self._fd, bytes(length), pos) != length:
+                return False
+        except OSError:
+            return False
+        return True
+
+    def mark(self) -> SegmentMark:
+        return SegmentMark(self.size, self.next_offset, self.max_timestamp,
+                           self.offset_of_max_timestamp, self.first_batch_timestamp,
+                           self._bytes_since)
+
+    def rewind(self, mark: SegmentMark) -> None:
+        """Take back every append made since ``mark`` (nothing of it may have been published):
+        its bytes are zeroed (they are allocated, so this needs no space) and its index entries
+        removed, so neither a reader nor a recovery after a crash ever sees them.
+        LogDirFailure if the bytes cannot be overwritten."""
+        if mark.size < self.size and not self._zero(mark.size, self.size - mark.size):
+            raise LogDirFailure(f"cannot take back {self.size - mark.size} bytes of "
+                                f"{log_path(self.directory, self.base_offset)}")
+        self.offset_index.truncate_to(mark.next_offset)
+        self.time_index.truncate_to(mark.next_offset)
+        (self.size, self.next_offset, self.max_timestamp, self.offset_of_max_timestamp,
+         self.first_batch_timestamp, self._bytes_since) = mark
+        self._flushed = min(self._flushed, self.size)
+
     def flush(self) -> None:
-        """msync what was appended since the last flush (log and indexes)."""
+        """fdatasync what was appended since the last flush; msync the indexes."""
         if self._flushed < self.size:
-            start = self._flushed // mmap.PAGESIZE * mmap.PAGESIZE
-            self._map.flush(start, self.size - start)
+            os.fdatasync(self._fd)
             self._flushed = self.size
         self.offset_index.flush()
         self.time_index.flush()
@@ -367,6 +469,11 @@ class LogSegment:
         return SegmentInfo(self.base_offset, self.size, self.next_offset, self.max_timestamp,
                            self.offset_of_max_timestamp, self.first_batch_timestamp, self.created_ms)
 
+    def counts(self) -> tuple[int, int, int]:
+        """(offset entries, time entries, bytes since the last offset entry): what reopening
+        this segment for appends needs (``reopen``)."""
+        return self.offset_index.entries, self.time_index.entries, self._bytes_since
+
     # -- closing ----------------------------------------------------------------------------
     def dup_fd(self) -> int:
         """A new descriptor of the .log file, for an fdatasync elsewhere (the writer's flusher
@@ -374,24 +481,45 @@ class LogSegment:
         return os.dup(self._fd)
 
     def seal(self) -> SegmentInfo:
-        """Make the segment inactive (roll or clean close): final time-index entry, msync,
-        truncate the .log to its size, replace the indexes by trimmed copies, fsync."""
+        """Make the segment inactive (roll or clean close): final time-index entry, fdatasync,
+        truncate the .log to its size, replace the indexes by trimmed copies, fsync.
+
+        The trimmed copies are written first, under temporary names: they are the only step
+        that needs new blocks, so a full disk fails there (OSError) and leaves the segment
+        active and whole. A failure after them is a LogDirFailure."""
         tix = self.time_index
         # The reserved last slot is always free, except for a segment reopened under a smaller
         # segment.index.bytes: then the entry is skipped (largest timestamp read back lower).
+        # Also skipped when the slot has no blocks and the disk none to give.
         if self.max_timestamp >= 0 and tix._n < tix.max_entries:
-            tix.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True)
-        self.flush()
-        self._map.close()
-        os.ftruncate(self._fd, self.size)
-        os.fsync(self._fd)
+            try:
+                tix.maybe_append(self.max_timestamp, self.offset_of_max_timestamp,
+                                 skip_full_check=True)
+            except OSError:
+                pass
+        tmps = write_tmp_copies([(ix.path, ix.valid_bytes())
+                                 for ix in (self.offset_index, self.time_index)])
+        try:
+            self.flush()
+            os.ftruncate(self._fd, self.size)
+            os.fsync(self._fd)
+        except OSError as e:
+            for tmp, _ in tmps:
+                _unlink_quietly(tmp)
+            raise LogDirFailure(f"sealing {log_path(self.directory, self.base_offset)}: {e}") from e
         os.close(self._fd)
         self._fd = -1
-        for ix in (self.offset_index, self.time_index):
-            ix.write_trimmed()
-            ix.close()
-        self.txn_index.fsync()
-        self.txn_index.close()
+        try:
+            for tmp, path in tmps:
+                os.replace(tmp, path)
+            fsync_dir(self.directory)
+            self.txn_index.fsync()
+        except OSError as e:
+            raise LogDirFailure(f"sealing the indexes of segment {self.base_offset}: {e}") from e
+        finally:
+            for ix in (self.offset_index, self.time_index):
+                ix.close()
+            self.txn_index.close()
         info = self.info()
         try:
             info.mtime_ms = int(os.stat(log_path(self.directory, self.base_offset)).st_mtime * 1000)
@@ -400,8 +528,8 @@ class LogSegment:
         return info
 
     def update_limits(self, *, segment_bytes: int, interval: int) -> None:
-        """Apply changed topic settings (the file keeps its mapped size)."""
-        self._limit = min(segment_bytes, self.capacity)
+        """Apply changed topic settings."""
+        self._limit = segment_bytes
         self._interval = interval
 
     def close(self, clean: bool = True) -> SegmentInfo | None:
@@ -416,8 +544,13 @@ class LogSegment:
         self.offset_index.close()
         self.time_index.close()
         self.txn_index.close()
-        if not self._map.closed:
-            self._map.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

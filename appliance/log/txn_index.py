@@ -34,6 +34,7 @@ writer's open checks (``sane``) send such a segment to recovery, which rebuilds 
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from typing import NamedTuple
@@ -180,9 +181,18 @@ class TransactionIndex:
         if self._fd < 0:
             self._open_for_append()
         data = encode_entry(txn)
-        n = os.write(self._fd, data)
-        if n != ENTRY_SIZE:
-            raise OSError(28, f"short write to {self.path} ({n} of {ENTRY_SIZE} bytes)")
+        end = os.fstat(self._fd).st_size
+        try:
+            n = os.write(self._fd, data)
+            if n != ENTRY_SIZE:
+                raise OSError(errno.ENOSPC, f"short write to {self.path} ({n} of {ENTRY_SIZE} bytes)")
+        except OSError:
+            # A full disk: no torn entry stays behind to misalign the next append.
+            try:
+                os.ftruncate(self._fd, end)
+            except OSError:
+                pass
+            raise
         self.last_offset = txn.last_offset
 
     def fsync(self) -> None:

@@ -280,6 +280,13 @@ def set_base_offset(buf, base_offset: int, pos: int = 0) -> None:
     _Q.pack_into(buf, pos, base_offset)
 
 
+def set_partition_leader_epoch(buf, epoch: int, pos: int = 0) -> None:
+    """Stamp the leader epoch the batch was appended in (Kafka's leader sets it on every append;
+    consumers carry it into their positions and commits, and validate them with
+    OffsetForLeaderEpoch). Outside the CRC, like the base offset."""
+    _i.pack_into(buf, pos + 12, epoch)
+
+
 def stamp_log_append_time(buf, timestamp_ms: int, pos: int = 0) -> None:
     """Mark the batch LogAppendTime and set its max timestamp to the broker's clock.
 

@@ -35,11 +35,13 @@ ring result types of ``appliance.txn.messages``; ``appliance.txn.service`` serve
 
 from __future__ import annotations
 
+import collections
+
 import logging
 from typing import Callable, Iterable, Sequence
 
 from appliance.catalog import OFFSETS_TOPIC
-from appliance.config import TransactionsConfig
+from appliance.config import FlushPolicy, TransactionsConfig
 from appliance.errors import ErrorCode
 from appliance.txn import admin
 from appliance.txn.end_txn import EndTxnMixin
@@ -83,7 +85,10 @@ def partition_for(group_id: str, partitions: int = OFFSETS_TOPIC_PARTITIONS) -> 
 
 
 def _append_error(code: ErrorCode) -> ErrorCode:
-    """Kafka's appendTransactionToLog mapping of a failed log append to a coordinator error."""
+    """Kafka's appendTransactionToLog mapping of a failed log append to a coordinator error: a
+    full disk (KAFKA_STORAGE_ERROR) is NOT_COORDINATOR, which clients answer by looking the
+    coordinator up again and retrying. As in Kafka, whose updateCacheCallback completes the
+    transition only after a successful append, the cached metadata stays as it was (``_persist``)."""
     if code in (E.kafka_storage_error, E.not_leader_or_follower):
         return E.not_coordinator
     if code in (E.unknown_topic_or_partition, E.not_enough_replicas,
@@ -106,6 +111,9 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
         self.remove_expired_interval_ms = remove_expired_interval_ms
         self.offsets_topic_partitions = offsets_topic_partitions
         self._txns: dict[str, TransactionMetadata] = {}
+        # For the metrics: transactions completed ("commits", "aborts") and aborted by the
+        # timeout scan ("timedout_aborts"), since this coordinator started.
+        self.stats: collections.Counter = collections.Counter()
         self.markers = TransactionMarkerChannelManager(
             now_ms, on_complete=self._complete, on_abandoned=self._abandoned,
             on_fenced=self._on_fenced, kept_fences=self.kept_fences,
@@ -302,6 +310,15 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
     def describe_transactions(self, transactional_ids: Iterable[str]) -> list[TxnDescription]:
         """DescribeTransactions v0 (see ``admin.describe_transactions``)."""
         return admin.describe_transactions(self._txns, transactional_ids, self._gate())
+
+    def reconfigure(self, tx_config: TransactionsConfig, flush_policy) -> None:
+        """A configuration reload: the new ``[transactions]`` section and flush policy."""
+        self.config = tx_config
+        self._sm.flush_policy = FlushPolicy(flush_policy)
+
+    def state_counts(self) -> collections.Counter:
+        """Transactional ids by the (Kafka) name of their transaction's state."""
+        return collections.Counter(md.state.name for md in self._txns.values())
 
     def active_transaction_open_time_max_ms(self) -> int:
         """KIP-939 metric ActiveTransactionOpenTimeMaxMs (see ``admin``)."""

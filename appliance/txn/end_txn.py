@@ -14,6 +14,8 @@ over an Ongoing transaction, and the transaction timeout).
 
 from __future__ import annotations
 
+import collections
+
 import logging
 from typing import TYPE_CHECKING
 
@@ -41,6 +43,7 @@ class EndTxnMixin:
     _txns: dict[str, TransactionMetadata]
     coordinator_epoch: int
     markers: TransactionMarkerChannelManager
+    stats: collections.Counter
 
     if TYPE_CHECKING:
         def _now(self) -> int: ...
@@ -238,7 +241,10 @@ class EndTxnMixin:
         new.next_producer_epoch = NO_PRODUCER_EPOCH
         new.partitions = set()
         new.txn_last_update_ms = self._now()
-        return self._persist(new) == E.none
+        if self._persist(new) != E.none:
+            return False
+        self.stats["commits" if job.commit else "aborts"] += 1
+        return True
 
     def _abandoned(self, transactional_id: str) -> None:
         """The markers were refused with INVALID_PRODUCER_EPOCH: the transaction stays Prepare*

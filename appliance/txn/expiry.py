@@ -12,6 +12,7 @@ removeExpiredTransactionalIds every ``remove_expired_interval_ms``.
 
 from __future__ import annotations
 
+import collections
 import logging
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,7 @@ class TxnExpiry:
     config: TransactionsConfig
     markers: TransactionMarkerChannelManager
     remove_expired_interval_ms: int
+    stats: collections.Counter
 
     if TYPE_CHECKING:
         def _now(self) -> int: ...
@@ -75,7 +77,8 @@ class TxnExpiry:
                 log.info("transaction of %r (producer %d epoch %d) timed out; aborting",
                          md.transactional_id, md.producer_id, md.producer_epoch)
                 try:
-                    self._fence_and_abort(md)
+                    if self._fence_and_abort(md) == ErrorCode.none:
+                        self.stats["timedout_aborts"] += 1
                 except IllegalTransition as e:
                     log.error("%s", e)
 

@@ -30,12 +30,15 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture
 def appliance_factory(tmp_path, request):
-    """appliance_factory(**config_sections) -> a started Appliance on a free port."""
+    """appliance_factory(args=(), env=None, **config_sections) -> a started Appliance on a free
+    port (args: more `appliance run` flags; env: more environment)."""
     started: list[Appliance] = []
 
-    def make(data_dir: str | None = None, start: bool = True, **config) -> Appliance:
+    def make(data_dir: str | None = None, start: bool = True, args=(), env=None,
+             **config) -> Appliance:
         a = Appliance(data_dir=data_dir or str(tmp_path / "data"),
-                      log_path=str(tmp_path / f"appliance-{len(started)}.log"), config=config)
+                      log_path=str(tmp_path / f"appliance-{len(started)}.log"), config=config,
+                      args=list(args), env=dict(env or {}))
         started.append(a)
         return a.start() if start else a
 

@@ -658,8 +658,8 @@ def test_unknown_acl_elements_close_the_connection(appliance_factory, api_key, b
 
 def test_acl_requests_too_big_for_one_operation_are_refused_and_nothing_breaks(appliance_factory):
     """Kafka's controller changes at most 10,000 ACLs per operation; an answer listing more
-    deleted ACLs than a ring holds is refused the same way (nothing deleted); an ACL of
-    hundreds of KiB is refused alone. The appliance goes on serving."""
+    deleted ACLs than a ring holds is refused the same way (nothing deleted); an ACL larger than
+    half a ring is refused alone. The appliance goes on serving."""
     a = appliance_factory(authorizer={"enable": True, "super_users": [ANONYMOUS]},
                           shm={"small_ring_bytes": 65536})
 
@@ -671,7 +671,10 @@ def test_acl_requests_too_big_for_one_operation_are_refused_and_nothing_breaks(a
     with RawClient(a.bootstrap, timeout=60) as r:
         over = r.request(30, 3, {"creations": [creation(f"t{i}") for i in range(10001)]})
         assert {c.error_code for c in over.results} == {-1}                  # UNKNOWN_SERVER_ERROR
-        huge = r.request(30, 3, {"creations": [creation("h" * 40000), creation("small")]})
+        # Kafka's strings stop at 32,767 bytes (a longer one closes the connection, as the codec
+        # refuses it); two long ones make an ACL larger than half the 64 KiB ring.
+        huge = r.request(30, 3, {"creations": [creation("h" * 32000, "User:" + "p" * 2000),
+                                               creation("small")]})
         assert [c.error_code for c in huge.results] == [INVALID_REQUEST, 0]
         # 600 ACLs of ~100 bytes: more than a 64 KiB ring's answer may list.
         many = r.request(30, 3, {"creations": [creation(f"topic-{i:04d}-" + "x" * 80) for i in range(600)]})
@@ -764,3 +767,69 @@ def test_java_admin_client_refused_without_describe_and_alter(appliance_factory,
     a = appliance_factory(authorizer={"enable": True})
     assert run_java(java_acl_admin, a.bootstrap, "refused") == [
         "describe ClusterAuthorizationException", "create ClusterAuthorizationException"]
+
+
+# -- the admin APIs ---------------------------------------------------------------------------------
+
+def test_admin_apis_need_kafkas_permissions(locked):
+    """CreatePartitions, Alter/IncrementalAlterConfigs, DeleteRecords, OffsetForLeaderEpoch,
+    DescribeLogDirs, ElectLeaders, the reassignment APIs and the SCRAM credential APIs ask for
+    what Kafka's KafkaApis asks (the principal has All on ok-*, Describe on the Cluster only)."""
+    _, p = locked
+    with raw(p) as r:
+        grow = r.request(37, 3, {"topics": [{"name": n, "count": 5, "assignments": None}
+                                            for n in ("ok-t", "ro-t")],
+                                 "timeout_ms": 10000, "validate_only": True})
+        assert {t.name: t.error_code for t in grow.results} == {"ok-t": 0, "ro-t": TOPIC_AUTHORIZATION_FAILED}
+        for key, version in ((33, 2), (44, 1)):
+            cfg = {"name": "retention.ms", "value": "3600000"}
+            if key == 44:
+                cfg["config_operation"] = 0
+            alter = r.request(key, version, {"resources": [
+                {"resource_type": 2, "resource_name": "ok-t", "configs": [cfg]},
+                {"resource_type": 2, "resource_name": "ro-t", "configs": [cfg]},
+                {"resource_type": 4, "resource_name": "", "configs": [
+                    {**cfg, "name": "log.retention.ms"}]}], "validate_only": True})
+            assert [x.error_code for x in alter.responses] == [
+                0, TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED], key
+        delete = r.request(21, 2, {"topics": [{"name": n, "partitions": [{"partition_index": 0, "offset": 0}]}
+                                              for n in ("ok-t", "ro-t")], "timeout_ms": 10000})
+        assert {t.name: t.partitions[0].error_code for t in delete.topics} == {
+            "ok-t": 0, "ro-t": TOPIC_AUTHORIZATION_FAILED}
+        epochs = {"topics": [{"topic": n, "partitions": [{"partition": 0, "current_leader_epoch": 0,
+                                                          "leader_epoch": 0}]}
+                             for n in ("ok-t", "hidden-t")]}
+        ofle = r.request(23, 4, {"replica_id": -1, **epochs})
+        assert {t.topic: t.partitions[0].error_code for t in ofle.topics} == {
+            "ok-t": 0, "hidden-t": TOPIC_AUTHORIZATION_FAILED}
+        follower = r.request(23, 4, {"replica_id": 1, **epochs})
+        assert {t.partitions[0].error_code for t in follower.topics} == {CLUSTER_AUTHORIZATION_FAILED}
+        # Describe on the Cluster: allowed.
+        dirs = r.request(35, 4, {"topics": None})
+        assert dirs.error_code == 0 and len(dirs.results) == 1
+        assert r.request(46, 0, {"timeout_ms": 10000, "topics": None}).error_code == 0
+        assert r.request(50, 0, {"users": None}).error_code == 0
+        # Alter on the Cluster: refused.
+        elect = r.request(43, 2, {"election_type": 0, "timeout_ms": 10000,
+                                  "topic_partitions": [{"topic": "ok-t", "partitions": [0]}]})
+        assert elect.error_code == CLUSTER_AUTHORIZATION_FAILED
+        assert elect.replica_election_results[0].partition_result[0].error_code == CLUSTER_AUTHORIZATION_FAILED
+        move = r.request(45, 0, {"timeout_ms": 10000, "topics": [
+            {"name": "ok-t", "partitions": [{"partition_index": 0, "replicas": None}]}]})
+        assert move.error_code == CLUSTER_AUTHORIZATION_FAILED
+        scram = r.request(51, 0, {"deletions": [], "upsertions": [
+            {"name": "mallory", "mechanism": 1, "iterations": 4096, "salt": b"s" * 16,
+             "salted_password": b"p" * 32}]})
+        assert [(x.user, x.error_code) for x in scram.results] == [("mallory", CLUSTER_AUTHORIZATION_FAILED)]
+
+
+def test_cluster_describe_apis_refused_without_describe_on_the_cluster(appliance_factory):
+    a = appliance_factory(start=False)
+    p = secure(a, [Acl("Topic", "t", "All")], {"t": 1})
+    with raw(p) as r:
+        dirs = r.request(35, 4, {"topics": None})
+        assert (dirs.error_code, len(dirs.results)) == (CLUSTER_AUTHORIZATION_FAILED, 0)
+        assert r.request(46, 0, {"timeout_ms": 10000, "topics": None}).error_code == CLUSTER_AUTHORIZATION_FAILED
+        users = r.request(50, 0, {"users": [{"name": "admin"}]})
+        assert users.error_code == CLUSTER_AUTHORIZATION_FAILED
+        assert [(x.user, x.error_code) for x in users.results] == [("admin", CLUSTER_AUTHORIZATION_FAILED)]

@@ -31,7 +31,9 @@ def test_port_in_use_exits_5_and_leaves_no_runtime_dir(tmp_path):
     finally:
         holder.close()
     assert r.returncode == EXIT_LISTEN_IN_USE == 5, r.stderr
-    assert f"server.listen 127.0.0.1:{port}: address already in use" in r.stderr
+    # The message names the address and the process holding it (this test's).
+    assert f"server.listen 127.0.0.1:{port}: address 127.0.0.1:{port} already in use (pid {os.getpid()}" \
+        in r.stderr
     assert not run_dir.exists()
     assert not (tmp_path / "data" / ".runtime").exists()
 
@@ -83,3 +85,35 @@ def test_config_errors_exit_2_at_check_config_and_run(tmp_path):
             assert message in r.stderr, (command, r.stderr)
             assert "Traceback" not in r.stderr
     assert not (tmp_path / "d").exists()     # refused before anything was made
+
+
+def test_data_dir_that_is_a_file_says_so(tmp_path):
+    (tmp_path / "data").write_text("")
+    r = _run(["run", "--listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "data")],
+             tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert "is a file, not a directory" in r.stderr
+
+
+def test_invalid_choice_lists_the_valid_values(tmp_path):
+    r = _run(["check-config"], tmp_path, env={"APPLIANCE_LOG__FLUSH__POLICY": "fast"})
+    assert r.returncode == EXIT_CONFIG
+    assert "log.flush.policy: Invalid enum value 'fast' (valid values: 'batch', 'interval', 'os') " \
+           "(from environment APPLIANCE_LOG__FLUSH__POLICY)" in r.stderr
+
+
+def test_suggested_ring_size_is_accepted(tmp_path):
+    """Regression: the smallest produce ring the error suggested was then refused as not a power
+    of two."""
+    r = _run(["check-config"], tmp_path, env={"APPLIANCE_LOG__MESSAGE_MAX_BYTES": "10000000"})
+    assert r.returncode == EXIT_CONFIG
+    suggested = r.stderr.split(" will do")[0].rsplit(" ", 1)[1]
+    r = _run(["check-config"], tmp_path, env={"APPLIANCE_LOG__MESSAGE_MAX_BYTES": "10000000",
+                                              "APPLIANCE_SHM__PRODUCE_RING_BYTES": suggested})
+    assert r.returncode == 0, r.stderr
+
+
+def test_version(tmp_path):
+    from importlib.metadata import version
+    r = _run(["--version"], tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == f"appliance {version('appliance')}"

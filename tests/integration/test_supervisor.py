@@ -8,6 +8,7 @@ import subprocess
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from harness import APPLIANCE, Appliance, free_port
 
@@ -95,28 +96,102 @@ def test_bad_config_exits_2(tmp_path):
     assert r.returncode == 2 and b"server.listen" in r.stderr
 
 
-def test_systemd_notify_ready_then_stopping(tmp_path):
-    path = str(tmp_path / "notify.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(60)
-    port = free_port()
-    env = dict(os.environ, NOTIFY_SOCKET=path)
-    with open(tmp_path / "log", "wb") as log:
-        proc = subprocess.Popen([APPLIANCE, "run", "--listen", f"127.0.0.1:{port}", "--data-dir",
-                                 str(tmp_path / "data")], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+class NotifySocket:
+    """A fake $NOTIFY_SOCKET: what systemd would read from the supervisor."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.seen: list[str] = []
+
+    def next(self, timeout: float) -> str | None:
+        self.sock.settimeout(timeout)
         try:
-            assert sock.recv(100) == b"READY=1"
-            # READY is sent only once the listener is served.
-            socket.create_connection(("127.0.0.1", port), timeout=5).close()
-            proc.send_signal(signal.SIGTERM)
-            assert sock.recv(100) == b"STOPPING=1"
-            assert proc.wait(60) == 0
+            msg = self.sock.recv(4096).decode()
+        except TimeoutError:
+            return None
+        self.seen.append(msg)
+        return msg
+
+    def wait_for(self, prefix: str, timeout: float = 60.0) -> str:
+        """The next datagram that starts with ``prefix`` (others are kept in ``seen``)."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            msg = self.next(left)
+            if msg is not None and msg.startswith(prefix):
+                return msg
+        raise TimeoutError(f"no {prefix!r} on the notify socket; got {self.seen[-10:]}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# systemd's WatchdogSec= in the test: pings every 0.75 s while every heartbeat is younger than
+# 1.5 s. heartbeat_timeout_ms is long, so the supervisor does not kill the stopped fetcher itself.
+WATCHDOG_USEC = 3_000_000
+
+
+def test_systemd_notify_status_watchdog_reload_and_stopping(appliance_factory, tmp_path):
+    """The notify protocol, from a fake NOTIFY_SOCKET: STATUS= while recovering, READY=1 with the
+    serving status once the listener is served, WATCHDOG=1 only while every worker beats (not
+    while one is SIGSTOPped, again after SIGCONT), RELOADING=1 (MONOTONIC_USEC=) then READY=1
+    around a SIGHUP, STOPPING=1 on SIGTERM."""
+    first = appliance_factory()
+    p = Producer({"bootstrap.servers": first.bootstrap})
+    admin = AdminClient({"bootstrap.servers": first.bootstrap})
+    admin.create_topics([NewTopic("notify", 3)])["notify"].result(30)
+    for i in range(30):
+        p.produce("notify", value=b"%d" % i, partition=i % 3)
+    assert p.flush(30) == 0
+    del p, admin
+    first.terminate()
+
+    notify = NotifySocket(str(tmp_path / "notify.sock"))
+    app = appliance_factory(data_dir=first.data_dir, start=False,
+                            supervisor={"heartbeat_timeout_ms": 120000},
+                            env={"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": str(WATCHDOG_USEC)})
+    try:
+        app.start(wait=False)
+        notify.wait_for("STATUS=recovering 3/3 partitions")
+        ready = notify.wait_for("READY=1")
+        assert ready == f"READY=1\nSTATUS=serving on PLAINTEXT://127.0.0.1:{app.port}: 1 topics, " \
+                        f"3 partitions, 2 frontends", ready
+        # Before READY: recovery status lines (and watchdog pings: the loop runs meanwhile).
+        assert all(m.startswith(("STATUS=recovering ", "WATCHDOG=1")) for m in notify.seen[:-1]), \
+            notify.seen
+        # READY is sent only once the listener is served.
+        socket.create_connection(("127.0.0.1", app.port), timeout=5).close()
+        assert "recovered 3 partitions" in app.log_text()
+        notify.wait_for("WATCHDOG=1")
+
+        fetcher = app.workers("fetcher")[0]
+        os.kill(fetcher["pid"], signal.SIGSTOP)
+        try:
+            withheld = notify.wait_for("STATUS=watchdog withheld")
+            assert "no heartbeat from fetcher 0" in withheld, withheld
+            # No ping for two watchdog periods (a ping would come every quarter period).
+            deadline = time.monotonic() + 2 * WATCHDOG_USEC / 1e6
+            while (left := deadline - time.monotonic()) > 0:
+                msg = notify.next(left)
+                assert msg is None or not msg.startswith("WATCHDOG=1"), notify.seen
         finally:
-            sock.close()
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+            os.kill(fetcher["pid"], signal.SIGCONT)
+        notify.wait_for("WATCHDOG=1")
+        assert "watchdog: every worker beats again" in app.log_text()
+
+        app.proc.send_signal(signal.SIGHUP)
+        reloading = notify.wait_for("RELOADING=1")
+        assert reloading.split("\n")[1].startswith("MONOTONIC_USEC="), reloading
+        assert int(reloading.split("\n")[1].split("=")[1]) > 0
+        assert notify.wait_for("READY=1").startswith("READY=1\nSTATUS=serving on ")
+        roundtrip(app, "notify", 1)
+
+        app.proc.send_signal(signal.SIGTERM)
+        notify.wait_for("STOPPING=1")
+        assert app.proc.wait(60) == 0
+    finally:
+        notify.close()
 
 
 def test_orphaned_workers_exit_when_supervisor_dies(appliance):

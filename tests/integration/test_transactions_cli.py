@@ -1,20 +1,31 @@
 """`appliance transactions ...` and `appliance metrics` against the real appliance: the commands
 run as subprocesses, as an operator would run them (KIP-939 admin: list, describe, abort a hanging
-transaction, force-terminate a prepared one; the ActiveTransactionOpenTimeMaxMs metric)."""
+transaction, force-terminate a prepared one; the ActiveTransactionOpenTimeMaxMs metric, printed
+in Prometheus' text format)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import time
 
-from appliance.metrics import ACTIVE_TXN_OPEN_TIME_MAX
 from rawclient import RawClient
 from test_txn_2pc_wire import committed_values, init_v6, open_2pc_txn
 from txnwire import READ_COMMITTED, Txn, create_topic, describe, fetch
 
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
+# KIP-939's kafka.coordinator.transaction:type=TransactionStateManager,name=ActiveTransactionOpenTimeMaxMs
+ACTIVE_TXN_OPEN_TIME_MAX = \
+    "kafka_coordinator_transaction_transactionstatemanager_activetransactionopentimemaxms"
+
+
+def open_time_max(app) -> float | None:
+    """The metric's value as `appliance metrics` prints it (the scrape's text format)."""
+    out = cli(app, "metrics", "--data-dir", app.data_dir, ACTIVE_TXN_OPEN_TIME_MAX).stdout
+    for line in out.splitlines():
+        if line.startswith(ACTIVE_TXN_OPEN_TIME_MAX + " "):
+            return float(line.split()[1])
+    return None
 
 
 def cli(app, *args, ok=True):
@@ -53,14 +64,8 @@ def test_list_describe_metrics_and_force_terminate_a_prepared_transaction(applia
         missing = tx(app, "describe", "--transactional-id", "nope", ok=False)
         assert missing.returncode == 1 and "TRANSACTIONAL_ID_NOT_FOUND" in missing.stderr
         # the metric: the prepared transaction has been open a while (a second, at least)
-        deadline = time.monotonic() + 15
-        while True:
-            lines = cli(app, "metrics", "--data-dir", app.data_dir).stdout.splitlines()
-            values = {l.split("\t")[1]: float(l.split("\t")[2]) for l in lines if l.startswith("coordinator\t")}
-            if values.get(ACTIVE_TXN_OPEN_TIME_MAX, 0) >= 1000:
-                break
-            assert time.monotonic() < deadline, lines
-            time.sleep(0.2)
+        app.wait_for(lambda: (open_time_max(app) or 0) >= 1000, timeout=15,
+                     what="the prepared transaction's open time in the metrics")
         # force-terminate: aborted, both incarnations fenced
         r = tx(app, "force-terminate", "--transactional-id", "cli-2pc")
         assert "terminated" in r.stdout, r.stdout
@@ -69,14 +74,8 @@ def test_list_describe_metrics_and_force_terminate_a_prepared_transaction(applia
         f = fetch(raw, "cli", 0, isolation=READ_COMMITTED)
         assert (t.pid, 0) in f.aborted
         # nothing open any more
-        deadline = time.monotonic() + 10
-        while True:
-            lines = cli(app, "metrics", "--data-dir", app.data_dir).stdout.splitlines()
-            values = {l.split("\t")[1]: float(l.split("\t")[2]) for l in lines if l.startswith("coordinator\t")}
-            if values.get(ACTIVE_TXN_OPEN_TIME_MAX) == 0:
-                break
-            assert time.monotonic() < deadline, lines
-            time.sleep(0.2)
+        app.wait_for(lambda: open_time_max(app) == 0, timeout=10,
+                     what="no open transaction in the metrics")
 
 
 def test_abort_a_hanging_transaction_by_its_start_offset(appliance_factory):
@@ -96,3 +95,20 @@ def test_abort_a_hanging_transaction_by_its_start_offset(appliance_factory):
         assert committed_values(raw, "hang") == []
         wrong = tx(app, "abort", "--topic", "hang", "--partition", "0", "--start-offset", "7", ok=False)
         assert wrong.returncode == 1 and "no open transaction" in wrong.stderr
+
+
+def test_metrics_of_a_stopped_appliance_are_reported_stale(appliance_factory):
+    """After the broker stopped (killed: its runtime dir is left behind), `appliance metrics`
+    says so and exits 1 instead of printing what is left as if it were live."""
+    app = appliance_factory()
+    assert open_time_max(app) == 0
+    run_dir = app.run_dir
+    app.kill9_all()
+    r = cli(app, "metrics", "--data-dir", app.data_dir, ok=False)
+    assert r.returncode == 1 and r.stdout == ""
+    assert f"stale: the appliance that made {run_dir}" in r.stderr
+    assert "is the appliance running?" in r.stderr
+    app.restart()
+    app.terminate()
+    r = cli(app, "metrics", "--data-dir", app.data_dir, ok=False)
+    assert r.returncode == 1 and "no appliance runs on" in r.stderr

@@ -80,3 +80,39 @@ def test_publish_and_view(tmp_path):
     assert "x" in view.get().topics          # version not bumped yet: cached
     version[0] = 8
     assert view.get().topics == {}
+
+
+def test_grow_topics_numbers_new_partitions_after_the_old_and_commits(tmp_path):
+    store = cat.CatalogStore(str(tmp_path))
+    store.load()
+    t = cat.TopicInfo(name="g", topic_id=cat.new_topic_id(), partitions=2, configs={"retention.ms": "9"})
+    store.add_topics([t])
+    (grown, new), = store.grow_topics({"g": 5})
+    assert new == range(2, 5) and grown.partitions == 5 and grown.configs == t.configs
+    assert grown.topic_id == t.topic_id
+    for p in range(5):
+        assert (tmp_path / f"g-{p}" / "partition.metadata").exists()
+    again = cat.CatalogStore(str(tmp_path)).load()
+    assert again.topics["g"].partitions == 5
+
+
+def test_configs_and_dynamic_broker_configs_persist_and_publish(tmp_path):
+    store = cat.CatalogStore(str(tmp_path))
+    store.load()
+    t = cat.TopicInfo(name="c", topic_id=cat.new_topic_id(), partitions=1, configs={"retention.ms": "9"})
+    store.add_topics([t])
+    v = store.catalog.version
+    store.set_configs({"c": {"segment.bytes": "4096"}}, broker_default={"log.retention.ms": "1000"})
+    store.set_configs({}, broker_node={"log.retention.ms": "2000", "message.max.bytes": "5000"})
+    c = cat.CatalogStore(str(tmp_path)).load()
+    assert c.version == v + 2 and c.topics["c"].configs == {"segment.bytes": "4096"}
+    assert c.broker_default == {"log.retention.ms": "1000"}
+    assert c.broker_node == {"log.retention.ms": "2000", "message.max.bytes": "5000"}
+    # the effective overrides: the node's dynamic config over the cluster default, the topic's own
+    # over both, under the topic config names
+    assert c.overrides(c.topics["c"]) == {"retention.ms": "2000", "max.message.bytes": "5000",
+                                          "segment.bytes": "4096"}
+    path = str(tmp_path / "c.mp")
+    cat.publish(c, path)
+    back = cat.read_published(path)
+    assert (back.broker_default, back.broker_node) == (c.broker_default, c.broker_node)

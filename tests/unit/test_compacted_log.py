@@ -183,6 +183,7 @@ def test_failed_sync_may_have_written_a_refused_append_did_not(tmp_path, monkeyp
     with pytest.raises(KVWriteError) as ei:
         kv.put(b"a", b"1")
     assert ei.value.maybe_written and ei.value.code == ErrorCode.kafka_storage_error
+    monkeypatch.undo()            # the disk works again for the close
     kv.close()
 
 

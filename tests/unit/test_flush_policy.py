@@ -44,7 +44,8 @@ def test_bad_value_is_refused_naming_the_key_and_the_value(tmp_path):
     p.write_text('[log.flush]\npolicy = "sometimes"\n')
     with pytest.raises(ConfigError) as ei:
         load(p, environ={})
-    assert str(ei.value) == "config: log.flush.policy: Invalid enum value 'sometimes'"
+    assert str(ei.value) == ("config: log.flush.policy: Invalid enum value 'sometimes' "
+                             "(valid values: 'batch', 'interval', 'os')")
 
 
 def test_a_string_is_not_a_policy_until_converted():

@@ -88,9 +88,12 @@ def test_append_assigns_contiguous_offsets_and_copies_bytes(tmp_path):
     assert log.log_end_offset == 9 and log.active_end_position == sum(map(len, originals))
     data = all_bytes(d, 9)
     assert [h.base_offset for _, h in iter_batch_headers(data)] == [0, 1, 4]
+    # the producer sent no leader epoch (-1); the append stamps this node's, as Kafka's leader
+    assert read_header(originals[0]).partition_leader_epoch == -1
+    assert [h.partition_leader_epoch for _, h in iter_batch_headers(data)] == [0, 0, 0]
     assert scan_valid(data)[1] == len(data)                           # CRCs intact
-    # only the base offset differs from what the producer sent
-    assert data[8:len(originals[0])] == originals[0][8:]
+    # only the base offset and the leader epoch differ from what the producer sent
+    assert data[8:12] == originals[0][8:12] and data[16:len(originals[0])] == originals[0][16:]
     log.close()
 
 
@@ -245,6 +248,46 @@ def test_retention_by_size_advances_and_persists_log_start(tmp_path):
     log.close()
 
 
+def test_delete_records_moves_the_log_start_and_deletes_whole_segments_below_it(tmp_path):
+    d = str(tmp_path)
+    log = PartitionLog.open(d, settings(segment_bytes=1000), T0)
+    fill(log, 30)
+    bases = log.segment_bases()
+    assert len(bases) >= 4
+    # inside the third segment: the first two go, the third stays (it holds the new start)
+    target = bases[2] + 1
+    v = log.segments_version
+    assert log.delete_records(target)
+    assert log.log_start_offset == target and log.segment_bases() == bases[2:]
+    assert log.segments_version == v + 1
+    for b in bases[:2]:
+        assert not os.path.exists(log_path(d, b))
+    assert read_checkpoint(os.path.join(d, LOG_START_OFFSET_FILE)) == target
+    # below or at the start: nothing changes; past the log end: refused
+    assert not log.delete_records(target) and not log.delete_records(0)
+    with pytest.raises(ValueError):
+        log.delete_records(log.log_end_offset + 1)
+    # a reader refuses offsets below the new start (the fetch path's OFFSET_OUT_OF_RANGE)
+    r = LogReader(d)
+    with pytest.raises(KafkaError) as ei:
+        r.read(target - 1, 1 << 20, high_watermark=log.log_end_offset, log_start_offset=target,
+               min_one_batch=True)
+    assert ei.value.code == ErrorCode.offset_out_of_range
+    r.close()
+    end = log.log_end_offset
+    log.close()
+    # the low watermark survives a restart (Kafka's log-start-offset checkpoint)
+    log = PartitionLog.open(d, settings(segment_bytes=1000), T0)
+    assert log.log_start_offset == target and log.segment_bases() == bases[2:]
+    # up to the log end: the active segment stays, empty of readable records
+    assert log.delete_records(end)
+    assert log.log_start_offset == end and log.segment_bases() == [log.active_segment_base]
+    log.close()
+    log = PartitionLog.open(d, settings(segment_bytes=1000), T0)
+    assert (log.log_start_offset, log.log_end_offset) == (end, end)
+    log.close()
+
+
 def test_retention_never_deletes_the_active_segment(tmp_path):
     log = PartitionLog.open(str(tmp_path), settings(segment_bytes=1000, retention_bytes=0,
                                                     retention_ms=0), T0)
@@ -321,9 +364,10 @@ def test_clean_close_leaves_marker_and_reopen_removes_it(tmp_path):
     log = PartitionLog.open(d, settings(segment_bytes=1000), T0)
     assert not os.path.exists(os.path.join(d, CLEAN_SHUTDOWN_FILE))
     assert (log.log_end_offset, log.segment_bases()) == (leo, bases)
-    assert os.path.getsize(log_path(d, bases[-1])) == 1000          # preallocated again
+    assert os.path.getsize(log_path(d, bases[-1])) < 1000           # no blocks before an append
     log.append(batch(1), T0)
     assert log.log_end_offset == leo + 1
+    assert os.path.getsize(log_path(d, bases[-1])) == 1000          # then ahead of the appends
     log.close()
 
 

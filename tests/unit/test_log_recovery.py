@@ -160,7 +160,7 @@ def _poison(data: bytearray, pos: int, how: str) -> None:
 def test_recovery_truncates_at_a_crc_valid_batch_whose_records_are_unreadable(tmp_path, how):
     d = str(tmp_path)
     sent = make_log(d, 6)
-    data = bytearray(open(log_path(d, 0), "rb").read())
+    data = bytearray(Path(log_path(d, 0)).read_bytes())
     valid, _ = scan_valid(data)
     pos3 = valid[3][0]
     _poison(data, pos3, how)

@@ -31,3 +31,56 @@ def test_readme_lists_every_config_section():
                     assert f"`{sub}`" in text, f"{section}.{key}.{sub} missing from README"
             else:
                 assert f"`{key}`" in text, f"{section}.{key} missing from README"
+
+
+def test_exit_statuses_the_unit_does_not_restart_are_the_readmes():
+    """README's exit-status table and the systemd unit's RestartPreventExitStatus= agree."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        rows = re.findall(r"^\| (\d+) \|.*\| (yes|no)[^|]*\|$", f.read(), re.M)
+    not_restarted = {int(code) for code, restarted in rows if restarted == "no" and code != "0"}
+    with open(os.path.join(ROOT, "systemd", "appliance.service")) as f:
+        (line,) = [l for l in f if l.startswith("RestartPreventExitStatus=")]
+    assert set(map(int, line.split("=", 1)[1].split())) == not_restarted
+
+
+def test_readme_reload_table_is_what_a_reload_applies():
+    """Every key of every section sits in the column a SIGHUP reload puts it in (appliance.reload),
+    and config.toml lists the same."""
+    import msgspec
+    from appliance import reload
+    from appliance.config import Config
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    section = text[text.index("### Reload"):]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`["):
+            rows[cells[0].strip("`[]")] = tuple({k.strip() for k in c.split(",") if k.strip()}
+                                                for c in cells[1:])
+
+    def sections(prefix, tree):
+        keys = {k: v for k, v in tree.items() if not isinstance(v, dict)}
+        if keys:
+            yield prefix, keys
+        for k, v in tree.items():
+            if isinstance(v, dict):
+                yield from sections(f"{prefix}.{k}" if prefix else k, v)
+    for sec, keys in sections("", msgspec.to_builtins(Config())):
+        live = {k.split(" (")[0] for k in rows[sec][0]}
+        assert live == {k for k in keys if reload.is_live(f"{sec}.{k}")}, sec
+        assert rows[sec][1] == {k for k in keys if not reload.is_live(f"{sec}.{k}")}, sec
+    # config.toml marks the others, key by key.
+    with open(os.path.join(ROOT, "config.toml")) as f:
+        lines = f.read().splitlines()
+    sec, marked = "", False
+    for line in lines:
+        if m := re.match(r"^\[([a-z.]+)\]$", line):
+            sec, marked = m.group(1), False
+        elif line.startswith("#"):
+            marked = marked or line == "# Needs a restart."
+        elif m := re.match(r"^([a-z_]+) = ", line):
+            assert marked == (not reload.is_live(f"{sec}.{m.group(1)}")), f"{sec}.{m.group(1)}"
+            marked = False
+        else:
+            marked = False

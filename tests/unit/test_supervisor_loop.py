@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+from types import SimpleNamespace
 
 import pytest
 
+from appliance.catalog import Catalog
+from appliance.catalog import CatalogStore
 from appliance.config import Config, ServerConfig, SupervisorConfig
 from appliance.runtime import (EXIT_CRASH_LOOP, HEARTBEAT_FILE, RECOVERING, STOPPED, SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, WORKER_PAGE_FIELDS)
@@ -73,6 +76,9 @@ def sup(tmp_path, monkeypatch):
     s.topo = Topology(s.run_dir)
     s.hb = HeartbeatTable.create(os.path.join(s.run_dir, HEARTBEAT_FILE), 64)
     s.page = StatePage.create(s.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
+    os.makedirs(cfg.server.data_dir)
+    s.store = CatalogStore(cfg.server.data_dir)
+    s.store.load()
     yield s
     s.topo.close()
 
@@ -173,3 +179,124 @@ def test_a_recovering_worker_is_not_killed_for_silence(sup):
     spec.page.publish(generation=spec.generation - 1)
     sup._murder_stale()
     assert sup.fake.kills == [(spec.pid, signal.SIGKILL)]
+
+
+# -- what the supervisor tells systemd (appliance.operating) ------------------------------------
+
+@pytest.fixture
+def notify(tmp_path, monkeypatch):
+    import socket
+    path = str(tmp_path / "notify")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)
+    s.setblocking(False)
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+
+    def received() -> list[str]:
+        out = []
+        while True:
+            try:
+                out.append(s.recv(4096).decode())
+            except BlockingIOError:
+                return out
+    yield received
+    s.close()
+
+
+def test_the_watchdog_pings_only_while_every_heartbeat_is_fresh(sup, notify):
+    from appliance.systemd import Watchdog
+    sup.watchdog = Watchdog({"WATCHDOG_USEC": "4000000"})      # fresh: beaten within 2 s
+    spec = start_fetcher(sup)
+    sup.hb.beat(spec.heartbeat_slot, sup.fake.clock_ns())
+    sup.watchdog_turn()
+    assert notify() == ["WATCHDOG=1"]
+    sup.fake.now += 2.5                                         # the fetcher stopped beating
+    sup.watchdog_turn()
+    got = notify()
+    assert len(got) == 1 and got[0].startswith("STATUS=watchdog withheld: no heartbeat from "
+                                               "fetcher 0 (2.5 s)")
+    sup.fake.now += 1
+    sup.watchdog_turn()
+    assert notify() == []                                       # still withheld, said once
+    sup.hb.beat(spec.heartbeat_slot, sup.fake.clock_ns())
+    sup.fake.now += 1
+    sup.watchdog_turn()
+    assert notify() == ["WATCHDOG=1"]
+
+
+def test_a_reload_publishes_the_new_configuration_and_runs_the_hooks(sup, notify, tmp_path):
+    from appliance import reload
+    from appliance.config import LogConfig
+    from shm.metrics import MetricsTable
+    sup.metrics = MetricsTable.anonymous(64)
+    new = Config(server=sup.cfg.server, supervisor=sup.cfg.supervisor,
+                 log=LogConfig(retention_ms=5000))
+    sup.source = lambda: new
+    seen = []
+    sup.reload_hooks.append(lambda old, cfg: seen.append((old.log.retention_ms, cfg.log.retention_ms)))
+    sup.serving = True
+    sup.store = SimpleNamespace(catalog=Catalog())
+    sup.bound_port = 9092
+    sup.reload()
+    assert sup.cfg.log.retention_ms == 5000 and sup.config_version == 1
+    assert sup.page.read().config_version == 1
+    assert reload.read_published(reload.file_path(sup.run_dir)).log.retention_ms == 5000
+    assert seen == [(Config().log.retention_ms, 5000)]
+    got = notify()
+    assert got[0].startswith("RELOADING=1\nMONOTONIC_USEC=")
+    assert got[-1].startswith("READY=1\nSTATUS=serving on ")
+    assert dict(sup.metrics.items())["appliance_config_reloads|result=applied"] == 1
+    # A worker forked from now on gets the new configuration and its version.
+    spec = start_fetcher(sup)
+    ctx = sup._context(spec)
+    assert ctx.config is sup.cfg and ctx.config_version == 1
+
+
+def test_reload_hooks_run_before_the_version_the_workers_follow_moves(sup, notify):
+    """What a hook publishes for the workers (re-read certificates, appliance.security) must be
+    in place when a worker sees the new config_version and runs its reload."""
+    from shm.metrics import MetricsTable
+    sup.metrics = MetricsTable.anonymous(64)
+    sup.source = lambda: sup.cfg
+    seen = []
+    sup.reload_hooks.append(lambda old, cfg: seen.append(sup.page.read().config_version))
+    sup.store = SimpleNamespace(catalog=Catalog())
+    sup.reload()
+    assert seen == [0] and sup.page.read().config_version == 1
+
+
+def test_recovery_reports_partitions_ready_bytes_and_an_estimate(sup, notify, caplog, tmp_path):
+    from appliance.catalog import TopicInfo, partition_dir
+    from appliance.metrics import key
+    from appliance.operating import PROGRESS_LOG_S
+    from appliance.runtime import PARTITION_PAGE_FIELDS, READY
+    topic = TopicInfo(name="t", topic_id=bytes(16), partitions=2, configs={})
+    specs = []
+    for p in range(2):
+        d = partition_dir(sup.data_dir, "t", p)
+        os.makedirs(d)
+        with open(os.path.join(d, "00000000000000000000.log"), "wb") as f:
+            f.write(b"x" * 1000)
+        spec = sup._add_worker("writer", f"w{p}", p, lambda ctx: 0, topic)
+        spec.page = StatePage.create(sup.topo.page_path(spec.name), PARTITION_PAGE_FIELDS)
+        sup._spawn(spec)
+        specs.append(spec)
+    progress = sup.recovery_progress(specs)
+    assert progress.total_bytes == 2000
+    import logging
+    with caplog.at_level(logging.INFO, "appliance.supervisor"):
+        progress.turn(sup.clock(), sup._writer_ready)
+        assert notify() == ["STATUS=recovering 0/2 partitions"]
+        specs[0].page.publish(generation=specs[0].generation, status=READY)
+        specs[1].metrics.set(key("appliance_log_recovery_bytes", [("topic", "t"), ("partition", 1)]), 500)
+        sup.fake.now += PROGRESS_LOG_S
+        progress.turn(sup.clock(), sup._writer_ready)
+        assert notify() == ["STATUS=recovering 1/2 partitions"]
+        assert "recovery: 1/2 partitions ready, 1.5 KiB of 2.0 KiB of logs checked in 5 s, " \
+               "about 2 s left" in caplog.text
+        specs[1].page.publish(generation=specs[1].generation, status=READY)
+        progress.turn(sup.clock(), sup._writer_ready)
+        sup.recovery_finished(progress)
+    assert notify() == ["STATUS=recovering 2/2 partitions"]
+    assert "recovered 2 partitions (2.0 KiB of logs) in 5.0 s" in caplog.text
+    assert dict(sup.metrics.items())["appliance_recovery_seconds"] == 5_000_000

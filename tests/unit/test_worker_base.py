@@ -3,6 +3,7 @@ the heartbeat, signals and the listening socket, on real rings in a tmp runtime 
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -50,6 +51,18 @@ def context(run_dir: str, tmp_path, listen_fd: int = -1) -> WorkerContext:
                          listen_fd=listen_fd)
 
 
+MADE: list[Worker] = []     # every worker a test builds, released after it (no leaked sockets)
+
+
+@pytest.fixture(autouse=True)
+def release_workers():
+    yield
+    while MADE:
+        MADE.pop().release()
+    # Anything a test left open is reported by that test, not by whichever runs next.
+    gc.collect()
+
+
 class Recorder(Worker):
     """A small concrete worker: serves DescribeProducers, records every hook call, and stops
     after ``turns`` loop turns."""
@@ -58,6 +71,7 @@ class Recorder(Worker):
 
     def __init__(self, ctx: WorkerContext, turns: int = 1, boot_error: bool = False) -> None:
         super().__init__(ctx)
+        MADE.append(self)
         self.calls: list[str] = []
         self.turns = turns
         self.boot_error = boot_error
@@ -97,14 +111,20 @@ def restore_signals():
         signal.signal(s, h)
 
 
-def frontend_side(run_dir: str) -> tuple[Topology, Outbox]:
+@pytest.fixture
+def frontend_side(run_dir):
+    """The frontend's end: its topology and its outbox to the worker (closed after the test)."""
     topo = Topology(run_dir)
-    return topo, Outbox(topo, "fe0", NAME, BellSender())
+    bells = BellSender()
+    yield topo, Outbox(topo, "fe0", NAME, bells)
+    bells.close()
+    topo.close()
 
 
-def test_a_request_in_a_ring_is_served_by_the_registry_and_answered(run_dir, tmp_path):
+def test_a_request_in_a_ring_is_served_by_the_registry_and_answered(run_dir, tmp_path,
+                                                                     frontend_side):
     w = Recorder(context(run_dir, tmp_path))
-    topo, to_worker = frontend_side(run_dir)
+    topo, to_worker = frontend_side
     assert to_worker.send(ipc.encode(7, ipc.DescribeProducersRequest()))
     assert to_worker.send(ipc.encode(8, ipc.ListOffsetsRequest(0, [])))   # nobody serves it
     assert w.drain_inputs() is True
@@ -208,8 +228,8 @@ def test_workers_that_do_not_serve_clients_close_the_listening_socket(run_dir, t
 
 
 def test_async_worker_drains_on_its_bell_ticks_and_stops_on_sigterm(run_dir, tmp_path,
-                                                                  restore_signals):
-    _, to_worker = frontend_side(run_dir)
+                                                                  restore_signals, frontend_side):
+    _, to_worker = frontend_side
 
     class Async(AsyncWorker):
         def __init__(self, ctx):
@@ -239,7 +259,32 @@ def test_async_worker_drains_on_its_bell_ticks_and_stops_on_sigterm(run_dir, tmp
             self.finish()
 
     w = Async(context(run_dir, tmp_path))
+    MADE.append(w)
     assert w.main() == 0
     assert w.drained == 1 and w.ticks >= 2 and w.stopped
     assert w.page.read().status == STOPPED
     assert w.hb.last(SLOT) > 0
+
+
+def test_a_new_configuration_version_reaches_the_reload_hook_once(run_dir, tmp_path):
+    from appliance import reload
+    from appliance.config import LogConfig
+
+    got = []
+
+    class Reloading(Recorder):
+        def reload(self, old, new):
+            got.append((old.log.retention_ms, new.log.retention_ms, self.cfg is new))
+
+    w = Reloading(context(run_dir, tmp_path), turns=1)
+    sup = StatePage.open(os.path.join(run_dir, f"page.{SUPERVISOR}"), SUPERVISOR_PAGE_FIELDS)
+    w.loop()
+    assert got == []                      # the page moved (catalog), not the version
+    new = Config(log=LogConfig(retention_ms=1000))
+    reload.publish(new, reload.file_path(run_dir))
+    sup.publish(config_version=1)
+    w.stop, w.turns = False, 2
+    w.loop()
+    assert got == [(Config().log.retention_ms, 1000, True)]
+    assert w.ctx.config is w.cfg and w.config_version == 1
+    sup.close()

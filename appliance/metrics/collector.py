@@ -1,0 +1,290 @@
+"""The union of what every process publishes, as Prometheus metric families.
+
+Runs in the metrics worker (``workers/metrics_server.py``, for each scrape) and in
+``appliance metrics`` (once). Owns nothing but its cache of read-only maps; it reads, never
+writes, and never waits for a worker: the supervisor's process table (``processes.json``), every
+process's metrics table, the partition writers' state pages, the heartbeat table, the published
+catalog, the coordinator's group snapshot, and the ring headers (one ``pread`` each). A worker
+that is dead or restarting only makes its series stale or absent; a scrape never blocks on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from typing import Iterator
+
+import msgspec
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric as Family)
+from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from appliance.catalog import PUBLISHED_FILE, read_published
+from appliance.runtime import (COORDINATOR_PAGE_FIELDS, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE,
+                               PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, SUPERVISOR,
+                               WORKER_PAGE_FIELDS, role_title)
+from shm.heartbeat import HeartbeatTable
+from shm.metrics import MetricsTable
+from shm.ring import ring_fill
+from shm.statepage import StalePage, StatePage
+from shm.topology import Topology
+
+from . import CATALOG, COORDINATOR_SNAPSHOT, COUNTER, HISTOGRAM, parse_key
+
+log = logging.getLogger("appliance.metrics")
+
+
+class NotRunning(Exception):
+    """No appliance runs on this runtime directory (the message says what was found)."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Collector:
+    """A prometheus_client collector over one runtime directory."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self.topo = Topology(run_dir)
+        self._tables: dict[str, MetricsTable] = {}
+        self._pages: dict[str, StatePage] = {}
+        self._hb: HeartbeatTable | None = None
+
+    # -- prometheus_client's collector protocol ---------------------------------------------------
+    def collect(self) -> Iterator[Family]:
+        return iter(self.families())
+
+    def registry(self) -> CollectorRegistry:
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(self)
+        return reg
+
+    # -- reading ----------------------------------------------------------------------------------
+    def processes(self) -> dict:
+        try:
+            with open(os.path.join(self.run_dir, PROCESSES_FILE)) as f:
+                procs = json.load(f)
+        except FileNotFoundError:
+            raise NotRunning(f"no appliance runtime directory at {self.run_dir}") from None
+        if not _pid_alive(procs.get("supervisor", 0)):
+            raise NotRunning(f"the appliance that made {self.run_dir} (pid "
+                             f"{procs.get('supervisor')}) is not running")
+        return procs
+
+    def _table(self, name: str) -> MetricsTable | None:
+        t = self._tables.get(name)
+        if t is None:
+            try:
+                t = self._tables[name] = MetricsTable.open(
+                    self.topo.metrics_path(name), readonly=True)
+            except (FileNotFoundError, ValueError):
+                return None
+        return t
+
+    def _page(self, name: str, fields) -> StatePage | None:
+        p = self._pages.get(name)
+        if p is None:
+            try:
+                p = self._pages[name] = StatePage.open(self.topo.page_path(name), fields,
+                                                       readonly=True)
+            except (FileNotFoundError, ValueError):
+                return None
+        return p
+
+    def _forget_missing(self, live: set[str]) -> None:
+        for cache in (self._tables, self._pages):
+            for name in [n for n in cache if n not in live]:
+                cache.pop(name).close()
+
+    def close(self) -> None:
+        self._forget_missing(set())
+        if self._hb is not None:
+            self._hb.close()
+            self._hb = None
+
+    # -- the families -----------------------------------------------------------------------------
+    def families(self) -> list[Family]:
+        procs = self.processes()
+        workers = procs.get("workers", [])
+        live = {SUPERVISOR} | {w["name"] for w in workers}
+        self._forget_missing(live)
+        acc: dict[str, dict[tuple[str, ...], float]] = defaultdict(lambda: defaultdict(float))
+        hist: dict[str, dict[tuple[str, ...], list]] = defaultdict(dict)
+        for name in [SUPERVISOR] + [w["name"] for w in workers]:
+            t = self._table(name)
+            if t is not None:
+                self._add_table(t, acc, hist)
+        try:
+            catalog = read_published(self.topo.file_path(PUBLISHED_FILE))
+        except (OSError, ValueError):
+            catalog = None
+        partitions = self._partitions(workers, catalog, acc)
+        self._workers(workers, acc)
+        self._rings(partitions, acc)
+        self._groups(partitions, acc)
+        return self._build(acc, hist)
+
+    def _add_table(self, t: MetricsTable, acc, hist) -> None:
+        for k, v in t.items():
+            name, labels = parse_key(k)
+            base, sep, part = name.partition(":")
+            m = CATALOG.get(base)
+            if m is None:
+                continue
+            given = dict(labels)
+            values = tuple(given.get(label, "") for label in m.labels)
+            if m.kind == HISTOGRAM and sep:
+                h = hist[base].get(values)
+                if h is None:
+                    h = hist[base][values] = [[0] * (len(m.bounds) + 1), 0]
+                if part == "sum":
+                    h[1] += v
+                elif part.startswith("b") and part[1:].isdigit() and int(part[1:]) <= len(m.bounds):
+                    h[0][int(part[1:])] += v
+            elif m.kind != HISTOGRAM and not sep:
+                acc[base][values] += v
+
+    def _partitions(self, workers, catalog, acc) -> dict[str, tuple[str, int, object]]:
+        """Offsets from each writer's state page; returns writer name -> (topic, partition,
+        state)."""
+        out: dict[str, tuple[str, int, object]] = {}
+        for w in workers:
+            if w["role"] != "writer":
+                continue
+            topic, partition = w.get("topic"), w.get("partition")
+            if catalog is not None and topic not in catalog.topics:
+                continue                    # deleted meanwhile
+            page = self._page(w["name"], PARTITION_PAGE_FIELDS)
+            if page is None:
+                continue
+            try:
+                st = page.read()
+            except StalePage:
+                continue
+            out[w["name"]] = (topic, partition, st)
+            if st.generation == 0:
+                continue                    # never published
+            tp = (topic, str(partition))
+            acc["kafka_log_log_logendoffset"][tp] = st.high_watermark
+            acc["kafka_log_log_logstartoffset"][tp] = st.log_start_offset
+            acc["kafka_log_log_laststableoffset"][tp] = st.last_stable_offset
+            acc["kafka_cluster_partition_laststableoffsetlag"][tp] = \
+                st.high_watermark - st.last_stable_offset
+        return out
+
+    def _workers(self, workers, acc) -> None:
+        if self._hb is None:
+            try:
+                self._hb = HeartbeatTable.open(os.path.join(self.run_dir, HEARTBEAT_FILE),
+                                               readonly=True)
+            except (FileNotFoundError, ValueError):
+                pass
+        now = time.monotonic_ns()
+        for w in workers:
+            role = w["role"]
+            title = role_title(role, w.get("index", 0), w.get("topic"))
+            fields = (PARTITION_PAGE_FIELDS if role == "writer" else
+                      COORDINATOR_PAGE_FIELDS if role == "coordinator" else
+                      FRONTEND_PAGE_FIELDS if role == "frontend" else WORKER_PAGE_FIELDS)
+            up = 0
+            page = self._page(w["name"], fields)
+            if w.get("pid") and page is not None:
+                try:
+                    st = page.read()
+                    up = int(st.status == READY and st.generation == w.get("generation")
+                             and st.pid == w["pid"])
+                except StalePage:
+                    pass
+            acc["appliance_worker_up"][(role, title)] = up
+            slot = w.get("slot")
+            if up and self._hb is not None and slot is not None:
+                last = self._hb.last(slot)
+                if last:
+                    acc["appliance_worker_heartbeat_age_seconds"][(role, title)] = \
+                        max(0.0, (now - last) / 1e9)
+
+    def _rings(self, partitions, acc) -> None:
+        try:
+            names = os.listdir(self.run_dir)
+        except FileNotFoundError:
+            return
+        produce = acc["appliance_produce_ring_fill_ratio"]
+        other = acc["appliance_ring_fill_ratio"]
+        for name in names:
+            if not name.startswith("ring."):
+                continue
+            src, _, dst = name[5:].partition("-")
+            to_writer, from_writer = dst.startswith("w"), src.startswith("w")
+            if from_writer or (to_writer and not src.startswith("fe")):
+                continue          # acks and markers: small, and one series per partition each
+            try:
+                used, capacity = ring_fill(os.path.join(self.run_dir, name))
+            except (OSError, ValueError):
+                continue
+            ratio = used / capacity if capacity else 0.0
+            if to_writer:
+                p = partitions.get(dst)
+                if p is not None:
+                    tp = (p[0], str(p[1]))
+                    produce[tp] = max(produce.get(tp, 0.0), ratio)
+            else:
+                other[(src, dst)] = ratio
+
+    def _groups(self, partitions, acc) -> None:
+        try:
+            with open(self.topo.file_path(COORDINATOR_SNAPSHOT), "rb") as f:
+                snap = msgspec.msgpack.decode(f.read())
+        except (OSError, msgspec.DecodeError):
+            return
+        hw = {(p[0], p[1]): p[2].high_watermark for p in partitions.values()
+              if p[2].generation}
+        for group, _state, members in snap.get("groups", ()):
+            acc["kafka_consumergroup_members"][(group,)] = members
+        for group, topic, partition, offset in snap.get("offsets", ()):
+            labels = (group, topic, str(partition))
+            acc["kafka_consumergroup_current_offset"][labels] = offset
+            end = hw.get((topic, partition))
+            if end is not None:
+                acc["kafka_consumergroup_lag"][labels] = max(0, end - offset)
+
+    def _build(self, acc, hist) -> list[Family]:
+        out: list[Family] = []
+        for name, m in CATALOG.items():
+            if m.kind == HISTOGRAM:
+                fam = HistogramMetricFamily(name, m.help, labels=m.labels)
+                for labels, (buckets, total_us) in sorted(hist.get(name, {}).items()):
+                    cumulative, running = [], 0
+                    for bound, n in zip((*m.bounds, float("inf")), buckets):
+                        running += n
+                        cumulative.append((floatToGoString(bound), running))
+                    fam.add_metric(list(labels), cumulative, total_us * m.scale)
+            else:
+                cls = CounterMetricFamily if m.kind == COUNTER else GaugeMetricFamily
+                fam = cls(name, m.help, labels=m.labels)
+                for labels, v in sorted(acc.get(name, {}).items()):
+                    fam.add_metric(list(labels), v * m.scale)
+            out.append(fam)
+        return out
+
+
+def render(run_dir: str) -> bytes:
+    """The text exposition of ``run_dir`` (``appliance metrics``)."""
+    from prometheus_client import generate_latest
+    c = Collector(run_dir)
+    try:
+        c.processes()                # NotRunning before anything else
+        return generate_latest(c.registry())
+    finally:
+        c.close()

@@ -1,0 +1,394 @@
+"""The supervisor's topic administration: CreateTopics, DeleteTopics, CreatePartitions and
+AlterConfigs / IncrementalAlterConfigs, served from the frontends' admin rings.
+
+Runs in the supervisor process, which owns the catalog (``appliance.catalog.CatalogStore``) and the
+process table; this service is the supervisor's, single-threaded, and changes both only through
+it (``Supervisor._add_writer``, ``_spawn``, ``kill``). Each change commits the catalog first (the
+durable point), then acts: new writers are forked and the catalog is published only once they are
+READY (so frontends never route to a partition without a writer); deleted topics' writers are
+stopped before their directories go; config changes are published at once, and every writer
+applies them live when it sees the new catalog version (``workers.partition_writer``).
+
+I/O errors never stop the supervisor here: new partitions' rings and pages are made before the
+catalog commit (they get their memory when made), so a runtime dir (tmpfs) or a data dir without
+room refuses the request with KAFKA_STORAGE_ERROR, as Kafka refuses a write to a full log dir, and
+leaves the catalog and the runtime dir as they were; a catalog that cannot be published is
+published again every turn (``Supervisor._turn``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass
+
+from . import catalog as cat
+from .errors import ErrorCode, KafkaError
+from .runtime import writer_name
+from .service import Responder, serves
+from .startup import NO_SPACE
+from .topic_config import alter_broker_configs, alter_topic_configs, validate_topic_configs
+
+log = logging.getLogger("appliance.supervisor")
+
+FULL_DISK = "the data dir's file system is full"
+CREATE_TIMEOUT_S = 60.0
+
+
+@dataclass
+class PendingCreate:
+    respond: Responder
+    results: list[cat.TopicResult]
+    writers: list            # WorkerSpec
+    deadline: float
+
+
+@dataclass
+class PendingDelete:
+    respond: Responder
+    results: list[cat.TopicResult]
+    writers: list            # WorkerSpec
+    topics: list[cat.TopicInfo]
+
+
+class TopicAdmin:
+    """The ``@serves`` methods of the supervisor's admin registry, and what they wait for."""
+
+    def __init__(self, sup) -> None:
+        self.sup = sup
+        self.pending_creates: list[PendingCreate] = []
+        self.pending_deletes: list[PendingDelete] = []
+        self.unpublished = False     # the committed catalog could not be published yet
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending_creates or self.pending_deletes)
+
+    @property
+    def store(self) -> cat.CatalogStore:
+        return self.sup.store
+
+    # -- CreateTopics ---------------------------------------------------------------------------
+    @serves(cat.CreateTopicsRequest, late=True)
+    def create_topics(self, req: cat.CreateTopicsRequest, respond: Responder) -> None:
+        """Answered once the new writers are READY (or after 60 s)."""
+        cfg = self.sup.cfg
+        results: list[cat.TopicResult] = []
+        accepted: list[cat.TopicInfo] = []
+        current = self.store.catalog
+        total = current.partition_count()
+        seen: set[str] = set()
+        for nt in req.topics:
+            try:
+                if nt.name in seen:
+                    raise KafkaError(ErrorCode.invalid_request,
+                                     f"Duplicate topic name {nt.name} in CreateTopics")
+                seen.add(nt.name)
+                cat.check_topic_name(nt.name)
+                if nt.name in cat.INTERNAL_TOPICS:
+                    raise KafkaError(ErrorCode.invalid_topic_exception,
+                                     f"{nt.name} is an internal topic of the appliance")
+                if nt.name in current.topics:
+                    raise KafkaError(ErrorCode.topic_already_exists,
+                                     f"Topic '{nt.name}' already exists.")
+                parts = nt.num_partitions if nt.num_partitions != -1 else cfg.topics.default_partitions
+                if parts <= 0:
+                    raise KafkaError(ErrorCode.invalid_partitions,
+                                     "Number of partitions must be larger than 0.")
+                self._check_room(total, parts)
+                configs = validate_topic_configs(dict(nt.configs))
+                info = cat.TopicInfo(name=nt.name, topic_id=cat.new_topic_id(), partitions=parts,
+                                     configs=configs)
+                total += parts
+                accepted.append(info)
+                results.append(cat.TopicResult(name=nt.name, error_code=0, topic_id=info.topic_id,
+                                               num_partitions=parts, configs=configs))
+            except KafkaError as e:
+                results.append(cat.TopicResult(name=nt.name, error_code=int(e.code),
+                                               error_message=e.message))
+        writers = []
+        if accepted and not req.validate_only:
+            writers, results = self._commit_with_writers(
+                [(t, range(t.partitions)) for t in accepted],
+                lambda: self.store.add_topics(accepted), results, "CreateTopics")
+            for t in accepted if writers else ():
+                log.info("creating topic %s: %d partitions%s", t.name, t.partitions,
+                         f", configs {dict(t.configs)}" if t.configs else "")
+        self._wait_for(respond, results, writers)
+
+    def _check_room(self, total: int, more: int) -> None:
+        limit = self.sup.cfg.topics.max_partitions
+        if total + more > limit:
+            raise KafkaError(ErrorCode.policy_violation,
+                             f"Creating {more} partitions would exceed topics.max_partitions = {limit}")
+
+    def _commit_with_writers(self, parts: list[tuple[cat.TopicInfo, range]], commit,
+                             results: list[cat.TopicResult], what: str):
+        """Make the new partitions' writers (rings and pages) first, then ``commit()`` the
+        catalog, then fork them. Either step failing for lack of room refuses the request with
+        KAFKA_STORAGE_ERROR and takes away what was made. Returns (writers, results)."""
+        sup = self.sup
+        writers = []
+        problem = None
+        try:
+            for t, partitions in parts:
+                for p in partitions:
+                    writers.append(sup._add_writer(t, p))
+        except OSError as e:
+            problem = f"the runtime dir has no room for the new partitions' rings: {e.strerror}"
+        if problem is None:
+            try:
+                commit()
+            except OSError as e:
+                problem = (FULL_DISK if e.errno in NO_SPACE
+                           else f"the data dir cannot commit the catalog: {e.strerror}")
+        if problem is not None:
+            log.error("%s %s refused: %s", what, sorted({t.name for t, _ in parts}), problem)
+            for spec in writers:
+                self._forget_worker(spec)
+            return [], _fail_accepted(results, ErrorCode.kafka_storage_error, problem)
+        for spec in writers:
+            sup._spawn(spec)
+        return writers, results
+
+    def _forget_worker(self, spec) -> None:
+        """Remove a worker that never ran from the table, with its runtime-dir files."""
+        sup = self.sup
+        if spec.page is not None:
+            spec.page.close()
+            spec.page = None
+        if spec.metrics is not None:
+            spec.metrics.close()
+            spec.metrics = None
+        sup.topo.remove_endpoint(spec.name)
+        if sup.workers.pop(spec.name, None) is not None:
+            sup.free_slots.append(spec.heartbeat_slot)
+
+    def _wait_for(self, respond: Responder, results: list[cat.TopicResult], writers: list) -> None:
+        self.pending_creates.append(PendingCreate(respond, results, writers,
+                                                  time.monotonic() + CREATE_TIMEOUT_S))
+        self.check_pending()
+
+    # -- CreatePartitions -----------------------------------------------------------------------
+    @serves(cat.CreatePartitionsRequest, late=True)
+    def create_partitions(self, req: cat.CreatePartitionsRequest, respond: Responder) -> None:
+        """Kafka's ReplicationControlManager.createPartitions: a topic only grows; the new
+        partitions are numbered after the existing ones, each gets its writer, and the answer
+        waits until they are READY (as CreateTopics does)."""
+        results: list[cat.TopicResult] = []
+        counts: dict[str, int] = {}
+        current = self.store.catalog
+        total = current.partition_count()
+        names = [n for n, _ in req.counts]
+        for name, count in req.counts:
+            try:
+                if names.count(name) > 1:
+                    raise KafkaError(ErrorCode.invalid_request, "Duplicate topic name.")
+                t = current.topics.get(name)
+                if t is None:
+                    raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                                     "This server does not host this topic-partition.")
+                if count == t.partitions:
+                    raise KafkaError(ErrorCode.invalid_partitions,
+                                     f"Topic already has {t.partitions} partition(s).")
+                if count < t.partitions:
+                    raise KafkaError(ErrorCode.invalid_partitions,
+                                     f"The topic {name} currently has {t.partitions} partition(s); "
+                                     f"{count} would not be an increase.")
+                self._check_room(total, count - t.partitions)
+                total += count - t.partitions
+                counts[name] = count
+                results.append(cat.TopicResult(name=name, error_code=0, topic_id=t.topic_id,
+                                               num_partitions=count))
+            except KafkaError as e:
+                results.append(cat.TopicResult(name=name, error_code=int(e.code),
+                                               error_message=e.message))
+        writers = []
+        if counts and not req.validate_only:
+            import msgspec
+            grown = [(msgspec.structs.replace(current.topics[name], partitions=count),
+                      range(current.topics[name].partitions, count)) for name, count in counts.items()]
+            writers, results = self._commit_with_writers(
+                grown, lambda: self.store.grow_topics(counts), results, "CreatePartitions")
+            for t, new in grown if writers else ():
+                log.info("topic %s grows from %d to %d partitions", t.name, new.start, new.stop)
+                for spec in self.sup.workers.values():   # restarts see the new count
+                    if spec.topic is not None and spec.topic.topic_id == t.topic_id:
+                        spec.topic = t
+        self._wait_for(respond, results, writers)
+
+    # -- AlterConfigs / IncrementalAlterConfigs -------------------------------------------------
+    @serves(cat.AlterConfigsRequest)
+    def alter_configs(self, req: cat.AlterConfigsRequest) -> cat.AlterConfigsResult:
+        """Each resource is checked and changed as a whole (Kafka's ConfigAdminManager and
+        ConfigurationControlManager); the good ones are committed together, then published, and
+        the writers apply them live."""
+        current = self.store.catalog
+        node = str(self.sup.cfg.server.node_id)
+        keys = [(c.resource_type, c.resource_name) for c in req.changes]
+        results: list[cat.ConfigResult] = []
+        topics: dict[str, dict[str, str]] = {}
+        broker: dict[str, dict[str, str]] = {}          # "" (default) or the node id -> set
+        for change, key in zip(req.changes, keys):
+            try:
+                if keys.count(key) > 1:
+                    raise KafkaError(ErrorCode.invalid_request, "Each resource must appear at most once.")
+                name = change.resource_name
+                if change.resource_type == cat.RESOURCE_TOPIC:
+                    if not name:
+                        raise KafkaError(ErrorCode.invalid_request, "Default topic resources are not allowed.")
+                    if name not in current.topics:
+                        raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                                         "This server does not host this topic-partition.")
+                    topics[name] = alter_topic_configs(self.sup.cfg, current, name, change.ops,
+                                                       req.incremental)
+                elif change.resource_type == cat.RESOURCE_BROKER:
+                    if name and name != node:
+                        if not name.lstrip("-").isdigit():
+                            raise KafkaError(ErrorCode.invalid_request,
+                                             f"Node id must be an integer, but it is: {name}")
+                        raise KafkaError(ErrorCode.invalid_request,
+                                         f"Unexpected broker id, expected {node}, but received {name}")
+                    have = current.broker_node if name else current.broker_default
+                    broker[name] = alter_broker_configs(have, change.ops, req.incremental)
+                else:
+                    raise KafkaError(ErrorCode.invalid_request,
+                                     f"Unknown resource type {change.resource_type}")
+                results.append(cat.ConfigResult(0))
+            except KafkaError as e:
+                results.append(cat.ConfigResult(int(e.code), e.message))
+        if req.validate_only or not (topics or broker):
+            return cat.AlterConfigsResult(results)
+        try:
+            self.store.set_configs(topics, broker.get(""), broker.get(node))
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            return cat.AlterConfigsResult([cat.ConfigResult(int(ErrorCode.kafka_storage_error), FULL_DISK)
+                                           if r.error_code == 0 else r for r in results])
+        for name, configs in topics.items():
+            log.info("topic %s configs now %s", name, configs or "the defaults")
+        for name, configs in broker.items():
+            log.info("dynamic broker configs of %s now %s", f"node {name}" if name else "the cluster default",
+                     configs or "none")
+        self.publish()
+        return cat.AlterConfigsResult(results)
+
+    # -- DeleteTopics ---------------------------------------------------------------------------
+    @serves(cat.DeleteTopicsRequest, late=True)
+    def delete_topics(self, req: cat.DeleteTopicsRequest, respond: Responder) -> None:
+        """Answered once the writers have stopped and the directories are gone."""
+        results: list[cat.TopicResult] = []
+        names: list[str] = []
+        for name in req.names:
+            t = self.store.catalog.topics.get(name)
+            if t is None:
+                results.append(cat.TopicResult(name=name, error_code=int(ErrorCode.unknown_topic_or_partition),
+                                               error_message="This server does not host this topic."))
+            else:
+                names.append(name)
+                results.append(cat.TopicResult(name=name, error_code=0, topic_id=t.topic_id))
+        removed = self._remove_topics(names) if names else []
+        if removed:
+            log.info("deleting topics %s", ", ".join(t.name for t in removed))
+        if names and not removed:
+            results = _fail_accepted(results, ErrorCode.kafka_storage_error, FULL_DISK)
+        self.publish()
+        writers = []
+        for t in removed:
+            for p in range(t.partitions):
+                spec = self.sup.workers[writer_name(t.topic_id, p)]
+                spec.removed = True
+                if spec.pid is not None:
+                    self.sup.kill(spec.pid, signal.SIGTERM)
+                writers.append(spec)
+        self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
+        self.check_pending()
+
+    def _remove_topics(self, names: list[str]) -> list[cat.TopicInfo]:
+        """Commit a DeleteTopics; on a full disk the reserve gives the catalog its room (the
+        delete is what frees the disk). Nothing removed when even that fails."""
+        for attempt in (1, 2):
+            try:
+                return self.store.remove_topics(names)
+            except OSError as e:
+                if e.errno not in NO_SPACE or attempt == 2 or not self._release_reserve():
+                    log.error("DeleteTopics %s: the catalog cannot be written: %s", names, e)
+                    break
+        return []
+
+    def _release_reserve(self) -> bool:
+        try:
+            return self.sup.reserve.release("DeleteTopics needs room")
+        except OSError as e:
+            log.error("the disk reserve cannot be given back: %s", e)
+            return False
+
+    # -- what the loop checks every turn --------------------------------------------------------
+    def check_pending(self) -> None:
+        sup = self.sup
+        now = time.monotonic()
+        still = []
+        publish = False
+        done: list[PendingCreate] = []
+        for pc in self.pending_creates:
+            if all(sup._writer_ready(s) for s in pc.writers):
+                publish = publish or bool(pc.writers)
+                done.append(pc)
+            elif now > pc.deadline:
+                pc.results = _fail_accepted(pc.results, ErrorCode.request_timed_out,
+                                            "partition writers did not start in time")
+                publish = True
+                done.append(pc)
+            else:
+                still.append(pc)
+        self.pending_creates = still
+        if publish:
+            self.publish()
+        for pc in done:
+            pc.respond(cat.TopicsResult(pc.results))
+        still_d = []
+        for pd in self.pending_deletes:
+            if any(s.pid is not None for s in pd.writers):
+                still_d.append(pd)
+                continue
+            for s in pd.writers:
+                if s.metrics is not None:
+                    s.metrics.close()
+                sup.topo.remove_endpoint(s.name)
+                sup.workers.pop(s.name, None)
+                sup.free_slots.append(s.heartbeat_slot)
+            try:
+                for t in pd.topics:
+                    self.store.delete_dirs(t)
+                if pd.topics:
+                    sup.reserve.restore(need_free=sup.reserve.size)
+            except OSError as e:
+                # Committed: the sweep at the next start removes what is left of the directories.
+                log.error("DeleteTopics: removing the deleted topics' files failed: %s", e)
+            sup._write_processes()
+            pd.respond(cat.TopicsResult(pd.results))
+        self.pending_deletes = still_d
+
+    def publish(self) -> None:
+        """Publish the committed catalog to the workers. On a full runtime dir the workers keep
+        the previous one (the version on the page moves only with the file) and every turn
+        tries again (``unpublished``)."""
+        sup = self.sup
+        try:
+            cat.publish(self.store.catalog, sup.topo.file_path(cat.PUBLISHED_FILE))
+        except OSError as e:
+            self.unpublished = True
+            sup._io_trouble("catalog", f"catalog version {self.store.catalog.version} not "
+                                       f"published to the workers: {e}")
+            return
+        self.unpublished = False
+        sup._io_trouble("catalog", None)
+        sup.page.publish(catalog_version=self.store.catalog.version)
+        sup.notify_serving()          # systemd STATUS= names the partition count
+
+
+def _fail_accepted(results: list[cat.TopicResult], code: ErrorCode, message: str) -> list[cat.TopicResult]:
+    return [cat.TopicResult(name=r.name, error_code=int(code), error_message=message)
+            if r.error_code == 0 else r for r in results]

@@ -1,0 +1,521 @@
+"""The chaos suite's workload: Jepsen's Kafka queue workload with real clients, each a thread of
+``loadtests/chaos.py`` that records what it did into one history (``Recorder``).
+
+* ``CkProducer``: a confluent-kafka (librdkafka) transactional producer. Each transaction sends
+  1..N unique values to random partitions, waits for their acks (offsets), then commits, or
+  aborts at random. Outcome ``ok`` (committed), ``fail`` (aborted, or commit never asked for)
+  or ``info`` (commit asked for, outcome unknown: the producer is then replaced, and its
+  successor's ``init_transactions`` fences it).
+* ``OwnProducer``: the same with the appliance's own client (``appliance.client.Producer``).
+* ``CkConsumer``: a confluent-kafka read_committed consumer in a consumer group (subscribe,
+  eager rebalances); after every poll that returned records it commits the group's offsets
+  (synchronously). Rebalances (on_assign / on_revoke / on_lost) are recorded with the poll.
+* ``CkTxnClient``: consume-transform-produce (KIP-447): a read_committed group consumer and a
+  transactional producer; each transaction polls, sends new values, commits the consumed
+  positions with ``send_offsets_to_transaction`` (with the consumer's group metadata), then
+  commits or aborts at random; after an abort it rewinds to the group's committed offsets.
+  Its reads and sends are one ``txn`` operation, which makes write->read cycles (G1c) and
+  exactly-once consumption checkable.
+* ``final_reads``: after the run, a fresh read_committed consumer assigned every partition from
+  the beginning reads until it reaches each partition's end, so every committed value is polled.
+
+Keys of the history are "<topic>-<partition>"; values are unique strings "<client>-<n>". The
+RNG of each client is seeded from the run's seed. Client-side waits (backoff before recreating a
+client) pace the workload; they never stand in for an event the checker depends on.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any, Callable
+
+from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer,
+                             TopicPartition)
+
+TXN_TIMEOUT_S = 30.0
+
+
+class Recorder:
+    """The history: completed operations, in completion order (thread-safe)."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.ops: list[dict] = []
+        self._lock = threading.Lock()
+
+    def add(self, op: dict) -> None:
+        op["time"] = round(time.monotonic() - self.t0, 4)
+        with self._lock:
+            self.ops.append(op)
+
+
+class Budget:
+    """Transactions left to start (shared by every transactional client); None = unbounded.
+    ``keep_going()`` true extends it (the run waits for its faults to come up)."""
+
+    def __init__(self, total: int | None, keep_going: Callable[[], bool] = lambda: False) -> None:
+        self.left = total
+        self.keep_going = keep_going
+        self.started = 0
+        self.outcomes = {"ok": 0, "fail": 0, "info": 0}
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.left is not None and self.left <= 0 and not self.keep_going():
+                return False
+            if self.left is not None and self.left > 0:
+                self.left -= 1
+            self.started += 1
+            return True
+
+    def done(self, outcome: str) -> None:
+        with self._lock:
+            self.outcomes[outcome] += 1
+
+    @property
+    def finished(self) -> int:
+        return sum(self.outcomes.values())
+
+
+class Shared:
+    """What every client of one run shares."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, recorder: Recorder, budget: Budget,
+                 stop: threading.Event, abort_p: float, max_sends: int, seed: int) -> None:
+        self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
+        self.recorder, self.budget, self.stop = recorder, budget, stop
+        self.abort_p, self.max_sends, self.seed = abort_p, max_sends, seed
+        self.client_errors: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def key(self, partition: int) -> str:
+        return f"{self.topic}-{partition}"
+
+    def count_error(self, what: str) -> None:
+        with self._lock:
+            self.client_errors[what] = self.client_errors.get(what, 0) + 1
+
+
+def _quiet() -> dict[str, Any]:
+    # Faults make librdkafka log every refused connection; the run's output is the schedule.
+    return {"log_level": 2, "log.connection.close": False}
+
+
+def _ck_common(bootstrap: str) -> dict[str, Any]:
+    return {"bootstrap.servers": bootstrap, "reconnect.backoff.ms": 100,
+            "reconnect.backoff.max.ms": 1000, "socket.connection.setup.timeout.ms": 5000,
+            "topic.metadata.refresh.interval.ms": 5000, **_quiet()}
+
+
+class Client(threading.Thread):
+    """One workload thread: ``name`` is its history process, renamed ``name.<n>`` whenever its
+    client is replaced (a new session, as Jepsen gives a crashed client a new process)."""
+
+    def __init__(self, shared: Shared, name: str, index: int) -> None:
+        super().__init__(name=name, daemon=True)
+        self.s = shared
+        self.base = name
+        self.generation = 0
+        self.rng = random.Random(shared.seed * 1000 + index)
+        self.counter = 0
+        self.error: BaseException | None = None
+
+    @property
+    def process(self) -> str:
+        return self.base if self.generation == 0 else f"{self.base}.{self.generation}"
+
+    def value(self) -> str:
+        self.counter += 1
+        return f"{self.process}-{self.counter}"
+
+    def run(self) -> None:
+        try:
+            self.body()
+        except BaseException as e:          # reported by chaos.py
+            self.error = e
+
+    def body(self) -> None:
+        raise NotImplementedError
+
+    def backoff(self, seconds: float) -> None:
+        self.s.stop.wait(seconds)
+
+
+# -- confluent-kafka transactional producing -----------------------------------------------------
+class CkTxn:
+    """A confluent-kafka transactional producer and the outcome rules of one transaction."""
+
+    def __init__(self, client: Client, transactional_id: str, compression: str = "none") -> None:
+        self.c, self.tid, self.compression = client, transactional_id, compression
+        self.p: Producer | None = None
+
+    def ensure(self) -> bool:
+        """A producer with its producer id; False when the run is stopping."""
+        while self.p is None:
+            if self.c.s.stop.is_set():
+                return False
+            p = Producer({**_ck_common(self.c.s.bootstrap), "transactional.id": self.tid,
+                          "linger.ms": 2, "transaction.timeout.ms": 20000,
+                          "message.timeout.ms": 15000, "request.timeout.ms": 10000,
+                          "socket.timeout.ms": 10000, "compression.type": self.compression})
+            try:
+                p.init_transactions(TXN_TIMEOUT_S)
+                self.p = p
+            except KafkaException as e:
+                self.c.s.count_error(f"init_transactions: {e.args[0].name()}")
+                _discard(p)
+                self.c.backoff(0.5)
+        return True
+
+    def replace(self) -> None:
+        """Drop the producer; the next ``ensure`` makes a new one (a new history process)."""
+        if self.p is not None:
+            _discard(self.p)
+        self.p = None
+        self.c.generation += 1
+
+    def send_all(self, sends: list[tuple[int, str]]) -> list[list]:
+        """Produce and wait for the acks; the send micro-ops ([send, key, [offset, value]]).
+        Raises KafkaException for a failed or unacknowledged send."""
+        acks: dict[str, int | None] = {}
+        errors: list[KafkaError] = []
+
+        def on_delivery(err, msg) -> None:
+            if err is not None:
+                errors.append(err)
+            else:
+                acks[msg.value().decode()] = msg.offset()
+
+        for partition, v in sends:
+            while True:
+                try:
+                    self.p.produce(self.c.s.topic, value=v.encode(), partition=partition, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    self.p.poll(0.05)
+        left = self.p.flush(TXN_TIMEOUT_S)
+        mops = [["send", self.c.s.key(partition), [acks.get(v), v]] for partition, v in sends]
+        if errors:
+            raise KafkaException(errors[0])
+        if left:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "sends not acknowledged"))
+        return mops
+
+    def abort(self) -> None:
+        """Abort; replace the producer when that fails (its successor's init aborts the
+        transaction: it never committed either way)."""
+        for _ in range(3):
+            try:
+                self.p.abort_transaction(TXN_TIMEOUT_S)
+                return
+            except KafkaException as e:
+                self.c.s.count_error(f"abort_transaction: {e.args[0].name()}")
+                if not e.args[0].retriable():
+                    break
+        self.replace()
+
+    def commit(self) -> str:
+        """Commit: "ok", "fail" (the client had to abort, and the broker accepted the abort:
+        it refuses to abort a committed transaction) or "info" (unknown; producer replaced)."""
+        for _ in range(3):
+            try:
+                self.p.commit_transaction(TXN_TIMEOUT_S)
+                return "ok"
+            except KafkaException as e:
+                err: KafkaError = e.args[0]
+                self.c.s.count_error(f"commit_transaction: {err.name()}")
+                if err.txn_requires_abort():
+                    try:
+                        self.p.abort_transaction(TXN_TIMEOUT_S)
+                        return "fail"
+                    except KafkaException as e2:
+                        self.c.s.count_error(f"abort_transaction: {e2.args[0].name()}")
+                        break
+                if not err.retriable():
+                    break
+        self.replace()
+        return "info"
+
+    def failed_before_commit(self, e: KafkaException) -> None:
+        """An error before commit was asked for: the transaction cannot have committed."""
+        err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+        self.c.s.count_error(f"in transaction: {err.name() if err else e}")
+        if err is not None and err.fatal():
+            self.replace()
+        else:
+            self.abort()
+
+
+def _discard(p: Producer) -> None:
+    try:
+        p.purge()
+        p.flush(0)
+    except (KafkaException, RuntimeError):
+        pass
+
+
+# The producers take turns with the codecs, so that the broker's validation and the fetch path
+# see every one of them under the faults.
+CODECS = ("none", "lz4", "zstd", "gzip", "snappy")
+
+
+class CkProducer(Client):
+    def body(self) -> None:
+        txn = CkTxn(self, f"chaos-{self.base}", CODECS[int(self.base[1:]) % len(CODECS)])
+        while not self.s.stop.is_set() and txn.ensure() and self.s.budget.take():
+            process = self.process
+            sends = [(self.rng.randrange(self.s.partitions), self.value())
+                     for _ in range(self.rng.randint(1, self.s.max_sends))]
+            mops = [["send", self.s.key(p), [None, v]] for p, v in sends]
+            outcome = "fail"
+            try:
+                txn.p.begin_transaction()
+                mops = txn.send_all(sends)
+                if self.rng.random() < self.s.abort_p:
+                    txn.abort()
+                else:
+                    outcome = txn.commit()
+            except KafkaException as e:
+                txn.failed_before_commit(e)
+            self.s.recorder.add({"process": process, "type": outcome, "f": "txn", "value": mops})
+            self.s.budget.done(outcome)
+        if txn.p is not None:
+            _discard(txn.p)
+
+
+# -- the appliance's own client -------------------------------------------------------------------
+class OwnProducer(Client):
+    def new_producer(self):
+        from appliance.client import Producer as OwnClientProducer
+        while not self.s.stop.is_set():
+            p = OwnClientProducer(bootstrap_servers=self.s.bootstrap, transactional_id=f"chaos-{self.base}",
+                                  transaction_timeout_ms=20000, delivery_timeout_ms=15000,
+                                  request_timeout_ms=10000, max_block_ms=20000, linger_ms=2)
+            try:
+                p.init_transactions()
+                return p
+            except Exception as e:          # the client's KafkaError family and socket errors
+                self.s.count_error(f"own init_transactions: {type(e).__name__}")
+                _close_own(p)
+                self.backoff(0.5)
+        return None
+
+    def body(self) -> None:
+        from appliance.client import TransactionAbortableError
+        p = self.new_producer()
+        while p is not None and not self.s.stop.is_set() and self.s.budget.take():
+            process = self.process
+            sends = [(self.rng.randrange(self.s.partitions), self.value())
+                     for _ in range(self.rng.randint(1, self.s.max_sends))]
+            mops = [["send", self.s.key(q), [None, v]] for q, v in sends]
+            outcome, replace = "fail", False
+            asked_commit = False
+            try:
+                p.begin_transaction()
+                deliveries = [(q, v, p.send(self.s.topic, v.encode(), partition=q)) for q, v in sends]
+                p.flush()
+                mops = [["send", self.s.key(q), [d.offset if d.offset is not None and d.offset >= 0 else None, v]]
+                        for q, v, d in deliveries]
+                if self.rng.random() < self.s.abort_p:
+                    p.abort_transaction()
+                else:
+                    asked_commit = True
+                    p.commit_transaction()
+                    outcome = "ok"
+            except TransactionAbortableError as e:
+                self.s.count_error(f"own: {type(e).__name__}")
+                try:
+                    p.abort_transaction()
+                except Exception as e2:
+                    self.s.count_error(f"own abort: {type(e2).__name__}")
+                    replace = True
+                outcome = "fail"
+            except Exception as e:
+                self.s.count_error(f"own: {type(e).__name__}")
+                outcome = "info" if asked_commit else "fail"
+                replace = True
+            self.s.recorder.add({"process": process, "type": outcome, "f": "txn", "value": mops})
+            self.s.budget.done(outcome)
+            if replace:
+                _close_own(p)
+                self.generation += 1
+                p = self.new_producer()
+        if p is not None:
+            _close_own(p)
+
+
+def _close_own(p) -> None:
+    try:
+        p.close(flush=False)
+    except Exception:
+        pass
+
+
+# -- consumers -------------------------------------------------------------------------------------
+class _GroupMember:
+    """A subscribed confluent-kafka consumer whose rebalances are collected for the history."""
+
+    def __init__(self, client: Client, group: str, extra: dict[str, Any] | None = None) -> None:
+        self.client = client
+        self.rebalanced: set[str] = set()
+        conf = {**_ck_common(client.s.bootstrap), "group.id": group, "isolation.level": "read_committed",
+                "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 120000,
+                "partition.assignment.strategy": "roundrobin", "fetch.wait.max.ms": 200,
+                "request.timeout.ms": 10000, **(extra or {})}
+        self.c = Consumer(conf)
+        self.c.subscribe([client.s.topic], on_assign=self._changed, on_revoke=self._changed,
+                         on_lost=self._changed)
+
+    def _changed(self, consumer, partitions) -> None:
+        self.rebalanced.update(self.client.s.key(tp.partition) for tp in partitions)
+
+    def poll(self, n: int, timeout: float) -> tuple[dict[str, list], list[str]]:
+        msgs = self.c.consume(n, timeout)
+        reads: dict[str, list] = {}
+        for m in msgs:
+            if m.error() is not None:
+                self.client.s.count_error(f"consume: {m.error().name()}")
+                continue
+            reads.setdefault(self.client.s.key(m.partition()), []).append([m.offset(), m.value().decode()])
+        rebalanced, self.rebalanced = sorted(self.rebalanced), set()
+        return reads, rebalanced
+
+    def close(self) -> None:
+        try:
+            self.c.close()
+        except (KafkaException, RuntimeError):
+            pass
+
+
+class CkConsumer(Client):
+    group = "chaos-consumers"
+
+    def body(self) -> None:
+        # Every other consumer fetches with tiny byte limits: a response then ends inside a
+        # transaction, next to its markers and aborted batches, and the next fetch resumes there.
+        small = {"fetch.max.bytes": 1024, "message.max.bytes": 1000,
+                 "max.partition.fetch.bytes": 256} if int(self.base[1:]) % 2 else {}
+        m = _GroupMember(self, self.group, small)
+        try:
+            while not self.s.stop.is_set():
+                reads, rebalanced = m.poll(self.rng.randint(1, 50), 0.5)
+                if not reads and not rebalanced:
+                    continue
+                op = {"process": self.process, "type": "ok", "f": "poll", "value": [["poll", reads]]}
+                if rebalanced:
+                    op["rebalance"] = rebalanced
+                if reads:
+                    try:
+                        m.c.commit(asynchronous=False)
+                    except KafkaException as e:
+                        op["commit"] = e.args[0].name()
+                        self.s.count_error(f"offset commit: {e.args[0].name()}")
+                self.s.recorder.add(op)
+        finally:
+            m.close()
+
+
+class CkTxnClient(Client):
+    group = "chaos-txn"
+
+    def body(self) -> None:
+        m = _GroupMember(self, self.group)
+        txn = CkTxn(self, f"chaos-{self.base}")
+        try:
+            while not self.s.stop.is_set() and txn.ensure() and self.s.budget.take():
+                self.one(m, txn)
+        finally:
+            if txn.p is not None:
+                _discard(txn.p)
+            m.close()
+
+    def one(self, m: _GroupMember, txn: CkTxn) -> None:
+        process = self.process
+        reads, rebalanced = m.poll(self.rng.randint(1, 20), 0.2)
+        sends = [(self.rng.randrange(self.s.partitions), self.value())
+                 for _ in range(self.rng.randint(1, max(1, self.s.max_sends // 2)))]
+        mops: list[list] = [["poll", reads]] + [["send", self.s.key(p), [None, v]] for p, v in sends]
+        outcome = "fail"
+        try:
+            txn.p.begin_transaction()
+            mops = [["poll", reads]] + txn.send_all(sends)
+            positions = [tp for tp in m.c.position(m.c.assignment()) if tp.offset >= 0]
+            if positions:
+                txn.p.send_offsets_to_transaction(positions, m.c.consumer_group_metadata(), TXN_TIMEOUT_S)
+            if self.rng.random() < self.s.abort_p:
+                txn.abort()
+            else:
+                outcome = txn.commit()
+        except KafkaException as e:
+            txn.failed_before_commit(e)
+        op = {"process": process, "type": outcome, "f": "txn", "value": mops, "group": self.group}
+        if rebalanced:
+            op["rebalance"] = rebalanced
+        self.s.recorder.add(op)
+        self.s.budget.done(outcome)
+        if outcome != "ok":
+            self.rewind(m, process, known=outcome == "fail")
+
+    def rewind(self, m: _GroupMember, process: str, known: bool) -> None:
+        """Back to the group's committed offsets, so the records of the transaction that did not
+        commit are consumed again. After an unknown outcome, or when the rewind fails, the read
+        position is anyone's guess: a reset in the history."""
+        ok = known
+        try:
+            assignment = m.c.assignment()
+            if assignment:
+                for tp in m.c.committed(assignment, TXN_TIMEOUT_S):
+                    m.c.seek(TopicPartition(tp.topic, tp.partition,
+                                            tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+        except KafkaException as e:
+            self.s.count_error(f"rewind: {e.args[0].name()}")
+            ok = False
+        if not ok:
+            self.s.recorder.add({"process": process, "type": "ok", "f": "reset", "value": None})
+
+
+# -- the final reads --------------------------------------------------------------------------------
+def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder, timeout: float,
+                log: Callable[[str], None]) -> bool:
+    """Read every partition from the beginning to its end with a fresh read_committed consumer;
+    True when each partition was read to its high watermark (no transaction left open)."""
+    c = Consumer({**_ck_common(bootstrap), "group.id": f"chaos-final-{time.time_ns()}",
+                  "isolation.level": "read_committed", "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
+    tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
+    c.assign(tps)
+    deadline = time.monotonic() + timeout
+    ends: dict[int, int] = {}
+    try:
+        while time.monotonic() < deadline:
+            msgs = c.consume(500, 0.5)
+            reads: dict[str, list] = {}
+            for m in msgs:
+                if m.error() is None:
+                    reads.setdefault(f"{topic}-{m.partition()}", []).append([m.offset(), m.value().decode()])
+            if reads:
+                recorder.add({"process": "final", "type": "ok", "f": "poll", "value": [["poll", reads]]})
+                continue
+            # Nothing came: at the end? The end is the high watermark (read_uncommitted): while
+            # a transaction is open the LSO stays below it, and the reader has not read it all.
+            done = True
+            for tp in c.position([TopicPartition(topic, p) for p in range(partitions)]):
+                try:
+                    _, high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=5, cached=False)
+                except KafkaException:
+                    done = False
+                    continue
+                ends[tp.partition] = high
+                if tp.offset < high:
+                    done = False
+            if done:
+                return True
+        log(f"final reads incomplete after {timeout:.0f}s: positions "
+            f"{[(tp.partition, tp.offset) for tp in c.position(c.assignment())]}, ends {ends}")
+        return False
+    finally:
+        c.close()
