@@ -44,6 +44,7 @@ class _Page:
 class _Conn:
     principal = PRINCIPAL
     host = "127.0.0.1"
+    produce_order = None          # appliance.api.produce keeps a connection's send order here
 
 
 class _Broker:
@@ -105,6 +106,8 @@ def produce_table(view, records: int, rounds: int) -> str:
     from appliance.config import Config
     from appliance.protocol import messages
     from appliance.protocol.records import Record, build_batch
+    from shm.metrics import MetricsTable
+    from workers.frontend.metrics import FrontendMetrics
     load_handlers()
     handle = REGISTRY[0].handle
     batch = build_batch([Record(key=None, value=b"x" * 100) for _ in range(records)])
@@ -118,6 +121,7 @@ def produce_table(view, records: int, rounds: int) -> str:
     class Broker:
         cfg = Config()
         catalog = Catalog(1, {"bench-t": TopicInfo("bench-t", b"t" * 16, 1)})
+        counters = FrontendMetrics(MetricsTable.anonymous(256))     # as a frontend counts
 
         def produce(self, *args):
             return None                 # acks=0: nothing to wait for
