@@ -13,7 +13,7 @@ import pytest
 
 from harness import Appliance
 from security import (ADMIN, ADMIN_PASSWORD, aiokafka_config, appliance_client_config,
-                      confluent_config, kafka_python_config, secure_appliance)
+                      confluent_config, grant, kafka_python_config, secure_appliance)
 from txclients import txn_producer
 
 APP, APP_PASSWORD = "app", "app-secret"
@@ -43,31 +43,10 @@ def secured(tmp_path_factory):
                          groups={"initial_rebalance_delay_ms": 0},
                          transactions={"two_phase_commit_enable": True},
                          authorizer={"enable": True, "super_users": [f"User:{ADMIN}"]})
-    _grant(s)
+    grant(s, APP, APP_ACLS)
     yield s
     for a in made:
         a.terminate()
-
-
-def _grant(s) -> None:
-    """The admin (a super user) creates APP_ACLS over SASL_SSL with the appliance's own admin
-    client (confluent-kafka's AclOperation has no TwoPhaseCommit, KIP-939's)."""
-    from appliance import admin
-    from appliance.acl import admin as acl_admin
-    from appliance.acl.model import (AclBinding, AclOperation, AclPermissionType, PatternType,
-                                     ResourceType)
-    from appliance.client.security import DEFAULTS, Security
-    conf = appliance_client_config(s, "SASL_SSL")
-    security = Security.from_config({**DEFAULTS, **{k: v for k, v in conf.items()
-                                                    if k != "bootstrap_servers"}})
-    conn = admin.connect(conf["bootstrap_servers"], security=security)
-    try:
-        acl_admin.create_acls(conn, [
-            AclBinding(int(ResourceType[rtype]), name, int(PatternType[pattern]), f"User:{APP}",
-                       "*", int(AclOperation[op]), int(AclPermissionType.ALLOW))
-            for rtype, name, pattern, op in APP_ACLS])
-    finally:
-        conn.close()
 
 
 def _txn_extra(client: str, s) -> dict:
