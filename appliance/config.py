@@ -46,6 +46,7 @@ __all__ = [
     "ShmConfig",
     "SupervisorConfig",
     "TransactionsConfig",
+    "AuthorizerConfig",
     "TlsConfig",
     "SaslConfig",
     "MetricsConfig",
@@ -322,6 +323,14 @@ class GroupsConfig(_Section):
     offset_metadata_max_bytes: Positive = 4096
 
 
+class AuthorizerConfig(_Section):
+    # Check every request against the ACLs (Kafka's authorizer.class.name = StandardAuthorizer);
+    # off, every client may do everything (and the ACL APIs answer SECURITY_DISABLED).
+    enable: bool = False
+    # Principals allowed everything whatever the ACLs say (super.users), e.g. ["User:admin"].
+    super_users: list[str] = msgspec.field(default_factory=list)
+    # A resource with no ACL at all is open to every principal (allow.everyone.if.no.acl.found).
+    allow_everyone_if_no_acl_found: bool = False
 TlsVersion = Literal["TLSv1.2", "TLSv1.3"]
 SaslMechanism = Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
 
@@ -368,6 +377,7 @@ class Config(_Section):
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     transactions: TransactionsConfig = msgspec.field(default_factory=TransactionsConfig)
     groups: GroupsConfig = msgspec.field(default_factory=GroupsConfig)
+    authorizer: AuthorizerConfig = msgspec.field(default_factory=AuthorizerConfig)
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
     sasl: SaslConfig = msgspec.field(default_factory=SaslConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
@@ -585,6 +595,12 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(
             f"config: groups.min_session_timeout_ms: must be <= groups.max_session_timeout_ms "
             f"({cfg.groups.min_session_timeout_ms} > {cfg.groups.max_session_timeout_ms})")
+    for principal in cfg.authorizer.super_users:
+        # Kafka compares super.users with the principal's "Type:Name" form.
+        ptype, sep, _ = principal.partition(":")
+        if not sep or not ptype:
+            raise ConfigError(f"config: authorizer.super_users: {principal!r} is not a principal "
+                              "(Type:Name, e.g. \"User:admin\")")
     if cfg.server.runtime_dir:
         run = os.path.abspath(cfg.server.runtime_dir)
         data = os.path.abspath(cfg.server.data_dir)
@@ -751,7 +767,7 @@ HIDDEN = "[hidden]"
 
 
 def _toml_scalar(v: Any) -> str:
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_scalar(x) for x in v) + "]"
     if isinstance(v, bool):
         return "true" if v else "false"

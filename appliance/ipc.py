@@ -109,7 +109,7 @@ class Request(Message):
 # Modules that define Message subclasses: the decoder knows the ones defined there.
 MESSAGE_MODULES = ("appliance.ipc", "appliance.catalog", "appliance.txn.messages",
                    "appliance.group.messages", "appliance.security.credentials",
-                   "appliance.log.cleaner.messages")
+                   "appliance.acl.messages", "appliance.log.cleaner.messages")
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder | None = None

@@ -81,6 +81,8 @@ RESTART_REASONS: dict[str, str] = {
         "clients learn the finalized feature once, from ApiVersions",
     "metrics.*": "the metrics listener is bound at start",
     "log.cleaner.processes": "each partition's rings to its cleaner are made when its writer starts",
+    "authorizer.*": "each frontend builds its authorizer once, at start (as Kafka's "
+                    "authorizer.class.name and super.users are static)",
 }
 
 

@@ -65,10 +65,11 @@ PARTITION_PAGE_FIELDS = [
 # credentials' (appliance.security.credentials); tls_version: bumped when a reload (SIGHUP) made
 # the supervisor publish re-read certificates (appliance.security.tls), before config_version;
 # config_version: bumped by a SIGHUP reload after the new configuration is in CONFIG_FILE; workers
-# compare it with the version they were forked with (WorkerContext.config_version).
+# compare it with the version they were forked with (WorkerContext.config_version); acl_version:
+# the published ACLs' (appliance.acl.store).
 SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I"),
                           ("credentials_version", "Q"), ("tls_version", "Q"),
-                          ("config_version", "Q")]
+                          ("config_version", "Q"), ("acl_version", "Q")]
 WORKER_PAGE_FIELDS = [("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I")]
 # The coordinator's page also carries its coordinator epoch (bumped at every start): the
 # WriteTxnMarkers API refuses a marker whose epoch is above it.

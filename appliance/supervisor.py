@@ -3,12 +3,13 @@
 Runs in the top process (``appliance run``). Owns, alone: the process table (pid, role, generation
 of every worker), the listening sockets (one per listener), the runtime directory with every shm
 file, the topic catalog (``appliance.catalog.CatalogStore``), the SCRAM credential store
-and the published copy of the TLS certificates (both through ``appliance.security.supervisor``)
-and the data-dir lock.
+and the published copy of the TLS certificates (both through ``appliance.security.supervisor``),
+the ACLs (``appliance.acl.store``) and the data-dir lock.
 
 Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
 loop dispatches queued signals, serves admin requests from frontends (topic administration,
-``appliance.topic_admin``; AlterUserScramCredentials, ``appliance.security.supervisor``), reaps
+``appliance.topic_admin``; AlterUserScramCredentials, ``appliance.security.supervisor``;
+CreateAcls/DeleteAcls, ``appliance.acl.store``), reaps
 dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker that
 restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
 reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
@@ -53,6 +54,7 @@ from shm.topology import Mailbox, Outbox, Topology
 
 from . import catalog as cat
 from . import ipc
+from .acl import store as acl_store
 from .config import Config, non_defaults
 from .listeners import Listener
 from .log.files import atomic_write
@@ -171,6 +173,8 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.reserve.at_start()
         self.store = cat.CatalogStore(self.data_dir)
         self.store.load()
+        self.acls = acl_store.AclStore(self.data_dir)
+        self.acls.load()
         self._prepare_run_dir()
         self.topo = Topology(self.run_dir)
         with self._runtime_dir_space("its shared memory files"):
@@ -187,6 +191,12 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             self.security = SecurityService(self.cfg, self.data_dir, self.run_dir, self.topo,
                                             self.page)
             self.security.start()
+        with self._runtime_dir_space("the published ACLs"):
+            self.acl_service = acl_store.AclService(
+                self.acls, self.topo.file_path(acl_store.PUBLISHED_FILE),
+                lambda v: self.page.publish(acl_version=v),
+                reply_bytes=self.cfg.shm.small_ring_bytes // 4)
+            self.acl_service.publish()
         # SIGHUP re-reads the certificate files (a renewed certificate needs no restart).
         self.reload_hooks.append(self.security.reload)
         self._bind()
@@ -223,11 +233,12 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         for fe in self.frontends:
             self.mailbox.add(fe)
         self.outboxes = {fe: Outbox(self.topo, SUPERVISOR, fe, self.bells) for fe in self.frontends}
-        # Topic administration (appliance.topic_admin) and AlterUserScramCredentials
-        # (appliance.security.supervisor); an error there stops the appliance rather than go on
-        # with a catalog (or credentials) whose state is unknown.
-        self.registry = Registry(self.topic_admin, self.security, post=self._reply,
-                                 contain=False)
+        # Topic administration (appliance.topic_admin), AlterUserScramCredentials
+        # (appliance.security.supervisor), CreateAcls/DeleteAcls (appliance.acl.store); an error
+        # there stops the appliance rather than go on with a catalog (or credentials, or ACLs)
+        # whose state is unknown.
+        self.registry = Registry(self.topic_admin, self.security, self.acl_service,
+                                 post=self._reply, contain=False)
 
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it

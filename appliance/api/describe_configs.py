@@ -7,6 +7,9 @@ dynamic broker config, the TOML file, the built-in default). Broker entries map 
 (dynamic broker configs) are not read-only and show their dynamic value first. The cluster-wide
 default broker resource (empty name) lists only its dynamic configs, as Kafka does.
 Broker-logger resources are not supported.
+
+Authorization (Kafka's ConfigHelper): DescribeConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED)
+or, for broker resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED), with no configs.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.config import Config
 from appliance.errors import ErrorCode
@@ -136,7 +140,13 @@ def handle(ctx, req):
             continue
         keys = set(res.configuration_keys) if res.configuration_keys is not None else None
         err, msg, entries = ErrorCode.none, None, []
-        if res.resource_type == TOPIC:
+        if res.resource_type == TOPIC and not ctx.authorize(
+                AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, res.resource_name):
+            err, msg = ErrorCode.topic_authorization_failed, "Topic authorization failed."
+        elif res.resource_type in (BROKER, BROKER_LOGGER) and not ctx.authorize_cluster(
+                AclOperation.DESCRIBE_CONFIGS):
+            err, msg = ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
+        elif res.resource_type == TOPIC:
             info = catalog.topics.get(res.resource_name)
             if info is None:
                 err, msg = ErrorCode.unknown_topic_or_partition, "This server does not host this topic-partition."

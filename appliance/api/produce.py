@@ -13,6 +13,13 @@ with INVALID_TOPIC_EXCEPTION, as Kafka refuses them; those logs are the coordina
 Produce 12 (KIP-890 part 2, transaction version 2) has v11's layout; it tells the writer to add
 the partition to the producer's transaction at the coordinator before the first batch of a
 transaction (implicit AddPartitionsToTxn) instead of only verifying it.
+
+Authorization (Kafka's KafkaApis.handleProduceRequest): a request holding a transactional batch
+needs Write on its TransactionalId, else every partition gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+each topic needs Write (one check per topic, not per batch), else its partitions get
+TOPIC_AUTHORIZATION_FAILED, before any other check, so that an unauthorized client learns
+nothing about the topic. An idempotent producer needs nothing more here: Kafka 3.x checks
+IdempotentWrite (or Write on some topic) at InitProducerId only.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import logging
 import time
 from collections import Counter
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import CloseConnection, handles
 from appliance.catalog import INTERNAL_TOPICS
 from appliance.errors import ErrorCode, KafkaError
@@ -29,8 +37,18 @@ from appliance.ipc import ProduceResult
 from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
 from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValidationError,
                                                 validate_records)
-from appliance.protocol.records import validate_batch
+from appliance.protocol.records import ATTRIBUTES_OFFSET, validate_batch
 from appliance.topic_config import cleanup_policy_set
+
+
+WRITE = AclOperation.WRITE
+TOPIC, TRANSACTIONAL_ID = ResourceType.TOPIC, ResourceType.TRANSACTIONAL_ID
+
+
+def _flagged_transactional(records) -> bool:
+    """The transactional bit of a (not yet validated) batch's attributes."""
+    return (records is not None and len(records) > ATTRIBUTES_OFFSET + 1
+            and bool(records[ATTRIBUTES_OFFSET + 1] & 0x10))
 
 log = logging.getLogger("appliance.produce")
 
@@ -99,9 +117,10 @@ async def handle(ctx, req):
     try:
         # Validate every partition's batch first: a transactional batch anywhere in a request
         # without a transactional id fails the whole request (Kafka's handleProduceRequest).
-        checked, record_errors, transactional = await _validate(ctx, req, order)
+        checked, record_errors, transactional, authorize = await _validate(ctx, req, order)
         await order.my_turn()
-        refuse_txn = transactional and not txn_id
+        refuse_txn = transactional and (
+            not txn_id or (authorize is not None and not authorize(WRITE, TRANSACTIONAL_ID, txn_id)))
         pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
         any_error = False
         pace = _Pace(order)
@@ -110,7 +129,8 @@ async def handle(ctx, req):
                 await pace.rest()
             if refuse_txn:
                 res = ProduceResult(int(ErrorCode.transactional_id_authorization_failed),
-                                    error_message="transactional records need a transactional id")
+                                    error_message="transactional records need a transactional id"
+                                    if not txn_id else None)
             elif isinstance(what, ProduceResult):
                 res = what
             else:
@@ -158,7 +178,8 @@ def _count(ctx, catalog, results: list[tuple[str, ProduceResult]]) -> None:
 
 async def _validate(ctx, req, order: "_SendOrder"):
     """Per partition: the batch header (``validate_batch``) or the ProduceResult that refuses
-    it; the per-record errors (v8+); whether any batch is transactional."""
+    it; the per-record errors (v8+); whether any batch is transactional; the request's authorize
+    function (None: every write allowed, the authorizer off or a super user)."""
     broker = ctx.broker
     catalog = broker.catalog
     acks = req.acks
@@ -166,13 +187,20 @@ async def _validate(ctx, req, order: "_SendOrder"):
     record_errors: dict[tuple[str, int], list[tuple[int, str]]] = {}
     now_ms = int(time.time() * 1000)
     transactional = False
+    authz = broker.authorizer          # the hot path: decided once per request for a super user
+    authorize = None if not authz.enabled or ctx.principal in authz.super_users else ctx.authorize
     pace = _Pace(order)
     for td in req.topic_data:
         info = catalog.topics.get(td.name)
+        allowed = authorize is None or authorize(WRITE, TOPIC, td.name)
         for pd in td.partition_data:
             if pace.due():
                 await pace.rest()
-            if acks not in (0, 1, -1):
+            if not allowed:
+                what = ProduceResult(int(ErrorCode.topic_authorization_failed))
+                # Kafka looks at every batch for the transactional flag, authorized or not.
+                transactional = transactional or _flagged_transactional(pd.records)
+            elif acks not in (0, 1, -1):
                 what = ProduceResult(int(ErrorCode.invalid_required_acks))
             elif td.name in INTERNAL_TOPICS:
                 # Kafka's ReplicaManager.appendToLocalLog refuses client appends to internal
@@ -195,7 +223,7 @@ async def _validate(ctx, req, order: "_SendOrder"):
                         record_errors[(td.name, pd.index)] = e.record_errors
                     _REFUSALS.note(td.name, pd.index, e, ctx.client_host)
             checked.append((td.name, info, pd, what))
-    return checked, record_errors, transactional
+    return checked, record_errors, transactional, authorize
 
 
 class _Pace:

@@ -216,6 +216,13 @@ def test_log_cleaner_section_and_topic_configs():
         assert e.value.code.name == "invalid_config", bad
 
 
+def test_super_users_must_be_principals():
+    cfg = load(None, environ={}, overrides={"authorizer": {"super_users": ["User:admin"]}})
+    assert cfg.authorizer.super_users == ["User:admin"] and not cfg.authorizer.enable
+    with pytest.raises(ConfigError, match=r"authorizer\.super_users: 'admin' is not a principal"):
+        load(None, environ={}, overrides={"authorizer": {"super_users": ["admin"]}})
+
+
 # -- listeners, TLS and SASL ------------------------------------------------------------------------
 
 def _load(**sections):
