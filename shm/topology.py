@@ -187,12 +187,14 @@ class Outbox:
     def post(self, *parts: Buffer) -> int:
         """Put one record now if it fits and nothing is queued, else queue it behind the others:
         records reach the consumer in post() order. Does not ring: call flush() after a group.
-        ``parts`` must stay unchanged until they leave the queue (pass bytes, not views).
+        A ``memoryview`` part is copied when the record is queued (the memory it shows, e.g. a
+        connection's receive buffer, may be reused before the queue drains); other parts must
+        stay unchanged until they leave the queue.
 
         Returns the record's end position in the ring (see ``Ring.head``), or -1 if it was
         queued (``is_queued`` tells whether it still is)."""
         if self.queued or not self.ring.try_put(*parts):
-            self.queued.append(parts)
+            self.queued.append(tuple(bytes(p) if type(p) is memoryview else p for p in parts))
             return -1
         return self.ring.tail
 

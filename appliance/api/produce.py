@@ -83,7 +83,11 @@ def _validate_records(cfg, configs, topic: str, pd, header, max_bytes: int, now_
 
 
 @handles(0, "Produce", 3, 12)
-async def handle(ctx, req):
+def handle(ctx, req):
+    """Validates and hands every batch to its writer now, before returning (the batches may be
+    views of the connection's receive buffer, reused once this returns: see
+    ``appliance.protocol.produce_request``); returns the answer, or a coroutine that awaits the
+    writers' acks and builds it, holding no batch."""
     broker = ctx.broker
     catalog = broker.catalog
     acks = req.acks
@@ -140,7 +144,16 @@ async def handle(ctx, req):
         return CloseConnection("error in a produce request with acks=0") if any_error else None
     futures = [r for _, _, r in pending if isinstance(r, asyncio.Future)]
     if futures:
-        await asyncio.gather(*futures)
+        return _answer_after(ctx, catalog, pending, record_errors, futures)
+    return _answer(ctx, catalog, pending, record_errors)
+
+
+async def _answer_after(ctx, catalog, pending, record_errors, futures):
+    await asyncio.gather(*futures)
+    return _answer(ctx, catalog, pending, record_errors)
+
+
+def _answer(ctx, catalog, pending, record_errors):
     by_topic: dict[str, ProduceTopic] = {}
     done: list[tuple[str, ProduceResult]] = []
     for name, index, r in pending:

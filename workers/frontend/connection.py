@@ -27,11 +27,13 @@ from typing import Any
 from appliance.api import REGISTRY, CloseConnection, RequestContext, encode_body
 from appliance.errors import KafkaError, ProtocolViolation
 from appliance.protocol import frames, messages
+from appliance.protocol.produce_request import parse_produce_request
 from workers.frontend.metrics import error_counts
 
 log = logging.getLogger("appliance.connection")
 
 API_VERSIONS_KEY = 18
+PRODUCE_KEY = 0
 ANONYMOUS = "User:ANONYMOUS"   # Kafka's principal of an unauthenticated connection
 MAX_INFLIGHT = 64          # pause reading beyond this many unanswered requests on one connection
 RESUME_INFLIGHT = 16
@@ -50,12 +52,13 @@ class _Slot:
         self.started = time.monotonic_ns()
 
 
-class KafkaConnection(asyncio.Protocol):
+class KafkaConnection(asyncio.BufferedProtocol):
     def __init__(self, server: "Frontend") -> None:
         self.server = server
         self.broker = server.broker
         self.transport: asyncio.Transport | None = None
-        self.decoder = frames.FrameDecoder(server.broker.cfg.server.socket_request_max_bytes)
+        # The socket reads straight into it; frames are views of it until the next read.
+        self.decoder = frames.FrameBuffer(server.broker.cfg.server.socket_request_max_bytes)
         self.slots: collections.deque[_Slot] = collections.deque()
         self.paused = False
         self.closed = False
@@ -87,12 +90,15 @@ class KafkaConnection(asyncio.Protocol):
         for t in self.tasks:
             t.cancel()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self.closing or self.closed:
             return                  # nothing after a bad request is read (Kafka muted the channel)
         self.last_active = time.monotonic()
         try:
-            for frame in self.decoder.feed(data):
+            for frame in self.decoder.commit(nbytes):
                 self._on_frame(frame)
                 if self.closing or self.closed:
                     return
@@ -147,7 +153,14 @@ class KafkaConnection(asyncio.Protocol):
             self._complete(slot, messages.build_api_versions_response(
                 header.api_version, self.server.api_ranges))
             return
-        request = messages.decode_request(header.api_key, header.api_version, frame, body_offset)
+        if header.api_key == PRODUCE_KEY:
+            # Record batches stay views of the receive buffer (no copy before the ring's); the
+            # handler hands them to the writers before it returns (appliance/api/produce.py).
+            request = parse_produce_request(frame, body_offset, header.api_version)
+        else:
+            # kio's entities may keep views of what they decode: give them their own copy.
+            request = messages.decode_request(header.api_key, header.api_version, bytes(frame),
+                                              body_offset)
         self.slots.append(slot)
         ctx = slot.ctx = RequestContext(self.broker, self, header)
         try:
