@@ -14,6 +14,21 @@
 #   `run --config /etc/appliance/config.toml` after the image name.
 # docker stop: give it more than supervisor.shutdown_timeout_ms (30 s): docker stop -t 40.
 # Prometheus metrics: -e APPLIANCE_METRICS__LISTEN=0.0.0.0:9404 -p 9404:9404 (GET /metrics).
+#
+# TLS and SASL: mount the certificates read-only at /etc/appliance/tls and name them; the SCRAM
+# credentials live in the data volume (/var/lib/appliance/credentials.json, written by the
+# supervisor); add the first user before the first start with the same volume:
+#   docker run --rm -i -v appliance-data:/var/lib/appliance appliance \
+#       users add admin --mechanism SCRAM-SHA-512 --password-stdin < admin.password
+#   docker run -d --name appliance -p 9093:9093 --shm-size=1g \
+#       -v appliance-data:/var/lib/appliance -v /srv/appliance/tls:/etc/appliance/tls:ro \
+#       -e APPLIANCE_SERVER__LISTEN= \
+#       -e APPLIANCE_SERVER__LISTENERS=SASL_SSL://0.0.0.0:9093 \
+#       -e APPLIANCE_SERVER__ADVERTISED_LISTENERS=SASL_SSL://broker.example.com:9093 \
+#       -e APPLIANCE_TLS__CERT_FILE=/etc/appliance/tls/broker.pem \
+#       -e APPLIANCE_TLS__KEY_FILE=/etc/appliance/tls/broker.key appliance
+#   (APPLIANCE_SERVER__LISTEN= empties this image's default listen, which may not be set together
+#   with listeners.) Renewed certificates: docker kill --signal=HUP appliance.
 
 ARG PYTHON_VERSION=3.11
 
@@ -50,9 +65,10 @@ VOLUME /var/lib/appliance
 EXPOSE 9092
 # The supervisor drains its workers on SIGTERM.
 STOPSIGNAL SIGTERM
-# TCP connect to the listening port (the socket is bound before the partition logs are recovered,
-# so this says "the process is up", not "recovery is over": start-period covers recovery).
+# TCP connect to the first listener's port (the socket is bound before the partition logs are
+# recovered, so this says "the process is up", not "recovery is over": start-period covers
+# recovery). A plain connect works on TLS and SASL listeners too.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
-    CMD ["python", "-c", "import os, socket; h, _, p = os.environ.get('APPLIANCE_SERVER__LISTEN', '0.0.0.0:9092').rpartition(':'); socket.create_connection(('127.0.0.1' if h in ('', '0.0.0.0', '::', '[::]') else h.strip('[]'), int(p)), 3).close()"]
+    CMD ["python", "-c", "import os, socket; l = os.environ.get('APPLIANCE_SERVER__LISTENERS') or 'X://' + (os.environ.get('APPLIANCE_SERVER__LISTEN') or '0.0.0.0:9092'); h, _, p = l.split(',')[0].split('://', 1)[1].rpartition(':'); socket.create_connection(('127.0.0.1' if h in ('', '0.0.0.0', '::', '[::]') else h.strip('[]'), int(p)), 3).close()"]
 ENTRYPOINT ["/opt/appliance/.venv/bin/appliance"]
 CMD ["run"]

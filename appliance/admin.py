@@ -15,6 +15,7 @@ from typing import Any
 
 from appliance.client.connection import BrokerConnection
 from appliance.client.errors import ErrorCode, KafkaError
+from appliance.client.security import Security
 
 LIST_TRANSACTIONS, DESCRIBE_TRANSACTIONS, DESCRIBE_PRODUCERS = 66, 65, 61
 INIT_PRODUCER_ID, WRITE_TXN_MARKERS = 22, 27
@@ -22,10 +23,11 @@ RETRY = {ErrorCode.concurrent_transactions, ErrorCode.coordinator_load_in_progre
          ErrorCode.coordinator_not_available, ErrorCode.not_coordinator}
 
 
-def connect(bootstrap: str, timeout_ms: int = 30000) -> BrokerConnection:
+def connect(bootstrap: str, timeout_ms: int = 30000, security: Security | None = None,
+            client_id: str = "appliance-transactions") -> BrokerConnection:
     host, port = bootstrap.rsplit(":", 1)
-    return BrokerConnection(host, int(port), client_id="appliance-transactions",
-                            request_timeout_ms=timeout_ms)
+    return BrokerConnection(host.strip("[]"), int(port), client_id=client_id,
+                            request_timeout_ms=timeout_ms, security=security)
 
 
 def _check(code) -> None:

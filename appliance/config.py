@@ -22,12 +22,17 @@ exit status (``appliance.runtime``).
 from __future__ import annotations
 
 import enum
+import ipaddress
 import os
+import re
 import tomllib
 import typing
 from typing import Annotated, Any, Literal, Mapping
 
 import msgspec
+
+from .listeners import (Listener, ListenerError, advertised_host, parse_listeners,
+                        parse_protocol_map)
 
 __all__ = [
     "Config",
@@ -40,6 +45,9 @@ __all__ = [
     "ShmConfig",
     "SupervisorConfig",
     "TransactionsConfig",
+    "AuthorizerConfig",
+    "TlsConfig",
+    "SaslConfig",
     "MetricsConfig",
     "check_consistency",
     "load",
@@ -47,6 +55,7 @@ __all__ = [
 ]
 
 ENV_PREFIX = "APPLIANCE_"
+DEFAULT_LISTEN = "127.0.0.1:9092"   # the listener when neither listen nor listeners is set
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -68,10 +77,21 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
 
 
 class ServerConfig(_Section):
-    # host:port the broker listens on.
-    listen: str = "127.0.0.1:9092"
-    # host:port written into Metadata/FindCoordinator answers; empty = same as listen.
+    # host:port of one PLAINTEXT listener: the shorthand for listeners = "PLAINTEXT://host:port".
+    # Set this or listeners, not both; neither = PLAINTEXT://127.0.0.1:9092.
+    listen: str = ""
+    # Kafka's listeners: "PROTOCOL://host:port" (or NAME://host:port with the protocol map),
+    # comma-separated; protocols PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL.
+    listeners: str = ""
+    # host:port written into Metadata/FindCoordinator answers for the one listener of `listen`;
+    # empty = same as listen.
     advertised_listener: str = ""
+    # Kafka's advertised.listeners, same syntax as listeners: what each listener tells clients to
+    # connect to (a listener not named here advertises its own address).
+    advertised_listeners: str = ""
+    # Kafka's listener.security.protocol.map ("CLIENT:SASL_SSL,INTERNAL:PLAINTEXT"), for
+    # listener names that are not protocol names.
+    listener_security_protocol_map: str = ""
     # This broker's node id (Kafka's node.id).
     node_id: Int32NonNegative = 1
     # Where partitions, the transaction log and the group log live.
@@ -91,6 +111,25 @@ class ServerConfig(_Section):
     socket_request_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 104857600
     # Idle client connections are closed after this long (Kafka's connections.max.idle.ms).
     connections_max_idle_ms: Positive = 600000
+    # A failed authentication is answered, and its connection closed, this long after it failed
+    # (Kafka's connection.failed.authentication.delay.ms): slows down password guessing.
+    connection_failed_authentication_delay_ms: NonNegative = 100
+    # Most client connections from one IP address at a time, over all frontends (Kafka's
+    # max.connections.per.ip); a new connection beyond it is closed at once. 0 is allowed only
+    # with overrides (then only the overridden addresses may connect).
+    max_connections_per_ip: Int32NonNegative = 2**31 - 1
+    # Per-address exceptions to max_connections_per_ip: IP address or host name -> limit
+    # (Kafka's max.connections.per.ip.overrides).
+    max_connections_per_ip_overrides: dict[str, Int32NonNegative] = msgspec.field(default_factory=dict)
+    # Most client connections at a time, over all frontends (Kafka's max.connections): at the
+    # limit the frontends stop accepting until one closes (new connections wait in the listen
+    # backlog), as Kafka's acceptor waits for a slot.
+    max_connections: Int32NonNegative = 2**31 - 1
+
+    @property
+    def limits_connections_per_ip(self) -> bool:
+        """Whether connections are counted per IP address (a limit or an override is set)."""
+        return self.max_connections_per_ip < 2**31 - 1 or bool(self.max_connections_per_ip_overrides)
     # Default request timeout for internal round trips (frontend -> writer/fetcher/coordinator).
     internal_request_timeout_ms: Positive = 30000
 
@@ -243,6 +282,47 @@ class GroupsConfig(_Section):
     offset_metadata_max_bytes: Positive = 4096
 
 
+class AuthorizerConfig(_Section):
+    # Check every request against the ACLs (Kafka's authorizer.class.name = StandardAuthorizer);
+    # off, every client may do everything (and the ACL APIs answer SECURITY_DISABLED).
+    enable: bool = False
+    # Principals allowed everything whatever the ACLs say (super.users), e.g. ["User:admin"].
+    super_users: list[str] = msgspec.field(default_factory=list)
+    # A resource with no ACL at all is open to every principal (allow.everyone.if.no.acl.found).
+    allow_everyone_if_no_acl_found: bool = False
+TlsVersion = Literal["TLSv1.2", "TLSv1.3"]
+SaslMechanism = Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
+
+
+class TlsConfig(_Section):
+    # The broker's certificate chain and private key (PEM), for SSL and SASL_SSL listeners.
+    # Re-read on SIGHUP: new connections get the new certificate, open ones keep theirs.
+    cert_file: str = ""
+    key_file: str = ""
+    # Password of an encrypted key_file; empty = the key is not encrypted.
+    key_password: str = ""
+    # CA certificates (PEM) that client certificates must chain to (Kafka's truststore).
+    ca_file: str = ""
+    # Client certificates (Kafka's ssl.client.auth): "none", "requested" (verified when sent),
+    # "required". On an SSL listener the principal is then the certificate's subject.
+    client_auth: Literal["none", "requested", "required"] = "none"
+    # Oldest protocol version accepted.
+    min_version: TlsVersion = "TLSv1.2"
+    # OpenSSL cipher list for TLS 1.2 (Kafka's ssl.cipher.suites); empty = Python's defaults.
+    ciphers: str = ""
+    # Kafka's ssl.principal.mapping.rules, one rule per item: "RULE:pattern/replacement/[LU]"
+    # applied to the certificate subject (RFC 2253), first match wins; "DEFAULT" keeps it.
+    principal_mapping_rules: list[str] = msgspec.field(default_factory=lambda: ["DEFAULT"])
+
+
+class SaslConfig(_Section):
+    # Mechanisms offered on SASL_PLAINTEXT and SASL_SSL listeners (Kafka's
+    # sasl.enabled.mechanisms); credentials are the SCRAM credentials of `appliance users`
+    # (PLAIN checks its password against them).
+    mechanisms: list[SaslMechanism] = msgspec.field(
+        default_factory=lambda: ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+
+
 class MetricsConfig(_Section):
     # host:port of the Prometheus endpoint (GET /metrics, text format); empty = none.
     listen: str = ""
@@ -256,29 +336,42 @@ class Config(_Section):
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     transactions: TransactionsConfig = msgspec.field(default_factory=TransactionsConfig)
     groups: GroupsConfig = msgspec.field(default_factory=GroupsConfig)
+    authorizer: AuthorizerConfig = msgspec.field(default_factory=AuthorizerConfig)
+    tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
+    sasl: SaslConfig = msgspec.field(default_factory=SaslConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
 
     # -- derived values -------------------------------------------------------------------
     @property
-    def listen_host(self) -> str:
-        return parse_hostport(self.server.listen, "server.listen")[0]
+    def listeners(self) -> list[Listener]:
+        """Every listener, in the order configured (``listen`` is one PLAINTEXT listener)."""
+        s = self.server
+        if s.listeners:
+            return parse_listeners(s.listeners, parse_protocol_map(s.listener_security_protocol_map))
+        host, port = parse_hostport(s.listen or DEFAULT_LISTEN, "server.listen")
+        return [Listener("PLAINTEXT", "PLAINTEXT", host, port)]
 
-    @property
-    def listen_port(self) -> int:
-        return parse_hostport(self.server.listen, "server.listen")[1]
+    def advertised_endpoints(self, bound_ports: Mapping[str, int] | None = None
+                             ) -> dict[str, tuple[str, int]]:
+        """Listener name -> the (host, port) its clients are told to connect to (Metadata,
+        FindCoordinator, DescribeCluster answer with the one of the listener asked through).
 
-    def advertised(self, bound_port: int | None = None) -> tuple[str, int]:
-        """The (host, port) clients are told to connect to.
-
-        ``bound_port`` is the port actually bound, which differs from the configured one when the
-        configuration asks for port 0.
+        ``bound_ports`` are the ports actually bound, which differ from the configured ones for
+        port 0.
         """
-        if self.server.advertised_listener:
-            return parse_hostport(self.server.advertised_listener, "server.advertised_listener")
-        host, port = parse_hostport(self.server.listen, "server.listen")
-        if host in ("0.0.0.0", "", "::"):
-            host = "127.0.0.1"
-        return host, (bound_port if bound_port else port)
+        s = self.server
+        bound_ports = bound_ports or {}
+        out = {}
+        for lst in self.listeners:
+            out[lst.name] = (advertised_host(lst.host), bound_ports.get(lst.name) or lst.port)
+        if s.advertised_listener:
+            out[self.listeners[0].name] = parse_hostport(s.advertised_listener,
+                                                         "server.advertised_listener")
+        if s.advertised_listeners:
+            for adv in parse_listeners(s.advertised_listeners,
+                                       parse_protocol_map(s.listener_security_protocol_map)):
+                out[adv.name] = (adv.host, adv.port)
+        return out
 
     @property
     def frontend_count(self) -> int:
@@ -350,15 +443,85 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any], where: str = "") -> di
     return out
 
 
+def _check_listeners(cfg: Config) -> None:
+    s = cfg.server
+    if s.listen and s.listeners:
+        raise ConfigError("config: server.listen, server.listeners: set one of them (listen is "
+                          "the shorthand for listeners = \"PLAINTEXT://HOST:PORT\")")
+    if s.listen:
+        parse_hostport(s.listen, "server.listen")
+    try:
+        protocol_map = parse_protocol_map(s.listener_security_protocol_map)
+    except ListenerError as e:
+        raise ConfigError(f"config: server.listener_security_protocol_map: {e}") from None
+    try:
+        listeners = (parse_listeners(s.listeners, protocol_map) if s.listeners
+                     else cfg.listeners)
+    except ListenerError as e:
+        raise ConfigError(f"config: server.listeners: {e}") from None
+    if s.advertised_listener:
+        if s.advertised_listeners:
+            raise ConfigError("config: server.advertised_listener, server.advertised_listeners: "
+                              "set one of them")
+        if len(listeners) > 1:
+            raise ConfigError("config: server.advertised_listener: one address for several "
+                              "listeners; use server.advertised_listeners")
+        parse_hostport(s.advertised_listener, "server.advertised_listener")
+    if s.advertised_listeners:
+        try:
+            advertised = parse_listeners(s.advertised_listeners, protocol_map)
+        except ListenerError as e:
+            raise ConfigError(f"config: server.advertised_listeners: {e}") from None
+        names = {x.name for x in listeners}
+        for adv in advertised:
+            if adv.name not in names:
+                raise ConfigError(f"config: server.advertised_listeners: {adv.name} is not a "
+                                  f"listener of server.listeners")
+            if not adv.host or adv.host in ("0.0.0.0", "::") or adv.port == 0:
+                raise ConfigError(f"config: server.advertised_listeners: {adv}: advertise a host "
+                                  f"and port clients can connect to")
+    tls = cfg.tls
+    for lst in listeners:
+        if lst.tls:
+            for key in ("cert_file", "key_file"):
+                if not getattr(tls, key):
+                    raise ConfigError(f"config: tls.{key}: required by the {lst.protocol} "
+                                      f"listener {lst}")
+        if lst.sasl and not cfg.sasl.mechanisms:
+            raise ConfigError(f"config: sasl.mechanisms: empty, but {lst} needs at least one")
+    if tls.client_auth != "none" and not tls.ca_file:
+        raise ConfigError(f"config: tls.ca_file: required when tls.client_auth is "
+                          f"{tls.client_auth!r} (the CAs client certificates must chain to)")
+    if len(set(cfg.sasl.mechanisms)) != len(cfg.sasl.mechanisms):
+        raise ConfigError("config: sasl.mechanisms: a mechanism is listed twice")
+    from .security.principal import MappingRuleError, parse_mapping_rules
+    try:
+        parse_mapping_rules(tls.principal_mapping_rules)
+    except MappingRuleError as e:
+        raise ConfigError(f"config: tls.principal_mapping_rules: {e}") from None
+    if s.connection_failed_authentication_delay_ms >= s.connections_max_idle_ms:
+        raise ConfigError("config: server.connection_failed_authentication_delay_ms: must be "
+                          "below server.connections_max_idle_ms")
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(_HOST_NAME.fullmatch(host))
+
+
 def check_consistency(cfg: Config) -> None:
     """What no single key's type can say (also applied to the result of a reload)."""
-    parse_hostport(cfg.server.listen, "server.listen")
+    _check_listeners(cfg)
     if cfg.metrics.listen:
-        parse_hostport(cfg.metrics.listen, "metrics.listen")
-        if cfg.metrics.listen == cfg.server.listen:
-            raise ConfigError("config: metrics.listen: must differ from server.listen")
-    if cfg.server.advertised_listener:
-        parse_hostport(cfg.server.advertised_listener, "server.advertised_listener")
+        host, port = parse_hostport(cfg.metrics.listen, "metrics.listen")
+        for lst in cfg.listeners:
+            if port and (lst.host, lst.port) == (host, port):
+                raise ConfigError(f"config: metrics.listen: must differ from the listener {lst}")
     if cfg.shm.produce_ring_bytes & (cfg.shm.produce_ring_bytes - 1):
         raise ConfigError("config: shm.produce_ring_bytes: must be a power of two")
     if cfg.shm.small_ring_bytes & (cfg.shm.small_ring_bytes - 1):
@@ -369,6 +532,14 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(
             "config: shm.produce_ring_bytes: must be a power of two of at least "
             f"2 * (log.message_max_bytes + 65536) = {need}: {1 << (need - 1).bit_length()} will do")
+    # Kafka's KafkaConfig refuses the same: with a limit of 0 and no exception nobody could connect.
+    if cfg.server.max_connections_per_ip == 0 and not cfg.server.max_connections_per_ip_overrides:
+        raise ConfigError("config: server.max_connections_per_ip: can be 0 only if "
+                          "server.max_connections_per_ip_overrides is set")
+    for host in cfg.server.max_connections_per_ip_overrides:
+        if not _valid_host(host):
+            raise ConfigError(f"config: server.max_connections_per_ip_overrides: {host!r} is "
+                              f"neither an IP address nor a host name")
     if cfg.supervisor.restart_backoff_max_ms < cfg.supervisor.restart_backoff_initial_ms:
         raise ConfigError("config: supervisor.restart_backoff_max_ms: must be >= restart_backoff_initial_ms")
     # Kafka refuses group.min.session.timeout.ms > group.max.session.timeout.ms the same way:
@@ -377,6 +548,12 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(
             f"config: groups.min_session_timeout_ms: must be <= groups.max_session_timeout_ms "
             f"({cfg.groups.min_session_timeout_ms} > {cfg.groups.max_session_timeout_ms})")
+    for principal in cfg.authorizer.super_users:
+        # Kafka compares super.users with the principal's "Type:Name" form.
+        ptype, sep, _ = principal.partition(":")
+        if not sep or not ptype:
+            raise ConfigError(f"config: authorizer.super_users: {principal!r} is not a principal "
+                              "(Type:Name, e.g. \"User:admin\")")
     if cfg.server.runtime_dir:
         run = os.path.abspath(cfg.server.runtime_dir)
         data = os.path.abspath(cfg.server.data_dir)
@@ -442,6 +619,11 @@ def _convert(raw: dict[str, Any]) -> Config:
 def _name_origin(msg: str, origin: Mapping[str, str]) -> str:
     """Append the environment variable that set the key a message names."""
     key = msg.removeprefix("config: ").partition(":")[0]
+    if ", " in key:
+        # A message about several keys ("server.listen, server.listeners: set one of them"):
+        # name every variable among them.
+        names = [origin[k] for k in key.split(", ") if k in origin]
+        return f"{msg} (from environment {', '.join(names)})" if names else msg
     name = origin.get(key)
     if name is None:
         # A key below a table an environment variable set (APPLIANCE_LOG__FLUSH=x), or an
@@ -524,11 +706,22 @@ def dumps_toml(cfg: Config) -> str:
         for k, v in subs.items():
             emit(f"{prefix}.{k}" if prefix else k, v)
 
-    emit("", to_toml_dict(cfg))
+    shown = to_toml_dict(cfg)
+    for section, key in SECRET_KEYS:
+        if shown[section][key]:
+            shown[section][key] = HIDDEN       # check-config output lands in logs and tickets
+    emit("", shown)
     return "\n".join(lines).rstrip() + "\n"
 
 
+# Keys whose values ``appliance check-config`` does not print.
+SECRET_KEYS = (("tls", "key_password"),)
+HIDDEN = "[hidden]"
+
+
 def _toml_scalar(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_scalar(x) for x in v) + "]"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):

@@ -56,6 +56,7 @@ from typing import Union
 import msgspec
 
 from appliance.errors import ErrorCode
+from shm.topology import SPILLED, unspill
 
 KIND_PRODUCE = 1
 KIND_PRODUCE_ACK = 2
@@ -107,7 +108,8 @@ class Request(Message):
 
 # Modules that define Message subclasses: the decoder knows the ones defined there.
 MESSAGE_MODULES = ("appliance.ipc", "appliance.catalog", "appliance.txn.messages",
-                   "appliance.group.messages")
+                   "appliance.group.messages", "appliance.security.credentials",
+                   "appliance.acl.messages")
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder | None = None
@@ -131,10 +133,13 @@ def encode(req_id: int, body: Message) -> bytes:
 
 
 def decode(data: bytes | memoryview) -> tuple[int, Message]:
-    """(request id, body) of one envelope."""
+    """(request id, body) of one envelope, also of one too large for its ring (spilled to a
+    file by ``shm.topology.Outbox.post``)."""
     global _decoder
     if _decoder is None:
         _decoder = msgspec.msgpack.Decoder(tuple[int, Union[tuple(message_types())]])
+    if data[0] == SPILLED:
+        data = unspill(data)
     return _decoder.decode(data)
 
 

@@ -5,7 +5,8 @@ Runs in the supervisor, in its loop (``SupervisorOperating`` is mixed into
 ``appliance.supervisor.Supervisor``; single-threaded). Owns the supervisor's metrics table
 (``metrics.sup``: worker restarts by role, the time the last start took to recover, reloads) and
 the reload hooks (``reload_hooks``: parts that re-read files of their own on SIGHUP append a
-callable ``(old, new)`` there; the workers' counterpart is ``workers.base.Worker.reload``).
+callable ``(old, new)`` there, as the TLS certificates do; the workers' counterpart is
+``workers.base.Worker.reload``).
 
 Recovery progress: every writer publishes the bytes its recovery has checked so far in its
 metrics table (``appliance_log_recovery_bytes``); while the supervisor waits for the writers it
@@ -121,7 +122,7 @@ class SupervisorOperating:
     # -- status ---------------------------------------------------------------------------------
     def serving_status(self) -> str:
         cat = self.store.catalog
-        return (f"serving on {self.cfg.listen_host}:{self.bound_port}: {len(cat.topics)} topics, "
+        return (f"serving on {self.listening()}: {len(cat.topics)} topics, "
                 f"{cat.partition_count()} partitions, {len(self.frontends)} frontends")
 
     def notify_serving(self, *lines: str) -> None:
@@ -165,8 +166,8 @@ class SupervisorOperating:
     # -- reload ---------------------------------------------------------------------------------
     def reload(self) -> None:
         """SIGHUP (``systemctl reload``): the supervisor's one reload entry point. Re-reads the
-        configuration, applies the live keys (``appliance.reload``), publishes the result for
-        the workers, runs ``reload_hooks``; the appliance serves throughout."""
+        configuration, applies the live keys (``appliance.reload``), runs ``reload_hooks``, then
+        publishes the result for the workers; the appliance serves throughout."""
         if self.serving:
             sd_notify("RELOADING=1", f"MONOTONIC_USEC={monotonic_usec()}",
                       "STATUS=reloading the configuration")
@@ -177,14 +178,16 @@ class SupervisorOperating:
         else:
             old = self.cfg
             self.cfg = p.config
-            self.config_version += 1
-            publish_config(self.cfg, config_file(self.run_dir))
-            self.page.publish(config_version=self.config_version)
+            # Hooks first: what they publish for the workers (re-read certificates) is in place
+            # before the version the workers follow moves.
             for hook in list(self.reload_hooks):
                 try:
                     hook(old, self.cfg)
                 except Exception:
                     log.exception("reload hook %r failed", hook)
+            self.config_version += 1
+            publish_config(self.cfg, config_file(self.run_dir))
+            self.page.publish(config_version=self.config_version)
             self.metrics.add(key("appliance_config_reloads", [("result", "applied")]))
             log.info("reload done in %.0f ms: %d settings changed, %d need a restart",
                      (time.monotonic() - t0) * 1000, len(p.applied), len(p.refused))

@@ -9,8 +9,10 @@ directory and only then bumps ``config_version`` on its state page. Every worker
 version with its own once per loop turn (a load of the page's seqlock counter) and, when it
 moved, reads the file and calls its ``reload(old, new)`` hook: the worker base's one entry point
 per worker, as ``Supervisor.reload`` is the supervisor's. Parts that read files of their own
-(certificates) hook in there: the version moves on every SIGHUP whose file parses, changed keys
-or not, so a rotated certificate file is read again.
+(the TLS certificates: ``appliance.security.supervisor`` re-reads them in a supervisor hook, which
+runs before the version moves, and the frontends' ``reload`` builds their SSL context from the
+copy it published) hook in there: the version moves on every SIGHUP whose file parses, changed
+keys or not, so a rotated certificate file is read again.
 
 Broker defaults apply to every topic that does not override them (as Kafka's dynamic broker
 defaults do): a partition writer recomputes its settings from the new ``[log]`` section and its
@@ -26,7 +28,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from .config import Config, ConfigError, check_consistency, to_toml_dict
+from .config import HIDDEN, SECRET_KEYS, Config, ConfigError, check_consistency, to_toml_dict
 from .log.files import atomic_write
 
 log = logging.getLogger("appliance.supervisor")
@@ -36,6 +38,7 @@ log = logging.getLogger("appliance.supervisor")
 LIVE: dict[str, str] = {
     "server.socket_request_max_bytes": "frontends, for connections accepted after the reload",
     "server.connections_max_idle_ms": "frontends",
+    "server.connection_failed_authentication_delay_ms": "frontends",
     "server.internal_request_timeout_ms": "frontends and partition writers, for new requests",
     "log.*": "partition writers (topics without an override of the key), frontends' validation, "
              "fetchers",
@@ -49,22 +52,34 @@ LIVE: dict[str, str] = {
     "transactions.two_phase_commit_enable": "coordinator",
     "transactions.partition_verification_enable": "partition writers",
     "groups.*": "coordinator",
+    "tls.*": "supervisor (re-reads the certificate files on every reload; a renewal that does not "
+             "load keeps the ones in use) and frontends, for connections accepted after the reload",
+    "sasl.*": "frontends, for connections accepted after the reload",
 }
 
 # Why the others need a restart, for the refusal message.
 RESTART_REASONS: dict[str, str] = {
     "server.listen": "the listening socket is bound at start",
+    "server.listeners": "the listening sockets are bound at start",
+    "server.listener_security_protocol_map": "the listening sockets are bound at start",
     "server.advertised_listener": "clients cache the broker address from Metadata",
+    "server.advertised_listeners": "clients cache the broker address from Metadata",
     "server.node_id": "it is recorded in the data dir",
     "server.data_dir": "the data dir is locked and open",
     "server.runtime_dir": "every shared-memory file lives there",
     "server.disk_reserve_bytes": "the reserve is made at start",
     "server.frontends": "the rings between processes are made at start",
     "server.fetchers": "the rings between processes are made at start",
+    "server.max_connections": "each frontend reads its connection quotas once, at start",
+    "server.max_connections_per_ip": "each frontend reads its connection quotas once, at start "
+                                     "(and the shared per-address tables are made only then)",
+    "server.max_connections_per_ip_overrides": "each frontend resolves the overrides once, at start",
     "shm.*": "rings keep the size they were made with",
     "transactions.transaction_version":
         "clients learn the finalized feature once, from ApiVersions",
     "metrics.*": "the metrics listener is bound at start",
+    "authorizer.*": "each frontend builds its authorizer once, at start (as Kafka's "
+                    "authorizer.class.name and super.users are static)",
 }
 
 
@@ -134,14 +149,22 @@ def reload_config(running: Config, source: Callable[[], Config]) -> ReloadPlan |
     except ConfigError as e:
         log.error("reload refused, the running configuration stays: %s", e)
         return None
-    for dotted, was, now in p.refused:
+    for dotted, was, now in _shown(p.refused):
         log.warning("reload: %s cannot change while the appliance runs (%s): keeping %r, "
                     "restart to apply %r", dotted, _reason(dotted), was, now)
-    for dotted, was, now in p.applied:
+    for dotted, was, now in _shown(p.applied):
         log.info("reload: %s: %r -> %r", dotted, was, now)
     if not p.applied:
         log.info("reload: no live setting changed")
     return p
+
+
+_SECRETS = {f"{section}.{key}" for section, key in SECRET_KEYS}
+
+
+def _shown(changes: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """Changes as the log may show them: a secret's values hidden (logs land in tickets)."""
+    return [(k, HIDDEN, HIDDEN) if k in _SECRETS else (k, a, b) for k, a, b in changes]
 
 
 def publish(cfg: Config, path: str) -> None:

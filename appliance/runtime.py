@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import setproctitle
 
 from .config import Config
+from .listeners import Listener
 
 # Endpoint names (see docs/architecture.md, "Runtime directory and channels").
 SUPERVISOR = "sup"
@@ -49,14 +50,23 @@ PARTITION_PAGE_FIELDS = [
     ("active_base_offset", "q"), ("active_end_position", "q"), ("segments_version", "Q"),
     ("first_unstable_offset", "q"), ("coordinator_ring_head", "Q"),
 ]
+# catalog_version: the published catalog's; credentials_version: the published SCRAM
+# credentials' (appliance.security.credentials); tls_version: bumped when a reload (SIGHUP) made
+# the supervisor publish re-read certificates (appliance.security.tls), before config_version;
 # config_version: bumped by a SIGHUP reload after the new configuration is in CONFIG_FILE; workers
-# compare it with the version they were forked with (WorkerContext.config_version).
+# compare it with the version they were forked with (WorkerContext.config_version); acl_version:
+# the published ACLs' (appliance.acl.store).
 SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I"),
-                          ("config_version", "Q")]
+                          ("credentials_version", "Q"), ("tls_version", "Q"),
+                          ("config_version", "Q"), ("acl_version", "Q")]
 WORKER_PAGE_FIELDS = [("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I")]
 # The coordinator's page also carries its coordinator epoch (bumped at every start): the
 # WriteTxnMarkers API refuses a marker whose epoch is above it.
 COORDINATOR_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("coordinator_epoch", "i")]
+# A frontend's page also carries its client connections now open and those it refused since it
+# started (Kafka's max.connections.per.ip): frontends sum each other's connections to enforce
+# max_connections across all of them (workers/frontend/quotas.py).
+FRONTEND_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("connections", "I"), ("refused_connections", "Q")]
 
 HEARTBEAT_FILE = "heartbeats"
 HEARTBEAT_SLOTS = 8192
@@ -70,14 +80,23 @@ EXIT_OK = 0
 EXIT_CONFIG = 2             # configuration error (also click's usage error): not restarted
 EXIT_DATA_DIR = 3           # data dir unusable (not writable, locked, another node id): not restarted
 EXIT_CRASH_LOOP = 4         # a worker crash-loops or failed to boot: restarted
-EXIT_LISTEN_IN_USE = 5      # server.listen is in use (EADDRINUSE): restarted, its holder may go
-EXIT_LISTEN_ADDRESS = 6     # server.listen's host does not resolve, is not this machine's, or the
+EXIT_LISTEN_IN_USE = 5      # a listener (server.listen/listeners) is in use (EADDRINUSE): restarted,
+                            # its holder may go
+EXIT_LISTEN_ADDRESS = 6     # a listener's host does not resolve, is not this machine's, or the
                             # port needs privileges: not restarted
 EXIT_RUNTIME_DIR = 7        # server.runtime_dir cannot be made, or holds files that are not ours:
                             # not restarted
 # Workers: WORKER_BOOT_ERROR tells the supervisor not to restart (the arbiter's reserved code, as
 # in pre-fork servers); the supervisor then stops everything and exits EXIT_CRASH_LOOP.
 WORKER_BOOT_ERROR = 3
+
+
+@dataclass(frozen=True)
+class BoundListener:
+    """A listener and its listening socket's fd, bound by the supervisor before any fork."""
+    listener: Listener
+    fd: int
+    port: int                 # the port bound (differs from the configured one for port 0)
 
 
 @dataclass
@@ -92,8 +111,9 @@ class WorkerContext:
     data_dir: str
     frontends: list[str]
     fetchers: list[str]
-    listen_fd: int = -1       # frontends: the inherited listening socket
+    listen_fd: int = -1       # the first listener's inherited socket (see listeners)
     bound_port: int = 0
+    listeners: list[BoundListener] = field(default_factory=list)   # frontends serve every one
     topic: str = ""           # writers
     topic_id: bytes = b""     # writers
     topic_configs: dict[str, str] = field(default_factory=dict)
@@ -149,8 +169,12 @@ def die_with_parent(parent_pid: int) -> None:
 def child_reset_signals() -> None:
     """A forked child inherits the supervisor's handlers and wakeup fd; start from defaults."""
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
+    # SIGHUP is the supervisor's (it reloads the configuration and the TLS certificates and tells
+    # the workers through its state page); one sent to the whole process group (a closed
+    # terminal) must not kill every worker.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 

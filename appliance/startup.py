@@ -29,7 +29,8 @@ import psutil
 from . import catalog as cat
 from .log.files import TMP_SUFFIX, atomic_write
 
-from .config import Config, parse_hostport
+from .config import DEFAULT_LISTEN, Config, parse_hostport
+from .listeners import Listener
 from .runtime import (EXIT_DATA_DIR, EXIT_LISTEN_ADDRESS, EXIT_LISTEN_IN_USE, EXIT_RUNTIME_DIR,
                       HEARTBEAT_FILE, RUNTIME_POINTER)
 
@@ -65,15 +66,35 @@ def is_runtime_dir(path: str) -> bool:
         not os.listdir(path) or os.path.exists(os.path.join(path, HEARTBEAT_FILE)))
 
 
-def bind_listener(cfg: Config) -> socket.socket:
-    """The listening socket of ``server.listen``, inheritable by the frontends."""
-    return bind_address(cfg.server.listen, "server.listen")
+def bind_listeners(cfg: Config) -> list[tuple[Listener, socket.socket]]:
+    """A listening socket for every listener (``server.listeners``, or the one of
+    ``server.listen``), inheritable by the frontends. All or none: a listener that cannot be
+    bound closes the ones bound before it."""
+    bound: list[tuple[Listener, socket.socket]] = []
+    try:
+        for lst in cfg.listeners:
+            if cfg.server.listeners:
+                where = f"server.listeners {lst}"
+            else:
+                where = f"server.listen {cfg.server.listen or DEFAULT_LISTEN}"
+            bound.append((lst, bind_socket(lst.host, lst.port, where)))
+    except BaseException:
+        for _, s in bound:
+            s.close()
+        raise
+    return bound
 
 
 def bind_address(address: str, key: str) -> socket.socket:
     """A listening TCP socket on ``address`` (HOST:PORT, from config ``key``), inheritable; the
     failures are StartFailures naming the key, with their exit statuses."""
     host, port = parse_hostport(address, key)
+    return bind_socket(host, port, f"{key} {address}")
+
+
+def bind_socket(host: str, port: int, where: str) -> socket.socket:
+    """A listening TCP socket on ``host``:``port``, inheritable; the failures are StartFailures
+    whose message starts with ``where`` (the key and value that named the address)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -82,16 +103,16 @@ def bind_address(address: str, key: str) -> socket.socket:
         s.listen(1024)
     except socket.gaierror as e:
         s.close()
-        raise StartFailure(f"{key} {address}: host {host!r} does not "
-                           f"resolve: {e.strerror}", EXIT_LISTEN_ADDRESS) from None
+        raise StartFailure(f"{where}: host {host!r} does not resolve: {e.strerror}",
+                           EXIT_LISTEN_ADDRESS) from None
     except OSError as e:
         s.close()
         if e.errno == errno.EADDRINUSE:
-            raise StartFailure(f"{key} {address}: address {host}:{port} already "
-                               f"in use{port_holder(port)}", EXIT_LISTEN_IN_USE) from None
+            raise StartFailure(f"{where}: address {host}:{port} already in use"
+                               f"{port_holder(port)}", EXIT_LISTEN_IN_USE) from None
         if e.errno in (errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM, errno.EAFNOSUPPORT):
-            raise StartFailure(f"{key} {address}: cannot listen there: "
-                               f"{e.strerror}", EXIT_LISTEN_ADDRESS) from None
+            raise StartFailure(f"{where}: cannot listen there: {e.strerror}",
+                               EXIT_LISTEN_ADDRESS) from None
         raise
     s.set_inheritable(True)
     return s
@@ -328,15 +349,22 @@ class SupervisorDirs:
 
 
 def raise_fd_limit() -> None:
-    """Every shm mapping keeps a file descriptor (Python 3.11 mmap): a frontend holds about three
-    per partition. Raise the soft limit to the hard one."""
+    """Raise the soft open-files limit to the hard one, as servers do (Java's MaxFDLimit for
+    Kafka): every client connection is a descriptor in a frontend, and every shm mapping keeps
+    one too (Python 3.11 mmap: a frontend holds about three per partition). Workers inherit it.
+    Logged, since it bounds the connections a frontend can hold."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if want > soft:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
-        except (ValueError, OSError):
-            pass
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            log.info("raised the open-files limit (RLIMIT_NOFILE) from %d to %d", soft, want)
+            return
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open-files limit (RLIMIT_NOFILE) from %d to %d: %s",
+                        soft, want, e)
+    log.info("open-files limit (RLIMIT_NOFILE) is %d", soft)
 
 
 def pid_alive(pid: int) -> bool:

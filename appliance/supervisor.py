@@ -1,15 +1,18 @@
 """The supervisor: a pre-fork arbiter that owns the process table and the shared resources.
 
 Runs in the top process (``appliance run``). Owns, alone: the process table (pid, role, generation
-of every worker), the listening socket, the runtime directory with every shm file, the topic catalog
-(``appliance.catalog.CatalogStore``) and the data-dir lock.
+of every worker), the listening sockets (one per listener), the runtime directory with every shm
+file, the topic catalog (``appliance.catalog.CatalogStore``), the SCRAM credential store
+and the published copy of the TLS certificates (both through ``appliance.security.supervisor``),
+the ACLs (``appliance.acl.store``) and the data-dir lock.
 
 Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
 loop dispatches queued signals, serves admin requests from frontends (topic administration,
-``appliance.topic_admin``), reaps dead children, kills workers whose heartbeat went stale, and
-respawns with backoff. A worker that restarts more than ``crash_loop_restarts`` times in
-``crash_loop_window_ms``, or exits with the reserved WORKER_BOOT_ERROR code, stops the appliance
-(exit 4) rather than loop forever.
+``appliance.topic_admin``; AlterUserScramCredentials, ``appliance.security.supervisor``;
+CreateAcls/DeleteAcls, ``appliance.acl.store``), reaps
+dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker that
+restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
+reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
 
 I/O errors never stop the supervisor: a catalog commit that fails answers the topic request
 KAFKA_STORAGE_ERROR with the old catalog in place, a runtime dir (tmpfs) without room for a new
@@ -17,13 +20,15 @@ topic's rings refuses it the same way, and the files kept only for tools (proces
 republished every turn (the published catalog) are logged once when they cannot be written.
 
 Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give back the
-disk reserve if the disk is full, load the catalog, create the runtime dir and every ring and page
-(every shm file gets its memory when made: a runtime dir without room exits 7), bind the listening
-socket (and the metrics listener), fork the writers and wait for them to recover, then fork
-coordinator, fetchers, frontends and the metrics server, then notify systemd READY=1. SIGTERM
-drains: frontends first (stop accepting, finish in-flight requests), then writers (flush, close
-segments cleanly), fetchers and the coordinator. SIGHUP reloads the configuration file
-(``appliance.operating``: also the STATUS= line, the watchdog, recovery progress).
+disk reserve if the disk is full, load the catalog and the credentials, create the runtime dir and
+every ring and page (every shm file gets its memory when made: a runtime dir without room exits 7),
+publish the TLS certificates, bind every listener (and the metrics listener), fork the writers and
+wait for them to recover, then fork coordinator, fetchers, frontends and the metrics server, then
+notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
+requests), then writers (flush, close segments cleanly), fetchers and the coordinator. SIGHUP
+reloads the configuration file and re-reads the TLS certificate files (``appliance.operating``:
+also the STATUS= line, the watchdog, recovery progress; the certificates are a reload hook of
+``appliance.security.supervisor``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from shm.conntable import ConnectionTable
 from shm.doorbell import BellSender
 from shm.heartbeat import HeartbeatTable
 from shm.metrics import MetricsTable
@@ -49,20 +55,23 @@ from shm.topology import Mailbox, Outbox, Topology
 
 from . import catalog as cat
 from . import ipc
+from .acl import store as acl_store
 from .config import Config, non_defaults
+from .listeners import Listener
 from .log.files import atomic_write
 from .operating import SupervisorOperating
 from .reload import file_path as config_file, publish as publish_config
 from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
-                      EXIT_OK, HEARTBEAT_FILE, HEARTBEAT_SLOTS, METRICS_SERVER,
-                      PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
-                      STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
+                      EXIT_OK, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
+                      METRICS_SERVER, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
+                      STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, BoundListener,
                       WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
                       fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
                       writer_name)
+from .security.supervisor import SecurityService
 from .service import Registry
 from .startup import (NO_SPACE, DiskReserve, RuntimeDirUnusable, StartFailure, SupervisorDirs,
-                      bind_address, bind_listener, raise_fd_limit)
+                      bind_address, bind_listeners, raise_fd_limit)
 from .systemd import Watchdog, sd_notify
 from .topic_admin import TopicAdmin
 
@@ -135,19 +144,26 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.fetchers = [fetcher_name(i) for i in range(config.server.fetchers)]
         self._lock_fd = -1
         self._run_dir_made = False
-        self.listener: socket.socket | None = None
+        self.bound: list[tuple[Listener, socket.socket]] = []   # every listener's socket
+        self.bound_port = 0                                     # the first listener's port
         self.metrics_listener: socket.socket | None = None
-        self.bound_port = 0
         self._io_problems: dict[str, str] = {}
         self._start_writers: list[WorkerSpec] = []
         self._start_others: list[WorkerSpec] = []
 
     # -- set-up ---------------------------------------------------------------------------------
     def _bind(self) -> None:
-        self.listener = bind_listener(self.cfg)
-        self.bound_port = self.listener.getsockname()[1]
+        self.bound = bind_listeners(self.cfg)
+        self.bound_port = self.bound[0][1].getsockname()[1]
         if self.cfg.metrics.listen:
             self.metrics_listener = bind_address(self.cfg.metrics.listen, "metrics.listen")
+
+    def listening(self) -> str:
+        """Every listener with the address it is bound to (the configured ones before that)."""
+        if self.bound:
+            return ", ".join(f"{lst.name}://{sock.getsockname()[0]}:{sock.getsockname()[1]}"
+                             for lst, sock in self.bound)
+        return ", ".join(str(lst) for lst in self.cfg.listeners)
 
     def _setup(self) -> None:
         self._pid = os.getpid()
@@ -157,6 +173,8 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.reserve.at_start()
         self.store = cat.CatalogStore(self.data_dir)
         self.store.load()
+        self.acls = acl_store.AclStore(self.data_dir)
+        self.acls.load()
         self._prepare_run_dir()
         self.topo = Topology(self.run_dir)
         with self._runtime_dir_space("its shared memory files"):
@@ -169,6 +187,18 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             self.init_metrics([r for r in TABLE_CAPACITY if r != SUPERVISOR])
             cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
             publish_config(self.cfg, config_file(self.run_dir))
+        with self._runtime_dir_space("the published credentials and certificates"):
+            self.security = SecurityService(self.cfg, self.data_dir, self.run_dir, self.topo,
+                                            self.page)
+            self.security.start()
+        with self._runtime_dir_space("the published ACLs"):
+            self.acl_service = acl_store.AclService(
+                self.acls, self.topo.file_path(acl_store.PUBLISHED_FILE),
+                lambda v: self.page.publish(acl_version=v),
+                reply_bytes=self.cfg.shm.small_ring_bytes // 4)
+            self.acl_service.publish()
+        # SIGHUP re-reads the certificate files (a renewed certificate needs no restart).
+        self.reload_hooks.append(self.security.reload)
         self._bind()
         small = self.cfg.shm.small_ring_bytes
         with self._runtime_dir_space("the frontends' rings"):
@@ -200,9 +230,12 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         for fe in self.frontends:
             self.mailbox.add(fe)
         self.outboxes = {fe: Outbox(self.topo, SUPERVISOR, fe, self.bells) for fe in self.frontends}
-        # Topic administration (appliance.topic_admin); an error there stops the appliance
-        # rather than go on with a catalog whose state is unknown.
-        self.registry = Registry(self.topic_admin, post=self._reply, contain=False)
+        # Topic administration (appliance.topic_admin), AlterUserScramCredentials
+        # (appliance.security.supervisor), CreateAcls/DeleteAcls (appliance.acl.store); an error
+        # there stops the appliance rather than go on with a catalog (or credentials, or ACLs)
+        # whose state is unknown.
+        self.registry = Registry(self.topic_admin, self.security, self.acl_service,
+                                 post=self._reply, contain=False)
 
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
@@ -230,8 +263,11 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 # Every worker publishes generation, status and pid there (workers.base);
                 # frontends watch the fetchers' and the coordinator's generation to fail what a
                 # dead one held.
-                fields = COORDINATOR_PAGE_FIELDS if role == "coordinator" else WORKER_PAGE_FIELDS
+                fields = {"coordinator": COORDINATOR_PAGE_FIELDS,
+                          "frontend": FRONTEND_PAGE_FIELDS}.get(role, WORKER_PAGE_FIELDS)
                 StatePage.create(self.topo.page_path(name), fields).close()
+                if role == "frontend" and self.cfg.server.limits_connections_per_ip:
+                    ConnectionTable.create(self.topo.conns_path(name)).close()
             # The worker's metrics table outlives its restarts (appliance.metrics).
             table = MetricsTable.create(self.topo.metrics_path(name), TABLE_CAPACITY[role])
         except OSError:
@@ -274,7 +310,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             config=self.cfg, role=spec.role, name=spec.name, index=spec.index,
             generation=spec.generation, heartbeat_slot=spec.heartbeat_slot, run_dir=self.run_dir,
             data_dir=self.data_dir, frontends=self.frontends, fetchers=self.fetchers,
-            listen_fd=self.listener.fileno() if self.listener else -1, bound_port=self.bound_port,
+            listen_fd=self.bound[0][1].fileno() if self.bound else -1, bound_port=self.bound_port,
+            listeners=[BoundListener(lst, sock.fileno(), sock.getsockname()[1])
+                       for lst, sock in self.bound],
             topic=t.name if t else "", topic_id=t.topic_id if t else b"",
             topic_configs=self.store.catalog.overrides(t) if t else {},
             config_version=self.config_version,
@@ -340,6 +378,8 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         try:
             atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
                          json.dumps({"supervisor": os.getpid(), "port": self.bound_port,
+                                     "listeners": {lst.name: sock.getsockname()[1]
+                                                   for lst, sock in self.bound},
                                      "workers": rows}).encode(), sync=False)
         except OSError as e:
             # For operators and tools only: a full runtime dir leaves the last one in place.
@@ -386,9 +426,8 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.selector.register(self._wake_r, selectors.EVENT_READ)
         self.selector.register(self.mailbox.fileno(), selectors.EVENT_READ)
         self.mailbox.arm()
-        log.info("appliance starting: data dir %s, listening on %s:%d, %d frontends, %d fetchers",
-                 self.data_dir, self.cfg.listen_host, self.bound_port, len(self.frontends),
-                 len(self.fetchers))
+        log.info("appliance starting: data dir %s, listening on %s, %d frontends, %d fetchers",
+                 self.data_dir, self.listening(), len(self.frontends), len(self.fetchers))
         changed = non_defaults(self.cfg)
         log.info("settings other than the defaults: %s", ", ".join(changed) if changed else "none")
         try:
@@ -407,7 +446,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             if self.metrics_listener is not None:
                 log.info("metrics served at http://%s/metrics", self.cfg.metrics.listen)
             self.page.publish(status=READY)
-            log.info("appliance ready on %s:%d", self.cfg.listen_host, self.bound_port)
+            log.info("appliance ready on %s", self.listening())
             self.serving = True
             self.notify_serving("READY=1")
             while not self.stopping:
@@ -461,7 +500,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             for spec in list(self.by_pid.values()):
                 self.kill(spec.pid, signal.SIGKILL)
         elif signum == signal.SIGHUP:
-            log.info("received SIGHUP: reloading the configuration")
+            log.info("received SIGHUP: reloading the configuration and the certificates")
             self.reload()
         # SIGCHLD: reaping happens every turn.
 
@@ -574,9 +613,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
 
     def _stop_all(self) -> None:
         """Drain in order: frontends (finish in-flight requests), then everything else."""
-        if self.listener is not None:
-            self.listener.close()
-            self.listener = None
+        for _, sock in self.bound:
+            sock.close()
+        self.bound = []
         deadline = time.monotonic() + self.cfg.supervisor.shutdown_timeout_ms / 1000
         for phase in (("frontend", "metrics"), ("fetcher", "coordinator", "writer")):
             targets = [s for s in self.by_pid.values() if s.role in phase]

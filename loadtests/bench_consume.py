@@ -96,7 +96,7 @@ def main() -> int:
     ap.add_argument("--work-dir", default=None)
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="bench-consume-", dir=args.work_dir)
-    with start_appliance(workdir, "os", 1, 60.0) as (bootstrap, _log):
+    with start_appliance(workdir, "os", 1, 60.0) as (bootstrap, _log, *_):
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic("bench-consume", 1, 1)])["bench-consume"].result(30)
         committed, aborted = fill(bootstrap, "bench-consume", args.records, args.record_size,

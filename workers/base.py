@@ -147,12 +147,15 @@ class Worker:
     def close_listener(self) -> None:
         """Every worker inherits the supervisor's listening socket; only frontends serve it. A
         worker that kept it would keep the port accepting connections nobody serves."""
-        if not self.serves_clients and self.ctx.listen_fd >= 0:
+        if self.serves_clients:
+            return
+        for fd in {self.ctx.listen_fd, *(b.fd for b in self.ctx.listeners)} - {-1}:
             try:
-                os.close(self.ctx.listen_fd)
+                os.close(fd)
             except OSError:
                 pass
-            self.ctx.listen_fd = -1
+        self.ctx.listen_fd = -1
+        self.ctx.listeners = []
 
     def install_signals(self) -> None:
         signal.signal(signal.SIGTERM, self.handle_term)

@@ -4,7 +4,8 @@ Runs in frontend processes. A handler is ``handle(ctx, request) -> response`` (p
 coroutine function). It decodes nothing and encodes nothing itself: the connection hands it the kio
 request entity and encodes whatever it returns (a kio response entity, or already-encoded bytes or
 buffer parts, or None for "send no response" as with acks=0 produce, or ``CloseConnection`` to
-answer nothing and close the connection once the requests before it are answered). Handlers stay thin: check,
+answer nothing and close the connection once the requests before it are answered, or
+``FailAuthentication`` to answer after Kafka's delay and close). Handlers stay thin: check,
 delegate to the broker facade handed to them in the request context (``ctx.broker``, the
 frontend's ``workers.frontend.broker.Broker``; never imported here: handlers hold no process
 code), build the response.
@@ -74,6 +75,17 @@ class CloseConnection:
     reason: str
 
 
+@dataclass(frozen=True)
+class FailAuthentication:
+    """A handler's result that fails the connection's authentication: ``response`` (a response
+    entity, or None for no answer) is sent after ``server.connection_failed_authentication_delay_ms``
+    and the connection then closed (Kafka's delayed close on a failed authentication, KIP-306);
+    nothing more is read from the connection meanwhile."""
+
+    response: Any
+    reason: str
+
+
 class RequestContext:
     """What a handler gets besides the request: the broker facade and the request header.
     A handler that encodes its answer itself reports the answer's error codes in ``errors``
@@ -100,6 +112,45 @@ class RequestContext:
     def client_host(self) -> str:
         """The client's address, as Kafka's ACLs match hosts."""
         return self.connection.host
+
+    # -- authorization (Kafka's AuthHelper), through the frontend's ``Authorizer`` -------------
+    def authorize(self, op: int, resource_type: int, name: str) -> bool:
+        """May this connection's principal do ``op`` on the (LITERAL) resource? Always yes
+        while ``[authorizer] enable`` is off."""
+        conn = self.connection
+        return self.broker.authorizer.authorize(conn.principal, conn.host, op, resource_type, name)
+
+    def authorize_cluster(self, op: int) -> bool:
+        conn = self.connection
+        return self.broker.authorizer.authorize_cluster(conn.principal, conn.host, op)
+
+    def authorize_by_resource_type(self, op: int, resource_type: int) -> bool:
+        conn = self.connection
+        return self.broker.authorizer.authorize_by_resource_type(conn.principal, conn.host, op,
+                                                                 resource_type)
+
+    def authorized_operations(self, resource_type: int, name: str) -> int:
+        """The ``*_authorized_operations`` bit field of the resource for this principal."""
+        conn = self.connection
+        return self.broker.authorizer.authorized_operations(conn.principal, conn.host,
+                                                            resource_type, name)
+    @property
+    def listener(self) -> str:
+        """Kafka's name of the listener the request came through (``PLAINTEXT``, ``SASL_SSL``,
+        or a name of ``server.listener_security_protocol_map``)."""
+        return self.connection.listener
+
+    @property
+    def security_protocol(self) -> str:
+        """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL: the protocol of that listener."""
+        return self.connection.security_protocol
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """(host, port) of the listener the client connected through, as Metadata,
+        FindCoordinator and DescribeCluster answer it (Kafka answers with the endpoint of the
+        request's listener)."""
+        return self.connection.advertised
 
     def response_class(self):
         return messages.response_class(self.header.api_key, self.header.api_version)

@@ -7,16 +7,21 @@ dynamic broker config, the TOML file, the built-in default). Broker entries map 
 (dynamic broker configs) are not read-only and show their dynamic value first. The cluster-wide
 default broker resource (empty name) lists only its dynamic configs, as Kafka does.
 Broker-logger resources are not supported.
+
+Authorization (Kafka's ConfigHelper): DescribeConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED)
+or, for broker resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED), with no configs.
 """
 
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.config import Config
 from appliance.errors import ErrorCode
-from appliance.protocol.messages import build
+from appliance.protocol.messages import build, encode_response_items
 from appliance.topic_config import (DEFAULT_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_BROKER_CONFIGS,
                                     DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG,
                                     TOPIC_CONFIGS, describe_topic_configs)
@@ -27,15 +32,16 @@ CONFIG_TYPES = {"BOOLEAN": 1, "STRING": 2, "INT": 3, "SHORT": 4, "LONG": 5, "DOU
 _BUILTIN = Config()
 
 
-def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
+def broker_configs(cfg, advertised: dict[str, tuple[str, int]]) -> dict[str, tuple[str, str]]:
     """Kafka name -> (value, type) of what this broker runs with."""
     s, lg, tx = cfg.server, cfg.log, cfg.transactions
     b = lambda v: "true" if v else "false"  # noqa: E731
     return {
         "node.id": (str(s.node_id), "INT"), "broker.id": (str(s.node_id), "INT"),
         "log.dirs": (s.data_dir, "STRING"),
-        "listeners": (f"PLAINTEXT://{s.listen}", "STRING"),
-        "advertised.listeners": (f"PLAINTEXT://{host}:{port}", "STRING"),
+        "listeners": (",".join(str(x) for x in cfg.listeners), "STRING"),
+        "advertised.listeners": (",".join(f"{name}://{h}:{p}" for name, (h, p)
+                                          in advertised.items()), "STRING"),
         "log.segment.bytes": (str(lg.segment_bytes), "INT"),
         "log.roll.ms": (str(lg.segment_ms), "LONG"),
         "log.retention.bytes": (str(lg.retention_bytes), "LONG"),
@@ -54,6 +60,12 @@ def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
         "transaction.state.log.replication.factor": ("1", "SHORT"),
         "transaction.state.log.min.isr": ("1", "INT"),
         "socket.request.max.bytes": (str(s.socket_request_max_bytes), "INT"),
+        "listener.security.protocol.map": (",".join(
+            f"{x.name}:{x.protocol}" for x in cfg.listeners), "STRING"),
+        "sasl.enabled.mechanisms": (",".join(cfg.sasl.mechanisms), "LIST"),
+        "ssl.client.auth": (cfg.tls.client_auth, "STRING"),
+        "connection.failed.authentication.delay.ms": (
+            str(s.connection_failed_authentication_delay_ms), "INT"),
         "connections.max.idle.ms": (str(s.connections_max_idle_ms), "LONG"),
         "transaction.max.timeout.ms": (str(tx.max_timeout_ms), "INT"),
         "transactional.id.expiration.ms": (str(tx.id_expiration_ms), "INT"),
@@ -63,12 +75,12 @@ def broker_configs(cfg, host: str, port: int) -> dict[str, tuple[str, str]]:
     }
 
 
-def broker_entries(cfg, catalog, host: str, port: int, default_resource: bool
+def broker_entries(cfg, catalog, endpoints: dict[str, tuple[str, int]], default_resource: bool
                    ) -> dict[str, tuple[str, int, str, list[tuple[str, str, int]]]]:
     """Kafka name -> (value, source, type, synonyms) of the broker resource (this node's, or with
     ``default_resource`` the cluster-wide default one, which holds only dynamic defaults)."""
-    static = broker_configs(cfg, host, port)
-    builtin = broker_configs(_BUILTIN, host, port)
+    static = broker_configs(cfg, endpoints)
+    builtin = broker_configs(_BUILTIN, endpoints)
     out = {}
     for name, (value, ctype) in static.items():
         syn: list[tuple[str, str, int]] = []
@@ -100,12 +112,27 @@ def handle(ctx, req):
     m = ctx.response_module()
     cfg = ctx.broker.cfg
     catalog = ctx.broker.catalog
-    host, port = ctx.broker.advertised
+    endpoints = ctx.broker.endpoints
     results = []
+    # A resource named again is answered again, as Kafka does, from the same result (regression:
+    # 50,000 copies of the broker resource took the frontend minutes to build and encode, past
+    # its heartbeat).
+    seen: dict[tuple, Any] = {}
     for res in req.resources:
+        key = (res.resource_type, res.resource_name,
+               None if res.configuration_keys is None else tuple(res.configuration_keys))
+        if key in seen:
+            results.append(seen[key])
+            continue
         keys = set(res.configuration_keys) if res.configuration_keys is not None else None
         err, msg, entries = ErrorCode.none, None, []
-        if res.resource_type == TOPIC:
+        if res.resource_type == TOPIC and not ctx.authorize(
+                AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, res.resource_name):
+            err, msg = ErrorCode.topic_authorization_failed, "Topic authorization failed."
+        elif res.resource_type in (BROKER, BROKER_LOGGER) and not ctx.authorize_cluster(
+                AclOperation.DESCRIBE_CONFIGS):
+            err, msg = ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
+        elif res.resource_type == TOPIC:
             info = catalog.topics.get(res.resource_name)
             if info is None:
                 err, msg = ErrorCode.unknown_topic_or_partition, "This server does not host this topic-partition."
@@ -120,14 +147,16 @@ def handle(ctx, req):
                     f"Unexpected broker id, expected {ctx.broker.node_id} or empty string, "
                     f"but received {res.resource_name}")
             else:
-                found = broker_entries(cfg, catalog, host, port, default_resource=not res.resource_name)
+                found = broker_entries(cfg, catalog, endpoints, default_resource=not res.resource_name)
                 for name, (value, source, ctype, syn) in found.items():
                     if keys is None or name in keys:
                         entries.append(_entry(name, value, source, ctype, None, syn, req,
                                               name not in DYNAMIC_BROKER_CONFIGS))
         else:
             err, msg = ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
-        results.append(dict(error_code=err, error_message=msg,
-                            resource_type=res.resource_type, resource_name=res.resource_name,
-                            configs=tuple(entries)))
-    return build(m.DescribeConfigsResponse, throttle_time=datetime.timedelta(0), results=tuple(results))
+        seen[key] = build(m.DescribeConfigsResult, dict(
+            error_code=err, error_message=msg, resource_type=res.resource_type,
+            resource_name=res.resource_name, configs=tuple(entries)))
+        results.append(seen[key])
+    return encode_response_items(build(m.DescribeConfigsResponse, throttle_time=datetime.timedelta(0)),
+                                 "results", tuple(results))

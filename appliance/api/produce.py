@@ -13,6 +13,19 @@ with INVALID_TOPIC_EXCEPTION, as Kafka refuses them; those logs are the coordina
 Produce 12 (KIP-890 part 2, transaction version 2) has v11's layout; it tells the writer to add
 the partition to the producer's transaction at the coordinator before the first batch of a
 transaction (implicit AddPartitionsToTxn) instead of only verifying it.
+
+Authorization (Kafka's KafkaApis.handleProduceRequest): a request holding a transactional batch
+needs Write on its TransactionalId, else every partition gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+each topic needs Write (one check per topic, not per batch), else its partitions get
+TOPIC_AUTHORIZATION_FAILED, before any other check, so that an unauthorized client learns
+nothing about the topic. An idempotent producer needs nothing more here: Kafka 3.x checks
+IdempotentWrite (or Write on some topic) at InitProducerId only.
+
+The request comes from ``appliance.protocol.produce_request``: its batches are views of the
+connection's receive buffer, never copied before the writer's ring. They are valid only until the
+connection reads again, so a request is sent before ``handle`` returns unless it could give the
+event loop back (pacing of a request of many partitions, or waiting for an earlier request of the
+connection to be sent): such a request copies its batches first.
 """
 
 from __future__ import annotations
@@ -22,18 +35,35 @@ import logging
 import time
 from collections import Counter
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import CloseConnection, handles
 from appliance.catalog import INTERNAL_TOPICS
 from appliance.errors import ErrorCode, KafkaError
 from appliance.ipc import ProduceResult
+from appliance.protocol.produce_request import PartitionData, ProduceRequestView, TopicData
 from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
 from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValidationError,
                                                 validate_records)
-from appliance.protocol.records import validate_batch
+from appliance.protocol.records import ATTRIBUTES_OFFSET, validate_batch
+
+
+WRITE = AclOperation.WRITE
+TOPIC, TRANSACTIONAL_ID = ResourceType.TOPIC, ResourceType.TRANSACTIONAL_ID
+
+
+def _flagged_transactional(records) -> bool:
+    """The transactional bit of a (not yet validated) batch's attributes."""
+    return (records is not None and len(records) > ATTRIBUTES_OFFSET + 1
+            and bool(records[ATTRIBUTES_OFFSET + 1] & 0x10))
 
 log = logging.getLogger("appliance.produce")
 
 FAILED_PRODUCE = "kafka_server_brokertopicmetrics_failedproducerequests"
+
+# A request gives the event loop back after this long, looked at every YIELD_EVERY partitions
+# (validating and sending a batch cost 20-250 µs: a usual request never yields).
+YIELD_EVERY = 64
+YIELD_AFTER_S = 0.05
 
 
 class _Refusals:
@@ -84,76 +114,108 @@ def _validate_records(cfg, configs, topic: str, pd, header, max_bytes: int, now_
 
 @handles(0, "Produce", 3, 12)
 def handle(ctx, req):
-    """Validates and hands every batch to its writer now, before returning (the batches may be
-    views of the connection's receive buffer, reused once this returns: see
-    ``appliance.protocol.produce_request``); returns the answer, or a coroutine that awaits the
-    writers' acks and builds it, holding no batch."""
+    """The batches may be views of the connection's receive buffer, which is reused once the
+    frame's read is handled (``appliance.protocol.produce_request``). So a request that cannot
+    give the event loop back (fewer than YIELD_EVERY partitions, no earlier request of the
+    connection still unsent) is validated and handed to its writers here, before returning; it
+    returns the answer, or a coroutine that awaits the writers' acks holding no batch. Any other
+    request owns a copy of its batches first, then takes the same steps in a coroutine."""
+    order = _SendOrder(ctx.connection)
+    if order.waits() or _partition_count(req) >= YIELD_EVERY:
+        # Later requests of the connection must wait for this one from now on, not from the
+        # coroutine's first step: they could otherwise be sent first, synchronously.
+        order.yielding()
+        return _handle_later(ctx, _owned(req), order)
+    return _answer(ctx, req.acks, *_now(_send(ctx, req, order)))
+
+
+async def _handle_later(ctx, req, order: "_SendOrder"):
+    result = _answer(ctx, req.acks, *await _send(ctx, req, order))
+    if asyncio.iscoroutine(result):
+        result = await result
+    return result
+
+
+def _now(coro):
+    """Run to its end, here, a coroutine that cannot suspend (``handle`` made sure of it)."""
+    try:
+        coro.send(None)
+    except StopIteration as e:
+        return e.value
+    coro.close()
+    raise RuntimeError("the produce path gave the event loop back while holding views of the "
+                       "receive buffer")
+
+
+def _partition_count(req) -> int:
+    return sum(len(td.partition_data) for td in req.topic_data)
+
+
+def _owned(req):
+    """``req`` with every batch that is a view copied into its own bytes."""
+    topics = []
+    for td in req.topic_data:
+        topics.append(TopicData(td.name, [
+            PartitionData(pd.index, bytes(pd.records) if type(pd.records) is memoryview
+                          else pd.records) for pd in td.partition_data]))
+    return ProduceRequestView(req.transactional_id, req.acks, req.timeout, topics)
+
+
+async def _send(ctx, req, order: "_SendOrder"):
+    """Validate every partition's batch, then hand each valid one to its writer, in the order
+    of the connection's requests. Returns (per partition: topic, index, result or future of
+    it; the per-record errors; whether any partition failed)."""
     broker = ctx.broker
-    catalog = broker.catalog
     acks = req.acks
     timeout_s = max(req.timeout.total_seconds(), 0.001) if req.timeout is not None else 30.0
     txn_id = req.transactional_id
-    # Validate every partition's batch first: a transactional batch anywhere in a request without
-    # a transactional id fails the whole request (Kafka's KafkaApis.handleProduceRequest).
-    checked: list[tuple[str, object, int, object]] = []   # (topic, info, index, header or error)
-    record_errors: dict[tuple[str, int], list[tuple[int, str]]] = {}   # Produce v8+
-    now_ms = int(time.time() * 1000)
-    transactional = False
-    for td in req.topic_data:
-        info = catalog.topics.get(td.name)
-        for pd in td.partition_data:
-            if acks not in (0, 1, -1):
-                what = ProduceResult(int(ErrorCode.invalid_required_acks))
-            elif td.name in INTERNAL_TOPICS:
-                # Kafka's ReplicaManager.appendToLocalLog refuses client appends to internal
-                # topics (KIP-98: clients may not write __transaction_state): not retriable.
-                what = ProduceResult(int(ErrorCode.invalid_topic_exception),
-                                     error_message=f"Cannot append to internal topic {td.name}")
-            elif info is None or not 0 <= pd.index < info.partitions:
-                what = ProduceResult(int(ErrorCode.unknown_topic_or_partition))
-            else:
-                try:
-                    # The topic's configs over the dynamic broker ones (live: AlterConfigs)
-                    configs = catalog.overrides(info)
-                    max_bytes = _max_bytes(broker.cfg, configs)
-                    what = validate_batch(pd.records or b"", max_bytes, produce_version=ctx.version)
-                    _validate_records(broker.cfg, configs, td.name, pd, what, max_bytes, now_ms)
-                    transactional = transactional or what.is_transactional
-                except KafkaError as e:
-                    what = ProduceResult(int(e.code), error_message=e.message)
-                    if isinstance(e, RecordValidationError):
-                        record_errors[(td.name, pd.index)] = e.record_errors
-                    _REFUSALS.note(td.name, pd.index, e, ctx.client_host)
-            checked.append((td.name, info, pd, what))
-    refuse_txn = transactional and not txn_id
     pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
     any_error = False
-    for name, info, pd, what in checked:
-        if refuse_txn:
-            res = ProduceResult(int(ErrorCode.transactional_id_authorization_failed),
-                                error_message="transactional records need a transactional id")
-        elif isinstance(what, ProduceResult):
-            res = what
-        else:
-            res = broker.produce(info, pd.index, acks, pd.records, timeout_s, ctx.version, txn_id)
-        if isinstance(res, ProduceResult) and res.error_code:
-            any_error = True
-        pending.append((name, pd.index, res))
+    try:
+        # Validate every partition's batch first: a transactional batch anywhere in a request
+        # without a transactional id fails the whole request (Kafka's handleProduceRequest).
+        checked, record_errors, transactional, authorize = await _validate(ctx, req, order)
+        await order.my_turn()
+        refuse_txn = transactional and (
+            not txn_id or (authorize is not None and not authorize(WRITE, TRANSACTIONAL_ID, txn_id)))
+        pace = _Pace(order)
+        for name, info, pd, what in checked:
+            if pace.due():
+                await pace.rest()
+            if refuse_txn:
+                res = ProduceResult(int(ErrorCode.transactional_id_authorization_failed),
+                                    error_message="transactional records need a transactional id"
+                                    if not txn_id else None)
+            elif isinstance(what, ProduceResult):
+                res = what
+            else:
+                res = broker.produce(info, pd.index, acks, pd.records, timeout_s, ctx.version, txn_id)
+            if isinstance(res, ProduceResult) and res.error_code:
+                any_error = True
+            pending.append((name, pd.index, res))
+    finally:
+        order.sent()
+    return pending, record_errors, any_error
+
+
+def _answer(ctx, acks: int, pending, record_errors, any_error):
+    """The answer, or a coroutine that awaits the writers' acks and builds it."""
+    catalog = ctx.broker.catalog
     if acks == 0:
         _count(ctx, catalog, [(name, r) for name, _, r in pending if isinstance(r, ProduceResult)])
         return CloseConnection("error in a produce request with acks=0") if any_error else None
     futures = [r for _, _, r in pending if isinstance(r, asyncio.Future)]
     if futures:
         return _answer_after(ctx, catalog, pending, record_errors, futures)
-    return _answer(ctx, catalog, pending, record_errors)
+    return _response(ctx, catalog, pending, record_errors)
 
 
 async def _answer_after(ctx, catalog, pending, record_errors, futures):
     await asyncio.gather(*futures)
-    return _answer(ctx, catalog, pending, record_errors)
+    return _response(ctx, catalog, pending, record_errors)
 
 
-def _answer(ctx, catalog, pending, record_errors):
+def _response(ctx, catalog, pending, record_errors):
     by_topic: dict[str, ProduceTopic] = {}
     done: list[tuple[str, ProduceResult]] = []
     for name, index, r in pending:
@@ -181,3 +243,118 @@ def _count(ctx, catalog, results: list[tuple[str, ProduceResult]]) -> None:
         if r.error_code and name in catalog.topics:
             counters.topic(FAILED_PRODUCE, name)
     ctx.errors = errors
+
+
+async def _validate(ctx, req, order: "_SendOrder"):
+    """Per partition: the batch header (``validate_batch``) or the ProduceResult that refuses
+    it; the per-record errors (v8+); whether any batch is transactional; the request's authorize
+    function (None: every write allowed, the authorizer off or a super user)."""
+    broker = ctx.broker
+    catalog = broker.catalog
+    acks = req.acks
+    checked: list[tuple[str, object, object, object]] = []   # (topic, info, partition data, header or error)
+    record_errors: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    now_ms = int(time.time() * 1000)
+    transactional = False
+    authz = broker.authorizer          # the hot path: decided once per request for a super user
+    authorize = None if not authz.enabled or ctx.principal in authz.super_users else ctx.authorize
+    pace = _Pace(order)
+    for td in req.topic_data:
+        info = catalog.topics.get(td.name)
+        allowed = authorize is None or authorize(WRITE, TOPIC, td.name)
+        for pd in td.partition_data:
+            if pace.due():
+                await pace.rest()
+            if not allowed:
+                what = ProduceResult(int(ErrorCode.topic_authorization_failed))
+                # Kafka looks at every batch for the transactional flag, authorized or not.
+                transactional = transactional or _flagged_transactional(pd.records)
+            elif acks not in (0, 1, -1):
+                what = ProduceResult(int(ErrorCode.invalid_required_acks))
+            elif td.name in INTERNAL_TOPICS:
+                # Kafka's ReplicaManager.appendToLocalLog refuses client appends to internal
+                # topics (KIP-98: clients may not write __transaction_state): not retriable.
+                what = ProduceResult(int(ErrorCode.invalid_topic_exception),
+                                     error_message=f"Cannot append to internal topic {td.name}")
+            elif info is None or not 0 <= pd.index < info.partitions:
+                what = ProduceResult(int(ErrorCode.unknown_topic_or_partition))
+            else:
+                try:
+                    # The topic's configs over the dynamic broker ones (live: AlterConfigs)
+                    configs = catalog.overrides(info)
+                    max_bytes = _max_bytes(broker.cfg, configs)
+                    what = validate_batch(pd.records or b"", max_bytes, produce_version=ctx.version)
+                    _validate_records(broker.cfg, configs, td.name, pd, what, max_bytes, now_ms)
+                    transactional = transactional or what.is_transactional
+                except KafkaError as e:
+                    what = ProduceResult(int(e.code), error_message=e.message)
+                    if isinstance(e, RecordValidationError):
+                        record_errors[(td.name, pd.index)] = e.record_errors
+                    _REFUSALS.note(td.name, pd.index, e, ctx.client_host)
+            checked.append((td.name, info, pd, what))
+    return checked, record_errors, transactional, authorize
+
+
+class _Pace:
+    """Gives the event loop back after YIELD_AFTER_S of work, looked at every YIELD_EVERY
+    partitions: a request of thousands of partitions (inflated, hostile) must not hold the
+    frontend's other connections and its heartbeat. A usual request never yields."""
+
+    __slots__ = ("order", "count", "since")
+
+    def __init__(self, order: "_SendOrder") -> None:
+        self.order = order
+        self.count = 0
+        self.since = time.monotonic()
+
+    def due(self) -> bool:
+        self.count += 1
+        if self.count < YIELD_EVERY:
+            return False
+        self.count = 0
+        return time.monotonic() - self.since > YIELD_AFTER_S
+
+    async def rest(self) -> None:
+        self.order.yielding()
+        await asyncio.sleep(0)
+        self.since = time.monotonic()
+
+
+class _SendOrder:
+    """Produce requests of one connection reach the writers in the order they came, as in Kafka
+    (one request of a connection at a time), also when one of them gave the event loop back
+    while validating and a later one finished first. Costs nothing unless a request yields:
+    the connection's ``produce_order`` is the future of its latest request not yet sent, set
+    only while some request of the connection waits or yields."""
+
+    __slots__ = ("conn", "before", "mine")
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.before = conn.produce_order          # an earlier request not sent yet, or None
+        self.mine = None
+        if self.before is not None:
+            self._register()
+
+    def _register(self) -> None:
+        self.mine = asyncio.get_running_loop().create_future()
+        self.conn.produce_order = self.mine
+
+    def yielding(self) -> None:
+        if self.mine is None:
+            self._register()
+
+    def waits(self) -> bool:
+        """Whether an earlier request of the connection is still to be sent."""
+        return self.before is not None and not self.before.done()
+
+    async def my_turn(self) -> None:
+        if self.before is not None and not self.before.done():
+            await self.before
+
+    def sent(self) -> None:
+        if self.mine is not None:
+            if not self.mine.done():
+                self.mine.set_result(None)
+            if self.conn.produce_order is self.mine:
+                self.conn.produce_order = None

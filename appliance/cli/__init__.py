@@ -5,8 +5,10 @@ One module per tool registers its commands on ``main`` (imported at the bottom o
 ``serve`` (run, check-config, metrics), ``transactions`` (Kafka's kafka-transactions.sh),
 ``topics`` (kafka-topics.sh), ``groups`` (kafka-consumer-groups.sh), ``configs``
 (kafka-configs.sh), ``offsets`` (kafka-get-offsets.sh), ``dump_log`` (kafka-dump-log.sh) and
-``console`` (the console producer and consumer); ``tool`` holds what the Kafka tools share. A new
-tool is a new module here, with its import added below.
+``console`` (the console producer and consumer), ``users`` (SCRAM users, offline or online),
+``acls`` (kafka-acls.sh);
+``tool`` holds what the Kafka tools share. A new tool is a new module here, with its import added
+below.
 """
 
 from __future__ import annotations
@@ -44,5 +46,5 @@ def main() -> None:
 
 
 # The tools: each module registers its commands on ``main``.
-from appliance.cli import (configs, console, dump_log, groups, offsets, serve, topics,  # noqa: E402,F401
-                           transactions)
+from appliance.cli import (acls, configs, console, dump_log, groups, offsets, serve,  # noqa: E402,F401
+                           topics, transactions, users)

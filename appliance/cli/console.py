@@ -88,7 +88,8 @@ def produce(bootstrap, as_json, topic, partition, properties, acks, compression_
     props = _properties(properties, PRODUCER_DEFAULTS)
     sent = []
     with kafka_errors(bootstrap):
-        p = Producer(bootstrap_servers=bootstrap, acks=acks, compression_type=compression_codec,
+        p = Producer(bootstrap_servers=bootstrap.servers, **bootstrap.settings, acks=acks,
+                     compression_type=compression_codec,
                      client_id="appliance-console-producer")
         try:
             for n, line in enumerate(input_file, 1):
@@ -142,7 +143,8 @@ def consume(bootstrap, as_json, topic, partition, offset, from_beginning, max_me
     with admin_client(bootstrap) as a:
         parts = len(a.partitions_of(topic))      # UNKNOWN_TOPIC_OR_PARTITION at once, no waiting
     with kafka_errors(bootstrap):
-        c = Consumer(bootstrap_servers=bootstrap, isolation_level=isolation_level,
+        c = Consumer(bootstrap_servers=bootstrap.servers, **bootstrap.settings,
+                     isolation_level=isolation_level,
                      allow_auto_create_topics=False, metadata_timeout_ms=15000,
                      client_id="appliance-console-consumer")
         try:

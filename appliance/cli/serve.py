@@ -25,8 +25,8 @@ from appliance.runtime import LOG_FORMATS
                    "message), for log shippers.")
 def run(config: str | None, listen: str | None, data_dir: str | None, log_format: str) -> None:
     """Start the appliance (the supervisor and its workers) in the foreground. SIGHUP re-reads
-    the configuration (the file, the environment, these flags) and applies what can change
-    while running."""
+    the configuration (the file, the environment, these flags) and the TLS certificate files,
+    and applies what can change while running."""
     from appliance.supervisor import Supervisor
     cfg = _load(config, listen, data_dir)
     sys.exit(Supervisor(cfg, source=lambda: _read_config(config, listen, data_dir),

@@ -1,11 +1,15 @@
-"""What the Kafka-tool commands share: the ``--bootstrap-server`` / ``--config`` / ``--json``
-options, the admin client, table and JSON output, and errors that name their cause and exit 1.
+"""What the Kafka-tool commands share: the ``--bootstrap-server`` / ``--command-config`` /
+``--config`` / ``--json`` options, the admin client, table and JSON output, and errors that name
+their cause and exit 1.
 
-Runs in the user's shell. ``--bootstrap-server`` may be given to the tool's group (``appliance
-topics --bootstrap-server H:P list``, as ``appliance transactions`` takes it) or to the command
-(``appliance topics list --bootstrap-server H:P``, as Kafka's tools take it); without it, the
-``server.listen`` of the configuration (the group's ``--config FILE``, else the defaults and
-``APPLIANCE_*``).
+Runs in the user's shell. ``--bootstrap-server`` and ``--command-config`` may be given to the
+tool's group (``appliance topics --bootstrap-server H:P list``, as ``appliance transactions``
+takes them) or to the command (``appliance topics list --bootstrap-server H:P``, as Kafka's tools
+take them); without ``--bootstrap-server``, the first listener of ``server.listeners`` (or
+``server.listen``) of the configuration (the group's ``--config FILE``, else the defaults and
+``APPLIANCE_*``). ``--command-config`` is a Kafka client properties file (security.protocol,
+sasl.mechanism, sasl.jaas.config, ssl.truststore.location ...), as Kafka's tools take it, for a
+secured listener.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextlib
 import functools
 import json
 import sys
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import click
@@ -29,49 +34,106 @@ def fail(message: str, code: int = EXIT_ERROR):
     sys.exit(code)
 
 
+_BOOTSTRAP_HELP = "The broker to ask (default: the first listener of the configuration)."
+_COMMAND_CONFIG_HELP = ("Kafka client properties for a secured listener (security.protocol, "
+                        "sasl.mechanism, sasl.jaas.config, ssl.truststore.location ...).")
+
+
+@dataclass
+class Bootstrap:
+    """Where a tool connects: the bootstrap servers and the TLS/SASL client settings of
+    ``--command-config`` (``appliance.client.security`` key names)."""
+    servers: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.servers
+
+    @property
+    def security(self):
+        from appliance.client.security import DEFAULTS, Security
+        return Security.from_config({**DEFAULTS, **self.settings})
+
+
+def default_bootstrap(cfg) -> str:
+    """The first listener's address, where a tool on this machine reaches the appliance (an
+    all-interfaces bind is reached through the loopback address)."""
+    from appliance.listeners import advertised_host
+    lst = cfg.listeners[0]
+    host = advertised_host(lst.host)
+    return f"[{host}]:{lst.port}" if ":" in host else f"{host}:{lst.port}"
+
+
+def resolve_bootstrap(ctx: click.Context, bootstrap_server: str | None = None,
+                      command_config: str | None = None) -> Bootstrap:
+    """The command's options, else its tool group's, else the configuration's first listener;
+    a ``--command-config`` that cannot be read or used is a usage error (exit 2)."""
+    from appliance.client.security import properties_settings
+    parent = ctx.find_object(dict) or {}
+    servers = bootstrap_server or parent.get("bootstrap_server")
+    if servers is None:
+        servers = default_bootstrap(_load(parent.get("config")))
+    path = command_config or parent.get("command_config")
+    target = Bootstrap(servers)
+    if path:
+        try:
+            target.settings = properties_settings(path)
+            target.security                       # noqa: B018 (checked now, not at connect)
+        except OSError as e:
+            raise click.BadParameter(f"{path}: {e.strerror}", param_hint="--command-config") from None
+        except ValueError as e:
+            raise click.BadParameter(f"{path}: {e}", param_hint="--command-config") from None
+    return target
+
+
 def tool_group(name: str, help_text: str):
-    """A command group for one Kafka tool, taking ``--bootstrap-server`` and ``--config``."""
+    """A command group for one Kafka tool, taking ``--bootstrap-server``, ``--command-config``
+    and ``--config``."""
     def deco(fn):
         @main.group(name, help=help_text)
         @click.option("--bootstrap-server", "bootstrap_server", default=None, metavar="HOST:PORT",
-                      help="The broker to ask (default: server.listen of the configuration).")
+                      help=_BOOTSTRAP_HELP)
+        @click.option("--command-config", "command_config", default=None,
+                      type=click.Path(dir_okay=False), help=_COMMAND_CONFIG_HELP)
         @click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
                       help="The appliance's TOML file, for the default bootstrap server.")
         @click.pass_context
         @functools.wraps(fn)
-        def group(ctx: click.Context, bootstrap_server: str | None, config: str | None) -> None:
+        def group(ctx: click.Context, bootstrap_server: str | None, command_config: str | None,
+                  config: str | None) -> None:
             ctx.ensure_object(dict)
-            ctx.obj.update(bootstrap_server=bootstrap_server, config=config)
+            ctx.obj.update(bootstrap_server=bootstrap_server, command_config=command_config,
+                           config=config)
         return group
     return deco
 
 
 def connection_options(fn):
-    """``--bootstrap-server`` and ``--json`` on a command; the command receives ``bootstrap``
-    (resolved: the command's, else the group's, else ``server.listen`` of the group's
-    ``--config``) and ``as_json``. (``--config`` on a command is Kafka's: a topic config.)"""
+    """``--bootstrap-server``, ``--command-config`` and ``--json`` on a command; the command
+    receives ``bootstrap`` (a ``Bootstrap``, resolved by ``resolve_bootstrap``) and ``as_json``.
+    (``--config`` on a command is Kafka's: a topic config.)"""
     @click.option("--bootstrap-server", "bootstrap_server", default=None, metavar="HOST:PORT",
-                  help="The broker to ask (default: server.listen of the configuration).")
+                  help=_BOOTSTRAP_HELP)
+    @click.option("--command-config", "command_config", default=None,
+                  type=click.Path(dir_okay=False), help=_COMMAND_CONFIG_HELP)
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
     @click.pass_context
     @functools.wraps(fn)
-    def wrapper(ctx: click.Context, bootstrap_server: str | None, as_json: bool, **kw):
-        parent = ctx.find_object(dict) or {}
-        bootstrap = bootstrap_server or parent.get("bootstrap_server")
-        if bootstrap is None:
-            bootstrap = _load(parent.get("config")).server.listen
+    def wrapper(ctx: click.Context, bootstrap_server: str | None, command_config: str | None,
+                as_json: bool, **kw):
+        bootstrap = resolve_bootstrap(ctx, bootstrap_server, command_config)
         return fn(bootstrap=bootstrap, as_json=as_json, **kw)
     return wrapper
 
 
 @contextlib.contextmanager
-def admin_client(bootstrap: str):
+def admin_client(bootstrap: Bootstrap):
     """An ``AdminClient`` for the command; a Kafka error inside the block ends the command
     with its name and message (exit 1)."""
     from appliance.client.admin import AdminClient
     from appliance.client.errors import KafkaError
     try:
-        client = AdminClient(bootstrap)
+        client = AdminClient(bootstrap.servers, security=bootstrap.security)
     except (KafkaError, ValueError) as e:
         fail(f"Error: cannot use bootstrap server {bootstrap}: {e}")
     try:
@@ -82,7 +144,7 @@ def admin_client(bootstrap: str):
 
 
 @contextlib.contextmanager
-def kafka_errors(bootstrap: str):
+def kafka_errors(bootstrap: Bootstrap | str):
     from appliance.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
     try:
         yield

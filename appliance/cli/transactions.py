@@ -1,7 +1,9 @@
 """``appliance transactions``: Kafka's kafka-transactions.sh (list, describe, abort a hanging
 transaction) plus KIP-939's force-terminate, over the Kafka protocol (``appliance.admin``).
 
-Runs in the user's shell; owns nothing but its connection.
+Runs in the user's shell; owns nothing but its connection. ``--bootstrap-server``,
+``--command-config`` (a secured listener) and ``--config`` come before the command, as
+kafka-transactions.sh takes them (``appliance.cli.tool``).
 """
 
 from __future__ import annotations
@@ -10,29 +12,25 @@ import sys
 
 import click
 
-from appliance.cli import _load, main
+from appliance.cli.tool import resolve_bootstrap, tool_group
 
 
-@main.group()
-@click.option("--bootstrap-server", default=None, metavar="HOST:PORT",
-              help="The broker to ask (default: server.listen of the configuration).")
-@click.option("--config", "config", type=click.Path(dir_okay=False), default=None)
-@click.pass_context
-def transactions(ctx: click.Context, bootstrap_server: str | None, config: str | None) -> None:
+@tool_group("transactions", "Inspect and resolve transactions (Kafka's kafka-transactions.sh, "
+                            "plus KIP-939's force-terminate).")
+def transactions() -> None:
     """Inspect and resolve transactions (Kafka's kafka-transactions.sh, plus KIP-939's
     force-terminate)."""
-    if bootstrap_server is None:
-        bootstrap_server = _load(config).server.listen
-    ctx.obj = bootstrap_server
 
 
 def _admin(ctx: click.Context):
     from appliance import admin
     from appliance.client.errors import KafkaError
+    target = resolve_bootstrap(ctx)
+    bootstrap = target.servers
     try:
-        return admin, admin.connect(ctx.obj)
+        return admin, admin.connect(bootstrap, security=target.security)
     except KafkaError as e:
-        click.echo(f"cannot reach {ctx.obj}: {e}", err=True)
+        click.echo(f"cannot reach {bootstrap}: {e}", err=True)
         sys.exit(1)
 
 

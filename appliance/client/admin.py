@@ -8,7 +8,8 @@ forward them to the controller), ListOffsets and DeleteRecords to each partition
 calls to the group's coordinator (FindCoordinator), ListGroups to every broker. So it works
 against a Kafka cluster as against the appliance. Results are plain values; per-item errors come
 back as ``(error code, message)`` pairs for the caller to report, request-level failures raise
-``KafkaError``.
+``KafkaError``. TLS and SASL: ``security`` (``appliance.client.security``), used on every
+connection it opens.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Iterable, Mapping
 from appliance.client.connection import BrokerConnection
 from appliance.client.errors import ErrorCode, KafkaError, error_code
 from appliance.client.metadata import COORDINATOR_GROUP, Cluster
+from appliance.client.security import Security
 
 __all__ = ["AdminClient", "TOPIC", "BROKER", "EARLIEST", "LATEST", "MAX_TIMESTAMP",
            "OP_SET", "OP_DELETE", "OP_APPEND", "OP_SUBTRACT", "CONFIG_SOURCES"]
@@ -76,11 +78,11 @@ def decode_assignment(data: bytes | None) -> list[TP]:
 
 class AdminClient:
     def __init__(self, bootstrap_servers: str, *, client_id: str = "appliance-admin",
-                 request_timeout_ms: int = 30000) -> None:
+                 request_timeout_ms: int = 30000, security: Security | None = None) -> None:
         self.timeout_ms = request_timeout_ms
         self.cluster = Cluster(bootstrap_servers, client_id=client_id, request_timeout_ms=request_timeout_ms,
                                metadata_timeout_ms=request_timeout_ms, allow_auto_create_topics=False,
-                               max_versions=_MAX_VERSIONS)
+                               max_versions=_MAX_VERSIONS, security=security)
 
     def close(self) -> None:
         self.cluster.close()

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["PRODUCER_DEFAULTS", "CONSUMER_DEFAULTS", "producer_config", "consumer_config"]
+from appliance.client import security
+
+__all__ = ["PRODUCER_DEFAULTS", "CONSUMER_DEFAULTS", "ALIASES", "producer_config", "consumer_config"]
 
 _COMMON = {
     "bootstrap_servers": None,          # "host:port[,host:port...]" or a list (required)
@@ -21,6 +23,7 @@ _COMMON = {
     "retry_backoff_ms": 100,            # first pause between retries (doubles up to 1 s)
     "allow_auto_create_topics": True,   # Metadata may create a topic (if the broker allows it)
     "max_versions": None,               # {api key: highest version to use}, for tests and pinning
+    **security.DEFAULTS,                # TLS and SASL (appliance.client.security)
 }
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
@@ -50,9 +53,10 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 }
 
 # Kafka names (dots made underscores) that are not ours.
-_ALIASES = {
+ALIASES = {
     "transaction_two_phase_commit_enable": "enable_two_phase_commit",
     "two_phase_commit_enable": "enable_two_phase_commit",
+    **security.ALIASES,
 }
 
 
@@ -62,7 +66,7 @@ def _normalise(raw: Mapping[str, Any] | None, kwargs: Mapping[str, Any], table: 
     for source in (raw or {}), kwargs:
         for key, value in source.items():
             name = key.replace(".", "_").replace("-", "_")
-            name = _ALIASES.get(name, name)
+            name = ALIASES.get(name, name)
             if name not in table:
                 raise ValueError(f"unknown {kind} config key {key!r}")
             out[name] = value
@@ -73,6 +77,10 @@ def _normalise(raw: Mapping[str, Any] | None, kwargs: Mapping[str, Any], table: 
     for key in ("request_timeout_ms", "retry_backoff_ms"):
         if not isinstance(out[key], int) or out[key] <= 0:
             raise ValueError(f"{kind} config: {key} must be a positive integer, not {out[key]!r}")
+    try:
+        out["security"] = security.Security.from_config(out)
+    except ValueError as e:
+        raise ValueError(f"{kind} config: {e}") from None
     return out
 
 

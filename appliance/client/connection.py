@@ -1,4 +1,5 @@
-"""One blocking connection to one broker: socket, framing, headers, ApiVersions negotiation.
+"""One blocking connection to one broker: socket, framing, headers, ApiVersions negotiation,
+and the connection's security (TLS, then SASL after ApiVersions; ``appliance.client.security``).
 
 Owns the socket, the correlation counter and what the broker said about itself in ApiVersions
 (the version range of every API and the finalized features). Requests are plain dicts (or kio
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import io
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Mapping
@@ -30,6 +32,8 @@ from kio.serial import entity_reader, entity_writer
 
 from appliance.client.errors import (ErrorCode, KafkaConnectionError, KafkaError,
                                      KafkaTimeoutError)
+from appliance.client.security import (SASL_AUTHENTICATE, SASL_HANDSHAKE, SaslError, Security,
+                                       authenticate)
 from appliance.protocol import frames, messages
 from appliance.protocol.primitives import read_uvarint
 
@@ -40,10 +44,10 @@ API_VERSIONS = 18
 # The versions this client implements (lowest, highest) per API key. Lowest: the first version
 # with the fields the client relies on (Produce/Fetch v3/v4: record batch v2; ListOffsets v1:
 # single offsets; FindCoordinator v1: key type; Metadata v1: leader ids).
-CLIENT_MIN: dict[int, int] = {0: 3, 1: 4, 2: 1, 3: 1, 9: 1, 10: 1, 18: 0, 22: 0, 24: 0, 25: 0,
-                              26: 0, 28: 0}
-CLIENT_MAX: dict[int, int] = {0: 12, 1: 17, 2: 8, 3: 12, 9: 7, 10: 4, 18: 4, 22: 6, 24: 3, 25: 4,
-                              26: 5, 28: 5}
+CLIENT_MIN: dict[int, int] = {0: 3, 1: 4, 2: 1, 3: 1, 9: 1, 10: 1, 17: 1, 18: 0, 22: 0, 24: 0,
+                              25: 0, 26: 0, 28: 0, 36: 0}
+CLIENT_MAX: dict[int, int] = {0: 12, 1: 17, 2: 8, 3: 12, 9: 7, 10: 4, 17: 1, 18: 4, 22: 6, 24: 3,
+                              25: 4, 26: 5, 28: 5, 36: 2}
 
 _SIZE = struct.Struct(">i")
 _HEAD = struct.Struct(">hhi")
@@ -118,8 +122,10 @@ class BrokerConnection:
     """A connected, version-negotiated socket to one broker (``node_id`` -1 for a bootstrap)."""
 
     def __init__(self, host: str, port: int, *, node_id: int = -1, client_id: str = "appliance-client",
-                 request_timeout_ms: int = 30000, max_versions: Mapping[int, int] | None = None) -> None:
+                 request_timeout_ms: int = 30000, max_versions: Mapping[int, int] | None = None,
+                 security: Security | None = None) -> None:
         self.host, self.port, self.node_id = host, port, node_id
+        self.security = security or Security()
         self.client_id = client_id
         self.timeout = request_timeout_ms / 1000.0
         self.max_versions = dict(max_versions or {})
@@ -135,11 +141,30 @@ class BrokerConnection:
     # -- lifecycle ----------------------------------------------------------------------------
     def _connect(self) -> None:
         try:
-            self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         except OSError as exc:
             raise KafkaConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.security.tls:
+            try:
+                sock = self.security.ssl_context().wrap_socket(sock, server_hostname=self.host)
+            except (OSError, ssl.SSLError) as exc:
+                sock.close()
+                raise KafkaConnectionError(f"TLS to {self.host}:{self.port}: {exc}") from None
+        self.sock = sock
         self._negotiate()
+        if self.security.sasl:
+            self._authenticate()
+
+    def _authenticate(self) -> None:
+        """SASL right after ApiVersions, before any other request (KIP-152). A refusal is not
+        retriable: SASL_AUTHENTICATION_FAILED (or the broker's code) with its message."""
+        try:
+            authenticate(self.security, self._roundtrip, self.version(SASL_HANDSHAKE),
+                         self.version(SASL_AUTHENTICATE))
+        except SaslError as exc:
+            self.close()
+            raise KafkaError(ErrorCode(exc.code), f"{self.host}:{self.port}: {exc.message}") from None
 
     @property
     def connected(self) -> bool:

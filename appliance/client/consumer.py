@@ -131,7 +131,7 @@ class Consumer:
                                retry_backoff_ms=cfg["retry_backoff_ms"],
                                metadata_timeout_ms=cfg["metadata_timeout_ms"],
                                allow_auto_create_topics=cfg["allow_auto_create_topics"],
-                               max_versions=cfg["max_versions"])
+                               max_versions=cfg["max_versions"], security=cfg["security"])
         self.isolation = READ_COMMITTED if cfg["isolation_level"] == "read_committed" else READ_UNCOMMITTED
         self._assignment: list[TopicPartition] = []
         self._positions: dict[TopicPartition, int] = {}

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from appliance.client.connection import BrokerConnection
+from appliance.client.security import Security
 from appliance.client.errors import (ErrorCode, KafkaConnectionError, KafkaError,
                                      KafkaTimeoutError, error_code)
 
@@ -100,8 +101,10 @@ class Cluster:
     def __init__(self, bootstrap_servers: str | Iterable[str], *, client_id: str = "appliance-client",
                  request_timeout_ms: int = 30000, retry_backoff_ms: int = 100,
                  metadata_timeout_ms: int = 60000, allow_auto_create_topics: bool = True,
-                 max_versions: Mapping[int, int] | None = None) -> None:
+                 max_versions: Mapping[int, int] | None = None,
+                 security: Security | None = None) -> None:
         self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.security = security
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
@@ -121,7 +124,7 @@ class Cluster:
     def _open(self, host: str, port: int, node_id: int) -> BrokerConnection:
         return BrokerConnection(host, port, node_id=node_id, client_id=self.client_id,
                                 request_timeout_ms=self.request_timeout_ms,
-                                max_versions=self.max_versions)
+                                max_versions=self.max_versions, security=self.security)
 
     def any_connection(self) -> BrokerConnection:
         """A live connection to some broker: an open one, else the bootstrap addresses in turn."""

@@ -108,7 +108,7 @@ class Producer:
                                retry_backoff_ms=cfg["retry_backoff_ms"],
                                metadata_timeout_ms=cfg["max_block_ms"],
                                allow_auto_create_topics=cfg["allow_auto_create_topics"],
-                               max_versions=max_versions)
+                               max_versions=max_versions, security=cfg["security"])
         self.txn = TransactionManager(self.cluster, transactional_id=cfg["transactional_id"],
                                       transaction_timeout_ms=cfg["transaction_timeout_ms"],
                                       enable_two_phase_commit=cfg["enable_two_phase_commit"],

@@ -131,11 +131,11 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _write_tmp(path: str, data: bytes, sync: bool) -> str:
-    """``data`` in ``path.tmp`` (fsynced when ``sync``); on failure (a full disk) the partial
-    copy is removed again, giving its blocks back, and the error raised."""
+def _write_tmp(path: str, data: bytes, sync: bool, mode: int = 0o644) -> str:
+    """``data`` in ``path.tmp`` (fsynced when ``sync``; a new file gets ``mode``); on failure (a
+    full disk) the partial copy is removed again, giving its blocks back, and the error raised."""
     tmp = path + TMP_SUFFIX
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
     try:
         try:
             view = memoryview(data)
@@ -166,11 +166,11 @@ def write_tmp_copies(items: list[tuple[str, bytes]]) -> list[tuple[str, str]]:
     return done
 
 
-def atomic_write(path: str, data: bytes, *, sync: bool = True) -> None:
+def atomic_write(path: str, data: bytes, *, sync: bool = True, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file;
-    readers holding the old file mapped keep it. On a full disk (ENOSPC) the old file stands
-    and nothing of the new one is left behind."""
-    tmp = _write_tmp(path, data, sync)
+    readers holding the old file mapped keep it. A new file gets ``mode`` (0o600 for secrets).
+    On a full disk (ENOSPC) the old file stands and nothing of the new one is left behind."""
+    tmp = _write_tmp(path, data, sync, mode)
     try:
         os.replace(tmp, path)
     except BaseException:

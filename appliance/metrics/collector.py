@@ -24,8 +24,9 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from appliance.catalog import PUBLISHED_FILE, read_published
-from appliance.runtime import (COORDINATOR_PAGE_FIELDS, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS,
-                               PROCESSES_FILE, READY, SUPERVISOR, WORKER_PAGE_FIELDS, role_title)
+from appliance.runtime import (COORDINATOR_PAGE_FIELDS, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE,
+                               PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, SUPERVISOR,
+                               WORKER_PAGE_FIELDS, role_title)
 from shm.heartbeat import HeartbeatTable
 from shm.metrics import MetricsTable
 from shm.ring import ring_fill
@@ -35,9 +36,6 @@ from shm.topology import Topology
 from . import CATALOG, COORDINATOR_SNAPSHOT, COUNTER, HISTOGRAM, parse_key
 
 log = logging.getLogger("appliance.metrics")
-
-# Labels of the listener gauge (one plaintext listener).
-LISTENER = "PLAINTEXT"
 
 
 class NotRunning(Exception):
@@ -198,7 +196,8 @@ class Collector:
             role = w["role"]
             title = role_title(role, w.get("index", 0), w.get("topic"))
             fields = (PARTITION_PAGE_FIELDS if role == "writer" else
-                      COORDINATOR_PAGE_FIELDS if role == "coordinator" else WORKER_PAGE_FIELDS)
+                      COORDINATOR_PAGE_FIELDS if role == "coordinator" else
+                      FRONTEND_PAGE_FIELDS if role == "frontend" else WORKER_PAGE_FIELDS)
             up = 0
             page = self._page(w["name"], fields)
             if w.get("pid") and page is not None:

@@ -5,17 +5,15 @@ process that answers a request (building and encoding response bodies).
 
 Request decoding (``decode_request``) is two passes over the body:
 
-1. A *shape check* generated per request class from kio's dataclass schema (straight-line Python,
-   compiled once). It walks the wire layout, skipping fixed-size fields in one step, and checks
-   every array count against the bytes left. kio's native reader reserves ``count`` slots before it
-   reads an array (``Vec::with_capacity``), so a crafted count near 2**31 (legacy) or 2**35
-   (compact) makes it ask for tens of GiB and the Rust runtime *aborts the whole process*. Kafka's
-   generated readers refuse a count larger than the remaining bytes; so do we, as a
-   ProtocolViolation (Kafka closes the connection for an unparsable request).
-   The pass also finds tagged fields unknown to kio's schema. Kafka skips those; kio raises, so
-   we cut them out of a copy of the body before kio sees it (rare: only clients newer than kio's
-   schema send them).
-2. kio's native reader (``entity_reader``), which builds the frozen dataclasses.
+1. The *shape check* (``appliance.protocol.shape``), generated per request class from kio's
+   dataclass schema: Kafka's schema rules (no null where the field is not nullable, no length or
+   count beyond the bytes left, no tagged field that overruns), applied before kio reads
+   anything, so that no handler sees what Kafka would not have parsed and kio never reserves
+   room for a crafted count. Its failures, and kio's, are one ProtocolViolation: Kafka closes the
+   connection for an unparsable request.
+2. kio's native reader (``entity_reader``), which builds the frozen dataclasses. Where kio is
+   stricter than Kafka (a nullable length below -1, a boolean byte of 2, a string that is not
+   UTF-8), the body is read again after ``shape``'s lenient edits, off the hot path.
 
 Trailing bytes after a complete body are ignored, as Kafka does (``AbstractRequest.parseRequest``
 never checks ``remaining()``).
@@ -29,13 +27,16 @@ a key that names no field of any version is a TypeError. Cost (measured on the d
 ~1.4 µs per struct built (FindCoordinator v6 2.9 µs, a one-partition Produce v11 response 4.5 µs,
 Metadata v12 with one broker/topic/partition 7.8 µs), and kio's writer adds ~9 µs for that
 Produce response and ~14 µs for that Metadata response. Fine for admin APIs; the two hot
-responses (Fetch, Produce) use the hand-written encoders in ``fetch_response`` (~1-2 µs).
+responses (Fetch, Produce) use the hand-written encoders in ``fetch_response`` (~1-2 µs). An
+answer that repeats one result many times (a request naming one resource thousands of times)
+goes through ``encode_response_items``, which encodes each distinct item once.
 Decoding costs the shape check plus kio: ~1.6 µs for a one-partition Produce v9, ~2.1 µs for a
 one-partition Fetch v15.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import io
 import re
@@ -61,7 +62,8 @@ from kio.serial.readers import tz_aware_from_i64
 from kio.static.constants import EntityType
 
 from appliance.errors import ProtocolViolation
-from appliance.protocol.primitives import I16, I32, read_uvarint, uvarint
+from appliance.protocol import shape
+from appliance.protocol.primitives import I32, uvarint
 
 __all__ = [
     "API_VERSIONS_KEY",
@@ -75,6 +77,7 @@ __all__ = [
     "decode_request",
     "preload",
     "encode_response",
+    "encode_response_items",
     "build",
     "build_response",
     "build_api_versions_response",
@@ -181,223 +184,36 @@ def flexible_versions_table() -> dict[int, tuple[str, int, int, int | None]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Shape check (generated per request class), then kio's native reader
+# Shape check (``shape``), then kio's native reader
 # ---------------------------------------------------------------------------------------------
 
-# Wire size of every fixed-width kio kafka_type.
-_FIXED_SIZE: Final = {
-    "int8": 1, "uint8": 1, "bool": 1,
-    "int16": 2, "uint16": 2, "error_code": 2,
-    "int32": 4, "uint32": 4, "timedelta_i32": 4,
-    "int64": 8, "uint64": 8, "float64": 8, "timedelta_i64": 8, "datetime_i64": 8,
-    "uuid": 16,
-}
-_VARIABLE: Final = {"string", "bytes", "records"}
+_READERS: dict[type, Callable[[Any, int], tuple[Any, int]]] = {}
 
 
-class _ShortArray(Exception):
-    def __init__(self, count: int, remaining: int) -> None:
-        super().__init__(f"array of {count} items with only {remaining} bytes left")
+def _reader(cls: type) -> Callable[[Any, int], tuple[Any, int]]:
+    reader = _READERS.get(cls)
+    if reader is None:
+        reader = _READERS[cls] = entity_reader(cls)
+    return reader
 
 
-class _GuardSource:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.counter = 0
-
-    def var(self, prefix: str) -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
-
-    def emit(self, indent: int, line: str) -> None:
-        self.lines.append("    " * indent + line)
-
-    def flush(self, indent: int, fixed: int) -> int:
-        if fixed:
-            self.emit(indent, f"p += {fixed}")
-        return 0
-
-    def varint_into(self, indent: int, var: str) -> None:
-        # Inline the one-byte case: nearly every count and length is < 128.
-        self.emit(indent, f"{var} = b[p]")
-        self.emit(indent, f"if {var} < 128:")
-        self.emit(indent + 1, "p += 1")
-        self.emit(indent, "else:")
-        self.emit(indent + 1, f"{var}, p = _uv(b, p)")
-
-    def skip_variable(self, indent: int, kafka_type: str, flexible: bool) -> None:
-        n = self.var("s")
-        if flexible:  # compact string/bytes: uvarint length+1, 0 = null
-            self.varint_into(indent, n)
-            self.emit(indent, f"if {n}:")
-            self.emit(indent + 1, f"p += {n} - 1")
-        else:
-            unpack, width = ("_i16", 2) if kafka_type == "string" else ("_i32", 4)
-            self.emit(indent, f"{n} = {unpack}(b, p)[0]")
-            self.emit(indent, f"p += {width}")
-            self.emit(indent, f"if {n} > 0:")
-            self.emit(indent + 1, f"p += {n}")
-
-    def array_count(self, indent: int, var: str, flexible: bool) -> None:
-        if flexible:
-            self.varint_into(indent, var)
-            self.emit(indent, f"{var} -= 1")
-        else:
-            self.emit(indent, f"{var} = _i32(b, p)[0]")
-            self.emit(indent, "p += 4")
-        # Kafka: "Tried to allocate a collection of size N, but there are only M bytes remaining."
-        self.emit(indent, f"if {var} > end - p:")
-        self.emit(indent + 1, f"raise _ShortArray({var}, end - p)")
-
-    def field(self, f: Field, flexible: bool, indent: int, fixed: int) -> int:
-        fc = classify_field(f)
-        if isinstance(fc, PrimitiveField):
-            kafka_type = f.metadata["kafka_type"]
-            size = _FIXED_SIZE.get(kafka_type)
-            if size is not None:
-                return fixed + size
-            if kafka_type not in _VARIABLE:
-                raise TypeError(f"no shape rule for kafka_type {kafka_type!r}")
-            self.flush(indent, fixed)
-            self.skip_variable(indent, kafka_type, flexible)
-            return 0
-        self.flush(indent, fixed)
-        if isinstance(fc, EntityField):
-            self.entity(fc.type_, indent, nullable=is_optional(f))
-            return 0
-        count = self.var("n")
-        self.array_count(indent, count, flexible)
-        if isinstance(fc, PrimitiveTupleField):
-            kafka_type = f.metadata["kafka_type"]
-            size = _FIXED_SIZE.get(kafka_type)
-            if size is not None:
-                self.emit(indent, f"if {count} > 0:")
-                self.emit(indent + 1, f"p += {count} * {size}")
-            else:
-                self.emit(indent, f"for _ in range({count}):")
-                self.skip_variable(indent + 1, kafka_type, flexible)
-        else:
-            assert isinstance(fc, EntityTupleField)
-            self.emit(indent, f"for _ in range({count}):")
-            self.emit(indent + 1, "pass")
-            self.entity(fc.type_, indent + 1, nullable=False)
-        return 0
-
-    def entity(self, cls: type, indent: int, nullable: bool) -> None:
-        if nullable:  # KIP-893 nullable struct: int8 marker, -1 = null
-            marker = self.var("m")
-            self.emit(indent, f"{marker} = b[p]")
-            self.emit(indent, "p += 1")
-            self.emit(indent, f"if {marker} != 255:")
-            indent += 1
-            self.emit(indent, "pass")
-        flexible = cls.__flexible__
-        tagged: dict[int, Field] = {}
-        fixed = 0
-        for f in fields(cls):
-            tag = f.metadata.get("tag")
-            if tag is not None:
-                tagged[tag] = f
-            else:
-                fixed = self.field(f, flexible, indent, fixed)
-        self.flush(indent, fixed)
-        if flexible:
-            self.tags(indent, tagged, flexible)
-
-    def tags(self, indent: int, tagged: dict[int, Field], flexible: bool) -> None:
-        count, start, after = self.var("t"), self.var("cs"), self.var("ce")
-        self.emit(indent, f"{start} = p")
-        self.varint_into(indent, count)
-        self.emit(indent, f"if {count}:")
-        self.emit(indent + 1, f"{after} = p")
-        self.emit(indent + 1, f"for _ in range({count}):")
-        inner = indent + 2
-        tag_start = self.var("ts")
-        self.emit(inner, f"{tag_start} = p")
-        self.emit(inner, "tg, p = _uv(b, p)")
-        self.emit(inner, "sz, p = _uv(b, p)")
-        # kio reads a known tagged field by its schema (ignoring the size), so we walk it too.
-        keyword = "if"
-        for tag in sorted(tagged):
-            self.emit(inner, f"{keyword} tg == {tag}:")
-            self.emit(inner + 1, "pass")
-            self.flush(inner + 1, self.field(tagged[tag], flexible, inner + 1, 0))
-            keyword = "elif"
-        self.emit(inner, "else:" if tagged else "if True:")
-        self.emit(inner + 1, f"unk.append(({start}, {after}, {count}, {tag_start}, p + sz))")
-        self.emit(inner + 1, "p += sz")
-
-
-def _compile_guard(cls: type) -> Callable[[Any, int, list], int]:
-    src = _GuardSource()
-    src.emit(0, "def guard(b, p, unk):")
-    src.emit(1, "end = len(b)")
-    src.entity(cls, 1, nullable=False)
-    src.emit(1, "return p")
-    namespace: dict[str, Any] = {
-        "_uv": read_uvarint,
-        "_i16": I16.unpack_from,
-        "_i32": I32.unpack_from,
-        "_ShortArray": _ShortArray,
-    }
-    exec(compile("\n".join(src.lines), f"<shape check {cls.__module__}>", "exec"), namespace)
-    guard: Callable[[Any, int, list], int] = namespace["guard"]
-    return guard
-
-
-def guard_source(cls: type) -> str:
-    """The generated shape check of a request class, for reading and debugging."""
-    src = _GuardSource()
-    src.entity(cls, 1, nullable=False)
-    return "\n".join(src.lines)
-
-
-_DECODERS: dict[type, tuple[Callable[[Any, int, list], int], Callable[[Any, int], tuple[Any, int]]]] = {}
-
-
-def _decoder(cls: type) -> tuple[Callable[[Any, int, list], int], Callable[[Any, int], tuple[Any, int]]]:
-    pair = _DECODERS.get(cls)
-    if pair is None:
-        pair = _DECODERS[cls] = (_compile_guard(cls), entity_reader(cls))
-    return pair
-
-
-def _strip_unknown_tags(frame: Any, start: int, unknown: list[tuple[int, int, int, int, int]]) -> bytes:
-    """Copy of frame[start:] without the unknown tagged fields, with their sections' counts fixed."""
-    sections: dict[int, tuple[int, int, list[tuple[int, int]]]] = {}
-    for count_start, count_end, count, tag_start, tag_end in unknown:
-        sections.setdefault(count_start, (count_end, count, []))[2].append((tag_start, tag_end))
-    edits: list[tuple[int, int, bytes]] = []
-    for count_start, (count_end, count, spans) in sections.items():
-        edits.append((count_start, count_end, uvarint(count - len(spans))))
-        edits.extend((s, e, b"") for s, e in spans)
-    edits.sort()
-    view = memoryview(frame)
-    out = bytearray()
-    pos = start
-    for s, e, replacement in edits:
-        out += view[pos:s]
-        out += replacement
-        pos = e
-    out += view[pos:]
-    return bytes(out)
-
-
-_BY_KEY: dict[tuple[int, int], tuple[type, Callable[[Any, int, list], int], Callable[[Any, int], tuple[Any, int]]]] = {}
+_BY_KEY: dict[tuple[int, int], tuple[type, shape.Guard, Callable[[Any, int], tuple[Any, int]]]] = {}
 
 
 def decode_request(api_key: int, version: int, frame: Any, body_offset: int) -> Any:
     """Decode the request body that starts at ``body_offset`` of ``frame`` into kio's entity.
 
-    Any malformed body (truncated, negative or oversized lengths, bad UTF-8, bad varints, arrays
-    longer than the bytes left) raises ProtocolViolation; the caller closes the connection, as
-    Kafka does (RequestContext.parseRequest -> InvalidRequestException). An unknown api key or
-    version raises ProtocolViolation too.
+    A body Kafka cannot parse (truncated, a null where the field is not nullable, a length or
+    count larger than the bytes left, a tagged field that overruns, bad varints; ``shape``)
+    raises ProtocolViolation; the caller closes the connection, as Kafka does
+    (RequestContext.parseRequest -> InvalidRequestException). Handlers therefore never see a
+    None where Kafka's schema has no null. An unknown api key or version raises
+    ProtocolViolation too. Trailing bytes after the body are ignored, as Kafka ignores them.
     """
     entry = _BY_KEY.get((api_key, version))
     if entry is None:
         cls = request_class(api_key, version)
-        entry = _BY_KEY[(api_key, version)] = (cls, *_decoder(cls))
+        entry = _BY_KEY[(api_key, version)] = (cls, shape.guard(cls), _reader(cls))
     cls, guard, reader = entry
     if type(frame) is not bytes:
         if isinstance(frame, memoryview):
@@ -408,20 +224,41 @@ def decode_request(api_key: int, version: int, frame: Any, body_offset: int) -> 
     unknown: list[tuple[int, int, int, int, int]] = []
     try:
         end = guard(frame, body_offset, unknown)
-    except _ShortArray as exc:
+    except shape.Malformed as exc:
         raise ProtocolViolation(f"{cls.__name__} v{version}: {exc}") from None
     except (IndexError, struct.error, ValueError) as exc:
         raise ProtocolViolation(f"{cls.__name__} v{version}: truncated or malformed body ({exc})") from None
     if end > len(frame):
         raise ProtocolViolation(f"{cls.__name__} v{version}: body truncated ({end - len(frame)} bytes short)")
-    if unknown:
-        frame = _strip_unknown_tags(frame, body_offset, unknown)
-        body_offset = 0
+    body, start = (shape.rewrite(frame, body_offset, unknown), 0) if unknown else (frame, body_offset)
     try:
-        entity, _size = reader(frame, body_offset)
+        entity, _size = reader(body, start)
     except Exception as exc:  # kio's DecodeError family, ValueError, KeyError, UnicodeError ...
-        raise ProtocolViolation(f"{cls.__name__} v{version}: {type(exc).__name__}: {exc}") from None
+        return _decode_leniently(cls, version, frame, body_offset, exc)
     return entity
+
+
+def _decode_leniently(cls: type, version: int, frame: Any, body_offset: int, refusal: Exception) -> Any:
+    """kio refused a body that passed the shape check: read it as Kafka would (``shape``'s
+    lenient edits: nullable lengths below -1, booleans other than 0/1, strings that are not
+    UTF-8), or raise ProtocolViolation with kio's reason when no edit applies."""
+    unknown: list[tuple[int, int, int, int, int]] = []
+    fixes: list[tuple[int, int, bytes]] = []
+    why = f"{type(refusal).__name__}: {refusal}"
+    try:
+        shape.lenient_guard(cls)(frame, body_offset, unknown, fixes)
+    except shape.Malformed as exc:
+        why = str(exc)
+    except Exception:
+        pass
+    else:
+        if fixes:
+            try:
+                entity, _size = _reader(cls)(shape.rewrite(frame, body_offset, unknown, fixes), 0)
+                return entity
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+    raise ProtocolViolation(f"{cls.__name__} v{version}: {why}") from None
 
 
 def preload(ranges: Mapping[int, tuple[int, int]]) -> int:
@@ -436,7 +273,7 @@ def preload(ranges: Mapping[int, tuple[int, int]]) -> int:
             if not is_known_version(api_key, version):
                 continue
             cls = request_class(api_key, version)
-            _BY_KEY.setdefault((api_key, version), (cls, *_decoder(cls)))
+            _BY_KEY.setdefault((api_key, version), (cls, shape.guard(cls), _reader(cls)))
             response_class(api_key, version)
             loaded += 1
     return loaded
@@ -458,6 +295,37 @@ def encode_response(entity: Any) -> bytes:
     buf = io.BytesIO()
     writer(buf, entity)
     return buf.getvalue()
+
+
+def encode_response_items(entity: Any, field: str, items: tuple) -> list[bytes]:
+    """``encode_response(entity)`` with ``items`` as its array ``field``, each distinct item
+    (by identity) encoded once: for answers that repeat one result many times (a request naming
+    one resource 50,000 times), which kio's writer would serialise entity by entity. ``field``
+    must be the entity's last field and the class must have no tagged fields of its own."""
+    cls = type(entity)
+    names = [f.name for f in fields(cls)]
+    if names[-1] != field or any(f.metadata.get("tag") is not None for f in fields(cls)):
+        raise TypeError(f"{cls.__name__}.{field} is not the last field of a class without tags")
+    empty_count, tags = (b"\x01", b"\x00") if cls.__flexible__ else (b"\x00\x00\x00\x00", b"")
+    head = encode_response(dataclasses.replace(entity, **{field: ()}))
+    if not head.endswith(empty_count + tags):
+        raise TypeError(f"unexpected encoding of {cls.__name__} with an empty {field}")
+    prefix = head[:len(head) - len(empty_count) - len(tags)]
+    count = uvarint(len(items) + 1) if cls.__flexible__ else I32.pack(len(items))
+    done: dict[int, bytes] = {}
+    parts = [prefix, count]
+    for item in items:
+        data = done.get(id(item))
+        if data is None:
+            writer = _WRITERS.get(type(item))
+            if writer is None:
+                writer = _WRITERS[type(item)] = entity_writer(type(item))
+            buf = io.BytesIO()
+            writer(buf, item)
+            data = done[id(item)] = buf.getvalue()
+        parts.append(data)
+    parts.append(tags)
+    return parts
 
 
 _ERROR_CODES: Final = {int(code): code for code in ErrorCode}

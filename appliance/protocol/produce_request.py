@@ -7,25 +7,26 @@ produce path that is a copy of every byte a producer sends, before the one copy 
 read-only ``memoryview`` slices of the frame: no copy. The caller must be done with them (or copy
 them) before the frame's buffer is reused.
 
-It accepts and refuses exactly what ``messages.decode_request`` (the generated shape check, then
-kio's reader) accepts and refuses for these versions, with the same field values
+It accepts and refuses exactly what ``messages.decode_request`` (the shape check of Kafka's
+generated readers, ``appliance.protocol.shape``, then kio's reader, then the lenient re-read)
+accepts and refuses for these versions, with the same field values
 (``tests/unit/test_produce_request.py`` checks both on every version, on valid requests and on
 truncated, corrupted and random ones). Layout, Kafka's ProduceRequest.json:
 
-    v3-v8:  transactional_id nullable string (int16 length, -1 = null) | acks int16 |
-            timeout_ms int32 | topic_data: int32 count, each: name string (int16 length) |
-            partition_data: int32 count, each: index int32 | records nullable bytes (int32 length)
+    v3-v8:  transactional_id nullable string (int16 length) | acks int16 | timeout_ms int32 |
+            topic_data: int32 count, each: name string (int16 length) | partition_data: int32
+            count, each: index int32 | records nullable bytes (int32 length)
     v9-v12: the same fields, flexible (KIP-482): strings, bytes and arrays with uvarint
             length + 1 (0 = null), and a tagged-field section after each partition, each topic
             and the request; Produce defines no tagged fields, so every tag is skipped
 
 What refuses a request (ProtocolViolation, the connection is closed as Kafka does): a field that
-runs past the frame, an array count larger than the bytes left (Kafka's "Tried to allocate a
-collection of size N"), a null topic name, a negative length below -1 (null), a null array
-(count -1 or a compact 0), a string that is not UTF-8, an over-long or truncated varint. Bytes
-after the last field are ignored, as kio ignores them. One difference on purpose: kio reads a null
-array as None (which the Produce handler cannot iterate); Kafka's generated reader refuses it
-(a non-nullable field), and so does this parser.
+runs past the frame, an array count, string or bytes length larger than the bytes left (Kafka's
+"Tried to allocate a collection of size N"), a null where the field is not nullable (the topic
+name, topic_data, partition_data), a compact string longer than 0x7fff bytes, a tagged field that
+runs past the frame, a varint over 5 bytes. As Kafka's readers do, any negative length of a
+nullable field (transactional_id, records) is null, and a string that is not UTF-8 is read with
+replacement characters. Bytes after the last field are ignored.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = ["MIN_VERSION", "MAX_VERSION", "ProduceRequestView", "TopicData", "Par
 MIN_VERSION = 3
 MAX_VERSION = 12
 FLEXIBLE_FROM = 9
+MAX_STRING = 0x7FFF
 
 _I16 = struct.Struct(">h").unpack_from
 _I32 = struct.Struct(">i").unpack_from
@@ -50,7 +52,7 @@ _ACKS_TIMEOUT = struct.Struct(">hi").unpack_from
 
 class PartitionData(NamedTuple):
     index: int
-    records: memoryview | None
+    records: memoryview | bytes | None
 
 
 class TopicData(NamedTuple):
@@ -71,34 +73,41 @@ class _Bad(Exception):
 
 
 def _uvarint(b: memoryview, p: int) -> tuple[int, int]:
-    """Kafka's unsigned varint (at most 5 bytes for an int32 field)."""
+    """Kafka's unsigned varint, at most 5 bytes (``primitives.read_uvarint``)."""
     value = 0
     shift = 0
-    while True:
+    for _ in range(5):
         byte = b[p]            # IndexError past the end
         p += 1
         value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
+        if byte < 0x80:
             return value, p
         shift += 7
-        if shift > 28:
-            raise _Bad("varint is too long")
+    raise _Bad("unsigned varint longer than 5 bytes")
 
 
-def _skip_tags(b: memoryview, p: int) -> int:
+def _skip_tags(b: memoryview, p: int, end: int) -> int:
     count, p = _uvarint(b, p)
     for _ in range(count):
         _tag, p = _uvarint(b, p)
         size, p = _uvarint(b, p)
+        if size > end - p:
+            raise _Bad(f"tagged field of {size} bytes with only {end - p} left")
         p += size
     return p
 
 
-def _string(b: memoryview, p: int, n: int, what: str) -> str:
-    end = p + n
-    if end > len(b):
-        raise _Bad(f"{what} of {n} bytes runs past the frame")
-    return str(b[p:end], "utf-8")          # UnicodeDecodeError: not UTF-8
+def _string(b: memoryview, p: int, n: int) -> str:
+    """``n`` bytes at ``p`` (within the frame) as Java's ``new String(bytes, UTF_8)`` reads them."""
+    raw = b[p:p + n]
+    try:
+        return str(raw, "utf-8")
+    except UnicodeDecodeError:
+        text = str(raw, "utf-8", "replace")
+        if len(text.encode()) > MAX_STRING:
+            # what decode_request refuses: the string no longer fits a string field
+            raise _Bad(f"string of {n} bytes is longer once decoded") from None
+        return text
 
 
 def parse_produce_request(frame: memoryview, pos: int, version: int) -> ProduceRequestView:
@@ -113,7 +122,7 @@ def parse_produce_request(frame: memoryview, pos: int, version: int) -> ProduceR
         return _classic(frame, pos)
     except ProtocolViolation:
         raise
-    except (_Bad, IndexError, struct.error, ValueError) as e:   # UnicodeDecodeError is a ValueError
+    except (_Bad, IndexError, struct.error) as e:
         raise ProtocolViolation(f"ProduceRequest v{version}: malformed body ({e})") from None
 
 
@@ -121,48 +130,47 @@ def _classic(b: memoryview, p: int) -> ProduceRequestView:
     end = len(b)
     n = _I16(b, p)[0]
     p += 2
-    if n >= 0:
-        txn: str | None = _string(b, p, n, "transactional_id")
+    txn: str | None = None
+    if n >= 0:                     # any negative length is null (Kafka's nullable string)
+        if n > end - p:
+            raise _Bad(f"transactional_id of {n} bytes with only {end - p} left")
+        txn = _string(b, p, n)
         p += n
-    elif n == -1:
-        txn = None
-    else:
-        raise _Bad(f"negative string length {n}")
     acks, timeout_ms = _ACKS_TIMEOUT(b, p)
     p += 6
     count = _I32(b, p)[0]
     p += 4
-    if count > end - p:
-        raise _Bad(f"array of {count} elements with only {end - p} bytes left")
     if count < 0:
-        raise _Bad("null topic_data")
+        raise _Bad("non-nullable field topic_data was serialized as null")
+    if count > end - p:
+        raise _Bad(f"topic_data: array of {count} items with only {end - p} bytes left")
     topics = []
     for _ in range(count):
         n = _I16(b, p)[0]
         p += 2
         if n < 0:
-            raise _Bad("null topic name")
-        name = _string(b, p, n, "topic name")
+            raise _Bad("non-nullable field name was serialized as null")
+        if n > end - p:
+            raise _Bad(f"name of {n} bytes with only {end - p} left")
+        name = _string(b, p, n)
         p += n
         pcount = _I32(b, p)[0]
         p += 4
-        if pcount > end - p:
-            raise _Bad(f"array of {pcount} elements with only {end - p} bytes left")
         if pcount < 0:
-            raise _Bad("null partition_data")
+            raise _Bad("non-nullable field partition_data was serialized as null")
+        if pcount > end - p:
+            raise _Bad(f"partition_data: array of {pcount} items with only {end - p} bytes left")
         parts = []
         for _ in range(pcount):
             index, size = _I32(b, p)[0], _I32(b, p + 4)[0]
             p += 8
             if size >= 0:
-                if p + size > end:
-                    raise _Bad(f"records of {size} bytes run past the frame")
+                if size > end - p:
+                    raise _Bad(f"records of {size} bytes with only {end - p} left")
                 parts.append(PartitionData(index, b[p:p + size]))
                 p += size
-            elif size == -1:
+            else:                  # any negative length is null (nullable bytes)
                 parts.append(PartitionData(index, None))
-            else:
-                raise _Bad(f"negative bytes length {size}")
         topics.append(TopicData(name, parts))
     return ProduceRequestView(txn, acks, datetime.timedelta(milliseconds=timeout_ms), topics)
 
@@ -170,48 +178,55 @@ def _classic(b: memoryview, p: int) -> ProduceRequestView:
 def _flexible(b: memoryview, p: int) -> ProduceRequestView:
     end = len(b)
     n, p = _uvarint(b, p)
+    txn: str | None = None
     if n:
-        txn: str | None = _string(b, p, n - 1, "transactional_id")
-        p += n - 1
-    else:
-        txn = None
+        n -= 1
+        if n > MAX_STRING:
+            raise _Bad(f"string field transactional_id had invalid length {n}")
+        if n > end - p:
+            raise _Bad(f"transactional_id of {n} bytes with only {end - p} left")
+        txn = _string(b, p, n)
+        p += n
     acks, timeout_ms = _ACKS_TIMEOUT(b, p)
     p += 6
     count, p = _uvarint(b, p)
     count -= 1
-    if count > end - p:
-        raise _Bad(f"array of {count} elements with only {end - p} bytes left")
     if count < 0:
-        raise _Bad("null topic_data")
+        raise _Bad("non-nullable field topic_data was serialized as null")
+    if count > end - p:
+        raise _Bad(f"topic_data: array of {count} items with only {end - p} bytes left")
     topics = []
     for _ in range(count):
         n, p = _uvarint(b, p)
         if not n:
-            raise _Bad("null topic name")
-        name = _string(b, p, n - 1, "topic name")
-        p += n - 1
+            raise _Bad("non-nullable field name was serialized as null")
+        n -= 1
+        if n > MAX_STRING:
+            raise _Bad(f"string field name had invalid length {n}")
+        if n > end - p:
+            raise _Bad(f"name of {n} bytes with only {end - p} left")
+        name = _string(b, p, n)
+        p += n
         pcount, p = _uvarint(b, p)
         pcount -= 1
-        if pcount > end - p:
-            raise _Bad(f"array of {pcount} elements with only {end - p} bytes left")
         if pcount < 0:
-            raise _Bad("null partition_data")
+            raise _Bad("non-nullable field partition_data was serialized as null")
+        if pcount > end - p:
+            raise _Bad(f"partition_data: array of {pcount} items with only {end - p} bytes left")
         parts = []
         for _ in range(pcount):
             index = _I32(b, p)[0]
             size, p = _uvarint(b, p + 4)
             if size:
                 size -= 1
-                if p + size > end:
-                    raise _Bad(f"records of {size} bytes run past the frame")
+                if size > end - p:
+                    raise _Bad(f"records of {size} bytes with only {end - p} left")
                 parts.append(PartitionData(index, b[p:p + size]))
                 p += size
             else:
                 parts.append(PartitionData(index, None))
-            p = _skip_tags(b, p)
-        p = _skip_tags(b, p)
+            p = _skip_tags(b, p, end)
+        p = _skip_tags(b, p, end)
         topics.append(TopicData(name, parts))
-    p = _skip_tags(b, p)
-    if p > end:
-        raise _Bad("tagged fields run past the frame")
+    _skip_tags(b, p, end)
     return ProduceRequestView(txn, acks, datetime.timedelta(milliseconds=timeout_ms), topics)

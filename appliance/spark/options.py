@@ -5,8 +5,14 @@ Owns no state; runs wherever Spark calls the data source (the driver's Python pl
 and the executors' Python workers).
 
 - ``kafka.<key>``: client configuration (``kafka.bootstrap.servers`` is required). Keys our
-  client knows are passed on; Kafka client keys it does not have (``kafka.security.protocol``,
-  ``kafka.group.id`` ...) are logged and ignored, as they would change nothing here.
+  client knows are passed on, security included as Spark's Kafka connector passes it:
+  ``kafka.security.protocol``, ``kafka.sasl.mechanism``, ``kafka.sasl.jaas.config`` (a
+  PlainLoginModule or ScramLoginModule line: its username and password are used),
+  ``kafka.ssl.truststore.location`` / ``kafka.ssl.keystore.location`` (PEM stores,
+  ``kafka.ssl.truststore.type=PEM``), ``kafka.ssl.key.password``,
+  ``kafka.ssl.endpoint.identification.algorithm`` (see ``appliance.client.security``). Kafka
+  client keys it does not have (``kafka.group.id`` ...) are logged and ignored, as they would
+  change nothing here.
 - Reader: exactly one of ``subscribe`` (comma list), ``subscribePattern`` (a regex) or
   ``assign`` (JSON ``{"topic": [0, 1]}``); ``startingOffsets`` / ``endingOffsets`` as
   ``earliest``, ``latest`` or JSON ``{"topic": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest);
@@ -26,7 +32,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from appliance.client.config import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
+from appliance.client.config import ALIASES, CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
+from appliance.client.security import Security
 
 log = logging.getLogger("appliance.spark")
 
@@ -56,6 +63,7 @@ def client_config(options: Mapping[str, Any], kind: str) -> dict[str, Any]:
             continue
         name = key[len("kafka."):]
         ours = name.replace(".", "_").replace("-", "_")
+        ours = ALIASES.get(ours, ours)
         if ours in ("transactional_id", "enable_two_phase_commit", "transaction_two_phase_commit_enable"):
             raise OptionError(f"option {key!r}: the appliance sink sets the transactional id and "
                               "two-phase commit itself (see transactionalIdPrefix)")
@@ -66,6 +74,10 @@ def client_config(options: Mapping[str, Any], kind: str) -> dict[str, Any]:
         out[ours] = _typed(value, table[ours])
     if not out.get("bootstrap_servers"):
         raise OptionError("option 'kafka.bootstrap.servers' is required")
+    try:
+        Security.from_config({**table, **out})      # a bad security option fails on the driver
+    except ValueError as e:
+        raise OptionError(f"kafka.* security options: {e}") from None
     return out
 
 

@@ -67,8 +67,10 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, St
 
 from appliance import admin
 from appliance.client import Consumer, PreparedTxnState, Producer
+from appliance.client.config import PRODUCER_DEFAULTS
 from appliance.client.connection import BrokerConnection
 from appliance.client.errors import ErrorCode, KafkaError
+from appliance.client.security import Security
 from appliance.spark.options import OptionError, client_config, text
 
 log = logging.getLogger("appliance.spark")
@@ -135,6 +137,9 @@ class _Sink:
         # of the synchronous client (1.7x the rows/s of the 16 KiB default, loadtests/README.md).
         cfg.setdefault("batch_size", WRITER_BATCH_SIZE)
         self.producer_config = cfg
+        # The admin connections (ListTransactions, DescribeTransactions, force-terminate) use
+        # the same TLS and SASL settings as the producers.
+        self.security = Security.from_config({**PRODUCER_DEFAULTS, **cfg})
         self.prefix = text(options, "transactionalIdPrefix", "spark")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.prefix or ""):
             raise OptionError("option 'transactionalIdPrefix' may hold letters, digits, '.', '_' "
@@ -216,7 +221,7 @@ class _Sink:
     @contextlib.contextmanager
     def _admin(self) -> Iterator[BrokerConnection]:
         """One admin connection to the broker (``appliance.admin``), closed after the block."""
-        conn = admin.connect(self._bootstrap())
+        conn = admin.connect(self._bootstrap(), security=self.security)
         try:
             yield conn
         finally:

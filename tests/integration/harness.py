@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from appliance.catalog import PUBLISHED_FILE, read_published
-from appliance.runtime import PARTITION_PAGE_FIELDS, writer_name
+from appliance.runtime import FRONTEND_PAGE_FIELDS, PARTITION_PAGE_FIELDS, writer_name
 from shm.ring import Ring
 from shm.statepage import StatePage
 from shm.topology import Topology
@@ -43,6 +44,10 @@ def _toml_value(v) -> str:
     return json.dumps(v)
 
 
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
 def write_config(path: str, sections: dict) -> None:
     lines = []
 
@@ -51,7 +56,7 @@ def write_config(path: str, sections: dict) -> None:
         if scalars or not prefix:
             if prefix:
                 lines.append(f"[{prefix}]")
-            lines.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
+            lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in scalars.items())
         for k, v in table.items():
             if isinstance(v, dict):
                 emit(f"{prefix}.{k}" if prefix else k, v)
@@ -68,6 +73,10 @@ class Appliance:
     config: dict = field(default_factory=dict)
     port: int = 0
     proc: subprocess.Popen | None = None
+    # With server.listeners: protocol -> port, and the SSL context the readiness check uses on a
+    # TLS listener (use_listeners).
+    listener_ports: dict = field(default_factory=dict)
+    ready_ssl: object = None
     args: list = field(default_factory=list)     # more `appliance run` flags (--log-format)
     env: dict = field(default_factory=dict)      # more environment (NOTIFY_SOCKET)
 
@@ -75,6 +84,17 @@ class Appliance:
         if not self.port:
             self.port = free_port()
         self.config_path = os.path.join(os.path.dirname(self.log_path), f"appliance-{self.port}.toml")
+
+    def use_listeners(self, ports: dict, ssl_context=None) -> None:
+        """The configuration names server.listeners: no --listen flag; ``port`` (bootstrap) is
+        the PLAINTEXT listener's if there is one, and readiness is checked on a listener that
+        serves ApiVersions before authentication (through TLS with ``ssl_context``)."""
+        self.listener_ports = dict(ports)
+        for proto in ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL"):
+            if proto in ports:
+                self.port = ports[proto]
+                self.ready_ssl = ssl_context if proto in ("SSL", "SASL_SSL") else None
+                break
 
     @property
     def bootstrap(self) -> str:
@@ -84,8 +104,9 @@ class Appliance:
         # No disk reserve: every test's data dir would hold 64 MiB of real blocks in the tmp dir.
         self._write_config()
         with open(self.log_path, "ab") as log:      # the child keeps its own copy of the fd
+            listen = [] if self.listener_ports else ["--listen", self.bootstrap]
             self.proc = subprocess.Popen(
-                [APPLIANCE, "run", "--config", self.config_path, "--listen", self.bootstrap,
+                [APPLIANCE, "run", "--config", self.config_path, *listen,
                  "--data-dir", self.data_dir, *self.args],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**{k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")},
@@ -118,13 +139,18 @@ class Appliance:
 
     def _api_versions_ok(self) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=1.0)
+            try:
+                if self.ready_ssl is not None:
+                    s = self.ready_ssl.wrap_socket(s, server_hostname="127.0.0.1")
                 # ApiVersions v0: header v1 (key, version, correlation id, client id), empty body.
                 body = struct.pack(">hhih", 18, 0, 7, 4) + b"test"
                 s.sendall(struct.pack(">i", len(body)) + body)
                 s.settimeout(2.0)
                 head = s.recv(8)
                 return len(head) == 8 and struct.unpack(">ii", head)[1] == 7
+            finally:
+                s.close()
         except OSError:
             return False
 
@@ -192,6 +218,17 @@ class Appliance:
         """The high watermark the partition's writer last published on its state page."""
         with self._partition_page(topic, partition) as page:
             return page.read().high_watermark
+
+    def frontend_connections(self) -> dict[str, tuple[int, int]]:
+        """frontend name -> (client connections open, connections refused), from the
+        frontends' state pages."""
+        out = {}
+        topo = Topology(self.run_dir)
+        for w in self.workers("frontend"):
+            with StatePage.open(topo.page_path(w["name"]), FRONTEND_PAGE_FIELDS, readonly=True) as page:
+                st = page.read()
+                out[w["name"]] = (st.connections, st.refused_connections)
+        return out
 
     def ring_pending(self, src: str, dst: str) -> bool:
         """Whether ring src -> dst holds records its consumer has not taken yet."""

@@ -2,9 +2,10 @@
 tests/java/ once per session, run it against an appliance and collect its "name value" lines.
 
 The jars come from the PyPI wheel ``shigawire-apache-flink-libraries`` (installed by the test
-extra), which ships ``pyflink/lib/kafka-clients.jar`` and ``slf4j-api.jar``; Java 17+ is needed
-(the Spark tests need it too). Without either, the test fails with one line naming what is
-missing: never a skip.
+extra), which ships ``pyflink/lib/kafka-clients.jar`` (3.9.1, the version Spark 4 ships),
+``slf4j-api.jar`` and the compression codecs' jars; Java 17+ is needed (the Spark tests need it
+too). Without either, the test fails with one line naming what is missing: never a skip. This is
+the one way the tests get the Java client (AdminCheck.java, SecureClients.java).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
 JAVA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "java")
-JARS = ("kafka-clients.jar", "slf4j-api.jar")
+JARS = ("kafka-clients.jar", "slf4j-api.jar", "lz4-java.jar", "snappy-java.jar", "zstd-jni.jar")
+KAFKA_CLIENTS_VERSION = "3.9.1"
 
 
 def jar_dir() -> str:
@@ -29,24 +32,35 @@ def jar_dir() -> str:
                 "(the test extra) to get the Java client", pytrace=False)
 
 
-@pytest.fixture(scope="session")
-def java_program(tmp_path_factory):
-    """java_program(name) -> a function running ``name`` from tests/java/ with arguments."""
-    for tool in ("java", "javac"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} not found: the Java client tests need a JDK 17+", pytrace=False)
-    jars = jar_dir()
-    classpath_jars = os.pathsep.join(os.path.join(jars, j) for j in JARS)
-    out = str(tmp_path_factory.mktemp("java-classes"))
-    compiled: set[str] = set()
+def _check_version(jar: str) -> None:
+    with zipfile.ZipFile(jar) as z:
+        props = z.read("kafka/kafka-version.properties").decode()
+    if f"version={KAFKA_CLIENTS_VERSION}" not in props.split():
+        pytest.fail(f"{jar} is not kafka-clients {KAFKA_CLIENTS_VERSION}: {props!r}", pytrace=False)
 
-    def run(name: str, *args: str, timeout: float = 180) -> dict[str, str]:
-        if name not in compiled:
-            subprocess.run(["javac", "-cp", classpath_jars, "-d", out, os.path.join(JAVA_DIR, f"{name}.java")],
-                           check=True, capture_output=True, text=True, timeout=300)
-            compiled.add(name)
-        r = subprocess.run(["java", "-cp", os.pathsep.join([out, classpath_jars]), name, *args],
-                           capture_output=True, text=True, timeout=timeout)
+
+class JavaProgram:
+    """``java_program(name, *args)`` runs ``name`` from tests/java/ (compiled on first use) and
+    returns its output lines as {first word: the rest}, failing the test on a non-zero exit;
+    ``java_program.process(name, *args)`` returns the finished process, whatever its exit."""
+
+    def __init__(self, out: str, classpath_jars: str) -> None:
+        self.out = out
+        self.classpath_jars = classpath_jars
+        self.compiled: set[str] = set()
+
+    def process(self, name: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        if name not in self.compiled:
+            r = subprocess.run(["javac", "-cp", self.classpath_jars, "-d", self.out,
+                                os.path.join(JAVA_DIR, f"{name}.java")],
+                               capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, f"javac {name}.java:\n{r.stderr[-4000:]}"
+            self.compiled.add(name)
+        return subprocess.run(["java", "-cp", os.pathsep.join([self.out, self.classpath_jars]),
+                               name, *args], capture_output=True, text=True, timeout=timeout)
+
+    def __call__(self, name: str, *args: str, timeout: float = 180) -> dict[str, str]:
+        r = self.process(name, *args, timeout=timeout)
         assert r.returncode == 0, f"{name} {args} exited {r.returncode}:\n{r.stdout}\n{r.stderr[-4000:]}"
         lines = {}
         for line in r.stdout.splitlines():
@@ -54,4 +68,13 @@ def java_program(tmp_path_factory):
             lines[key] = value
         return lines
 
-    return run
+
+@pytest.fixture(scope="session")
+def java_program(tmp_path_factory) -> JavaProgram:
+    for tool in ("java", "javac"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} not found: the Java client tests need a JDK 17+", pytrace=False)
+    jars = jar_dir()
+    _check_version(os.path.join(jars, "kafka-clients.jar"))
+    classpath_jars = os.pathsep.join(os.path.join(jars, j) for j in JARS)
+    return JavaProgram(str(tmp_path_factory.mktemp("java-classes")), classpath_jars)

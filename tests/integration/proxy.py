@@ -1,4 +1,5 @@
-"""A loopback TCP proxy in front of the appliance that loses or delays responses on purpose.
+"""A loopback TCP proxy in front of the appliance that records requests, and loses or delays
+responses on purpose.
 
 Clients connect to the proxy; the appliance is configured to advertise the proxy's address, so
 every connection (bootstrap and the ones Metadata points to) goes through it. The proxy reads the
@@ -8,6 +9,9 @@ response the ``decide(api_key)`` policy may:
   * "drop": swallow the response and cut both connections, as when a broker's answer is lost
     after the broker did the work; the client retries the same batch on a new connection;
   * a float: hold the response that many seconds first.
+
+``on_request(frame)``, when given, sees every request frame (size prefix included) the clients
+send, before it is forwarded: the fuzz test records real clients' requests with it.
 
 Threads, one pair per connection; test-only code.
 """
@@ -45,9 +49,11 @@ def _read_frame(sock: socket.socket) -> bytes | None:
 
 
 class FaultyProxy:
-    def __init__(self, upstream_port: int, decide: Callable[[int], object] | None = None) -> None:
+    def __init__(self, upstream_port: int, decide: Callable[[int], object] | None = None,
+                 on_request: Callable[[bytes], None] | None = None) -> None:
         self.upstream = ("127.0.0.1", upstream_port)
         self.decide = decide or (lambda api_key: None)
+        self.on_request = on_request
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
@@ -90,6 +96,9 @@ class FaultyProxy:
                 break
             api_key, _, corr = struct.unpack_from(">hhi", frame, 4)
             keys[corr] = api_key
+            if self.on_request is not None:
+                with self.lock:
+                    self.on_request(frame)
             try:
                 server.sendall(frame)
             except OSError:

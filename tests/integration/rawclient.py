@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import socket
+import ssl
 import struct
 
 from kio.serial import entity_reader, entity_writer
@@ -17,9 +18,16 @@ from appliance.protocol import frames, messages
 
 
 class RawClient:
-    def __init__(self, bootstrap: str, timeout: float = 10.0, client_id: str | None = "raw-test") -> None:
+    def __init__(self, bootstrap: str, timeout: float = 10.0, client_id: str | None = "raw-test",
+                 ssl_context=None) -> None:
         host, port = bootstrap.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        if ssl_context is not None:
+            try:
+                self.sock = ssl_context.wrap_socket(self.sock, server_hostname=host)
+            except BaseException:
+                self.sock.close()
+                raise
         self.client_id = client_id
         self.correlation = 0
 
@@ -81,7 +89,7 @@ class RawClient:
                     return True
         except socket.timeout:
             return False
-        except ConnectionResetError:
+        except (ConnectionResetError, ssl.SSLEOFError):
             return True
 
     # -- request / response ------------------------------------------------------------------------

@@ -35,6 +35,24 @@ def test_produce_benchmark_runs_and_prints_ratios(tmp_path):
     assert "| 100 B | appliance / sink |" in r.stdout
 
 
+def test_authorizer_benchmark_runs():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_authorizer.py"), "--acls", "10",
+                        "--checks", "1000"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "| allowed by an ACL, cached |" in r.stdout
+
+
+def test_produce_benchmark_measures_each_security_protocol(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_produce.py"), "--seconds", "0.5",
+                        "--record-sizes", "100", "--work-dir", str(tmp_path), "--only", "appliance",
+                        "--security-protocols", "PLAINTEXT,SSL,SASL_SSL"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for row in ("| 100 B | appliance |", "| 100 B | appliance SSL |", "| 100 B | appliance SASL_SSL |"):
+        assert row in r.stdout
+    assert "| record size | config | SSL / PLAINTEXT | SASL_SSL / PLAINTEXT |" in r.stdout
+
+
 def test_spark_benchmark_runs_and_prints_ratios(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_spark.py"), "--rows", "200",
                         "--rounds", "1", "--warm-up-rows", "0", "--work-dir", str(tmp_path)],

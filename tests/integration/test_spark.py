@@ -12,7 +12,9 @@ with the ``appliance`` data source (appliance.spark), checked with other clients
   killed) is replayed without duplicating that partition;
 - the reader returns what kafka-python wrote, committed only, with Spark's Kafka schema and
   headers; streaming with maxOffsetsPerTrigger takes several batches and returns the same;
-- offsets deleted by retention are a clear error (failOnDataLoss), or skipped when allowed.
+- offsets deleted by retention are a clear error (failOnDataLoss), or skipped when allowed;
+- over SASL_SSL with SCRAM (Spark's Kafka options: kafka.security.protocol, kafka.sasl.mechanism,
+  kafka.sasl.jaas.config, a PEM truststore), a batch write and a read back.
 """
 
 from __future__ import annotations
@@ -453,3 +455,47 @@ def test_stale_task_attempt_after_the_driver_ended_the_job_writes_nothing(broker
         TaskContext._setTaskContext(None)
     assert txn_id not in open_transactions(broker.bootstrap)
     assert values(read_all(broker.bootstrap, topic, 1, "read_uncommitted")) == []
+
+
+@pytest.fixture(scope="module")
+def secure_broker(tmp_path_factory):
+    from security import secure_appliance
+    d = tmp_path_factory.mktemp("spark-secure")
+    made = []
+
+    def factory(data_dir=None, start=True, **config):
+        a = Appliance(data_dir=data_dir, log_path=str(d / "appliance.log"), config=config)
+        made.append(a)
+        return a.start() if start else a
+    yield secure_appliance(factory, d, protocols=("SASL_SSL",),
+                           transactions={"two_phase_commit_enable": True})
+    for a in made:
+        a.terminate()
+
+
+def test_write_and_read_over_sasl_ssl_with_sparks_kafka_options(spark, secure_broker):
+    from security import ADMIN, ADMIN_PASSWORD
+    s = secure_broker
+    options = {
+        "kafka.bootstrap.servers": s.bootstrap("SASL_SSL"),
+        "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule "
+                                  f'required username="{ADMIN}" password="{ADMIN_PASSWORD}";',
+        "kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": s.pki.ca}
+    topic = uid("spark-sasl")
+    w = rows_df(spark, 1000, 2).write.format("appliance").option("topic", topic)
+    for k, v in options.items():
+        w = w.option(k, v)
+    w.mode("append").save()
+    r = spark.read.format("appliance").option("subscribe", topic)
+    for k, v in options.items():
+        r = r.option(k, v)
+    got = sorted(row.value.decode() for row in r.load().select("value").collect())
+    assert got == sorted(f"v-{i}" for i in range(1000))
+    # Without the credentials the same read is refused by the broker.
+    bad = spark.read.format("appliance").option("subscribe", topic)
+    for k, v in {**options, "kafka.sasl.jaas.config": options["kafka.sasl.jaas.config"]
+                 .replace(ADMIN_PASSWORD, "wrong")}.items():
+        bad = bad.option(k, v)
+    with pytest.raises(Exception, match="SASL_AUTHENTICATION_FAILED|invalid credentials"):
+        bad.load().collect()

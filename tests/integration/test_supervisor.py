@@ -155,7 +155,7 @@ def test_systemd_notify_status_watchdog_reload_and_stopping(appliance_factory, t
         app.start(wait=False)
         notify.wait_for("STATUS=recovering 3/3 partitions")
         ready = notify.wait_for("READY=1")
-        assert ready == f"READY=1\nSTATUS=serving on 127.0.0.1:{app.port}: 1 topics, " \
+        assert ready == f"READY=1\nSTATUS=serving on PLAINTEXT://127.0.0.1:{app.port}: 1 topics, " \
                         f"3 partitions, 2 frontends", ready
         # Before READY: recovery status lines (and watchdog pings: the loop runs meanwhile).
         assert all(m.startswith(("STATUS=recovering ", "WATCHDOG=1")) for m in notify.seen[:-1]), \

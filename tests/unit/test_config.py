@@ -7,13 +7,16 @@ import msgspec
 import pytest
 
 from appliance.config import Config, ConfigError, dumps_toml, load
+from appliance.listeners import Listener
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
 def test_defaults_listen_and_data_dir():
     cfg = load(None, environ={})
-    assert cfg.server.listen == "127.0.0.1:9092"
+    # Neither listen nor listeners set: one PLAINTEXT listener on 127.0.0.1:9092.
+    assert cfg.server.listen == "" and cfg.server.listeners == ""
+    assert cfg.listeners == [Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)]
     assert cfg.server.data_dir == "./data"
 
 
@@ -187,3 +190,110 @@ def test_runtime_dir_must_not_hold_the_data_dir(tmp_path):
                                                          "data_dir": str(tmp_path / "data")}})
     load(None, environ={}, overrides={"server": {"runtime_dir": str(tmp_path / "datarun"),
                                                  "data_dir": str(tmp_path / "data")}})
+
+
+def test_super_users_must_be_principals():
+    cfg = load(None, environ={}, overrides={"authorizer": {"super_users": ["User:admin"]}})
+    assert cfg.authorizer.super_users == ["User:admin"] and not cfg.authorizer.enable
+    with pytest.raises(ConfigError, match=r"authorizer\.super_users: 'admin' is not a principal"):
+        load(None, environ={}, overrides={"authorizer": {"super_users": ["admin"]}})
+
+
+# -- listeners, TLS and SASL ------------------------------------------------------------------------
+
+def _load(**sections):
+    return load(None, environ={}, overrides=sections)
+
+
+def test_listeners_in_kafka_syntax_with_advertised_endpoints():
+    cfg = _load(server={"listeners": "PLAINTEXT://127.0.0.1:9092,sasl_ssl://:9093,SSL://[::1]:9094",
+                        "advertised_listeners": "SASL_SSL://broker.example.com:19093"},
+                tls={"cert_file": "c.pem", "key_file": "k.pem"})
+    assert cfg.listeners == [Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092),
+                             Listener("SASL_SSL", "SASL_SSL", "", 9093),
+                             Listener("SSL", "SSL", "::1", 9094)]
+    assert cfg.advertised_endpoints() == {"PLAINTEXT": ("127.0.0.1", 9092),
+                                          "SASL_SSL": ("broker.example.com", 19093),
+                                          "SSL": ("::1", 9094)}
+    # The ports actually bound replace port 0 (and an all-interfaces bind advertises loopback).
+    cfg = _load(server={"listeners": "PLAINTEXT://0.0.0.0:0"})
+    assert cfg.advertised_endpoints({"PLAINTEXT": 4321}) == {"PLAINTEXT": ("127.0.0.1", 4321)}
+
+
+def test_listener_names_through_the_security_protocol_map():
+    cfg = _load(server={"listeners": "CLIENT://:9092,INTERNAL://127.0.0.1:9093",
+                        "listener_security_protocol_map": "CLIENT:SASL_PLAINTEXT,INTERNAL:PLAINTEXT"})
+    assert [(x.name, x.protocol) for x in cfg.listeners] == [("CLIENT", "SASL_PLAINTEXT"),
+                                                           ("INTERNAL", "PLAINTEXT")]
+
+
+@pytest.mark.parametrize("server, match", [
+    ({"listen": "127.0.0.1:9092", "listeners": "PLAINTEXT://:9093"},
+     r"^config: server\.listen, server\.listeners: set one of them"),
+    ({"listeners": "PLAINTEXT://:9092,PLAINTEXT://:9093"}, r"server\.listeners: listener name PLAINTEXT appears twice"),
+    ({"listeners": "PLAINTEXT://:9092,SSL://:9092"}, r"server\.listeners: two listeners on the same port"),
+    ({"listeners": "HTTP://:80"}, r"server\.listeners: HTTP://:80: listener name HTTP is neither"),
+    ({"listeners": "PLAINTEXT:9092"}, r"server\.listeners: expected NAME://HOST:PORT"),
+    ({"listeners": "PLAINTEXT://:9092", "advertised_listeners": "SSL://h:1"},
+     r"server\.advertised_listeners: SSL is not a listener"),
+    ({"listeners": "PLAINTEXT://:9092", "advertised_listeners": "PLAINTEXT://0.0.0.0:9092"},
+     r"server\.advertised_listeners: .*advertise a host"),
+    ({"listeners": "PLAINTEXT://:9092,SASL_PLAINTEXT://:9093", "advertised_listener": "h:1"},
+     r"server\.advertised_listener: one address for several listeners"),
+    ({"listener_security_protocol_map": "X:TLS"}, r"server\.listener_security_protocol_map: X: unknown"),
+])
+def test_bad_listener_settings_are_refused_naming_the_keys(server, match):
+    with pytest.raises(ConfigError, match=match):
+        _load(server=server)
+
+
+def test_tls_listener_needs_certificate_and_key():
+    with pytest.raises(ConfigError, match=r"^config: tls\.cert_file: required by the SASL_SSL listener"):
+        _load(server={"listeners": "SASL_SSL://:9093"})
+    with pytest.raises(ConfigError, match=r"^config: tls\.ca_file: required when tls\.client_auth"):
+        _load(tls={"client_auth": "required"})
+    with pytest.raises(ConfigError, match=r"tls\.client_auth"):
+        _load(tls={"client_auth": "sometimes"})
+    with pytest.raises(ConfigError, match=r"tls\.min_version"):
+        _load(tls={"min_version": "TLSv1.0"})
+
+
+def test_sasl_mechanisms_and_mapping_rules_are_checked():
+    with pytest.raises(ConfigError, match=r"sasl\.mechanisms"):
+        _load(sasl={"mechanisms": ["GSSAPI"]})
+    with pytest.raises(ConfigError, match=r"^config: sasl\.mechanisms: empty"):
+        _load(server={"listeners": "SASL_PLAINTEXT://:9093"}, sasl={"mechanisms": []})
+    with pytest.raises(ConfigError, match=r"^config: tls\.principal_mapping_rules: 'RULE:x'"):
+        _load(tls={"principal_mapping_rules": ["RULE:x"]})
+
+
+def test_check_config_hides_the_key_password():
+    out = dumps_toml(_load(tls={"key_password": "s3cret"}))
+    assert "s3cret" not in out and 'key_password = "[hidden]"' in out
+    assert 'mechanisms = ["SCRAM-SHA-256", "SCRAM-SHA-512"]' in out
+
+
+def test_listen_and_listeners_from_the_environment_name_both_variables():
+    env = {"APPLIANCE_SERVER__LISTEN": "0.0.0.0:9092", "APPLIANCE_SERVER__LISTENERS": "SSL://:9093"}
+    with pytest.raises(ConfigError, match=r"set one of them .*\(from environment "
+                                          r"APPLIANCE_SERVER__LISTEN, APPLIANCE_SERVER__LISTENERS\)$"):
+        load(None, environ=env)
+    # An empty value is "not set" (how a container image's default listen is emptied).
+    cfg = load(None, environ={**env, "APPLIANCE_SERVER__LISTEN": "",
+                              "APPLIANCE_SERVER__LISTENERS": "PLAINTEXT://:9093"})
+    assert [str(x) for x in cfg.listeners] == ["PLAINTEXT://:9093"]
+
+
+def test_metrics_listen_must_differ_from_every_listener():
+    with pytest.raises(ConfigError, match="metrics.listen: must differ from the listener "
+                                          "SASL_SSL://127.0.0.1:9093"):
+        load(None, overrides={"server": {"listeners": "PLAINTEXT://127.0.0.1:9092,"
+                                                      "SASL_SSL://127.0.0.1:9093"},
+                              "tls": {"cert_file": "c.pem", "key_file": "k.pem"},
+                              "metrics": {"listen": "127.0.0.1:9093"}})
+    with pytest.raises(ConfigError, match="metrics.listen: must differ from the listener "
+                                          "PLAINTEXT://127.0.0.1:9092"):
+        load(None, overrides={"metrics": {"listen": "127.0.0.1:9092"}})
+    cfg = load(None, overrides={"server": {"listen": "127.0.0.1:0"},
+                                "metrics": {"listen": "127.0.0.1:0"}})   # two ephemeral ports
+    assert cfg.metrics.listen == "127.0.0.1:0"

@@ -15,6 +15,8 @@ import pytest
 
 from appliance.api import REGISTRY, Api, CloseConnection, load_handlers
 from appliance.config import Config
+from appliance.listeners import Listener
+from appliance.runtime import BoundListener
 from shm.metrics import MetricsTable
 from workers.frontend.connection import KafkaConnection
 from workers.frontend.metrics import FrontendMetrics
@@ -61,9 +63,14 @@ class Transport:
 
 class Broker:
     cfg = Config()
+    endpoints = {"PLAINTEXT": ("127.0.0.1", 9092), "SASL_PLAINTEXT": ("127.0.0.1", 9093)}
+    users: dict = {}
 
     def next_fetcher(self) -> int:
         return 0
+
+    def scram_credentials(self, user):
+        return self.users.get(user)
 
 
 class Server:
@@ -72,8 +79,15 @@ class Server:
         self.connections: set = set()
         self.draining = False
         self.api_ranges = {}
+        self.principal_rules = []
         self.table = MetricsTable.anonymous(256)
         self.counters = FrontendMetrics(self.table)
+
+    def connection_closed(self, conn) -> None:
+        self.connections.discard(conn)
+
+
+PLAINTEXT = BoundListener(Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092), -1, 9092)
 
 
 def feed(conn: KafkaConnection, data: bytes) -> None:
@@ -107,8 +121,8 @@ def handler():
     REGISTRY[TEST_KEY] = saved
 
 
-def connect() -> tuple[KafkaConnection, Transport]:
-    conn = KafkaConnection(Server())
+def connect(bound: BoundListener = PLAINTEXT) -> tuple[KafkaConnection, Transport]:
+    conn = KafkaConnection(Server(), bound)
     t = Transport()
     conn.connection_made(t)
     return conn, t
@@ -178,3 +192,26 @@ def test_close_connection_result_closes_after_earlier_answers(handler):
     conn, t = connect()
     feed(conn, frame(1) + frame(2) + frame(3))
     assert t.answers() == [1] and t.closed and not t.aborted
+
+
+def test_a_pipeline_abandoned_before_its_handlers_ran_leaves_no_unawaited_coroutine(handler):
+    """Regression (frame fuzzer, abandoned pipelines): the connection was lost while the tasks of
+    its pipelined requests had not yet run once; cancelling them left each handler's coroutine
+    un-awaited ("RuntimeWarning: coroutine 'handle' was never awaited", an error here)."""
+    import gc
+
+    async def slow(ctx, req):
+        await asyncio.sleep(10)
+        return b""
+    handler(slow)
+
+    async def scenario():
+        conn, t = connect()
+        feed(conn, frame(1) + frame(2) + frame(3))
+        assert len(conn.tasks) == 3
+        conn.connection_lost(ConnectionResetError())     # before the loop ran any of them
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert not conn.tasks
+    asyncio.run(scenario())
+    gc.collect()

@@ -18,8 +18,8 @@ from appliance import catalog as cat
 from appliance.errors import ErrorCode
 from appliance.metrics import CATALOG, COORDINATOR_SNAPSHOT, Histogram, key, parse_key
 from appliance.metrics.collector import Collector, NotRunning, render
-from appliance.runtime import (HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY,
-                               SUPERVISOR, WORKER_PAGE_FIELDS, writer_name)
+from appliance.runtime import (FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY,
+                               SUPERVISOR, writer_name)
 from shm.heartbeat import HeartbeatTable
 from shm.metrics import MetricsTable
 from shm.statepage import StatePage
@@ -125,6 +125,18 @@ def test_frontend_metrics_count_requests_errors_and_topics():
     assert got["kafka_server_socket_server_metrics_connection_count|listener=PLAINTEXT"] == 1
 
 
+def test_frontend_metrics_count_connections_per_listener():
+    t = MetricsTable.anonymous(64)
+    fm = FrontendMetrics(t, ["PLAINTEXT", "SASL_SSL"])
+    fm.connections(1, "SASL_SSL")
+    fm.connections(1, "SASL_SSL")
+    fm.connections(-1, "SASL_SSL")
+    got = dict(t.items())
+    assert got["kafka_server_socket_server_metrics_connection_count|listener=SASL_SSL"] == 1
+    # Every listener's series exists from the start, at 0.
+    assert got["kafka_server_socket_server_metrics_connection_count|listener=PLAINTEXT"] == 0
+
+
 # -- the collector --------------------------------------------------------------------------------
 
 TOPIC_ID = bytes(range(16))
@@ -153,7 +165,7 @@ def run_dir(tmp_path):
         page.publish(generation=1, status=READY, pid=os.getpid(), high_watermark=120,
                      last_stable_offset=100, log_start_offset=10)
     for fe in ("fe0", "fe1"):
-        with StatePage.create(topo.page_path(fe), WORKER_PAGE_FIELDS) as page:
+        with StatePage.create(topo.page_path(fe), FRONTEND_PAGE_FIELDS) as page:
             page.publish(generation=1, status=READY, pid=os.getpid())
     hb.beat(0)
     hb.beat(1)

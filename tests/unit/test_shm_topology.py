@@ -234,3 +234,43 @@ def test_outbox_flush_rings_a_waiting_consumer_once(tmp_path, closing):
         box.post(b"x%d" % i)
     box.flush()
     assert inbox.drain() == 1
+
+
+def test_record_larger_than_the_ring_is_spilled_in_order(tmp_path, closing):
+    """Regression: a record over the ring's max_payload (a 2 MiB JoinGroup, a JoinGroup answer
+    with every member's subscription) raised ValueError in the sender; it now travels through a
+    spill file, in order with the records around it, and the file is removed once read."""
+    from appliance import ipc
+    from appliance.group.messages import HeartbeatRequest
+    from shm.topology import SPILLED, unspill
+
+    topo = Topology(str(tmp_path))
+    topo.create_ring("fe0", "co", 4096).close()
+    box = Outbox(topo, "fe0", "co", closing(BellSender()))
+    ring = topo.open_ring("fe0", "co")
+    big = ipc.encode(7, HeartbeatRequest("g" * 10_000, 1, "m", None))
+    assert len(big) > ring.max_payload
+    box.post(b"first")
+    box.post(big)
+    box.post(b"last")
+    assert ring.get() == b"first"
+    ref = ring.get()
+    assert ref[0] == SPILLED and len(ref) < 200
+    path = bytes(ref[1:]).decode()
+    assert os.path.exists(path)
+    assert ipc.decode(ref) == (7, HeartbeatRequest("g" * 10_000, 1, "m", None))
+    assert not os.path.exists(path)
+    assert ring.get() == b"last"
+    # Behind a queue (the ring full), the big record is spilled too, still in order.
+    while box.post(b"x" * 100) != -1:
+        pass
+    box.post(big)
+    assert box.queued[-1][0][0] == SPILLED
+    got = []
+    while len(got) == 0 or got[-1][0] != SPILLED:
+        while (r := ring.get()) is not None:
+            got.append(r)
+        box.flush()
+    assert ipc.decode(got[-1])[0] == 7 and unspill is not None
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("spill.")]
+    topo.close()

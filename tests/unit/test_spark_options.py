@@ -3,6 +3,8 @@ Spark is not started)."""
 
 import pytest
 
+from appliance.client.config import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
+from appliance.client.security import Security
 from appliance.spark.options import (EARLIEST, LATEST, OptionError, TopicSelector, client_config,
                                      from_json_offsets, offsets_spec, to_json_offsets)
 from appliance.spark.reader import _rate_limit, source_schema
@@ -13,7 +15,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, Str
 
 def test_kafka_options_become_client_config_with_types_and_unknown_keys_ignored():
     cfg = client_config({"kafka.bootstrap.servers": "h:1", "kafka.linger.ms": "20",
-                         "kafka.compression.type": "zstd", "kafka.security.protocol": "SSL",
+                         "kafka.compression.type": "zstd", "kafka.max.poll.records": "5",
                          "subscribe": "t"}, "producer")
     assert cfg == {"bootstrap_servers": "h:1", "linger_ms": 20, "compression_type": "zstd"}
     assert client_config({"KAFKA.BOOTSTRAP.SERVERS": "h:1", "kafka.isolation.level": "read_uncommitted"},
@@ -91,3 +93,33 @@ def test_query_key_is_read_back_from_transactional_ids():
     msgs = [None, PreparedTask("spark-0f-3a-9", 1, ":", 0)]
     assert _query_key("spark", msgs) == "0f-3a"
     assert _query_key("spark", [None]) is None
+
+
+def test_security_options_pass_through_as_spark_kafka_connector_takes_them():
+    jaas = ('org.apache.kafka.common.security.scram.ScramLoginModule required '
+            'username="alice" password="s3c\\"ret";')
+    opts = {"kafka.bootstrap.servers": "h:9093", "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.jaas.config": jaas,
+            "kafka.ssl.truststore.location": "/etc/ca.pem", "kafka.ssl.truststore.type": "PEM"}
+    cfg = client_config(opts, "consumer")
+    assert cfg["security_protocol"] == "SASL_SSL" and cfg["ssl_cafile"] == "/etc/ca.pem"
+    sec = Security.from_config({**CONSUMER_DEFAULTS, **cfg})
+    assert (sec.protocol, sec.sasl_mechanism, sec.sasl_username, sec.sasl_password) == \
+        ("SASL_SSL", "SCRAM-SHA-512", "alice", 's3c"ret')
+    plain = client_config({**opts, "kafka.sasl.mechanism": "PLAIN", "kafka.sasl.jaas.config":
+                           'org.apache.kafka.common.security.plain.PlainLoginModule required '
+                           "username='bob' password=pw;"}, "producer")
+    sec = Security.from_config({**PRODUCER_DEFAULTS, **plain})
+    assert (sec.sasl_mechanism, sec.sasl_username, sec.sasl_password) == ("PLAIN", "bob", "pw")
+
+
+def test_bad_security_options_fail_on_the_driver():
+    base = {"kafka.bootstrap.servers": "h:9093", "kafka.security.protocol": "SASL_SSL"}
+    with pytest.raises(OptionError, match="sasl_mechanism is required"):
+        client_config(base, "consumer")
+    with pytest.raises(OptionError, match="only PEM"):
+        client_config({"kafka.bootstrap.servers": "h:1", "kafka.ssl.truststore.type": "JKS"},
+                      "consumer")
+    with pytest.raises(OptionError, match="Krb5LoginModule is not supported"):
+        client_config({**base, "kafka.sasl.mechanism": "PLAIN", "kafka.sasl.jaas.config":
+                       "com.sun.security.auth.module.Krb5LoginModule required;"}, "consumer")

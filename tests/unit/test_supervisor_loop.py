@@ -252,6 +252,19 @@ def test_a_reload_publishes_the_new_configuration_and_runs_the_hooks(sup, notify
     assert ctx.config is sup.cfg and ctx.config_version == 1
 
 
+def test_reload_hooks_run_before_the_version_the_workers_follow_moves(sup, notify):
+    """What a hook publishes for the workers (re-read certificates, appliance.security) must be
+    in place when a worker sees the new config_version and runs its reload."""
+    from shm.metrics import MetricsTable
+    sup.metrics = MetricsTable.anonymous(64)
+    sup.source = lambda: sup.cfg
+    seen = []
+    sup.reload_hooks.append(lambda old, cfg: seen.append(sup.page.read().config_version))
+    sup.store = SimpleNamespace(catalog=Catalog())
+    sup.reload()
+    assert seen == [0] and sup.page.read().config_version == 1
+
+
 def test_recovery_reports_partitions_ready_bytes_and_an_estimate(sup, notify, caplog, tmp_path):
     from appliance.catalog import TopicInfo, partition_dir
     from appliance.metrics import key

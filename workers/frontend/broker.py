@@ -22,10 +22,14 @@ import logging
 import os
 
 from appliance import ipc
+from appliance.acl.authorizer import Authorizer
+from appliance.acl.store import PUBLISHED_FILE as ACL_PUBLISHED_FILE, AclView
 from appliance.catalog import Catalog, TopicInfo
 from appliance.errors import ErrorCode
 from appliance.ipc import ProduceResult
 from appliance.log.reader import SegmentViews
+from appliance.security import credentials
+from appliance.security.credentials import CredentialsView
 from appliance.runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS,
                                SUPERVISOR, WORKER_PAGE_FIELDS, writer_name)
 from shm.doorbell import BellSender
@@ -101,7 +105,12 @@ class Broker:
         self.produce_owner: dict[int, WriterChannel] = {}
         self._ids = itertools.count((ctx.generation & 0xFFFFFF) << 40 | 1)
         self._rr = itertools.count()
-        self.advertised = ctx.config.advertised(ctx.bound_port)
+        # Each listener's advertised (host, port); a connection answers with its listener's.
+        self.endpoints = ctx.config.advertised_endpoints(
+            {b.listener.name: b.port for b in ctx.listeners})
+        self.advertised = next(iter(self.endpoints.values()))   # the first listener's
+        self.credentials = CredentialsView(self.topo.file_path(credentials.PUBLISHED_FILE),
+                                           lambda: worker.sup_page.read().credentials_version)
         self.node_id = ctx.config.server.node_id
         self.cluster_id = read_cluster_id(ctx.data_dir)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -109,6 +118,10 @@ class Broker:
         self.segment_views = SegmentViews()
         self._topic_names: dict[bytes, str] = {}
         self._next_sweep = 0.0
+        # The ACLs the supervisor published (appliance.acl): checked by every handler through
+        # RequestContext.authorize, without a round trip.
+        self.authorizer = Authorizer.from_config(
+            ctx.config.authorizer, AclView(self.topo.file_path(ACL_PUBLISHED_FILE), worker.sup_page))
 
     # -- wiring into the event loop -------------------------------------------------------------
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -253,14 +266,25 @@ class Broker:
             return fut
         req_id = next(self._ids)
         gen = ch.page.read().generation
+        header = ipc.produce_header(acks, gen, req_id, len(batch), version, transactional_id)
+        if len(header) + len(batch) > ch.ring.max_payload:
+            # A topic's max.message.bytes may allow more than the produce ring carries (it is
+            # sized for the broker's message_max_bytes): refused like a batch over the limit.
+            fut = self.loop.create_future()
+            fut.set_result(ProduceResult(int(ErrorCode.message_too_large), error_message=(
+                f"a batch of {len(batch)} bytes is more than this broker's produce ring carries "
+                f"({ch.ring.max_payload} bytes, shm.produce_ring_bytes / 2)")))
+            return fut
+        ch.send(header, batch)
         fut = None
         if acks != 0:
+            # Registered after the send: a send that raises leaves no future behind to expire
+            # unawaited (asyncio's "Future exception was never retrieved").
             fut = self._future(req_id, timeout_s,
                                ProduceResult(int(ErrorCode.request_timed_out),
                                              error_message="the partition writer did not answer in time"))
             ch.inflight[req_id] = gen
             self.produce_owner[req_id] = ch
-        ch.send(ipc.produce_header(acks, gen, req_id, len(batch), version, transactional_id), batch)
         return fut
 
     async def call(self, ch: WorkerChannel, req: ipc.Request, timeout_s: float,
@@ -269,9 +293,11 @@ class Broker:
         worker's generation changes under the request: ``req.error_reply(on_timeout)``, or
         without ``on_timeout`` TimeoutError (WorkerRestarted, a TimeoutError, for the restart)."""
         req_id = next(self._ids)
+        ch.send(ipc.encode(req_id, req))
+        # After the send (the answer cannot come before we await): a send that raises must not
+        # leave a future behind that expires with nobody awaiting it.
         fut = self._future(req_id, timeout_s, None)
         ch.inflight[req_id] = ch.generation()
-        ch.send(ipc.encode(req_id, req))
         try:
             return await fut
         except TimeoutError:
@@ -319,9 +345,14 @@ class Broker:
 
     async def call_supervisor(self, req: ipc.Request, timeout_s: float) -> ipc.Message:
         req_id = next(self._ids)
-        fut = self._future(req_id, timeout_s, None)
         self.supervisor.send(ipc.encode(req_id, req))
+        fut = self._future(req_id, timeout_s, None)
         return await fut
+
+    def scram_credentials(self, user: str):
+        """The SCRAM credentials of ``user`` by mechanism (None: no such user), as the
+        supervisor last published them."""
+        return self.credentials.get().get(user)
 
     def next_fetcher(self) -> int:
         return next(self._rr)

@@ -1,7 +1,7 @@
 """One client connection: framing, dispatch to API handlers, responses in request order.
 
 Runs inside a frontend process (asyncio, single thread). Owns the connection's socket transport,
-its frame decoder and its queue of responses. Kafka answers the requests of one connection in the
+its receive buffer and its queue of responses. Kafka answers the requests of one connection in the
 order they came, so every request takes a slot in ``self.slots`` when it arrives and responses
 leave only from the head of that queue, whatever order handlers finish in.
 
@@ -14,27 +14,51 @@ at the bad frame, the answers queued ahead of it still leave, then the socket is
 answers of requests pipelined behind it are dropped (the client fails them on the closed
 connection). ApiVersions of an unknown version is answered (v0 layout, UNSUPPORTED_VERSION, our
 ranges).
+
+Receiving: an ``asyncio.BufferedProtocol`` (the plain and the SSL transports alike): the socket,
+or the TLS layer, reads straight into the connection's ``frames.FrameBuffer``, and each complete
+frame is a view of that buffer, valid until the next read. A Produce request is parsed by hand
+(``appliance.protocol.produce_request``) so that its record batches stay views until the writer's
+ring (``appliance.api.produce`` sends them, or copies them, before the next read); every other
+request is decoded from a copy of its frame, since kio's entities may keep views of their input.
+
+Authentication, by the security protocol of the connection's listener (``listener``: Kafka's
+listener name; ``security_protocol``; ``endpoint``: the ``appliance.listeners.Listener``): on
+PLAINTEXT and SSL without a client certificate the principal is ``User:ANONYMOUS``; SSL with a
+verified client certificate takes the certificate's subject (``appliance.security.principal``);
+on SASL_PLAINTEXT and SASL_SSL the connection's ``SaslServerAuthenticator``
+(``appliance.security.sasl``) gates every frame until authentication completes, as Kafka's
+SaslServerAuthenticator does: only ApiVersions, SaslHandshake and SaslAuthenticate are served
+(any other request in the handshake states closes the connection unanswered; in the
+authenticate state it gets its error response with ILLEGAL_SASL_STATE), frames are limited to
+512 KiB, the raw tokens of the SaslHandshake v0 flow are handed to the authenticator directly,
+and a failed authentication is answered (or not) after
+``server.connection_failed_authentication_delay_ms``, then the connection is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import logging
+import struct
 import time
 from typing import Any
 
-from appliance.api import REGISTRY, CloseConnection, RequestContext, encode_body
-from appliance.errors import KafkaError, ProtocolViolation
+from appliance.api import REGISTRY, CloseConnection, FailAuthentication, RequestContext, encode_body
+from appliance.errors import ErrorCode, KafkaError, ProtocolViolation
 from appliance.protocol import frames, messages
 from appliance.protocol.produce_request import parse_produce_request
+from appliance.security.principal import ANONYMOUS, NoMatchingRule, ssl_principal
+from appliance.security.sasl import MAX_RECEIVE_SIZE, SaslFailure, SaslServerAuthenticator
 from workers.frontend.metrics import error_counts
 
 log = logging.getLogger("appliance.connection")
 
 API_VERSIONS_KEY = 18
 PRODUCE_KEY = 0
-ANONYMOUS = "User:ANONYMOUS"   # Kafka's principal of an unauthenticated connection
+_SIZE = struct.Struct(">i")
 MAX_INFLIGHT = 64          # pause reading beyond this many unanswered requests on one connection
 RESUME_INFLIGHT = 16
 
@@ -53,12 +77,22 @@ class _Slot:
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
-    def __init__(self, server: "Frontend") -> None:
+    def __init__(self, server: "Frontend", bound) -> None:
         self.server = server
         self.broker = server.broker
         self.transport: asyncio.Transport | None = None
+        self.endpoint = bound.listener                 # the Listener (appliance.listeners)
+        self.listener = bound.listener.name            # Kafka's listener name
+        self.security_protocol = bound.listener.protocol
+        self.advertised = server.broker.endpoints[bound.listener.name]
+        self.sasl: SaslServerAuthenticator | None = None
+        max_frame = server.broker.cfg.server.socket_request_max_bytes
+        if self.endpoint.sasl:
+            self.sasl = SaslServerAuthenticator(server.broker.cfg.sasl.mechanisms,
+                                                server.broker.scram_credentials)
+            max_frame = min(max_frame, MAX_RECEIVE_SIZE)
         # The socket reads straight into it; frames are views of it until the next read.
-        self.decoder = frames.FrameBuffer(server.broker.cfg.server.socket_request_max_bytes)
+        self.decoder = frames.FrameBuffer(max_frame)
         self.slots: collections.deque[_Slot] = collections.deque()
         self.paused = False
         self.closed = False
@@ -66,9 +100,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.peer = "?"
         self.host = "?"
         self.principal = ANONYMOUS
+        self.auth_failed = False
         self.last_active = time.monotonic()
         self.fetcher = server.broker.next_fetcher()
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: dict[asyncio.Task, Any] = {}      # handler task -> the handler's coroutine
+        self.produce_order: asyncio.Future | None = None   # appliance.api.produce keeps the order
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -78,17 +114,28 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.host = peer[0]
             self.peer = f"{peer[0]}:{peer[1]}"
         self.server.connections.add(self)
-        self.server.counters.connections(1)
+        self.server.counters.connections(1, self.listener)
         if self.server.draining:
             self.transport.close()
+            return
+        if self.endpoint.tls and not self.endpoint.sasl:
+            try:
+                self.principal = ssl_principal(transport.get_extra_info("ssl_object"),
+                                               self.server.principal_rules)
+            except NoMatchingRule as e:
+                # Kafka fails the SSL authentication: the connection is closed.
+                self._abort(f"SSL authentication failed: {e}")
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        if self in self.server.connections:
-            self.server.connections.discard(self)
-            self.server.counters.connections(-1)
-        for t in self.tasks:
+        self.server.connection_closed(self)     # forgets it, frees its quota, counts it
+        for t, coro in list(self.tasks.items()):
             t.cancel()
+            # A task cancelled before its first step never runs _run, so the handler's coroutine
+            # would be collected un-awaited ("coroutine 'handle' was never awaited", found by
+            # the frame fuzzer on abandoned pipelines): close it.
+            if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                coro.close()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer()
@@ -105,7 +152,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if self.decoder.error is not None:     # a bad frame after good ones in this read
                 raise self.decoder.error
         except ProtocolViolation as e:
-            self._close_after(None, str(e))
+            if self.sasl is not None and not self.sasl.complete:
+                # Kafka: "Failing SASL authentication due to invalid receive size" (and any
+                # other bad frame before authentication) fails the authentication.
+                self._fail_authentication(None, None, str(e))
+            else:
+                self._close_after(None, str(e))
         except Exception:
             # A bug in a handler must cost this connection, never the frontend process.
             log.exception("request from %s failed", self.peer)
@@ -137,7 +189,102 @@ class KafkaConnection(asyncio.BufferedProtocol):
         slot.done = slot.last = True
         self._flush()
 
+    # -- authentication -------------------------------------------------------------------------------
+    def _fail_authentication(self, slot: _Slot | None, response: Any, why: str) -> None:
+        """Stop reading; after Kafka's delay send ``response`` (if any) as the answer of
+        ``slot``, then close."""
+        if self.closed or self.auth_failed:
+            return
+        self.auth_failed = True
+        log.info("failed authentication with %s on %s: %s", self.peer, self.endpoint, why)
+        if self.sasl is not None and not self.sasl.complete:
+            self.sasl.state = self.sasl.state.FAILED
+        self.closing = True
+        if self.transport is not None and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+        if slot is None:
+            slot = _Slot(None)
+            self.slots.append(slot)
+
+        def answer() -> None:
+            if self.closed:
+                return
+            slot.parts = None
+            if response is not None and slot.header is not None:
+                try:
+                    slot.parts = self._encode(slot.header, response)
+                except Exception:
+                    log.exception("encoding the authentication failure for %s failed", self.peer)
+            if slot.api:        # a SaslAuthenticate answered with its failure counts as one
+                self.server.counters.request(slot.api, slot.started,
+                                             error_counts(response) if response is not None else None)
+            slot.done = slot.last = True
+            self._flush()
+
+        delay = self.broker.cfg.server.connection_failed_authentication_delay_ms / 1000
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, answer)
+        else:
+            answer()
+
+    def authenticated(self, principal: str) -> None:
+        """SASL completed: the connection is ``principal``'s and takes any request of any size."""
+        self.principal = principal
+        self.decoder.max_frame_bytes = self.broker.cfg.server.socket_request_max_bytes
+        self.decoder.min_frame_bytes = frames.REQUEST_HEADER_MIN_BYTES
+        log.debug("%s authenticated as %s on %s", self.peer, principal, self.endpoint)
+
+    def expect_raw_tokens(self) -> None:
+        """After SaslHandshake v0: the next frames are bare SASL tokens, which may be shorter
+        than a request header (a PLAIN token of a one-letter user and password)."""
+        self.decoder.min_frame_bytes = 0
+
+    def _on_raw_token(self, frame) -> None:
+        """A SASL token of the SaslHandshake v0 flow: no request header; the answer is the
+        server's token, size-prefixed, with no header either (nothing when there is none)."""
+        try:
+            token = self.sasl.evaluate(bytes(frame))
+        except SaslFailure as e:
+            self._fail_authentication(None, None, str(e))
+            return
+        slot = _Slot(None)
+        slot.parts = [_SIZE.pack(len(token)), token]
+        slot.done = True
+        self.slots.append(slot)
+        if self.sasl.complete:
+            self.authenticated(self.sasl.principal)
+        self._flush()
+
+    def _before_authentication(self, frame) -> bool:
+        """Gate a frame of a SASL connection that has not authenticated; True when it was dealt
+        with here (refused, or a raw token), False to serve it normally."""
+        auth = self.sasl
+        if auth.raw and auth.state is auth.state.AUTHENTICATE:
+            self._on_raw_token(frame)
+            return True
+        header, body_offset = frames.parse_request_header(frame)
+        if not auth.refuses(header.api_key):
+            return False
+        what = f"unexpected request (api key {header.api_key}) during SASL {auth.state.name}"
+        api = REGISTRY.get(header.api_key)
+        slot = _Slot(header)
+        if (auth.state is auth.state.AUTHENTICATE and api is not None and api.error_response
+                and api.min_version <= header.api_version <= api.max_version):
+            # Kafka answers it with its error response (ILLEGAL_SASL_STATE), then closes.
+            request = messages.decode_request(header.api_key, header.api_version, bytes(frame),
+                                              body_offset)
+            self.slots.append(slot)
+            self._fail_authentication(slot, api.error_response(
+                header.api_version, request, KafkaError(ErrorCode.illegal_sasl_state, what)), what)
+        else:
+            self._fail_authentication(None, None, what)
+        return True
+
+    # -- dispatch ---------------------------------------------------------------------------------
     def _on_frame(self, frame) -> None:
+        if self.sasl is not None and not self.sasl.complete and self._before_authentication(frame):
+            return
         header, body_offset = frames.parse_request_header(frame)
         api = REGISTRY.get(header.api_key)
         if api is None:
@@ -155,7 +302,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         if header.api_key == PRODUCE_KEY:
             # Record batches stay views of the receive buffer (no copy before the ring's); the
-            # handler hands them to the writers before it returns (appliance/api/produce.py).
+            # handler hands them to the writers before it returns, or copies them before it
+            # gives the event loop back (appliance/api/produce.py).
             request = parse_produce_request(frame, body_offset, header.api_version)
         else:
             # kio's entities may keep views of what they decode: give them their own copy.
@@ -174,13 +322,18 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         if asyncio.iscoroutine(result):
             task = asyncio.ensure_future(self._run(slot, api, request, result))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self.tasks[task] = result
+            task.add_done_callback(self._task_done)
         else:
             self._complete(slot, result)
+            if header.api_key == API_VERSIONS_KEY and self.sasl is not None:
+                self.sasl.api_versions_answered()
         if len(self.slots) >= MAX_INFLIGHT and not self.paused:
             self.paused = True
             self.transport.pause_reading()
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.tasks.pop(task, None)
 
     async def _run(self, slot: _Slot, api, request, coro) -> None:
         try:
@@ -209,6 +362,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if isinstance(result, CloseConnection):
             self._close_after(slot, result.reason)
             return
+        if isinstance(result, FailAuthentication):
+            self._fail_authentication(slot, result.response, result.reason)
+            return
         h = slot.header
         if result is None:
             slot.parts = None
@@ -218,9 +374,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if errors is None and not isinstance(result, (bytes, bytearray, memoryview, list)):
                 errors = error_counts(result)
             try:
-                body = encode_body(result)
-                slot.parts = frames.encode_response_frame(
-                    h.correlation_id, frames.response_header_version(h.api_key, h.api_version), body)
+                slot.parts = self._encode(h, result)
             except Exception:
                 # An answer we cannot encode must not leave the client waiting forever: close,
                 # as Kafka does when a response fails to serialise.
@@ -233,16 +387,22 @@ class KafkaConnection(asyncio.BufferedProtocol):
         slot.done = True
         self._flush()
 
+    @staticmethod
+    def _encode(h, result) -> list:
+        return frames.encode_response_frame(
+            h.correlation_id, frames.response_header_version(h.api_key, h.api_version),
+            encode_body(result))
+
     def _flush(self) -> None:
         out = []
         last = False
         while self.slots and self.slots[0].done:
             slot = self.slots.popleft()
+            if slot.parts is not None:          # a last slot has parts only for an auth failure
+                out.extend(slot.parts)
             if slot.last:
                 last = True
                 break
-            if slot.parts is not None:
-                out.extend(slot.parts)
         if out and not self.closed:
             self.transport.writelines(out)
         if last:

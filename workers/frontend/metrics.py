@@ -21,7 +21,7 @@ from appliance.errors import ErrorCode
 from appliance.metrics import Histogram, key
 
 TOTAL_TIME = "kafka_network_requestmetrics_totaltimems"
-LISTENER = "PLAINTEXT"
+CONNECTION_COUNT = "kafka_server_socket_server_metrics_connection_count"
 
 
 def error_name(code: int) -> str:
@@ -32,19 +32,27 @@ def error_name(code: int) -> str:
 
 
 class FrontendMetrics:
-    def __init__(self, table) -> None:
+    def __init__(self, table, listeners: typing.Iterable[str] = ("PLAINTEXT",)) -> None:
         self.table = table
         self.values = table.values
         self._requests: dict[str, tuple[int, Histogram]] = {}
         self._errors: dict[tuple[str, int], int] = {}
         self._topics: dict[tuple[str, str], int] = {}
-        self._connections = table.slot(key("kafka_server_socket_server_metrics_connection_count",
-                                           [("listener", LISTENER)]))
-        # A restarted frontend starts with no connections.
-        self.values[self._connections] = 0
+        # Open connections per listener (Kafka's socket-server-metrics, listener=NAME).
+        self._connections: dict[str, int] = {}
+        for name in listeners:
+            # A restarted frontend starts with no connections.
+            self.values[self._connection_slot(name)] = 0
 
-    def connections(self, delta: int) -> None:
-        self.values[self._connections] += delta
+    def _connection_slot(self, listener: str) -> int:
+        slot = self._connections.get(listener)
+        if slot is None:
+            slot = self._connections[listener] = self.table.slot(
+                key(CONNECTION_COUNT, [("listener", listener)]))
+        return slot
+
+    def connections(self, delta: int, listener: str = "PLAINTEXT") -> None:
+        self.values[self._connection_slot(listener)] += delta
 
     def request(self, api: str, started_ns: int, errors: Counter | None) -> None:
         """One answered request of ``api``: its count, its time, its error codes."""

@@ -63,19 +63,47 @@ def test_pings_every_quarter_period_only_while_no_worker_is_stale(notify):
 
 def test_a_reload_applies_live_keys_and_keeps_the_others_naming_them(caplog):
     old = Config()
-    new = Config(server=ServerConfig(listen="127.0.0.1:9999", connections_max_idle_ms=5),
+    new = Config(server=ServerConfig(listen="127.0.0.1:9999", connections_max_idle_ms=5000),
                  log=LogConfig(retention_ms=1000, flush=FlushConfig(policy="batch")),
                  shm=ShmConfig(small_ring_bytes=1 << 21), topics=TopicsConfig(auto_create=False))
     with caplog.at_level(logging.INFO, "appliance.supervisor"):
         p = reload.reload_config(old, lambda: new)
     assert p.config.log.retention_ms == 1000 and p.config.log.flush.policy == "batch"
-    assert p.config.server.connections_max_idle_ms == 5 and p.config.topics.auto_create is False
+    assert p.config.server.connections_max_idle_ms == 5000 and p.config.topics.auto_create is False
     assert p.config.server.listen == old.server.listen
     assert p.config.shm.small_ring_bytes == old.shm.small_ring_bytes
     assert {k for k, _, _ in p.refused} == {"server.listen", "shm.small_ring_bytes"}
     text = caplog.text
     assert "reload: server.listen cannot change while the appliance runs" in text
     assert "reload: log.retention_ms: 604800000 -> 1000" in text
+
+
+def test_a_reload_applies_tls_and_sasl_keeps_listeners_and_hides_the_key_password(caplog):
+    from appliance.config import SaslConfig, TlsConfig
+    old = Config(server=ServerConfig(listeners="SASL_SSL://127.0.0.1:9093"),
+                 tls=TlsConfig(cert_file="/a.pem", key_file="/a.key", key_password="old-secret"))
+    new = Config(server=ServerConfig(listeners="SASL_SSL://127.0.0.1:9094",
+                                     connection_failed_authentication_delay_ms=5),
+                 tls=TlsConfig(cert_file="/b.pem", key_file="/b.key", key_password="new-secret"),
+                 sasl=SaslConfig(mechanisms=["SCRAM-SHA-512"]))
+    with caplog.at_level(logging.INFO, "appliance.supervisor"):
+        p = reload.reload_config(old, lambda: new)
+    assert p.config.tls == new.tls and p.config.sasl.mechanisms == ["SCRAM-SHA-512"]
+    assert p.config.server.connection_failed_authentication_delay_ms == 5
+    assert p.config.server.listeners == old.server.listeners
+    assert {k for k, _, _ in p.refused} == {"server.listeners"}
+    assert "reload: tls.key_password: '[hidden]' -> '[hidden]'" in caplog.text
+    assert "secret" not in caplog.text
+
+
+def test_a_reload_whose_result_is_inconsistent_changes_nothing(caplog):
+    from appliance.config import TlsConfig
+    old = Config(server=ServerConfig(listeners="SSL://127.0.0.1:9093"),
+                 tls=TlsConfig(cert_file="/a.pem", key_file="/a.key"))
+    new = Config(server=ServerConfig(listeners="SSL://127.0.0.1:9093"), tls=TlsConfig())
+    with caplog.at_level(logging.INFO, "appliance.supervisor"):
+        assert reload.reload_config(old, lambda: new) is None
+    assert "reload refused" in caplog.text and "tls.cert_file: required by the SSL listener" in caplog.text
 
 
 def test_every_key_is_either_live_or_has_a_reason_to_need_a_restart():
