@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -331,6 +332,10 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         ctx = self._context(spec)
         pid = self.fork()
         if pid == 0:  # child
+            # Everything inherited goes to the collector's permanent generation (a splice of its
+            # lists, touching no object): the child's collections then never walk the parent's
+            # objects, whose GC headers they would write, copying every page that holds one.
+            gc.freeze()
             code = 1
             try:
                 child_reset_signals()

@@ -20,6 +20,12 @@ each topic needs Write (one check per topic, not per batch), else its partitions
 TOPIC_AUTHORIZATION_FAILED, before any other check, so that an unauthorized client learns
 nothing about the topic. An idempotent producer needs nothing more here: Kafka 3.x checks
 IdempotentWrite (or Write on some topic) at InitProducerId only.
+
+The request comes from ``appliance.protocol.produce_request``: its batches are views of the
+connection's receive buffer, never copied before the writer's ring. They are valid only until the
+connection reads again, so a request is sent before ``handle`` returns unless it could give the
+event loop back (pacing of a request of many partitions, or waiting for an earlier request of the
+connection to be sent): such a request copies its batches first.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from appliance.api import CloseConnection, handles
 from appliance.catalog import INTERNAL_TOPICS
 from appliance.errors import ErrorCode, KafkaError
 from appliance.ipc import ProduceResult
+from appliance.protocol.produce_request import PartitionData, ProduceRequestView, TopicData
 from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
 from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValidationError,
                                                 validate_records)
@@ -108,12 +115,64 @@ def _validate_records(cfg, configs, topic: str, pd, header, max_bytes: int, now_
 
 
 @handles(0, "Produce", 3, 12)
-async def handle(ctx, req):
+def handle(ctx, req):
+    """The batches may be views of the connection's receive buffer, which is reused once the
+    frame's read is handled (``appliance.protocol.produce_request``). So a request that cannot
+    give the event loop back (fewer than YIELD_EVERY partitions, no earlier request of the
+    connection still unsent) is validated and handed to its writers here, before returning; it
+    returns the answer, or a coroutine that awaits the writers' acks holding no batch. Any other
+    request owns a copy of its batches first, then takes the same steps in a coroutine."""
+    order = _SendOrder(ctx.connection)
+    if order.waits() or _partition_count(req) >= YIELD_EVERY:
+        # Later requests of the connection must wait for this one from now on, not from the
+        # coroutine's first step: they could otherwise be sent first, synchronously.
+        order.yielding()
+        return _handle_later(ctx, _owned(req), order)
+    return _answer(ctx, req.acks, *_now(_send(ctx, req, order)))
+
+
+async def _handle_later(ctx, req, order: "_SendOrder"):
+    result = _answer(ctx, req.acks, *await _send(ctx, req, order))
+    if asyncio.iscoroutine(result):
+        result = await result
+    return result
+
+
+def _now(coro):
+    """Run to its end, here, a coroutine that cannot suspend (``handle`` made sure of it)."""
+    try:
+        coro.send(None)
+    except StopIteration as e:
+        return e.value
+    coro.close()
+    raise RuntimeError("the produce path gave the event loop back while holding views of the "
+                       "receive buffer")
+
+
+def _partition_count(req) -> int:
+    return sum(len(td.partition_data) for td in req.topic_data)
+
+
+def _owned(req):
+    """``req`` with every batch that is a view copied into its own bytes."""
+    topics = []
+    for td in req.topic_data:
+        topics.append(TopicData(td.name, [
+            PartitionData(pd.index, bytes(pd.records) if type(pd.records) is memoryview
+                          else pd.records) for pd in td.partition_data]))
+    return ProduceRequestView(req.transactional_id, req.acks, req.timeout, topics)
+
+
+async def _send(ctx, req, order: "_SendOrder"):
+    """Validate every partition's batch, then hand each valid one to its writer, in the order
+    of the connection's requests. Returns (per partition: topic, index, result or future of
+    it; the per-record errors; whether any partition failed)."""
     broker = ctx.broker
     acks = req.acks
     timeout_s = max(req.timeout.total_seconds(), 0.001) if req.timeout is not None else 30.0
     txn_id = req.transactional_id
-    order = _SendOrder(ctx.connection)
+    pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
+    any_error = False
     try:
         # Validate every partition's batch first: a transactional batch anywhere in a request
         # without a transactional id fails the whole request (Kafka's handleProduceRequest).
@@ -121,8 +180,6 @@ async def handle(ctx, req):
         await order.my_turn()
         refuse_txn = transactional and (
             not txn_id or (authorize is not None and not authorize(WRITE, TRANSACTIONAL_ID, txn_id)))
-        pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
-        any_error = False
         pace = _Pace(order)
         for name, info, pd, what in checked:
             if pace.due():
@@ -140,13 +197,27 @@ async def handle(ctx, req):
             pending.append((name, pd.index, res))
     finally:
         order.sent()
-    catalog = broker.catalog
+    return pending, record_errors, any_error
+
+
+def _answer(ctx, acks: int, pending, record_errors, any_error):
+    """The answer, or a coroutine that awaits the writers' acks and builds it."""
+    catalog = ctx.broker.catalog
     if acks == 0:
         _count(ctx, catalog, [(name, r) for name, _, r in pending if isinstance(r, ProduceResult)])
         return CloseConnection("error in a produce request with acks=0") if any_error else None
     futures = [r for _, _, r in pending if isinstance(r, asyncio.Future)]
     if futures:
-        await asyncio.gather(*futures)
+        return _answer_after(ctx, catalog, pending, record_errors, futures)
+    return _response(ctx, catalog, pending, record_errors)
+
+
+async def _answer_after(ctx, catalog, pending, record_errors, futures):
+    await asyncio.gather(*futures)
+    return _response(ctx, catalog, pending, record_errors)
+
+
+def _response(ctx, catalog, pending, record_errors):
     by_topic: dict[str, ProduceTopic] = {}
     done: list[tuple[str, ProduceResult]] = []
     for name, index, r in pending:
@@ -274,6 +345,10 @@ class _SendOrder:
     def yielding(self) -> None:
         if self.mine is None:
             self._register()
+
+    def waits(self) -> bool:
+        """Whether an earlier request of the connection is still to be sent."""
+        return self.before is not None and not self.before.done()
 
     async def my_turn(self) -> None:
         if self.before is not None and not self.before.done():
