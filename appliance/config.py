@@ -42,9 +42,11 @@ __all__ = [
     "ServerConfig",
     "LogConfig",
     "TopicsConfig",
+    "LogCleanerConfig",
     "ShmConfig",
     "SupervisorConfig",
     "TransactionsConfig",
+    "AuthorizerConfig",
     "TlsConfig",
     "SaslConfig",
     "MetricsConfig",
@@ -181,6 +183,38 @@ class FlushConfig(_Section):
         return 0 if self.policy.group_commit else 2**63 - 1
 
 
+# Kafka's log.cleaner.max.compaction.lag.ms default: Long.MAX_VALUE (never forces a cleaning).
+NEVER = 2**63 - 1
+
+
+class LogCleanerConfig(_Section):
+    # Run the log cleaner: compaction of topics whose cleanup.policy has "compact"
+    # (log.cleaner.enable). Off, compacted topics only grow (their retention still applies to
+    # "compact,delete").
+    enable: bool = True
+    # Cleaner processes (log.cleaner.threads); each partition is cleaned by one of them.
+    processes: Annotated[int, msgspec.Meta(ge=1, le=16)] = 1
+    # Bytes per second the cleaners read and write in all (log.cleaner.io.max.bytes.per.second);
+    # 0 = no limit.
+    io_max_bytes_per_second: NonNegative = 0
+    # Memory for the key -> offset maps of all cleaner processes, in bytes
+    # (log.cleaner.dedupe.buffer.size): bounds how many distinct keys one cleaning round maps.
+    dedupe_buffer_size: Annotated[int, msgspec.Meta(ge=1048576)] = 134217728
+    # How long a cleaner with nothing to clean sleeps before it looks again (log.cleaner.backoff.ms).
+    backoff_ms: Positive = 15000
+    # Topic defaults: a partition is cleaned once its dirty (not yet cleaned) bytes are more than
+    # this share of its log (log.cleaner.min.cleanable.ratio, topic min.cleanable.dirty.ratio).
+    min_cleanable_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
+    # A record stays uncompacted at least this long (log.cleaner.min.compaction.lag.ms).
+    min_compaction_lag_ms: NonNegative = 0
+    # A record is compacted at the latest this long after it was written, whatever the dirty
+    # ratio (log.cleaner.max.compaction.lag.ms); the default never forces a cleaning.
+    max_compaction_lag_ms: Positive = NEVER
+    # Tombstones (null values) and transaction markers stay this long after the cleaner first
+    # passed them (log.cleaner.delete.retention.ms, topic delete.retention.ms).
+    delete_retention_ms: NonNegative = 86400000
+
+
 class LogConfig(_Section):
     # Roll a segment at this size (Kafka's log.segment.bytes).
     segment_bytes: Annotated[int, msgspec.Meta(ge=14, le=2**31 - 1)] = 1073741824
@@ -209,7 +243,15 @@ class LogConfig(_Section):
     # max.message.bytes); beyond it produce refuses it with INVALID_RECORD, recovery truncates
     # there. Bounds the memory one small batch can make a frontend, writer or fetcher inflate.
     decompressed_batch_max_factor: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
+    # "delete" removes old segments by retention_ms / retention_bytes; "compact" keeps the last
+    # record of every key (the log cleaner) and no retention; "compact,delete" does both
+    # (log.cleanup.policy, topic cleanup.policy).
+    cleanup_policy: Literal["delete", "compact", "compact,delete", "delete,compact"] = "delete"
+    # Segment files a cleaner swap replaced stay readable (renamed *.deleted) this long, for the
+    # fetches that were answered from them (log.segment.delete.delay.ms).
+    segment_delete_delay_ms: NonNegative = 60000
     flush: FlushConfig = msgspec.field(default_factory=FlushConfig)
+    cleaner: LogCleanerConfig = msgspec.field(default_factory=LogCleanerConfig)
 
 
 class TopicsConfig(_Section):
@@ -281,6 +323,14 @@ class GroupsConfig(_Section):
     offset_metadata_max_bytes: Positive = 4096
 
 
+class AuthorizerConfig(_Section):
+    # Check every request against the ACLs (Kafka's authorizer.class.name = StandardAuthorizer);
+    # off, every client may do everything (and the ACL APIs answer SECURITY_DISABLED).
+    enable: bool = False
+    # Principals allowed everything whatever the ACLs say (super.users), e.g. ["User:admin"].
+    super_users: list[str] = msgspec.field(default_factory=list)
+    # A resource with no ACL at all is open to every principal (allow.everyone.if.no.acl.found).
+    allow_everyone_if_no_acl_found: bool = False
 TlsVersion = Literal["TLSv1.2", "TLSv1.3"]
 SaslMechanism = Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
 
@@ -327,6 +377,7 @@ class Config(_Section):
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     transactions: TransactionsConfig = msgspec.field(default_factory=TransactionsConfig)
     groups: GroupsConfig = msgspec.field(default_factory=GroupsConfig)
+    authorizer: AuthorizerConfig = msgspec.field(default_factory=AuthorizerConfig)
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
     sasl: SaslConfig = msgspec.field(default_factory=SaslConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
@@ -522,6 +573,12 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(
             "config: shm.produce_ring_bytes: must be a power of two of at least "
             f"2 * (log.message_max_bytes + 65536) = {need}: {1 << (need - 1).bit_length()} will do")
+    cl = cfg.log.cleaner
+    if cl.min_compaction_lag_ms > cl.max_compaction_lag_ms:
+        # Kafka's LogConfig refuses the same conflict for the topic configs.
+        raise ConfigError(
+            f"config: log.cleaner.min_compaction_lag_ms: must be <= log.cleaner.max_compaction_lag_ms "
+            f"({cl.min_compaction_lag_ms} > {cl.max_compaction_lag_ms})")
     # Kafka's KafkaConfig refuses the same: with a limit of 0 and no exception nobody could connect.
     if cfg.server.max_connections_per_ip == 0 and not cfg.server.max_connections_per_ip_overrides:
         raise ConfigError("config: server.max_connections_per_ip: can be 0 only if "
@@ -538,6 +595,12 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(
             f"config: groups.min_session_timeout_ms: must be <= groups.max_session_timeout_ms "
             f"({cfg.groups.min_session_timeout_ms} > {cfg.groups.max_session_timeout_ms})")
+    for principal in cfg.authorizer.super_users:
+        # Kafka compares super.users with the principal's "Type:Name" form.
+        ptype, sep, _ = principal.partition(":")
+        if not sep or not ptype:
+            raise ConfigError(f"config: authorizer.super_users: {principal!r} is not a principal "
+                              "(Type:Name, e.g. \"User:admin\")")
     if cfg.server.runtime_dir:
         run = os.path.abspath(cfg.server.runtime_dir)
         data = os.path.abspath(cfg.server.data_dir)
@@ -704,7 +767,7 @@ HIDDEN = "[hidden]"
 
 
 def _toml_scalar(v: Any) -> str:
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_scalar(x) for x in v) + "]"
     if isinstance(v, bool):
         return "true" if v else "false"

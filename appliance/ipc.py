@@ -108,7 +108,8 @@ class Request(Message):
 
 # Modules that define Message subclasses: the decoder knows the ones defined there.
 MESSAGE_MODULES = ("appliance.ipc", "appliance.catalog", "appliance.txn.messages",
-                   "appliance.group.messages", "appliance.security.credentials")
+                   "appliance.group.messages", "appliance.security.credentials",
+                   "appliance.acl.messages", "appliance.log.cleaner.messages")
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder | None = None
@@ -155,6 +156,7 @@ class Slice(msgspec.Struct, array_like=True, frozen=True):
     segment_base: int
     position: int
     length: int
+    inode: int = 0          # of the .log the fetcher read (a cleaner swap replaces files by name)
 
 
 class FetchPartResult(msgspec.Struct, array_like=True, frozen=True):

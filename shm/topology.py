@@ -66,6 +66,14 @@ def _fence() -> None:
     _fence_lock.release()
 
 
+def _owned(parts: tuple[Buffer, ...]) -> tuple[Buffer, ...]:
+    """``parts`` with every ``memoryview`` copied: what it shows may be reused once post()
+    returns (a connection's receive buffer)."""
+    if any(type(p) is memoryview for p in parts):
+        return tuple(bytes(p) if type(p) is memoryview else p for p in parts)
+    return parts
+
+
 def _check_endpoint(name: str) -> str:
     if not name or "-" in name or "/" in name or "\0" in name or name in (".", ".."):
         raise ValueError(f"bad endpoint name {name!r} (no '-', '/', NUL; not empty)")
@@ -206,7 +214,9 @@ class Outbox:
     def post(self, *parts: Buffer) -> int:
         """Put one record now if it fits and nothing is queued, else queue it behind the others:
         records reach the consumer in post() order. Does not ring: call flush() after a group.
-        ``parts`` must stay unchanged until they leave the queue (pass bytes, not views).
+        A ``memoryview`` part is copied when the record is queued (the memory it shows, e.g. a
+        connection's receive buffer, may be reused before the queue drains); other parts must
+        stay unchanged until they leave the queue.
 
         Returns the record's end position in the ring (see ``Ring.head``), or -1 if it was
         queued (``is_queued`` tells whether it still is). A record larger than the ring can
@@ -214,7 +224,7 @@ class Outbox:
         if self.queued:
             if sum(len(memoryview(p)) for p in parts) > self.ring.max_payload:
                 parts = (self._spill(parts),)
-            self.queued.append(parts)
+            self.queued.append(_owned(parts))
             return -1
         try:
             put = self.ring.try_put(*parts)
@@ -222,7 +232,7 @@ class Outbox:
             parts = (self._spill(parts),)
             put = self.ring.try_put(*parts)
         if not put:
-            self.queued.append(parts)
+            self.queued.append(_owned(parts))
             return -1
         return self.ring.tail
 

@@ -165,7 +165,8 @@ class Fetcher(Worker):
                                        high_watermark=st.high_watermark, max_offset=upper,
                                        log_start_offset=st.log_start_offset,
                                        min_one_batch=(total == 0))
-                    slices = [ipc.Slice(s.segment_base, s.position, s.length) for s in rr.slices]
+                    slices = [ipc.Slice(s.segment_base, s.position, s.length, s.inode)
+                              for s in rr.slices]
                     remaining -= rr.bytes
                     total += rr.bytes
                 aborted = None

@@ -44,13 +44,17 @@ from dataclasses import dataclass
 from appliance import ipc
 from appliance.catalog import partition_dir
 from appliance.errors import ErrorCode, KafkaError
+from appliance import testhooks
+from appliance.log import swap
+from appliance.log.cleaner import messages as cm
 from appliance.log.flusher import Flusher
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.producer_state import ProducerStateManager
 from appliance.log.txn_index import AbortedTxn
 from appliance.metrics import Histogram, key
 from appliance.protocol.records import read_header
-from appliance.runtime import COORDINATOR, PARTITION_PAGE_FIELDS, WORKER_BOOT_ERROR, WorkerContext
+from appliance.runtime import (COORDINATOR, PARTITION_PAGE_FIELDS, WORKER_BOOT_ERROR, WorkerContext,
+                               cleaner_of)
 from appliance.service import Responder, serves
 from appliance.txn.messages import VerifyPartitionRequest, VerifyPartitionResult
 from shm.doorbell import BellSender
@@ -153,7 +157,10 @@ class PartitionWriter(Worker):
         self.sealed_bytes = 0
 
     def inputs(self) -> list[str]:
-        return list(self.ctx.frontends) + [COORDINATOR]
+        # The partition's cleaner process: log.cleaner.processes needs a restart, so the ring
+        # between them stays the same for the writer's life.
+        return list(self.ctx.frontends) + [COORDINATOR,
+                                           cleaner_of(self.ctx.name, self.cfg.log.cleaner.processes)]
 
     outputs = inputs
 
@@ -189,6 +196,10 @@ class PartitionWriter(Worker):
         replayed_from = self.psm.load(self.log.log_end_offset, self.log.headers_from, _now_ms(),
                                       on_completed=rebuilt, max_start_offset=rebuild_from)
         self.log.finish_txn_index_rebuild()
+        # Producer snapshots at each roll (Kafka's onSegmentRolled), so that a recovery
+        # replays from the newest segment rather than from an older snapshot.
+        self.log.roll_listener = self.psm.take_snapshot
+        self.log.crash_hook = testhooks.hook("writer")
         return replayed_from
 
     def setup(self) -> int | None:
@@ -286,6 +297,8 @@ class PartitionWriter(Worker):
     def on_turn(self, now: float) -> None:
         self._expire_verifications()
         self._flush_and_reply()
+        if self.log.has_retired:
+            self.log.delete_retired()
         if now >= self.next_catalog_check:
             self.next_catalog_check = now + CATALOG_CHECK_S
             self._follow_catalog()
@@ -330,7 +343,8 @@ class PartitionWriter(Worker):
         log.info("%s-%d: settings changed: %s", self.ctx.topic, self.ctx.index,
                  ", ".join(f"{k}={v}" for k, v in changed.items()))
         self.log.update_settings(new)
-        if "retention_ms" in changed or "retention_bytes" in changed or "segment_ms" in changed:
+        if changed.keys() & {"retention_ms", "retention_bytes", "segment_ms", "cleanup_policy",
+                             "max_compaction_lag_ms"}:
             self.on_tick(time.monotonic())
 
     # -- DeleteRecords ------------------------------------------------------------------------------
@@ -339,6 +353,12 @@ class PartitionWriter(Worker):
         """Kafka's Partition.deleteRecordsOnLeader: -1 means the high watermark; an offset past
         it is OFFSET_OUT_OF_RANGE; one below the log start changes nothing. The answer is the
         log start offset after it (the low watermark)."""
+        if not self.log.settings.delete:
+            # Kafka's Partition.deleteRecordsOnLeader: only a log whose policy deletes.
+            return ipc.DeleteRecordsResult(
+                ErrorCode.policy_violation, -1,
+                f"Records of partition {self.ctx.topic}-{self.ctx.index} can not be deleted due "
+                f"to the configured policy")
         hw = self.log.log_end_offset
         offset = hw if req.offset == -1 else req.offset
         if offset < 0 or offset > hw:
@@ -577,6 +597,37 @@ class PartitionWriter(Worker):
             del self.fenced[m.producer_id]          # the marker's epoch fences it from now on
         self.dirty = True
         return ErrorCode.none, info.last_offset + 1
+
+    # -- the cleaner (appliance.log.cleaner: it reads and writes copies; the swap is ours) --------
+    @serves(cm.CleanerBeginRequest)
+    def _cleaner_begin(self, req: cm.CleanerBeginRequest) -> cm.CleanerBeginResult:
+        if req.cursor < 0:
+            # A copy no swap of ours named: its cleaner died, or gave up, while writing it.
+            swap.remove_cleaned(self.log.directory)
+        items = sorted((e.producer_id, e.last_offset if e.batches else -1, e.epoch)
+                       for e in self.psm.active() if e.producer_id > req.cursor)
+        page = items[:cm.PRODUCERS_PER_ANSWER]
+        more = page[-1][0] if len(items) > len(page) else -1
+        return cm.CleanerBeginResult(ErrorCode.none, cm.pack_producers(page), more)
+
+    @serves(cm.CleanerSwapRequest)
+    def _cleaner_swap(self, req: cm.CleanerSwapRequest) -> cm.CleanerSwapResult:
+        """Swap a cleaned copy in (``PartitionLog.replace_segments``). A full disk at the
+        commit changes nothing and answers KAFKA_STORAGE_ERROR (the cleaner tries again after
+        its back-off; the writer lives on, as for a produce on a full disk); after the commit
+        nothing needs space. Another failure after the commit point is an OSError that stops
+        the writer (``contain`` is off): the restart's open finishes the swap."""
+        try:
+            self.log.replace_segments([(base, [tuple(x) for x in old]) for base, old in req.groups],
+                                      req.checkpoint, self.cfg.log.segment_delete_delay_ms / 1000)
+        except swap.SwapNoSpace as e:
+            log.warning("%s-%d: cleaned copies not swapped in: %s", self.ctx.topic, self.ctx.index, e)
+            return cm.CleanerSwapResult(ErrorCode.kafka_storage_error, str(e))
+        except swap.SwapRefused as e:
+            log.info("%s-%d: cleaned copies refused: %s", self.ctx.topic, self.ctx.index, e)
+            return cm.CleanerSwapResult(ErrorCode.invalid_request, str(e))
+        self.dirty = True                    # readers re-list at the new segments_version
+        return cm.CleanerSwapResult(ErrorCode.none)
 
     # -- group commit and replies ---------------------------------------------------------------
     def _flush_and_reply(self, force: bool = False) -> None:

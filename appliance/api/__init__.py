@@ -113,6 +113,27 @@ class RequestContext:
         """The client's address, as Kafka's ACLs match hosts."""
         return self.connection.host
 
+    # -- authorization (Kafka's AuthHelper), through the frontend's ``Authorizer`` -------------
+    def authorize(self, op: int, resource_type: int, name: str) -> bool:
+        """May this connection's principal do ``op`` on the (LITERAL) resource? Always yes
+        while ``[authorizer] enable`` is off."""
+        conn = self.connection
+        return self.broker.authorizer.authorize(conn.principal, conn.host, op, resource_type, name)
+
+    def authorize_cluster(self, op: int) -> bool:
+        conn = self.connection
+        return self.broker.authorizer.authorize_cluster(conn.principal, conn.host, op)
+
+    def authorize_by_resource_type(self, op: int, resource_type: int) -> bool:
+        conn = self.connection
+        return self.broker.authorizer.authorize_by_resource_type(conn.principal, conn.host, op,
+                                                                 resource_type)
+
+    def authorized_operations(self, resource_type: int, name: str) -> int:
+        """The ``*_authorized_operations`` bit field of the resource for this principal."""
+        conn = self.connection
+        return self.broker.authorizer.authorized_operations(conn.principal, conn.host,
+                                                            resource_type, name)
     @property
     def listener(self) -> str:
         """Kafka's name of the listener the request came through (``PLAINTEXT``, ``SASL_SSL``,

@@ -3,28 +3,52 @@ supervisor (it owns the catalog: topic overrides and dynamic broker configs), bu
 
 Runs in frontends. Broker-logger resources (KIP-412 log levels) are refused as an unknown
 resource type: the appliance's log levels are not set over the protocol.
+
+Authorization (Kafka's KafkaApis): AlterConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED) or,
+for broker resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED); a refused resource is
+never sent to the supervisor, the others are applied as usual.
 """
 
 from __future__ import annotations
 
 import datetime
 
-from appliance.catalog import AlterConfigsRequest, ConfigChange
+from appliance.acl.model import AclOperation, ResourceType
+from appliance.catalog import RESOURCE_TOPIC, AlterConfigsRequest, ConfigChange
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
 
 
+def refusal(ctx, resource_type: int, name: str) -> ErrorCode | None:
+    """The authorization error of changing this resource's configs, or None."""
+    if resource_type == RESOURCE_TOPIC:
+        if not ctx.authorize(AclOperation.ALTER_CONFIGS, ResourceType.TOPIC, name):
+            return ErrorCode.topic_authorization_failed
+    elif not ctx.authorize_cluster(AclOperation.ALTER_CONFIGS):
+        return ErrorCode.cluster_authorization_failed
+    return None
+
+
 async def alter(ctx, req, incremental: bool):
+    refused = [refusal(ctx, int(r.resource_type), r.resource_name) for r in req.resources]
     changes = []
-    for r in req.resources:
-        ops = [(c.config_operation if incremental else 0, c.name, c.value) for c in r.configs]
-        changes.append(ConfigChange(int(r.resource_type), r.resource_name, ops))
+    for r, denied in zip(req.resources, refused):
+        if denied is None:
+            ops = [(c.config_operation if incremental else 0, c.name, c.value) for c in r.configs]
+            changes.append(ConfigChange(int(r.resource_type), r.resource_name, ops))
     results = []
     if changes:
         resp = await ctx.broker.call_supervisor(
             AlterConfigsRequest(changes, incremental, req.validate_only), 30.0)
         results = resp.results
-    out = tuple(dict(error_code=ErrorCode(res.error_code), error_message=res.error_message,
-                     resource_type=r.resource_type, resource_name=r.resource_name)
-                for r, res in zip(req.resources, results))
-    return build(ctx.response_class(), throttle_time=datetime.timedelta(0), responses=out)
+    applied = iter(results)
+    out = []
+    for r, denied in zip(req.resources, refused):
+        if denied is not None:
+            out.append(dict(error_code=denied, error_message=None,
+                            resource_type=r.resource_type, resource_name=r.resource_name))
+            continue
+        res = next(applied)
+        out.append(dict(error_code=ErrorCode(res.error_code), error_message=res.error_message,
+                        resource_type=r.resource_type, resource_name=r.resource_name))
+    return build(ctx.response_class(), throttle_time=datetime.timedelta(0), responses=tuple(out))

@@ -1,8 +1,12 @@
 """Shared by the offset handlers (OffsetCommit, TxnOffsetCommit, OffsetDelete): request topics to
-``OffsetPartition`` lists and answers back to the per-topic response shape. Runs in frontends."""
+``OffsetPartition`` lists and answers back to the per-topic response shape. Runs in frontends.
+
+Each of the three needs Read on every topic it names (Kafka's KafkaApis): the partitions of a
+topic without it get TOPIC_AUTHORIZATION_FAILED, checked before the topic's existence."""
 
 from __future__ import annotations
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.errors import ErrorCode
 from appliance.group.messages import OffsetPartition, OffsetsResult
 
@@ -15,8 +19,12 @@ def entries(ctx, topics, *, with_offsets: bool = True) -> tuple[list[OffsetParti
     send, local = [], []
     for t in topics:
         info = catalog.topics.get(t.name)
+        allowed = ctx.authorize(AclOperation.READ, ResourceType.TOPIC, t.name)
         for p in t.partitions:
-            if info is None or not 0 <= p.partition_index < info.partitions:
+            if not allowed:
+                local.append(OffsetPartition(t.name, p.partition_index,
+                                             error=ErrorCode.topic_authorization_failed))
+            elif info is None or not 0 <= p.partition_index < info.partitions:
                 local.append(OffsetPartition(t.name, p.partition_index,
                                              error=ErrorCode.unknown_topic_or_partition))
             elif with_offsets:
@@ -42,3 +50,10 @@ def topics_out(results: list[OffsetPartition]) -> tuple:
         by_topic.setdefault(e.topic, []).append(
             dict(partition_index=e.partition, error_code=e.error))
     return tuple(dict(name=t, partitions=tuple(ps)) for t, ps in by_topic.items())
+
+
+def all_failed(topics, error: ErrorCode) -> tuple:
+    """Every partition of the request with one error (the request's getErrorResponse)."""
+    return tuple(dict(name=t.name, partitions=tuple(
+        dict(partition_index=p.partition_index, error_code=error) for p in t.partitions))
+        for t in topics)

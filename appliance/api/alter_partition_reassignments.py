@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
@@ -38,6 +39,14 @@ def _check(node: int, info, topic: str, p) -> tuple[ErrorCode, str | None]:
 def handle(ctx, req):
     catalog = ctx.broker.catalog
     node = ctx.broker.node_id
+    if not ctx.authorize_cluster(AclOperation.ALTER):
+        # Kafka's controller: Alter on the Cluster, else the request's error response.
+        denied = ErrorCode.cluster_authorization_failed
+        out = tuple(dict(name=t.name, partitions=tuple(
+            dict(partition_index=p.partition_index, error_code=denied, error_message=None)
+            for p in t.partitions)) for t in req.topics)
+        return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=denied,
+                     error_message=None, responses=out)
     out = []
     for t in req.topics:
         info = catalog.topics.get(t.name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
@@ -20,6 +21,12 @@ from appliance.security.credentials import AlterScramCredentialsRequest, Deletio
 @handles(51, "AlterUserScramCredentials", 0, 0)
 async def handle(ctx, req):
     m = ctx.response_module()
+    if not ctx.authorize_cluster(AclOperation.ALTER):
+        # Kafka's KafkaApis: Alter on the Cluster, else every user named is refused.
+        names = dict.fromkeys([d.name for d in req.deletions] + [u.name for u in req.upsertions])
+        return build(m.AlterUserScramCredentialsResponse, throttle_time=datetime.timedelta(0),
+                     results=tuple(dict(user=n, error_code=ErrorCode.cluster_authorization_failed,
+                                        error_message=None) for n in names))
     request = AlterScramCredentialsRequest(
         deletions=[Deletion(d.name, int(d.mechanism)) for d in req.deletions],
         upsertions=[Upsertion(u.name, int(u.mechanism), int(u.iterations), bytes(u.salt),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.catalog import CreatePartitionsRequest, TopicResult
 from appliance.errors import ErrorCode
@@ -48,6 +49,10 @@ async def handle(ctx, req):
     results: dict[int, TopicResult] = {}
     asks: list[tuple[int, str, int]] = []
     for i, t in enumerate(req.topics):
+        if not ctx.authorize(AclOperation.ALTER, ResourceType.TOPIC, t.name):
+            # Kafka's KafkaApis: Alter on the topic, checked before anything else is looked at.
+            results[i] = TopicResult(t.name, int(ErrorCode.topic_authorization_failed), None)
+            continue
         info = catalog.topics.get(t.name)
         bad = _check_assignments(broker.node_id, t, info.partitions if info else None)
         if bad is not None:

@@ -4,6 +4,11 @@ Runs in frontends; the supervisor owns the catalog, so the request is checked he
 the request can tell (replication factor, manual assignments) and handed to the supervisor, which
 validates names and configs, commits the catalog, forks the new writers and answers once they have
 started.
+
+Authorization (Kafka's KafkaApis.handleCreateTopicsRequest): Create on the Cluster, or else on
+each topic (TOPIC_AUTHORIZATION_FAILED, "Authorization failed."). A created topic's configs,
+partition count and replication factor come back only with DescribeConfigs on it; without,
+TopicConfigErrorCode is TOPIC_AUTHORIZATION_FAILED (as Kafka's controller answers).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import datetime
 import uuid
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.catalog import CreateTopicsRequest, NewTopic, TopicResult
 from appliance.protocol.messages import build
@@ -52,7 +58,12 @@ async def handle(ctx, req):
     m = ctx.response_module()
     results: dict[int, object] = {}
     to_create: list[tuple[int, NewTopic]] = []
+    cluster_create = ctx.authorize_cluster(AclOperation.CREATE)
     for i, t in enumerate(req.topics):
+        if not cluster_create and not ctx.authorize(AclOperation.CREATE, ResourceType.TOPIC, t.name):
+            results[i] = TopicResult(name=t.name, error_code=int(ErrorCode.topic_authorization_failed),
+                                     error_message="Authorization failed.")
+            continue
         bad = _precheck(ctx, t)
         if bad is not None:
             results[i] = TopicResult(name=t.name, error_code=int(bad[0]), error_message=bad[1])
@@ -72,6 +83,12 @@ async def handle(ctx, req):
         r = results[i]
         ok = r.error_code == 0
         configs = None
+        if ok and not ctx.authorize(AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, t.name):
+            out.append(dict(name=t.name, topic_id=uuid.UUID(bytes=r.topic_id) if r.topic_id else ZERO_UUID,
+                            error_code=ErrorCode.none, error_message=None,
+                            topic_config_error_code=ErrorCode.topic_authorization_failed,
+                            num_partitions=-1, replication_factor=-1, configs=()))
+            continue
         if ok:
             configs = tuple(
                 dict(name=name, value=value, read_only=False, config_source=source, is_sensitive=False)

@@ -12,6 +12,7 @@ import asyncio
 import datetime
 
 from appliance import ipc
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
@@ -25,6 +26,12 @@ async def handle(ctx, req):
                                broker.cfg.server.internal_request_timeout_ms / 1000))
     topics = []
     for t in req.topics:
+        if not ctx.authorize(AclOperation.DELETE, ResourceType.TOPIC, t.name):
+            # Kafka's KafkaApis: Delete on the topic.
+            topics.append(dict(name=t.name, partitions=tuple(
+                dict(partition_index=p.partition_index, low_watermark=-1,
+                     error_code=ErrorCode.topic_authorization_failed) for p in t.partitions)))
+            continue
         info = catalog.topics.get(t.name)
         calls = []
         for p in t.partitions:

@@ -2,6 +2,10 @@
 
 Runs in frontends; the supervisor commits the removal, stops the partition writers and deletes the
 directories before it answers.
+
+Authorization (Kafka's KafkaApis.handleDeleteTopicsRequest): Delete on each topic, else
+TOPIC_AUTHORIZATION_FAILED, checked before its existence; a topic named by id that the principal
+may not Describe is answered without its name.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import datetime
 import uuid
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.catalog import DeleteTopicsRequest
 from appliance.protocol.messages import build
@@ -38,6 +43,15 @@ async def handle(ctx, req):
                                 "Neither topic name nor id were specified."))
     else:
         entries = [(n, None, None, None) for n in req.topic_names]
+    checked = []
+    for name, tid, err, msg in entries:
+        if err is None:
+            if tid is not None and not ctx.authorize(AclOperation.DESCRIBE, ResourceType.TOPIC, name):
+                name, err = None, ErrorCode.topic_authorization_failed
+            elif not ctx.authorize(AclOperation.DELETE, ResourceType.TOPIC, name):
+                err = ErrorCode.topic_authorization_failed
+        checked.append((name, tid, err, msg))
+    entries = checked
     names = [e[0] for e in entries if e[2] is None]
     by_name = {}
     if names:

@@ -7,6 +7,9 @@ dynamic broker config, the TOML file, the built-in default). Broker entries map 
 (dynamic broker configs) are not read-only and show their dynamic value first. The cluster-wide
 default broker resource (empty name) lists only its dynamic configs, as Kafka does.
 Broker-logger resources are not supported.
+
+Authorization (Kafka's ConfigHelper): DescribeConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED)
+or, for broker resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED), with no configs.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.config import Config
 from appliance.errors import ErrorCode
@@ -30,7 +34,7 @@ _BUILTIN = Config()
 
 def broker_configs(cfg, advertised: dict[str, tuple[str, int]]) -> dict[str, tuple[str, str]]:
     """Kafka name -> (value, type) of what this broker runs with."""
-    s, lg, tx = cfg.server, cfg.log, cfg.transactions
+    s, lg, tx, cl = cfg.server, cfg.log, cfg.transactions, cfg.log.cleaner
     b = lambda v: "true" if v else "false"  # noqa: E731
     return {
         "node.id": (str(s.node_id), "INT"), "broker.id": (str(s.node_id), "INT"),
@@ -48,6 +52,20 @@ def broker_configs(cfg, advertised: dict[str, tuple[str, int]]) -> dict[str, tup
         "message.max.bytes": (str(lg.message_max_bytes), "INT"),
         "log.message.timestamp.type": (lg.message_timestamp_type, "STRING"),
         "log.flush.interval.ms": (str(lg.flush.kafka_flush_interval_ms), "LONG"),
+        "log.cleanup.policy": (lg.cleanup_policy, "LIST"),
+        "log.segment.delete.delay.ms": (str(lg.segment_delete_delay_ms), "LONG"),
+        "log.cleaner.enable": (b(cl.enable), "BOOLEAN"),
+        "log.cleaner.threads": (str(cl.processes), "INT"),
+        # Kafka's default (no limit) is Double.MAX_VALUE; 0 is ours for the same.
+        "log.cleaner.io.max.bytes.per.second":
+            (str(float(cl.io_max_bytes_per_second)) if cl.io_max_bytes_per_second
+             else "1.7976931348623157E308", "DOUBLE"),
+        "log.cleaner.dedupe.buffer.size": (str(cl.dedupe_buffer_size), "LONG"),
+        "log.cleaner.backoff.ms": (str(cl.backoff_ms), "LONG"),
+        "log.cleaner.min.cleanable.ratio": (str(cl.min_cleanable_ratio), "DOUBLE"),
+        "log.cleaner.min.compaction.lag.ms": (str(cl.min_compaction_lag_ms), "LONG"),
+        "log.cleaner.max.compaction.lag.ms": (str(cl.max_compaction_lag_ms), "LONG"),
+        "log.cleaner.delete.retention.ms": (str(cl.delete_retention_ms), "LONG"),
         "auto.create.topics.enable": (b(cfg.topics.auto_create), "BOOLEAN"),
         "num.partitions": (str(cfg.topics.default_partitions), "INT"),
         "default.replication.factor": ("1", "INT"),
@@ -122,7 +140,13 @@ def handle(ctx, req):
             continue
         keys = set(res.configuration_keys) if res.configuration_keys is not None else None
         err, msg, entries = ErrorCode.none, None, []
-        if res.resource_type == TOPIC:
+        if res.resource_type == TOPIC and not ctx.authorize(
+                AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, res.resource_name):
+            err, msg = ErrorCode.topic_authorization_failed, "Topic authorization failed."
+        elif res.resource_type in (BROKER, BROKER_LOGGER) and not ctx.authorize_cluster(
+                AclOperation.DESCRIBE_CONFIGS):
+            err, msg = ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
+        elif res.resource_type == TOPIC:
             info = catalog.topics.get(res.resource_name)
             if info is None:
                 err, msg = ErrorCode.unknown_topic_or_partition, "This server does not host this topic-partition."

@@ -4,7 +4,7 @@ each partition in it, and (v4) the file system's total and usable bytes.
 Runs in frontends. A partition's size is what its log holds: the sealed segments' files (trimmed
 to their real size when they rolled) plus the active segment up to the end its writer published
 (the active file is preallocated, so its length on disk says nothing). There are no future
-replicas and no followers: offset lag 0, is_future_key false.
+replicas and no followers: offset lag 0, is_future_key false. Needs Describe on the Cluster.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 
+from appliance.acl.model import AclOperation
 from appliance.api import handles
 from appliance.catalog import partition_dir
 from appliance.errors import ErrorCode
@@ -38,6 +39,10 @@ def partition_size(directory: str, active_base: int, active_end: int) -> int:
 def handle(ctx, req):
     broker = ctx.broker
     catalog = broker.catalog
+    if not ctx.authorize_cluster(AclOperation.DESCRIBE):
+        # Kafka's KafkaApis: Describe on the Cluster, else no log dir at all (v3+ says why).
+        return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
+                     error_code=ErrorCode.cluster_authorization_failed, results=())
     data_dir = os.path.abspath(broker.ctx.data_dir)
     if req.topics is None:
         wanted = [(t, range(t.partitions)) for t in sorted(catalog.topics.values(), key=lambda t: t.name)]

@@ -1,7 +1,9 @@
 """DescribeProducers (key 61), version 0: the active producers of each partition.
 
 Runs in frontends; each partition's writer answers from its ProducerStateManager (producer id,
-epoch, last sequence, last timestamp, coordinator epoch, first offset of its open transaction).
+epoch, last sequence, last timestamp, coordinator epoch, first offset of its open transaction). Each topic needs a legal name (else INVALID_TOPIC_EXCEPTION)
+and Read on it (else TOPIC_AUTHORIZATION_FAILED), both before its existence (Kafka's
+KafkaApis.handleDescribeProducersRequest).
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ import asyncio
 import datetime
 
 from appliance import ipc
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.errors import ErrorCode
+from appliance.catalog import check_topic_name
+from appliance.errors import ErrorCode, KafkaError
 from appliance.protocol.messages import build
 
 
@@ -23,7 +27,16 @@ async def handle(ctx, req):
     # request naming one partition 40,000 times asked its writer 40,000 times, one topic after
     # the other).
     asked: dict[tuple[str, int], tuple] = {}
+    refused: dict[str, tuple] = {}          # topic -> (error code, message), Kafka's order of checks
     for t in req.topics:
+        try:
+            check_topic_name(t.name)
+            if not ctx.authorize(AclOperation.READ, ResourceType.TOPIC, t.name):
+                refused[t.name] = (ErrorCode.topic_authorization_failed, None)
+                continue
+        except KafkaError as e:
+            refused[t.name] = (e.code, e.message)
+            continue
         info = catalog.topics.get(t.name)
         if info is not None:
             for p in t.partition_indexes:
@@ -34,6 +47,12 @@ async def handle(ctx, req):
         return_exceptions=True)))
     topics = []
     for t in req.topics:
+        if t.name in refused:
+            code, message = refused[t.name]
+            topics.append(dict(name=t.name, partitions=tuple(
+                dict(partition_index=p, error_code=code, error_message=message,
+                     active_producers=()) for p in t.partition_indexes)))
+            continue
         partitions = []
         for p in t.partition_indexes:
             a = answers.get((t.name, p))

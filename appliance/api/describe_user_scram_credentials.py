@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
@@ -20,6 +21,13 @@ from appliance.security.scram import MECHANISMS
 @handles(50, "DescribeUserScramCredentials", 0, 0)
 def handle(ctx, req):
     m = ctx.response_module()
+    if not ctx.authorize_cluster(AclOperation.DESCRIBE):
+        # Kafka's KafkaApis: Describe on the Cluster, else the request's error response.
+        denied = ErrorCode.cluster_authorization_failed
+        return build(m.DescribeUserScramCredentialsResponse, throttle_time=datetime.timedelta(0),
+                     error_code=denied, error_message=None, results=tuple(
+                         dict(user=u.name, error_code=denied, error_message=None, credential_infos=())
+                         for u in req.users or ()))
     users = ctx.broker.credentials.get()
     if not req.users:
         wanted = {name: False for name in sorted(users)}

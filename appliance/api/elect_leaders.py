@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
@@ -25,6 +26,14 @@ def handle(ctx, req):
     if election not in (PREFERRED, UNCLEAN):
         return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
                      error_code=ErrorCode.invalid_request, replica_election_results=())
+    if not ctx.authorize_cluster(AclOperation.ALTER):
+        # Kafka's KafkaApis: Alter on the Cluster, else every partition asked is refused.
+        denied = ErrorCode.cluster_authorization_failed
+        results = tuple(dict(topic=t.topic, partition_result=tuple(
+            dict(partition_id=p, error_code=denied, error_message=None) for p in t.partitions))
+            for t in req.topic_partitions or ())
+        return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=denied,
+                     replica_election_results=results)
     results = []
     if req.topic_partitions is None:
         results = [dict(topic=name, partition_result=()) for name in sorted(catalog.topics)]

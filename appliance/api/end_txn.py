@@ -2,20 +2,27 @@
 
 Runs in frontends; the coordinator logs PrepareCommit/PrepareAbort, answers, then drives the
 markers. From v5 (transaction version 2, KIP-890) the answer carries the producer id and epoch the
-producer must use next (the epoch is bumped by every commit or abort).
+producer must use next (the epoch is bumped by every commit or abort). Needs Write on the
+transactional id (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
+from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
 from appliance.txn.messages import EndTxnRequest
 
 
 @handles(26, "EndTxn", 0, 5)
 async def handle(ctx, req):
+    if not ctx.authorize(AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id):
+        return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
+                     error_code=ErrorCode.transactional_id_authorization_failed,
+                     producer_id=-1, producer_epoch=-1)
     r = await ctx.broker.call_coordinator(EndTxnRequest(
         req.transactional_id, req.producer_id, req.producer_epoch, req.committed, ctx.version))
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=r.error,

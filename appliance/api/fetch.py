@@ -9,6 +9,11 @@ Fetch sessions (KIP-227, v7+): we never create one. A full fetch (session id 0, 
 answered with session id 0, which tells the client to keep sending full fetches, as it does when a
 Kafka broker's session cache is full. Anything else names a session that does not exist:
 FETCH_SESSION_ID_NOT_FOUND, as Kafka's FetchManager answers.
+
+Authorization (Kafka's KafkaApis.handleFetchRequest): a consumer needs Read on each topic (else
+TOPIC_AUTHORIZATION_FAILED, checked before the topic's existence); a follower (replica id >= 0)
+needs ClusterAction on the Cluster, else every partition gets TOPIC_AUTHORIZATION_FAILED. An
+unknown topic id (v13+) is UNKNOWN_TOPIC_ID first, as ids are not secret.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from collections import Counter
 
 from appliance import ipc
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.catalog import partition_dir
 from appliance.errors import ErrorCode, KafkaError
@@ -41,6 +47,15 @@ async def handle(ctx, req):
     asks: list[ipc.FetchPart] = []
     topics: list[FetchTopic] = []
     plan: list[tuple[FetchPartition, int, str]] = []   # (response partition, ask index, dir)
+    follower_denied = False
+    if broker.authorizer.enabled:
+        state = getattr(req, "replica_state", None)
+        replica_id = state.replica_id if state is not None else getattr(req, "replica_id", -1)
+        if replica_id >= 0:
+            follower_denied = not ctx.authorize_cluster(AclOperation.CLUSTER_ACTION)
+        authorize = None if replica_id >= 0 else ctx.authorize
+    else:
+        authorize = None
     # A partition named twice is fetched once, at its first place with its last fetch position:
     # Kafka keeps a full fetch's partitions in a LinkedHashMap (regression: a request repeating
     # one partition 40,000 times was answered with 40,000 copies of its records, 18 MB).
@@ -49,7 +64,7 @@ async def handle(ctx, req):
         tkey = t.topic_id if v >= 13 else t.topic
         for p in t.partitions:
             entries[(tkey, p.partition)] = p
-    ft, ft_key, info, missing = None, None, None, ErrorCode.unknown_topic_or_partition
+    ft, ft_key, info, missing, denied = None, None, None, ErrorCode.unknown_topic_or_partition, False
     for (tkey, _index), p in entries.items():
         if ft is None or tkey != ft_key:
             ft_key = tkey
@@ -57,13 +72,20 @@ async def handle(ctx, req):
                 info = catalog.by_id(tkey.bytes) if tkey is not None else None
                 missing = ErrorCode.unknown_topic_id
                 ft = FetchTopic(info.name if info else "", tkey)
+                name = info.name if info else None
             else:
                 info = catalog.topics.get(tkey)
                 missing = ErrorCode.unknown_topic_or_partition
                 ft = FetchTopic(tkey, info.topic_id if info else None)
+                name = tkey
             topics.append(ft)
+            denied = follower_denied or (authorize is not None and name is not None and not
+                                         authorize(AclOperation.READ, ResourceType.TOPIC, name))
         fp = FetchPartition(p.partition)
         ft.partitions.append(fp)
+        if denied:
+            fp.error_code = int(ErrorCode.topic_authorization_failed)
+            continue
         if info is None or not 0 <= p.partition < info.partitions:
             fp.error_code = int(missing if info is None else ErrorCode.unknown_topic_or_partition)
             continue
@@ -90,10 +112,12 @@ async def handle(ctx, req):
             records = []
             try:
                 for s in r.slices:
-                    records.append(views.view(directory, s.segment_base, s.position, s.length))
+                    records.append(views.view(directory, s.segment_base, s.position, s.length,
+                                              s.inode))
             except KafkaError:
-                # Retention deleted the segment between the lookup and now: answer nothing for
-                # this partition; the client's next fetch gets OFFSET_OUT_OF_RANGE.
+                # Retention deleted the segment between the lookup and now (the client's next
+                # fetch gets OFFSET_OUT_OF_RANGE), or a cleaner swap replaced it and its old file
+                # is gone too: answer nothing for this partition; the next fetch reads anew.
                 records = []
             fp.records = records
     _count(ctx, catalog, topics)

@@ -3,12 +3,17 @@
 Runs in frontends. v0-3 ask for one key, v4+ for a batch (``coordinator_keys``). Key type 0 is a
 consumer group, 1 a transactional id; anything else is INVALID_REQUEST, as Kafka's
 CoordinatorType.forId rejects it.
+
+Authorization (Kafka's KafkaApis.getCoordinator): Describe on the group (else
+GROUP_AUTHORIZATION_FAILED) or on the transactional id (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+answered with no node (-1, "", -1).
 """
 
 from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
@@ -19,6 +24,11 @@ GROUP, TRANSACTION = 0, 1
 def _answer(ctx, key_type: int, key: str):
     if key_type not in (GROUP, TRANSACTION):
         return ErrorCode.invalid_request, f"Unknown coordinator type {key_type}"
+    if key_type == GROUP and not ctx.authorize(AclOperation.DESCRIBE, ResourceType.GROUP, key):
+        return ErrorCode.group_authorization_failed, "Group authorization failed."
+    if key_type == TRANSACTION and not ctx.authorize(AclOperation.DESCRIBE,
+                                                     ResourceType.TRANSACTIONAL_ID, key):
+        return ErrorCode.transactional_id_authorization_failed, "Transactional Id authorization failed."
     if key_type == TRANSACTION and not key:
         return ErrorCode.invalid_request, "Transactional id must not be empty"
     return ErrorCode.none, None

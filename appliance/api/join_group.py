@@ -4,14 +4,17 @@ Runs in frontends; the group coordinator in the coordinator worker answers once 
 completes (every known member rejoined, or the rebalance timeout passed), so the call waits up to
 the rebalance timeout plus a margin, as Kafka's clients do (v0 has no rebalance timeout: the
 session timeout stands in for it). v4+ with an empty member id gets MEMBER_ID_REQUIRED and a member
-id to rejoin with (KIP-394).
+id to rejoin with (KIP-394). Needs Read on the group (else GROUP_AUTHORIZATION_FAILED, Kafka's
+KafkaApis.handleJoinGroupRequest).
 """
 
 from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
+from appliance.errors import ErrorCode
 from appliance.group.messages import JoinGroupRequest
 from appliance.protocol.messages import build
 
@@ -28,6 +31,13 @@ async def handle(ctx, req):
     rebalance_ms = _ms(getattr(req, "rebalance_timeout", session_ms))
     if ctx.version == 0:
         rebalance_ms = session_ms
+    if not ctx.authorize(AclOperation.READ, ResourceType.GROUP, req.group_id):
+        # JoinGroupRequest.getErrorResponse: no generation, member or leader; no protocol name
+        # (null from v7, "" before).
+        return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
+                     error_code=ErrorCode.group_authorization_failed, generation_id=-1,
+                     protocol_type=None, protocol_name=None if ctx.version >= 7 else "",
+                     leader="", skip_assignment=False, member_id="", members=())
     host = ctx.connection.peer.rsplit(":", 1)[0]
     r = await ctx.broker.call_coordinator(JoinGroupRequest(
         req.group_id, req.member_id, session_ms, rebalance_ms, req.protocol_type,

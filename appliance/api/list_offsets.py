@@ -5,6 +5,9 @@ index maps). Special timestamps: -2 earliest, -1 latest, -3 max timestamp (v7+),
 (v8+), -5 latest tiered (v9+; no tiered storage, so -1). With IsolationLevel READ_COMMITTED (v2+)
 "latest" is the last stable offset (the wire form since KIP-98's implementation: not KIP-98's
 -3 sentinel).
+
+Authorization (Kafka's KafkaApis.handleListOffsetRequest): Describe on each topic, else every
+partition asked of it gets TOPIC_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import collections
 import datetime
 
 from appliance import ipc
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.catalog import LEADER_EPOCH
 from appliance.protocol.messages import build
@@ -27,6 +31,10 @@ async def handle(ctx, req):
     asks: list[ipc.ListOffsetsPart] = []
     plan = []   # per topic: (name, [(partition, error or index into asks)])
     for t in req.topics:
+        if not ctx.authorize(AclOperation.DESCRIBE, ResourceType.TOPIC, t.name):
+            plan.append((t.name, [(p.partition_index, ErrorCode.topic_authorization_failed)
+                                  for p in t.partitions]))
+            continue
         info = catalog.topics.get(t.name)
         seen: set[int] = set()
         # Linear (regression: counted per partition, a request repeating one partition 40,000

@@ -7,6 +7,14 @@ A topic that does not exist is created on the spot when the request allows it (v
 for v0-3) and ``topics.auto_create`` is on, with ``topics.default_partitions`` partitions; we
 wait for its writers, so the same answer already lists it (Kafka answers
 LEADER_NOT_AVAILABLE first and lets the client retry; a ready answer saves that round trip).
+
+Authorization (Kafka's KafkaApis.handleTopicMetadataRequest): only topics the principal may
+Describe are answered. Asked for all topics, the others are left out; asked by name, they get
+TOPIC_AUTHORIZATION_FAILED (and a zero id, whether they exist or not); asked by id, the id and
+TOPIC_AUTHORIZATION_FAILED without the name. Auto-creation needs Create on the Cluster or on the
+topic, else TOPIC_AUTHORIZATION_FAILED. The ``*_authorized_operations`` fields are filled in when
+asked for (v8+; the cluster's in v8-10 only, 0 without Describe on the Cluster), else Kafka's
+-2147483648.
 """
 
 from __future__ import annotations
@@ -14,16 +22,15 @@ from __future__ import annotations
 import datetime
 import uuid
 
+from appliance.acl.model import CLUSTER_NAME, AclOperation, ResourceType
 from appliance.api import handles
 from appliance.protocol.messages import build
 from appliance.catalog import LEADER_EPOCH, CreateTopicsRequest, NewTopic, check_topic_name
 from appliance.errors import ErrorCode, KafkaError
 
 ZERO_UUID = uuid.UUID(int=0)
-NO_OPS = -2147483648
-# Every operation bit a topic supports (READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE,
-# DESCRIBE_CONFIGS, ALTER_CONFIGS): there is no authorizer yet.
-TOPIC_OPS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
+NO_OPS = -2147483648          # Kafka's "not requested" for the *_authorized_operations fields
+O, R = AclOperation, ResourceType
 
 
 @handles(3, "Metadata", 0, 13)
@@ -35,11 +42,13 @@ async def handle(ctx, req):
     requested = req.topics
     if v == 0 and not requested:
         requested = None        # v0: an empty list means all topics
+    all_topics = requested is None
     allow_create = getattr(req, "allow_auto_topic_creation", True) and broker.cfg.topics.auto_create
 
     names: list[str | None] = []
     unknown_ids: list[uuid.UUID] = []
-    if requested is None:
+    by_id: set[str] = set()                 # names the request gave as topic ids
+    if all_topics:
         names = sorted(catalog.topics)
     else:
         for t in requested:
@@ -51,16 +60,26 @@ async def handle(ctx, req):
                     unknown_ids.append(tid)
                 else:
                     names.append(info.name)
+                    by_id.add(info.name)
             else:
                 names.append(name)
-        # Kafka answers a topic named twice once (it reads the request's topics into a set).
-        names = list(dict.fromkeys(names))
-        unknown_ids = list(dict.fromkeys(unknown_ids))
+    # Kafka answers a topic named twice once (it reads the request's topics into a set).
+    names = list(dict.fromkeys(names))
+    unknown_ids = list(dict.fromkeys(unknown_ids))
+    denied = {n for n in names if n is not None and not ctx.authorize(O.DESCRIBE, R.TOPIC, n)}
+    if all_topics:
+        names = [n for n in names if n not in denied]
 
     errors: dict[str, ErrorCode] = {}
-    missing = [n for n in names if n is not None and n not in catalog.topics]
+    missing = [n for n in names if n is not None and n not in catalog.topics and n not in denied]
+    if missing and allow_create and not ctx.authorize_cluster(O.CREATE):
+        for n in missing:
+            if not ctx.authorize(O.CREATE, R.TOPIC, n):
+                errors[n] = ErrorCode.topic_authorization_failed
     creatable = []
-    for n in dict.fromkeys(missing):
+    for n in missing:
+        if n in errors:
+            continue
         try:
             check_topic_name(n)
         except KafkaError:
@@ -80,14 +99,25 @@ async def handle(ctx, req):
         catalog = broker.catalog
 
     host, port = ctx.advertised
-    include_ops = getattr(req, "include_topic_authorized_operations", False)
+    include_ops = v >= 8 and getattr(req, "include_topic_authorized_operations", False)
     topics = []
-    for n in dict.fromkeys(names):
+    for n in names:
+        if n in denied:
+            info = catalog.topics.get(n) if n in by_id else None
+            # Ids are not secret, names are: asked by id, the id comes back without the name.
+            topics.append(dict(error_code=ErrorCode.topic_authorization_failed,
+                               name=None if info is not None else n,
+                               topic_id=uuid.UUID(bytes=info.topic_id) if info is not None else ZERO_UUID,
+                               is_internal=False, partitions=(), topic_authorized_operations=NO_OPS))
+            continue
         info = catalog.topics.get(n) if n is not None else None
+        ops = ctx.authorized_operations(R.TOPIC, n) if include_ops and n is not None else NO_OPS
         if info is None:
-            topics.append(dict(error_code=errors.get(n, ErrorCode.unknown_topic_or_partition),
-                               name=n, topic_id=ZERO_UUID, is_internal=False, partitions=(),
-                               topic_authorized_operations=NO_OPS))
+            err = errors.get(n, ErrorCode.unknown_topic_or_partition)
+            topics.append(dict(error_code=err, name=n, topic_id=ZERO_UUID,
+                               is_internal=False, partitions=(),
+                               topic_authorized_operations=NO_OPS
+                               if err == ErrorCode.topic_authorization_failed else ops))
             continue
         partitions = tuple(
             dict(error_code=ErrorCode.none, partition_index=p,
@@ -96,14 +126,17 @@ async def handle(ctx, req):
             for p in range(info.partitions))
         topics.append(dict(error_code=ErrorCode.none, name=info.name,
                            topic_id=uuid.UUID(bytes=info.topic_id), is_internal=False,
-                           partitions=partitions,
-                           topic_authorized_operations=TOPIC_OPS if include_ops else NO_OPS))
+                           partitions=partitions, topic_authorized_operations=ops))
     for tid in unknown_ids:
         topics.append(dict(error_code=ErrorCode.unknown_topic_id, name=None,
                            topic_id=tid, is_internal=False, partitions=(),
                            topic_authorized_operations=NO_OPS))
+    cluster_ops = NO_OPS
+    if 8 <= v <= 10 and getattr(req, "include_cluster_authorized_operations", False):
+        cluster_ops = (ctx.authorized_operations(R.CLUSTER, CLUSTER_NAME)
+                       if ctx.authorize_cluster(O.DESCRIBE) else 0)
     return build(m.MetadataResponse, throttle_time=datetime.timedelta(0),
                 brokers=(dict(node_id=broker.node_id, host=host, port=port,
                               rack=None),),
                 cluster_id=broker.cluster_id, controller_id=broker.node_id, topics=tuple(topics),
-                cluster_authorized_operations=NO_OPS, error_code=ErrorCode.none)
+                cluster_authorized_operations=cluster_ops, error_code=ErrorCode.none)

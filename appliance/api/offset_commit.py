@@ -3,20 +3,26 @@
 Runs in frontends; the group coordinator checks generation and member (a "simple" commit with
 generation -1 and no member only to a group without members) and answers once the offsets are in
 the group log. The v2-4 retention time is ignored: offsets expire by ``groups.offsets_retention_ms``
-(KIP-211, as Kafka since 2.1 does for v5+).
+(KIP-211, as Kafka since 2.1 does for v5+). Needs Read on the group (else every partition gets
+GROUP_AUTHORIZATION_FAILED) and Read on each topic (``_offsets``).
 """
 
 from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import _offsets, handles
+from appliance.errors import ErrorCode
 from appliance.group.messages import OffsetCommitRequest
 from appliance.protocol.messages import build
 
 
 @handles(8, "OffsetCommit", 2, 9)
 async def handle(ctx, req):
+    if not ctx.authorize(AclOperation.READ, ResourceType.GROUP, req.group_id):
+        return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
+                     topics=_offsets.all_failed(req.topics, ErrorCode.group_authorization_failed))
     send, local = _offsets.entries(ctx, req.topics)
     results = list(local)
     if send:

@@ -5,12 +5,18 @@ partition the group has an offset for. With ``require_stable`` (v7+, KIP-447) a 
 has transactional offsets pending gets UNSTABLE_OFFSET_COMMIT, so that a consumer taking over a
 partition waits for the transaction to finish instead of reprocessing. An unknown partition
 answers offset -1 and empty metadata, without error, as in Kafka.
+
+Authorization (Kafka's KafkaApis.handleOffsetFetchRequest): Describe on each group (else
+GROUP_AUTHORIZATION_FAILED for it) and Describe on each topic: asked by name, a topic without it
+gets offset -1 and TOPIC_AUTHORIZATION_FAILED for its partitions (the coordinator is not asked);
+asked for everything, such topics are left out of the answer.
 """
 
 from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.group.messages import OffsetFetchGroup, OffsetFetchRequest, OffsetPartition
@@ -40,16 +46,53 @@ async def handle(ctx, req):
     else:
         asked = [OffsetFetchGroup(req.group_id, _wanted(req.topics))]
     require_stable = bool(getattr(req, "require_stable", False))
-    r = await ctx.broker.call_coordinator(OffsetFetchRequest(asked, require_stable))
+    # Per group: its error (GROUP_AUTHORIZATION_FAILED) or its authorized request, and the
+    # partitions of topics it may not Describe.
+    denied_groups: set[int] = set()
+    denied_parts: dict[int, list[OffsetPartition]] = {}
+    send: list[OffsetFetchGroup] = []
+    for i, g in enumerate(asked):
+        if not ctx.authorize(AclOperation.DESCRIBE, ResourceType.GROUP, g.group_id):
+            denied_groups.add(i)
+            continue
+        if g.partitions is not None:
+            ok, no = [], []
+            for e in g.partitions:
+                (ok if _describable(ctx, e.topic) else no).append(e)
+            denied_parts[i] = [OffsetPartition(e.topic, e.partition, -1, -1, "",
+                                               ErrorCode.topic_authorization_failed) for e in no]
+            g = OffsetFetchGroup(g.group_id, ok)
+        send.append(g)
+    answered = iter([])
+    if send:
+        r = await ctx.broker.call_coordinator(OffsetFetchRequest(send, require_stable))
+        answered = iter(r.groups)
+    groups = []
+    for i, g in enumerate(asked):
+        if i in denied_groups:
+            groups.append(OffsetFetchGroup(g.group_id, [], ErrorCode.group_authorization_failed))
+            continue
+        a = next(answered)
+        parts = a.partitions or []
+        if not a.error:
+            if g.partitions is None:
+                parts = [e for e in parts if _describable(ctx, e.topic)]
+            else:
+                parts = parts + denied_parts.get(i, [])
+        groups.append(OffsetFetchGroup(a.group_id, parts, a.error))
     if ctx.version >= 8:
         return build(ctx.response_class(), throttle_time=datetime.timedelta(0), groups=tuple(
             dict(group_id=g.group_id, error_code=g.error,
-                 topics=_topics(g.partitions or [], 0)) for g in r.groups))
-    g = r.groups[0]
-    parts = g.partitions or []
+                 topics=_topics(g.partitions, 0)) for g in groups))
+    g = groups[0]
+    parts = g.partitions
     if ctx.version < 2 and g.error:
         # v1 has no group-level error: each asked partition carries it (Kafka's OffsetFetchResponse).
         parts = [OffsetPartition(e.topic, e.partition, -1, -1, "", g.error)
                  for e in (asked[0].partitions or [])]
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
                  error_code=g.error, topics=_topics(parts, 0))
+
+
+def _describable(ctx, topic: str) -> bool:
+    return ctx.authorize(AclOperation.DESCRIBE, ResourceType.TOPIC, topic)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.catalog import LEADER_EPOCH
 from appliance.errors import ErrorCode
@@ -28,14 +29,23 @@ UNDEFINED = -1
 def handle(ctx, req):
     broker = ctx.broker
     catalog = broker.catalog
+    # Kafka's KafkaApis: a follower (replica id >= 0, v3+) needs ClusterAction on the Cluster, a
+    # consumer Describe on each topic.
+    follower = getattr(req, "replica_id", -1) >= 0
+    cluster_denied = follower and not ctx.authorize_cluster(AclOperation.CLUSTER_ACTION)
     topics = []
     for t in req.topics:
         info = catalog.topics.get(t.topic)
+        denied = (ErrorCode.cluster_authorization_failed if cluster_denied else
+                  ErrorCode.topic_authorization_failed if not follower and not ctx.authorize(
+                      AclOperation.DESCRIBE, ResourceType.TOPIC, t.topic) else None)
         parts = []
         for p in t.partitions:
             err, epoch, end = ErrorCode.none, UNDEFINED, UNDEFINED
             st = None
-            if info is None or not 0 <= p.partition < info.partitions:
+            if denied is not None:
+                err = denied
+            elif info is None or not 0 <= p.partition < info.partitions:
                 err = ErrorCode.unknown_topic_or_partition
             elif p.current_leader_epoch > LEADER_EPOCH:
                 err = ErrorCode.unknown_leader_epoch

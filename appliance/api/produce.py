@@ -13,6 +13,19 @@ with INVALID_TOPIC_EXCEPTION, as Kafka refuses them; those logs are the coordina
 Produce 12 (KIP-890 part 2, transaction version 2) has v11's layout; it tells the writer to add
 the partition to the producer's transaction at the coordinator before the first batch of a
 transaction (implicit AddPartitionsToTxn) instead of only verifying it.
+
+Authorization (Kafka's KafkaApis.handleProduceRequest): a request holding a transactional batch
+needs Write on its TransactionalId, else every partition gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+each topic needs Write (one check per topic, not per batch), else its partitions get
+TOPIC_AUTHORIZATION_FAILED, before any other check, so that an unauthorized client learns
+nothing about the topic. An idempotent producer needs nothing more here: Kafka 3.x checks
+IdempotentWrite (or Write on some topic) at InitProducerId only.
+
+The request comes from ``appliance.protocol.produce_request``: its batches are views of the
+connection's receive buffer, never copied before the writer's ring. They are valid only until the
+connection reads again, so a request is sent before ``handle`` returns unless it could give the
+event loop back (pacing of a request of many partitions, or waiting for an earlier request of the
+connection to be sent): such a request copies its batches first.
 """
 
 from __future__ import annotations
@@ -22,14 +35,27 @@ import logging
 import time
 from collections import Counter
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import CloseConnection, handles
 from appliance.catalog import INTERNAL_TOPICS
 from appliance.errors import ErrorCode, KafkaError
 from appliance.ipc import ProduceResult
+from appliance.protocol.produce_request import PartitionData, ProduceRequestView, TopicData
 from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
 from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValidationError,
                                                 validate_records)
-from appliance.protocol.records import validate_batch
+from appliance.protocol.records import ATTRIBUTES_OFFSET, validate_batch
+from appliance.topic_config import cleanup_policy_set
+
+
+WRITE = AclOperation.WRITE
+TOPIC, TRANSACTIONAL_ID = ResourceType.TOPIC, ResourceType.TRANSACTIONAL_ID
+
+
+def _flagged_transactional(records) -> bool:
+    """The transactional bit of a (not yet validated) batch's attributes."""
+    return (records is not None and len(records) > ATTRIBUTES_OFFSET + 1
+            and bool(records[ATTRIBUTES_OFFSET + 1] & 0x10))
 
 log = logging.getLogger("appliance.produce")
 
@@ -83,32 +109,85 @@ def _validate_records(cfg, configs, topic: str, pd, header, max_bytes: int, now_
     after = log.message_timestamp_after_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
     validate_records(pd.records, header, max_bytes=max_bytes * log.decompressed_batch_max_factor,
                      now_ms=now_ms, before_ms=limit, after_ms=after,
-                     compacted="compact" in configs.get("cleanup.policy", ""),
+                     compacted="compact" in cleanup_policy_set(
+                         configs.get("cleanup.policy", log.cleanup_policy)),
                      topic_partition=f"{topic}-{pd.index}")
 
 
 @handles(0, "Produce", 3, 12)
-async def handle(ctx, req):
+def handle(ctx, req):
+    """The batches may be views of the connection's receive buffer, which is reused once the
+    frame's read is handled (``appliance.protocol.produce_request``). So a request that cannot
+    give the event loop back (fewer than YIELD_EVERY partitions, no earlier request of the
+    connection still unsent) is validated and handed to its writers here, before returning; it
+    returns the answer, or a coroutine that awaits the writers' acks holding no batch. Any other
+    request owns a copy of its batches first, then takes the same steps in a coroutine."""
+    order = _SendOrder(ctx.connection)
+    if order.waits() or _partition_count(req) >= YIELD_EVERY:
+        # Later requests of the connection must wait for this one from now on, not from the
+        # coroutine's first step: they could otherwise be sent first, synchronously.
+        order.yielding()
+        return _handle_later(ctx, _owned(req), order)
+    return _answer(ctx, req.acks, *_now(_send(ctx, req, order)))
+
+
+async def _handle_later(ctx, req, order: "_SendOrder"):
+    result = _answer(ctx, req.acks, *await _send(ctx, req, order))
+    if asyncio.iscoroutine(result):
+        result = await result
+    return result
+
+
+def _now(coro):
+    """Run to its end, here, a coroutine that cannot suspend (``handle`` made sure of it)."""
+    try:
+        coro.send(None)
+    except StopIteration as e:
+        return e.value
+    coro.close()
+    raise RuntimeError("the produce path gave the event loop back while holding views of the "
+                       "receive buffer")
+
+
+def _partition_count(req) -> int:
+    return sum(len(td.partition_data) for td in req.topic_data)
+
+
+def _owned(req):
+    """``req`` with every batch that is a view copied into its own bytes."""
+    topics = []
+    for td in req.topic_data:
+        topics.append(TopicData(td.name, [
+            PartitionData(pd.index, bytes(pd.records) if type(pd.records) is memoryview
+                          else pd.records) for pd in td.partition_data]))
+    return ProduceRequestView(req.transactional_id, req.acks, req.timeout, topics)
+
+
+async def _send(ctx, req, order: "_SendOrder"):
+    """Validate every partition's batch, then hand each valid one to its writer, in the order
+    of the connection's requests. Returns (per partition: topic, index, result or future of
+    it; the per-record errors; whether any partition failed)."""
     broker = ctx.broker
     acks = req.acks
     timeout_s = max(req.timeout.total_seconds(), 0.001) if req.timeout is not None else 30.0
     txn_id = req.transactional_id
-    order = _SendOrder(ctx.connection)
+    pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
+    any_error = False
     try:
         # Validate every partition's batch first: a transactional batch anywhere in a request
         # without a transactional id fails the whole request (Kafka's handleProduceRequest).
-        checked, record_errors, transactional = await _validate(ctx, req, order)
+        checked, record_errors, transactional, authorize = await _validate(ctx, req, order)
         await order.my_turn()
-        refuse_txn = transactional and not txn_id
-        pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
-        any_error = False
+        refuse_txn = transactional and (
+            not txn_id or (authorize is not None and not authorize(WRITE, TRANSACTIONAL_ID, txn_id)))
         pace = _Pace(order)
         for name, info, pd, what in checked:
             if pace.due():
                 await pace.rest()
             if refuse_txn:
                 res = ProduceResult(int(ErrorCode.transactional_id_authorization_failed),
-                                    error_message="transactional records need a transactional id")
+                                    error_message="transactional records need a transactional id"
+                                    if not txn_id else None)
             elif isinstance(what, ProduceResult):
                 res = what
             else:
@@ -118,13 +197,27 @@ async def handle(ctx, req):
             pending.append((name, pd.index, res))
     finally:
         order.sent()
-    catalog = broker.catalog
+    return pending, record_errors, any_error
+
+
+def _answer(ctx, acks: int, pending, record_errors, any_error):
+    """The answer, or a coroutine that awaits the writers' acks and builds it."""
+    catalog = ctx.broker.catalog
     if acks == 0:
         _count(ctx, catalog, [(name, r) for name, _, r in pending if isinstance(r, ProduceResult)])
         return CloseConnection("error in a produce request with acks=0") if any_error else None
     futures = [r for _, _, r in pending if isinstance(r, asyncio.Future)]
     if futures:
-        await asyncio.gather(*futures)
+        return _answer_after(ctx, catalog, pending, record_errors, futures)
+    return _response(ctx, catalog, pending, record_errors)
+
+
+async def _answer_after(ctx, catalog, pending, record_errors, futures):
+    await asyncio.gather(*futures)
+    return _response(ctx, catalog, pending, record_errors)
+
+
+def _response(ctx, catalog, pending, record_errors):
     by_topic: dict[str, ProduceTopic] = {}
     done: list[tuple[str, ProduceResult]] = []
     for name, index, r in pending:
@@ -156,7 +249,8 @@ def _count(ctx, catalog, results: list[tuple[str, ProduceResult]]) -> None:
 
 async def _validate(ctx, req, order: "_SendOrder"):
     """Per partition: the batch header (``validate_batch``) or the ProduceResult that refuses
-    it; the per-record errors (v8+); whether any batch is transactional."""
+    it; the per-record errors (v8+); whether any batch is transactional; the request's authorize
+    function (None: every write allowed, the authorizer off or a super user)."""
     broker = ctx.broker
     catalog = broker.catalog
     acks = req.acks
@@ -164,13 +258,20 @@ async def _validate(ctx, req, order: "_SendOrder"):
     record_errors: dict[tuple[str, int], list[tuple[int, str]]] = {}
     now_ms = int(time.time() * 1000)
     transactional = False
+    authz = broker.authorizer          # the hot path: decided once per request for a super user
+    authorize = None if not authz.enabled or ctx.principal in authz.super_users else ctx.authorize
     pace = _Pace(order)
     for td in req.topic_data:
         info = catalog.topics.get(td.name)
+        allowed = authorize is None or authorize(WRITE, TOPIC, td.name)
         for pd in td.partition_data:
             if pace.due():
                 await pace.rest()
-            if acks not in (0, 1, -1):
+            if not allowed:
+                what = ProduceResult(int(ErrorCode.topic_authorization_failed))
+                # Kafka looks at every batch for the transactional flag, authorized or not.
+                transactional = transactional or _flagged_transactional(pd.records)
+            elif acks not in (0, 1, -1):
                 what = ProduceResult(int(ErrorCode.invalid_required_acks))
             elif td.name in INTERNAL_TOPICS:
                 # Kafka's ReplicaManager.appendToLocalLog refuses client appends to internal
@@ -193,7 +294,7 @@ async def _validate(ctx, req, order: "_SendOrder"):
                         record_errors[(td.name, pd.index)] = e.record_errors
                     _REFUSALS.note(td.name, pd.index, e, ctx.client_host)
             checked.append((td.name, info, pd, what))
-    return checked, record_errors, transactional
+    return checked, record_errors, transactional, authorize
 
 
 class _Pace:
@@ -244,6 +345,10 @@ class _SendOrder:
     def yielding(self) -> None:
         if self.mine is None:
             self._register()
+
+    def waits(self) -> bool:
+        """Whether an earlier request of the connection is still to be sent."""
+        return self.before is not None and not self.before.done()
 
     async def my_turn(self) -> None:
         if self.before is not None and not self.before.done():

@@ -6,19 +6,33 @@ group generation, member and instance (KIP-447 zombie fencing), and stores the o
 until the transaction's marker. v0-2 (aiokafka) carry no group metadata: no group checks. v5
 (KIP-890 part 2, transaction version 2) adds the offsets partition to the transaction itself,
 where older clients sent AddOffsetsToTxn first.
+
+Authorization (Kafka's KafkaApis.handleTxnOffsetCommitRequest): Write on the transactional id
+(else every partition gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED), Read on the group (else
+GROUP_AUTHORIZATION_FAILED), Read on each topic (``_offsets``).
 """
 
 from __future__ import annotations
 
 import datetime
 
+from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import _offsets, handles
+from appliance.errors import ErrorCode
 from appliance.group.messages import TxnOffsetCommitRequest
 from appliance.protocol.messages import build
 
 
 @handles(28, "TxnOffsetCommit", 0, 5)
 async def handle(ctx, req):
+    denied = None
+    if not ctx.authorize(AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id):
+        denied = ErrorCode.transactional_id_authorization_failed
+    elif not ctx.authorize(AclOperation.READ, ResourceType.GROUP, req.group_id):
+        denied = ErrorCode.group_authorization_failed
+    if denied is not None:
+        return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
+                     topics=_offsets.all_failed(req.topics, denied))
     send, local = _offsets.entries(ctx, req.topics)
     results = list(local)
     if send:

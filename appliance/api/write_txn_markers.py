@@ -5,9 +5,13 @@ coordinator hands markers to writers through its rings, so this API serves the a
 (`kafka-transactions.sh abort`, Admin.abortTransaction) for hanging transactions: each listed
 partition's writer checks the marker (producer epoch, coordinator epoch) and appends it.
 
+Authorization (Kafka's KafkaApis.handleWriteTxnMarkersRequest): Alter on the Cluster (KIP-664:
+what an administrator's abort needs) or else ClusterAction on it (what brokers have); without
+either, every partition of every marker gets CLUSTER_AUTHORIZATION_FAILED.
+
 A marker whose coordinator epoch is above the coordinator's current one is refused with
 INVALID_REQUEST before any writer sees it (ours; Kafka has no such check, it relies on
-ClusterAction). In Kafka a higher coordinator epoch means a newer coordinator (KIP-98: markers
+ClusterAction, which with the authorizer off nobody needs). In Kafka a higher coordinator epoch means a newer coordinator (KIP-98: markers
 fence zombie coordinators); on one node the current epoch is known (bumped at every coordinator
 start and published on the coordinator's state page), so a higher one can only be forged. Stored by the writer, it would
 fence the real coordinator for that producer: each restart adds one to its epoch and is fenced
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 
 from appliance import ipc
+from appliance.acl.model import AclOperation
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
@@ -28,6 +33,14 @@ from appliance.protocol.messages import build
 @handles(27, "WriteTxnMarkers", 1, 2)
 async def handle(ctx, req):
     broker = ctx.broker
+    if not ctx.authorize_cluster(AclOperation.ALTER) and \
+            not ctx.authorize_cluster(AclOperation.CLUSTER_ACTION):
+        denied = ErrorCode.cluster_authorization_failed
+        return build(ctx.response_class(), markers=tuple(
+            dict(producer_id=mk.producer_id, topics=tuple(
+                dict(name=t.name, partitions=tuple(dict(partition_index=p, error_code=denied)
+                                                   for p in t.partition_indexes))
+                for t in mk.topics)) for mk in req.markers))
     catalog = broker.catalog
     markers = []
     current_epoch = broker.coordinator_epoch()

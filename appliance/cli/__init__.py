@@ -6,7 +6,7 @@ One module per tool registers its commands on ``main`` (imported at the bottom o
 ``topics`` (kafka-topics.sh), ``groups`` (kafka-consumer-groups.sh), ``configs``
 (kafka-configs.sh), ``offsets`` (kafka-get-offsets.sh), ``dump_log`` (kafka-dump-log.sh) and
 ``console`` (the console producer and consumer), ``users`` (SCRAM users, offline or online),
-``spark`` (recovery of the Spark sink's dead jobs);
+``acls`` (kafka-acls.sh), ``spark`` (recovery of the Spark sink's dead jobs);
 ``tool`` holds what the Kafka tools share. A new tool is a new module here, with its import added
 below.
 """
@@ -46,5 +46,5 @@ def main() -> None:
 
 
 # The tools: each module registers its commands on ``main``.
-from appliance.cli import (configs, console, dump_log, groups, offsets, serve, topics,  # noqa: E402,F401
-                           spark, transactions, users)
+from appliance.cli import (acls, configs, console, dump_log, groups, offsets, serve,  # noqa: E402,F401
+                           spark, topics, transactions, users)

@@ -10,4 +10,8 @@ any number of others through read-only maps (``reader.LogReader``, ``reader.Segm
 - ``reader``: fetch ranges and timestamp lookups for other processes.
 - ``compacted_log``: the coordinator worker's logs compacted by rewrite (the transaction-state
   log, the group log), each one ``PartitionLog`` plus a crash-safe swap.
+- ``cleaner``: the log cleaner of compacted topics (run by the cleaner processes): plan, key map,
+  rewrite into ``.cleaned`` copies.
+- ``swap``: the writer's side of a cleaner round: the crash-safe swap of the copies, and its
+  completion at open.
 """

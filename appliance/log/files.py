@@ -16,6 +16,14 @@ A partition directory, Kafka's layout plus three small files of our own::
                                     and fsynced; recovery scans only segments from here on
     .clean-shutdown                 present only between a clean close and the next open
     *.tmp                           an atomic replacement in progress; removed at open
+    *.cleaned                       a cleaner's copy of a group of segments (log/cleaner),
+                                    waiting for the writer to swap it in; removed at open
+    cleaner-swap                    a swap the writer committed to (see log/swap.py); an open
+                                    finishes it
+    cleaner-offset-checkpoint       checkpoint: the cleaner's first dirty offset (Kafka's
+                                    cleaner-offset-checkpoint, one partition's)
+    <base>.log.<inode>.deleted      a .log a swap replaced, kept for the fetches answered from
+                                    it (log.segment_delete_delay_ms); removed at open
 
 Offset and time index files are only ever shrunk by atomic replacement (write ``x.tmp``, fsync, rename), never
 by truncating in place, because readers in other processes may have the old file mapped and
@@ -33,7 +41,8 @@ from shm.region import allocate
 __all__ = [
     "LOG_SUFFIX", "INDEX_SUFFIX", "TIMEINDEX_SUFFIX", "TXNINDEX_SUFFIX", "TMP_SUFFIX",
     "LOG_START_OFFSET_FILE", "RECOVERY_POINT_FILE", "CLEAN_SHUTDOWN_FILE",
-    "segment_name", "log_path", "index_path", "timeindex_path", "txnindex_path",
+    "DELETED_SUFFIX", "CLEANED_SUFFIX", "SWAP_FILE", "CLEANER_CHECKPOINT_FILE", "segment_name", "log_path", "index_path", "timeindex_path", "txnindex_path",
+    "retired_log_path",
     "list_segment_bases",
     "fsync_dir", "atomic_write", "write_tmp_copies", "allocate", "grow_file", "read_checkpoint",
     "write_checkpoint", "NO_SPACE", "is_no_space",
@@ -74,6 +83,19 @@ def timeindex_path(directory: str, base_offset: int) -> str:
 
 def txnindex_path(directory: str, base_offset: int) -> str:
     return os.path.join(directory, segment_name(base_offset) + TXNINDEX_SUFFIX)
+
+
+DELETED_SUFFIX = ".deleted"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_FILE = "cleaner-swap"
+CLEANER_CHECKPOINT_FILE = "cleaner-offset-checkpoint"
+
+
+def retired_log_path(directory: str, base_offset: int, inode: int) -> str:
+    """Where a swap keeps the replaced ``<base>.log`` whose inode was ``inode`` (Kafka renames
+    replaced segments ``.deleted`` and deletes them after file.delete.delay.ms): fetch answers
+    read from it before the swap are copied from there."""
+    return os.path.join(directory, f"{segment_name(base_offset)}{LOG_SUFFIX}.{inode}{DELETED_SUFFIX}")
 
 
 def _base_of(name: str, suffix: str) -> int | None:

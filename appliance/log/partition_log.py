@@ -11,7 +11,9 @@ LogAppendTime stamp if configured (the only CRC pass), a roll check, one pwrite 
 active segment, and an index entry every ``index_interval_bytes``. Never a loop over records.
 
 Opening (Kafka's LogLoader semantics):
-  1. remove ``*.tmp`` (interrupted atomic replacements) and index files without a ``.log``;
+  1. remove ``*.tmp`` (interrupted atomic replacements); finish a committed cleaner swap, remove
+     cleaned copies and retired files (``appliance.log.swap``); remove index files without a
+     ``.log``;
   2. read the ``log-start-offset`` and ``recovery-point`` checkpoints and the clean-shutdown
      marker;
   3. finish an interrupted retention delete: segments that end at or below the log start offset
@@ -65,20 +67,19 @@ import mmap
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Literal, Mapping, NamedTuple
-
-import msgspec
+from typing import Callable, Iterator, NamedTuple
 
 from appliance.catalog import LEADER_EPOCH
-from appliance.config import LogConfig
 from appliance.errors import CorruptRecord, ErrorCode, KafkaError
 from appliance.log.files import (CLEAN_SHUTDOWN_FILE, INDEX_SUFFIX, LOG_START_OFFSET_FILE,
                                  RECOVERY_POINT_FILE, TIMEINDEX_SUFFIX, TMP_SUFFIX, TXNINDEX_SUFFIX,
                                  fsync_dir, index_path, is_no_space, list_segment_bases, log_path,
                                  read_checkpoint, timeindex_path, txnindex_path, write_checkpoint)
 from appliance.log.index import OffsetIndex
+from appliance.log import swap
 from appliance.log.segment import (LogDirFailure, LogSegment, SegmentInfo, SegmentMark,
                                    delete_segment_files, load_segment, recover_segment)
+from appliance.log.settings import LogSettings
 from appliance.log.txn_index import AbortedTxn, TransactionIndex
 from appliance.log.txn_index import sane as txn_index_sane
 from appliance.protocol.records import (HEADER_SIZE, BatchHeader, build_control_batch,
@@ -96,62 +97,6 @@ def _entries_in(path: str, entry_size: int) -> int:
         return os.path.getsize(path) // entry_size
     except OSError:
         return 0
-
-
-# Kafka topic-config names -> LogSettings fields.
-_TOPIC_KEYS = {
-    "segment.bytes": "segment_bytes",
-    "segment.ms": "segment_ms",
-    "retention.bytes": "retention_bytes",
-    "retention.ms": "retention_ms",
-    "index.interval.bytes": "index_interval_bytes",
-    "segment.index.bytes": "segment_index_bytes",
-    "message.timestamp.type": "message_timestamp_type",
-    "max.message.bytes": "max_message_bytes",
-}
-
-
-class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """The per-topic log settings a partition writer needs (Kafka topic-config semantics)."""
-
-    segment_bytes: int = 1073741824
-    segment_ms: int = 604800000
-    retention_bytes: int = -1
-    retention_ms: int = 604800000
-    index_interval_bytes: int = 4096
-    segment_index_bytes: int = 10485760
-    message_timestamp_type: Literal["CreateTime", "LogAppendTime"] = "CreateTime"
-    max_message_bytes: int = 1048588
-    decompressed_batch_max_factor: int = 64
-
-    @classmethod
-    def from_config(cls, cfg: LogConfig, overrides: Mapping[str, str] | None = None) -> "LogSettings":
-        """Broker defaults from ``log.*`` overlaid with a topic's configs (Kafka names, string
-        values). Unknown names are ignored here; the caller validates topic configs."""
-        values: dict[str, object] = {
-            "segment_bytes": cfg.segment_bytes, "segment_ms": cfg.segment_ms,
-            "retention_bytes": cfg.retention_bytes, "retention_ms": cfg.retention_ms,
-            "index_interval_bytes": cfg.index_interval_bytes,
-            "segment_index_bytes": cfg.segment_index_bytes,
-            "message_timestamp_type": cfg.message_timestamp_type,
-            "max_message_bytes": cfg.message_max_bytes,
-            "decompressed_batch_max_factor": cfg.decompressed_batch_max_factor,
-        }
-        for name, raw in (overrides or {}).items():
-            field = _TOPIC_KEYS.get(name)
-            if field is None:
-                continue
-            values[field] = raw if field == "message_timestamp_type" else int(raw)
-        return msgspec.convert(values, cls)
-
-    @property
-    def max_decompressed_bytes(self) -> int:
-        """What one compressed batch may inflate to (recovery's bound, as produce's)."""
-        return self.max_message_bytes * self.decompressed_batch_max_factor
-
-    @property
-    def log_append_time(self) -> bool:
-        return self.message_timestamp_type == "LogAppendTime"
 
 
 class AppendInfo(NamedTuple):
@@ -196,6 +141,10 @@ class PartitionLog:
                                        else txn_index_rebuild_from)
         self._rebuild_pending = rebuild_pending     # recovery point held back for the rebuild
         self._rebuild_ix: TransactionIndex | None = None   # a sealed segment's, during rebuild
+        # Files a cleaner swap replaced, kept for readers until their time (monotonic s).
+        self._retired: list[tuple[float, str]] = []
+        # Tests only: called with each step of a swap (appliance.log.swap), to crash there.
+        self.crash_hook: Callable[[str], None] | None = None
         self._control_mark: tuple[AppendInfo, SegmentMark] | None = None
         self._unsaved_start = False     # log-start-offset checkpoint not written (full disk)
 
@@ -212,6 +161,8 @@ class PartitionLog:
         for name in os.listdir(directory):
             if name.endswith(TMP_SUFFIX):
                 os.unlink(os.path.join(directory, name))
+        # 0. a cleaner swap: finished if it was committed, else its copy goes.
+        swap.recover(directory)
         bases = list_segment_bases(directory)
         known = set(bases)
         for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
@@ -475,7 +426,7 @@ class PartitionLog:
             return False
         first = seg.rolling_base_timestamp()
         waited = batch_max_ts - first if first >= 0 else now_ms - seg.created_ms
-        return waited > self.settings.segment_ms
+        return waited > self.settings.roll_ms
 
     def maybe_roll(self, now_ms: int) -> bool:
         """Periodic time-based roll (no batch at hand: the clock stands in for its timestamp)."""
@@ -555,6 +506,8 @@ class PartitionLog:
         """Delete the oldest sealed segments past retention.ms (by their largest timestamp) or
         retention.bytes (whole-log size), never the active one; returns whether any went."""
         s = self.settings
+        if not s.delete:
+            return False          # cleanup.policy=compact: segments go only by compaction
         n_time = n_size = 0
         if s.retention_ms >= 0:
             for seg in self._sealed:
@@ -617,6 +570,63 @@ class PartitionLog:
             for seg in doomed:
                 delete_segment_files(self.directory, seg.base_offset)
         return True
+
+    # -- compaction (appliance.log.swap) ----------------------------------------------------
+    def replace_segments(self, groups: list[tuple[int, list[tuple[int, int, int]]]],
+                         checkpoint: int, retire_s: float) -> list[SegmentInfo]:
+        """Swap the cleaner's copies in, one commit for all: each group is (base, old), the
+        copy ``<base>.*.cleaned`` replacing the consecutive sealed segments ``old`` ((base,
+        inode, size) as the cleaner read them, the first named ``base``). Writes the cleaner
+        checkpoint when ``checkpoint`` >= 0. The replaced .log files stay readable under their
+        retired names for ``retire_s`` seconds. Raises swap.SwapRefused (the copies are
+        removed, nothing changed; swap.SwapNoSpace when the commit found the disk full);
+        OSError after the commit (the writer must stop: the next open finishes the swap)."""
+        bases = [s.base_offset for s in self._sealed]
+        step = self.crash_hook or (lambda name: None)
+        plan: list[tuple[int, int, SegmentInfo]] = []
+        try:
+            prev_end = -1
+            for base, old in groups:
+                i = bases.index(base)
+                if [b for b, _, _ in old] != bases[i:i + len(old)] or i < prev_end:
+                    raise swap.SwapRefused(f"segments {[b for b, _, _ in old]} are not consecutive "
+                                           f"sealed segments of {self.directory}, in order")
+                j = prev_end = i + len(old)
+                next_base = bases[j] if j < len(bases) else self._active.base_offset
+                plan.append((i, j, swap.check_copy(self.directory, base, old, next_base)[0]))
+        except (ValueError, swap.SwapRefused) as e:
+            swap.remove_cleaned(self.directory)
+            raise swap.SwapRefused(str(e)) from None
+        step("checked")
+        if self._rebuild_ix is not None:
+            self.finish_txn_index_rebuild()
+        m = swap.SwapManifest([(base, [b for b, _, _ in old]) for base, old in groups], checkpoint)
+        swap.write_manifest(self.directory, m)
+        step("committed")
+        retired = swap.roll_forward(self.directory, m, retire=True, step=step)
+        for i, j, info in reversed(plan):
+            self._sealed[i:j] = [info]
+        self.segments_version += 1
+        until = time.monotonic() + retire_s
+        self._retired += [(until, p) for p in retired]
+        return [info for _, _, info in plan]
+
+    @property
+    def has_retired(self) -> bool:
+        return bool(self._retired)
+
+    def delete_retired(self, now: float | None = None) -> int:
+        """Remove the retired files whose time has come; returns how many went."""
+        now = time.monotonic() if now is None else now
+        due = [p for t, p in self._retired if t <= now]
+        if due:
+            self._retired = [(t, p) for t, p in self._retired if t > now]
+            for p in due:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+        return len(due)
 
     # -- lookups -----------------------------------------------------------------------------
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:

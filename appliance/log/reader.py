@@ -55,8 +55,8 @@ from collections import OrderedDict
 from typing import Iterable, NamedTuple
 
 from appliance.errors import CorruptRecord, ErrorCode, KafkaError
-from appliance.log.files import (index_path, list_segment_bases, log_path, timeindex_path,
-                                 txnindex_path)
+from appliance.log.files import (index_path, list_segment_bases, log_path, retired_log_path,
+                                 timeindex_path, txnindex_path)
 from appliance.log.index import OffsetIndex, TimeIndex
 from appliance.log.txn_index import AbortedTxn, collect_entries, read_entries
 from appliance.protocol.record_contents import DEFAULT_DECOMPRESSED_FACTOR, offsets_and_timestamps
@@ -69,6 +69,7 @@ class Slice(NamedTuple):
     segment_base: int
     position: int
     length: int
+    inode: int = 0             # of the .log read (a cleaner swap puts another file under the name)
 
 
 class ReadResult(NamedTuple):
@@ -84,7 +85,8 @@ class _Stale(Exception):
 
 
 class _Segment:
-    __slots__ = ("directory", "base", "known_end", "_log", "_log_len", "_oidx", "_tidx", "txn_cache")
+    __slots__ = ("directory", "base", "known_end", "_log", "_log_len", "_oidx", "_tidx",
+                 "txn_cache", "ino", "end")
 
     def __init__(self, directory: str, base: int) -> None:
         self.directory = directory
@@ -92,6 +94,8 @@ class _Segment:
         self.known_end = 0          # end of the furthest batch verified in this segment
         self._log: mmap.mmap | None = None
         self._log_len = 0
+        self.ino = 0                # inode of the mapped .log (0: not mapped yet)
+        self.end = -1               # real size of a sealed segment (-1: not looked at since refresh)
         self._oidx: OffsetIndex | None = None
         self._tidx: TimeIndex | None = None
         self.txn_cache: list[AbortedTxn] | None = None   # .txnindex entries, sealed segments only
@@ -105,16 +109,32 @@ class _Segment:
         except FileNotFoundError:
             raise _Stale from None
         try:
-            size = os.fstat(fd).st_size
-            if size < need_end:
+            m, st = _map_whole(fd)
+            size = st.st_size
+            if size < need_end or (self.ino and st.st_ino != self.ino):
+                # Shorter than what we know is there, or another file under the name (a cleaner
+                # swap): what we read so far came from the old one.
+                m.close()
                 raise _Stale
-            m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         finally:
             os.close(fd)
         if self._log is not None:
             self._log.close()
-        self._log, self._log_len = m, size
+        self._log, self._log_len, self.ino = m, size, st.st_ino
         return m
+
+    def sealed_end(self) -> int:
+        """The real size of this sealed segment's .log (one stat after each refresh): positions
+        below it hold whole batches. _Stale if the file under the name is not the one mapped."""
+        if self.end < 0:
+            try:
+                st = os.stat(log_path(self.directory, self.base))
+            except FileNotFoundError:
+                raise _Stale from None
+            if self.ino and st.st_ino != self.ino:
+                raise _Stale
+            self.end = st.st_size
+        return self.end
 
     def offset_index(self) -> OffsetIndex | None:
         if self._oidx is None:
@@ -133,8 +153,15 @@ class _Segment:
         return self._tidx
 
     def replaced(self) -> bool:
-        """Whether an index file we hold was replaced, or resized, since we opened it (a writer
-        reopening a trimmed index grows it in place)."""
+        """Whether a file we hold was replaced since we opened it (a cleaner swap renames new
+        files over a segment's names), or an index resized (a writer reopening a trimmed index
+        grows it in place)."""
+        if self._log is not None:
+            try:
+                if os.stat(log_path(self.directory, self.base)).st_ino != self.ino:
+                    return True
+            except FileNotFoundError:
+                return True
         for ix, path in ((self._oidx, index_path), (self._tidx, timeindex_path)):
             if ix is None:
                 continue
@@ -155,6 +182,22 @@ class _Segment:
             self._log.close()
             self._log = None
             self._log_len = 0
+        self.ino = 0
+
+
+def _map_whole(fd: int) -> tuple[mmap.mmap, os.stat_result]:
+    """A read-only map of the whole file and the stat it was made with. A roll cuts the active
+    segment to its size under us (regression: "mmap length is greater than file size" between
+    the fstat and the mmap, answered UNKNOWN_SERVER_ERROR): look again."""
+    for _ in range(3):
+        st = os.fstat(fd)
+        if st.st_size == 0:
+            raise _Stale
+        try:
+            return mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ), st
+        except ValueError:
+            continue
+    raise _Stale
 
 
 def _sealed_max_timestamp(directory: str, base: int) -> int:
@@ -221,8 +264,10 @@ class LogReader:
         for s in old.values():
             s.close()
         for s in segs:
-            # A restarted writer may have rebuilt .txnindex files; only a refresh sees that.
+            # A restarted writer may have rebuilt .txnindex files; only a refresh sees that. A
+            # segment that was the last listed may have been sealed (cut to its size) since.
             s.txn_cache = None
+            s.end = -1
         self._segs = segs
         self._bases = [s.base for s in segs]
         live = {s.base: s for s in segs}
@@ -238,7 +283,17 @@ class LogReader:
         self._open.clear()
 
     # -- walking -----------------------------------------------------------------------------
-    def _header(self, i: int, pos: int, expected: int | None) -> BatchHeader:
+    # Offsets increase but need not be contiguous: a cleaner removes records and whole batches
+    # (Kafka keeps each retained batch's base offset and last offset delta), so the batch after
+    # one ending at offset e starts at e or later, and a sealed segment may end before the next
+    # one's base offset, or be empty. The last listed segment (the active one) is never cleaned:
+    # its batches are contiguous from its base offset, and its bytes past the published end are
+    # never read. While a cleaner swap is being made, the cleaned copy of a group of segments may
+    # be listed beside the old segments it replaces: a batch that ends below what was already
+    # read is one of those and is skipped, so a reader sees the old or the new data of a range,
+    # in offset order, never twice.
+
+    def _header(self, i: int, pos: int) -> BatchHeader:
         """The header of a batch known to be published at (segment i, pos).
 
         Past the furthest batch verified so far in the last listed segment, the file's real size
@@ -256,7 +311,7 @@ class LogReader:
         m = seg.log(pos + HEADER_SIZE)
         h = read_header(m, pos)
         size = h.batch_length + 12
-        if h.magic != MAGIC or size < HEADER_SIZE or (expected is not None and h.base_offset != expected):
+        if h.magic != MAGIC or size < HEADER_SIZE or h.base_offset < seg.base:
             raise _Stale
         end = pos + size
         if 0 <= file_size < end:
@@ -266,36 +321,53 @@ class LogReader:
             seg.known_end = end
         return h
 
-    def _next(self, i: int, pos: int, expected: int) -> tuple[int, int]:
-        """Where the batch starting at offset ``expected`` is, given that the previous batch
-        ended at (segment i, pos)."""
-        if i + 1 < len(self._segs) and self._bases[i + 1] == expected:
-            return i + 1, 0
-        return i, pos
+    def _from(self, i: int, pos: int, target: int, hw: int, *, after: bool = True
+              ) -> tuple[int, int, BatchHeader] | None:
+        """The first batch at (segment i, pos) or after it whose last offset is >= ``target``,
+        or None when there is none below ``hw``. ``after``: everything before (i, pos) was
+        read and ends just below ``target``, so the batch found must start at ``target`` or
+        later; a batch that would straddle it belongs to another version of the log (stale)."""
+        if target >= hw:
+            return None
+        bases = self._bases
+        n = len(bases)
+        while True:
+            if i + 1 < n:
+                # A sealed segment: past its end, or wholly below the offset looked for, the
+                # batch is in a later one.
+                if bases[i + 1] <= target or pos >= self._seg(i).sealed_end():
+                    i, pos = i + 1, 0
+                    continue
+            elif pos == 0 and bases[i] >= hw:
+                return None            # the active segment's first batch is not published
+            h = self._header(i, pos)
+            if h.last_offset >= target:
+                if after and h.base_offset < target:
+                    raise _Stale
+                return i, pos, h
+            pos += h.batch_length + 12
 
-    def _locate(self, i: int, target: int) -> tuple[int, int, BatchHeader]:
-        """The batch in segment i (or later) whose last offset is >= target (< the HW)."""
+    def _locate(self, i: int, target: int, hw: int) -> tuple[int, int, BatchHeader] | None:
+        """The batch in segment i (or later) whose last offset is >= target, or None when
+        there is none below ``hw``. The offset index is a hint: the batch at the position of an
+        entry must end at the entry's offset (the index files and the log of a cleaner swap may
+        be seen mixed for a moment), else the segment is walked from its start."""
+        if target >= hw:
+            return None
         seg = self._seg(i)
-        pos = 0
         oidx = seg.offset_index()
         if oidx is not None:
-            pos = oidx.lookup(target)[1]
-        h = None
-        if pos:
-            try:
-                h = self._header(i, pos, None)
-                if h.base_offset > target:
+            off, pos = oidx.lookup(target)
+            if pos:
+                try:
+                    h = self._header(i, pos)
+                except _Stale:
                     h = None
-            except _Stale:
-                h = None
-        if h is None:
-            pos = 0
-            h = self._header(i, 0, seg.base)
-        while h.last_offset < target:
-            expected = h.last_offset + 1
-            i, pos = self._next(i, pos + h.batch_length + 12, expected)
-            h = self._header(i, pos, expected)
-        return i, pos, h
+                if h is not None and h.last_offset == off:
+                    if off >= target:
+                        return i, pos, h
+                    return self._from(i, pos + h.batch_length + 12, target, hw, after=False)
+        return self._from(i, 0, target, hw, after=False)
 
     def _retrying(self, fn):
         try:
@@ -348,31 +420,32 @@ class LogReader:
         i = bisect.bisect_right(self._bases, fetch_offset) - 1
         if i < 0:
             raise _Stale
-        i, pos, h = self._locate(i, fetch_offset)
         slices: list[Slice] = []
         total = 0
         first = -1
         nxt = fetch_offset
-        while True:
+        got = self._locate(i, fetch_offset, hw)
+        while got is not None:
+            i, pos, h = got
             size = h.batch_length + 12
             if h.last_offset >= hw:
                 break
             if total + size > max_bytes and not (total == 0 and min_one):
                 break
+            ino = self._segs[i].ino
             if slices and slices[-1].segment_base == self._bases[i] and \
-                    slices[-1].position + slices[-1].length == pos:
+                    slices[-1].position + slices[-1].length == pos and slices[-1].inode == ino:
                 s = slices[-1]
-                slices[-1] = Slice(s.segment_base, s.position, s.length + size)
+                slices[-1] = Slice(s.segment_base, s.position, s.length + size, ino)
             else:
-                slices.append(Slice(self._bases[i], pos, size))
+                slices.append(Slice(self._bases[i], pos, size, ino))
             if first < 0:
                 first = h.base_offset
             total += size
-            expected = nxt = h.last_offset + 1
-            if total >= max_bytes or expected >= hw:
+            nxt = h.last_offset + 1
+            if total >= max_bytes:
                 break
-            i, pos = self._next(i, pos + size, expected)
-            h = self._header(i, pos, expected)
+            got = self._from(i, pos + size, nxt, hw)
         return ReadResult(slices, total, first, nxt)
 
     # -- aborted transactions (read_committed) ------------------------------------------------
@@ -438,10 +511,9 @@ class LogReader:
             tidx = seg.time_index()
             t_off = tidx.lookup(target)[1] if tidx is not None else base
             # An index entry may already describe a batch past the HW: never walk from there.
-            i2, pos, h = self._locate(i, min(max(t_off, start), hw - 1))
-            if i2 != i:
-                continue            # nothing left in this segment; the next iteration covers it
-            while True:
+            got = self._locate(i, min(max(t_off, start), hw - 1), hw)
+            while got is not None and got[0] == i:     # else the next iteration covers it
+                _, pos, h = got
                 if h.last_offset >= hw:
                     return None
                 if h.max_timestamp >= target and h.last_offset >= start:
@@ -451,10 +523,9 @@ class LogReader:
                         if ts >= target and start <= off < hw:
                             return off, ts
                 expected = h.last_offset + 1
-                if expected >= hw or expected == next_base:
+                if next_base is not None and expected >= next_base:
                     break
-                pos += h.batch_length + 12
-                h = self._header(i, pos, expected)
+                got = self._from(i, pos + h.batch_length + 12, expected, hw)
         return None
 
 
@@ -498,64 +569,81 @@ def _max_timestamp_impl(reader: "LogReader", hw: int, lso: int) -> tuple[int, in
 
 def _headers_below(reader: "LogReader", i: int, start: int, hw: int):
     """(segment index, position, header) of the batches of segment i from ``start`` below hw."""
-    base = reader._bases[i]
     next_base = reader._bases[i + 1] if i + 1 < len(reader._bases) else None
     if start >= hw or (next_base is not None and start >= next_base):
         return
-    i2, pos, h = reader._locate(i, start)
-    if i2 != i:
-        return
-    while h.last_offset < hw:
+    got = reader._locate(i, start, hw)
+    while got is not None and got[0] == i:
+        _, pos, h = got
+        if h.last_offset >= hw:
+            return
         yield i, pos, h
         expected = h.last_offset + 1
-        if expected >= hw or expected == next_base:
+        if next_base is not None and expected >= next_base:
             return
-        pos += h.batch_length + 12
-        h = reader._header(i, pos, expected)
+        got = reader._from(i, pos + h.batch_length + 12, expected, hw)
 
 
 class SegmentViews:
     """Per-process cache of read-only maps of segment files, handing out memoryviews.
 
     A frontend copies Fetch answers from these views into the response. Maps are keyed by
-    (partition dir, segment base); ``forget`` drops those of deleted segments, and at most
-    ``max_maps`` stay cached (least recently used go first). Dropping only forgets our
+    (partition dir, segment base) and remember the inode they map: a slice names the inode the
+    fetcher read, and a cleaner swap puts another file under the same name, so a map of another
+    inode is replaced by the file now under the name or, when the slice was read from the
+    replaced file, by that file under its retired name (``files.retired_log_path``, kept by the
+    writer for ``log.segment_delete_delay_ms``). ``forget`` drops those of deleted segments, and
+    at most ``max_maps`` stay cached (least recently used go first). Dropping only forgets our
     reference: a view handed out earlier keeps its map (and an unlinked file) alive until it is
     released.
     """
 
     def __init__(self, *, max_maps: int = 1024) -> None:
-        self._maps: OrderedDict[tuple[str, int], memoryview] = OrderedDict()
+        self._maps: OrderedDict[tuple[str, int], tuple[memoryview, int]] = OrderedDict()
         self._max_maps = max(1, max_maps)
 
-    def view(self, partition_dir: str, segment_base: int, position: int, length: int) -> memoryview:
+    def view(self, partition_dir: str, segment_base: int, position: int, length: int,
+             inode: int = 0) -> memoryview:
+        """``inode``: of the file the range was read from (0: whichever is under the name)."""
         key = (partition_dir, segment_base)
         maps = self._maps
-        mv = maps.get(key)
+        got = maps.get(key)
         end = position + length
-        if mv is None or end > mv.nbytes:
-            mv = self._open(partition_dir, segment_base, end)
-            maps[key] = mv
+        if got is None or end > got[0].nbytes or (inode and got[1] != inode):
+            got = self._open(partition_dir, segment_base, end, inode)
+            maps[key] = got
             while len(maps) > self._max_maps:
                 maps.popitem(last=False)
         maps.move_to_end(key)
-        return mv[position:end]
+        return got[0][position:end]
 
     @staticmethod
-    def _open(partition_dir: str, segment_base: int, end: int) -> memoryview:
-        try:
-            fd = os.open(log_path(partition_dir, segment_base), os.O_RDONLY)
-        except FileNotFoundError:
-            raise KafkaError(ErrorCode.offset_out_of_range,
-                             f"segment {segment_base} of {partition_dir} was deleted") from None
-        try:
-            size = os.fstat(fd).st_size
-            if size < end:
-                raise ValueError(f"range end {end} is past the end ({size}) of segment "
-                                 f"{segment_base} of {partition_dir}")
-            return memoryview(mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ))
-        finally:
-            os.close(fd)
+    def _open(partition_dir: str, segment_base: int, end: int, inode: int) -> tuple[memoryview, int]:
+        paths = [log_path(partition_dir, segment_base)]
+        if inode:
+            paths.append(retired_log_path(partition_dir, segment_base, inode))
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                try:
+                    m, st = _map_whole(fd)
+                except _Stale:
+                    continue                # empty, or cut again and again under us
+                if inode and st.st_ino != inode:
+                    m.close()
+                    continue
+                if st.st_size < end:
+                    m.close()
+                    raise ValueError(f"range end {end} is past the end ({st.st_size}) of segment "
+                                     f"{segment_base} of {partition_dir}")
+                return memoryview(m), st.st_ino
+            finally:
+                os.close(fd)
+        raise KafkaError(ErrorCode.offset_out_of_range,
+                         f"segment {segment_base} of {partition_dir} was deleted or replaced")
 
     def forget(self, partition_dir: str, keep: Iterable[int] | None = None) -> None:
         """Drop the maps of ``partition_dir`` whose segment base is not in ``keep`` (default:

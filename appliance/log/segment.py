@@ -38,7 +38,8 @@ keep the old file), then fsyncs - the ``.txnindex`` too, so that a segment below
 has a complete, durable aborted-transaction index.
 
 Recovery (``recover_segment``) follows Kafka's LogSegment.recover: walk the batches from position
-0 checking length, magic, CRC and offset continuity - and, stricter than Kafka, that the records
+0 checking length, magic, CRC and increasing offsets (gaps are legitimate: a cleaned segment
+keeps only some batches, and may be empty) - and, stricter than Kafka, that the records
 can be read (framing, compressed data inflated within a bound; ``record_contents.records_ok``),
 so that a batch which passed its CRC but not a consumer is cut off too - stop at the first bad
 one, truncate the file there and rebuild both indexes from the headers just read. The scan maps
@@ -169,11 +170,12 @@ def recover_segment(directory: str, base_offset: int, *, segment_bytes: int,
             try:
                 batches, valid_end = scan_valid(m, 0, data_end)
                 expected = base_offset
-                for i, (pos, h) in enumerate(batches):       # offsets must be contiguous
+                for i, (pos, h) in enumerate(batches):       # offsets must increase
+                    # (not be contiguous: a cleaned segment keeps gaps where records went).
                     # A batch whose CRC holds but whose records a consumer cannot read (broken
                     # framing, undecodable or oversized compressed data) is as corrupt as a torn
                     # one: truncate there instead of serving it, or crashing on it, forever.
-                    if (h.base_offset != expected or h.last_offset_delta < 0
+                    if (h.base_offset < expected or h.last_offset_delta < 0
                             or not records_ok(m, pos, h, max_bytes=max_decompressed_bytes)):
                         batches, valid_end = batches[:i], pos
                         break
@@ -183,7 +185,7 @@ def recover_segment(directory: str, base_offset: int, *, segment_bytes: int,
         corrupt = valid_end < file_size and not _all_zero(fd, valid_end, data_end)
         next_offset = (batches[-1][1].base_offset + batches[-1][1].last_offset_delta + 1
                        if batches else base_offset)
-        if next_base is not None and next_offset != next_base:
+        if next_base is not None and next_offset > next_base:
             corrupt = True
         if valid_end < file_size:
             os.ftruncate(fd, valid_end)   # also zeroes whatever a later extension exposes
@@ -204,12 +206,13 @@ def recover_segment(directory: str, base_offset: int, *, segment_bytes: int,
 
 
 def load_segment(directory: str, base_offset: int, *, next_base: int | None,
-                 allow_empty: bool = False) -> tuple[SegmentInfo, int, int] | None:
+                 allow_empty: bool = False, suffix: str = "") -> tuple[SegmentInfo, int, int] | None:
     """Load a segment that needs no scan (sealed, or closed cleanly): Kafka's index sanity
     checks, then a header walk from the last offset-index entry that must end exactly at the end
-    of the file (and, when known, at ``next_base``). Returns (info, offset entries, time
-    entries), or None when anything is off - the caller then recovers the segment."""
-    path = log_path(directory, base_offset)
+    of the file (and, when known, at or below ``next_base``). Returns (info, offset entries,
+    time entries), or None when anything is off - the caller then recovers the segment.
+    ``suffix``: after each file's name (a cleaner's ``.cleaned`` copy, checked before a swap)."""
+    path = log_path(directory, base_offset) + suffix
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -218,12 +221,13 @@ def load_segment(directory: str, base_offset: int, *, next_base: int | None,
         st = os.fstat(fd)
         size = st.st_size
         if size == 0:
-            if not allow_empty or next_base not in (None, base_offset):
+            # The last segment (a roll just made it), or a sealed one a cleaner emptied.
+            if next_base is None and not allow_empty:
                 return None
             oidx = tidx = None
             try:
-                oidx = OffsetIndex(index_path(directory, base_offset), base_offset)
-                tidx = TimeIndex(timeindex_path(directory, base_offset), base_offset)
+                oidx = OffsetIndex(index_path(directory, base_offset) + suffix, base_offset)
+                tidx = TimeIndex(timeindex_path(directory, base_offset) + suffix, base_offset)
                 if oidx.entries or tidx.entries:
                     return None
             except (FileNotFoundError, CorruptIndex):
@@ -239,11 +243,11 @@ def load_segment(directory: str, base_offset: int, *, next_base: int | None,
     assert m is not None
     try:
         try:
-            oidx = OffsetIndex(index_path(directory, base_offset), base_offset)
+            oidx = OffsetIndex(index_path(directory, base_offset) + suffix, base_offset)
         except FileNotFoundError:
             return None
         try:
-            tidx = TimeIndex(timeindex_path(directory, base_offset), base_offset)
+            tidx = TimeIndex(timeindex_path(directory, base_offset) + suffix, base_offset)
         except FileNotFoundError:
             oidx.close()
             return None
@@ -261,17 +265,18 @@ def load_segment(directory: str, base_offset: int, *, next_base: int | None,
             oidx.close()
             tidx.close()
         first = next(iter_batch_headers(m, 0, size), None)
-        if first is None or first[1].base_offset != base_offset:
+        if first is None or first[1].base_offset < base_offset:
             return None
         end, last_h = start, None
         for pos, h in iter_batch_headers(m, start, size):
-            if h.magic != 2 or (last_h is not None and h.base_offset != last_h.last_offset + 1):
+            # Increasing offsets; gaps are where a cleaner removed records.
+            if h.magic != 2 or (last_h is not None and h.base_offset <= last_h.last_offset):
                 return None
             end, last_h = pos + h.size, h
         if last_h is None or end != size:
             return None
         next_offset = last_h.last_offset + 1
-        if next_base is not None and next_offset != next_base:
+        if next_base is not None and next_offset > next_base:
             return None
         info = SegmentInfo(base_offset, size, next_offset, max_ts, max_ts_off if max_ts >= 0 else -1,
                            first[1].max_timestamp, int(st.st_mtime * 1000))

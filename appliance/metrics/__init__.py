@@ -88,6 +88,33 @@ CATALOG: dict[str, Metric] = {m.name: m for m in [
            scale=1e-3, bounds=FLUSH_MS_BOUNDS),
     Metric("kafka_server_replicamanager_produceridcount", GAUGE,
            "Producer ids with state on the partitions (ProducerIdCount)"),
+    # -- the log cleaner (kafka.log:type=LogCleaner / LogCleanerManager), one series per cleaner
+    # process (label cleaner: its index); Kafka's broker-wide value is the max over them ------------
+    Metric("kafka_log_logcleaner_cleaner_recopy_percent", GAUGE,
+           "Bytes written over bytes read by the cleaner's last round, in percent", ("cleaner",),
+           scale=0.01),
+    Metric("kafka_log_logcleaner_max_clean_time_secs", GAUGE,
+           "How long the cleaner's last round took, in seconds", ("cleaner",), scale=1e-6),
+    Metric("kafka_log_logcleaner_max_buffer_utilization_percent", GAUGE,
+           "How full the key map of the cleaner's last round was, in percent", ("cleaner",),
+           scale=0.01),
+    Metric("kafka_log_logcleaner_max_compaction_delay_secs", GAUGE,
+           "How far past max.compaction.lag.ms the oldest dirty record of the cleaner's "
+           "partitions is, in seconds (the cleaner's lag behind its deadline)", ("cleaner",),
+           scale=1e-3),
+    Metric("kafka_log_logcleanermanager_max_dirty_percent", GAUGE,
+           "The dirtiest of the cleaner's compacted partitions: not yet cleaned bytes over its "
+           "log, in percent, when it last looked", ("cleaner",), scale=0.01),
+    Metric("kafka_log_logcleanermanager_time_since_last_run_ms", GAUGE,
+           "Time since the cleaner last looked for a partition to clean, in ms", ("cleaner",)),
+    Metric("kafka_log_logcleanermanager_uncleanable_partitions_count", GAUGE,
+           "Partitions the cleaner gave up on after an error (until it restarts)", ("cleaner",)),
+    Metric("appliance_log_cleaner_bytes_read", COUNTER,
+           "Bytes of segments the cleaner read (key map and rewrite)", ("cleaner",)),
+    Metric("appliance_log_cleaner_bytes_written", COUNTER,
+           "Bytes of cleaned segments the cleaner wrote", ("cleaner",)),
+    Metric("appliance_log_cleaner_rounds", COUNTER,
+           "Cleaning rounds completed (every group swapped in)", ("cleaner",)),
     # -- transaction coordinator -----------------------------------------------------------------
     Metric("kafka_coordinator_transaction_transactionstatemanager_activetransactionopentimemaxms",
            GAUGE, "How long the oldest open transaction has been open, in ms (KIP-939)"),

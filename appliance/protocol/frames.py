@@ -52,6 +52,7 @@ from appliance.protocol.primitives import buffer_len, read_uvarint
 __all__ = [
     "FrameTooLarge",
     "FrameDecoder",
+    "FrameBuffer",
     "RequestHeader",
     "REQUEST_HEADER_MIN_BYTES",
     "parse_request_header",
@@ -170,6 +171,104 @@ class FrameDecoder:
         if pos < n:
             self._head = data[pos:]
         return frames
+
+
+class FrameBuffer:
+    """The receive buffer of one connection, for ``asyncio.BufferedProtocol``: the socket reads
+    straight into it (``get_buffer``, then ``commit`` with the count read), and ``commit``
+    returns the frames completed so far as views of it, without their size prefix. Each byte is
+    copied once, by the kernel; nothing is joined, whatever the size of a frame or of a read.
+
+    The views stay valid only until the next ``get_buffer``: the buffer is reused (the partial
+    frame at its end is moved to its start when room is needed). Whoever keeps a frame, or a
+    part of it, past that must copy it.
+
+    Room: ``initial`` bytes; a frame that does not fit gets a buffer its size (up to the frame
+    limit), given back once it is consumed and the buffer is empty again. Errors as
+    ``FrameDecoder``: FrameTooLarge / ProtocolViolation at the bad size prefix, the frames before
+    it in the same read still returned with the error kept in ``error``.
+    """
+
+    __slots__ = ("max_frame_bytes", "min_frame_bytes", "initial", "_buf", "_start", "_end",
+                 "_need", "error")
+
+    MIN_READ = 16384          # never offer the socket less than this
+
+    def __init__(self, max_frame_bytes: int, min_frame_bytes: int = REQUEST_HEADER_MIN_BYTES,
+                 initial: int = 65536) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self.min_frame_bytes = min_frame_bytes
+        self.initial = initial = max(initial, self.MIN_READ)
+        self._buf = bytearray(initial)
+        self._start = 0           # first byte not yet handed out as (part of) a frame
+        self._end = 0             # end of the bytes read
+        self._need = 0            # size of the frame being read, prefix included (0: unknown)
+        self.error: ProtocolViolation | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read but not yet returned as a frame."""
+        return self._end - self._start
+
+    @property
+    def capacity(self) -> int:
+        return len(self._buf)
+
+    def get_buffer(self) -> memoryview:
+        """Where the next read goes (at least MIN_READ bytes, and room for the whole frame being
+        read). Invalidates the frames returned before."""
+        start, end = self._start, self._end
+        if start == end:
+            start = end = self._start = self._end = 0
+            if len(self._buf) > 4 * self.initial:
+                self._buf = bytearray(self.initial)      # a large frame's buffer, given back
+        pending = end - start
+        want = max(self._need, pending + self.MIN_READ)
+        if start + want > len(self._buf):
+            if want <= len(self._buf):
+                self._buf[:pending] = self._buf[start:end]        # move the partial frame down
+            else:
+                buf = bytearray(max(want, self.initial))
+                buf[:pending] = self._buf[start:end]
+                self._buf = buf
+            self._start, self._end = 0, pending
+        return memoryview(self._buf)[self._end:]
+
+    def commit(self, nbytes: int) -> list[memoryview]:
+        """``nbytes`` were read into the last ``get_buffer``: the frames now complete."""
+        if self.error is not None:
+            raise self.error
+        self._end += nbytes
+        frames: list[memoryview] = []
+        try:
+            self._split(frames)
+        except ProtocolViolation as e:
+            self.error = e
+            if not frames:
+                raise
+        return frames
+
+    def _split(self, frames: list[memoryview]) -> None:
+        buf, pos, end = self._buf, self._start, self._end
+        view = None
+        while end - pos >= 4:
+            size = _SIZE.unpack_from(buf, pos)[0]
+            if size > self.max_frame_bytes or size < 0:
+                self._start = pos
+                raise FrameTooLarge(f"invalid frame size {size} (limit {self.max_frame_bytes})")
+            if size < self.min_frame_bytes:
+                self._start = pos
+                raise ProtocolViolation(f"frame of {size} bytes is too short for a request header")
+            if end - pos - 4 < size:
+                self._need = size + 4
+                self._start = pos
+                return
+            if view is None:
+                view = memoryview(buf).toreadonly()
+            frames.append(view[pos + 4:pos + 4 + size])
+            pos += 4 + size
+        self._need = 0
+        self._start = pos
 
 
 class RequestHeader(NamedTuple):

@@ -2,8 +2,8 @@
 
 Owns nothing and does no I/O; imported by frontends (``validate_records``, after
 ``records.validate_batch`` has checked the header, on every produced batch), partition writers
-(``records_ok``, by recovery on the segments it scans) and fetchers (``offsets_and_timestamps``,
-ListOffsets by timestamp).
+(``records_ok``, by recovery on the segments it scans), fetchers (``offsets_and_timestamps``,
+ListOffsets by timestamp) and the log cleaner (``stored_records``).
 
 What Kafka's LogValidator checks on the records of a produced batch, all done here before the
 batch is handed to its writer, so that nothing a consumer cannot read is ever stored:
@@ -56,7 +56,7 @@ except ImportError:    # pragma: no cover - depends on the platform's wheels
     _FastBatch = None
 
 __all__ = ["RecordValidationError", "NO_TIMESTAMP_LIMIT", "DEFAULT_DECOMPRESSED_FACTOR", "decompress_bounded",
-           "validate_records", "records_ok", "offsets_and_timestamps"]
+           "validate_records", "records_ok", "offsets_and_timestamps", "stored_records"]
 
 # Kafka's defaults for message.timestamp.before.max.ms / after.max.ms: no limit.
 NO_TIMESTAMP_LIMIT = (1 << 63) - 1
@@ -441,3 +441,29 @@ def offsets_and_timestamps(batch, *, max_bytes: int) -> Iterator[tuple[int, int]
     for ts_delta, offset_delta, _key in _walk(data, h.records_count):
         yield base + offset_delta, (h.max_timestamp if log_append else base_ts + ts_delta)
 
+
+
+def stored_records(batch, h: BatchHeader | None = None, *, max_bytes: int) -> list:
+    """Every record of one stored batch, compressed data inflated within ``max_bytes``: the log
+    cleaner's read of a batch whose records it filters. Each record has ``offset``,
+    ``timestamp``, ``key``, ``value`` and ``headers`` (aiokafka's record objects when its parser
+    takes the batch - it then sees the inflated records behind an uncompressed copy of the
+    header, as in ``_fast_ok`` - else ``records.DecodedRecord``)."""
+    from appliance.protocol.records import decode_records
+    mv = memoryview(batch)
+    if h is None:
+        h = read_header(mv, 0)
+    data = _record_data(mv, h, max_bytes)
+    if h.compression:
+        head = bytearray(mv[:HEADER_SIZE])
+        head[22] &= 0xF8
+        _i.pack_into(head, 8, HEADER_SIZE - LOG_OVERHEAD + len(data))
+        plain = bytes(head) + data
+    else:
+        plain = mv[:h.batch_length + LOG_OVERHEAD]
+    if _FastBatch is not None:
+        try:
+            return list(_FastBatch(plain))
+        except Exception:
+            pass           # what the parser refuses, ours words (or refuses) below
+    return decode_records(plain)

@@ -61,8 +61,8 @@ __all__ = [
     "BatchHeader", "Record", "DecodedRecord",
     "read_header", "validate_batch", "set_base_offset", "stamp_log_append_time",
     "iter_batch_headers", "scan_valid", "batch_crc_ok",
-    "build_batch", "build_batch_from_body", "build_control_batch", "decode_records",
-    "parse_control_record",
+    "ATTR_DELETE_HORIZON", "build_batch", "build_batch_from_body", "build_control_batch",
+    "build_retained_batch", "build_empty_batch", "decode_records", "parse_control_record",
     "compress", "decompress",
 ]
 
@@ -83,6 +83,9 @@ _ATTR_CODEC = 0x07
 _ATTR_LOG_APPEND_TIME = 0x08
 _ATTR_TRANSACTIONAL = 0x10
 _ATTR_CONTROL = 0x20
+# KIP-534: the base timestamp of a batch with this bit is its delete horizon, the time after which
+# the cleaner may remove its tombstones or its transaction marker (set by the cleaner only).
+ATTR_DELETE_HORIZON = 0x40
 
 CONTROL_ABORT = 0            # wire values (ControlRecordType); the KIP text has them swapped
 CONTROL_COMMIT = 1
@@ -130,6 +133,11 @@ class BatchHeader(NamedTuple):
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & _ATTR_CONTROL)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """KIP-534: the batch's delete horizon (its base timestamp when the bit is set)."""
+        return self.base_timestamp if self.attributes & ATTR_DELETE_HORIZON else None
 
     @property
     def size(self) -> int:
@@ -593,6 +601,52 @@ def build_batch_from_body(body, count: int, *, base_timestamp: int, max_timestam
     _HEADER.pack_into(out, 0, 0, size - LOG_OVERHEAD, -1, MAGIC, 0, attrs, count - 1, base_timestamp,
                       max_timestamp, producer_id, producer_epoch, base_sequence, count)
     out[HEADER_SIZE:] = payload
+    _CRC_I.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+    return bytes(out)
+
+
+def build_retained_batch(h: BatchHeader, records: Sequence["DecodedRecord"],
+                         delete_horizon_ms: int | None) -> bytes:
+    """The batch a cleaner writes for the records of ``h`` it keeps (Kafka's
+    MemoryRecords.buildRetainedRecordsInto): the same base offset and last offset delta (the
+    producer's last sequence stays readable), producer id, epoch, base sequence, partition leader
+    epoch, codec, timestamp type and flags; each record keeps its offset and timestamp. The base
+    timestamp is the delete horizon when one is given (KIP-534, the attribute bit set), else the
+    first record's timestamp, as Kafka's builder takes it."""
+    base_ts = delete_horizon_ms if delete_horizon_ms is not None else records[0].timestamp
+    body = bytearray()
+    max_ts = -1
+    for rec in records:
+        if rec.timestamp > max_ts:
+            max_ts = rec.timestamp
+        _encode_record(body, rec.offset - h.base_offset, rec.timestamp - base_ts,
+                       Record(rec.key, rec.value, rec.headers))
+    if h.timestamp_type == 1:
+        max_ts = h.max_timestamp                     # LogAppendTime: the broker's stamp stays
+    codec = h.compression
+    payload = compress(codec, body) if codec else body
+    attrs = h.attributes & ~ATTR_DELETE_HORIZON
+    if delete_horizon_ms is not None:
+        attrs |= ATTR_DELETE_HORIZON
+    size = HEADER_SIZE + len(payload)
+    out = bytearray(size)
+    _HEADER.pack_into(out, 0, h.base_offset, size - LOG_OVERHEAD, h.partition_leader_epoch, MAGIC,
+                      0, attrs, h.last_offset_delta, base_ts, max_ts, h.producer_id,
+                      h.producer_epoch, h.base_sequence, len(records))
+    out[HEADER_SIZE:] = payload
+    _CRC_I.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+    return bytes(out)
+
+
+def build_empty_batch(h: BatchHeader) -> bytes:
+    """A batch whose records were all removed but which the cleaner keeps (Kafka's
+    DefaultRecordBatch.writeEmptyHeader): the header alone, no records, no compression, base
+    timestamp -1, the max timestamp, offsets, producer id, epoch, base sequence and flags kept."""
+    attrs = h.attributes & (_ATTR_LOG_APPEND_TIME | _ATTR_TRANSACTIONAL | _ATTR_CONTROL)
+    out = bytearray(HEADER_SIZE)
+    _HEADER.pack_into(out, 0, h.base_offset, HEADER_SIZE - LOG_OVERHEAD, h.partition_leader_epoch,
+                      MAGIC, 0, attrs, h.last_offset_delta, -1, h.max_timestamp, h.producer_id,
+                      h.producer_epoch, h.base_sequence, 0)
     _CRC_I.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
     return bytes(out)
 

@@ -102,8 +102,7 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
                  tx_config: TransactionsConfig, coordinator_epoch: int,
                  now_ms: Callable[[], int], *, marker_retry_backoff_ms: int = 100,
                  remove_expired_interval_ms: int = REMOVE_EXPIRED_INTERVAL_MS,
-                 offsets_topic_partitions: int = OFFSETS_TOPIC_PARTITIONS,
-                 authorize_two_phase_commit: Callable[[str], bool] = lambda transactional_id: True) -> None:
+                 offsets_topic_partitions: int = OFFSETS_TOPIC_PARTITIONS) -> None:
         self._sm = state_manager
         self._pids = producer_ids
         self.config = tx_config
@@ -111,9 +110,6 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
         self._now = now_ms
         self.remove_expired_interval_ms = remove_expired_interval_ms
         self.offsets_topic_partitions = offsets_topic_partitions
-        # KIP-939: Enable2Pc needs the TWO_PHASE_COMMIT operation on the transactional id. There
-        # is no authorizer yet, so the hook allows everything; the broker switch still applies.
-        self._authorize_2pc = authorize_two_phase_commit
         self._txns: dict[str, TransactionMetadata] = {}
         # For the metrics: transactions completed ("commits", "aborts") and aborted by the
         # timeout scan ("timedout_aborts"), since this coordinator started.

@@ -14,7 +14,7 @@ makes against a kept transaction (``_kept_guard``, ``_kept_retry``).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from appliance.errors import ErrorCode
 from appliance.txn.messages import InitProducerIdResult, fenced_for
@@ -40,7 +40,6 @@ class InitProducerIdMixin:
     _txns: dict[str, TransactionMetadata]
     config: TransactionsConfig
     markers: TransactionMarkerChannelManager
-    _authorize_2pc: Callable[[str], bool]
 
     if TYPE_CHECKING:
         def _now(self) -> int: ...
@@ -81,10 +80,11 @@ class InitProducerIdMixin:
         if tid == "":
             return InitProducerIdResult(E.invalid_request)
         if enable_2pc:
-            # KIP-939: the broker switch and the TWO_PHASE_COMMIT permission, else
-            # TRANSACTIONAL_ID_AUTHORIZATION_FAILED; the requested timeout is ignored (a 2PC
-            # transaction is never timed out).
-            if not self.config.two_phase_commit_enable or not self._authorize_2pc(tid):
+            # KIP-939: the broker switch, else TRANSACTIONAL_ID_AUTHORIZATION_FAILED (the
+            # TwoPhaseCommit permission on the transactional id is the frontend's to check, as
+            # KafkaApis checks it before the coordinator sees the request); the requested timeout
+            # is ignored (a 2PC transaction is never timed out).
+            if not self.config.two_phase_commit_enable:
                 return InitProducerIdResult(E.transactional_id_authorization_failed)
             timeout_ms = -1
         elif not 0 < timeout_ms <= self.config.max_timeout_ms:

@@ -214,6 +214,12 @@ class Appliance:
         with self._partition_page(topic, partition) as page:
             return page.any_flag()
 
+    def partition_state(self, topic: str, partition: int = 0):
+        """The partition's state page as its writer last published it (high watermark, LSO,
+        log start, active segment base, segments version, status, generation...)."""
+        with self._partition_page(topic, partition) as page:
+            return page.read()
+
     def high_watermark(self, topic: str, partition: int = 0) -> int:
         """The high watermark the partition's writer last published on its state page."""
         with self._partition_page(topic, partition) as page:

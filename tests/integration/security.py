@@ -218,3 +218,26 @@ def appliance_client_config(s: Secured, protocol: str, user: str = ADMIN,
     if protocol.startswith("SASL"):
         conf.update({"sasl_mechanism": mechanism, "sasl_username": user, "sasl_password": password})
     return conf
+
+
+def grant(s: Secured, user: str, acls: list[tuple[str, str, str, str]]) -> None:
+    """The admin (a super user) allows ``User:<user>`` each (resource type, name, pattern,
+    operation) of ``acls`` (the names of ``appliance.acl.model``'s enums, e.g. ("TOPIC", "t-",
+    "PREFIXED", "ALL")), over SASL_SSL with the appliance's own admin client (confluent-kafka's
+    AclOperation has no TwoPhaseCommit, KIP-939's)."""
+    from appliance import admin
+    from appliance.acl import admin as acl_admin
+    from appliance.acl.model import (AclBinding, AclOperation, AclPermissionType, PatternType,
+                                     ResourceType)
+    from appliance.client.security import DEFAULTS, Security
+    conf = appliance_client_config(s, "SASL_SSL")
+    security = Security.from_config({**DEFAULTS, **{k: v for k, v in conf.items()
+                                                    if k != "bootstrap_servers"}})
+    conn = admin.connect(conf["bootstrap_servers"], security=security)
+    try:
+        acl_admin.create_acls(conn, [
+            AclBinding(int(ResourceType[rtype]), name, int(PatternType[pattern]), f"User:{user}",
+                       "*", int(AclOperation[op]), int(AclPermissionType.ALLOW))
+            for rtype, name, pattern, op in acls])
+    finally:
+        conn.close()

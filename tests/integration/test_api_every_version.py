@@ -20,9 +20,16 @@ def _ranges(raw: RawClient) -> dict[int, tuple[int, int]]:
     return {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
 
 
-def test_every_version_of_every_api(appliance_factory):
+@pytest.mark.parametrize("authorizer", ["off", "super user"])
+def test_every_version_of_every_api(appliance_factory, authorizer):
     # No initial rebalance delay: every group request below starts a fresh one-member group.
-    appliance = appliance_factory(groups={"initial_rebalance_delay_ms": 0})
+    # With the authorizer on and the client (User:ANONYMOUS) a super user, every handler's
+    # authorization path runs and allows, and the ACL APIs answer.
+    config = {"groups": {"initial_rebalance_delay_ms": 0}}
+    if authorizer == "super user":
+        config["authorizer"] = {"enable": True, "super_users": ["User:ANONYMOUS"]}
+    appliance = appliance_factory(**config)
+    security = 54 if authorizer == "off" else 0          # SECURITY_DISABLED without an authorizer
     with RawClient(appliance.bootstrap) as raw:
         ranges = _ranges(raw)
         assert {0, 1, 2, 3, 10, 18, 19, 20, 22, 24, 25, 26, 27, 32, 60, 61, 65, 66} <= ranges.keys()
@@ -59,7 +66,7 @@ def test_every_version_of_every_api(appliance_factory):
                 elif key in GROUP_APIS:
                     _group_check(env, key, v, resp)
                 else:
-                    _check(key, v, resp)
+                    _check(key, v, resp, security)
 
 
 def _request_for(key, v, topic, topic_id, batch):
@@ -97,6 +104,17 @@ def _request_for(key, v, topic, topic_id, batch):
                 "include_synonyms": True, "include_documentation": True}
     if key == 60:
         return {"include_cluster_authorized_operations": False}
+    if key == 29:
+        return {"resource_type_filter": 1, "resource_name_filter": None, "pattern_type_filter": 1,
+                "principal_filter": None, "host_filter": None, "operation": 1, "permission_type": 1}
+    if key == 30:
+        return {"creations": [{"resource_type": 2, "resource_name": topic, "resource_pattern_type": 3,
+                               "principal": "User:alice", "host": "*", "operation": 3,
+                               "permission_type": 3}]}
+    if key == 31:
+        return {"filters": [{"resource_type_filter": 1, "resource_name_filter": None,
+                             "pattern_type_filter": 1, "principal_filter": None, "host_filter": None,
+                             "operation": 1, "permission_type": 1}]}
     if key == 17:
         return {"mechanism": "SCRAM-SHA-256"}
     if key == 36:
@@ -136,7 +154,7 @@ def _request_for(key, v, topic, topic_id, batch):
     raise AssertionError(f"no request written for api key {key}: add one")
 
 
-def _check(key, v, resp):
+def _check(key, v, resp, acl_error=54):
     if key == 0:
         p = resp.responses[0].partition_responses[0]
         assert p.error_code == 0 and p.base_offset >= 0, (v, resp)
@@ -165,6 +183,12 @@ def _check(key, v, resp):
         assert [p.error_code for p in resp.topics[0].partitions] == [0, 0], (v, resp)
     elif key == 60:
         assert resp.error_code == 0 and resp.brokers[0].port > 0, (v, resp)
+    elif key == 29:       # SECURITY_DISABLED with the authorizer off, as Kafka without one
+        assert resp.error_code == acl_error, (v, resp)
+    elif key == 30:
+        assert [r.error_code for r in resp.results] == [acl_error], (v, resp)
+    elif key == 31:
+        assert [r.error_code for r in resp.filter_results] == [acl_error], (v, resp)
     elif key in (17, 36):
         # A PLAINTEXT listener has no SASL: Kafka answers ILLEGAL_SASL_STATE.
         assert resp.error_code == 34, (v, resp)

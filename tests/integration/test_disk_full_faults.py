@@ -128,7 +128,7 @@ def test_full_data_disk_answers_kafka_storage_error_and_kills_no_process(small_f
         p.produce("keep", value=b"keep-%d" % i)
     assert p.flush(30) == 0
     pids = _pids(app)
-    assert len(pids) == 6          # three writers, coordinator, fetcher, frontend
+    assert len(pids) == 7          # three writers, coordinator, cleaner, fetcher, frontend
     spare = os.path.join(small_fs, "spare")       # an operator's file, deleted later
     fd = os.open(spare, os.O_RDWR | os.O_CREAT, 0o600)
     os.posix_fallocate(fd, 0, MiB)
@@ -238,7 +238,7 @@ def test_full_data_disk_answers_kafka_storage_error_and_kills_no_process(small_f
                            ).topics[0].partitions[0].error_code == NONE
         assert init_pid(raw, refused_id).error_code == NONE
     survivors = {k: v for k, v in pids.items() if k in _pids(app)}
-    assert len(survivors) == 5 and all(_pids(app)[k] == v for k, v in survivors.items())
+    assert len(survivors) == 6 and all(_pids(app)[k] == v for k, v in survivors.items())
     assert not BAD_LOG_LINES.search(app.log_text()), app.log_tail(40)
 
     # After kill -9 of the whole appliance and a restart (recovery of segments whose files hold

@@ -1,18 +1,23 @@
 """The Java client (kafka-clients 3.9.1, as Spark 4 ships it; tests/java/SecureClients.java, run
 through javakit) over SASL_SSL with SCRAM-SHA-512 and SCRAM-SHA-256: the AdminClient creates a
 user with alterUserScramCredentials and reads it back, and that user produces (idempotent and
-transactional) and consumes read_committed in a group; a wrong password is Kafka's
-SaslAuthenticationException."""
+transactional) and consumes read_committed in a group, with the authorizer on and only the ACLs
+it needs (the admin is the super user); a wrong password is Kafka's SaslAuthenticationException."""
 
 from __future__ import annotations
 
 from javakit import java_program  # noqa: F401 (fixture)
-from security import ADMIN, ADMIN_PASSWORD, secure_appliance
+from security import ADMIN, ADMIN_PASSWORD, grant, secure_appliance
 
 
 def test_java_client_over_sasl_ssl(appliance_factory, tmp_path, java_program):
     s = secure_appliance(appliance_factory, tmp_path, protocols=("SASL_SSL",),
-                         groups={"initial_rebalance_delay_ms": 0})
+                         groups={"initial_rebalance_delay_ms": 0},
+                         authorizer={"enable": True, "super_users": [f"User:{ADMIN}"]})
+    # What SecureClients' roundtrip needs: the topic (auto-created), its transactional id and group.
+    grant(s, "javauser", [("TOPIC", "java-topic", "LITERAL", "ALL"),
+                          ("TRANSACTIONAL_ID", "java-java-topic", "LITERAL", "WRITE"),
+                          ("GROUP", "java-java-topic", "LITERAL", "READ")])
     common = [s.bootstrap("SASL_SSL"), s.pki.ca]
     got = java_program("SecureClients", *common, "SCRAM-SHA-256", ADMIN, ADMIN_PASSWORD,
                        "add-user", "javauser", "java-secret", timeout=300)

@@ -36,6 +36,13 @@ def test_produce_benchmark_runs_and_prints_ratios(tmp_path):
     assert "| 100 B | appliance / sink |" in r.stdout
 
 
+def test_authorizer_benchmark_runs():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_authorizer.py"), "--acls", "10",
+                        "--checks", "1000"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "| allowed by an ACL, cached |" in r.stdout
+
+
 def test_produce_benchmark_measures_each_security_protocol(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_produce.py"), "--seconds", "0.5",
                         "--record-sizes", "100", "--work-dir", str(tmp_path), "--only", "appliance",
@@ -54,3 +61,12 @@ def test_spark_benchmark_runs_and_prints_ratios(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "| spark local[2] (2 cores) |" in r.stdout and "| librdkafka idempotent (1 core) |" in r.stdout
+
+
+def test_compaction_benchmark_runs_and_prints_its_ratio(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_compaction.py"),
+                        "--clean-mb", "2", "--value-sizes", "100", "--seconds", "0.5", "--rounds", "1",
+                        "--work-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "| 100 B | 2 |" in r.stdout and "| 100 B | on / off |" in r.stdout

@@ -64,7 +64,8 @@ def test_metrics_move_with_produce_consume_a_transaction_and_a_group_join(applia
     before = scrape(port)
     ups = before["appliance_worker_up"]
     assert ups and all(v == 1 for v in ups.values()), ups
-    assert {dict(k)["role"] for k in ups} == {"coordinator", "fetcher", "frontend", "metrics"}
+    assert {dict(k)["role"] for k in ups} == {"coordinator", "fetcher", "frontend", "metrics",
+                                              "cleaner"}
     assert total(before, "appliance_worker_restarts_total") == 0
     assert val(before, "appliance_worker_restarts_total", role="writer") == 0
     assert val(before, "appliance_recovery_seconds") >= 0

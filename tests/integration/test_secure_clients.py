@@ -1,7 +1,9 @@
-"""Every Python client over SASL_SSL with SCRAM-SHA-512 against one appliance: produce,
-transactions (commit and abort), a consumer group reading read_committed and committing offsets,
-and, with the appliance's own client, KIP-939's prepared transactions (2PC) and five Produce
-requests in flight on one TLS connection."""
+"""Every Python client over SASL_SSL with SCRAM-SHA-512 against one appliance with the
+authorizer on: produce, transactions (commit and abort), a consumer group reading read_committed
+and committing offsets, and, with the appliance's own client, KIP-939's prepared transactions
+(2PC) and five Produce requests in flight on one TLS connection. The clients log in as ``app``,
+no super user: what they do is allowed by ACLs (``APP_ACLS``, made by the admin over SASL_SSL),
+and a user without ACLs is refused."""
 
 from __future__ import annotations
 
@@ -13,9 +15,18 @@ import time
 import pytest
 
 from harness import Appliance
-from security import (aiokafka_config, appliance_client_config, confluent_config,
-                      kafka_python_config, secure_appliance)
+from security import (ADMIN, ADMIN_PASSWORD, aiokafka_config, appliance_client_config,
+                      confluent_config, grant, kafka_python_config, secure_appliance)
 from txclients import txn_producer
+
+APP, APP_PASSWORD = "app", "app-secret"
+NOBODY, NOBODY_PASSWORD = "nobody", "nobody-secret"
+# (resource type, name, pattern, operation) allowed to User:app: what its tests need, no more.
+APP_ACLS = [("TOPIC", "sasl-ssl-", "PREFIXED", "ALL"),
+            ("GROUP", "group-", "PREFIXED", "READ"),
+            ("TRANSACTIONAL_ID", "tx-sasl-ssl-", "PREFIXED", "WRITE"),
+            ("TRANSACTIONAL_ID", "twopc", "LITERAL", "WRITE"),
+            ("TRANSACTIONAL_ID", "twopc", "LITERAL", "TWO_PHASE_COMMIT")]
 
 N = 10
 TIMEOUT_S = 60.0
@@ -31,10 +42,13 @@ def secured(tmp_path_factory):
         made.append(a)
         return a.start() if start else a
     s = secure_appliance(factory, d, protocols=("SASL_SSL",),
+                         users={ADMIN: ADMIN_PASSWORD, APP: APP_PASSWORD, NOBODY: NOBODY_PASSWORD},
                          groups={"initial_rebalance_delay_ms": 0},
                          transactions={"two_phase_commit_enable": True},
+                         authorizer={"enable": True, "super_users": [f"User:{ADMIN}"]},
                          # A writer stopped on purpose is not replaced meanwhile.
                          supervisor={"heartbeat_timeout_ms": 60000})
+    grant(s, APP, APP_ACLS)
     yield s
     for a in made:
         a.terminate()
@@ -42,10 +56,10 @@ def secured(tmp_path_factory):
 
 def _txn_extra(client: str, s) -> dict:
     if client == "confluent":
-        c = confluent_config(s, "SASL_SSL")
+        c = confluent_config(s, "SASL_SSL", APP, APP_PASSWORD)
         c.pop("bootstrap.servers")
         return c
-    c = kafka_python_config(s, "SASL_SSL") if client == "kafka-python" else aiokafka_config(s, "SASL_SSL")
+    c = kafka_python_config(s, "SASL_SSL", APP, APP_PASSWORD) if client == "kafka-python" else aiokafka_config(s, "SASL_SSL", APP, APP_PASSWORD)
     c.pop("bootstrap_servers")
     return c
 
@@ -71,7 +85,7 @@ def _transactions(client: str, s, topic: str) -> None:
 
 def _consume_confluent(s, topic: str, group: str, want: int) -> list[bytes]:
     import confluent_kafka as ck
-    c = ck.Consumer(confluent_config(s, "SASL_SSL", **{
+    c = ck.Consumer(confluent_config(s, "SASL_SSL", APP, APP_PASSWORD, **{
         "group.id": group, "auto.offset.reset": "earliest", "isolation.level": "read_committed",
         "enable.auto.commit": False}))
     c.subscribe([topic])
@@ -90,7 +104,7 @@ def _consume_kafka_python(s, topic: str, group: str, want: int) -> list[bytes]:
     import kafka
     c = kafka.KafkaConsumer(topic, group_id=group, auto_offset_reset="earliest",
                             isolation_level="read_committed", enable_auto_commit=False,
-                            **kafka_python_config(s, "SASL_SSL"))
+                            **kafka_python_config(s, "SASL_SSL", APP, APP_PASSWORD))
     got = []
     deadline = time.monotonic() + TIMEOUT_S
     while len(got) < want and time.monotonic() < deadline:
@@ -107,7 +121,7 @@ def _consume_aiokafka(s, topic: str, group: str, want: int) -> list[bytes]:
     async def run():
         c = aiokafka.AIOKafkaConsumer(topic, group_id=group, auto_offset_reset="earliest",
                                       isolation_level="read_committed", enable_auto_commit=False,
-                                      **aiokafka_config(s, "SASL_SSL"))
+                                      **aiokafka_config(s, "SASL_SSL", APP, APP_PASSWORD))
         await c.start()
         got = []
         try:
@@ -143,7 +157,7 @@ def test_transactions_and_groups_over_sasl_ssl(secured, client):
 def test_the_appliance_client_with_two_phase_commit_over_sasl_ssl(secured):
     from appliance.client import Consumer, Producer
     topic = "sasl-ssl-appliance-2pc"
-    conf = appliance_client_config(secured, "SASL_SSL")
+    conf = appliance_client_config(secured, "SASL_SSL", APP, APP_PASSWORD)
     p = Producer(conf, transactional_id="twopc", enable_two_phase_commit=True)
     try:
         p.init_transactions(keep_prepared_txn=True)
@@ -160,7 +174,7 @@ def test_the_appliance_client_with_two_phase_commit_over_sasl_ssl(secured):
         p.complete_transaction(state)
     finally:
         p.close()
-    c = Consumer(appliance_client_config(secured, "SASL_SSL", mechanism="PLAIN"))
+    c = Consumer(appliance_client_config(secured, "SASL_SSL", APP, APP_PASSWORD, mechanism="PLAIN"))
     try:
         c.assign([(topic, 0)])
         c.seek_to_beginning()
@@ -212,7 +226,7 @@ def test_the_appliance_client_keeps_five_produce_requests_in_flight_over_sasl_ss
 def test_the_appliance_client_refuses_a_wrong_password(secured):
     from appliance.client import KafkaError, Producer
     with pytest.raises(KafkaError) as e:
-        p = Producer(appliance_client_config(secured, "SASL_SSL", password="wrong"),
+        p = Producer(appliance_client_config(secured, "SASL_SSL", APP, password="wrong"),
                      max_block_ms=5000)
         try:
             p.send("never", b"x")
@@ -220,3 +234,29 @@ def test_the_appliance_client_refuses_a_wrong_password(secured):
         finally:
             p.close()
     assert "SASL_AUTHENTICATION_FAILED" in str(e.value) or "invalid credentials" in str(e.value)
+
+
+def test_a_user_without_acls_is_refused_over_sasl_ssl(secured):
+    """Authenticated is not authorized: ``nobody`` logs in but may neither write nor read."""
+    import confluent_kafka as ck
+    got = []
+    p = ck.Producer(confluent_config(secured, "SASL_SSL", NOBODY, NOBODY_PASSWORD,
+                                     **{"message.timeout.ms": 10000}))
+    p.produce("sasl-ssl-confluent", b"v", on_delivery=lambda err, msg: got.append(err))
+    p.flush(20)
+    assert got and got[0] is not None
+    assert got[0].code() == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED
+    c = ck.Consumer(confluent_config(secured, "SASL_SSL", NOBODY, NOBODY_PASSWORD, **{
+        "group.id": "group-nobody", "auto.offset.reset": "earliest"}))
+    try:
+        c.subscribe(["sasl-ssl-confluent"])
+        deadline = time.monotonic() + TIMEOUT_S
+        err = None
+        while err is None and time.monotonic() < deadline:
+            m = c.poll(1.0)
+            if m is not None and m.error():
+                err = m.error()
+    finally:
+        c.close()
+    assert err is not None and err.code() in (ck.KafkaError.GROUP_AUTHORIZATION_FAILED,
+                                              ck.KafkaError.TOPIC_AUTHORIZATION_FAILED), err

@@ -296,6 +296,7 @@ def test_process_titles_name_each_worker_role_and_partition(appliance):
         by_role.setdefault(w["role"], []).append(titles[w["name"]])
     assert "appliance: writer orders-0" in by_role["writer"]
     assert by_role["coordinator"] == ["appliance: coordinator"]
+    assert by_role["cleaner"] == ["appliance: cleaner"]
     assert "appliance: frontend 0" in by_role["frontend"]
     assert "appliance: fetcher 0" in by_role["fetcher"]
     assert " ".join(psutil.Process(appliance.proc.pid).cmdline()).rstrip() == "appliance: supervisor"

@@ -192,6 +192,37 @@ def test_runtime_dir_must_not_hold_the_data_dir(tmp_path):
                                                  "data_dir": str(tmp_path / "data")}})
 
 
+def test_log_cleaner_section_and_topic_configs():
+    from appliance.errors import KafkaError
+    from appliance.topic_config import validate_topic_configs
+    cfg = load(environ={"APPLIANCE_LOG__CLEANER__MIN_CLEANABLE_RATIO": "0.1",
+                        "APPLIANCE_LOG__CLEANUP_POLICY": "compact"})
+    assert cfg.log.cleaner.min_cleanable_ratio == 0.1 and cfg.log.cleanup_policy == "compact"
+    with pytest.raises(ConfigError, match="log.cleaner.min_cleanable_ratio"):
+        load(environ={"APPLIANCE_LOG__CLEANER__MIN_CLEANABLE_RATIO": "1.5"})
+    with pytest.raises(ConfigError, match="log.cleaner.min_compaction_lag_ms: must be <="):
+        load(environ={"APPLIANCE_LOG__CLEANER__MIN_COMPACTION_LAG_MS": "10",
+                      "APPLIANCE_LOG__CLEANER__MAX_COMPACTION_LAG_MS": "5"})
+    with pytest.raises(ConfigError, match="log.cleanup_policy"):
+        load(environ={"APPLIANCE_LOG__CLEANUP_POLICY": "shred"})
+    assert validate_topic_configs({"cleanup.policy": "compact,delete", "delete.retention.ms": "0",
+                                   "min.cleanable.dirty.ratio": "0.0"})["cleanup.policy"] == \
+        "compact,delete"
+    for bad in ({"cleanup.policy": "compact,shred"}, {"cleanup.policy": ""},
+                {"min.cleanable.dirty.ratio": "2"}, {"max.compaction.lag.ms": "0"},
+                {"min.compaction.lag.ms": "9", "max.compaction.lag.ms": "8"}):
+        with pytest.raises(KafkaError) as e:
+            validate_topic_configs(bad)
+        assert e.value.code.name == "invalid_config", bad
+
+
+def test_super_users_must_be_principals():
+    cfg = load(None, environ={}, overrides={"authorizer": {"super_users": ["User:admin"]}})
+    assert cfg.authorizer.super_users == ["User:admin"] and not cfg.authorizer.enable
+    with pytest.raises(ConfigError, match=r"authorizer\.super_users: 'admin' is not a principal"):
+        load(None, environ={}, overrides={"authorizer": {"super_users": ["admin"]}})
+
+
 # -- listeners, TLS and SASL ------------------------------------------------------------------------
 
 def _load(**sections):

@@ -90,6 +90,17 @@ class Server:
 PLAINTEXT = BoundListener(Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092), -1, 9092)
 
 
+def feed(conn: KafkaConnection, data: bytes) -> None:
+    """What asyncio's transport does for a BufferedProtocol: the socket reads into the
+    protocol's buffer, then buffer_updated."""
+    while data:
+        buf = conn.get_buffer(-1)
+        n = min(len(buf), len(data))
+        buf[:n] = data[:n]
+        data = data[n:]
+        conn.buffer_updated(n)
+
+
 def frame(correlation: int) -> bytes:
     body = struct.pack(">hhih", TEST_KEY, 0, correlation, -1)
     return struct.pack(">i", len(body)) + body
@@ -120,7 +131,7 @@ def connect(bound: BoundListener = PLAINTEXT) -> tuple[KafkaConnection, Transpor
 def test_requests_before_garbage_in_the_same_read_are_answered_then_closed(handler):
     handler(lambda ctx, req: b"")
     conn, t = connect()
-    conn.data_received(frame(1) + frame(2) + GARBAGE + frame(4))
+    feed(conn, frame(1) + frame(2) + GARBAGE + frame(4))
     assert t.answers() == [1, 2]
     assert t.closed and not t.aborted and not t.reading
 
@@ -134,10 +145,10 @@ def test_garbage_behind_a_pending_answer_closes_after_that_answer(handler):
             return b""
         handler(slow)
         conn, t = connect()
-        conn.data_received(frame(1) + GARBAGE)
+        feed(conn, frame(1) + GARBAGE)
         await asyncio.sleep(0)
         assert t.answers() == [] and not t.closed      # the answer to 1 is still owed
-        conn.data_received(frame(5))                   # read no more after the bad frame
+        feed(conn, frame(5))                   # read no more after the bad frame
         gate.set_result(None)
         while not t.closed:
             await asyncio.sleep(0)
@@ -158,7 +169,7 @@ def test_an_answer_that_cannot_be_encoded_closes_the_connection(handler):
             return b""
         handler(unencodable)
         conn, t = connect()
-        conn.data_received(frame(1) + frame(2) + frame(3))
+        feed(conn, frame(1) + frame(2) + frame(3))
         while not t.closed:
             await asyncio.sleep(0)
         assert t.answers() == [1]
@@ -172,14 +183,14 @@ def test_a_handler_that_raises_closes_after_earlier_answers(handler):
         return b""
     handler(boom)
     conn, t = connect()
-    conn.data_received(frame(1) + frame(2) + frame(3))
+    feed(conn, frame(1) + frame(2) + frame(3))
     assert t.answers() == [1] and t.closed
 
 
 def test_close_connection_result_closes_after_earlier_answers(handler):
     handler(lambda ctx, req: CloseConnection("acks=0 failed") if ctx.header.correlation_id == 2 else b"")
     conn, t = connect()
-    conn.data_received(frame(1) + frame(2) + frame(3))
+    feed(conn, frame(1) + frame(2) + frame(3))
     assert t.answers() == [1] and t.closed and not t.aborted
 
 
@@ -196,7 +207,7 @@ def test_a_pipeline_abandoned_before_its_handlers_ran_leaves_no_unawaited_corout
 
     async def scenario():
         conn, t = connect()
-        conn.data_received(frame(1) + frame(2) + frame(3))
+        feed(conn, frame(1) + frame(2) + frame(3))
         assert len(conn.tasks) == 3
         conn.connection_lost(ConnectionResetError())     # before the loop ran any of them
         await asyncio.sleep(0)

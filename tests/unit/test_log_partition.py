@@ -452,3 +452,50 @@ def test_append_aborted_refuses_entries_out_of_order_or_past_the_end(tmp_path):
     assert log.aborted_entries() == [AbortedTxn(5, 0, 0, 1)]
     assert m.base_offset == 0
     log.close()
+
+
+# -- cleanup.policy and the compaction settings --------------------------------------------------
+
+def test_compaction_settings_from_broker_defaults_and_topic_overrides():
+    from appliance.config import LogCleanerConfig
+    cfg = LogConfig(cleanup_policy="compact", cleaner=LogCleanerConfig(
+        min_cleanable_ratio=0.25, min_compaction_lag_ms=5, max_compaction_lag_ms=50_000,
+        delete_retention_ms=7))
+    s = LogSettings.from_config(cfg)
+    assert (s.compact, s.delete, s.min_cleanable_ratio, s.min_compaction_lag_ms,
+            s.max_compaction_lag_ms, s.delete_retention_ms) == (True, False, 0.25, 5, 50_000, 7)
+    s = LogSettings.from_config(cfg, {"cleanup.policy": "delete, compact",
+                                      "min.cleanable.dirty.ratio": "0",
+                                      "min.compaction.lag.ms": "1", "max.compaction.lag.ms": "99",
+                                      "delete.retention.ms": "0"})
+    assert (s.compact, s.delete, s.min_cleanable_ratio, s.min_compaction_lag_ms,
+            s.max_compaction_lag_ms, s.delete_retention_ms) == (True, True, 0.0, 1, 99, 0)
+    assert LogSettings.from_config(LogConfig()).compact is False
+
+
+def test_compact_only_topic_deletes_nothing_by_retention(tmp_path):
+    # Kafka's LogConfig.delete: with cleanup.policy=compact, retention.ms/bytes delete nothing.
+    log = PartitionLog.open(str(tmp_path), settings(segment_bytes=1000, retention_bytes=0,
+                                                    retention_ms=0, cleanup_policy="compact"), T0)
+    fill(log, 10)
+    bases = log.segment_bases()
+    assert len(bases) > 1 and not log.enforce_retention(T0 + 10**9)
+    assert log.segment_bases() == bases
+    log.update_settings(settings(segment_bytes=1000, retention_bytes=0, retention_ms=0,
+                                 cleanup_policy="compact,delete"))
+    assert log.enforce_retention(T0 + 10**9) and log.segment_bases() == [log.active_segment_base]
+    log.close()
+
+
+def test_compacted_topic_rolls_by_max_compaction_lag(tmp_path):
+    # Kafka's LogConfig.maxSegmentMs: min(segment.ms, max.compaction.lag.ms) when compacted, so
+    # that no record waits longer than the lag in the active segment, which is never cleaned.
+    log = PartitionLog.open(str(tmp_path), settings(segment_ms=10**9, max_compaction_lag_ms=1000,
+                                                    cleanup_policy="compact"), T0)
+    log.append(batch(ts=T0), T0)                 # its largest timestamp is T0 + 1
+    assert not log.maybe_roll(T0 + 1001)
+    assert log.maybe_roll(T0 + 1002)
+    log.update_settings(settings(segment_ms=10**9, max_compaction_lag_ms=1000))   # delete policy
+    log.append(batch(ts=T0 + 2000), T0 + 2000)
+    assert not log.maybe_roll(T0 + 100_000)
+    log.close()

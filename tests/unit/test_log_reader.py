@@ -474,3 +474,33 @@ def test_collect_aborted_sees_rebuilt_files_after_refresh(tmp_path):
     assert r.collect_aborted(0, hw, hw) == []
     r.close()
     log.close()
+
+
+def test_regression_mmap_of_a_segment_cut_by_a_roll_between_fstat_and_mmap(tmp_path, monkeypatch):
+    """A roll cuts the active segment to its size between a reader's fstat and its mmap: the
+    map failed with "mmap length is greater than file size" and the fetch was answered
+    UNKNOWN_SERVER_ERROR. The reader looks again."""
+    import appliance.log.reader as reader_mod
+    d = str(tmp_path)
+    log, sent = fill(d, [(2, 100)] * 3)
+    real = os.fstat
+    lied = []
+
+    def fstat(fd):
+        st = real(fd)
+        if not lied and os.readlink(f"/proc/self/fd/{fd}").endswith(".log"):   # the size before the cut
+            lied.append(1)
+            return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid,
+                                   st.st_gid, st.st_size + 4096, st.st_atime, st.st_mtime,
+                                   st.st_ctime))
+        return st
+    monkeypatch.setattr(reader_mod.os, "fstat", fstat)
+    r = LogReader(d)
+    res = r.read(0, 1 << 20, high_watermark=log.log_end_offset, log_start_offset=0,
+                 min_one_batch=True)
+    assert lied and res.first_batch_offset == 0
+    lied.clear()
+    assert bytes(SegmentViews().view(d, 0, 0, len(sent[0]))) == sent[0]
+    assert lied
+    r.close()
+    log.close()

@@ -16,6 +16,7 @@ from appliance.errors import ProtocolViolation
 from appliance.protocol import messages
 from appliance.protocol.frames import (
     REQUEST_HEADER_MIN_BYTES,
+    FrameBuffer,
     FrameDecoder,
     FrameTooLarge,
     RequestHeader,
@@ -317,3 +318,72 @@ def test_decoder_frames_feed_header_parsing_and_body_decoding() -> None:
         header, offset = parse_request_header(f)
         assert (header.api_key, header.api_version, header.correlation_id) == (3, 12, 99)
         assert messages.decode_request(3, 12, f, offset) == entity
+
+
+# --------------------------------------------------------------------------- FrameBuffer
+
+def read_through(fb: FrameBuffer, data: bytes, reads: list[int]) -> list[bytes]:
+    """What a BufferedProtocol does: get_buffer, the socket fills part of it, commit. The
+    frames of each commit are copied at once (they are valid until the next get_buffer)."""
+    out: list[bytes] = []
+    pos = 0
+    reads = list(reads)
+    while pos < len(data):
+        buf = fb.get_buffer()
+        assert len(buf) >= FrameBuffer.MIN_READ
+        n = min(len(buf), len(data) - pos, reads.pop(0) if reads else len(data))
+        n = max(n, 1)
+        buf[:n] = data[pos:pos + n]
+        pos += n
+        out += [bytes(f) for f in fb.commit(n)]
+    return out
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(
+    payloads=st.lists(st.binary(min_size=REQUEST_HEADER_MIN_BYTES, max_size=70_000), max_size=6),
+    reads=st.lists(st.integers(min_value=1, max_value=100_000), max_size=30),
+    initial=st.sampled_from([16, 4096, 65536]),
+)
+def test_frame_buffer_returns_every_frame_whatever_the_reads(payloads, reads, initial) -> None:
+    fb = FrameBuffer(max_frame_bytes=1 << 20, initial=initial)
+    data = b"".join(framed(p) for p in payloads)
+    assert read_through(fb, data, reads) == payloads
+    assert fb.buffered == 0
+
+
+def test_frame_buffer_frames_are_read_only_views_of_the_buffer_and_a_big_frame_gets_room() -> None:
+    fb = FrameBuffer(max_frame_bytes=1 << 22, initial=65536)
+    big = bytes(range(256)) * 8192                       # 2 MiB
+    data = framed(b"s" * 20) + framed(big)
+    buf = fb.get_buffer()
+    buf[:100] = data[:100]
+    (small,) = fb.commit(100)
+    assert small.readonly and bytes(small) == b"s" * 20
+    buf = fb.get_buffer()                                  # room for the whole big frame
+    assert len(buf) >= len(big) + 4 - (100 - 24)
+    buf[:len(data) - 100] = data[100:]
+    (frame,) = fb.commit(len(data) - 100)
+    assert frame.nbytes == len(big) and bytes(frame) == big
+    fb.get_buffer()
+    assert fb.capacity == 65536                            # the big buffer is given back
+
+
+def test_frame_buffer_returns_the_frames_before_a_bad_size_then_the_error() -> None:
+    fb = FrameBuffer(100)
+    data = framed(b"a" * 12) + struct.pack(">i", 5000) + b"junk"
+    buf = fb.get_buffer()
+    buf[:len(data)] = data
+    assert [bytes(f) for f in fb.commit(len(data))] == [b"a" * 12]
+    assert isinstance(fb.error, FrameTooLarge)
+    with pytest.raises(FrameTooLarge):
+        fb.commit(0)
+
+
+@pytest.mark.parametrize("size", [101, -1, 0, 9])
+def test_frame_buffer_refuses_bad_sizes_like_the_decoder(size: int) -> None:
+    fb = FrameBuffer(max_frame_bytes=100)
+    buf = fb.get_buffer()
+    buf[:4] = struct.pack(">i", size)
+    with pytest.raises(ProtocolViolation):
+        fb.commit(4)

@@ -38,6 +38,17 @@ def _server(delay_ms: int = 0) -> Server:
     return server
 
 
+def feed(conn, data: bytes) -> None:
+    """What asyncio's transport does for a BufferedProtocol: the socket reads into the
+    protocol's buffer, then buffer_updated."""
+    while data:
+        buf = conn.get_buffer(-1)
+        n = min(len(buf), len(data))
+        buf[:n] = data[:n]
+        data = data[n:]
+        conn.buffer_updated(n)
+
+
 class Client:
     """Frames in, decoded answers out, over one KafkaConnection on a SASL listener."""
 
@@ -59,7 +70,7 @@ class Client:
             out.write(b"\0")
         entity_writer(cls)(out, messages.build(cls, body))
         payload = out.getvalue()
-        self.conn.data_received(struct.pack(">i", len(payload)) + payload)
+        feed(self.conn, struct.pack(">i", len(payload)) + payload)
         return self.corr
 
     def answer(self, api_key: int, version: int):
@@ -77,7 +88,7 @@ class Client:
         return self.answer(api_key, version)
 
     def raw_token(self, token: bytes) -> bytes | None:
-        self.conn.data_received(struct.pack(">i", len(token)) + token)
+        feed(self.conn, struct.pack(">i", len(token)) + token)
         if self.read + 4 > len(self.t.written):
             return None
         (size,) = struct.unpack_from(">i", self.t.written, self.read)
@@ -198,10 +209,10 @@ def test_requests_before_authentication_close_the_connection_unanswered():
 
 def test_frames_over_512_kib_before_authentication_close_the_connection():
     c = Client()
-    c.conn.data_received(struct.pack(">i", MAX_RECEIVE_SIZE + 1) + b"\0" * 100)
+    feed(c.conn, struct.pack(">i", MAX_RECEIVE_SIZE + 1) + b"\0" * 100)
     assert c.t.closed and c.t.written == b""
     c = Client()
-    c.conn.data_received(struct.pack(">i", 100 << 20))
+    feed(c.conn, struct.pack(">i", 100 << 20))
     assert c.t.closed
 
 

@@ -50,8 +50,12 @@ def test_incremental_ops_and_kafkas_errors():
         ([(OP_SET, "retention.ms", None)], ErrorCode.invalid_request, "Null value not supported for : retention.ms"),
         ([(OP_APPEND, "retention.ms", "1")], ErrorCode.invalid_config,
          "Config value append is not allowed for config key: retention.ms"),
-        ([(OP_APPEND, "cleanup.policy", "compact")], ErrorCode.invalid_config,
-         "Invalid value delete,compact for configuration cleanup.policy"),
+        ([(OP_APPEND, "cleanup.policy", "shred")], ErrorCode.invalid_config,
+         "Invalid value delete,shred for configuration cleanup.policy"),
+        # Kafka's LogConfig.validateValues, also against what the topic inherits
+        ([(OP_SET, "min.compaction.lag.ms", "10"), (OP_SET, "max.compaction.lag.ms", "5")],
+         ErrorCode.invalid_config, "conflict topic config setting min.compaction.lag.ms (10) > "
+         "max.compaction.lag.ms (5)"),
         ([(9, "retention.ms", "1")], ErrorCode.invalid_request, "Unknown operations type 9"),
     ]
     for ops, code, text in cases:
@@ -60,6 +64,12 @@ def test_incremental_ops_and_kafkas_errors():
         assert ei.value.code == code and text in ei.value.message, (ops, ei.value)
     # list operations on a list config
     assert alter_topic_configs(cfg, c, "t", [(OP_SUBTRACT, "cleanup.policy", "compact")], True)["cleanup.policy"] == "delete"
+    assert alter_topic_configs(cfg, c, "t", [(OP_APPEND, "cleanup.policy", "compact")],
+                               True)["cleanup.policy"] == "delete,compact"
+    lagged = catalog({"max.compaction.lag.ms": "5"})
+    with pytest.raises(KafkaError) as ei:
+        alter_topic_configs(cfg, lagged, "t", [(OP_SET, "min.compaction.lag.ms", "10")], True)
+    assert ei.value.code == ErrorCode.invalid_config
 
 
 def test_broker_resources_take_only_the_configs_that_apply_live():
@@ -73,3 +83,20 @@ def test_broker_resources_take_only_the_configs_that_apply_live():
     with pytest.raises(KafkaError) as ei:
         alter_broker_configs({}, [(OP_SET, "log.retention.ms", "x")], True)
     assert ei.value.code == ErrorCode.invalid_request
+
+
+def test_compaction_defaults_are_dynamic_broker_configs_that_topics_inherit():
+    from appliance.log.settings import LogSettings
+    assert alter_broker_configs({}, [(OP_SET, "log.cleanup.policy", "compact"),
+                                     (OP_SET, "log.cleaner.delete.retention.ms", "1000")], True) == \
+        {"log.cleanup.policy": "compact", "log.cleaner.delete.retention.ms": "1000"}
+    with pytest.raises(KafkaError) as ei:
+        alter_broker_configs({}, [(OP_SET, "log.cleanup.policy", "shred")], True)
+    assert ei.value.code == ErrorCode.invalid_request
+    c = catalog(default={"log.cleanup.policy": "compact", "log.cleaner.min.cleanable.ratio": "0.1"})
+    d = describe_topic_configs(Config(), c, {})
+    assert d["cleanup.policy"][2] == [("log.cleanup.policy", "compact", DYNAMIC_DEFAULT_BROKER_CONFIG),
+                                      ("log.cleanup.policy", "delete", DEFAULT_CONFIG)]
+    # What the topic's writer and its cleaner apply (Catalog.overrides over [log]).
+    s = LogSettings.from_config(LogConfig(), c.overrides(c.topics["t"]))
+    assert s.compact and not s.delete and s.min_cleanable_ratio == 0.1

@@ -772,13 +772,12 @@ def test_2pc_transaction_is_never_timed_out_and_its_timeout_is_minus_one(tmp_pat
     e.sm.close()
 
 
-def test_enable_2pc_refused_by_the_switch_and_by_the_authorization_hook(tmp_path):
+def test_enable_2pc_refused_by_the_switch(tmp_path):
+    # The TwoPhaseCommit permission is checked by the frontend (tests/integration/test_acls.py).
     e = Env(tmp_path)
     assert e.tc.init_producer_id("t", 1000, enable_2pc=True).error == E.transactional_id_authorization_failed
     e.sm.close()
     e2 = Env(tmp_path / "2", two_phase_commit_enable=True)
-    e2.tc._authorize_2pc = lambda tid: tid != "denied"
-    assert e2.tc.init_producer_id("denied", 1000, enable_2pc=True).error == E.transactional_id_authorization_failed
     assert e2.tc.init_producer_id("allowed", 1000, enable_2pc=True).error == E.none
     e2.sm.close()
 

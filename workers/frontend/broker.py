@@ -22,6 +22,8 @@ import logging
 import os
 
 from appliance import ipc
+from appliance.acl.authorizer import Authorizer
+from appliance.acl.store import PUBLISHED_FILE as ACL_PUBLISHED_FILE, AclView
 from appliance.catalog import Catalog, TopicInfo
 from appliance.errors import ErrorCode
 from appliance.ipc import ProduceResult
@@ -116,6 +118,10 @@ class Broker:
         self.segment_views = SegmentViews()
         self._topic_names: dict[bytes, str] = {}
         self._next_sweep = 0.0
+        # The ACLs the supervisor published (appliance.acl): checked by every handler through
+        # RequestContext.authorize, without a round trip.
+        self.authorizer = Authorizer.from_config(
+            ctx.config.authorizer, AclView(self.topo.file_path(ACL_PUBLISHED_FILE), worker.sup_page))
 
     # -- wiring into the event loop -------------------------------------------------------------
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -1,7 +1,7 @@
 """One client connection: framing, dispatch to API handlers, responses in request order.
 
 Runs inside a frontend process (asyncio, single thread). Owns the connection's socket transport,
-its frame decoder and its queue of responses. Kafka answers the requests of one connection in the
+its receive buffer and its queue of responses. Kafka answers the requests of one connection in the
 order they came, so every request takes a slot in ``self.slots`` when it arrives and responses
 leave only from the head of that queue, whatever order handlers finish in.
 
@@ -14,6 +14,13 @@ at the bad frame, the answers queued ahead of it still leave, then the socket is
 answers of requests pipelined behind it are dropped (the client fails them on the closed
 connection). ApiVersions of an unknown version is answered (v0 layout, UNSUPPORTED_VERSION, our
 ranges).
+
+Receiving: an ``asyncio.BufferedProtocol`` (the plain and the SSL transports alike): the socket,
+or the TLS layer, reads straight into the connection's ``frames.FrameBuffer``, and each complete
+frame is a view of that buffer, valid until the next read. A Produce request is parsed by hand
+(``appliance.protocol.produce_request``) so that its record batches stay views until the writer's
+ring (``appliance.api.produce`` sends them, or copies them, before the next read); every other
+request is decoded from a copy of its frame, since kio's entities may keep views of their input.
 
 Authentication, by the security protocol of the connection's listener (``listener``: Kafka's
 listener name; ``security_protocol``; ``endpoint``: the ``appliance.listeners.Listener``): on
@@ -42,6 +49,7 @@ from typing import Any
 from appliance.api import REGISTRY, CloseConnection, FailAuthentication, RequestContext, encode_body
 from appliance.errors import ErrorCode, KafkaError, ProtocolViolation
 from appliance.protocol import frames, messages
+from appliance.protocol.produce_request import parse_produce_request
 from appliance.security.principal import ANONYMOUS, NoMatchingRule, ssl_principal
 from appliance.security.sasl import MAX_RECEIVE_SIZE, SaslFailure, SaslServerAuthenticator
 from workers.frontend.metrics import error_counts
@@ -49,6 +57,7 @@ from workers.frontend.metrics import error_counts
 log = logging.getLogger("appliance.connection")
 
 API_VERSIONS_KEY = 18
+PRODUCE_KEY = 0
 _SIZE = struct.Struct(">i")
 MAX_INFLIGHT = 64          # pause reading beyond this many unanswered requests on one connection
 RESUME_INFLIGHT = 16
@@ -67,7 +76,7 @@ class _Slot:
         self.started = time.monotonic_ns()
 
 
-class KafkaConnection(asyncio.Protocol):
+class KafkaConnection(asyncio.BufferedProtocol):
     def __init__(self, server: "Frontend", bound) -> None:
         self.server = server
         self.broker = server.broker
@@ -82,7 +91,8 @@ class KafkaConnection(asyncio.Protocol):
             self.sasl = SaslServerAuthenticator(server.broker.cfg.sasl.mechanisms,
                                                 server.broker.scram_credentials)
             max_frame = min(max_frame, MAX_RECEIVE_SIZE)
-        self.decoder = frames.FrameDecoder(max_frame)
+        # The socket reads straight into it; frames are views of it until the next read.
+        self.decoder = frames.FrameBuffer(max_frame)
         self.slots: collections.deque[_Slot] = collections.deque()
         self.paused = False
         self.closed = False
@@ -127,12 +137,15 @@ class KafkaConnection(asyncio.Protocol):
             if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
                 coro.close()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self.closing or self.closed:
             return                  # nothing after a bad request is read (Kafka muted the channel)
         self.last_active = time.monotonic()
         try:
-            for frame in self.decoder.feed(data):
+            for frame in self.decoder.commit(nbytes):
                 self._on_frame(frame)
                 if self.closing or self.closed:
                     return
@@ -259,7 +272,7 @@ class KafkaConnection(asyncio.Protocol):
         if (auth.state is auth.state.AUTHENTICATE and api is not None and api.error_response
                 and api.min_version <= header.api_version <= api.max_version):
             # Kafka answers it with its error response (ILLEGAL_SASL_STATE), then closes.
-            request = messages.decode_request(header.api_key, header.api_version, frame,
+            request = messages.decode_request(header.api_key, header.api_version, bytes(frame),
                                               body_offset)
             self.slots.append(slot)
             self._fail_authentication(slot, api.error_response(
@@ -287,7 +300,15 @@ class KafkaConnection(asyncio.Protocol):
             self._complete(slot, messages.build_api_versions_response(
                 header.api_version, self.server.api_ranges))
             return
-        request = messages.decode_request(header.api_key, header.api_version, frame, body_offset)
+        if header.api_key == PRODUCE_KEY:
+            # Record batches stay views of the receive buffer (no copy before the ring's); the
+            # handler hands them to the writers before it returns, or copies them before it
+            # gives the event loop back (appliance/api/produce.py).
+            request = parse_produce_request(frame, body_offset, header.api_version)
+        else:
+            # kio's entities may keep views of what they decode: give them their own copy.
+            request = messages.decode_request(header.api_key, header.api_version, bytes(frame),
+                                              body_offset)
         self.slots.append(slot)
         ctx = slot.ctx = RequestContext(self.broker, self, header)
         try:

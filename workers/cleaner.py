@@ -1,0 +1,395 @@
+"""Log cleaner process: compacts the partitions of the topics whose cleanup.policy has "compact".
+
+Runs as a child of the supervisor, ``[log.cleaner] processes`` of them (endpoints ``cl<i>``,
+process title ``appliance: cleaner``, ``cleaner 1``...), each cleaning the partitions that
+``runtime.cleaner_of`` gives it. On the worker base's loop (``workers.base.Worker``). Owns no
+durable state: its key -> offset map, and the ``.cleaned`` copies it is writing (the partition's
+writer removes a copy it never swapped, at the next round's start or at its own open). It reads
+segments through read-only maps, never takes part in a writer's append path, and changes a
+partition's files only by asking its writer to swap a copy in (``appliance.log.swap``).
+
+Rings: one pair per assigned partition (cleaner -> writer, writer -> cleaner), made by the
+supervisor with the writer; the cleaner attaches them as the catalog names the partitions.
+Topic configs are read from the published catalog at every round (a changed config applies to
+the next round), the broker defaults and the cleaner's own settings from the running
+configuration (``reload``).
+
+A round (``on_turn`` when one is due; it blocks the loop, beating the heartbeat and looking at
+SIGTERM between batches):
+
+1. plan every assigned compacted partition whose writer is READY: its state page (log start,
+   high watermark, LSO, active segment), its sealed segment files and its cleaner checkpoint
+   (``appliance.log.cleaner.plan``); take the dirtiest that is due, as Kafka's
+   grabFilthiestCompactedLog;
+2. ``CleanerBeginRequest`` to its writer: stale copies go; the producers that have not expired,
+   with their last records;
+3. ``Cleaner.clean``: the map, then per group the ``.cleaned`` files and a ``CleanerSwapRequest``,
+   answered once the writer has swapped the group in (the last one moves the checkpoint);
+4. metrics (Kafka's ``kafka.log:type=LogCleaner`` and ``LogCleanerManager`` gauges, one series
+   per cleaner process). Nothing due: the next look is ``backoff_ms`` later.
+
+A round that fails on something other than a stop, a changed segment, a refused swap or a full
+disk marks the partition uncleanable until the process restarts (Kafka's
+markPartitionUncleanable) and is logged; the other partitions go on. A full disk (ENOSPC writing a
+copy, or KAFKA_STORAGE_ERROR from the writer's commit) stops the round, has the copy removed and
+tries again after ``backoff_ms``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from appliance import ipc, testhooks
+from appliance.catalog import partition_dir
+from appliance.errors import ErrorCode
+from appliance.log.cleaner import messages as cm
+from appliance.log.cleaner.clean import Cleaner, CleaningAborted, LastRecord
+from appliance.log.cleaner.offset_map import OffsetMap
+from appliance.log.cleaner.plan import NoSuchSegment, cleanable, sealed_segments
+from appliance.log.files import CLEANER_CHECKPOINT_FILE, is_no_space, read_checkpoint
+from appliance.log.partition_log import LogSettings
+from appliance.metrics import key
+from appliance.runtime import PARTITION_PAGE_FIELDS, READY, WorkerContext, cleaner_of, writer_name
+from shm.topology import Outbox
+from workers.base import IDLE_WAIT_S, Worker
+
+log = logging.getLogger("appliance.cleaner")
+
+
+def main(ctx: WorkerContext) -> int:
+    return CleanerWorker(ctx).main()
+
+
+# ioprio_set(2) (no Python binding): the idle I/O class, so that the copies' writes and fsyncs
+# wait for the writers' own (Linux, x86-64 and arm64; elsewhere the cleaner keeps its class).
+_SYS_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
+_IOPRIO_CLASS_IDLE, _IOPRIO_WHO_PROCESS = 3, 1
+
+
+def _idle_io() -> None:
+    nr = _SYS_IOPRIO_SET.get(os.uname().machine)
+    if nr is None:
+        return
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).syscall(nr, _IOPRIO_WHO_PROCESS, 0, _IOPRIO_CLASS_IDLE << 13)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class _Link:
+    """An assigned partition: its writer's rings and state page."""
+    topic: str
+    partition: int
+    directory: str
+    outbox: Outbox
+    page: object
+
+
+class Throttler:
+    """Kafka's Throttler: sleeps when more than ``rate`` bytes a second went by (checked every
+    ``check_s``), sleeping in slices that call ``beat``."""
+
+    def __init__(self, rate: int, beat, check_s: float = 0.3) -> None:
+        self.rate = rate
+        self.beat = beat
+        self.check_s = check_s
+        self.start = time.monotonic()
+        self.observed = 0
+
+    def __call__(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        self.observed += n
+        now = time.monotonic()
+        elapsed = now - self.start
+        if elapsed < self.check_s:
+            return
+        sleep = self.observed / self.rate - elapsed
+        while sleep > 0:
+            self.beat()
+            time.sleep(min(sleep, 0.5))
+            sleep -= 0.5
+        self.start = time.monotonic()
+        self.observed = 0
+
+
+class CleanerWorker(Worker):
+    tick_s = 1.0
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx)
+        self.links: dict[str, _Link] = {}
+        self.next_round = 0.0
+        self.last_run = time.monotonic()
+        self.uncleanable: set[str] = set()
+        self.no_space: set[str] = set()         # partitions whose last round met a full disk
+        self._ids = itertools.count(((self.generation & 0xFFFF) << 40) | 1)
+        self._apply(self.cfg)
+        m = self.metrics
+        who = [("cleaner", ctx.index)]
+        self.mv = m.values
+        self.k_recopy = m.slot(key("kafka_log_logcleaner_cleaner_recopy_percent", who))
+        self.k_clean_time = m.slot(key("kafka_log_logcleaner_max_clean_time_secs", who))
+        self.k_buffer = m.slot(key("kafka_log_logcleaner_max_buffer_utilization_percent", who))
+        self.k_delay = m.slot(key("kafka_log_logcleaner_max_compaction_delay_secs", who))
+        self.k_dirty = m.slot(key("kafka_log_logcleanermanager_max_dirty_percent", who))
+        self.k_since = m.slot(key("kafka_log_logcleanermanager_time_since_last_run_ms", who))
+        self.k_uncleanable = m.slot(key("kafka_log_logcleanermanager_uncleanable_partitions_count", who))
+        self.k_read = m.slot(key("appliance_log_cleaner_bytes_read", who))
+        self.k_written = m.slot(key("appliance_log_cleaner_bytes_written", who))
+        self.k_rounds = m.slot(key("appliance_log_cleaner_rounds", who))
+
+    def inputs(self) -> list[str]:
+        return []            # writers' rings are attached as the catalog names their partitions
+
+    outputs = inputs
+
+    def _apply(self, cfg) -> None:
+        cl = cfg.log.cleaner
+        self.enabled = cl.enable
+        self.backoff_s = cl.backoff_ms / 1000
+        self.map_bytes = cl.dedupe_buffer_size // cl.processes
+        self.throttler = Throttler(cl.io_max_bytes_per_second // cl.processes, self._beat)
+
+    def setup(self) -> int | None:
+        # Spare cycles only: produce and fetch come first (Linux SCHED_IDLE: the scheduler runs
+        # this process when no other wants the CPU, and still gives it a trickle under full load,
+        # enough for its heartbeat).
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):
+            try:
+                os.nice(19)
+            except OSError:
+                pass
+        _idle_io()
+        return None
+
+    def reload(self, old, new) -> None:
+        self._apply(new)
+        if new.log.cleaner != old.log.cleaner:
+            self.next_round = 0.0      # look again under the new settings
+
+    # -- the loop -------------------------------------------------------------------------------
+    def drain_inputs(self) -> bool:
+        """Answers that arrive outside a call belong to a call that gave up: dropped."""
+        worked = False
+        for ring in self.mailbox.inputs.values():
+            while ring.get() is not None:
+                worked = True
+        return worked
+
+    def on_tick(self, now: float) -> None:
+        self.mv[self.k_since] = int((now - self.last_run) * 1000)
+
+    def wait_timeout(self, now: float) -> float:
+        return max(0.0, min(IDLE_WAIT_S, self.next_round - now))
+
+    def on_turn(self, now: float) -> None:
+        if now < self.next_round or self.stop:
+            return
+        self.next_round = now + self.backoff_s
+        if not self.enabled:
+            return
+        self._sync_links()
+        job = self._filthiest()
+        self.last_run = time.monotonic()
+        if job is None:
+            return
+        name, settings, segs, c, st = job
+        try:
+            self._clean(name, settings, segs, c, st)
+            self.next_round = 0.0                  # more may be due: look again at once
+            if name in self.no_space:
+                self.no_space.discard(name)
+                log.info("%s-%d: cleaning works again", self.links[name].topic,
+                         self.links[name].partition)
+        except CleaningAborted as e:
+            if not self.stop:
+                log.info("%s-%d: cleaning stopped: %s", self.links[name].topic,
+                         self.links[name].partition, e)
+        except OSError as e:
+            if not is_no_space(e):
+                self._uncleanable(name)
+            else:
+                self._no_space(name, e)
+        except Exception:
+            self._uncleanable(name)
+
+    def _uncleanable(self, name: str) -> None:
+        link = self.links[name]
+        log.exception("%s-%d: cleaning failed; the partition is not cleaned again until this "
+                      "process restarts", link.topic, link.partition)
+        self.uncleanable.add(name)
+        self.mv[self.k_uncleanable] = len(self.uncleanable)
+
+    def _no_space(self, name: str, e: OSError) -> None:
+        """A full disk while writing a copy: nothing is wrong with the partition. The copy made
+        so far gives its blocks back at once (the writer removes copies no swap named when a
+        round begins: asked now rather than at the next round), and the round is tried again
+        after the back-off, as Kafka's cleaner retries a partition after an I/O error."""
+        link = self.links[name]
+        if name not in self.no_space:           # once an episode, as the writers log a full disk
+            self.no_space.add(name)
+            log.warning("%s-%d: cleaning stopped, file system full (%s); tried again every %.1f s",
+                        link.topic, link.partition, e.strerror, self.backoff_s)
+        try:
+            self._call(name, cm.CleanerBeginRequest(-1),
+                       self.cfg.server.internal_request_timeout_ms / 1000)
+        except CleaningAborted:
+            pass
+
+    # -- partitions -----------------------------------------------------------------------------
+    def _sync_links(self) -> None:
+        cat = self.catalog.get()
+        procs = self.cfg.log.cleaner.processes
+        wanted = {}
+        for t in cat.topics.values():
+            for p in range(t.partitions):
+                w = writer_name(t.topic_id, p)
+                if cleaner_of(w, procs) == self.name:
+                    wanted[w] = (t.name, p)
+        for w in [w for w in self.links if w not in wanted]:
+            del self.links[w]
+            self.mailbox.remove(w)
+            self.topo.forget(w)
+            self.uncleanable.discard(w)
+            self.no_space.discard(w)
+        for w, (topic, p) in wanted.items():
+            if w in self.links:
+                continue
+            try:
+                page = self.topo.open_page(w, PARTITION_PAGE_FIELDS, readonly=True)
+                out = Outbox(self.topo, self.name, w, self.bells)
+                self.mailbox.add(w)
+            except FileNotFoundError:
+                continue                        # not made yet: the next round
+            self.links[w] = _Link(topic, p, partition_dir(self.ctx.data_dir, topic, p), out, page)
+
+    def _settings(self, topic: str) -> LogSettings | None:
+        """The topic's effective settings: its own configs over the dynamic broker configs
+        (``Catalog.overrides``) over ``[log]``, as its writer has them."""
+        cat = self.catalog.get()
+        t = cat.topics.get(topic)
+        return None if t is None else LogSettings.from_config(self.cfg.log, cat.overrides(t))
+
+    def _filthiest(self):
+        now_ms = time.time_ns() // 1_000_000
+        best = None
+        max_ratio = 0.0
+        max_delay = 0
+        for name, link in self.links.items():
+            if name in self.uncleanable:
+                continue
+            s = self._settings(link.topic)
+            if s is None or not s.compact:
+                continue
+            st = link.page.read()
+            if st.status != READY or st.generation == 0:
+                continue
+            try:
+                segs = sealed_segments(link.directory, st.active_base_offset)
+            except (NoSuchSegment, FileNotFoundError):
+                continue
+            c = cleanable(segs, log_start=st.log_start_offset, log_end=st.high_watermark,
+                          last_stable=st.last_stable_offset, active_base=st.active_base_offset,
+                          checkpoint=read_checkpoint(os.path.join(link.directory,
+                                                                  CLEANER_CHECKPOINT_FILE)),
+                          min_compaction_lag_ms=s.min_compaction_lag_ms,
+                          max_compaction_lag_ms=s.max_compaction_lag_ms, now_ms=now_ms)
+            if c.total_bytes == 0:
+                continue
+            max_ratio = max(max_ratio, c.ratio)
+            max_delay = max(max_delay, c.compaction_delay_ms)
+            if c.due(s.min_cleanable_ratio) and (best is None or c.ratio > best[3].ratio):
+                best = (name, s, segs, c, st)
+        self.mv[self.k_dirty] = int(max_ratio * 10000)
+        self.mv[self.k_delay] = max_delay
+        return best
+
+    # -- one round ------------------------------------------------------------------------------
+    def _beat(self) -> None:
+        self.hb.beat(self.ctx.heartbeat_slot)
+
+    def _check_done(self) -> None:
+        self._beat()
+        if self.stop:
+            raise CleaningAborted("stopping")
+
+    def _call(self, name: str, req: ipc.Request, timeout_s: float):
+        """Send ``req`` to the writer and wait for its answer (None: no answer in time, or the
+        writer restarted meanwhile)."""
+        link = self.links[name]
+        rid = next(self._ids)
+        link.outbox.post(ipc.encode(rid, req))
+        link.outbox.flush()
+        gen = link.page.read().generation
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_done()
+            for src, ring in self.mailbox.inputs.items():
+                while (raw := ring.get()) is not None:
+                    got, body = ipc.decode(raw)
+                    if got == rid and src == name:
+                        return body
+            now = time.monotonic()
+            if now >= deadline or link.page.read().generation != gen:
+                return None
+            if link.outbox.queued:
+                link.outbox.flush()
+            self.mailbox.wait(min(0.2, deadline - now))
+
+    def _clean(self, name: str, s: LogSettings, segs, c, st) -> None:
+        link = self.links[name]
+        timeout = self.cfg.server.internal_request_timeout_ms / 1000
+        producers: dict[int, LastRecord] = {}
+        cursor = -1
+        while True:
+            r = self._call(name, cm.CleanerBeginRequest(cursor), timeout)
+            if r is None or r.error != ErrorCode.none:
+                raise CleaningAborted("the writer did not answer the start of the round")
+            for pid, last, epoch in cm.unpack_producers(r.producers):
+                producers[pid] = LastRecord(last, epoch)
+            if r.next_cursor < 0:
+                break
+            cursor = r.next_cursor
+
+        def swap(groups, checkpoint) -> bool:
+            testhooks.crash_point("cleaner", "written")
+            res = self._call(name, cm.CleanerSwapRequest(
+                [(g.base, [(x.base, x.ino, x.size) for x in g.old]) for g in groups], checkpoint),
+                timeout)
+            if res is None:
+                raise CleaningAborted("the writer did not answer a swap")
+            if res.error != ErrorCode.none:
+                log.info("%s-%d: swap refused: %s", link.topic, link.partition, res.message)
+            return res.error == ErrorCode.none
+
+        cleaner = Cleaner(link.directory, s, OffsetMap(self.map_bytes),
+                          check_done=self._check_done, throttle=self.throttler)
+        try:
+            stats = cleaner.clean(segs, c, hw=st.high_watermark, producers=producers, swap=swap)
+        except FileNotFoundError as e:
+            if os.path.isdir(link.directory):
+                raise
+            raise CleaningAborted(f"the partition went away ({e})") from None
+        mv = self.mv
+        mv[self.k_rounds] += 1
+        mv[self.k_read] += stats.bytes_read + stats.map_bytes_read
+        mv[self.k_written] += stats.bytes_written
+        mv[self.k_recopy] = int(stats.recopy_percent * 100)
+        mv[self.k_clean_time] = int(stats.elapsed_s * 1e6)
+        mv[self.k_buffer] = int(stats.buffer_utilization * 10000)
+        mb = (stats.bytes_read + stats.map_bytes_read) / 1048576
+        log.info("%s-%d: cleaned offsets [0, %d) in %d groups: %.1f MB read, %.1f MB written "
+                 "(%.0f%%), %d of %d messages kept, %.2f s (%.1f MB/s), map %.0f%% full",
+                 link.topic, link.partition, stats.end_offset, stats.groups, mb,
+                 stats.bytes_written / 1048576, stats.recopy_percent, stats.messages_written,
+                 stats.messages_read, stats.elapsed_s, mb / stats.elapsed_s if stats.elapsed_s else 0,
+                 stats.buffer_utilization * 100)
