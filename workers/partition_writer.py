@@ -123,6 +123,11 @@ class PartitionWriter(Worker):
         self.last_flush = time.monotonic()
         # Replies waiting for their batch or marker to be durable: (end offset, peer, reply).
         self.await_flush: list[tuple[int, str, bytes]] = []
+        # Acks of appends not yet on the state page: posted right after the turn's publish, so
+        # that a client that fetches what it was told is written finds it (Kafka moves the
+        # leader's log end offset before it answers; regression: a Fetch right after an acks=1
+        # answer got OFFSET_OUT_OF_RANGE while the ring carried the ack ahead of the page).
+        self.held_acks: list[tuple[str, bytes]] = []
         self.tick_s = self.cfg.log.retention_check_interval_ms / 1000   # retention and rolls
         self.next_tick = time.monotonic() + self.tick_s
         self.verify_enabled = self.cfg.transactions.partition_verification_enable
@@ -296,6 +301,7 @@ class PartitionWriter(Worker):
 
     def on_turn(self, now: float) -> None:
         self._expire_verifications()
+        self._publish_and_release()
         self._flush_and_reply()
         if self.log.has_retired:
             self.log.delete_retired()
@@ -413,9 +419,7 @@ class PartitionWriter(Worker):
                 finally:
                     ring.advance()
                 worked = True
-        if self.dirty:
-            self.dirty = False
-            self._publish()
+        self._publish_and_release()
         return worked
 
     # -- produce ----------------------------------------------------------------------------------
@@ -474,8 +478,20 @@ class PartitionWriter(Worker):
         if acks == -1 and end > self.flusher.durable and self.policy.ack_waits_for_sync:
             # Also a duplicate whose original is not durable yet: never ack more than the disk holds.
             self.await_flush.append((end, src, ack))
+        elif self.dirty:
+            self.held_acks.append((src, ack))       # after the publish (see held_acks)
         else:
             self.post(src, ack)
+
+    def _publish_and_release(self) -> None:
+        """Publish what this turn appended, then post the acks held for it."""
+        if self.dirty:
+            self.dirty = False
+            self._publish()
+        if self.held_acks:
+            for src, ack in self.held_acks:
+                self.post(src, ack)
+            self.held_acks.clear()
 
     # -- KIP-890 verification ---------------------------------------------------------------------
     def _park(self, p: Parked, h) -> None:
