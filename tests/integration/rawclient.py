@@ -2,7 +2,8 @@
 
 Requests are kio entities (or dicts, through the codec's ``build``), encoded with kio's writer and
 the request header version the API version calls for; responses are decoded with kio's reader.
-Also sends arbitrary bytes, for the bad-input tests.
+Also sends arbitrary bytes, for the bad-input tests. ``encode_request`` and ``read_response``
+are the same framing for asyncio streams (tests that drive many connections at once).
 """
 
 from __future__ import annotations
@@ -15,6 +16,27 @@ import struct
 from kio.serial import entity_reader, entity_writer
 
 from appliance.protocol import frames, messages
+
+
+def encode_request(api_key: int, version: int, corr: int, values: dict,
+                   client_id: bytes = b"load") -> bytes:
+    """One framed request (size prefix, header of the version's header version, body)."""
+    cls = messages.request_class(api_key, version)
+    buf = io.BytesIO()
+    entity_writer(cls)(buf, messages.build(cls, values))
+    head = struct.pack(">hhih", api_key, version, corr, len(client_id)) + client_id
+    if frames.request_header_version(api_key, version) >= 2:
+        head += b"\x00"
+    body = head + buf.getvalue()
+    return struct.pack(">i", len(body)) + body
+
+
+async def read_response(reader, api_key: int, version: int):
+    """The next response on an asyncio StreamReader, decoded."""
+    size = struct.unpack(">i", await reader.readexactly(4))[0]
+    frame = await reader.readexactly(size)
+    pos = 4 + (1 if frames.response_header_version(api_key, version) >= 1 else 0)
+    return entity_reader(messages.response_class(api_key, version))(frame, pos)[0]
 
 
 class RawClient:

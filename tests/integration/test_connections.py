@@ -16,7 +16,6 @@ where they were once the clients leave.
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import resource
 import select
@@ -26,11 +25,9 @@ import time
 
 import psutil
 import pytest
-from kio.serial import entity_reader, entity_writer
 
-from appliance.protocol import frames, messages
 from appliance.protocol.records import Record, build_batch
-from rawclient import RawClient
+from rawclient import RawClient, encode_request, read_response
 
 IDLE, BUSY, BUSY_S = 500, 50, 5.0
 SOAK_IDLE, SOAK_BUSY, SOAK_BUSY_S = 2000, 200, 60.0
@@ -164,46 +161,28 @@ def test_idle_connections_are_closed_after_connections_max_idle_ms(appliance_fac
 # Load
 # ------------------------------------------------------------------------------------------------
 
-def _encode(api_key: int, version: int, corr: int, values: dict) -> bytes:
-    cls = messages.request_class(api_key, version)
-    buf = io.BytesIO()
-    entity_writer(cls)(buf, messages.build(cls, values))
-    head = struct.pack(">hhih", api_key, version, corr, 4) + b"load"
-    if frames.request_header_version(api_key, version) >= 2:
-        head += b"\x00"
-    body = head + buf.getvalue()
-    return struct.pack(">i", len(body)) + body
-
-
-async def _answer(reader: asyncio.StreamReader, api_key: int, version: int):
-    size = struct.unpack(">i", await reader.readexactly(4))[0]
-    frame = await reader.readexactly(size)
-    pos = 4 + (1 if frames.response_header_version(api_key, version) >= 1 else 0)
-    return entity_reader(messages.response_class(api_key, version))(frame, pos)[0]
-
-
 async def _busy(port: int, i: int, until: float, batch: bytes, stats: dict) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         corr = 0
         while time.monotonic() < until:
             corr += 1
-            writer.write(_encode(0, 9, corr, {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
+            writer.write(encode_request(0, 9, corr, {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
                                                "topic_data": [{"name": "load", "partition_data": [
                                                    {"index": i % 2, "records": batch}]}]}))
-            p = (await _answer(reader, 0, 9)).responses[0].partition_responses[0]
+            p = (await read_response(reader, 0, 9)).responses[0].partition_responses[0]
             if p.error_code:
                 stats["errors"].append(p.error_code)
                 continue
             corr += 1
-            writer.write(_encode(1, 12, corr, {
+            writer.write(encode_request(1, 12, corr, {
                 "replica_id": -1, "max_wait_ms": 50, "min_bytes": 1, "max_bytes": 1 << 16,
                 "isolation_level": 0, "session_id": 0, "session_epoch": -1,
                 "topics": [{"topic": "load", "partitions": [
                     {"partition": i % 2, "current_leader_epoch": -1, "fetch_offset": p.base_offset,
                      "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 1 << 16}]}],
                 "forgotten_topics_data": [], "rack_id": ""}))
-            f = (await _answer(reader, 1, 12)).responses[0].partitions[0]
+            f = (await read_response(reader, 1, 12)).responses[0].partitions[0]
             if f.error_code or not f.records:
                 stats["errors"].append(("fetch", f.error_code))
                 continue
@@ -218,8 +197,8 @@ async def _probe(port: int, until: float, stats: dict) -> None:
     answering new clients."""
     while time.monotonic() < until:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(_encode(18, 0, 1, {}))
-        stats["probes"].append((await asyncio.wait_for(_answer(reader, 18, 0), 30)).error_code)
+        writer.write(encode_request(18, 0, 1, {}))
+        stats["probes"].append((await asyncio.wait_for(read_response(reader, 18, 0), 30)).error_code)
         writer.close()
         await writer.wait_closed()
         await asyncio.sleep(0.2)
@@ -229,8 +208,8 @@ async def _load(app, idle: int, busy: int, busy_s: float, batch: bytes, stats: d
     idlers = []
     for _ in range(idle):
         reader, writer = await asyncio.open_connection("127.0.0.1", app.port)
-        writer.write(_encode(18, 0, 1, {}))
-        assert (await _answer(reader, 18, 0)).error_code == 0
+        writer.write(encode_request(18, 0, 1, {}))
+        assert (await read_response(reader, 18, 0)).error_code == 0
         idlers.append(writer)
     stats["idle_open"] = connections(app)[0]
     until = time.monotonic() + busy_s

@@ -8,36 +8,13 @@ Kafka moves the leader's log end offset before it answers a Produce."""
 from __future__ import annotations
 
 import asyncio
-import io
-import struct
 import time
 
-from kio.serial import entity_reader, entity_writer
-
-from appliance.protocol import frames, messages
 from appliance.protocol.records import Record, build_batch
-from rawclient import RawClient
+from rawclient import RawClient, encode_request, read_response
 
 CONNECTIONS = 20
 SECONDS = 4.0
-
-
-def _encode(api_key: int, version: int, corr: int, values: dict) -> bytes:
-    cls = messages.request_class(api_key, version)
-    buf = io.BytesIO()
-    entity_writer(cls)(buf, messages.build(cls, values))
-    head = struct.pack(">hhih", api_key, version, corr, 4) + b"ryws"
-    if frames.request_header_version(api_key, version) >= 2:
-        head += b"\x00"
-    body = head + buf.getvalue()
-    return struct.pack(">i", len(body)) + body
-
-
-async def _answer(reader: asyncio.StreamReader, api_key: int, version: int):
-    size = struct.unpack(">i", await reader.readexactly(4))[0]
-    frame = await reader.readexactly(size)
-    pos = 4 + (1 if frames.response_header_version(api_key, version) >= 1 else 0)
-    return entity_reader(messages.response_class(api_key, version))(frame, pos)[0]
 
 
 async def _produce_then_fetch(port: int, i: int, until: float, batch: bytes, seen: dict) -> None:
@@ -46,20 +23,20 @@ async def _produce_then_fetch(port: int, i: int, until: float, batch: bytes, see
     try:
         while time.monotonic() < until:
             corr += 1
-            writer.write(_encode(0, 9, corr, {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
+            writer.write(encode_request(0, 9, corr, {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
                                                "topic_data": [{"name": "ryw", "partition_data": [
                                                    {"index": i % 2, "records": batch}]}]}))
-            p = (await _answer(reader, 0, 9)).responses[0].partition_responses[0]
+            p = (await read_response(reader, 0, 9)).responses[0].partition_responses[0]
             assert p.error_code == 0, p
             corr += 1
-            writer.write(_encode(1, 12, corr, {
+            writer.write(encode_request(1, 12, corr, {
                 "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 16,
                 "isolation_level": 0, "session_id": 0, "session_epoch": -1,
                 "topics": [{"topic": "ryw", "partitions": [
                     {"partition": i % 2, "current_leader_epoch": -1, "fetch_offset": p.base_offset,
                      "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 1 << 16}]}],
                 "forgotten_topics_data": [], "rack_id": ""}))
-            f = (await _answer(reader, 1, 12)).responses[0].partitions[0]
+            f = (await read_response(reader, 1, 12)).responses[0].partitions[0]
             key = ("ok" if f.error_code == 0 and f.records else f"error {f.error_code}"
                    if f.error_code else "empty")
             seen[key] = seen.get(key, 0) + 1
