@@ -8,36 +8,14 @@ tools take them (``appliance.cli.tool``). What it sends and prints: ``appliance.
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from appliance.cli.tool import resolve_bootstrap, tool_group
+from appliance.cli.tool import protocol_connection, run_or_exit as _run, tool_group
 
 
 @tool_group("acls", "Add, list and remove ACLs (Kafka's kafka-acls.sh, over the Kafka protocol).")
 def acls() -> None:
     """Add, list and remove ACLs (Kafka's kafka-acls.sh, over the Kafka protocol)."""
-
-
-def _connect(ctx: click.Context):
-    from appliance import admin
-    from appliance.client.errors import KafkaError
-    target = resolve_bootstrap(ctx)
-    try:
-        return admin.connect(target.servers, security=target.security, client_id="appliance-acls")
-    except KafkaError as e:
-        click.echo(f"cannot reach {target.servers}: {e}", err=True)
-        sys.exit(1)
-
-
-def _run(fn):
-    from appliance.client.errors import KafkaError
-    try:
-        return fn()
-    except KafkaError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
 
 
 def _resource_options(fn):
@@ -119,7 +97,7 @@ def acls_add(ctx, pattern, **kw) -> None:
     if any(not entries for entries in planned.values()):
         raise click.UsageError("You must specify one of: --allow-principal, --deny-principal when "
                                "trying to add ACLs.")
-    conn = _connect(ctx)
+    conn = protocol_connection(ctx, "appliance-acls")
     for (rtype, name, pt), entries in planned.items():
         click.echo(f"Adding ACLs for resource `{acl_admin.resource_str(rtype, name, pt)}`: ")
         for e in sorted(entries):
@@ -148,7 +126,7 @@ def acls_list(ctx, pattern, principals, **kw) -> None:
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     res = acl_admin.resources(kw["topics"], kw["groups"], kw["transactional_ids"], kw["cluster"], pt)
-    conn = _connect(ctx)
+    conn = protocol_connection(ctx, "appliance-acls")
     filters = [model.AclFilter(int(t), n, int(p)) for t, n, p in res] or [model.AclFilter()]
     found = []
     for f in filters:
@@ -171,7 +149,7 @@ def acls_remove(ctx, pattern, force, **kw) -> None:
     from appliance.acl import admin as acl_admin
     from appliance.acl.model import AclFilter
     _, planned = _acl_plan(pattern, kw, specific=False)
-    conn = _connect(ctx)
+    conn = protocol_connection(ctx, "appliance-acls")
     for (rtype, name, pt), entries in planned.items():
         where = acl_admin.resource_str(rtype, name, pt).replace("ResourcePattern", "ResourcePatternFilter")
         if entries:

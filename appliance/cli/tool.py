@@ -229,3 +229,26 @@ def names(items: Iterable[str]) -> list[str]:
             if n and n not in out:
                 out.append(n)
     return out
+
+
+def protocol_connection(ctx: click.Context, client_id: str):
+    """One connection of ``appliance.admin`` to the command's bootstrap server (its security from
+    ``--command-config``); an unreachable server ends the command (exit 1)."""
+    from appliance import admin
+    from appliance.client.errors import KafkaError
+    target = resolve_bootstrap(ctx)
+    try:
+        return admin.connect(target.servers, security=target.security, client_id=client_id)
+    except KafkaError as e:
+        click.echo(f"cannot reach {target.servers}: {e}", err=True)
+        sys.exit(1)
+
+
+def run_or_exit(fn):
+    """``fn()``, or the Kafka error it raises printed and exit 1."""
+    from appliance.client.errors import KafkaError
+    try:
+        return fn()
+    except KafkaError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)

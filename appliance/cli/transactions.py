@@ -8,11 +8,9 @@ kafka-transactions.sh takes them (``appliance.cli.tool``).
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from appliance.cli.tool import resolve_bootstrap, tool_group
+from appliance.cli.tool import protocol_connection, run_or_exit as _run, tool_group
 
 
 @tool_group("transactions", "Inspect and resolve transactions (Kafka's kafka-transactions.sh, "
@@ -24,23 +22,7 @@ def transactions() -> None:
 
 def _admin(ctx: click.Context):
     from appliance import admin
-    from appliance.client.errors import KafkaError
-    target = resolve_bootstrap(ctx)
-    bootstrap = target.servers
-    try:
-        return admin, admin.connect(bootstrap, security=target.security)
-    except KafkaError as e:
-        click.echo(f"cannot reach {bootstrap}: {e}", err=True)
-        sys.exit(1)
-
-
-def _run(fn):
-    from appliance.client.errors import KafkaError
-    try:
-        return fn()
-    except KafkaError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+    return admin, protocol_connection(ctx, "appliance-transactions")
 
 
 @transactions.command("list")
