@@ -179,6 +179,25 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+_libc_malloc_trim = None
+
+
+def release_free_memory() -> None:
+    """Give the pages malloc holds free back to the kernel (glibc's ``malloc_trim(0)``, which
+    also releases whole free pages in the middle of the heap, not only at its top). Buffers
+    between 512 bytes and the mmap threshold come from the heap, and glibc keeps what is freed
+    there: without this a frontend keeps its peak of connection buffers after a connection
+    storm ends. No-op where the C library has no malloc_trim."""
+    global _libc_malloc_trim
+    if _libc_malloc_trim is None:
+        try:
+            _libc_malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _libc_malloc_trim = False
+    if _libc_malloc_trim:
+        _libc_malloc_trim(0)
+
+
 def child_reset_signals() -> None:
     """A forked child inherits the supervisor's handlers and wakeup fd; start from defaults."""
     signal.set_wakeup_fd(-1)

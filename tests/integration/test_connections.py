@@ -249,37 +249,40 @@ def test_connection_load_is_served_and_leaves_nothing_behind(appliance_factory, 
     batch = build_batch([Record(key=b"k", value=b"v" * 200) for _ in range(5)])
     app.wait_for(lambda: connections(app)[0] == 0, what="the set-up's connections to close")
     fresh = _footprint(app)
-    # Warm-up: the same load once before. What the first load allocates stays with the process
-    # (CPython keeps the arenas of freed objects, dicts do not shrink, first uses fill caches:
-    # about 20 MiB per frontend at 200 busy connections, the same after every later load); what
-    # must not happen is growth from load to load.
-    warm = {"round_trips": {}, "errors": [], "probes": []}
-    asyncio.run(_load(app, idle, busy, busy_s, batch, warm))
-    app.wait_for(lambda: connections(app)[0] == 0, timeout=60, what="the warm-up's connections to close")
-    before = _footprint(app)
 
     stats = {"round_trips": {}, "errors": [], "probes": []}
     started = time.monotonic()
     asyncio.run(_load(app, idle, busy, busy_s, batch, stats))
     elapsed = time.monotonic() - started
     app.wait_for(lambda: connections(app)[0] == 0, timeout=60, what="every connection to close")
+    peak = _footprint(app)
+    # Memory comes back: each frontend hands the pages its closed connections freed back to the
+    # kernel within a second (malloc_trim). What stays is what first uses fill (caches, CPython's
+    # arenas of long-lived objects): a few MiB, not the connections' buffers (64 KiB each, about
+    # 16 MiB per frontend at 500 connections), and not growing from one load to the next.
+    slack = {n: max(8 << 20, fresh[n][2] // 10) for n in fresh}
+    try:
+        app.wait_for(lambda: all(a <= fresh[n][2] + slack[n] for n, (_f, _p, a) in _footprint(app).items()),
+                     timeout=15, what="the frontends' memory to come back")
+    except TimeoutError:
+        pass                                    # the assertion below says by how much
     after = _footprint(app)
     trips = sum(stats["round_trips"].values())
     print(f"\nconnection load: {idle} idle + {busy} busy for {busy_s:.0f} s ({elapsed:.1f} s in all): "
           f"{trips} produce+fetch round trips ({trips / busy_s:.0f}/s), {len(stats['probes'])} new "
-          f"connections answered meanwhile; per frontend, fresh -> after a first load -> after "
-          f"this one: " + "; ".join(
-              f"{n} fds {fresh[n][0]}->{before[n][0]}->{after[n][0]}, PSS MiB "
-              f"{fresh[n][1] / 2**20:.1f}->{before[n][1] / 2**20:.1f}->{after[n][1] / 2**20:.1f} "
-              f"(anonymous {fresh[n][2] / 2**20:.1f}->{before[n][2] / 2**20:.1f}->{after[n][2] / 2**20:.1f})"
-              for n in sorted(before)))
+          f"connections answered meanwhile; per frontend, fresh -> once the clients left -> a "
+          f"moment later: " + "; ".join(
+              f"{n} fds {fresh[n][0]}->{peak[n][0]}->{after[n][0]}, PSS MiB "
+              f"{fresh[n][1] / 2**20:.1f}->{peak[n][1] / 2**20:.1f}->{after[n][1] / 2**20:.1f} "
+              f"(anonymous {fresh[n][2] / 2**20:.1f}->{peak[n][2] / 2**20:.1f}->{after[n][2] / 2**20:.1f})"
+              for n in sorted(fresh)))
 
     assert stats["idle_open"] >= idle
-    assert not stats["errors"] and not warm["errors"], (stats["errors"] + warm["errors"])[:5]
+    assert not stats["errors"], stats["errors"][:5]
     assert len(stats["round_trips"]) == busy              # every busy connection got through
     assert stats["probes"] and set(stats["probes"]) == {0}
     for name, (fds, _pss, anon) in after.items():
         assert fds <= fresh[name][0] + 8, (name, fresh[name], after[name])
-        assert anon <= before[name][2] + max(8 << 20, before[name][2] // 10), (name, before[name], after[name])
+        assert anon <= fresh[name][2] + slack[name], (name, fresh[name], peak[name], after[name])
     assert {w["name"]: w["pid"] for w in app.workers()} == pids
     assert "Traceback" not in app.log_text()

@@ -40,7 +40,7 @@ import time
 
 from appliance.api import api_ranges, load_handlers
 from appliance.runtime import (COORDINATOR, FRONTEND_PAGE_FIELDS, SUPERVISOR, BoundListener,
-                              WorkerContext)
+                              WorkerContext, release_free_memory)
 from appliance.security import tls
 from appliance.security.principal import parse_mapping_rules
 from workers.base import AsyncWorker
@@ -71,6 +71,7 @@ class Frontend(AsyncWorker):
         self.broker = Broker(self)
         self.broker.counters = self.counters
         self.connections: set[KafkaConnection] = set()
+        self.closed_since_trim = 0             # connections closed since malloc was last trimmed
         self.quota_keys: dict[KafkaConnection, bytes] = {}
         self.draining = False
         self.listen_socks: list[tuple[socket.socket, BoundListener]] = []
@@ -229,6 +230,7 @@ class Frontend(AsyncWorker):
         if conn in self.connections:
             self.connections.discard(conn)
             self.counters.connections(-1, conn.listener)
+            self.closed_since_trim += 1
         key = self.quota_keys.pop(conn, None)
         if key is not None:
             self.quotas.release(key)
@@ -255,6 +257,12 @@ class Frontend(AsyncWorker):
         for conn in list(self.connections):
             if not conn.slots and now - conn.last_active > limit:
                 conn._abort("idle for longer than connections_max_idle_ms")
+        if self.closed_since_trim:
+            # Each connection's receive buffer (64 KiB) and what its requests allocated are
+            # freed into malloc's heap when it closes; hand those pages back, at most once a
+            # second, so that memory returns after a storm of connections.
+            self.closed_since_trim = 0
+            release_free_memory()
         self.event_loop.call_later(REAP_IDLE_S, self._reap_idle)
 
 
