@@ -54,7 +54,7 @@ from shm.statepage import StatePage
 from shm.topology import Mailbox, Outbox, Topology
 
 from . import catalog as cat
-from . import ipc
+from . import ipc, testhooks
 from .acl import store as acl_store
 from .config import Config, non_defaults
 from .listeners import Listener
@@ -77,6 +77,8 @@ from .systemd import Watchdog, sd_notify
 from .topic_admin import TopicAdmin
 
 log = logging.getLogger("appliance.supervisor")
+
+SUPERVISOR_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT)
 
 
 @dataclass
@@ -330,7 +332,17 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         spec.generation += 1
         self.hb.clear(spec.heartbeat_slot)
         ctx = self._context(spec)
-        pid = self.fork()
+        # The supervisor's signals stay blocked across the fork until the child has put back the
+        # defaults (child_reset_signals unblocks them): a SIGTERM that reached the child while it
+        # still had the supervisor's handler was swallowed there, and that worker then ignored
+        # the drain until the shutdown timeout's SIGKILL (20 s for a stop right after start).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
+        pid = -1
+        try:
+            pid = self.fork()
+        finally:
+            if pid != 0:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if pid == 0:  # child
             # Everything inherited goes to the collector's permanent generation (a splice of its
             # lists, touching no object): the child's collections then never walk the parent's
@@ -338,6 +350,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             gc.freeze()
             code = 1
             try:
+                testhooks.pause_point(spec.role, "forked")
                 child_reset_signals()
                 die_with_parent(self._pid)
                 self._close_in_child(spec.role)
@@ -408,7 +421,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
     def _install_signals(self) -> None:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self._wake_w)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT):
+        for sig in SUPERVISOR_SIGNALS:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:  # only enqueue (the wakeup fd pokes the loop)

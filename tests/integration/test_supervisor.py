@@ -58,6 +58,22 @@ def test_crash_loop_stops_the_appliance_with_status_4(appliance_factory):
     assert "crash-looping" in app.log_text()
 
 
+def test_sigterm_right_after_ready_reaches_workers_still_starting(appliance_factory):
+    """Regression: a SIGTERM that reached a worker between its fork and the reset of its signal
+    handlers ran the supervisor's inherited handler there and was lost; that worker never
+    drained, and the stop waited for the shutdown timeout's SIGKILL. The frontends here pause
+    right after their fork (as a busy machine may make them), while the supervisor already
+    says ready and is told to stop."""
+    app = appliance_factory(start=False, env={"TESTHOOK_PAUSE": "frontend:forked:1.5"})
+    app.start(wait=False)
+    app.wait_for(lambda: "appliance ready" in app.log_text(), timeout=60, what="the supervisor to be ready")
+    app.proc.send_signal(signal.SIGTERM)
+    assert app.proc.wait(60) == 0
+    text = app.log_text()
+    assert "appliance stopped" in text
+    assert "did not stop in time" not in text, app.log_tail()
+
+
 def _run_expecting_failure(tmp_path, data_dir):
     log = tmp_path / "fail.log"
     with open(log, "wb") as f:
