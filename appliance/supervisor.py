@@ -455,12 +455,12 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 self._spawn(spec)
             if not self._wait_writers_ready(self._start_writers):
                 return self._finish()
-            # Import the handlers and warm the codec tables once, before forking frontends, so
-            # every frontend shares them (pre-fork) instead of paying the import itself.
-            from appliance.api import api_ranges, load_handlers
-            from appliance.protocol.messages import preload
+            # Import the handlers once, before forking frontends, so every frontend shares them
+            # (pre-fork). The message classes of each API version are not: importing all 217
+            # versions' took 1.5 s of every start (most of it), for versions a client may never
+            # use; a frontend imports a version's on its first request of it (~5 ms, once).
+            from appliance.api import load_handlers
             load_handlers()
-            preload(api_ranges())
             for spec in self._start_others:
                 self._spawn(spec)
             if self.metrics_listener is not None:

@@ -163,6 +163,10 @@ class Worker:
 
     def handle_term(self, signum=None, frame=None) -> None:
         self.stop = True
+        # Ring our own bell: the handler runs while the loop may sleep in the mailbox's poll,
+        # which Python resumes after the handler (PEP 475) for the rest of its timeout (up to
+        # IDLE_WAIT_S); the ring ends that sleep, so the drain starts now.
+        self.bells.ring(self.mailbox.doorbell.path)
 
     def exit(self, code: int) -> None:
         """Leave the loop at the end of this turn with ``code``."""

@@ -264,8 +264,8 @@ def _decode_leniently(cls: type, version: int, frame: Any, body_offset: int, ref
 def preload(ranges: Mapping[int, tuple[int, int]]) -> int:
     """Import and compile everything decode/encode needs for these (api key -> (min, max)).
 
-    Caches are filled lazily otherwise (~4 ms for the first request of each API version); call
-    this before forking workers so they share the work. Returns the number of versions loaded.
+    Caches are filled lazily otherwise (~4 ms for the first request of each API version): the
+    load tests call this to keep it off their measured path. Returns the number of versions loaded.
     """
     loaded = 0
     for api_key, (lo, hi) in ranges.items():
