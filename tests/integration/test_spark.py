@@ -163,15 +163,17 @@ def test_failed_task_leaves_nothing_visible_and_a_rerun_writes_everything_once(s
 def test_task_retried_by_spark_writes_every_row_once(spark, broker):
     topic = uid("spark-retry")
     create(broker.bootstrap, {topic: 2})
-    # Partition 2 of 3 holds ids 20000..29999: its first attempt fails at its last row, once at
-    # least 1,000 of its rows are in the log besides the other tasks' 20,000.
-    write(rows_df(spark, 30_000, 3, fail_at=29_999, fail_attempts=1,
-                  written=(broker.bootstrap, topic, 21_000)), broker, topic)
+    # Partition 2 of 3 holds ids 60000..89999: its first attempt fails at its last row, once at
+    # least 1,000 of its rows are in the log besides the other tasks' 60,000. (The rows a UDF
+    # returns reach the JVM, and so the writer, in buffers of 64 KiB: with fewer rows before
+    # the failing one than fill one, nothing reached the writer and the wait ran out.)
+    write(rows_df(spark, 90_000, 3, fail_at=89_999, fail_attempts=1,
+                  written=(broker.bootstrap, topic, 61_000)), broker, topic)
     settle(broker.bootstrap, topic, 2)
     uncommitted = values(read_all(broker.bootstrap, topic, 2, "read_uncommitted"))
-    assert len(uncommitted) > 30_000, "the first attempt had sent rows before it failed"
+    assert len(uncommitted) > 90_000, "the first attempt had sent rows before it failed"
     got = values(read_all(broker.bootstrap, topic, 2))
-    assert sorted(got) == sorted(b"v-%d" % i for i in range(30_000))
+    assert sorted(got) == sorted(b"v-%d" % i for i in range(90_000))
 
 
 def _feed(bootstrap: str, topic: str, transactions: int, per_txn: int) -> list[bytes]:
