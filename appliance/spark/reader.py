@@ -214,7 +214,10 @@ class BatchReader(DataSourceReader):
             return _check_loss(self.settings, consumer, ranges)
 
     def read(self, partition: OffsetRange) -> Iterator[Any]:
-        yield from read_range(self.settings, partition)
+        # Nothing to read (an empty or missing topic): partitions() returned no range and Spark
+        # hands read() one plain InputPartition of its own instead.
+        if isinstance(partition, OffsetRange):
+            yield from read_range(self.settings, partition)
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -288,7 +291,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _check_loss(self.settings, self.consumer, ranges)
 
     def read(self, partition: OffsetRange) -> Iterator[Any]:
-        yield from read_range(self.settings, partition)
+        if isinstance(partition, OffsetRange):         # see BatchReader.read
+            yield from read_range(self.settings, partition)
 
     def commit(self, end: dict) -> None:
         """Offsets live in Spark's checkpoint: nothing to commit to the appliance."""

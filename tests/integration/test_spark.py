@@ -388,6 +388,13 @@ def test_reader_returns_what_kafka_python_wrote_committed_only(spark, broker):
     p.close()
     settle(broker.bootstrap, topic, 2)
 
+    # Regression: a topic with nothing to read made every task fail with an AttributeError
+    # (Spark hands read() a plain InputPartition when partitions() returns none).
+    empty = uid("spark-empty")
+    create(broker.bootstrap, {empty: 2})
+    assert spark.read.format("appliance").option("kafka.bootstrap.servers", broker.bootstrap) \
+        .option("subscribe", empty).load().collect() == []
+
     df = (spark.read.format("appliance").option("kafka.bootstrap.servers", broker.bootstrap)
           .option("subscribe", topic).option("includeHeaders", "true").load())
     assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp",
