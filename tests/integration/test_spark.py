@@ -6,8 +6,9 @@ with the ``appliance`` data source (appliance.spark), checked with other clients
   read_committed; running it again writes every row once; a task that fails once and is retried
   by Spark (same transactional id: the retry fences and aborts its first attempt) also writes
   every row once;
-- a streaming query killed -9 (driver and JVM) at two moments and restarted from its checkpoint
-  writes every committed input row exactly once, aborted input never;
+- a streaming query killed -9 (driver and JVM) at three moments (one without --soak) and
+  restarted from its checkpoint writes every committed input row exactly once, aborted input
+  never; a batch job with a jobId killed at five moments (two without --soak) and run again;
 - a micro-batch whose commit stopped after one partition's transaction (the commit process
   killed) is replayed without duplicating that partition;
 - the reader returns what kafka-python wrote, committed only, with Spark's Kafka schema and
@@ -258,6 +259,9 @@ def _rows_once(bootstrap: str, topic: str, partitions: int, rows: int) -> None:
 # phase the job log shows the job in right after the kill.
 KILL_PHASES = {"task_writing:1": "running", "task_prepared:0": "running",
                "after_decision": "committing", "mid_commit": "committing", "after_done": "done"}
+# Each moment costs a Spark driver (about 25 s on two cores): without --soak, one job rolled back
+# and one rolled forward.
+QUICK_KILL_PHASES = ("task_prepared:0", "mid_commit")
 
 
 def _job_phase(bootstrap: str, prefix: str, key: str) -> str | None:
@@ -267,17 +271,20 @@ def _job_phase(bootstrap: str, prefix: str, key: str) -> str | None:
     return job.phase if job is not None else None
 
 
-@pytest.mark.timeout(1800)          # six Spark drivers, each started for one job
-def test_batch_job_killed_at_each_phase_then_rerun_with_its_job_id_is_exactly_once(broker):
-    """The driver killed -9 at five moments of a batch write with a jobId: a task sending its
-    rows, a task having prepared, the driver having recorded its commit decision, having
-    committed one partition of three, having recorded the job done. Then one driver runs all
-    five jobs again with the same jobIds: each recovers its earlier run (rolled back, or its
-    decision completed) and writes what is missing, so that read_committed shows every row
-    exactly once, and no transaction is left open."""
+@pytest.mark.timeout(1800)          # up to six Spark drivers, each started for one job
+@pytest.mark.soak
+def test_batch_job_killed_at_each_phase_then_rerun_with_its_job_id_is_exactly_once(broker, request):
+    """The driver killed -9 at five moments of a batch write with a jobId (two of them without
+    --soak): a task sending its rows, a task having prepared, the driver having recorded its
+    commit decision, having committed one partition of three, having recorded the job done.
+    Then one driver runs all those jobs again with the same jobIds: each recovers its earlier
+    run (rolled back, or its decision completed) and writes what is missing, so that
+    read_committed shows every row exactly once, and no transaction is left open."""
     prefix = "jobid"
     jobs = []
-    for phase, left in KILL_PHASES.items():
+    phases = KILL_PHASES if request.config.getoption("--soak") else \
+        {p: KILL_PHASES[p] for p in QUICK_KILL_PHASES}
+    for phase, left in phases.items():
         topic, job_id = uid("spark-kill"), uid("job")
         create(broker.bootstrap, {topic: 2})
         r = _batch_driver(broker, f"{topic}:{job_id}", kill_at=phase, prefix=prefix, rows=1500)
@@ -344,19 +351,22 @@ def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.soak
 def test_streaming_query_killed_and_restarted_from_its_checkpoint_writes_every_row_once(
-        spark, broker, tmp_path):
-    """The driver killed -9 three times, each at a phase of its own (a task has prepared its
-    transaction; the commit of micro-batch 1 has committed one partition and not the others; the
-    commit of micro-batch 2 has not started), restarted on its checkpoint each time, then run to
-    the end: the sink holds every committed input row once, upper-cased, aborted input never,
-    and no transaction stays open. (The restart after the partial commit replays micro-batch 1:
-    the committed partition finds its marker offset and writes nothing.)"""
+        spark, broker, tmp_path, request):
+    """The driver killed -9 three times (once without --soak: the partial commit), each at a
+    phase of its own (a task has prepared its transaction; the commit of micro-batch 1 has
+    committed one partition and not the others; the commit of micro-batch 2 has not started),
+    restarted on its checkpoint each time, then run to the end: the sink holds every committed
+    input row once, upper-cased, aborted input never, and no transaction stays open. (The
+    restart after the partial commit replays micro-batch 1: the committed partition finds its
+    marker offset and writes nothing.)"""
     source, sink = uid("spark-in"), uid("spark-out")
     create(broker.bootstrap, {source: 2, sink: 3})
     committed = _feed(broker.bootstrap, source, 12, 300)          # 2,400 committed rows
     checkpoint = str(tmp_path / "checkpoint")
-    for kill_at in ("task_prepared:1", "stream_mid_commit:1", "stream_before_commit:2"):
+    kills = ("task_prepared:1", "stream_mid_commit:1", "stream_before_commit:2")
+    for kill_at in kills if request.config.getoption("--soak") else ("stream_mid_commit:1",):
         proc = _driver(broker, source, sink, checkpoint, "--max-offsets", "400", kill_at=kill_at)
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == -signal.SIGKILL, f"{kill_at}: {out[-3000:]}"
