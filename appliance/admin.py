@@ -1,7 +1,8 @@
 """Transaction administration over the Kafka protocol, for ``appliance transactions ...``
 (what Kafka's kafka-transactions.sh does): list, describe, abort a hanging transaction by its
-partition, and force-terminate a transactional id (KIP-939); and the two admin calls the Spark
-sink's job log needs besides (create a topic, read one broker config).
+partition, and force-terminate a transactional id (KIP-939); and the admin calls the Spark sink's
+job log needs besides (create a topic, read one broker config, delete the records before an
+offset).
 
 Runs in the operator's shell, and in the Spark sink's driver and tasks; owns nothing but one
 connection to the broker (``appliance.client.connection.BrokerConnection``, version-negotiated),
@@ -20,7 +21,7 @@ from appliance.client.security import Security
 
 LIST_TRANSACTIONS, DESCRIBE_TRANSACTIONS, DESCRIBE_PRODUCERS = 66, 65, 61
 INIT_PRODUCER_ID, WRITE_TXN_MARKERS, CREATE_TOPICS, DESCRIBE_CONFIGS = 22, 27, 19, 32
-METADATA = 3
+METADATA, DELETE_RECORDS = 3, 21
 BROKER_RESOURCE = 4
 RETRY = {ErrorCode.concurrent_transactions, ErrorCode.coordinator_load_in_progress,
          ErrorCode.coordinator_not_available, ErrorCode.not_coordinator}
@@ -184,6 +185,17 @@ def create_topic(conn: BrokerConnection, name: str, partitions: int,
     if int(t.error_code) != 0:
         raise KafkaError(t.error_code, f"CreateTopics {name}: {t.error_message or ''}".rstrip(": "))
     return True
+
+
+def delete_records(conn: BrokerConnection, topic: str, partition: int, offset: int,
+                   timeout_ms: int = 30000) -> int:
+    """DeleteRecords of one partition before ``offset`` (sent to ``conn``'s broker, which must
+    lead the partition); returns the partition's new log start offset."""
+    r = conn.request(DELETE_RECORDS, {"topics": [{"name": topic, "partitions": [
+        {"partition_index": partition, "offset": offset}]}], "timeout_ms": timeout_ms})
+    p = r.topics[0].partitions[0]
+    _check(p.error_code)
+    return p.low_watermark
 
 
 def node_id(conn: BrokerConnection) -> int:

@@ -4,8 +4,8 @@ the external transaction manager persists its decision), and the recovery that r
 Runs wherever the sink runs: the driver's Python workers (planning a write, committing or
 aborting it), the executors' Python workers (a task's stale-attempt check and heartbeat), and the
 operator's shell (``appliance spark recover``). Owns no state in memory beyond one call: the
-state is the topic ``__spark_sink_jobs`` on the appliance (one partition, LogAppendTime, kept
-forever), written by an idempotent producer (acks=all: an appended record is durable, and
+state is the topic ``__spark_sink_jobs`` on the appliance (one partition, LogAppendTime, no
+retention: trimmed by the sink itself, below), written by an idempotent producer (acks=all: an appended record is durable, and
 visible to every later read) and read whole.
 
 Records (JSON values; the record key is ``<prefix>/<key>``, what a compacted log would keep):
@@ -29,6 +29,13 @@ The first decision of a run wins, in log order: a ``commit`` after an ``abort`` 
 is void, and so is an ``abort`` after a ``commit``. Whoever writes a decision reads the log back
 up to it to learn whether it won. That is what makes a recovery that misjudges a slow job as dead
 safe: the job then fails loudly, with nothing of it visible, instead of committing half.
+
+Trimming (``JobLog.trim``): once a batch job is resolved, its driver deletes the records before
+the first one still needed (DeleteRecords): the ``begin`` of every batch job that is unresolved
+or was last heard of within ``jobRetentionMs`` (default 7 days, as Kafka keeps an idle
+transactional id), and the last heartbeat of every streaming query heard of within it. A rerun
+with the ``jobId`` of a job trimmed away is a new job. ``fold`` ignores the records of a run whose
+``begin`` is not in what it reads (trimmed, or before a read's start).
 
 Streaming queries write no decisions (a replayed micro-batch finds its committed partitions by
 their marker offsets, see ``appliance.spark.writer``); their tasks write heartbeats, and their
@@ -67,6 +74,7 @@ JOB_LOG_TOPIC = "__spark_sink_jobs"
 JOB_LOG_CONFIGS = {"message.timestamp.type": "LogAppendTime", "retention.ms": "-1",
                    "retention.bytes": "-1"}
 DEFAULT_JOB_TIMEOUT_MS = 60_000
+DEFAULT_JOB_RETENTION_MS = 7 * 24 * 3600 * 1000
 NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 # The keys the sink makes itself: a batch write's 16 hex digits, a streaming query's id.
 _OWN_KEY = re.compile(r"[0-9a-f]{16}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -142,11 +150,16 @@ class Job:
 def fold(entries: Iterable[Entry]) -> dict[tuple[str, str], Job]:
     """Each (prefix, key)'s latest run and its phase, from records in offset order."""
     jobs: dict[tuple[str, str], Job] = {}
+    first = None
     for e in entries:
+        if first is None:
+            first = e.offset
         if e.type == "recover" or not e.key:
             continue
         k = (e.prefix, e.key)
         gen = e.offset if e.type == "begin" else e.gen
+        if e.kind == "batch" and gen < first:
+            continue                       # its run's begin was trimmed, or precedes this read
         j = jobs.get(k)
         if j is None or gen > j.gen:
             j = jobs[k] = Job(e.prefix, e.key, e.kind, gen, RUNNING, e.offset, e.offset, e.timestamp,
@@ -251,6 +264,19 @@ class JobLog:
         return Entry(d.offset, d.timestamp, type_, prefix, key, d.offset if type_ == "begin" else gen,
                      kind, timeout_ms, tuple((t, s) for t, s in txns))
 
+    def trim(self, retention_ms: int = DEFAULT_JOB_RETENTION_MS) -> int | None:
+        """Delete the records no job needs any more (module docstring); returns the new log
+        start offset, or None when there was nothing to delete."""
+        entries = self.read()
+        keep = trim_point(entries, retention_ms)
+        if keep is None or keep <= entries[0].offset:
+            return None
+        conn = self.admin()
+        try:
+            return admin.delete_records(conn, JOB_LOG_TOPIC, 0, keep)
+        finally:
+            conn.close()
+
     def read(self, start: int = 0) -> list[Entry]:
         """Every record from ``start`` to the end of the log as it is now."""
         self.ensure_topic()
@@ -269,6 +295,22 @@ class JobLog:
                         if e is not None:
                             out.append(e)
         return out
+
+
+def trim_point(entries: list[Entry], retention_ms: int) -> int | None:
+    """The first offset the log still needs (module docstring, "Trimming"), judged at the
+    newest record's LogAppendTime; None for an empty read."""
+    if not entries:
+        return None
+    now = max(e.timestamp for e in entries)
+    keep = entries[-1].offset + 1
+    for j in fold(entries).values():
+        recent = now - j.last_seen_ms <= retention_ms
+        if j.kind == "batch" and (recent or not j.resolved):
+            keep = min(keep, j.first_offset)
+        elif j.kind != "batch" and recent:
+            keep = min(keep, j.last_offset)
+    return keep
 
 
 # -- recovery ------------------------------------------------------------------------------------

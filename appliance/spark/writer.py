@@ -154,6 +154,8 @@ class _Sink:
         self.batch_size = int(cfg["batch_size"])
         self.prefix = _name(options, "transactionalIdPrefix", "spark")
         self.timeout_ms = positive_int(options, "jobTimeoutMs") or jobs.DEFAULT_JOB_TIMEOUT_MS
+        retention = positive_int(options, "jobRetentionMs")
+        self.retention_ms = jobs.DEFAULT_JOB_RETENTION_MS if retention is None else retention
         self.marker_topic = self.topic or MARKER_TOPIC
         # Fails now, on the driver, if the broker refuses two-phase commit (KIP-939).
         self._check_broker()
@@ -437,6 +439,19 @@ class _Sink:
                     p.close()
             jl.append("done", self.prefix, key, gen=gen, timeout_ms=self.timeout_ms)
             test_hook("after_done")
+            self.trim(jl)
+
+    def trim(self, jl: JobLog) -> None:
+        """Drop the job log's records that no job needs any more (``JobLog.trim``). Best
+        effort: the job is resolved either way; a principal without DELETE on the job log's
+        topic, say, only keeps it growing."""
+        try:
+            start = jl.trim(self.retention_ms)
+        except (KafkaError, OSError) as exc:
+            log.warning("could not trim %s: %s", jobs.JOB_LOG_TOPIC, exc)
+            return
+        if start is not None:
+            log.info("%s trimmed: it now starts at offset %d", jobs.JOB_LOG_TOPIC, start)
 
     def abort_batch(self, key: str, gen: int, messages: list[PreparedTask | None]) -> None:
         """A batch write's abort: the abort decision, then every id of the job fenced and its
@@ -454,6 +469,7 @@ class _Sink:
             if act.outcome == "rolled forward":
                 log.warning("job %s/%s: its commit decision was recorded before the abort, so it "
                             "was completed: %s", self.prefix, key, act.line())
+            self.trim(jl)
 
     def job_ids(self, key: str, messages: list[PreparedTask | None]) -> set[str]:
         """Every transactional id a job's tasks may have used, including those of tasks that

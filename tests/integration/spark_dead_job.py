@@ -4,10 +4,12 @@ the sink's test hook at a given phase. It leaves exactly what a dead Spark drive
 log's records and the transactions, open or prepared.
 
     python spark_dead_job.py BOOTSTRAP TOPIC PHASE [--prefix P] [--stream] [--rows N]
+                             [--job-retention-ms MS]
 
 It prints the job's key (the streaming query's id) first. 3 tasks write ``--rows`` rows each (key = id, value = "v-<id>"); then the driver commits (or,
 for the phase ``abort_decided``, aborts). With ``--stream`` the tasks are micro-batch 0 of a
-streaming query. Run it in a session of its own: the hook kills the session.
+streaming query. Run it in a session of its own: the hook kills the session. The phase ``none``
+runs the job to its end (exit 0).
 """
 
 from __future__ import annotations
@@ -35,11 +37,14 @@ def main() -> int:
     ap.add_argument("--prefix", default="spark")
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--rows", type=int, default=200)
+    ap.add_argument("--job-retention-ms")
     args = ap.parse_args()
     os.environ[KILL_ENV] = args.phase
     options = {"kafka.bootstrap.servers": args.bootstrap, "topic": args.topic,
                "transactionalIdPrefix": args.prefix, "jobTimeoutMs": "600000",
                "kafka.batch.size": "1024"}
+    if args.job_retention_ms:
+        options["jobRetentionMs"] = args.job_retention_ms
     writer = (StreamWriter if args.stream else BatchWriter)(options, SCHEMA)
     query = str(uuid.uuid4())
     print(query if args.stream else writer.key, flush=True)
@@ -59,6 +64,8 @@ def main() -> int:
         writer.abort(messages)
     else:
         writer.commit(messages)
+    if args.phase == "none":
+        return 0
     print("the job ended without being killed", file=sys.stderr)
     return 3
 

@@ -641,7 +641,7 @@ def secure_broker(tmp_path_factory):
         a.terminate()
 
 
-def test_write_and_read_over_sasl_ssl_with_sparks_kafka_options(spark, secure_broker):
+def test_write_and_read_over_sasl_ssl_with_sparks_kafka_options(spark, secure_broker, tmp_path):
     from security import ADMIN, ADMIN_PASSWORD
     s = secure_broker
     options = {
@@ -660,6 +660,27 @@ def test_write_and_read_over_sasl_ssl_with_sparks_kafka_options(spark, secure_br
         r = r.option(k, v)
     got = sorted(row.value.decode() for row in r.load().select("value").collect())
     assert got == sorted(f"v-{i}" for i in range(1000))
+
+    # A streaming query over the same listener: read from the topic, write to another through
+    # the two-phase sink (its driver commits over SASL_SSL too), then read that back.
+    sink = uid("spark-sasl-out")
+    stream = spark.readStream.format("appliance").option("subscribe", topic) \
+        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 400)
+    for k, v in options.items():
+        stream = stream.option(k, v)
+    out = stream.load().selectExpr("key", "upper(cast(value as string)) as value").writeStream \
+        .format("appliance").option("topic", sink).option("checkpointLocation", str(tmp_path / "cp")) \
+        .trigger(availableNow=True)
+    for k, v in options.items():
+        out = out.option(k, v)
+    q = out.start()
+    q.awaitTermination(300)
+    assert q.exception() is None, q.exception()
+    back = spark.read.format("appliance").option("subscribe", sink)
+    for k, v in options.items():
+        back = back.option(k, v)
+    assert sorted(row.value.decode() for row in back.load().select("value").collect()) == \
+        sorted(f"V-{i}" for i in range(1000))
     # Without the credentials the same read is refused by the broker.
     bad = spark.read.format("appliance").option("subscribe", topic)
     for k, v in {**options, "kafka.sasl.jaas.config": options["kafka.sasl.jaas.config"]

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from appliance import admin
-from appliance.spark.jobs import ABORTED, DONE, JobLog, fold
+from appliance.spark.jobs import ABORTED, DONE, JOB_LOG_TOPIC, JobLog, fold
 from clientkit import create, read_all, uid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -96,3 +96,42 @@ def test_recover_on_a_data_dir_with_a_dead_job_in_each_state(appliance_factory):
         after = {j.key: j.phase for (p, _), j in fold(jl.read()).items() if p == "dead"}
     assert after == {keys[ph]: DONE if f else ABORTED for ph, f in PHASES.items()}
     assert recover(a.bootstrap) == ["nothing to recover"]
+
+
+def _complete_job(bootstrap: str, topic: str, *extra: str) -> str:
+    r = subprocess.run([sys.executable, os.path.join(HERE, "spark_dead_job.py"), bootstrap, topic,
+                        "none", "--prefix", "trim", "--rows", "20", *extra],
+                       capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.split()[0]
+
+
+def _log_start(bootstrap: str) -> int:
+    from appliance.client import Consumer
+    with Consumer(bootstrap_servers=bootstrap) as c:
+        return c.beginning_offsets([(JOB_LOG_TOPIC, 0)])[(JOB_LOG_TOPIC, 0)]
+
+
+def test_the_job_log_is_trimmed_past_resolved_jobs_older_than_the_retention(appliance_factory):
+    """A resolved job's driver deletes the job log's records that no job needs: those of jobs
+    resolved longer ago than jobRetentionMs, never an unresolved job's, and nothing while every
+    job is within the retention (default 7 days). The rows the jobs wrote stay."""
+    a = appliance_factory(transactions={"two_phase_commit_enable": True})
+    topic = uid("trim")
+    create(a.bootstrap, {topic: 2})
+    first = _complete_job(a.bootstrap, topic)
+    assert _log_start(a.bootstrap) == 0                       # within the default retention
+    dead = dead_job(a.bootstrap, topic, "after_seal", "--prefix", "trim2")
+    _complete_job(a.bootstrap, topic, "--job-retention-ms", "1")
+    with JobLog({"bootstrap_servers": a.bootstrap}) as jl:
+        jobs = {j.key: j for j in fold(jl.read()).values()}
+    # The first job is gone; the dead one, unresolved, holds the log from its begin on.
+    assert first not in jobs and jobs[dead].first_offset == _log_start(a.bootstrap) > 0
+    recover(a.bootstrap, "--prefix", "trim2", "--include-running")
+    last = _complete_job(a.bootstrap, topic, "--job-retention-ms", "1")
+    with JobLog({"bootstrap_servers": a.bootstrap}) as jl:
+        jobs = {j.key: j for j in fold(jl.read()).values()}
+    assert list(jobs) == [last] and jobs[last].phase == DONE
+    assert jobs[last].first_offset == _log_start(a.bootstrap)
+    got = [r.value for recs in read_all(a.bootstrap, topic, 2).values() for r in recs]
+    assert sorted(got) == sorted(b"v-%d" % i for i in range(60) for _ in range(3))

@@ -1,7 +1,7 @@
 """The Spark sink's job log: how records fold into each job's phase (pure logic, no broker)."""
 
 from appliance.spark.jobs import (ABORTED, ABORTING, COMMITTING, DONE, RUNNING, SEALED, Entry,
-                                  _entry, fold)
+                                  _entry, fold, trim_point)
 
 
 def rec(offset, type_, key="k", gen=0, ts=None, prefix="p", txns=(), timeout_ms=0, kind="batch"):
@@ -48,6 +48,39 @@ def test_heartbeats_keep_a_job_alive_and_jobs_are_kept_apart_by_prefix_and_key()
     assert jobs[("p", "a")].last_seen_ms == 50000 and jobs[("q", "a")].last_seen_ms == 1002
     stream = fold([rec(7, "hb", key="3f2504e0-4f89-11d3-9a0c-0305e82c3301", kind="stream")])
     assert next(iter(stream.values())).kind == "stream"
+
+
+def test_records_of_a_run_whose_begin_was_trimmed_are_ignored():
+    # The log starts at 10: job "old" began at 3 (trimmed); its late done must not make it look
+    # like a running job (a recovery would roll it back, a rerun of its jobId would write again).
+    entries = [rec(10, "begin", key="new"), rec(11, "done", key="old", gen=3),
+               rec(12, "hb", key="old", gen=3), rec(13, "seal", key="new", gen=10)]
+    assert {k: j.phase for (_, k), j in fold(entries).items()} == {"new": SEALED}
+    assert fold(iter(entries))[("p", "new")].first_offset == 10          # any iterable
+
+
+DAY = 24 * 3600 * 1000
+STREAM = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"
+
+
+def test_trim_keeps_unresolved_and_recent_jobs_and_live_queries_last_heartbeat():
+    entries = [rec(0, "begin", key="a", ts=0), rec(1, "commit", key="a", gen=0, ts=0),
+               rec(2, "done", key="a", gen=0, ts=0),                       # resolved long ago
+               rec(3, "hb", key=STREAM, kind="stream", ts=1),
+               rec(4, "begin", key="b", ts=2), rec(5, "abort", key="b", gen=4, ts=2),
+               rec(6, "aborted", key="b", gen=4, ts=2),                    # resolved long ago
+               rec(7, "begin", key="c", ts=3),                            # unresolved, old
+               rec(8, "hb", key=STREAM, kind="stream", ts=10 * DAY),
+               rec(9, "begin", key="d", ts=10 * DAY), rec(10, "done", key="d", gen=9, ts=10 * DAY)]
+    assert trim_point(entries, 7 * DAY) == 7                # c's begin: still needed
+    assert trim_point(entries[:7] + entries[8:], 7 * DAY) == 8     # the query's last heartbeat
+    assert trim_point([e for e in entries if e.key != STREAM and e.key != "c"], 7 * DAY) == 9
+    # Judged at the newest record's time: a job just done is recent; once a later record says
+    # a day went by, a retention under a day lets everything go.
+    assert trim_point(entries[:3], 1) == 0
+    later = entries[:3] + [rec(3, "recover", key="", ts=DAY)]
+    assert trim_point(later, DAY - 1) == 4 and trim_point(later, DAY) == 0
+    assert trim_point([], 7 * DAY) is None
 
 
 def test_records_that_are_not_job_records_are_skipped(caplog):
