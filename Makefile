@@ -26,8 +26,13 @@ install-test: $(VENV)/.installed-test
 run: install
 	$(BIN)/appliance run --config $(CONFIG)
 
+# Two pytest processes: most of a test's time is an appliance starting, a client waiting or a
+# JVM starting, so two of them share a 2-core machine well (32 min alone, about 20 in two).
+# Each test module runs whole in one process (its module-scoped appliance and Spark session).
+TEST_WORKERS ?= 2
+
 test: install-test
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 unit: install-test
 	$(BIN)/python -m pytest -q tests/unit

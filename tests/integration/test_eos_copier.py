@@ -3,7 +3,7 @@ of Kafka's own transactions system test.
 
 Three copier processes (``eos_copier.py``: confluent-kafka, read_committed group consumer +
 transactional producer committing the consumed offsets in the same transaction) copy an input
-topic of 50,000 records to an output topic while the test kills -9, at random, copiers (restarted
+topic of 20,000 records (50,000 with --soak) to an output topic while the test kills -9, at random, copiers (restarted
 with the same transactional id, which fences the zombie), partition writers of both topics and the
 coordinator. At the end the output read with read_committed equals the input exactly: no loss, no
 duplicate, per-partition order kept.
@@ -19,20 +19,23 @@ import sys
 import time
 import uuid
 
+import pytest
+
 from clients import driver
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COPIER = os.path.join(HERE, "eos_copier.py")
 PARTITIONS = 6
-RECORDS = 50_000
+RECORDS, SOAK_RECORDS = 20_000, 50_000
+CHAOS_S, SOAK_CHAOS_S = 45, 90
 COPIERS = 3
 
 
-def seed_input(bootstrap: str, topic: str) -> dict[int, list[bytes]]:
+def seed_input(bootstrap: str, topic: str, records: int) -> dict[int, list[bytes]]:
     from confluent_kafka import Producer
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
     want: dict[int, list[bytes]] = {q: [] for q in range(PARTITIONS)}
-    for i in range(RECORDS):
+    for i in range(records):
         v = f"v{i}".encode()
         while True:
             try:
@@ -105,14 +108,17 @@ class Copier:
         self.proc.wait(30)
 
 
-def test_exactly_once_copy_with_copiers_and_workers_killed_at_random(appliance_factory, tmp_path):
+@pytest.mark.soak
+def test_exactly_once_copy_with_copiers_and_workers_killed_at_random(appliance_factory, tmp_path, request):
+    soak = request.config.getoption("--soak")
+    records, chaos_s = (SOAK_RECORDS, SOAK_CHAOS_S) if soak else (RECORDS, CHAOS_S)
     a = appliance_factory(groups={"initial_rebalance_delay_ms": 0},
                           transactions={"abort_timed_out_interval_ms": 500})
     b = a.bootstrap
     tag = uuid.uuid4().hex[:6]
     src, dst, group = f"eos-in-{tag}", f"eos-out-{tag}", f"eos-{tag}"
     driver("confluent").create_topics(b, {src: (PARTITIONS, {}), dst: (PARTITIONS, {})})
-    want = seed_input(b, src)
+    want = seed_input(b, src, records)
 
     rng = random.Random(int(os.environ.get("EOS_SEED", "447")))
     copiers = [Copier(i, b, group, src, dst, str(tmp_path)) for i in range(COPIERS)]
@@ -120,12 +126,13 @@ def test_exactly_once_copy_with_copiers_and_workers_killed_at_random(appliance_f
     kills: dict[str, list[float]] = {}
     try:
         # Chaos while the copy runs: every 1.5-3 s kill -9 one copier (restarted with its
-        # transactional id) or one appliance worker (the supervisor restarts it); at most 90 s.
-        chaos_end = time.monotonic() + 90
+        # transactional id) or one appliance worker (the supervisor restarts it); at most 45 s
+        # (90 with --soak).
+        chaos_end = time.monotonic() + chaos_s
         while time.monotonic() < chaos_end:
             time.sleep(rng.uniform(1.5, 3.0))
             progress = output_end(b, dst)
-            if progress >= RECORDS:
+            if progress >= records:
                 break                  # data + markers: the copy may be complete
             what = rng.choice(["copier", "copier", "writer", "coordinator"])
             # The supervisor stops the appliance when one worker dies 5 times in 60 s (a crash
@@ -155,7 +162,7 @@ def test_exactly_once_copy_with_copiers_and_workers_killed_at_random(appliance_f
         for c in copiers:
             if c.proc.poll() is not None:
                 c.start(idle_exit=15.0)
-        got = read_committed(b, dst, RECORDS, timeout=240)
+        got = read_committed(b, dst, records, timeout=240)
     finally:
         for c in copiers:
             c.kill()
@@ -169,5 +176,5 @@ def test_exactly_once_copy_with_copiers_and_workers_killed_at_random(appliance_f
                             f"{dup} duplicates, {missing} missing")
     assert not problems, f"events {events}: " + "; ".join(problems)
     # The failures hit a copy in progress, not an idle system.
-    assert sum(1 for e in events if int(e.rsplit(" ", 1)[1]) < RECORDS // 2) >= 3, events
+    assert sum(1 for e in events if int(e.rsplit(" ", 1)[1]) < records // 2) >= 3, events
     assert any(e.startswith("copier") for e in events), events
