@@ -43,6 +43,33 @@ def test_compacted_topic_configs_are_accepted_and_described(appliance):
     assert e.value.args[0].code() == KafkaError.INVALID_CONFIG
 
 
+def test_delete_records_on_a_compact_only_topic_is_a_policy_violation(appliance):
+    """Kafka's Partition.deleteRecordsOnLeader: DeleteRecords needs a policy that deletes;
+    "compact" alone answers POLICY_VIOLATION and keeps every record, "compact,delete" deletes."""
+    TP = TopicPartition
+    only, both = uid("compact-only"), uid("compact-delete")
+    create_topic(appliance.bootstrap, only, **{"cleanup.policy": "compact"})
+    create_topic(appliance.bootstrap, both, **{"cleanup.policy": "compact,delete"})
+    p = Producer({"bootstrap.servers": appliance.bootstrap})
+    for t in (only, both):
+        for i in range(10):
+            p.produce(t, key=b"k%d" % i, value=b"v", partition=0)
+    assert p.flush(TIMEOUT_S) == 0
+    admin = AdminClient({"bootstrap.servers": appliance.bootstrap})
+    refused = admin.delete_records([TP(only, 0, 5)], request_timeout=TIMEOUT_S)
+    with pytest.raises(KafkaException) as e:
+        list(refused.values())[0].result(TIMEOUT_S)
+    assert e.value.args[0].code() == KafkaError.POLICY_VIOLATION
+    done = list(admin.delete_records([TP(both, 0, 5)], request_timeout=TIMEOUT_S).values())[0]
+    assert done.result(TIMEOUT_S).low_watermark == 5
+    c = Consumer({"bootstrap.servers": appliance.bootstrap, "group.id": uid("g")})
+    try:
+        assert c.get_watermark_offsets(TP(only, 0), TIMEOUT_S) == (0, 10)
+        assert c.get_watermark_offsets(TP(both, 0), TIMEOUT_S) == (5, 10)
+    finally:
+        c.close()
+
+
 def test_keyless_produce_to_a_compacted_topic_is_invalid_record_librdkafka(appliance):
     """librdkafka's test 0011 (record failures): a batch with keyless records on a compacted
     topic fails as a whole; the record errors (Produce v8+) name the keyless records, which get
