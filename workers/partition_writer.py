@@ -203,7 +203,8 @@ class PartitionWriter(Worker):
         self.log.finish_txn_index_rebuild()
         # Producer snapshots at each roll (Kafka's onSegmentRolled), so that a recovery
         # replays from the newest segment rather than from an older snapshot.
-        self.log.roll_listener = self.psm.take_snapshot
+        # At a roll the recovery point's checkpoint comes right after and fsyncs the directory.
+        self.log.roll_listener = lambda offset: self.psm.take_snapshot(offset, sync_dir=False)
         self.log.crash_hook = testhooks.hook("writer")
         return replayed_from
 

@@ -188,17 +188,20 @@ def write_tmp_copies(items: list[tuple[str, bytes]]) -> list[tuple[str, str]]:
     return done
 
 
-def atomic_write(path: str, data: bytes, *, sync: bool = True, mode: int = 0o644) -> None:
+def atomic_write(path: str, data: bytes, *, sync: bool = True, mode: int = 0o644,
+                 sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file;
     readers holding the old file mapped keep it. A new file gets ``mode`` (0o600 for secrets).
-    On a full disk (ENOSPC) the old file stands and nothing of the new one is left behind."""
+    On a full disk (ENOSPC) the old file stands and nothing of the new one is left behind.
+    ``sync_dir=False``: the new name is durable only once the caller fsyncs the directory
+    (it is about to, after more changes there: one directory fsync for all of them)."""
     tmp = _write_tmp(path, data, sync, mode)
     try:
         os.replace(tmp, path)
     except BaseException:
         _unlink_quietly(tmp)
         raise
-    if sync:
+    if sync and sync_dir:
         fsync_dir(os.path.dirname(path) or ".")
 
 

@@ -443,7 +443,7 @@ class PartitionLog:
         point) only saves work at the next recovery, so a full disk skips it."""
         old = self._active
         bytes_since = old.counts()[2]
-        info = old.seal()
+        info = old.seal(sync_dir=False)          # the recovery point's checkpoint fsyncs it
         s = self.settings
         seg_kw = dict(segment_bytes=s.segment_bytes, index_bytes=s.segment_index_bytes,
                       interval=s.index_interval_bytes, now_ms=now_ms)

@@ -421,9 +421,11 @@ class ProducerStateManager:
                 body += _BATCH.pack(*b)
         return struct.pack("<4sHHI", _MAGIC, _VERSION, 0, crc32c.crc32c(bytes(body))) + bytes(body)
 
-    def take_snapshot(self, offset: int) -> None:
-        """Write the state after every batch below ``offset`` and keep the newest two."""
-        atomic_write(snapshot_path(self.directory, offset), self.encode(offset))
+    def take_snapshot(self, offset: int, sync_dir: bool = True) -> None:
+        """Write the state after every batch below ``offset`` and keep the newest two.
+        ``sync_dir=False`` when the caller fsyncs the directory next (a roll: the recovery
+        point's checkpoint); a snapshot lost to a crash before that only means a longer replay."""
+        atomic_write(snapshot_path(self.directory, offset), self.encode(offset), sync_dir=sync_dir)
         for old in list_snapshots(self.directory)[:-SNAPSHOTS_KEPT]:
             _unlink(snapshot_path(self.directory, old))
 
