@@ -3,7 +3,8 @@
 Requests are kio entities (or dicts, through the codec's ``build``), encoded with kio's writer and
 the request header version the API version calls for; responses are decoded with kio's reader.
 Also sends arbitrary bytes, for the bad-input tests. ``encode_request`` and ``read_response``
-are the same framing for asyncio streams (tests that drive many connections at once).
+are the same framing for asyncio streams (tests that drive many connections at once), and
+``produce_then_fetch`` their one round trip.
 """
 
 from __future__ import annotations
@@ -37,6 +38,27 @@ async def read_response(reader, api_key: int, version: int):
     frame = await reader.readexactly(size)
     pos = 4 + (1 if frames.response_header_version(api_key, version) >= 1 else 0)
     return entity_reader(messages.response_class(api_key, version))(frame, pos)[0]
+
+
+async def produce_then_fetch(reader, writer, corr: int, topic: str, partition: int, records: bytes,
+                             max_wait_ms: int = 0, min_bytes: int = 0):
+    """On one asyncio connection: an acks=1 Produce (v9) of ``records``, then a Fetch (v12) at
+    the base offset its answer gave (correlation ids ``corr`` and ``corr + 1``). Returns (the
+    Produce's partition answer, the Fetch's partition answer, or None when the Produce failed)."""
+    writer.write(encode_request(0, 9, corr, {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
+                                             "topic_data": [{"name": topic, "partition_data": [
+                                                 {"index": partition, "records": records}]}]}))
+    p = (await read_response(reader, 0, 9)).responses[0].partition_responses[0]
+    if p.error_code:
+        return p, None
+    writer.write(encode_request(1, 12, corr + 1, {
+        "replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": 1 << 16,
+        "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+        "topics": [{"topic": topic, "partitions": [
+            {"partition": partition, "current_leader_epoch": -1, "fetch_offset": p.base_offset,
+             "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 1 << 16}]}],
+        "forgotten_topics_data": [], "rack_id": ""}))
+    return p, (await read_response(reader, 1, 12)).responses[0].partitions[0]
 
 
 class RawClient:

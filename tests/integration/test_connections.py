@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from appliance.protocol.records import Record, build_batch
-from rawclient import RawClient, encode_request, read_response
+from rawclient import RawClient, encode_request, produce_then_fetch, read_response
 
 IDLE, BUSY, BUSY_S = 500, 50, 5.0
 SOAK_IDLE, SOAK_BUSY, SOAK_BUSY_S = 2000, 200, 60.0
@@ -166,23 +166,12 @@ async def _busy(port: int, i: int, until: float, batch: bytes, stats: dict) -> N
     try:
         corr = 0
         while time.monotonic() < until:
-            corr += 1
-            writer.write(encode_request(0, 9, corr, {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
-                                               "topic_data": [{"name": "load", "partition_data": [
-                                                   {"index": i % 2, "records": batch}]}]}))
-            p = (await read_response(reader, 0, 9)).responses[0].partition_responses[0]
+            p, f = await produce_then_fetch(reader, writer, corr + 1, "load", i % 2, batch,
+                                            max_wait_ms=50, min_bytes=1)
+            corr += 2
             if p.error_code:
                 stats["errors"].append(p.error_code)
                 continue
-            corr += 1
-            writer.write(encode_request(1, 12, corr, {
-                "replica_id": -1, "max_wait_ms": 50, "min_bytes": 1, "max_bytes": 1 << 16,
-                "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-                "topics": [{"topic": "load", "partitions": [
-                    {"partition": i % 2, "current_leader_epoch": -1, "fetch_offset": p.base_offset,
-                     "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 1 << 16}]}],
-                "forgotten_topics_data": [], "rack_id": ""}))
-            f = (await read_response(reader, 1, 12)).responses[0].partitions[0]
             if f.error_code or not f.records:
                 stats["errors"].append(("fetch", f.error_code))
                 continue

@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from appliance.protocol.records import Record, build_batch
-from rawclient import RawClient, encode_request, read_response
+from rawclient import RawClient, produce_then_fetch
 
 CONNECTIONS = 20
 SECONDS = 4.0
@@ -22,21 +22,9 @@ async def _produce_then_fetch(port: int, i: int, until: float, batch: bytes, see
     corr = 0
     try:
         while time.monotonic() < until:
-            corr += 1
-            writer.write(encode_request(0, 9, corr, {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
-                                               "topic_data": [{"name": "ryw", "partition_data": [
-                                                   {"index": i % 2, "records": batch}]}]}))
-            p = (await read_response(reader, 0, 9)).responses[0].partition_responses[0]
+            p, f = await produce_then_fetch(reader, writer, corr + 1, "ryw", i % 2, batch)
+            corr += 2
             assert p.error_code == 0, p
-            corr += 1
-            writer.write(encode_request(1, 12, corr, {
-                "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 16,
-                "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-                "topics": [{"topic": "ryw", "partitions": [
-                    {"partition": i % 2, "current_leader_epoch": -1, "fetch_offset": p.base_offset,
-                     "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 1 << 16}]}],
-                "forgotten_topics_data": [], "rack_id": ""}))
-            f = (await read_response(reader, 1, 12)).responses[0].partitions[0]
             key = ("ok" if f.error_code == 0 and f.records else f"error {f.error_code}"
                    if f.error_code else "empty")
             seen[key] = seen.get(key, 0) + 1
