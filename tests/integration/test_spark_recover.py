@@ -28,12 +28,15 @@ PHASES = {"task_writing:1": False, "before_seal": False, "after_seal": False,
           "after_decision": True, "mid_commit": True, "after_commit": True, "abort_decided": False}
 
 
-def dead_job(bootstrap: str, topic: str, phase: str, *extra: str) -> str:
-    """Runs the job until the hook kills it at ``phase``; returns the job's key."""
+def run_job(bootstrap: str, topic: str, phase: str, *extra: str, prefix: str = "dead",
+            rows: int = ROWS) -> str:
+    """Runs the job (spark_dead_job.py) until the hook kills it at ``phase``, or to its end
+    for the phase ``none``; returns the job's key."""
     r = subprocess.run([sys.executable, os.path.join(HERE, "spark_dead_job.py"), bootstrap, topic,
-                        phase, "--prefix", "dead", "--rows", str(ROWS), *extra],
+                        phase, "--prefix", prefix, "--rows", str(rows), *extra],
                        capture_output=True, text=True, timeout=300, start_new_session=True)
-    assert r.returncode == -signal.SIGKILL, f"{phase}: {r.returncode} {r.stderr[-3000:]}"
+    want = 0 if phase == "none" else -signal.SIGKILL
+    assert r.returncode == want, f"{phase}: {r.returncode} {r.stderr[-3000:]}"
     return r.stdout.split()[0]
 
 
@@ -59,10 +62,10 @@ def test_recover_on_a_data_dir_with_a_dead_job_in_each_state(appliance_factory):
     for phase in PHASES:
         topics[phase] = uid("dead")
         create(a.bootstrap, {topics[phase]: 2})
-        keys[phase] = dead_job(a.bootstrap, topics[phase], phase)
+        keys[phase] = run_job(a.bootstrap, topics[phase], phase)
     stream_topic = uid("dead-stream")
     create(a.bootstrap, {stream_topic: 2})
-    query = dead_job(a.bootstrap, stream_topic, "task_prepared:1", "--stream")
+    query = run_job(a.bootstrap, stream_topic, "task_prepared:1", "--stream")
     before = open_ids(a.bootstrap)
     assert len(before) >= 2 * len(PHASES), before
 
@@ -99,11 +102,7 @@ def test_recover_on_a_data_dir_with_a_dead_job_in_each_state(appliance_factory):
 
 
 def _complete_job(bootstrap: str, topic: str, *extra: str) -> str:
-    r = subprocess.run([sys.executable, os.path.join(HERE, "spark_dead_job.py"), bootstrap, topic,
-                        "none", "--prefix", "trim", "--rows", "20", *extra],
-                       capture_output=True, text=True, timeout=300, start_new_session=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r.stdout.split()[0]
+    return run_job(bootstrap, topic, "none", *extra, prefix="trim", rows=20)
 
 
 def _log_start(bootstrap: str) -> int:
@@ -121,7 +120,7 @@ def test_the_job_log_is_trimmed_past_resolved_jobs_older_than_the_retention(appl
     create(a.bootstrap, {topic: 2})
     first = _complete_job(a.bootstrap, topic)
     assert _log_start(a.bootstrap) == 0                       # within the default retention
-    dead = dead_job(a.bootstrap, topic, "after_seal", "--prefix", "trim2")
+    dead = run_job(a.bootstrap, topic, "after_seal", prefix="trim2")
     _complete_job(a.bootstrap, topic, "--job-retention-ms", "1")
     with JobLog({"bootstrap_servers": a.bootstrap}) as jl:
         jobs = {j.key: j for j in fold(jl.read()).values()}
