@@ -136,6 +136,10 @@ def _lost(settings: _Settings, topic: str, partition: int, wanted: int, first: i
 def read_range(settings: _Settings, r: OffsetRange) -> Iterator[Any]:
     """The rows of ``r`` as pyarrow RecordBatches (yields nothing for an empty range): the
     consumer's kept record batches, decoded column-wise (``appliance.spark.decode``)."""
+    if not isinstance(r, OffsetRange):
+        # Nothing to read (an empty or missing topic): partitions() returned no range, and
+        # Spark hands read() one plain InputPartition of its own instead.
+        return
     import numpy as np
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -214,10 +218,7 @@ class BatchReader(DataSourceReader):
             return _check_loss(self.settings, consumer, ranges)
 
     def read(self, partition: OffsetRange) -> Iterator[Any]:
-        # Nothing to read (an empty or missing topic): partitions() returned no range and Spark
-        # hands read() one plain InputPartition of its own instead.
-        if isinstance(partition, OffsetRange):
-            yield from read_range(self.settings, partition)
+        yield from read_range(self.settings, partition)
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -291,8 +292,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _check_loss(self.settings, self.consumer, ranges)
 
     def read(self, partition: OffsetRange) -> Iterator[Any]:
-        if isinstance(partition, OffsetRange):         # see BatchReader.read
-            yield from read_range(self.settings, partition)
+        yield from read_range(self.settings, partition)
 
     def commit(self, end: dict) -> None:
         """Offsets live in Spark's checkpoint: nothing to commit to the appliance."""
