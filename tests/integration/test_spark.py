@@ -649,13 +649,9 @@ def test_write_and_read_over_sasl_ssl_with_sparks_kafka_options(spark, secure_br
                                   f'required username="{ADMIN}" password="{ADMIN_PASSWORD}";',
         "kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": s.pki.ca}
     topic = uid("spark-sasl")
-    w = rows_df(spark, 1000, 2).write.format("appliance").option("topic", topic)
-    for k, v in options.items():
-        w = w.option(k, v)
-    w.mode("append").save()
-    r = spark.read.format("appliance").option("subscribe", topic)
-    for k, v in options.items():
-        r = r.option(k, v)
+    rows_df(spark, 1000, 2).write.format("appliance").option("topic", topic).options(**options) \
+        .mode("append").save()
+    r = spark.read.format("appliance").option("subscribe", topic).options(**options)
     got = sorted(row.value.decode() for row in r.load().select("value").collect())
     assert got == sorted(f"v-{i}" for i in range(1000))
 
@@ -663,26 +659,17 @@ def test_write_and_read_over_sasl_ssl_with_sparks_kafka_options(spark, secure_br
     # the two-phase sink (its driver commits over SASL_SSL too), then read that back.
     sink = uid("spark-sasl-out")
     stream = spark.readStream.format("appliance").option("subscribe", topic) \
-        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 400)
-    for k, v in options.items():
-        stream = stream.option(k, v)
-    out = stream.load().selectExpr("key", "upper(cast(value as string)) as value").writeStream \
+        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 400).options(**options)
+    q = stream.load().selectExpr("key", "upper(cast(value as string)) as value").writeStream \
         .format("appliance").option("topic", sink).option("checkpointLocation", str(tmp_path / "cp")) \
-        .trigger(availableNow=True)
-    for k, v in options.items():
-        out = out.option(k, v)
-    q = out.start()
+        .options(**options).trigger(availableNow=True).start()
     q.awaitTermination(300)
     assert q.exception() is None, q.exception()
-    back = spark.read.format("appliance").option("subscribe", sink)
-    for k, v in options.items():
-        back = back.option(k, v)
+    back = spark.read.format("appliance").option("subscribe", sink).options(**options)
     assert sorted(row.value.decode() for row in back.load().select("value").collect()) == \
         sorted(f"V-{i}" for i in range(1000))
     # Without the credentials the same read is refused by the broker.
-    bad = spark.read.format("appliance").option("subscribe", topic)
-    for k, v in {**options, "kafka.sasl.jaas.config": options["kafka.sasl.jaas.config"]
-                 .replace(ADMIN_PASSWORD, "wrong")}.items():
-        bad = bad.option(k, v)
+    bad = spark.read.format("appliance").option("subscribe", topic).options(**{
+        **options, "kafka.sasl.jaas.config": options["kafka.sasl.jaas.config"].replace(ADMIN_PASSWORD, "wrong")})
     with pytest.raises(Exception, match="SASL_AUTHENTICATION_FAILED|invalid credentials"):
         bad.load().collect()
