@@ -3,9 +3,9 @@ of Kafka's own transactions system test.
 
 Three copier processes (``eos_copier.py``: confluent-kafka, read_committed group consumer +
 transactional producer committing the consumed offsets in the same transaction) copy an input
-topic of 20,000 records (50,000 with --soak) to an output topic while the test kills -9, at random, copiers (restarted
-with the same transactional id, which fences the zombie), partition writers of both topics and the
-coordinator. At the end the output read with read_committed equals the input exactly: no loss, no
+topic of 20,000 records (50,000 with --soak) to an output topic while the test kills -9, at
+random, copiers (restarted with the same transactional id, which fences the zombie), partition
+writers of both topics and the coordinator. At the end the output read with read_committed equals the input exactly: no loss, no
 duplicate, per-partition order kept.
 """
 
