@@ -5,8 +5,8 @@ Runs wherever the sink runs: the driver's Python workers (planning a write, comm
 aborting it), the executors' Python workers (a task's stale-attempt check and heartbeat), and the
 operator's shell (``appliance spark recover``). Owns no state in memory beyond one call: the
 state is the topic ``__spark_sink_jobs`` on the appliance (one partition, LogAppendTime, no
-retention: trimmed by the sink itself, below), written by an idempotent producer (acks=all: an appended record is durable, and
-visible to every later read) and read whole.
+retention: trimmed by the sink itself, below), written by an idempotent producer (acks=all: an
+appended record is durable, and visible to every later read) and read whole.
 
 Records (JSON values; the record key is ``<prefix>/<key>``, what a compacted log would keep):
 
