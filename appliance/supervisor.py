@@ -213,7 +213,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                     self._make_ring(fe, peer, small)
                     self._make_ring(peer, fe, small)
             # Every writer's rings and page, and every other worker's page, before any fork: a
-            # runtime dir too small for them stops the start here, with its own exit status.
+            # runtime dir too small for them stops the start here, with its own exit status, and
+            # so does a machine whose memory cannot hold them (rather than the OOM killer).
+            self._check_start_memory(self.store.catalog.partition_count())
             self._start_writers = [self._add_writer(t, p) for t in self.store.catalog.topics.values()
                                    for p in range(t.partitions)]
             from workers.cleaner import main as cleaner_main
@@ -245,6 +247,18 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
 
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
+
+    def _check_start_memory(self, partitions: int) -> None:
+        from .topic_admin import memory_room, partition_cost
+        shm, mem = partition_cost(self.cfg, len(self.frontends))
+        free, available = memory_room(self.run_dir)
+        if partitions * shm > free or partitions * mem > available:
+            raise RuntimeDirUnusable(
+                f"the catalog's {partitions} partitions need {partitions * mem >> 20} MiB of memory "
+                f"({shm >> 20} MiB of rings each in the runtime dir {self.run_dir}, which has "
+                f"{free >> 20} MiB free, and a writer process); the machine has "
+                f"{max(available, 0) >> 20} MiB available: give the rings less "
+                f"(shm.produce_ring_bytes) or the machine more memory")
 
     @contextlib.contextmanager
     def _runtime_dir_space(self, what: str):

@@ -19,6 +19,7 @@ published again every turn (``Supervisor._turn``).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -34,6 +35,35 @@ log = logging.getLogger("appliance.supervisor")
 
 FULL_DISK = "the data dir's file system is full"
 CREATE_TIMEOUT_S = 60.0
+
+# What one more partition costs besides its rings: its writer process's own memory (measured: 5 to
+# 8 MiB of PSS, most of it the copy-on-write pages of the interpreter after the fork) and its state
+# page and metrics table in the runtime dir.
+WRITER_PROCESS_BYTES = 8 << 20
+PARTITION_PAGES_BYTES = 64 << 10
+# Memory a partition creation leaves to everything else (page cache, client connections, the other
+# processes of the machine): a twentieth of the machine's memory, at least 256 MiB.
+MEMORY_RESERVE_MIN = 256 << 20
+
+
+def partition_cost(cfg, frontends: int) -> tuple[int, int]:
+    """(runtime-dir bytes, memory bytes) one partition takes: the rings to and from every
+    frontend, the coordinator and its cleaner (each given all its blocks when made, so they are
+    memory of the tmpfs from the start), its pages, and its writer process."""
+    from shm.ring import HEADER_SIZE
+    produce = HEADER_SIZE + cfg.shm.produce_ring_bytes
+    small = HEADER_SIZE + cfg.shm.small_ring_bytes
+    shm = frontends * (produce + small) + 4 * small + PARTITION_PAGES_BYTES
+    return shm, shm + WRITER_PROCESS_BYTES
+
+
+def memory_room(run_dir: str) -> tuple[int, int]:
+    """(free bytes of the runtime dir's file system, memory available to new partitions: the
+    kernel's MemAvailable less the reserve)."""
+    import psutil
+    st = os.statvfs(run_dir)
+    vm = psutil.virtual_memory()
+    return st.f_bavail * st.f_frsize, vm.available - max(MEMORY_RESERVE_MIN, vm.total // 20)
 
 
 @dataclass
@@ -118,10 +148,28 @@ class TopicAdmin:
         self._wait_for(respond, results, writers)
 
     def _check_room(self, total: int, more: int) -> None:
-        limit = self.sup.cfg.topics.max_partitions
+        """Refuse ``more`` partitions (after ``total`` counted so far, the catalog's and this
+        request's earlier ones) beyond ``topics.max_partitions`` or beyond what the machine can
+        hold: every partition's rings get their memory when made, so creating more than fit would
+        have the kernel's OOM killer take the supervisor instead of a refusal."""
+        sup = self.sup
+        limit = sup.cfg.topics.max_partitions
         if total + more > limit:
             raise KafkaError(ErrorCode.policy_violation,
                              f"Creating {more} partitions would exceed topics.max_partitions = {limit}")
+        new = total + more - self.store.catalog.partition_count()
+        shm, mem = partition_cost(sup.cfg, len(sup.frontends))
+        free, available = memory_room(sup.run_dir)
+        if new * shm > free:
+            raise KafkaError(ErrorCode.kafka_storage_error,
+                             f"the runtime dir has room for {free // shm} more partitions' rings "
+                             f"({_mib(shm)} each: shm.produce_ring_bytes per frontend and the small "
+                             f"rings); {new} were asked for")
+        if new * mem > available:
+            raise KafkaError(ErrorCode.policy_violation,
+                             f"the machine has memory for {max(available, 0) // mem} more partitions "
+                             f"({_mib(mem)} each: their rings, {_mib(shm)}, and writer process); "
+                             f"{new} were asked for")
 
     def _commit_with_writers(self, parts: list[tuple[cat.TopicInfo, range]], commit,
                              results: list[cat.TopicResult], what: str):
@@ -387,6 +435,10 @@ class TopicAdmin:
         sup._io_trouble("catalog", None)
         sup.page.publish(catalog_version=self.store.catalog.version)
         sup.notify_serving()          # systemd STATUS= names the partition count
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def _fail_accepted(results: list[cat.TopicResult], code: ErrorCode, message: str) -> list[cat.TopicResult]:

@@ -1,0 +1,89 @@
+"""Partitions beyond the machine's memory are refused, not created into the OOM killer.
+
+Every partition's rings get their memory when made (``shm.produce_ring_bytes`` per frontend and
+the small rings, in the runtime dir's tmpfs), so a CreateTopics of 1,024 partitions with the
+default 8 MiB rings asked for about 22 GiB: the supervisor was OOM-killed while making them
+and the whole appliance went down. Now CreateTopics and CreatePartitions refuse with
+POLICY_VIOLATION what the machine's available memory cannot hold, and a start whose catalog
+cannot be held exits with the runtime dir's status (7) and says why.
+
+The runtime dir here is a tmpfs twice the size of the machine's memory (a tmpfs's size is a
+limit, not an allocation), so that memory, not the file system, is what runs out; the rings are
+256 MiB each, so the refused request allocates nothing and the accepted one 512 MiB.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import psutil
+import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+from smalldisk import small_tmpfs
+
+from appliance.runtime import EXIT_RUNTIME_DIR
+
+POLICY_VIOLATION = 44
+RING = 256 << 20
+
+
+@pytest.fixture
+def big_tmpfs():
+    with tempfile.TemporaryDirectory(prefix="mem-", dir="/tmp") as parent, \
+            small_tmpfs(parent, 2 * psutil.virtual_memory().total, name="shm") as mnt:
+        yield mnt
+
+
+def _refused(futures) -> Exception:
+    (future,) = futures.values()
+    with pytest.raises(Exception) as e:
+        future.result(120)
+    return e.value.args[0]
+
+
+def test_partitions_beyond_the_machines_memory_are_refused_not_oom_killed(big_tmpfs,
+                                                                          appliance_factory):
+    app = appliance_factory(server={"frontends": 1, "fetchers": 1,
+                                    "runtime_dir": os.path.join(big_tmpfs, "run")},
+                            shm={"produce_ring_bytes": RING})
+    admin = AdminClient({"bootstrap.servers": app.bootstrap})
+    too_many = psutil.virtual_memory().available // RING + 2
+    pids = {w["name"]: w["pid"] for w in app.workers()}
+    used = psutil.disk_usage(big_tmpfs).used
+
+    err = _refused(admin.create_topics([NewTopic("huge", too_many, 1)], request_timeout=120))
+    assert err.code() == POLICY_VIOLATION, err
+    assert f"the machine has memory for" in err.str() and f"{too_many} were asked for" in err.str()
+    assert "huge" not in admin.list_topics(timeout=10).topics
+    # Refused before anything was made: the runtime dir holds what it held.
+    assert psutil.disk_usage(big_tmpfs).used == used
+
+    (f,) = admin.create_topics([NewTopic("one", 1, 1)]).values()
+    assert f.result(120) is None
+    err = _refused(admin.create_partitions([NewPartitions("one", too_many)], request_timeout=120))
+    assert err.code() == POLICY_VIOLATION, err
+    assert len(admin.list_topics(timeout=10).topics["one"].partitions) == 1
+    # Nothing was killed or restarted on the way.
+    now = {w["name"]: w["pid"] for w in app.workers()}
+    assert all(now[k] == v for k, v in pids.items()), (pids, now)
+
+
+def test_start_whose_catalog_the_memory_cannot_hold_exits_7(big_tmpfs, appliance_factory):
+    """The same catalog restarted with rings too large for the machine: exit 7, and the
+    message names the memory and the key to change, instead of an OOM kill in the start."""
+    run_dir = os.path.join(big_tmpfs, "run")
+    app = appliance_factory(server={"frontends": 1, "fetchers": 1, "runtime_dir": run_dir},
+                            shm={"produce_ring_bytes": 4 << 20})
+    admin = AdminClient({"bootstrap.servers": app.bootstrap})
+    (f,) = admin.create_topics([NewTopic("t", 4, 1)]).values()
+    assert f.result(120) is None
+    assert app.terminate() == 0
+    huge = 1 << (psutil.virtual_memory().total // 2).bit_length()     # > half the memory each
+    app.config["shm"] = {"produce_ring_bytes": huge}
+    app.start(wait=False)
+    assert app.proc.wait(60) == EXIT_RUNTIME_DIR
+    text = app.log_text()
+    assert "the catalog's 4 partitions need" in text and "shm.produce_ring_bytes" in text, text[-2000:]
+    assert psutil.disk_usage(big_tmpfs).used < 64 << 20      # no ring of the new size was made
