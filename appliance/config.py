@@ -266,8 +266,12 @@ class TopicsConfig(_Section):
 class ShmConfig(_Section):
     # Capacity of each frontend -> writer produce ring; must hold two of the largest batch.
     produce_ring_bytes: Annotated[int, msgspec.Meta(ge=65536)] = 8388608
-    # Capacity of each small ring (acks, control, coordinator requests, fetch requests and replies).
+    # Capacity of each small ring (control, coordinator requests, fetch requests and replies).
     small_ring_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 1048576
+    # Capacity of each partition's rings other than the produce rings (acks to each frontend,
+    # markers and verifications with the coordinator, its cleaner's rounds): they carry short
+    # messages, and every partition has 2 + frontends of them, all memory from its creation.
+    partition_ring_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 262144
 
 
 class SupervisorConfig(_Section):
@@ -565,8 +569,10 @@ def check_consistency(cfg: Config) -> None:
                 raise ConfigError(f"config: metrics.listen: must differ from the listener {lst}")
     if cfg.shm.produce_ring_bytes & (cfg.shm.produce_ring_bytes - 1):
         raise ConfigError("config: shm.produce_ring_bytes: must be a power of two")
-    if cfg.shm.small_ring_bytes & (cfg.shm.small_ring_bytes - 1):
-        raise ConfigError("config: shm.small_ring_bytes: must be a power of two")
+    for key in ("small_ring_bytes", "partition_ring_bytes"):
+        size = getattr(cfg.shm, key)
+        if size & (size - 1):
+            raise ConfigError(f"config: shm.{key}: must be a power of two")
     # A ring record must fit in half the ring (see shm.ring); leave 64 KiB for headers.
     if cfg.log.message_max_bytes + 65536 > cfg.shm.produce_ring_bytes // 2:
         need = 2 * (cfg.log.message_max_bytes + 65536)

@@ -305,14 +305,15 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         from workers.partition_writer import main as writer_main
         name = writer_name(topic.topic_id, partition)
         try:
+            small = self.cfg.shm.partition_ring_bytes
             for fe in self.frontends:
                 self._make_ring(fe, name, self.cfg.shm.produce_ring_bytes)
-                self._make_ring(name, fe, self.cfg.shm.small_ring_bytes)
-            self._make_ring(COORDINATOR, name, self.cfg.shm.small_ring_bytes)
-            self._make_ring(name, COORDINATOR, self.cfg.shm.small_ring_bytes)
+                self._make_ring(name, fe, small)
+            self._make_ring(COORDINATOR, name, small)
+            self._make_ring(name, COORDINATOR, small)
             cleaner = cleaner_of(name, self.cfg.log.cleaner.processes)
-            self._make_ring(cleaner, name, self.cfg.shm.small_ring_bytes)
-            self._make_ring(name, cleaner, self.cfg.shm.small_ring_bytes)
+            self._make_ring(cleaner, name, small)
+            self._make_ring(name, cleaner, small)
             page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
         except OSError:
             self.topo.remove_endpoint(name)     # what was made of it (ENOSPC on a full tmpfs)

@@ -52,7 +52,7 @@ def partition_cost(cfg, frontends: int) -> tuple[int, int]:
     memory of the tmpfs from the start), its pages, and its writer process."""
     from shm.ring import HEADER_SIZE
     produce = HEADER_SIZE + cfg.shm.produce_ring_bytes
-    small = HEADER_SIZE + cfg.shm.small_ring_bytes
+    small = HEADER_SIZE + cfg.shm.partition_ring_bytes
     shm = frontends * (produce + small) + 4 * small + PARTITION_PAGES_BYTES
     return shm, shm + WRITER_PROCESS_BYTES
 

@@ -262,7 +262,8 @@ def test_full_data_disk_answers_kafka_storage_error_and_kills_no_process(small_f
 # -- the runtime dir (tmpfs) -------------------------------------------------------------------
 
 RUNTIME_CONFIG = {"frontends": 1, "fetchers": 1}
-SMALL_SHM = {"produce_ring_bytes": 512 * 1024, "small_ring_bytes": 64 * 1024}
+SMALL_SHM = {"produce_ring_bytes": 512 * 1024, "small_ring_bytes": 64 * 1024,
+             "partition_ring_bytes": 64 * 1024}
 
 
 def _create(admin: AdminClient, name: str, partitions: int) -> Exception | None:
