@@ -153,6 +153,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self._io_problems: dict[str, str] = {}
         self._start_writers: list[WorkerSpec] = []
         self._start_others: list[WorkerSpec] = []
+        self.processes_changed = False       # processes.json is behind the table (_turn)
 
     # -- set-up ---------------------------------------------------------------------------------
     def _bind(self) -> None:
@@ -385,7 +386,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         spec.started_at = self.clock()
         self.by_pid[pid] = spec
         log.debug("spawned %s pid %d generation %d", spec.name, pid, spec.generation)
-        self._write_processes()
+        self.processes_changed = True
 
     def _close_in_child(self, role: str) -> None:
         try:
@@ -405,6 +406,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         # when the last holder exits, so a new appliance cannot start beside an orphaned writer.
 
     def _write_processes(self) -> None:
+        """Rewrite processes.json: once per loop turn that changed the table (``_turn``), not
+        once per fork, which made a 1,024-partition CreateTopics quadratic (seconds of JSON)."""
+        self.processes_changed = False
         rows = [{"role": s.role, "name": s.name, "pid": s.pid, "generation": s.generation,
                  "topic": s.topic.name if s.topic else None,
                  "partition": s.index if s.role == "writer" else None,
@@ -480,6 +484,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 self._spawn(spec)
             if self.metrics_listener is not None:
                 log.info("metrics served at http://%s/metrics", self.cfg.metrics.listen)
+            self._write_processes()
             self.page.publish(status=READY)
             log.info("appliance ready on %s", self.listening())
             self.serving = True
@@ -523,6 +528,8 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             self._murder_stale()
             self._respawn_due()
             self.watchdog_turn()
+        if self.processes_changed:
+            self._write_processes()
 
     def _dispatch_signal(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
@@ -552,7 +559,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 continue
             spec.pid = None
             code = os.waitstatus_to_exitcode(status)
-            self._write_processes()
+            self.processes_changed = True
             if self.stopping or spec.removed:
                 log.debug("%s exited (%d)", spec.name, code)
                 continue

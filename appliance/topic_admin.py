@@ -394,6 +394,8 @@ class TopicAdmin:
         self.pending_creates = still
         if publish:
             self.publish()
+        if done and sup.processes_changed:
+            sup._write_processes()       # the answer's readers see the new writers
         for pc in done:
             pc.respond(cat.TopicsResult(pc.results))
         still_d = []
@@ -415,7 +417,7 @@ class TopicAdmin:
             except OSError as e:
                 # Committed: the sweep at the next start removes what is left of the directories.
                 log.error("DeleteTopics: removing the deleted topics' files failed: %s", e)
-            sup._write_processes()
+            sup._write_processes()       # the answer's readers see the writers gone
             pd.respond(cat.TopicsResult(pd.results))
         self.pending_deletes = still_d
 

@@ -31,11 +31,8 @@ async def handle(ctx, req):
         deletions=[Deletion(d.name, int(d.mechanism)) for d in req.deletions],
         upsertions=[Upsertion(u.name, int(u.mechanism), int(u.iterations), bytes(u.salt),
                               bytes(u.salted_password)) for u in req.upsertions])
-    try:
-        r = await ctx.broker.call_supervisor(
-            request, ctx.broker.cfg.server.internal_request_timeout_ms / 1000)
-    except TimeoutError:
-        r = request.error_reply(ErrorCode.request_timed_out)
+    r = await ctx.broker.call_supervisor(
+        request, ctx.broker.cfg.server.internal_request_timeout_ms / 1000)
     return build(m.AlterUserScramCredentialsResponse, throttle_time=datetime.timedelta(0),
                  results=tuple(dict(user=x.user, error_code=x.error_code,
                                     error_message=x.error_message) for x in r.results))

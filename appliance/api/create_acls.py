@@ -50,11 +50,8 @@ async def handle(ctx, req):
     results: list[AclCreateResult] = []
     for chunk in _chunks([a for i, a in enumerate(acls) if i not in too_big], budget):
         request = CreateAclsRequest(chunk)
-        try:
-            r = await ctx.broker.call_supervisor(
-                request, ctx.broker.cfg.server.internal_request_timeout_ms / 1000)
-        except TimeoutError:
-            r = request.error_reply(ErrorCode.request_timed_out)
+        r = await ctx.broker.call_supervisor(
+            request, ctx.broker.cfg.server.internal_request_timeout_ms / 1000)
         results += r.results
     if too_big:
         # Ours: an ACL that would not fit the ring to the supervisor (names of tens of KiB with a small ring).

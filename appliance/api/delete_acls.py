@@ -51,9 +51,6 @@ async def handle(ctx, req):
         # Ours: filters that would not fit the ring to the supervisor (names of hundreds of KiB).
         return _response(ctx, [AclDeleteResult(int(ErrorCode.invalid_request),
                                                "filters too large")] * n)
-    try:
-        r = await ctx.broker.call_supervisor(
-            request, ctx.broker.cfg.server.internal_request_timeout_ms / 1000)
-    except TimeoutError:
-        r = request.error_reply(ErrorCode.request_timed_out)
+    r = await ctx.broker.call_supervisor(
+        request, ctx.broker.cfg.server.internal_request_timeout_ms / 1000)
     return _response(ctx, r.results)

@@ -344,10 +344,17 @@ class Broker:
         return ch.page.read() if ch is not None else None
 
     async def call_supervisor(self, req: ipc.Request, timeout_s: float) -> ipc.Message:
+        """A topic, ACL or credential change; REQUEST_TIMED_OUT when the supervisor did not
+        answer in ``timeout_s`` (Kafka's answer when its controller is slower than the request's
+        timeout: the change may still complete). Before, the timeout closed the connection (a
+        1,024-partition CreateTopics took longer than 70 s to fork its writers)."""
         req_id = next(self._ids)
         self.supervisor.send(ipc.encode(req_id, req))
         fut = self._future(req_id, timeout_s, None)
-        return await fut
+        try:
+            return await fut
+        except TimeoutError:
+            return req.error_reply(ErrorCode.request_timed_out)
 
     def scram_credentials(self, user: str):
         """The SCRAM credentials of ``user`` by mechanism (None: no such user), as the
