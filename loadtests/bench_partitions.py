@@ -99,6 +99,23 @@ def writers_memory(run_dir: str) -> tuple[int, int]:
     return pss, used
 
 
+def wait_group_gone(pgid: int, timeout: float = 300) -> None:
+    """Until no process of the group is left: every worker holds the data dir's lock until it is
+    gone, and a thousand processes take the kernel a while to tear down."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = 0
+        for p in psutil.process_iter(["pid"]):
+            try:
+                left += os.getpgid(p.info["pid"]) == pgid
+            except (ProcessLookupError, PermissionError):
+                continue
+        if not left:
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"processes of group {pgid} still alive after {timeout:.0f} s")
+
+
 def runtime_dir(data_dir: str, proc: subprocess.Popen) -> str:
     path = f"/dev/shm/appliance-{proc.pid}"
     if not os.path.isdir(path):
@@ -148,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             meminfo = psutil.virtual_memory()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(60)
+            wait_group_gone(proc.pid)
         start = time.monotonic()
         with appliance_process(work, "os", 1, 900, extra) as (bootstrap, log_path, _, _, proc):
             ready = time.monotonic() - start
@@ -168,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{_mib(meminfo.available)} of memory still available")
     print(f"- {args.records} records of {args.record_size} B to each of the {counts[-1]} partitions "
           f"of the largest topic in {filled:.1f} s")
-    print(f"- kill -9 of the whole process group, then start to the first Metadata answer: "
+    print(f"- kill -9 of the whole process group (then waiting until all its processes are gone), "
+          f"then start to the first Metadata answer: "
           f"{ready:.1f} s; high watermarks {back} after, {expected} before"
           f"{'' if back == expected else '  ** LOST RECORDS **'}")
     return 0 if back == expected else 1
