@@ -6,56 +6,36 @@ with the ``appliance`` data source (appliance.spark), checked with other clients
   read_committed; running it again writes every row once; a task that fails once and is retried
   by Spark (same transactional id: the retry fences and aborts its first attempt) also writes
   every row once;
-- a streaming query killed -9 (driver and JVM) at three moments (one without --soak) and
-  restarted from its checkpoint writes every committed input row exactly once, aborted input
-  never; a batch job with a jobId killed at five moments (two without --soak) and run again;
-- a micro-batch whose commit stopped after one partition's transaction (the commit process
-  killed) is replayed without duplicating that partition;
+- batch jobs without a jobId whose drivers were killed are resolved by the next write with their
+  prefix, once their timeout has passed;
 - the reader returns what kafka-python wrote, committed only, with Spark's Kafka schema and
   headers; streaming with maxOffsetsPerTrigger takes several batches and returns the same;
 - offsets deleted by retention are a clear error (failOnDataLoss), or skipped when allowed;
 - over SASL_SSL with SCRAM (Spark's Kafka options: kafka.security.protocol, kafka.sasl.mechanism,
   kafka.sasl.jaas.config, a PEM truststore), a batch write and a read back.
+
+Drivers killed at each phase of a job: test_spark_killed_drivers.py; the example pipeline:
+test_spark_example.py (split from here so that no one file holds a test process for most of the
+suite's time).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import sys
 import time
-from collections import Counter
 
 import pytest
 
 from appliance import admin
 from appliance.client import Producer
 from clientkit import create, read_all, settle, uid
-from appliance.spark.jobs import KILL_ENV
 from harness import Appliance
-from prerequisites import require_java
+from sparkkit import (batch_driver, broker, java, listed, open_transactions,  # noqa: F401 (fixtures)
+                      rows_once, values, wait_nothing_open)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def java():
-    """Java 17+ first: without it every test here fails with one line that says so."""
-    require_java()
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    d = tmp_path_factory.mktemp("spark")
-    a = Appliance(data_dir=str(d / "data"), log_path=str(d / "appliance.log"),
-                  config={"transactions": {"two_phase_commit_enable": True},
-                          "log": {"retention_check_interval_ms": 200}})
-    a.start()
-    yield a
-    a.terminate()
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +55,6 @@ def spark():
     register(s)
     yield s
     s.stop()
-
-
-def values(records) -> list[bytes]:
-    return [r.value for recs in records.values() for r in recs]
-
-
-def open_transactions(bootstrap: str) -> list[str]:
-    conn = admin.connect(bootstrap)
-    try:
-        return [t["transactional_id"] for t in admin.list_transactions(conn, states=["Ongoing"])]
-    finally:
-        conn.close()
-
 
 def rows_df(spark, n: int, parts: int, fail_at: int | None = None, fail_attempts: int = 99,
             written: tuple[str, str, int] | None = None):
@@ -122,7 +89,6 @@ def write(df, broker, topic, **options):
     for k, v in options.items():
         w = w.option(k, v)
     w.mode("append").save()
-
 
 def test_batch_write_of_100000_rows_appears_exactly_once(spark, broker):
     topic = uid("spark-batch")
@@ -176,131 +142,6 @@ def test_task_retried_by_spark_writes_every_row_once(spark, broker):
     got = values(read_all(broker.bootstrap, topic, 2))
     assert sorted(got) == sorted(b"v-%d" % i for i in range(90_000))
 
-
-def _feed(bootstrap: str, topic: str, transactions: int, per_txn: int) -> list[bytes]:
-    """Transactions of ``per_txn`` rows, every third aborted; returns the committed values."""
-    committed = []
-    p = Producer(bootstrap_servers=bootstrap, transactional_id=uid("feeder"))
-    try:
-        p.init_transactions()
-        for t in range(transactions):
-            p.begin_transaction()
-            vals = [b"row-%d-%d" % (t, i) for i in range(per_txn)]
-            for i, v in enumerate(vals):
-                p.send(topic, v, key=b"%d" % i)
-            if t % 3 == 2:
-                p.abort_transaction()
-            else:
-                p.commit_transaction()
-                committed.extend(vals)
-    finally:
-        p.close()
-    return committed
-
-
-def _env(kill_at: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != KILL_ENV}
-    if kill_at:
-        env[KILL_ENV] = kill_at
-    return env
-
-
-def _driver(broker, source, sink, checkpoint, *extra, kill_at: str | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, os.path.join(HERE, "spark_job.py"), "stream", broker.bootstrap,
-                             source, sink, checkpoint, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=_env(kill_at))
-
-
-def _batch_driver(broker, *jobs: str, kill_at: str | None = None, prefix: str = "spark",
-                  rows: int = 600, timeout_ms: int | None = None) -> subprocess.CompletedProcess:
-    """spark_job.py batch: each of ``jobs`` ("TOPIC[:JOB_ID]") writes ``rows`` rows from 3 Spark
-    partitions; with ``kill_at`` the sink kills the driver at that phase."""
-    args = [sys.executable, os.path.join(HERE, "spark_job.py"), "batch", broker.bootstrap,
-            "--rows", str(rows), "--partitions", "3", "--prefix", prefix]
-    for job in jobs:
-        args += ["--job", job]
-    if timeout_ms:
-        args += ["--job-timeout-ms", str(timeout_ms)]
-    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=600, start_new_session=True, env=_env(kill_at))
-
-
-def _listed(bootstrap: str, prefix: str, states: list[str]) -> list[str]:
-    conn = admin.connect(bootstrap)
-    try:
-        found = admin.list_transactions(conn, states=states)
-    finally:
-        conn.close()
-    return sorted(t["transactional_id"] for t in found if t["transactional_id"].startswith(prefix + "-"))
-
-
-OPEN_OR_ENDING = ["Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"]
-
-
-def _wait_nothing_open(bootstrap: str, prefix: str) -> None:
-    """No transaction of the prefix Ongoing, and none left in a Prepare* state once the markers
-    of those being completed are written (the coordinator finishes those by itself)."""
-    assert not _listed(bootstrap, prefix, ["Ongoing"])
-    deadline = time.monotonic() + 60
-    while left := _listed(bootstrap, prefix, OPEN_OR_ENDING):
-        assert time.monotonic() < deadline, f"still open: {left}"
-        time.sleep(0.05)
-
-
-def _rows_once(bootstrap: str, topic: str, partitions: int, rows: int) -> None:
-    got = values(read_all(bootstrap, topic, partitions))
-    assert Counter(got) == Counter(b"v-%d" % i for i in range(rows)), \
-        f"{topic}: {len(got)} rows, {len(set(got))} distinct, {rows} expected"
-
-
-# Before prepare (a task sending its rows), between prepare and commit (a task has prepared; the
-# commit decision is recorded), in the middle of the commit loop, after the commit; with the
-# phase the job log shows the job in right after the kill.
-KILL_PHASES = {"task_writing:1": "running", "task_prepared:0": "running",
-               "after_decision": "committing", "mid_commit": "committing", "after_done": "done"}
-# Each moment costs a Spark driver (about 25 s on two cores): without --soak, one job rolled back
-# and one rolled forward.
-QUICK_KILL_PHASES = ("task_prepared:0", "mid_commit")
-
-
-def _job_phase(bootstrap: str, prefix: str, key: str) -> str | None:
-    from appliance.spark.jobs import JobLog, fold
-    with JobLog({"bootstrap_servers": bootstrap}) as jl:
-        job = fold(jl.read()).get((prefix, key))
-    return job.phase if job is not None else None
-
-
-@pytest.mark.timeout(1800)          # up to six Spark drivers, each started for one job
-@pytest.mark.soak
-def test_batch_job_killed_at_each_phase_then_rerun_with_its_job_id_is_exactly_once(broker, request):
-    """The driver killed -9 at five moments of a batch write with a jobId (two of them without
-    --soak): a task sending its rows, a task having prepared, the driver having recorded its
-    commit decision, having committed one partition of three, having recorded the job done.
-    Then one driver runs all those jobs again with the same jobIds: each recovers its earlier
-    run (rolled back, or its decision completed) and writes what is missing, so that
-    read_committed shows every row exactly once, and no transaction is left open."""
-    prefix = "jobid"
-    jobs = []
-    phases = KILL_PHASES if request.config.getoption("--soak") else \
-        {p: KILL_PHASES[p] for p in QUICK_KILL_PHASES}
-    for phase, left in phases.items():
-        topic, job_id = uid("spark-kill"), uid("job")
-        create(broker.bootstrap, {topic: 2})
-        r = _batch_driver(broker, f"{topic}:{job_id}", kill_at=phase, prefix=prefix, rows=1500)
-        assert r.returncode == -signal.SIGKILL, f"{phase}: {r.stdout[-3000:]}"
-        # (Each killed run's own start may already have recovered the earlier ones, when their
-        # jobTimeoutMs had passed: a slow machine.)
-        assert _job_phase(broker.bootstrap, prefix, job_id) == left, phase
-        jobs.append(f"{topic}:{job_id}")
-    r = _batch_driver(broker, *jobs, prefix=prefix, rows=1500)
-    assert r.returncode == 0, r.stdout[-5000:]
-    _wait_nothing_open(broker.bootstrap, prefix)
-    for job in jobs:
-        _rows_once(broker.bootstrap, job.split(":")[0], 2, 1500)
-        assert _job_phase(broker.bootstrap, prefix, job.split(":")[1]) == "done"
-
-
 def _dead_per_log(bootstrap: str, prefix: str) -> bool:
     """Every unresolved batch job of the prefix is past its timeout, by the job log's clock."""
     from appliance.spark.jobs import JobLog, fold
@@ -322,14 +163,14 @@ def test_dead_jobs_without_job_id_are_resolved_by_the_next_write_with_the_prefix
     # jobTimeoutMs has passed: that is a next write with the prefix too.)
     for topic, phase, left, still_open in ((undecided, "after_seal", "sealed", 3),
                                            (decided, "mid_commit", "committing", 2)):
-        r = _batch_driver(broker, topic, kill_at=phase, prefix=prefix, timeout_ms=1000)
+        r = batch_driver(broker, topic, kill_at=phase, prefix=prefix, timeout_ms=1000)
         assert r.returncode == -signal.SIGKILL, f"{phase}: {r.stdout[-3000:]}"
         from appliance.spark.jobs import JobLog, fold
         with JobLog({"bootstrap_servers": broker.bootstrap}) as jl:
             newest = max((j for (p, _), j in fold(jl.read()).items() if p == prefix),
                          key=lambda j: j.first_offset)
         assert newest.phase == left, phase
-        opened = [t for t in _listed(broker.bootstrap, prefix, ["Ongoing"]) if newest.key in t]
+        opened = [t for t in listed(broker.bootstrap, prefix, ["Ongoing"]) if newest.key in t]
         assert len(opened) == still_open, (phase, opened)
     deadline = time.monotonic() + 60
     while not _dead_per_log(broker.bootstrap, prefix):
@@ -338,43 +179,10 @@ def test_dead_jobs_without_job_id_are_resolved_by_the_next_write_with_the_prefix
     other = uid("spark-solo")
     create(broker.bootstrap, {other: 1})
     write(rows_df(spark, 10, 1), broker, other, transactionalIdPrefix=prefix)
-    _wait_nothing_open(broker.bootstrap, prefix)
+    wait_nothing_open(broker.bootstrap, prefix)
     assert values(read_all(broker.bootstrap, undecided, 2)) == []
-    _rows_once(broker.bootstrap, decided, 2, 600)
+    rows_once(broker.bootstrap, decided, 2, 600)
     assert len(values(read_all(broker.bootstrap, other, 1))) == 10
-
-
-def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, out[-5000:]
-    return out
-
-
-@pytest.mark.timeout(1500)
-@pytest.mark.soak
-def test_streaming_query_killed_and_restarted_from_its_checkpoint_writes_every_row_once(
-        spark, broker, tmp_path, request):
-    """The driver killed -9 three times (once without --soak: the partial commit), each at a
-    phase of its own (a task has prepared its transaction; the commit of micro-batch 1 has
-    committed one partition and not the others; the commit of micro-batch 2 has not started),
-    restarted on its checkpoint each time, then run to the end: the sink holds every committed
-    input row once, upper-cased, aborted input never, and no transaction stays open. (The
-    restart after the partial commit replays micro-batch 1: the committed partition finds its
-    marker offset and writes nothing.)"""
-    source, sink = uid("spark-in"), uid("spark-out")
-    create(broker.bootstrap, {source: 2, sink: 3})
-    committed = _feed(broker.bootstrap, source, 12, 300)          # 2,400 committed rows
-    checkpoint = str(tmp_path / "checkpoint")
-    kills = ("task_prepared:1", "stream_mid_commit:1", "stream_before_commit:2")
-    for kill_at in kills if request.config.getoption("--soak") else ("stream_mid_commit:1",):
-        proc = _driver(broker, source, sink, checkpoint, "--max-offsets", "400", kill_at=kill_at)
-        out, _ = proc.communicate(timeout=600)
-        assert proc.returncode == -signal.SIGKILL, f"{kill_at}: {out[-3000:]}"
-    _finish(_driver(broker, source, sink, checkpoint, "--max-offsets", "400", "--available-now"))
-    got = values(read_all(broker.bootstrap, sink, 3))
-    assert Counter(got) == Counter(v.upper() for v in committed)
-    assert not [t for t in open_transactions(broker.bootstrap) if t.startswith("spark-")]
-
 
 def test_reader_returns_what_kafka_python_wrote_committed_only(spark, broker):
     from kafka import KafkaProducer
@@ -471,78 +279,6 @@ def test_offsets_deleted_by_retention_are_a_clear_error(spark, broker):
     assert rows and min(r.offset for r in rows) >= start
     assert [r.offset for r in sorted(rows, key=lambda r: r.offset)] == \
         list(range(min(r.offset for r in rows), 400))
-
-
-EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "spark_pipeline.py")
-
-
-def _example(broker, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, EXAMPLE, *args, "--bootstrap", broker.bootstrap],
-                          capture_output=True, text=True, timeout=600)
-
-
-def test_pipeline_example_loads_once_after_a_failed_load_and_reports(broker, tmp_path):
-    """examples/spark_pipeline.py: a load that fails mid-way leaves nothing to report; the
-    load run again, then the report, count every valid order once with the right totals."""
-    topic = uid("orders")
-    create(broker.bootstrap, {topic: 2})
-    n = 20_000
-    expected: dict[str, list] = {}
-    for i in range(n):
-        amount = round(((i * 7919) % 10000) / 100.0, 2) - 5
-        if amount > 0:
-            expected.setdefault(f"customer-{i % 50}", []).append(amount)
-    valid = sum(len(v) for v in expected.values())
-
-    failed = _example(broker, "load", "--topic", topic, "--rows", str(n), "--fail-after", "3000")
-    assert failed.returncode != 0 and "injected failure" in failed.stdout + failed.stderr
-    settle(broker.bootstrap, topic, 2)
-    assert values(read_all(broker.bootstrap, topic, 2, "read_uncommitted")), "rows were sent"
-    assert values(read_all(broker.bootstrap, topic, 2)) == [], "nothing of the failed load is visible"
-
-    ok = _example(broker, "load", "--topic", topic, "--rows", str(n))
-    assert ok.returncode == 0, ok.stderr[-3000:]
-    # Records that are not orders (examples/dual_write.py's payloads) are refused and counted,
-    # not reported under a customer "null".
-    with Producer(bootstrap_servers=broker.bootstrap) as p:
-        for i in range(7):
-            p.send(topic, b"order %d (0a1b2c3d)" % i, b"%d" % i)
-        p.send(topic, b'{"order_id": 1, "amount": 2.5}', b"x")
-        p.send(topic, None, b"tombstone")
-    rep = _example(broker, "report", "--topic", topic, "--json")
-    assert rep.returncode == 0, rep.stderr[-3000:]
-    got = json.loads(rep.stdout.strip().splitlines()[-1])
-    assert got["refused"] == 9 and f"refused 9 records of {topic}" in rep.stderr
-    assert got["orders"] == got["distinct_orders"] == valid
-    assert {c: v["orders"] for c, v in got["customers"].items()} == {c: len(v) for c, v in expected.items()}
-    for c, v in got["customers"].items():
-        assert v["total"] == pytest.approx(sum(expected[c]), abs=0.01)
-
-
-def test_pipeline_example_says_in_one_line_that_two_phase_commit_is_off(appliance_factory):
-    """Against a broker with two-phase commit off, the load fails before any task runs, and the
-    example prints the data source's error as one line naming the setting, not Spark's traceback."""
-    off = appliance_factory()
-    r = _example(off, "load", "--rows", "10")
-    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: the broker at {off.bootstrap} has two-phase commit off") and \
-        "two_phase_commit_enable = true" in last and "APPLIANCE_TRANSACTIONS__TWO_PHASE_COMMIT_ENABLE=true" in last
-    assert "Traceback" not in r.stderr
-
-
-def test_pipeline_example_loads_a_csv(broker, tmp_path):
-    topic = uid("orders-csv")
-    create(broker.bootstrap, {topic: 1})
-    csv = tmp_path / "orders.csv"
-    csv.write_text("order_id,customer,amount\n1,ann,10.5\n2,bob,-3\n3,ann,4.5\n4,cy,0\n5,bob,1.25\n")
-    ok = _example(broker, "load", "--topic", topic, "--csv", str(csv))
-    assert ok.returncode == 0, ok.stderr[-3000:]
-    rep = _example(broker, "report", "--topic", topic, "--json")
-    got = json.loads(rep.stdout.strip().splitlines()[-1])
-    assert got["orders"] == 3
-    assert got["customers"] == {"ann": {"orders": 2, "total": 15.0}, "bob": {"orders": 1, "total": 1.25}}
-
 
 def test_driver_commit_refuses_when_a_prepared_transaction_is_gone(broker):
     """The driver's commit takes every task's transaction over before committing any: one
