@@ -61,6 +61,10 @@ def create_topics(app, *topics: NewTopic) -> None:
 def test_metrics_move_with_produce_consume_a_transaction_and_a_group_join(appliance_factory):
     app = metrics_app(appliance_factory)
     port = app.metrics_port
+    # The appliance is ready once its writers are; the other workers (the cleaner runs at idle
+    # priority) may come up a moment later: wait for every one to be up.
+    app.wait_for(lambda: (ups := scrape(port)["appliance_worker_up"]) and
+                 all(v == 1 for v in ups.values()), what="every worker up")
     before = scrape(port)
     ups = before["appliance_worker_up"]
     assert ups and all(v == 1 for v in ups.values()), ups

@@ -97,10 +97,12 @@ def test_abort_a_hanging_transaction_by_its_start_offset(appliance_factory):
         assert wrong.returncode == 1 and "no open transaction" in wrong.stderr
 
 
-def test_metrics_of_a_stopped_appliance_are_reported_stale(appliance_factory):
+def test_metrics_of_a_stopped_appliance_are_reported_stale(appliance_factory, tmp_path):
     """After the broker stopped (killed: its runtime dir is left behind), `appliance metrics`
-    says so and exits 1 instead of printing what is left as if it were live."""
-    app = appliance_factory()
+    says so and exits 1 instead of printing what is left as if it were live. The runtime dir is
+    the test's own: any appliance starting meanwhile removes the dead supervisors' runtime dirs
+    under /dev/shm (a parallel test run's did, between the kill and the check)."""
+    app = appliance_factory(server={"runtime_dir": str(tmp_path / "run")})
     assert open_time_max(app) == 0
     run_dir = app.run_dir
     app.kill9_all()
