@@ -35,6 +35,7 @@ lines); ``--check-history FILE`` checks a saved one and prints the counts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = tempfile.mkdtemp(prefix="chaos-", dir=args.work_dir)
     disk = SmallDisk(workdir, args.disk, args.disk_mb) if args.disk != "none" else None
     app = None
+    ok = False
     t0 = time.monotonic()
     try:
         if disk is not None:
@@ -281,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
                     findings, stuck, errors, app)
         return 0 if ok else 1
     finally:
+        if not ok and not args.keep:
+            # A failed run keeps its appliance log beside the history (or the work dir's
+            # parent), so that a rare anomaly can be read after the work dir is gone.
+            kept = (args.history or workdir) + ".appliance.log"
+            with contextlib.suppress(OSError):
+                shutil.copyfile(os.path.join(workdir, "appliance.log"), kept)
+                print(f"chaos: appliance log kept at {kept}")
         if app is not None and app.proc is not None:
             app.kill_all()                  # the group, also orphans of a dead supervisor
             shutil.rmtree(app.run_dir, ignore_errors=True)   # left by kill -9 (not appliance-<pid>)
