@@ -90,6 +90,9 @@ def run_until_line(script: str, *args: str) -> tuple[subprocess.Popen, str]:
 def kill9(proc: subprocess.Popen) -> None:
     proc.kill()                       # SIGKILL
     assert proc.wait(30) == -9
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 def offsets(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:

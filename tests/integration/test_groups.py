@@ -60,6 +60,7 @@ class Member:
                     self.records.append((int(parts[1]), int(parts[2]), parts[3]))
                 elif parts and parts[0] == "assigned":
                     self.assignments.append([int(p) for p in parts[1].split(",")] if len(parts) > 1 else [])
+        self.proc.stdout.close()            # end of output: the member exited
 
     def current(self) -> list[int]:
         with self.lock:
