@@ -187,7 +187,15 @@ def _kafka_python(b: str, topic: str, timeout: float) -> None:
     while got < 20 and time.monotonic() < deadline:
         for recs in c.poll(200).values():
             got += len(recs)
-    c.commit()
+    while True:
+        # kafka-python may still be rejoining (see above): it says to poll and retry.
+        try:
+            c.commit()
+            break
+        except kafka.errors.RebalanceInProgressError:
+            if time.monotonic() > deadline:
+                raise
+            c.poll(200)
 
     t = kafka.KafkaProducer(bootstrap_servers=b, transactional_id=f"fz-kp-tx-{uuid.uuid4().hex[:6]}",
                             linger_ms=5)
