@@ -116,11 +116,11 @@ def wait_group_gone(pgid: int, timeout: float = 300) -> None:
     raise SystemExit(f"processes of group {pgid} still alive after {timeout:.0f} s")
 
 
-def runtime_dir(data_dir: str, proc: subprocess.Popen) -> str:
-    path = f"/dev/shm/appliance-{proc.pid}"
-    if not os.path.isdir(path):
-        raise SystemExit(f"no runtime dir at {path}")
-    return path
+def runtime_dir(data_dir: str) -> str:
+    """The running appliance's runtime dir, from the pointer it keeps in its data dir."""
+    from appliance.runtime import RUNTIME_POINTER
+    with open(os.path.join(data_dir, RUNTIME_POINTER)) as f:
+        return f.read().strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             largest = f"p{counts[-1]}"
             filled = fill(bootstrap, largest, counts[-1], args.records, args.record_size)
             expected = high_watermarks(bootstrap, largest, counts[-1])
-            pss, shm = writers_memory(runtime_dir(work, proc))
+            pss, shm = writers_memory(runtime_dir(os.path.join(work, "data")))
             total = counts[-1]
             meminfo = psutil.virtual_memory()
             os.killpg(proc.pid, signal.SIGKILL)
