@@ -30,7 +30,6 @@ import argparse
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_produce import (PRODUCER_CONFIGS, MeasureError, appliance_process,  # noqa: E402
-                           measure, stop_group, wait_metadata)
+                           measure)
 
 
 def _mib(n: float) -> str:
