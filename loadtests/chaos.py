@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_history:
         return print_history_check(args.check_history)
     from chaos_clients import (Budget, CkConsumer, CkProducer, CkTxnClient, OwnProducer, Recorder, Shared,
-                               final_reads)
+                               final_reads, start_txn_group)
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"chaos: seed {seed}", flush=True)
@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         app = Appliance(workdir, data_dir, appliance_config(disk is not None))
         app.start()
         create_topic(app.bootstrap, args.partitions)
+        start_txn_group(app.bootstrap, TOPIC, args.partitions)
         print(f"chaos: appliance at {app.bootstrap}, data dir {data_dir} "
               f"({args.disk}{f' {args.disk_mb} MiB' if disk else ''}), work dir {workdir}", flush=True)
 

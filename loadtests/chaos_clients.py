@@ -13,7 +13,8 @@
 * ``CkTxnClient``: consume-transform-produce (KIP-447): a read_committed group consumer and a
   transactional producer; each transaction polls, sends new values, commits the consumed
   positions with ``send_offsets_to_transaction`` (with the consumer's group metadata), then
-  commits or aborts at random; after an abort it rewinds to the group's committed offsets.
+  commits or aborts at random; after an abort it rewinds to the group's committed offsets (the
+  group starts with offsets committed at the log start: ``start_txn_group`` says why).
   Its reads and sends are one ``txn`` operation, which makes write->read cycles (G1c) and
   exactly-once consumption checkable.
 * ``final_reads``: after the run, a fresh read_committed consumer assigned every partition from
@@ -469,13 +470,37 @@ class CkTxnClient(Client):
             assignment = m.c.assignment()
             if assignment:
                 for tp in m.c.committed(assignment, TXN_TIMEOUT_S):
-                    m.c.seek(TopicPartition(tp.topic, tp.partition,
-                                            tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+                    # Never a logical offset (see ``start_txn_group``): the group's offsets
+                    # start at the log start, so a missing one is the log start too.
+                    offset = tp.offset if tp.offset >= 0 else \
+                        m.c.get_watermark_offsets(tp, TXN_TIMEOUT_S, cached=False)[0]
+                    m.c.seek(TopicPartition(tp.topic, tp.partition, offset))
         except KafkaException as e:
             self.s.count_error(f"rewind: {e.args[0].name()}")
             ok = False
         if not ok:
             self.s.recorder.add({"process": process, "type": "ok", "f": "reset", "value": None})
+
+
+def start_txn_group(bootstrap: str, topic: str, partitions: int) -> None:
+    """Commit the consume-transform-produce group's offsets at the log start (0: the topic is
+    new) before its members join, as an operator resets a new group "--to-earliest".
+
+    Why: librdkafka (2.16 here) can move a partition back to its start long after the
+    application's ``seek``, a client race that a Kafka broker triggers as well. A partition
+    without a committed offset is reset with a ListOffsets(EARLIEST); when the application seeks
+    while that request is in flight (the rewind after an abort), the answer comes back
+    "outdated" and re-arms a 500 ms offset-query timer for BEGINNING that neither the answer to
+    the newer query nor a later seek stops; when it fires the partition is reset to offset 0 and
+    every record is consumed again (seen as duplicate-consume and nonmonotonic-poll within the
+    first seconds of a run, with no fault injected). With committed offsets from the start, and
+    seeks to numeric offsets only, the consumer never asks for a logical offset."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
+    for f in admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(CkTxnClient.group, tps)]).values():
+        f.result(60)
 
 
 # -- the final reads --------------------------------------------------------------------------------
