@@ -216,6 +216,17 @@ def _sealed_max_timestamp(directory: str, base: int) -> int:
         os.close(fd)
 
 
+# A read that finds the files changed under its segment list (_Stale) lists them again and
+# reads again. A roll or a retention delete needs one retry, but a cleaner swap is several
+# renames (a group's indexes, then its log, then the retired names of its other segments), so a
+# listing made in the middle of one goes stale again at the next rename; on a loaded machine
+# the writer can be descheduled between them. Answering CORRUPT_MESSAGE then would fail a
+# healthy consumer (librdkafka hands it to the application as INVALID_MSG, seen once while a
+# consumer read across swaps). Only a log that stays inconsistent after these retries is
+# reported corrupt.
+STALE_RETRIES = 8
+
+
 def _out_of_range(offset: int, lso: int, hw: int) -> KafkaError:
     return KafkaError(ErrorCode.offset_out_of_range,
                       f"fetch offset {offset} is outside [{lso}, {hw}]")
@@ -370,10 +381,11 @@ class LogReader:
         return self._from(i, 0, target, hw, after=False)
 
     def _retrying(self, fn):
-        try:
-            return fn()
-        except _Stale:
-            self.refresh()
+        for _ in range(STALE_RETRIES):
+            try:
+                return fn()
+            except _Stale:
+                self.refresh()
         try:
             return fn()
         except _Stale:
@@ -404,13 +416,14 @@ class LogReader:
             hw = max_offset
         if fetch_offset >= hw:
             return ReadResult([], 0, -1, fetch_offset)
-        try:
-            return self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch)
-        except _Stale:
-            self.refresh()
-        if not self._bases or fetch_offset < self._bases[0]:
-            # The caller's log start offset is older than a retention delete.
-            raise _out_of_range(fetch_offset, self._bases[0] if self._bases else hw, hw)
+        for _ in range(STALE_RETRIES):
+            try:
+                return self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch)
+            except _Stale:
+                self.refresh()
+            if not self._bases or fetch_offset < self._bases[0]:
+                # The caller's log start offset is older than a retention delete.
+                raise _out_of_range(fetch_offset, self._bases[0] if self._bases else hw, hw)
         try:
             return self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch)
         except _Stale:

@@ -210,6 +210,34 @@ def test_stale_segment_list_is_refreshed_on_demand(tmp_path):
     r.close()
 
 
+def test_regression_corrupt_message_when_two_swaps_land_during_one_read(tmp_path, monkeypatch):
+    """A fetch that found the files changed under its segment list twice in a row (two cleaner
+    swaps between its listing and its read, on a loaded machine) answered CORRUPT_MESSAGE, which
+    a consumer reading across swaps got as INVALID_MSG at offset 0. Each stale view is listed
+    again; only a log that stays inconsistent is corrupt."""
+    import appliance.log.reader as reader_mod
+    d = str(tmp_path)
+    log, sent = fill(d, [(1, 200)] * 12)
+    r = LogReader(d)
+    real = LogReader._read
+    stale_left = [3]
+
+    def swapped_under_us(self, *a, **kw):
+        if stale_left[0]:
+            stale_left[0] -= 1
+            raise reader_mod._Stale
+        return real(self, *a, **kw)
+    monkeypatch.setattr(LogReader, "_read", swapped_under_us)
+    res = r.read(0, 1 << 30, high_watermark=log.log_end_offset, log_start_offset=0, min_one_batch=True)
+    assert gather(SegmentViews(), d, res) == b"".join(sent)
+    stale_left[0] = reader_mod.STALE_RETRIES + 1      # never consistent: that is corruption
+    with pytest.raises(KafkaError) as e:
+        r.read(0, 1 << 30, high_watermark=log.log_end_offset, log_start_offset=0, min_one_batch=True)
+    assert e.value.code == ErrorCode.corrupt_message
+    log.close()
+    r.close()
+
+
 def test_read_after_retention_deleted_segments(tmp_path):
     d = str(tmp_path)
     log, sent = fill(d, [(1, 200)] * 30, retention_bytes=2000)
