@@ -143,6 +143,7 @@ class PartitionWriter(Worker):
         # The topic's configs over the broker defaults (Catalog.overrides), as the catalog has them.
         self.overrides: dict[str, str] = dict(ctx.topic_configs)
         self._tick_problem: str | None = None
+        self._marker_trouble = False         # an abort marker failed (full disk): logged once
         self.serve(self, on_answer=self._verified)
         # Metrics (appliance.metrics): per batch two adds into the shared table, per publish a
         # few stores; the per-topic series of every partition of a topic sum up.
@@ -604,10 +605,18 @@ class PartitionWriter(Worker):
             try:
                 self.log.append_aborted(AbortedTxn(m.producer_id, first, info.last_offset, lso))
             except OSError as e:
-                log.warning("%s-%d: abort marker of producer %d not written: %s", self.ctx.topic,
-                            self.ctx.index, m.producer_id, e)
+                # Logged once while the disk stays full: the coordinator resends every marker
+                # about ten times a second (regression: a full disk flooded the log with it).
+                if not self._marker_trouble:
+                    log.warning("%s-%d: abort marker of producer %d not written (markers are sent "
+                                "again until the disk takes them; logged once): %s",
+                                self.ctx.topic, self.ctx.index, m.producer_id, e)
+                self._marker_trouble = True
                 self.log.undo_control(info)
                 return ErrorCode.kafka_storage_error, 0
+            if self._marker_trouble:
+                log.info("%s-%d: abort markers are written again", self.ctx.topic, self.ctx.index)
+                self._marker_trouble = False
         self.psm.complete_txn(m.producer_id, m.producer_epoch, m.coordinator_epoch,
                               info.base_offset, not m.commit, now_ms)
         if m.producer_id in self.fenced and self.fenced[m.producer_id] <= m.producer_epoch:

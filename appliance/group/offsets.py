@@ -53,6 +53,7 @@ COORDINATOR_LOAD_IN_PROGRESS.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from appliance.errors import ErrorCode
@@ -68,6 +69,7 @@ log = logging.getLogger("appliance.group.offsets")
 
 E = ErrorCode
 
+FAILURE_LOG_INTERVAL_S = 10.0                       # failed group log writes: one report per
 DEFAULT_OFFSET_METADATA_MAX_BYTES = 4096            # offset.metadata.max.bytes
 DEFAULT_OFFSETS_RETENTION_MS = 7 * 24 * 3600 * 1000  # offsets.retention.minutes = 10080
 MAX_STRING_BYTES = 0x7FFF                           # an int16-length string in the record
@@ -126,6 +128,9 @@ class OffsetManager:
         self.offset_metadata_max_bytes = offset_metadata_max_bytes
         self._loaded = False
         self.broken = False
+        self._clock = time.monotonic
+        self._failure_logged_at = -FAILURE_LOG_INTERVAL_S
+        self._failures_unlogged = 0
 
     # -- loading ----------------------------------------------------------------------------------
     def load(self) -> dict[str, GroupRecord]:
@@ -152,7 +157,18 @@ class OffsetManager:
         return None
 
     def _failed(self, e: GroupLogWriteError, what: str) -> None:
-        log.error("group log: %s failed: %s", what, e)
+        # At most one report per FAILURE_LOG_INTERVAL_S: on a full disk every commit of every
+        # consumer fails, and one line per request flooded the log (the chaos suite's disk-full
+        # fault: a dozen a second). The count of the others goes with the next report.
+        now = self._clock()
+        if now - self._failure_logged_at >= FAILURE_LOG_INTERVAL_S:
+            more = (f" ({self._failures_unlogged} more failed writes since the last report)"
+                    if self._failures_unlogged else "")
+            log.error("group log: %s failed: %s%s", what, e, more)
+            self._failure_logged_at = now
+            self._failures_unlogged = 0
+        else:
+            self._failures_unlogged += 1
         if e.maybe_written:
             self.broken = True
 

@@ -399,6 +399,32 @@ def test_a_write_that_may_have_landed_breaks_the_manager(tmp_path, monkeypatch):
     om.close()
 
 
+def test_regression_a_full_disk_logged_every_failed_commit(tmp_path, monkeypatch, caplog):
+    """On a full disk every consumer's every commit failed with its own ERROR line (a dozen a
+    second in the chaos suite): one report per interval, with the count of the others."""
+    import errno
+    import appliance.group.offsets as offsets_mod
+    om = manager(tmp_path, flush="batch")
+    om.commit_offsets("g", [off("t", 0, 1)], 1)
+    now = [1000.0]
+    om._clock = lambda: now[0]
+
+    def full(fd, *a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "write", full)
+    monkeypatch.setattr(os, "pwrite", full)
+    with caplog.at_level("ERROR", logger="appliance.group.offsets"):
+        for i in range(5):
+            assert om.commit_offsets("g", [off("t", 0, 2 + i)], 2 + i) == {("t", 0): E.not_coordinator}
+        assert len(caplog.records) == 1
+        now[0] += offsets_mod.FAILURE_LOG_INTERVAL_S
+        om.commit_offsets("g", [off("t", 0, 9)], 9)
+        assert len(caplog.records) == 2 and "4 more failed writes" in caplog.records[1].getMessage()
+    monkeypatch.undo()
+    assert not om.broken and fetch1(om, "g", "t", 0).offset == 1
+    om.close()
+
+
 def test_a_commit_too_large_for_the_log(tmp_path):
     om = manager(tmp_path, segment_bytes=4096)
     res = om.commit_offsets("g", [off("t", i, i, md="m" * 100) for i in range(100)], 1)
