@@ -246,11 +246,11 @@ def test_producer_killed_mid_transaction_is_aborted_after_its_timeout(shared_app
     create(b, {topic: 2})
     zombie = subprocess.Popen([sys.executable, "-c", _ZOMBIE_SCRIPT, b, uid("killed-tid"), topic],
                               stdout=subprocess.PIPE, text=True)
-    try:
-        assert zombie.stdout.readline().strip() == "flushed"
-        zombie.kill()
-    finally:
-        zombie.wait(30)
+    with zombie:                      # waits for it and closes its pipe
+        try:
+            assert zombie.stdout.readline().strip() == "flushed"
+        finally:
+            zombie.kill()
     killed_at = time.monotonic()
     # The open transaction pins the LSO at its first offset (0) on both partitions.
     assert lso_and_hw(b, topic, 0) == (0, 25)
