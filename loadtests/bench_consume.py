@@ -81,12 +81,13 @@ def fill(bootstrap: str, topic: str, records: int, size: int, commit_ms: int, ab
     return committed, aborted
 
 
-def _consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str, ready, go, out) -> None:
+def _consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str, fetch_bytes, ready,
+              go, out) -> None:
     """One consumer process: reads its partitions to their ends; reports (records, bytes, start,
     end) with wall-clock times, comparable across processes."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{isolation}-{time.time_ns()}",
                   "enable.auto.commit": False, "isolation.level": isolation,
-                  "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760,
+                  "fetch.max.bytes": fetch_bytes[0], "max.partition.fetch.bytes": fetch_bytes[1],
                   "queued.max.messages.kbytes": 262144, "log_level": 3})
     tps = [TopicPartition(topic, p, 0) for p in partitions]
     ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
@@ -111,8 +112,8 @@ def _consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str,
     out.put((got, nbytes, t0, t1))
 
 
-def _batch_consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str, ready, go,
-                    out) -> None:
+def _batch_consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str, fetch_bytes,
+                    ready, go, out) -> None:
     """The same with the appliance's own client reading whole batches (``poll_batches``): no
     object per record, so the broker, not the consumer, bounds the rate. Counts the records of
     the batches the read_committed filter keeps (offsets are contiguous in a batch: no cleaner
@@ -120,8 +121,8 @@ def _batch_consumer(bootstrap: str, topic: str, partitions: list[int], isolation
     sys.path.insert(0, os.path.dirname(HERE))
     from appliance.client import Consumer as OwnConsumer
     c = OwnConsumer(bootstrap_servers=bootstrap, isolation_level=isolation,
-                    fetch_max_wait_ms=200, fetch_max_bytes=52428800,
-                    max_partition_fetch_bytes=10485760)
+                    fetch_max_wait_ms=200, fetch_max_bytes=fetch_bytes[0],
+                    max_partition_fetch_bytes=fetch_bytes[1])
     tps = [(topic, p) for p in partitions]
     c.assign(tps)
     ends = c.end_offsets(tps)
@@ -145,7 +146,8 @@ def _batch_consumer(bootstrap: str, topic: str, partitions: list[int], isolation
 
 
 def consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, consumers: int,
-                client: str = "confluent") -> tuple[float, int, int]:
+                client: str = "confluent", fetch_bytes: tuple[int, int] = (52428800, 1048576)
+                ) -> tuple[float, int, int]:
     """(seconds, records, bytes) of reading the whole topic with ``consumers`` processes."""
     ctx = mp.get_context("spawn")         # a fresh librdkafka per process (no fork of its threads)
     n = min(consumers, partitions)
@@ -153,7 +155,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, con
     readies = [ctx.Event() for _ in range(n)]
     target = _consumer if client == "confluent" else _batch_consumer
     procs = [ctx.Process(target=target, args=(bootstrap, topic, list(range(i, partitions, n)),
-                                                 isolation, readies[i], go, out))
+                                                 isolation, fetch_bytes, readies[i], go, out))
              for i in range(n)]
     for p in procs:
         p.start()
@@ -186,7 +188,8 @@ def measure(name: str, bootstrap: str, args, results: dict) -> None:
         results[(name, parts, "counts")] = (committed, aborted)
         for _ in range(args.rounds):
             for iso in ISOLATIONS:
-                dt, got, nbytes = consume_all(bootstrap, topic, parts, iso, args.consumers, args.client)
+                dt, got, nbytes = consume_all(bootstrap, topic, parts, iso, args.consumers, args.client,
+                                              (args.fetch_max_bytes, args.max_partition_fetch_bytes))
                 if got != expect[iso]:
                     wrong = (f"{name}, {parts} partition(s), {iso}: delivered {got:,} records, "
                              f"expected {expect[iso]:,}")
@@ -211,6 +214,10 @@ def main() -> int:
                     help="confluent: confluent-kafka consume(10000), one Message per record; "
                          "batches: the appliance's own client, whole batches counted (no object per "
                          "record: the broker bounds the rate)")
+    ap.add_argument("--fetch-max-bytes", type=int, default=52428800,
+                    help="the consumers' fetch.max.bytes (default Kafka's, 50 MiB)")
+    ap.add_argument("--max-partition-fetch-bytes", type=int, default=1048576,
+                    help="the consumers' max.partition.fetch.bytes (default Kafka's, 1 MiB)")
     ap.add_argument("--commit-ms", type=int, default=20)
     ap.add_argument("--abort-every", type=int, default=5, help="abort one transaction in N (0: never)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -242,7 +249,8 @@ def print_tables(args, brokers: list[str], results: dict) -> None:
     print("\n## Consume throughput\n")
     print(f"- {args.records:,} records of {args.record_size} B per topic, written in transactions "
           f"committed every {args.commit_ms} ms, one in {args.abort_every} aborted; read by "
-          f"{args.consumers} consumer process(es) ({CLIENTS[args.client]}); best of "
+          f"{args.consumers} consumer process(es) ({CLIENTS[args.client]}; fetch.max.bytes "
+          f"{args.fetch_max_bytes:,}, max.partition.fetch.bytes {args.max_partition_fetch_bytes:,}); best of "
           f"{args.rounds} rounds; appliance flush policy os, Tansu with memory storage")
     for parts in args.partitions:
         c, a = results[("appliance", parts, "counts")]
