@@ -148,7 +148,8 @@ def test_one_reload_applies_the_file_and_certificates_at_new_paths(appliance_fac
     assert f"reload: tls.cert_file: {s.pki.broker_cert!r} -> {cert!r}" in text
     assert "certificates re-read (version 2)" in text
     # Every frontend follows the reload (the version on the supervisor's page) and serves the new
-    # certificate to new connections; no process was restarted.
+    # certificate to new connections; no process was restarted. (A frontend still starting when
+    # the SIGHUP came begins with version 2 and says so at its start.)
     s.app.wait_for(lambda: s.app.log_text().count(
         "new TLS connections use the certificates of version 2") == 2,
         what="both frontends' new SSL context")

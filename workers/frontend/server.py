@@ -94,6 +94,10 @@ class Frontend(AsyncWorker):
         self.broker.attach(loop)
         if any(b.listener.tls for b in self.ctx.listeners):
             self._load_tls()
+            # Said at start too: a frontend that starts after a reload (SIGHUP right after the
+            # appliance is ready, before every frontend is) begins with the new certificates
+            # and has no reload to report them (regression: test_tls waited for its line).
+            log.info("new TLS connections use the certificates of version %d", self.tls_version)
         self.quotas = ConnectionQuotas(self)
         for bound in self.ctx.listeners:
             sock = socket.socket(fileno=bound.fd)
