@@ -69,7 +69,7 @@ log = logging.getLogger("appliance.group.offsets")
 
 E = ErrorCode
 
-FAILURE_LOG_INTERVAL_S = 10.0                       # failed group log writes: one report per
+FAILURE_LOG_INTERVAL_S = 10.0                       # failed group log writes: a report at most this often (s)
 DEFAULT_OFFSET_METADATA_MAX_BYTES = 4096            # offset.metadata.max.bytes
 DEFAULT_OFFSETS_RETENTION_MS = 7 * 24 * 3600 * 1000  # offsets.retention.minutes = 10080
 MAX_STRING_BYTES = 0x7FFF                           # an int16-length string in the record

@@ -380,12 +380,16 @@ class LogReader:
                     return self._from(i, pos + h.batch_length + 12, target, hw, after=False)
         return self._from(i, 0, target, hw, after=False)
 
-    def _retrying(self, fn):
+    def _retrying(self, fn, after_refresh=None):
+        """``fn()``, listing the segments again each time it finds them stale (STALE_RETRIES
+        times); ``after_refresh`` checks each new listing. Still stale: CORRUPT_MESSAGE."""
         for _ in range(STALE_RETRIES):
             try:
                 return fn()
             except _Stale:
                 self.refresh()
+            if after_refresh is not None:
+                after_refresh()
         try:
             return fn()
         except _Stale:
@@ -416,18 +420,14 @@ class LogReader:
             hw = max_offset
         if fetch_offset >= hw:
             return ReadResult([], 0, -1, fetch_offset)
-        for _ in range(STALE_RETRIES):
-            try:
-                return self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch)
-            except _Stale:
-                self.refresh()
+
+        def below_the_log() -> None:
             if not self._bases or fetch_offset < self._bases[0]:
                 # The caller's log start offset is older than a retention delete.
                 raise _out_of_range(fetch_offset, self._bases[0] if self._bases else hw, hw)
-        try:
-            return self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch)
-        except _Stale:
-            raise CorruptRecord(f"log of {self.directory} does not match its segment list") from None
+        return self._retrying(
+            lambda: self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch),
+            below_the_log)
 
     def _read(self, fetch_offset: int, max_bytes: int, hw: int, lso: int, min_one: bool) -> ReadResult:
         i = bisect.bisect_right(self._bases, fetch_offset) - 1

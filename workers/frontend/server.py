@@ -94,10 +94,6 @@ class Frontend(AsyncWorker):
         self.broker.attach(loop)
         if any(b.listener.tls for b in self.ctx.listeners):
             self._load_tls()
-            # Said at start too: a frontend that starts after a reload (SIGHUP right after the
-            # appliance is ready, before every frontend is) begins with the new certificates
-            # and has no reload to report them (regression: test_tls waited for its line).
-            log.info("new TLS connections use the certificates of version %d", self.tls_version)
         self.quotas = ConnectionQuotas(self)
         for bound in self.ctx.listeners:
             sock = socket.socket(fileno=bound.fd)
@@ -115,6 +111,11 @@ class Frontend(AsyncWorker):
             if self.ssl_context is None:
                 raise
             log.error("keeping the certificates in use: %s", e)
+        else:
+            # Said at start too: a frontend that starts after a reload (SIGHUP right after the
+            # appliance is ready, before every frontend is) begins with the new certificates
+            # and has no reload to report them (regression: test_tls waited for its line).
+            log.info("new TLS connections use the certificates of version %d", version)
         self.tls_version = version
 
     def drain_inputs(self) -> bool:
@@ -135,7 +136,6 @@ class Frontend(AsyncWorker):
         # The supervisor published the re-read certificates before the version we follow moved.
         if self.ssl_context is not None and self.sup_page.read().tls_version != self.tls_version:
             self._load_tls()
-            log.info("new TLS connections use the certificates of version %d", self.tls_version)
 
     def begin_stop(self) -> None:
         self.draining = True
