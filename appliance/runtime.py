@@ -252,6 +252,22 @@ def setup_logging(name: str, level: int = logging.INFO, fmt: str = "text", role:
     root.setLevel(level)
 
 
+def run_dir_of(data_dir: str) -> str:
+    """The runtime dir of the appliance running (or last run) on ``data_dir``, from the pointer
+    the supervisor keeps there (RUNTIME_POINTER). FileNotFoundError: it never ran there."""
+    with open(os.path.join(data_dir, RUNTIME_POINTER)) as f:
+        return f.read().strip()
+
+
+def read_processes(run_dir: str) -> dict:
+    """The supervisor's process table (PROCESSES_FILE, rewritten by the supervisor whenever a
+    worker starts or stops): {"supervisor": pid, "port", "listeners": {name: port}, "workers":
+    [{"role", "name", "pid", "generation", "topic", "partition", "index", "slot"}]}. For tools and
+    tests; workers never read it."""
+    with open(os.path.join(run_dir, PROCESSES_FILE)) as f:
+        return json.load(f)
+
+
 def default_run_dir() -> str:
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     if base is None:

@@ -90,8 +90,8 @@ def clean_once(directory: str) -> tuple[float, float, object]:
 
 def cleaner_bytes_read(data_dir: str) -> int:
     from appliance.metrics.collector import Collector
-    with open(os.path.join(data_dir, ".runtime")) as f:
-        c = Collector(f.read().strip())
+    from appliance.runtime import run_dir_of
+    c = Collector(run_dir_of(data_dir))
     try:
         for fam in c.families():
             if fam.name == "appliance_log_cleaner_bytes_read":

@@ -87,9 +87,8 @@ def high_watermarks(bootstrap: str, topic: str, partitions: int) -> int:
 
 def writers_memory(run_dir: str) -> tuple[int, int]:
     """(the writers' PSS summed, bytes in the runtime dir)."""
-    import json
-    with open(os.path.join(run_dir, "processes.json")) as f:
-        rows = json.load(f)["workers"]
+    from appliance.runtime import read_processes
+    rows = read_processes(run_dir)["workers"]
     pss = 0
     for w in rows:
         if w["role"] == "writer" and w["pid"]:
@@ -117,9 +116,8 @@ def wait_group_gone(pgid: int, timeout: float = 300) -> None:
 
 def runtime_dir(data_dir: str) -> str:
     """The running appliance's runtime dir, from the pointer it keeps in its data dir."""
-    from appliance.runtime import RUNTIME_POINTER
-    with open(os.path.join(data_dir, RUNTIME_POINTER)) as f:
-        return f.read().strip()
+    from appliance.runtime import run_dir_of
+    return run_dir_of(data_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

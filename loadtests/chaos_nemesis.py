@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from appliance.runtime import read_processes
+
 MiB = 1 << 20
 ROLES = ("frontend", "writer", "fetcher", "coordinator", "supervisor")
 FAULT_KINDS = tuple([f"kill-{r}" for r in ROLES] + [f"pause-{r}" for r in ROLES] + ["kill-all", "disk-full"])
@@ -158,8 +160,7 @@ class Appliance:
         return self.proc is not None and self.proc.poll() is None
 
     def processes(self) -> dict:
-        with open(os.path.join(self.run_dir, "processes.json")) as f:
-            return json.load(f)
+        return read_processes(self.run_dir)
 
     def workers(self, role: str) -> list[dict]:
         """Live workers of a role: [{"name", "pid", ...}]; the supervisor as one row."""

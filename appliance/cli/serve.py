@@ -64,13 +64,11 @@ def metrics_cmd(config: str | None, data_dir: str | None, url: str | None, patte
             sys.exit(1)
     else:
         from appliance.metrics.collector import NotRunning, render
-        from appliance.runtime import RUNTIME_POINTER
+        from appliance.runtime import RUNTIME_POINTER, run_dir_of
         cfg = _load(config, None, data_dir)
         pointer = os.path.join(cfg.server.data_dir, RUNTIME_POINTER)
         try:
-            with open(pointer) as f:
-                run_dir = f.read().strip()
-            text = render(run_dir).decode()
+            text = render(run_dir_of(cfg.server.data_dir)).decode()
         except FileNotFoundError:
             click.echo(f"no appliance runs on {cfg.server.data_dir} ({pointer} is missing)",
                        err=True)

@@ -10,7 +10,6 @@ that is dead or restarting only makes its series stale or absent; a scrape never
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -25,8 +24,8 @@ from prometheus_client.utils import floatToGoString
 
 from appliance.catalog import PUBLISHED_FILE, read_published
 from appliance.runtime import (COORDINATOR_PAGE_FIELDS, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE,
-                               PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, SUPERVISOR,
-                               WORKER_PAGE_FIELDS, role_title)
+                               PARTITION_PAGE_FIELDS, READY, SUPERVISOR, WORKER_PAGE_FIELDS,
+                               read_processes, role_title)
 from shm.heartbeat import HeartbeatTable
 from shm.metrics import MetricsTable
 from shm.ring import ring_fill
@@ -74,8 +73,7 @@ class Collector:
     # -- reading ----------------------------------------------------------------------------------
     def processes(self) -> dict:
         try:
-            with open(os.path.join(self.run_dir, PROCESSES_FILE)) as f:
-                procs = json.load(f)
+            procs = read_processes(self.run_dir)
         except FileNotFoundError:
             raise NotRunning(f"no appliance runtime directory at {self.run_dir}") from None
         if not _pid_alive(procs.get("supervisor", 0)):

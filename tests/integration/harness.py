@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 
 from appliance.catalog import PUBLISHED_FILE, read_published
-from appliance.runtime import FRONTEND_PAGE_FIELDS, PARTITION_PAGE_FIELDS, writer_name
+from appliance.runtime import (FRONTEND_PAGE_FIELDS, PARTITION_PAGE_FIELDS, read_processes,
+                               run_dir_of, writer_name)
 from shm.ring import Ring
 from shm.statepage import StatePage
 from shm.topology import Topology
@@ -168,12 +169,10 @@ class Appliance:
     # -- processes ------------------------------------------------------------------------------
     @property
     def run_dir(self) -> str:
-        with open(os.path.join(self.data_dir, ".runtime")) as f:
-            return f.read().strip()
+        return run_dir_of(self.data_dir)
 
     def processes(self) -> dict:
-        with open(os.path.join(self.run_dir, "processes.json")) as f:
-            return json.load(f)
+        return read_processes(self.run_dir)
 
     def workers(self, role: str | None = None, topic: str | None = None) -> list[dict]:
         return [w for w in self.processes()["workers"]
