@@ -38,9 +38,11 @@ import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from appliance.runtime import read_processes, run_dir_of
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_produce import (PRODUCER_CONFIGS, MeasureError, appliance_process,  # noqa: E402
-                           measure)
+                           delete_topic, measure)
 
 
 def _mib(n: float) -> str:
@@ -53,12 +55,6 @@ def create(bootstrap: str, name: str, partitions: int) -> float:
     (fut,) = admin.create_topics([NewTopic(name, partitions, 1)], request_timeout=900).values()
     fut.result(timeout=900)
     return time.monotonic() - start
-
-
-def delete(bootstrap: str, name: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for fut in admin.delete_topics([name], request_timeout=300).values():
-        fut.result(timeout=300)
 
 
 def fill(bootstrap: str, topic: str, partitions: int, records: int, size: int) -> float:
@@ -87,7 +83,6 @@ def high_watermarks(bootstrap: str, topic: str, partitions: int) -> int:
 
 def writers_memory(run_dir: str) -> tuple[int, int]:
     """(the writers' PSS summed, bytes in the runtime dir)."""
-    from appliance.runtime import read_processes
     rows = read_processes(run_dir)["workers"]
     pss = 0
     for w in rows:
@@ -112,12 +107,6 @@ def wait_group_gone(pgid: int, timeout: float = 300) -> None:
             return
         time.sleep(0.2)
     raise SystemExit(f"processes of group {pgid} still alive after {timeout:.0f} s")
-
-
-def runtime_dir(data_dir: str) -> str:
-    """The running appliance's runtime dir, from the pointer it keeps in its data dir."""
-    from appliance.runtime import run_dir_of
-    return run_dir_of(data_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append((n, took, per_s, per_s / base))
                 print(f"{n} partitions: created in {took:.1f} s, {per_s:,.0f} records/s", flush=True)
                 if n != counts[-1]:
-                    delete(bootstrap, topic)     # only the largest stays (topics.max_partitions)
+                    delete_topic(bootstrap, topic, timeout=300)  # only the largest stays (topics.max_partitions)
             largest = f"p{counts[-1]}"
             filled = fill(bootstrap, largest, counts[-1], args.records, args.record_size)
             expected = high_watermarks(bootstrap, largest, counts[-1])
-            pss, shm = writers_memory(runtime_dir(os.path.join(work, "data")))
+            pss, shm = writers_memory(run_dir_of(os.path.join(work, "data")))
             total = counts[-1]
             meminfo = psutil.virtual_memory()
             os.killpg(proc.pid, signal.SIGKILL)
