@@ -37,7 +37,12 @@ FROM python:${PYTHON_VERSION}-slim AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-RUN python -m venv /opt/appliance/.venv
+# A C compiler for the one extension (setup.py: the per-record walk of produced batches); the final
+# stage copies the built venv, not the compiler.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/* \
+ && python -m venv /opt/appliance/.venv
 WORKDIR /src
 # Dependencies first, from pyproject.toml alone, so a source change does not reinstall them.
 # (Every dependency has manylinux wheels for x86_64; kio needs glibc >= 2.28, which slim has.)
@@ -46,6 +51,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
  && /opt/appliance/.venv/bin/pip install -r requirements.txt
 COPY . .
 RUN /opt/appliance/.venv/bin/pip install --no-deps . \
+ && /opt/appliance/.venv/bin/python -c "import appliance.protocol._recwalk" \
  && /opt/appliance/.venv/bin/appliance check-config > /dev/null
 
 # ---- final: python slim + the venv, as a non-root user -----------------------------------------

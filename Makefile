@@ -11,12 +11,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Stamp files so a second `make` does not reinstall unless pyproject.toml changed.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+# Stamp files so a second `make` does not reinstall unless the packaging or the one C source
+# (built in place by the editable install: setup.py) changed.
+BUILD_INPUTS := pyproject.toml setup.py appliance/protocol/_recwalk.c
+
+$(VENV)/.installed: $(BUILD_INPUTS) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-test: $(BUILD_INPUTS) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	touch $(VENV)/.installed $@
 
@@ -44,4 +47,4 @@ bench: install-test
 	$(BIN)/python loadtests/bench_produce.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info appliance/protocol/_recwalk.*.so

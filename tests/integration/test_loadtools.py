@@ -43,6 +43,16 @@ def test_authorizer_benchmark_runs():
     assert "| allowed by an ACL, cached |" in r.stdout
 
 
+def test_validation_benchmark_times_every_walk():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_validate.py"), "--records", "5",
+                        "--value-sizes", "20", "--codecs", "none,zstd", "--repeat", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = [line.split() for line in r.stdout.splitlines()[1:]]
+    assert [row[2] for row in rows] == ["none", "zstd"]
+    assert all(row[3] != "-" and row[-1].endswith("x") for row in rows), r.stdout
+
+
 def test_produce_benchmark_measures_each_security_protocol(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_produce.py"), "--seconds", "0.5",
                         "--record-sizes", "100", "--work-dir", str(tmp_path), "--only", "appliance",

@@ -1,5 +1,6 @@
 """record_contents: Kafka's per-record checks of a produced batch, bounded decompression, and the
-readers' walk. Every rule once, with the C fast path and without it (the two must agree)."""
+readers' walk. Every rule once, with each fast walk (ours in C, aiokafka's parser) and without
+one (the Python walk alone): they must agree."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import zlib
 
 import lz4.frame
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import zstandard
 from crc32c import crc32c
 
@@ -22,12 +25,20 @@ T0 = 1_700_000_000_000
 BIG = 64 << 20
 
 
-@pytest.fixture(params=["fast", "python"])
+@pytest.fixture(params=["native", "aiokafka", "python"])
 def path(request, monkeypatch):
-    """Run a test with aiokafka's parser and with the Python walk alone."""
+    """Run a test with our C walk, with aiokafka's parser, and with the Python walk alone."""
+    if request.param != "native":
+        monkeypatch.setattr(RC, "_native_ok", None)
     if request.param == "python":
         monkeypatch.setattr(RC, "_FastBatch", None)
     return request.param
+
+
+def test_the_c_walk_is_built():
+    """``make test`` installs the package with its extension (setup.py); a missing compiler would
+    otherwise go unnoticed and leave the hot path on the slower walk."""
+    assert RC._native_ok is not None
 
 
 def rec(body: bytes) -> bytes:
@@ -207,3 +218,73 @@ def test_records_ok_accepts_control_batches_at_any_offset(path):
     assert records_ok(b, 0, R.read_header(b), max_bytes=BIG)
     padded = b"\x00" * 5 + b
     assert records_ok(padded, 5, R.read_header(padded, 5), max_bytes=BIG)
+
+
+# -- the C walk against the Python walk -------------------------------------------------------------
+
+def _python_accepts(data: bytes, count: int, *, compacted: bool, create_time: bool, base_ts: int,
+                    now_ms: int, before_ms: int, after_ms: int) -> bool:
+    h = R.read_header(raw_batch(b"", 0, base_ts=base_ts, attrs=0 if create_time else 0x08))
+    h = h._replace(records_count=count)
+    try:
+        RC._validate_slow(h, data, now_ms=now_ms, before_ms=before_ms, after_ms=after_ms,
+                          compacted=compacted, topic_partition="")
+    except KafkaError:
+        return False
+    return True
+
+
+_bytes = st.one_of(st.none(), st.binary(max_size=40))
+_record = st.tuples(st.integers(-(1 << 40), 1 << 40), _bytes, _bytes,
+                    st.lists(st.tuples(st.binary(max_size=8), _bytes), max_size=3))
+
+
+@given(records=st.lists(_record, max_size=12),
+       offset_noise=st.lists(st.integers(-2, 2), max_size=12),
+       edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+       cut=st.one_of(st.none(), st.integers(0, 10_000)),
+       extra=st.binary(max_size=3),
+       count_noise=st.sampled_from([0, 0, 0, -1, 1]),
+       compacted=st.booleans(), create_time=st.booleans(),
+       base_ts=st.sampled_from([T0, -1, 0, -(1 << 63), (1 << 63) - 1]),
+       limits=st.sampled_from([(RC.NO_TIMESTAMP_LIMIT,) * 2, (1000, 1000), (0, 0), (1 << 41, 1 << 41)]))
+@settings(max_examples=1500, deadline=None)
+def test_the_c_walk_vouches_only_for_what_the_python_walk_accepts(
+        records, offset_noise, edits, cut, extra, count_noise, compacted, create_time, base_ts,
+        limits):
+    """The C walk may leave a verdict to the Python walk (False), but whatever it vouches for
+    (True) the Python walk accepts; and every well-formed batch that keeps the rules it vouches
+    for, or the hot path would not be fast. Mutations (bytes changed, cut, appended, a wrong
+    count, off-by-some offset deltas) reach every framing branch."""
+    noise = offset_noise + [0] * (len(records) - len(offset_noise))
+    data = b"".join(
+        rec(b"\x00" + R._varint(ts) + R._varint(i + noise[i])
+            + (R._varint(-1) if k is None else R._varint(len(k)) + k)
+            + (R._varint(-1) if v is None else R._varint(len(v)) + v)
+            + R._varint(len(hs)) + b"".join(
+                R._varint(len(hk)) + hk + (R._varint(-1) if hv is None else R._varint(len(hv)) + hv)
+                for hk, hv in hs))
+        for i, (ts, k, v, hs) in enumerate(records))
+    pristine = not any(noise[:len(records)])
+    buf = bytearray(data)
+    for at, byte in edits:
+        if buf:
+            buf[at % len(buf)] = byte
+            pristine = False
+    if cut is not None and buf:
+        del buf[cut % len(buf):]
+        pristine = False
+    if extra:
+        buf += extra
+        pristine = False
+    if count_noise:
+        pristine = False
+    count = max(0, len(records) + count_noise)
+    before, after = limits
+    kw = dict(compacted=compacted, create_time=create_time, base_ts=base_ts, now_ms=T0,
+              before_ms=before, after_ms=after)
+    native = RC._native_ok(bytes(buf), count, compacted, create_time, base_ts, T0, before, after)
+    python = _python_accepts(bytes(buf), count, **kw)
+    assert not native or python
+    if pristine and python:
+        assert native
