@@ -261,6 +261,10 @@ class TopicsConfig(_Section):
     default_partitions: Positive = 1
     # Refuse to create more than this many partitions in all (each is a writer process).
     max_partitions: Positive = 1024
+    # Partitions of one topic served by one writer process (workers.writer_host); 1: a process
+    # per partition. Each partition still has exactly one writer. Applies to writers forked from
+    # now on (new topics and partitions); every writer at the next start.
+    partitions_per_writer: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 1
 
 
 class ShmConfig(_Section):

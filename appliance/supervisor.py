@@ -97,6 +97,9 @@ class WorkerSpec:
     removed: bool = False       # topic deleted: do not restart
     page: StatePage | None = None
     metrics: MetricsTable | None = None     # writers: read for the recovery progress
+    # The workers forked as one process with this one (itself included): writers sharing a
+    # writer host ([topics] partitions_per_writer > 1); a lone worker's group is itself.
+    group: list = field(default_factory=list)
 
 
 def _kill(pid: int | None, sig: int) -> None:
@@ -344,10 +347,30 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             metrics_fd=self.metrics_listener.fileno() if self.metrics_listener else -1,
             log_format=self.log_format)
 
-    def _spawn(self, spec: WorkerSpec) -> None:
-        spec.generation += 1
-        self.hb.clear(spec.heartbeat_slot)
+    def _spawn_writers(self, specs: list[WorkerSpec]) -> None:
+        """Fork new (or restarted) writers: one process each, or with ``[topics]
+        partitions_per_writer`` above 1 one writer host (``workers.writer_host``) per that many
+        partitions of one topic. A host never spans topics, so deleting a topic stops whole
+        processes."""
+        per = self.cfg.topics.partitions_per_writer
+        group: list[WorkerSpec] = []
+        for spec in specs:
+            if group and (len(group) == per or group[0].topic.topic_id != spec.topic.topic_id):
+                self._spawn(*group)
+                group = []
+            group.append(spec)
+        if group:
+            self._spawn(*group)
+
+    def _spawn(self, spec: WorkerSpec, *mates: WorkerSpec) -> None:
+        """Fork one worker, or with ``mates`` one writer host running ``spec`` and them."""
+        group = [spec, *mates]
+        for s in group:
+            s.generation += 1
+            self.hb.clear(s.heartbeat_slot)
+            s.group = group
         ctx = self._context(spec)
+        mate_ctxs = [self._context(s) for s in mates]
         # The supervisor's signals stay blocked across the fork until the child has put back the
         # defaults (child_reset_signals unblocks them): a SIGTERM that reached the child while it
         # still had the supervisor's handler was swallowed there, and that worker then ignored
@@ -370,10 +393,16 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 child_reset_signals()
                 die_with_parent(self._pid)
                 self._close_in_child(spec.role)
-                set_process_title(worker_title(ctx))
-                setup_logging(spec.name, fmt=self.log_format, role=spec.role,
-                              title=worker_title(ctx))
-                code = spec.entry(ctx) or 0
+                title = worker_title(ctx)
+                if mates:
+                    title += f"..{mate_ctxs[-1].index}"      # "writer orders-0..3"
+                set_process_title(title)
+                setup_logging(spec.name, fmt=self.log_format, role=spec.role, title=title)
+                if mates:
+                    from workers.writer_host import main as host_main
+                    code = host_main([ctx, *mate_ctxs]) or 0
+                else:
+                    code = spec.entry(ctx) or 0
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 1
             except BaseException:
@@ -382,10 +411,13 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             finally:
                 logging.shutdown()
                 os._exit(code)
-        spec.pid = pid
-        spec.started_at = self.clock()
+        now = self.clock()
+        for s in group:
+            s.pid = pid
+            s.started_at = now
         self.by_pid[pid] = spec
-        log.debug("spawned %s pid %d generation %d", spec.name, pid, spec.generation)
+        log.debug("spawned %s pid %d generation %d%s", spec.name, pid, spec.generation,
+                  f" with {len(mates)} more writers" if mates else "")
         self.processes_changed = True
 
     def _close_in_child(self, role: str) -> None:
@@ -470,8 +502,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         changed = non_defaults(self.cfg)
         log.info("settings other than the defaults: %s", ", ".join(changed) if changed else "none")
         try:
-            for spec in self._start_writers:
-                self._spawn(spec)
+            self._spawn_writers(self._start_writers)
             if not self._wait_writers_ready(self._start_writers):
                 return self._finish()
             # Import the handlers once, before forking frontends, so every frontend shares them
@@ -554,16 +585,19 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 return
             if pid == 0:
                 return
-            spec = self.by_pid.pop(pid, None)
-            if spec is None:
+            lead = self.by_pid.pop(pid, None)
+            if lead is None:
                 continue
-            spec.pid = None
             code = os.waitstatus_to_exitcode(status)
             self.processes_changed = True
-            if self.stopping or spec.removed:
-                log.debug("%s exited (%d)", spec.name, code)
-                continue
-            self._on_unexpected_death(spec, code)
+            for spec in lead.group or [lead]:
+                if spec.pid != pid:
+                    continue
+                spec.pid = None
+                if self.stopping or spec.removed:
+                    log.debug("%s exited (%d)", spec.name, code)
+                    continue
+                self._on_unexpected_death(spec, code)
 
     def _on_unexpected_death(self, spec: WorkerSpec, code: int) -> None:
         how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
@@ -594,14 +628,19 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         now = self.clock()
         for spec in list(self.workers.values()):
             if spec.pid is None and not spec.removed and spec.next_start and spec.next_start <= now:
-                spec.next_start = 0.0
-                self._spawn(spec)
+                # A writer host's members died together and start again together.
+                group = [s for s in spec.group or [spec]
+                         if s.pid is None and not s.removed and s.next_start]
+                for s in group:
+                    s.next_start = 0.0
+                self._spawn(*group)
 
     def silent_workers(self, timeout_ns: int):
         """(spec, ns since its last beat) of every running worker silent for longer than
         ``timeout_ns`` (a recovering writer is not: recovery of a big log may take longer)."""
         now_ns = self.clock_ns()
-        for spec in list(self.by_pid.values()):
+        for spec in [s for lead in list(self.by_pid.values()) for s in lead.group or [lead]
+                     if s.pid is not None]:
             last = self.hb.last(spec.heartbeat_slot)
             if spec.page is not None:
                 st = spec.page.read()

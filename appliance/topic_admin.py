@@ -196,8 +196,7 @@ class TopicAdmin:
             for spec in writers:
                 self._forget_worker(spec)
             return [], _fail_accepted(results, ErrorCode.kafka_storage_error, problem)
-        for spec in writers:
-            sup._spawn(spec)
+        sup._spawn_writers(writers)
         return writers, results
 
     def _forget_worker(self, spec) -> None:

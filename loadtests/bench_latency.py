@@ -4,9 +4,11 @@ Not a test; run by hand in the user's shell:
 
     .venv/bin/python loadtests/bench_latency.py [--partitions 1,64] [--seconds 10]
         [--record-size 100] [--rate-fraction 0.5] [--linger-ms 1] [--peer tansu]
+        [--partitions-per-writer 1,16]
 
-For each broker (the appliance as ``bench_produce.py`` starts it, then Tansu with ``--peer
-tansu``; one after the other, never together) and each partition count, on a fresh topic:
+For each broker (the appliance as ``bench_produce.py`` starts it, once for each
+``--partitions-per-writer`` value of its ``topics.partitions_per_writer``, then Tansu with
+``--peer tansu``; one after the other, never together) and each partition count, on a fresh topic:
 
 1. the maximum: ``bench_produce.measure`` (the same librdkafka loop, acks=all, with this run's
    ``linger.ms``) for 3 s;
@@ -166,14 +168,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="the fixed rate as a fraction of the measured maximum")
     ap.add_argument("--linger-ms", type=float, default=1.0, help="the producer's linger.ms")
     ap.add_argument("--peer", choices=("none", "tansu"), default="none")
+    ap.add_argument("--partitions-per-writer", default="1",
+                    help="the appliance's topics.partitions_per_writer, comma-separated: one "
+                         "appliance run each")
     args = ap.parse_args(argv)
     if args.record_size < STAMP.size:
         raise SystemExit(f"--record-size must be at least {STAMP.size}")
     counts = [int(x) for x in args.partitions.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as work:
-        with appliance(os.path.join(work, "appliance"), "os", 1, 60) as (bootstrap, *_):
-            rows += run_broker("appliance", bootstrap, counts, args)
+        for per in [int(x) for x in args.partitions_per_writer.split(",")]:
+            name = "appliance" if per == 1 else f"appliance, {per} per writer"
+            with appliance(os.path.join(work, f"appliance-{per}"), "os", 1, 60,
+                           per_writer=per) as (bootstrap, *_):
+                rows += run_broker(name, bootstrap, counts, args)
         if args.peer == "tansu":
             if tansu_binary() is None:
                 print(f"Tansu skipped: {TANSU_HINT}", file=sys.stderr)

@@ -4,6 +4,7 @@ Not a test; run by hand in the user's shell:
 
     .venv/bin/python loadtests/bench_partitions.py [--partitions 1,64,256,1024]
         [--produce-ring-bytes 4194304] [--seconds 5] [--record-size 100] [--records 100]
+        [--partitions-per-writer 1]
 
 One appliance (``appliance run`` in its own process group, a temporary data dir) serves the whole
 run. For every count in ``--partitions`` it creates a topic of that many partitions
@@ -22,6 +23,10 @@ recovered), and checks that every partition's high watermark came back.
 Every partition takes ``shm.produce_ring_bytes`` per frontend in rings: the appliance refuses a
 CreateTopics that the machine's memory cannot hold (8 MiB rings: about 800 partitions on 23 GiB),
 so the default here is the smallest ring that 1 MiB messages allow.
+
+``--partitions-per-writer K`` sets the appliance's ``topics.partitions_per_writer``: K partitions of
+a topic per writer process (``workers/writer_host.py``); the memory line then counts each process
+once and says what that comes to per partition.
 """
 
 from __future__ import annotations
@@ -82,12 +87,12 @@ def high_watermarks(bootstrap: str, topic: str, partitions: int) -> int:
 
 
 def writers_memory(run_dir: str) -> tuple[int, int]:
-    """(the writers' PSS summed, bytes in the runtime dir)."""
+    """(the writer processes' PSS summed, bytes in the runtime dir). A writer host serves several
+    partitions and is counted once."""
     rows = read_processes(run_dir)["workers"]
     pss = 0
-    for w in rows:
-        if w["role"] == "writer" and w["pid"]:
-            pss += psutil.Process(w["pid"]).memory_full_info().pss
+    for pid in {w["pid"] for w in rows if w["role"] == "writer" and w["pid"]}:
+        pss += psutil.Process(pid).memory_full_info().pss
     used = sum(os.path.getsize(os.path.join(run_dir, n)) for n in os.listdir(run_dir))
     return pss, used
 
@@ -119,15 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-size", type=int, default=100)
     ap.add_argument("--records", type=int, default=100,
                     help="records written to every partition of the largest topic before the kill")
+    ap.add_argument("--partitions-per-writer", type=int, default=1,
+                    help="the appliance's topics.partitions_per_writer")
     ap.add_argument("--work-dir", default=None, help="parent of the temporary data dir")
     args = ap.parse_args(argv)
     counts = sorted({int(x) for x in args.partitions.split(",")})
     work = tempfile.mkdtemp(prefix="bench-partitions-", dir=args.work_dir)
     extra = f"[shm]\nproduce_ring_bytes = {args.produce_ring_bytes}\n"
+    per = args.partitions_per_writer
     plain = PRODUCER_CONFIGS["plain"]
     rows = []
     try:
-        with appliance_process(work, "os", 1, 900, extra) as (bootstrap, log_path, _, _, proc):
+        with appliance_process(work, "os", 1, 900, extra, per_writer=per) as (bootstrap, log_path, _, _, proc):
             base = None
             for n in counts:
                 topic = f"p{n}"
@@ -153,22 +161,23 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(60)
             wait_group_gone(proc.pid)
         start = time.monotonic()
-        with appliance_process(work, "os", 1, 900, extra) as (bootstrap, log_path, _, _, proc):
+        with appliance_process(work, "os", 1, 900, extra, per_writer=per) as (bootstrap, log_path, _, _, proc):
             ready = time.monotonic() - start
             back = high_watermarks(bootstrap, largest, counts[-1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     print(f"\n## Partitions: {', '.join(map(str, counts))} "
-          f"(shm.produce_ring_bytes = {args.produce_ring_bytes}, {os.cpu_count()} CPUs, "
+          f"(shm.produce_ring_bytes = {args.produce_ring_bytes}, topics.partitions_per_writer = "
+          f"{args.partitions_per_writer}, {os.cpu_count()} CPUs, "
           f"{_mib(meminfo.total)} of memory)\n")
     print("| partitions | CreateTopics (s) | records/s of " f"{args.record_size} B, acks=all "
           "| ratio to 1 partition | within 10 % |")
     print("|---|---|---|---|---|")
     for n, took, per_s, ratio in rows:
         print(f"| {n} | {took:.1f} | {per_s:,.0f} | {ratio:.2f} | {'yes' if ratio >= 0.9 else 'no'} |")
-    print(f"\n- {total} partitions: writers' PSS {_mib(pss)} ({pss / total / 2**20:.1f} MiB "
-          f"each), runtime dir (rings) {_mib(shm)} ({shm / total / 2**20:.1f} MiB each); "
+    print(f"\n- {total} partitions: writers' PSS {_mib(pss)} ({pss / total / 2**20:.2f} MiB "
+          f"a partition), runtime dir (rings) {_mib(shm)} ({shm / total / 2**20:.1f} MiB each); "
           f"{_mib(meminfo.available)} of memory still available")
     print(f"- {args.records} records of {args.record_size} B to each of the {counts[-1]} partitions "
           f"of the largest topic in {filled:.1f} s")

@@ -5,6 +5,7 @@ Not a test; run by hand (``make bench``) in the user's shell:
     .venv/bin/python loadtests/bench_produce.py [--seconds 10] [--record-sizes 100,1024]
         [--acks -1] [--flush-policy os] [--partitions 1] [--configs plain]
         [--security-protocols PLAINTEXT,SSL,SASL_SSL] [--peer tansu] [--rounds 3]
+        [--partitions-per-writer 1]
 
 It starts both brokers itself:
 
@@ -287,18 +288,21 @@ def client_security(protocol: str, certs: dict[str, str] | None) -> dict[str, An
 @contextlib.contextmanager
 def appliance(workdir: str, flush_policy: str, partitions: int,
               ready_timeout: float, extra_toml: str = "", protocols: tuple[str, ...] = ("PLAINTEXT",),
+              per_writer: int = 1,
               ) -> Iterator[tuple[str, str, dict[str, str], dict[str, str] | None]]:
     """Run the appliance for the block; yields (PLAINTEXT bootstrap, log path, protocol ->
     bootstrap, certificate paths or None). ``extra_toml``: more config sections, appended to the
-    file. With protocols other than PLAINTEXT: one listener each, a certificate and a user."""
+    file. With protocols other than PLAINTEXT: one listener each, a certificate and a user.
+    ``per_writer``: topics.partitions_per_writer."""
     with appliance_process(workdir, flush_policy, partitions, ready_timeout, extra_toml,
-                           protocols) as started:
+                           protocols, per_writer) as started:
         yield started[:4]
 
 
 @contextlib.contextmanager
 def appliance_process(workdir: str, flush_policy: str, partitions: int, ready_timeout: float,
                       extra_toml: str = "", protocols: tuple[str, ...] = ("PLAINTEXT",),
+                      per_writer: int = 1,
                       ) -> Iterator[tuple[str, str, dict[str, str], dict[str, str] | None,
                                           subprocess.Popen]]:
     """``appliance``, yielding the supervisor's process too (PLAINTEXT bootstrap, log path,
@@ -332,6 +336,7 @@ def appliance_process(workdir: str, flush_policy: str, partitions: int, ready_ti
                 "[topics]\n"
                 "auto_create = true\n"
                 f"default_partitions = {partitions}\n"
+                f"partitions_per_writer = {per_writer}\n"
                 "[supervisor]\n"
                 "shutdown_timeout_ms = 10000\n" + security + extra_toml)
     listen = [] if security else ["--listen", bootstraps["PLAINTEXT"]]
@@ -605,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flush-policy", choices=("batch", "interval", "os"), default="os",
                     help="the appliance's log.flush.policy")
     ap.add_argument("--partitions", type=int, default=1, help="partitions of each benchmark topic")
+    ap.add_argument("--partitions-per-writer", type=int, default=1,
+                    help="the appliance's topics.partitions_per_writer (writer processes serving "
+                         "several partitions)")
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                     help=f"producer configs (column groups) to run, of: {', '.join(PRODUCER_CONFIGS)}")
     ap.add_argument("--work-dir", default=None,
@@ -659,7 +667,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     broker = appliance_process(os.path.join(workdir, f"a{rnd}"), args.flush_policy,
                                                args.partitions, args.ready_timeout,
-                                               protocols=protocols)
+                                               protocols=protocols,
+                                               per_writer=args.partitions_per_writer)
                 with broker as started:
                     proc = started[-1]
                     if target == "appliance":
@@ -720,7 +729,8 @@ def main(argv: list[str] | None = None) -> int:
     shown = {"acks": args.acks, **BASE_SETTINGS}
     print(f"\n## Produce throughput: appliance vs {', '.join(t for t in targets if t != 'appliance')}\n")
     print(f"- {args.seconds:g} s per measurement, {args.rounds} round(s), {args.partitions} partition(s), one producer "
-          f"(one Python thread), appliance log.flush.policy = {args.flush_policy}")
+          f"(one Python thread), appliance log.flush.policy = {args.flush_policy}, "
+          f"topics.partitions_per_writer = {args.partitions_per_writer}")
     print(f"- producer settings: {', '.join(f'{k}={v}' for k, v in shown.items())}")
     for c in configs:
         if c.settings or c.commit_every_s:

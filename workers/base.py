@@ -185,27 +185,35 @@ class Worker:
         return self.exit_code
 
     def loop(self) -> None:
-        hb, slot, mailbox = self.hb, self.ctx.heartbeat_slot, self.mailbox
-        sup_page = self.sup_page
+        mailbox = self.mailbox
         while not self.stop:
-            hb.beat(slot)
-            if sup_page.seq != self._sup_seq:
-                self.check_config()
-            worked = self.drain_inputs()
-            now = time.monotonic()
-            tick_s = self.tick_s          # a reload may change it
-            if tick_s is not None and now >= self.next_tick:
-                self.next_tick = now + tick_s
-                self.on_tick(now)
-            self.on_turn(now)
-            queued = self.flush_outboxes()
-            if not worked and not self.stop:
-                timeout = self.wait_timeout(now)
-                if tick_s is not None:
-                    timeout = min(timeout, max(0.0, self.next_tick - time.monotonic()))
-                if queued:
-                    timeout = min(timeout, QUEUED_RETRY_S)
+            timeout = self.turn()
+            if timeout is not None and not self.stop:
                 mailbox.wait(timeout)
+
+    def turn(self) -> float | None:
+        """One turn of the loop without its sleep: None when it did work (turn again at once),
+        else how long it may sleep. A writer host (``workers.writer_host``) turns several
+        workers and sleeps on all their doorbells at once."""
+        self.hb.beat(self.ctx.heartbeat_slot)
+        if self.sup_page.seq != self._sup_seq:
+            self.check_config()
+        worked = self.drain_inputs()
+        now = time.monotonic()
+        tick_s = self.tick_s          # a reload may change it
+        if tick_s is not None and now >= self.next_tick:
+            self.next_tick = now + tick_s
+            self.on_tick(now)
+        self.on_turn(now)
+        queued = self.flush_outboxes()
+        if worked:
+            return None
+        timeout = self.wait_timeout(now)
+        if tick_s is not None:
+            timeout = min(timeout, max(0.0, self.next_tick - time.monotonic()))
+        if queued:
+            timeout = min(timeout, QUEUED_RETRY_S)
+        return timeout
 
     # -- configuration --------------------------------------------------------------------------
     def check_config(self) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from appliance.catalog import Catalog
 from appliance.catalog import CatalogStore
-from appliance.config import Config, ServerConfig, SupervisorConfig
+from appliance.config import Config, ServerConfig, SupervisorConfig, TopicsConfig
 from appliance.runtime import (EXIT_CRASH_LOOP, HEARTBEAT_FILE, RECOVERING, STOPPED, SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, WORKER_PAGE_FIELDS)
 from appliance.supervisor import Supervisor
@@ -300,3 +300,52 @@ def test_recovery_reports_partitions_ready_bytes_and_an_estimate(sup, notify, ca
     assert notify() == ["STATUS=recovering 2/2 partitions"]
     assert "recovered 2 partitions (2.0 KiB of logs) in 5.0 s" in caplog.text
     assert dict(sup.metrics.items())["appliance_recovery_seconds"] == 5_000_000
+
+
+# -- writer hosts ([topics] partitions_per_writer) ---------------------------------------------------
+
+def per_writer(s: Supervisor, k: int) -> None:
+    s.cfg = Config(server=s.cfg.server, supervisor=s.cfg.supervisor,
+                   topics=TopicsConfig(partitions_per_writer=k))
+
+
+def writers_of(s: Supervisor, name: str, tid: bytes, partitions: int) -> list:
+    from appliance.catalog import TopicInfo
+    t = TopicInfo(name, tid * 16, partitions)
+    return [s._add_worker("writer", f"w{name}.{p}", p, lambda ctx: 0, topic=t)
+            for p in range(partitions)]
+
+
+def test_writers_are_forked_k_to_a_process_and_never_across_topics(sup):
+    per_writer(sup, 3)
+    a, b = writers_of(sup, "a", b"\x01", 5), writers_of(sup, "b", b"\x02", 2)
+    sup._spawn_writers(a + b)
+    assert [s.pid for s in a + b] == [100, 100, 100, 101, 101, 102, 102]
+    assert sorted(sup.by_pid) == [100, 101, 102]
+    assert a[0].group == a[:3] and a[3].group == a[3:] and b[0].group == b
+    assert all(s.generation == 1 for s in a + b)
+
+
+def test_a_writer_hosts_members_die_and_restart_together(sup):
+    per_writer(sup, 4)
+    ws = writers_of(sup, "a", b"\x01", 4)
+    sup._spawn_writers(ws)
+    sup.fake.exits.append((100, signal.SIGKILL))
+    sup._reap()
+    assert [s.pid for s in ws] == [None] * 4 and not sup.stopping and sup.by_pid == {}
+    sup.fake.now += BACKOFF_MS / 1000
+    sup._respawn_due()
+    assert [s.pid for s in ws] == [101] * 4 and [s.generation for s in ws] == [2] * 4
+    assert list(sup.by_pid) == [101]
+
+
+def test_a_silent_member_gets_its_host_killed(sup):
+    per_writer(sup, 2)
+    ws = writers_of(sup, "a", b"\x01", 2)
+    sup._spawn_writers(ws)
+    sup.hb.beat(ws[0].heartbeat_slot, sup.fake.clock_ns() + int(HEARTBEAT_MS * 1e6))
+    sup.fake.now += HEARTBEAT_MS / 1000 + 1              # the second member stopped beating
+    assert [(s.name, age > 0) for s, age in sup.silent_workers(HEARTBEAT_MS * 1_000_000)] == \
+        [("wa.1", True)]
+    sup._murder_stale()
+    assert sup.fake.kills == [(100, signal.SIGKILL)]
