@@ -210,6 +210,7 @@ class PartitionWriter(Worker):
         return replayed_from
 
     def setup(self) -> int | None:
+        testhooks.pause_point("writer", "recovering")
         directory = partition_dir(self.ctx.data_dir, self.ctx.topic, self.ctx.index)
         waiting = False
         while True:

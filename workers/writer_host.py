@@ -13,8 +13,8 @@ one writer. What the host adds is the sharing of one process:
 * wake-ups: a Produce request for many partitions wakes one process per host instead of one per
   partition, and the host sleeps on all its members' doorbells in one ``poll``.
 
-The loop: the prologue of ``workers.base.Worker.main`` for every member (RECOVERING, ``setup``,
-READY, one after the other), then turns: a member takes a turn (``Worker.turn``) when its input
+The loop: the prologue of ``workers.base.Worker.main`` for every member (RECOVERING, ``setup``
+one after the other, then READY for all), then turns: a member takes a turn (``Worker.turn``) when its input
 rings hold records, its doorbell rang, its last turn did work, or its own timeout (ticks,
 flushes, verification deadlines) is due; when no member worked, the host arms every member's
 mailbox, looks at their rings once more and sleeps in ``poll`` until a bell rings or the earliest
@@ -73,6 +73,11 @@ class WriterHost:
             code = w.setup()
             if code:
                 return code
+        # READY only once every member has recovered: the supervisor holds a READY writer to its
+        # heartbeat, and a member that is READY does not beat while a mate's recovery runs
+        # (regression: a host whose last member took longer than heartbeat_timeout_ms to recover
+        # was SIGKILLed for its first member's silence, and again after every restart).
+        for w in self.writers:
             w.page.publish(status=READY)
         return self.run()
 

@@ -148,3 +148,24 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_regression_a_host_recovering_longer_than_the_heartbeat_timeout_was_killed(appliance_factory):
+    """Each member recovers after the other; a member published READY as soon as its own
+    recovery ended and then did not beat while its mates recovered, so a host whose recoveries
+    took longer than heartbeat_timeout_ms together was SIGKILLed, again at every restart. Here
+    every member's recovery takes 0.8 s (a test hook) and the timeout is 1.5 s: three members
+    need 2.4 s."""
+    app = appliance_factory(topics={"partitions_per_writer": PER_WRITER, "auto_create": False},
+                            supervisor={"heartbeat_timeout_ms": 1500},
+                            env={"TESTHOOK_PAUSE": "writer:recovering:0.8"})
+    create(app, TOPIC, 3)
+    produce_idempotent(app, TOPIC, 3, 10, tag=b"r")
+    pid = next(iter(hosts(app, TOPIC)))
+    os.kill(pid, signal.SIGKILL)
+    app.wait_for(lambda: all(app.partition_state(TOPIC, p).generation == 2 and
+                             app.partition_state(TOPIC, p).status == READY for p in range(3)),
+                 timeout=60, what="the host's partitions back")
+    assert sorted(read_committed(app, TOPIC, 3)) == sorted(expected(b"r", 3, 10))
+    assert "missed its heartbeat" not in app.log_text(), app.log_tail()
+    assert all(w["generation"] == 2 for w in app.workers("writer", TOPIC))
