@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "small tmpfs, or the work dir's (then no disk-full faults)")
     ap.add_argument("--disk-mb", type=int, default=256, help="size of that file system (default 256)")
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--partitions-per-writer", type=int, default=1,
+                    help="the appliance's topics.partitions_per_writer (writer hosts)")
     ap.add_argument("--producers", type=int, default=3, help="confluent-kafka transactional producers")
     ap.add_argument("--own-producers", type=int, default=1,
                     help="transactional producers of the appliance's own client")
@@ -132,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def appliance_config(disk: bool) -> dict:
+def appliance_config(disk: bool, per_writer: int = 1) -> dict:
     """The appliance's settings for a chaos run: defaults, except what makes faults show sooner
     (heartbeat, transaction timeouts) and what a small disk needs (small index files, a small
     disk reserve), and small segments, so that rolls happen under the faults."""
@@ -143,6 +145,7 @@ def appliance_config(disk: bool) -> dict:
         "supervisor": {"heartbeat_timeout_ms": 5000, "shutdown_timeout_ms": 20000},
         "transactions": {"abort_timed_out_interval_ms": 1000},
         "groups": {"initial_rebalance_delay_ms": 0},
+        "topics": {"partitions_per_writer": per_writer},
     }
 
 
@@ -213,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         if disk is not None:
             disk.mount()
         data_dir = os.path.join(disk.mnt if disk else workdir, "data")
-        app = Appliance(workdir, data_dir, appliance_config(disk is not None))
+        app = Appliance(workdir, data_dir, appliance_config(disk is not None,
+                                                            args.partitions_per_writer))
         app.start()
         create_topic(app.bootstrap, args.partitions)
         start_txn_group(app.bootstrap, TOPIC, args.partitions)
