@@ -14,11 +14,14 @@ one writer. What the host adds is the sharing of one process:
   partition, and the host sleeps on all its members' doorbells in one ``poll``.
 
 The loop: the prologue of ``workers.base.Worker.main`` for every member (RECOVERING, ``setup``
-one after the other, then READY for all), then turns: a member takes a turn (``Worker.turn``) when its input
-rings hold records, its doorbell rang, its last turn did work, or its own timeout (ticks,
-flushes, verification deadlines) is due; when no member worked, the host arms every member's
-mailbox, looks at their rings once more and sleeps in ``poll`` until a bell rings or the earliest
-member timeout. Single-threaded like every writer (each member's flusher thread only fsyncs).
+one after the other, then READY for all), then turns: a member takes a turn (``Worker.turn``)
+when its doorbell rang, its last turn did work, or its own timeout (ticks, flushes, verification
+deadlines) is due. A turn that finds nothing arms the member's mailbox (and looks at its rings
+once more, the protocol of ``Mailbox.wait``), so its producers ring its bell from then on, as for
+a writer asleep in a process of its own; one ``poll`` over every member's doorbell, without
+waiting while any member works, tells the host which to turn next. A turn of the loop thus costs
+the members that have something to do, not all of them. Single-threaded like every writer
+(each member's flusher thread only fsyncs).
 
 Shared fate, by design: the members live and die as one process. SIGTERM drains them all; a
 member that stops (an exception on its write path, or ``exit`` after a log-dir failure) ends the
@@ -113,52 +116,46 @@ class WriterHost:
 
     # -- the loop -----------------------------------------------------------------------------------
     def loop(self) -> None:
+        """Turn the members that have work; sleep when none has. An idle member's mailbox stays
+        armed (its producers ring its bell, as for a writer asleep in a process of its own)
+        until its bell rings or its timeout is due, so a turn of the loop looks only at the
+        members that worked, rang or are due, never at every member's rings."""
         writers = self.writers
         n = len(writers)
         busy = [True] * n                 # worked last turn, or its bell rang: turn it again
+        armed = [False] * n               # idle, its mailbox armed: its bell will ring
         due = [0.0] * n                   # when its own timeout ends (monotonic)
         while not self.stop:
             now = time.monotonic()
             worked = False
             earliest = now + IDLE_WAIT_S
             for i in range(n):
-                w = writers[i]
-                if busy[i] or due[i] <= now or w.mailbox.pending():
+                if busy[i] or due[i] <= now:
+                    w = writers[i]
+                    if armed[i]:
+                        w.mailbox.disarm()
+                        armed[i] = False
                     timeout = w.turn()
                     if w.stop:                # exit() of a member: the whole host stops
                         self.stop = True
                     if timeout is None:
                         busy[i] = worked = True
                         continue
-                    busy[i] = False
                     due[i] = now + timeout
+                    # Idle: arm, then look once more (a record put before the flags were seen
+                    # rang no bell).
+                    w.mailbox.arm()
+                    armed[i] = True
+                    if w.mailbox.pending():
+                        busy[i] = worked = True
+                        continue
+                    busy[i] = False
                 if due[i] < earliest:
                     earliest = due[i]
             if self.stop:
                 break
-            for i in self._wait(0.0 if worked else earliest - time.monotonic()):
+            timeout = 0 if worked else max(1, int((earliest - time.monotonic()) * 1000 + 0.999))
+            for fd, _ in self._poll.poll(timeout):
+                i = self._by_fd[fd]
+                writers[i].mailbox.drain()
                 busy[i] = True
-
-    def _wait(self, timeout: float) -> list[int]:
-        """Indexes of the members whose doorbell rang, sleeping up to ``timeout`` seconds when
-        it is positive (every mailbox armed meanwhile, so producers ring), else only looking."""
-        writers = self.writers
-        if timeout > 0:
-            for w in writers:
-                w.mailbox.arm()
-            try:
-                pending = [i for i, w in enumerate(writers) if w.mailbox.pending()]
-                events = [] if pending else self._poll.poll(max(1, int(timeout * 1000 + 0.999)))
-            finally:
-                for w in writers:
-                    w.mailbox.disarm()
-            if pending:
-                return pending
-        else:
-            events = self._poll.poll(0)
-        rung = []
-        for fd, _ in events:
-            i = self._by_fd[fd]
-            writers[i].mailbox.drain()
-            rung.append(i)
-        return rung
