@@ -200,21 +200,27 @@ def _lz4_frames(data: bytes) -> Iterator[tuple[int, bool, bool, memoryview]]:
 def _lz4_chunks(data: bytes, max_bytes: int) -> Iterator[bytes]:
     blocks = list(_lz4_frames(data))
     if all(independent for _, independent, _, _ in blocks):
-        # Kafka's and librdkafka's framing: every block decodes alone, one at a time.
-        total = 0
-        out = bytearray()
-        for block_max, _, stored, block in blocks:
-            if stored:
-                chunk = bytes(block)
-            else:
-                if len(out) < block_max:
-                    out = bytearray(block_max)
-                k = cramjam.lz4.decompress_block_into(block, out)
-                chunk = bytes(out[:k])
-            total += len(chunk)
-            if total > max_bytes:
-                raise _too_big(COMPRESSION_LZ4, max_bytes)
-            yield chunk
+        # Kafka's and librdkafka's framing: every block decodes alone, each straight into its
+        # place in one buffer (a copy per block cost 20x the decoding: 2.3 ms for 1 MB of
+        # records). The buffer never exceeds max_bytes plus one block: past max_bytes we stop.
+        room = sum(len(b) if stored else block_max for block_max, _, stored, b in blocks)
+        out = bytearray(min(room, max_bytes + max((b for b, _, _, _ in blocks), default=0)))
+        view = memoryview(out)
+        pos = 0
+        try:
+            for block_max, _, stored, block in blocks:
+                if stored:
+                    k = len(block)
+                    view[pos:pos + k] = block
+                else:
+                    k = cramjam.lz4.decompress_block_into(block, view[pos:pos + block_max])
+                pos += k
+                if pos > max_bytes:
+                    raise _too_big(COMPRESSION_LZ4, max_bytes)
+        finally:
+            view.release()
+        del out[pos:]
+        yield out
         return
     # Linked blocks reach into the previous 64 KiB, so such a frame decodes as a whole: allowed
     # only when the headers bound it (each block at most its frame's maximum block size).
@@ -236,15 +242,15 @@ def decompress_bounded(codec: int, data, max_bytes: int) -> bytes:
     chunker = _CHUNKERS.get(codec)
     if chunker is None:
         raise CorruptRecord(f"unknown compression codec {codec}")
-    out = bytearray()
     try:
-        for chunk in chunker(bytes(data), max_bytes):
-            out += chunk
+        # Each chunker checks the bound as it goes; one join copies the chunks once (a growing
+        # bytearray and a bytes() of it were two copies of every byte).
+        chunks = list(chunker(bytes(data), max_bytes))
     except KafkaError:
         raise
     except Exception as e:  # every codec library has its own error type
         raise CorruptRecord(f"failed to decompress {_CODEC_NAMES[codec]} record data: {e}") from None
-    return bytes(out)
+    return b"".join(chunks)
 
 
 # --------------------------------------------------------------------------------------------
