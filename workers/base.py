@@ -135,14 +135,19 @@ class Worker:
         """The worker's whole life; returns its exit code."""
         self.close_listener()
         self.install_signals()
-        self.page.reset_seq()
-        self.page.publish(generation=self.generation, status=RECOVERING, pid=os.getpid(),
-                          **self.start_fields())
+        self.publish_start()
         code = self.setup()
         if code:
             return code
         self.page.publish(status=READY)
         return self.run()
+
+    def publish_start(self) -> None:
+        """This generation's first publish, before ``setup``: generation, RECOVERING, pid and
+        ``start_fields``."""
+        self.page.reset_seq()
+        self.page.publish(generation=self.generation, status=RECOVERING, pid=os.getpid(),
+                          **self.start_fields())
 
     def close_listener(self) -> None:
         """Every worker inherits the supervisor's listening socket; only frontends serve it. A
@@ -176,13 +181,18 @@ class Worker:
     def run(self) -> int:
         try:
             self.loop()
-            self.page.publish(status=DRAINING)
-            self.on_stop()
-            self.flush_outboxes()
+            self.stop_serving()
         finally:
             self.close()
             self.page.publish(status=STOPPED)
         return self.exit_code
+
+    def stop_serving(self) -> None:
+        """After the loop: DRAINING, answer what is already queued (``on_stop``), hand the
+        replies to the rings."""
+        self.page.publish(status=DRAINING)
+        self.on_stop()
+        self.flush_outboxes()
 
     def loop(self) -> None:
         mailbox = self.mailbox

@@ -35,12 +35,11 @@ restart holds the others' recovery until space comes back.
 from __future__ import annotations
 
 import logging
-import os
 import select
 import signal
 import time
 
-from appliance.runtime import DRAINING, READY, RECOVERING, STOPPED, WorkerContext
+from appliance.runtime import READY, STOPPED, WorkerContext
 from workers.base import IDLE_WAIT_S
 from workers.partition_writer import PartitionWriter
 
@@ -68,10 +67,8 @@ class WriterHost:
             w.close_listener()
         signal.signal(signal.SIGTERM, self.handle_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)     # the supervisor orders the drain
-        pid = os.getpid()
         for w in self.writers:
-            w.page.reset_seq()
-            w.page.publish(generation=w.generation, status=RECOVERING, pid=pid, **w.start_fields())
+            w.publish_start()
         for w in self.writers:
             code = w.setup()
             if code:
@@ -97,9 +94,7 @@ class WriterHost:
         try:
             self.loop()
             for w in writers:
-                w.page.publish(status=DRAINING)
-                w.on_stop()
-                w.flush_outboxes()
+                w.stop_serving()
         finally:
             failed: BaseException | None = None
             for w in writers:
