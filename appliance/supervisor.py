@@ -97,8 +97,8 @@ class WorkerSpec:
     removed: bool = False       # topic deleted: do not restart
     page: StatePage | None = None
     metrics: MetricsTable | None = None     # writers: read for the recovery progress
-    # The workers forked as one process with this one (itself included): writers sharing a
-    # writer host ([topics] partitions_per_writer > 1); a lone worker's group is itself.
+    # The workers forked as one process with this one (itself included; set by _spawn): writers
+    # sharing a writer host ([topics] partitions_per_writer > 1); a lone worker's group is [it].
     group: list = field(default_factory=list)
 
 
@@ -590,7 +590,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 continue
             code = os.waitstatus_to_exitcode(status)
             self.processes_changed = True
-            for spec in lead.group or [lead]:
+            for spec in lead.group:
                 if spec.pid != pid:
                     continue
                 spec.pid = None
@@ -629,7 +629,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         for spec in list(self.workers.values()):
             if spec.pid is None and not spec.removed and spec.next_start and spec.next_start <= now:
                 # A writer host's members died together and start again together.
-                group = [s for s in spec.group or [spec]
+                group = [s for s in spec.group
                          if s.pid is None and not s.removed and s.next_start]
                 for s in group:
                     s.next_start = 0.0
@@ -639,7 +639,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         """(spec, ns since its last beat) of every running worker silent for longer than
         ``timeout_ns`` (a recovering writer is not: recovery of a big log may take longer)."""
         now_ns = self.clock_ns()
-        for spec in [s for lead in list(self.by_pid.values()) for s in lead.group or [lead]
+        for spec in [s for lead in list(self.by_pid.values()) for s in lead.group
                      if s.pid is not None]:
             last = self.hb.last(spec.heartbeat_slot)
             if spec.page is not None:
