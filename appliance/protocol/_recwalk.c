@@ -50,6 +50,19 @@ read_varint(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, int max_len, int6
     return 0;
 }
 
+/* Step over a key, value or header value of length len (negative: null, nothing to skip).
+ * Returns 0 when it would run past end. */
+static inline int
+skip_bytes(int64_t len, Py_ssize_t end, Py_ssize_t *pos)
+{
+    if (len <= 0)
+        return 1;
+    if (len > end - *pos)
+        return 0;
+    *pos += (Py_ssize_t)len;
+    return 1;
+}
+
 static PyObject *
 records_ok(PyObject *self, PyObject *args)
 {
@@ -79,34 +92,18 @@ records_ok(PyObject *self, PyObject *args)
             break;
         if (!read_varint(p, end, &pos, 5, &key_len))
             break;
-        if (key_len < 0 && compacted)
+        if ((key_len < 0 && compacted) || !skip_bytes(key_len, end, &pos))
             break;
-        if (key_len > 0) {
-            if (key_len > end - pos)
-                break;
-            pos += (Py_ssize_t)key_len;
-        }
-        if (!read_varint(p, end, &pos, 5, &value_len))
+        if (!read_varint(p, end, &pos, 5, &value_len) || !skip_bytes(value_len, end, &pos))
             break;
-        if (value_len > 0) {
-            if (value_len > end - pos)
-                break;
-            pos += (Py_ssize_t)value_len;
-        }
         if (!read_varint(p, end, &pos, 5, &headers) || headers < 0 || headers > end - pos)
             break;
         int64_t h;
         for (h = 0; h < headers; h++) {
-            if (!read_varint(p, end, &pos, 5, &hk) || hk < 0 || hk > end - pos)
+            if (!read_varint(p, end, &pos, 5, &hk) || hk < 0 || !skip_bytes(hk, end, &pos))
                 break;
-            pos += (Py_ssize_t)hk;
-            if (!read_varint(p, end, &pos, 5, &hv))
+            if (!read_varint(p, end, &pos, 5, &hv) || !skip_bytes(hv, end, &pos))
                 break;
-            if (hv > 0) {
-                if (hv > end - pos)
-                    break;
-                pos += (Py_ssize_t)hv;
-            }
         }
         if (h != headers || pos != end)
             break;
