@@ -6,9 +6,10 @@ Not a test; run by hand in the user's shell:
         [--record-size 100] [--rate-fraction 0.5] [--linger-ms 1] [--peer tansu]
         [--partitions-per-writer 1,16]
 
-For each broker (the appliance as ``bench_produce.py`` starts it, once for each
-``--partitions-per-writer`` value of its ``topics.partitions_per_writer``, then Tansu with
-``--peer tansu``; one after the other, never together) and each partition count, on a fresh topic:
+For each broker (the do-nothing sink of ``bench_produce.py`` first, the floor; the appliance as
+``bench_produce.py`` starts it, once for each ``--partitions-per-writer`` value of its
+``topics.partitions_per_writer``; then Tansu with ``--peer tansu``; one after the other, never
+together) and each partition count, on a fresh topic:
 
 1. the maximum: ``bench_produce.measure`` (the same librdkafka loop, acks=all, with this run's
    ``linger.ms``) for 3 s;
@@ -22,6 +23,10 @@ Produce latency is librdkafka's own measure of each delivery report (``Message.l
 from ``produce()`` to the acknowledgement); end-to-end latency is from ``produce()`` to the
 consumer's ``consume()`` returning the record. The first second of each run is left out
 (connections, metadata). Prints p50, p99 and p99.9 in milliseconds, and the rate reached.
+
+The sink acknowledges every batch at once and keeps nothing, so its row has no end-to-end
+latency: its produce latency is what this client, this machine and this rate cost with a broker
+that does no work, the floor under every other row (``--no-sink`` leaves it out).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_produce import (ProducerConfig, appliance, create_topic, measure,  # noqa: E402
-                           wait_metadata)
+                           sink, wait_metadata)
 from peers import TANSU_HINT, tansu, tansu_binary  # noqa: E402
 
 STAMP = struct.Struct(">q")
@@ -54,6 +59,11 @@ def percentiles(values: list[float]) -> tuple[float, float, float]:
     def at(q: float) -> float:
         return values[min(len(values) - 1, int(q * len(values)))]
     return at(0.50), at(0.99), at(0.999)
+
+
+def _ms(p: tuple[float, float, float], sep: str = " / ") -> str:
+    """p50, p99, p99.9 in ms; n/a for a run without them (the sink has no end to end)."""
+    return "n/a" if p[0] != p[0] else sep.join(f"{x:.2f}" for x in p)
 
 
 def consume(bootstrap: str, topic: str, partitions: int, until_ns: int, start_ns: int,
@@ -88,20 +98,24 @@ def consume(bootstrap: str, topic: str, partitions: int, until_ns: int, start_ns
 
 
 def fixed_rate(bootstrap: str, topic: str, partitions: int, rate: float, seconds: float,
-               size: int, linger_ms: float) -> dict:
+               size: int, linger_ms: float, consumer: bool = True) -> dict:
+    """The fixed-rate run; ``consumer=False`` (the sink, which keeps nothing to read): produce
+    latency only."""
     produce_lat: list[float] = []
     errors = 0
     start_ns = time.time_ns() + int(2e9)               # after the consumer is assigned
     measured_from = start_ns + int(WARM_UP_S * 1e9)
     end_ns = start_ns + int((WARM_UP_S + seconds) * 1e9)
-    ready = multiprocessing.get_context("fork").Event()
-    recv, send = multiprocessing.get_context("fork").Pipe(duplex=False)
-    proc = multiprocessing.get_context("fork").Process(
-        target=consume, args=(bootstrap, topic, partitions, end_ns + int(2e9), measured_from,
-                              ready, send))
-    proc.start()
-    if not ready.wait(60):
-        raise SystemExit("the consumer did not start")
+    proc = None
+    if consumer:
+        ready = multiprocessing.get_context("fork").Event()
+        recv, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+        proc = multiprocessing.get_context("fork").Process(
+            target=consume, args=(bootstrap, topic, partitions, end_ns + int(2e9), measured_from,
+                                  ready, send))
+        proc.start()
+        if not ready.wait(60):
+            raise SystemExit("the consumer did not start")
 
     def on_delivery(err, msg) -> None:
         nonlocal errors
@@ -133,15 +147,17 @@ def fixed_rate(bootstrap: str, topic: str, partitions: int, rate: float, seconds
         time.sleep(0.001)
     achieved = sent / (time.monotonic() - t0)
     p.flush(30)
-    lat = recv.recv()
-    proc.join(30)
+    lat: list[float] = []
+    if proc is not None:
+        lat = recv.recv()
+        proc.join(30)
     measured = seconds * rate
     return {"rate": rate, "achieved": achieved, "produce": percentiles(produce_lat), "e2e": percentiles(lat),
-            "acked": len(produce_lat), "consumed": len(lat), "errors": errors,
-            "expected": measured}
+            "acked": len(produce_lat), "consumed": len(lat) if consumer else None,
+            "errors": errors, "expected": measured}
 
 
-def run_broker(name: str, bootstrap: str, counts: list[int], args) -> list[tuple]:
+def run_broker(name: str, bootstrap: str, counts: list[int], args, consumer: bool = True) -> list[tuple]:
     rows = []
     for n in counts:
         topic = f"lat-{n}-{uuid.uuid4().hex[:6]}"
@@ -151,11 +167,11 @@ def run_broker(name: str, bootstrap: str, counts: list[int], args) -> list[tuple
         peak = measure(bootstrap, topic, args.record_size, 3.0, -1, same)
         peak_rate = peak.records / peak.seconds
         r = fixed_rate(bootstrap, topic, n, peak_rate * args.rate_fraction, args.seconds,
-                       args.record_size, args.linger_ms)
+                       args.record_size, args.linger_ms, consumer)
         rows.append((name, n, peak_rate, r))
         print(f"{name}, {n} partitions: max {peak_rate:,.0f}/s, at {r['rate']:,.0f}/s: produce "
-              f"p50/p99/p99.9 {r['produce'][0]:.2f}/{r['produce'][1]:.2f}/{r['produce'][2]:.2f} ms, "
-              f"end to end {r['e2e'][0]:.2f}/{r['e2e'][1]:.2f}/{r['e2e'][2]:.2f} ms", flush=True)
+              f"p50/p99/p99.9 {_ms(r['produce'], '/')} ms, end to end {_ms(r['e2e'], '/')} ms",
+              flush=True)
     return rows
 
 
@@ -168,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the fixed rate as a fraction of the measured maximum")
     ap.add_argument("--linger-ms", type=float, default=1.0, help="the producer's linger.ms")
     ap.add_argument("--peer", choices=("none", "tansu"), default="none")
+    ap.add_argument("--no-sink", action="store_true",
+                    help="leave out the do-nothing sink's row (the floor: produce latency only)")
     ap.add_argument("--partitions-per-writer", default="1",
                     help="the appliance's topics.partitions_per_writer, comma-separated: one "
                          "appliance run each")
@@ -177,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(x) for x in args.partitions.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as work:
+        if not args.no_sink:
+            os.makedirs(os.path.join(work, "sink"))
+            with sink(max(counts), os.path.join(work, "sink")) as bootstrap:
+                rows += run_broker("sink (floor)", bootstrap, counts, args, consumer=False)
         for per in [int(x) for x in args.partitions_per_writer.split(",")]:
             name = "appliance" if per == 1 else f"appliance, {per} per writer"
             with appliance(os.path.join(work, f"appliance-{per}"), "os", 1, 60,
@@ -197,10 +219,9 @@ def main(argv: list[str] | None = None) -> int:
           "| end to end p50 / p99 / p99.9 (ms) | acked / consumed / errors |")
     print("|---|---|---|---|---|---|---|")
     for name, n, peak_rate, r in rows:
-        pr, e2e = r["produce"], r["e2e"]
+        consumed = "-" if r["consumed"] is None else f"{r['consumed']:,}"
         print(f"| {name} | {n} | {peak_rate:,.0f} | {r['rate']:,.0f} ({r['achieved']:,.0f}) | "
-              f"{pr[0]:.2f} / {pr[1]:.2f} / {pr[2]:.2f} | {e2e[0]:.2f} / {e2e[1]:.2f} / {e2e[2]:.2f} "
-              f"| {r['acked']:,} / {r['consumed']:,} / {r['errors']} |")
+              f"{_ms(r['produce'])} | {_ms(r['e2e'])} | {r['acked']:,} / {consumed} / {r['errors']} |")
     return 0
 
 

@@ -80,3 +80,17 @@ def test_compaction_benchmark_runs_and_prints_its_ratio(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "| 100 B | 2 |" in r.stdout and "| 100 B | on / off |" in r.stdout
+
+
+def test_latency_benchmark_prints_the_sink_floor_and_the_appliance(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_latency.py"), "--partitions", "1",
+                        "--seconds", "1", "--rate-fraction", "0.02"],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = {cells[1]: cells for line in r.stdout.splitlines()
+            if line.startswith("| ") and len(cells := [c.strip() for c in line.split("|")]) > 7}
+    # The sink keeps nothing: produce latency only. The appliance: every record acked is consumed.
+    assert rows["sink (floor)"][6] == "n/a" and rows["sink (floor)"][7].endswith("/ - / 0")
+    acked, consumed, errors = (c.strip() for c in rows["appliance"][7].split("/"))
+    assert acked == consumed and int(acked.replace(",", "")) > 0 and errors == "0", r.stdout
+    assert rows["appliance"][5] != "n/a" and rows["appliance"][6] != "n/a"
