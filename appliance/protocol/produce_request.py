@@ -118,115 +118,86 @@ def parse_produce_request(frame: memoryview, pos: int, version: int) -> ProduceR
         raise ProtocolViolation(f"Produce v{version} is not parsed here")
     try:
         if version >= FLEXIBLE_FROM:
-            return _flexible(frame, pos)
-        return _classic(frame, pos)
+            return _parse(frame, pos, _compact_length, _skip_tags, _compact_length)
+        return _parse(frame, pos, _int16_length, _no_tags, _int32_length)
     except ProtocolViolation:
         raise
     except (_Bad, IndexError, struct.error) as e:
         raise ProtocolViolation(f"ProduceRequest v{version}: malformed body ({e})") from None
 
 
-def _classic(b: memoryview, p: int) -> ProduceRequestView:
-    end = len(b)
+# The two layouts differ only in how a length is written and in the tagged-field sections: a
+# length reader returns (length, position after it), -1 for null (classic: any negative length;
+# flexible: 0, the others being the length + 1).
+
+def _int16_length(b: memoryview, p: int) -> tuple[int, int]:
     n = _I16(b, p)[0]
-    p += 2
+    return (n if n >= 0 else -1), p + 2
+
+
+def _int32_length(b: memoryview, p: int) -> tuple[int, int]:
+    n = _I32(b, p)[0]
+    return (n if n >= 0 else -1), p + 4
+
+
+def _compact_length(b: memoryview, p: int) -> tuple[int, int]:
+    n, p = _uvarint(b, p)
+    return n - 1, p
+
+
+def _no_tags(b: memoryview, p: int, end: int) -> int:
+    return p
+
+
+def _text(b: memoryview, p: int, n: int, end: int, field: str) -> str:
+    if n > MAX_STRING:             # only a compact length can say more (an int16 cannot)
+        raise _Bad(f"string field {field} had invalid length {n}")
+    if n > end - p:
+        raise _Bad(f"{field} of {n} bytes with only {end - p} left")
+    return _string(b, p, n)
+
+
+def _count(n: int, left: int, field: str) -> int:
+    if n < 0:
+        raise _Bad(f"non-nullable field {field} was serialized as null")
+    if n > left:
+        raise _Bad(f"{field}: array of {n} items with only {left} bytes left")
+    return n
+
+
+def _parse(b: memoryview, p: int, string_length, tags, array_length) -> ProduceRequestView:
+    """The body in either layout: ``string_length`` and ``array_length`` (also the records'
+    length) read the lengths, ``tags`` skips a tagged-field section."""
+    end = len(b)
+    n, p = string_length(b, p)
     txn: str | None = None
-    if n >= 0:                     # any negative length is null (Kafka's nullable string)
-        if n > end - p:
-            raise _Bad(f"transactional_id of {n} bytes with only {end - p} left")
-        txn = _string(b, p, n)
+    if n >= 0:                     # transactional_id is nullable
+        txn = _text(b, p, n, end, "transactional_id")
         p += n
     acks, timeout_ms = _ACKS_TIMEOUT(b, p)
     p += 6
-    count = _I32(b, p)[0]
-    p += 4
-    if count < 0:
-        raise _Bad("non-nullable field topic_data was serialized as null")
-    if count > end - p:
-        raise _Bad(f"topic_data: array of {count} items with only {end - p} bytes left")
+    count, p = array_length(b, p)
     topics = []
-    for _ in range(count):
-        n = _I16(b, p)[0]
-        p += 2
+    for _ in range(_count(count, end - p, "topic_data")):
+        n, p = string_length(b, p)
         if n < 0:
             raise _Bad("non-nullable field name was serialized as null")
-        if n > end - p:
-            raise _Bad(f"name of {n} bytes with only {end - p} left")
-        name = _string(b, p, n)
+        name = _text(b, p, n, end, "name")
         p += n
-        pcount = _I32(b, p)[0]
-        p += 4
-        if pcount < 0:
-            raise _Bad("non-nullable field partition_data was serialized as null")
-        if pcount > end - p:
-            raise _Bad(f"partition_data: array of {pcount} items with only {end - p} bytes left")
+        pcount, p = array_length(b, p)
         parts = []
-        for _ in range(pcount):
-            index, size = _I32(b, p)[0], _I32(b, p + 4)[0]
-            p += 8
+        for _ in range(_count(pcount, end - p, "partition_data")):
+            index = _I32(b, p)[0]
+            size, p = array_length(b, p + 4)
             if size >= 0:
                 if size > end - p:
                     raise _Bad(f"records of {size} bytes with only {end - p} left")
                 parts.append(PartitionData(index, b[p:p + size]))
                 p += size
-            else:                  # any negative length is null (nullable bytes)
+            else:                  # records is nullable
                 parts.append(PartitionData(index, None))
+            p = tags(b, p, end)
+        p = tags(b, p, end)
         topics.append(TopicData(name, parts))
-    return ProduceRequestView(txn, acks, datetime.timedelta(milliseconds=timeout_ms), topics)
-
-
-def _flexible(b: memoryview, p: int) -> ProduceRequestView:
-    end = len(b)
-    n, p = _uvarint(b, p)
-    txn: str | None = None
-    if n:
-        n -= 1
-        if n > MAX_STRING:
-            raise _Bad(f"string field transactional_id had invalid length {n}")
-        if n > end - p:
-            raise _Bad(f"transactional_id of {n} bytes with only {end - p} left")
-        txn = _string(b, p, n)
-        p += n
-    acks, timeout_ms = _ACKS_TIMEOUT(b, p)
-    p += 6
-    count, p = _uvarint(b, p)
-    count -= 1
-    if count < 0:
-        raise _Bad("non-nullable field topic_data was serialized as null")
-    if count > end - p:
-        raise _Bad(f"topic_data: array of {count} items with only {end - p} bytes left")
-    topics = []
-    for _ in range(count):
-        n, p = _uvarint(b, p)
-        if not n:
-            raise _Bad("non-nullable field name was serialized as null")
-        n -= 1
-        if n > MAX_STRING:
-            raise _Bad(f"string field name had invalid length {n}")
-        if n > end - p:
-            raise _Bad(f"name of {n} bytes with only {end - p} left")
-        name = _string(b, p, n)
-        p += n
-        pcount, p = _uvarint(b, p)
-        pcount -= 1
-        if pcount < 0:
-            raise _Bad("non-nullable field partition_data was serialized as null")
-        if pcount > end - p:
-            raise _Bad(f"partition_data: array of {pcount} items with only {end - p} bytes left")
-        parts = []
-        for _ in range(pcount):
-            index = _I32(b, p)[0]
-            size, p = _uvarint(b, p + 4)
-            if size:
-                size -= 1
-                if size > end - p:
-                    raise _Bad(f"records of {size} bytes with only {end - p} left")
-                parts.append(PartitionData(index, b[p:p + size]))
-                p += size
-            else:
-                parts.append(PartitionData(index, None))
-            p = _skip_tags(b, p, end)
-        p = _skip_tags(b, p, end)
-        topics.append(TopicData(name, parts))
-    _skip_tags(b, p, end)
+    tags(b, p, end)
     return ProduceRequestView(txn, acks, datetime.timedelta(milliseconds=timeout_ms), topics)
