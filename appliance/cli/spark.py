@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import click
 
-from appliance.cli.tool import fail, resolve_bootstrap, tool_group
+from appliance.cli.tool import (BOOTSTRAP_HELP, COMMAND_CONFIG_HELP, fail, kafka_errors,
+                                resolve_bootstrap, tool_group)
 
 
 @tool_group("spark", "The Spark sink's jobs (appliance.spark): its job log and the transactions "
@@ -23,10 +24,9 @@ def spark() -> None:
 
 @spark.command("recover")
 @click.option("--bootstrap-server", "bootstrap_server", default=None, metavar="HOST:PORT",
-              help="The broker to ask (default: the first listener of the configuration).")
+              help=BOOTSTRAP_HELP)
 @click.option("--command-config", "command_config", default=None, type=click.Path(dir_okay=False),
-              help="Kafka client properties for a secured listener (security.protocol, "
-                   "sasl.mechanism, sasl.jaas.config, ssl.truststore.location ...).")
+              help=COMMAND_CONFIG_HELP)
 @click.option("--prefix", default=None,
               help="Only the jobs of this transactionalIdPrefix (default: every prefix the job "
                    "log or an open transaction names).")
@@ -39,13 +39,14 @@ def spark_recover(ctx: click.Context, bootstrap_server: str | None, command_conf
     """Roll forward the dead Spark write jobs whose commit was decided, roll back the others,
     and list what was committed, aborted or left alone (exit 1 if a job could not be
     resolved)."""
-    from appliance.client.errors import KafkaError
     from appliance.spark import jobs
     target = resolve_bootstrap(ctx, bootstrap_server, command_config)
     cfg = {"bootstrap_servers": target.servers, "client_id": "appliance-spark-recover",
            **target.settings}
     failed = False
-    try:
+    # A Kafka error ends the command as it ends every tool's (cannot reach, no answer in time,
+    # or the error's name and message; exit 1).
+    with kafka_errors(target):
         with jobs.JobLog(cfg) as jl:
             entries = jl.read()
             done = 0
@@ -57,7 +58,5 @@ def spark_recover(ctx: click.Context, bootstrap_server: str | None, command_conf
                     failed = failed or act.outcome == "failed"
             if not done:
                 click.echo("nothing to recover")
-    except KafkaError as e:
-        fail(f"error: {e}")
     if failed:
         fail("some jobs could not be resolved (see above)")

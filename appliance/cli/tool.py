@@ -34,8 +34,8 @@ def fail(message: str, code: int = EXIT_ERROR):
     sys.exit(code)
 
 
-_BOOTSTRAP_HELP = "The broker to ask (default: the first listener of the configuration)."
-_COMMAND_CONFIG_HELP = ("Kafka client properties for a secured listener (security.protocol, "
+BOOTSTRAP_HELP = "The broker to ask (default: the first listener of the configuration)."
+COMMAND_CONFIG_HELP = ("Kafka client properties for a secured listener (security.protocol, "
                         "sasl.mechanism, sasl.jaas.config, ssl.truststore.location ...).")
 
 
@@ -92,9 +92,9 @@ def tool_group(name: str, help_text: str):
     def deco(fn):
         @main.group(name, help=help_text)
         @click.option("--bootstrap-server", "bootstrap_server", default=None, metavar="HOST:PORT",
-                      help=_BOOTSTRAP_HELP)
+                      help=BOOTSTRAP_HELP)
         @click.option("--command-config", "command_config", default=None,
-                      type=click.Path(dir_okay=False), help=_COMMAND_CONFIG_HELP)
+                      type=click.Path(dir_okay=False), help=COMMAND_CONFIG_HELP)
         @click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
                       help="The appliance's TOML file, for the default bootstrap server.")
         @click.pass_context
@@ -113,9 +113,9 @@ def connection_options(fn):
     receives ``bootstrap`` (a ``Bootstrap``, resolved by ``resolve_bootstrap``) and ``as_json``.
     (``--config`` on a command is Kafka's: a topic config.)"""
     @click.option("--bootstrap-server", "bootstrap_server", default=None, metavar="HOST:PORT",
-                  help=_BOOTSTRAP_HELP)
+                  help=BOOTSTRAP_HELP)
     @click.option("--command-config", "command_config", default=None,
-                  type=click.Path(dir_okay=False), help=_COMMAND_CONFIG_HELP)
+                  type=click.Path(dir_okay=False), help=COMMAND_CONFIG_HELP)
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
     @click.pass_context
     @functools.wraps(fn)

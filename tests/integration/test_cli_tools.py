@@ -101,6 +101,9 @@ def test_topics_create_list_describe_alter_delete(shared_appliance, tmp_path):
 def test_an_unreachable_bootstrap_server_is_named(shared_appliance):
     r = cli("topics", "list", "--bootstrap-server", "127.0.0.1:1", ok=False)
     assert r.returncode == 1 and "cannot reach 127.0.0.1:1" in r.stderr
+    # spark recover ends a Kafka error as every tool does (it had its own "error: ..." line)
+    r = cli("spark", "recover", "--bootstrap-server", "127.0.0.1:1", ok=False)
+    assert r.returncode == 1 and r.stderr.startswith("Error: cannot reach 127.0.0.1:1"), r.stderr
 
 
 # -- configs --------------------------------------------------------------------------------------
