@@ -32,7 +32,7 @@ from .log.files import TMP_SUFFIX, atomic_write
 from .config import DEFAULT_LISTEN, Config, parse_hostport
 from .listeners import Listener
 from .runtime import (EXIT_DATA_DIR, EXIT_LISTEN_ADDRESS, EXIT_LISTEN_IN_USE, EXIT_RUNTIME_DIR,
-                      HEARTBEAT_FILE, RUNTIME_POINTER)
+                      HEARTBEAT_FILE, RUNTIME_POINTER, pid_alive)
 
 log = logging.getLogger("appliance.supervisor")
 
@@ -365,13 +365,3 @@ def raise_fd_limit() -> None:
             log.warning("could not raise the open-files limit (RLIMIT_NOFILE) from %d to %d: %s",
                         soft, want, e)
     log.info("open-files limit (RLIMIT_NOFILE) is %d", soft)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

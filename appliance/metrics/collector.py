@@ -25,7 +25,7 @@ from prometheus_client.utils import floatToGoString
 from appliance.catalog import PUBLISHED_FILE, read_published
 from appliance.runtime import (COORDINATOR_PAGE_FIELDS, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE,
                                PARTITION_PAGE_FIELDS, READY, SUPERVISOR, WORKER_PAGE_FIELDS,
-                               read_processes, role_title)
+                               pid_alive, read_processes, role_title)
 from shm.heartbeat import HeartbeatTable
 from shm.metrics import MetricsTable
 from shm.ring import ring_fill
@@ -39,16 +39,6 @@ log = logging.getLogger("appliance.metrics")
 
 class NotRunning(Exception):
     """No appliance runs on this runtime directory (the message says what was found)."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Collector:
@@ -76,7 +66,7 @@ class Collector:
             procs = read_processes(self.run_dir)
         except FileNotFoundError:
             raise NotRunning(f"no appliance runtime directory at {self.run_dir}") from None
-        if not _pid_alive(procs.get("supervisor", 0)):
+        if not pid_alive(procs.get("supervisor", 0)):
             raise NotRunning(f"the appliance that made {self.run_dir} (pid "
                              f"{procs.get('supervisor')}) is not running")
         return procs
