@@ -50,7 +50,7 @@ from appliance.errors import CorruptRecord, ErrorCode, InvalidRecord, KafkaError
 from appliance.protocol.records import (_CODEC_NAMES, _XERIAL_MAGIC, COMPRESSION_GZIP,
                                         COMPRESSION_LZ4, COMPRESSION_NONE, COMPRESSION_SNAPPY,
                                         COMPRESSION_ZSTD, HEADER_SIZE, LOG_OVERHEAD, BatchHeader, _i,
-                                        read_header)
+                                        read_header, xerial_blocks)
 
 try:   # built by setup.py where a C compiler is at hand
     from appliance.protocol._recwalk import records_ok as _native_ok
@@ -136,24 +136,12 @@ def _snappy_chunks(data: bytes, max_bytes: int) -> Iterator[bytes]:
             raise _too_big(COMPRESSION_SNAPPY, max_bytes)
         yield bytes(sn.decompress_raw(data))
         return
-    mv = memoryview(data)
-    total, pos, n = 0, 16, len(data)
-    while pos < n:
-        if data[pos:pos + 8] == _XERIAL_MAGIC:     # concatenated xerial streams
-            pos += 16
-            continue
-        if pos + 4 > n:
-            raise CorruptRecord("truncated xerial snappy chunk header")
-        clen = _i.unpack_from(mv, pos)[0]
-        pos += 4
-        if clen < 0 or pos + clen > n:
-            raise CorruptRecord("truncated xerial snappy chunk")
-        block = mv[pos:pos + clen]
+    total = 0
+    for block in xerial_blocks(data):
         total += sn.decompress_raw_len(block)
         if total > max_bytes:
             raise _too_big(COMPRESSION_SNAPPY, max_bytes)
         yield bytes(sn.decompress_raw(block))
-        pos += clen
 
 
 _LZ4_BLOCK_MAX = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}

@@ -431,14 +431,15 @@ def _snappy_xerial(data) -> bytes:
     return bytes(out)
 
 
-def _snappy_decode(data) -> bytes:
+def xerial_blocks(data) -> Iterator[memoryview]:
+    """The raw snappy blocks of a xerial stream (Kafka's Java client's snappy framing: a 16-byte
+    header, then int32 length + block, repeated; concatenated streams each start with the
+    header again). The caller has checked the first header. Raises CorruptRecord on a
+    truncated chunk."""
     mv = memoryview(data)
-    if bytes(mv[:8]) != _XERIAL_MAGIC:
-        return bytes(cramjam.snappy.decompress_raw(mv))   # librdkafka writes plain snappy blocks
-    out = bytearray()
     pos, n = 16, len(mv)
     while pos < n:
-        if bytes(mv[pos:pos + 8]) == _XERIAL_MAGIC:       # concatenated xerial streams
+        if mv[pos:pos + 8] == _XERIAL_MAGIC:              # concatenated xerial streams
             pos += 16
             continue
         if pos + 4 > n:
@@ -447,8 +448,17 @@ def _snappy_decode(data) -> bytes:
         pos += 4
         if clen < 0 or pos + clen > n:
             raise CorruptRecord("truncated xerial snappy chunk")
-        out += cramjam.snappy.decompress_raw(mv[pos:pos + clen])
+        yield mv[pos:pos + clen]
         pos += clen
+
+
+def _snappy_decode(data) -> bytes:
+    mv = memoryview(data)
+    if mv[:8] != _XERIAL_MAGIC:
+        return bytes(cramjam.snappy.decompress_raw(mv))   # librdkafka writes plain snappy blocks
+    out = bytearray()
+    for block in xerial_blocks(mv):
+        out += cramjam.snappy.decompress_raw(block)
     return bytes(out)
 
 

@@ -288,3 +288,22 @@ def test_the_c_walk_vouches_only_for_what_the_python_walk_accepts(
     assert not native or python
     if pristine and python:
         assert native
+
+
+def test_xerial_snappy_reads_the_same_bounded_and_unbounded():
+    """Both readers walk xerial streams with one walk (records.xerial_blocks): concatenated
+    streams read whole, a truncated chunk header or chunk is CORRUPT_MESSAGE in both, and the
+    bound counts every block."""
+    data = bytes(range(256)) * 200                       # 51,200 bytes: two xerial blocks
+    two = R.compress(R.COMPRESSION_SNAPPY, data) + R.compress(R.COMPRESSION_SNAPPY, b"tail")
+    assert R.decompress(R.COMPRESSION_SNAPPY, two) == data + b"tail"
+    assert decompress_bounded(R.COMPRESSION_SNAPPY, two, len(data) + 4) == data + b"tail"
+    with pytest.raises(KafkaError):
+        decompress_bounded(R.COMPRESSION_SNAPPY, two, len(data) + 3)
+    one = R.compress(R.COMPRESSION_SNAPPY, data)
+    for cut in (one[:18], one[:-1]):                     # in a chunk's length; in its block
+        for read in (lambda b: R.decompress(R.COMPRESSION_SNAPPY, b),
+                     lambda b: decompress_bounded(R.COMPRESSION_SNAPPY, b, 1 << 20)):
+            with pytest.raises(KafkaError) as e:
+                read(cut)
+            assert e.value.code == ErrorCode.corrupt_message
