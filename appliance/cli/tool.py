@@ -36,7 +36,7 @@ def fail(message: str, code: int = EXIT_ERROR):
 
 BOOTSTRAP_HELP = "The broker to ask (default: the first listener of the configuration)."
 COMMAND_CONFIG_HELP = ("Kafka client properties for a secured listener (security.protocol, "
-                        "sasl.mechanism, sasl.jaas.config, ssl.truststore.location ...).")
+                       "sasl.mechanism, sasl.jaas.config, ssl.truststore.location ...).")
 
 
 @dataclass
