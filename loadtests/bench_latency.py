@@ -32,6 +32,7 @@ that does no work, the floor under every other row (``--no-sink`` leaves it out)
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
 import struct
@@ -63,7 +64,7 @@ def percentiles(values: list[float]) -> tuple[float, float, float]:
 
 def _ms(p: tuple[float, float, float], sep: str = " / ") -> str:
     """p50, p99, p99.9 in ms; n/a for a run without them (the sink has no end to end)."""
-    return "n/a" if p[0] != p[0] else sep.join(f"{x:.2f}" for x in p)
+    return "n/a" if math.isnan(p[0]) else sep.join(f"{x:.2f}" for x in p)
 
 
 def consume(bootstrap: str, topic: str, partitions: int, until_ns: int, start_ns: int,
@@ -153,7 +154,7 @@ def fixed_rate(bootstrap: str, topic: str, partitions: int, rate: float, seconds
         proc.join(30)
     measured = seconds * rate
     return {"rate": rate, "achieved": achieved, "produce": percentiles(produce_lat), "e2e": percentiles(lat),
-            "acked": len(produce_lat), "consumed": len(lat) if consumer else None,
+            "acked": len(produce_lat), "consumed": len(lat) if proc is not None else None,
             "errors": errors, "expected": measured}
 
 
