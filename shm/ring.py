@@ -2,10 +2,10 @@
 
 Owns: one direction of one channel (see docs/architecture.md, "Runtime directory and channels").
 The producer process (e.g. a frontend for the produce ring ``fe<i> -> w...``) only ever calls
-``try_put``/``free_bytes``; the consumer process only ``peek``/``advance``/``get``/``empty`` and the
-``consumer_waiting`` flag. All state lives in the shared file: a restarted producer continues from
-the published tail, a restarted consumer from the published head (a record it had peeked but not
-advanced is delivered again).
+``try_put``/``free_bytes``; the consumer process only ``peek``/``advance``/``get``/``empty``, the
+``consumer_waiting`` flag and ``ready_slot`` (both of which the producer reads). All state lives
+in the shared file: a restarted producer continues from the published tail, a restarted consumer
+from the published head (a record it had peeked but not advanced is delivered again).
 
 Layout (offsets relative to the start of the ring inside its region; little-endian)::
 
@@ -19,6 +19,9 @@ Layout (offsets relative to the start of the ring inside its region; little-endi
     192   +--------------------------------------------------------------+
           | consumer_waiting u64 (consumer-owned: 1 = "ring my bell")     |  line 3
     256   +--------------------------------------------------------------+
+          | ready_slot u64 (consumer-owned: this ring's byte in the       |  line 4
+          |   consumer's ready map, 0 = none; see shm.ready)              |
+    320   +--------------------------------------------------------------+
           | zero up to the page boundary                                  |
     4096  +==============================================================+
           | data area: capacity bytes (power of two >= 4096)              |
@@ -95,6 +98,7 @@ MIN_CAPACITY = 4096
 _HEAD = 64 // 8
 _TAIL = 128 // 8
 _WAITING = 192 // 8
+_SLOT = 256 // 8
 
 _HEADER = struct.Struct("<IHHQ")     # magic, version, flags, capacity
 _REC = struct.Struct("<II")          # length, checksum
@@ -366,6 +370,15 @@ class Ring:
     @consumer_waiting.setter
     def consumer_waiting(self, value: bool) -> None:
         self._q[_WAITING] = 1 if value else 0
+
+    @property
+    def ready_slot(self) -> int:
+        """This ring's byte in the consumer's ready map (``shm.ready``); 0 = none."""
+        return self._q[_SLOT]
+
+    @ready_slot.setter
+    def ready_slot(self, value: int) -> None:
+        self._q[_SLOT] = value
 
     # -- life cycle ------------------------------------------------------------------------
     @property

@@ -11,6 +11,7 @@ must not contain ``-`` or ``/``, because ``-`` separates the two ends of a ring)
 
     <run_dir>/ring.<src>-<dst>    SPSC ring, producer src -> consumer dst   (shm.ring)
     <run_dir>/bell.<endpoint>     the endpoint's doorbell socket             (shm.doorbell)
+    <run_dir>/ready.<endpoint>    which of its input rings have records      (shm.ready)
     <run_dir>/page.<name>         a state page                               (shm.statepage)
     <run_dir>/metrics.<name>      the endpoint's metrics table               (shm.metrics)
     <run_dir>/conns.<frontend>    a frontend's connections per IP address    (shm.conntable)
@@ -28,6 +29,9 @@ it may spill: the produce fast path's records are kept below the limit by their 
 ``Outbox`` and ``Mailbox`` implement the wake-up protocol on top: the producer rings the
 consumer's bell only when the ring's ``consumer_waiting`` flag is set; the consumer sets the flag
 on all its input rings, re-checks them, and only then sleeps on its bell, with a bounded timeout.
+Which rings to read is the ready map's answer (``shm.ready``): the producer marks its ring's slot
+after each publish, the consumer takes the marked slots (``Mailbox.take_ready``) and re-checks
+through them (``Mailbox.pending``), so neither costs a look at every input.
 
 The flag protocol is a store-then-load on each side (producer: store tail, load flag; consumer:
 store flag, load tail). Even x86-64 may reorder a store with a later load (the store buffer), which
@@ -47,6 +51,7 @@ import threading
 from typing import Sequence
 
 from .doorbell import BellSender, Doorbell
+from .ready import SLOTS, ReadyMap
 from .ring import Buffer, RecordTooLarge, Ring
 from .statepage import StatePage
 
@@ -94,6 +99,9 @@ class Topology:
 
     def bell_path(self, endpoint: str) -> str:
         return f"{self.run_dir}/bell.{_check_endpoint(endpoint)}"
+
+    def ready_path(self, endpoint: str) -> str:
+        return f"{self.run_dir}/ready.{_check_endpoint(endpoint)}"
 
     def page_path(self, name: str) -> str:
         return f"{self.run_dir}/page.{_check_endpoint(name)}"
@@ -172,6 +180,7 @@ class Topology:
             if sep and (src == endpoint or dst == endpoint):
                 _unlink(f"{self.run_dir}/{name}")
         _unlink(self.bell_path(endpoint))
+        _unlink(self.ready_path(endpoint))
         _unlink(self.page_path(endpoint))
         _unlink(self.conns_path(endpoint))
         _unlink(self.metrics_path(endpoint))
@@ -199,7 +208,8 @@ def _unlink(path: str) -> None:
 class Outbox:
     """Producer end of ring src -> dst, ringing dst's bell when dst says it is waiting."""
 
-    __slots__ = ("src", "dst", "ring", "bell", "sender", "queued", "run_dir")
+    __slots__ = ("src", "dst", "ring", "bell", "sender", "queued", "run_dir", "ready_path",
+                 "_ready")
 
     def __init__(self, topology: Topology, src: str, dst: str, sender: BellSender) -> None:
         self.src = src
@@ -207,6 +217,17 @@ class Outbox:
         self.run_dir = topology.run_dir
         self.ring = topology.open_ring(src, dst)
         self.bell = topology.bell_path(dst)
+        self.ready_path = topology.ready_path(dst)
+        # The consumer's ready map: opened now when the consumer has made it, else at the first
+        # mark (None until then; False: there is none to open). Every mapping holds a file
+        # descriptor, so each destination costs one more.
+        self._ready: ReadyMap | None | bool = None
+        try:
+            self._ready = ReadyMap.open(self.ready_path)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError):
+            self._ready = False
         self.sender = sender
         # Messages that found the ring full, oldest first; see post() and flush().
         self.queued: collections.deque[tuple[Buffer, ...]] = collections.deque()
@@ -234,7 +255,22 @@ class Outbox:
         if not put:
             self.queued.append(_owned(parts))
             return -1
+        self._mark()
         return self.ring.tail
+
+    def _mark(self) -> None:
+        """After a publish: mark the ring's slot in the consumer's ready map (``shm.ready``)."""
+        slot = self.ring.ready_slot
+        if slot:
+            ready = self._ready
+            if ready is None:
+                try:
+                    ready = self._ready = ReadyMap.open(self.ready_path)
+                except (OSError, ValueError):
+                    # No map (the consumer could not make one): it looks at every ring anyway.
+                    ready = self._ready = False
+            if ready:
+                ready.mark(slot)
 
     def _spill(self, parts: tuple[Buffer, ...]) -> bytes:
         global _spilled_count
@@ -258,8 +294,13 @@ class Outbox:
         if it waits. Returns True while records remain queued (call again later)."""
         ring = self.ring
         queued = self.queued
-        while queued and ring.try_put(*queued[0]):
-            queued.popleft()
+        if queued:
+            moved = False
+            while queued and ring.try_put(*queued[0]):
+                queued.popleft()
+                moved = True
+            if moved:
+                self._mark()
         _fence()                       # tail store before the flag load (see module docstring)
         if ring.consumer_waiting:
             self.sender.ring(self.bell)
@@ -272,6 +313,8 @@ class Outbox:
         whose consumer sleeps is exactly a lost wake-up to repair."""
         ring = self.ring
         ok = ring.try_put(*parts)
+        if ok:
+            self._mark()
         _fence()                       # tail store before the flag load (see module docstring)
         if ring.consumer_waiting:
             self.sender.ring(self.bell)
@@ -288,26 +331,82 @@ def unspill(record: Buffer) -> bytes:
 
 
 class Mailbox:
-    """Consumer end of all rings into ``endpoint``; owns the endpoint's doorbell."""
+    """Consumer end of all rings into ``endpoint``; owns the endpoint's doorbell and ready map."""
 
     def __init__(self, topology: Topology, endpoint: str) -> None:
         self.topology = topology
         self.endpoint = _check_endpoint(endpoint)
         self.doorbell = Doorbell(topology.bell_path(endpoint))
         self.inputs: dict[str, Ring] = {}
+        try:
+            self.ready_map: ReadyMap | None = ReadyMap.open_or_create(topology.ready_path(endpoint))
+        except (OSError, ValueError):
+            self.ready_map = None       # a full runtime dir: every ring is looked at every time
+        self._slot_of: dict[str, int] = {}
+        self._src_of: dict[int, str] = {}
+        self._free_slots: list[int] = []
+        self._slot_end = 1              # one past the highest slot handed out
+        self._unslotted: dict[str, Ring] = {}   # inputs beyond the map's slots (or no map)
 
     def add(self, src: str) -> Ring:
-        """Open ring src -> endpoint and take it as an input."""
+        """Open ring src -> endpoint and take it as an input, with a slot in the ready map,
+        marked: records put before this are looked for at the next take."""
         ring = self.topology.open_ring(src, self.endpoint)
         self.inputs[src] = ring
+        slot = self._slot_of.get(src) or self._new_slot()
+        if slot:
+            self._slot_of[src] = slot
+            self._src_of[slot] = src
+            ring.ready_slot = slot
+            self.ready_map.mark(slot)   # type: ignore[union-attr]
+        else:
+            ring.ready_slot = 0
+            self._unslotted[src] = ring
         return ring
+
+    def _new_slot(self) -> int:
+        if self.ready_map is None:
+            return 0
+        if self._free_slots:
+            return self._free_slots.pop()
+        if self._slot_end >= SLOTS:
+            return 0
+        self._slot_end += 1
+        return self._slot_end - 1
 
     def remove(self, src: str) -> Ring | None:
         """Stop consuming from src (the ring stays open in the topology cache)."""
         ring = self.inputs.pop(src, None)
         if ring is not None:
             ring.consumer_waiting = False
+        self._unslotted.pop(src, None)
+        slot = self._slot_of.pop(src, 0)
+        if slot:
+            del self._src_of[slot]
+            self._free_slots.append(slot)
+            if ring is not None:
+                ring.ready_slot = 0
+            self.ready_map.clear(slot)  # type: ignore[union-attr]
         return ring
+
+    def take_ready(self) -> list[tuple[str, Ring]]:
+        """The inputs marked since the last take (their marks cleared, then a barrier: see
+        ``shm.ready``), and every input without a slot. The caller reads each to its end."""
+        out: list[tuple[str, Ring]] = []
+        ready = self.ready_map
+        if ready is not None:
+            slots = ready.take(self._slot_end)
+            if slots:
+                _fence()               # mark stores before the tail loads of the reads
+                src_of = self._src_of
+                inputs = self.inputs
+                for slot in slots:
+                    src = src_of.get(slot)
+                    if src is not None:
+                        out.append((src, inputs[src]))
+        if self._unslotted:
+            out.extend(self._unslotted.items())
+        return out
 
     def arm(self) -> None:
         """Set consumer_waiting on every input: producers ring from now on. Re-check the rings
@@ -321,14 +420,33 @@ class Mailbox:
             ring.consumer_waiting = False
 
     def pending(self) -> bool:
-        """True if any input ring holds a record."""
-        for ring in self.inputs.values():
+        """True if any input ring holds a record: those behind a mark (a mark over an empty ring,
+        left by a consumer that read every ring, is cleared, and the ring looked at again after
+        a barrier) and those without a slot."""
+        ready = self.ready_map
+        if ready is not None:
+            cleared: list[tuple[int, Ring]] = []
+            for slot in ready.flagged(self._slot_end):
+                src = self._src_of.get(slot)
+                ring = self.inputs.get(src) if src is not None else None
+                if ring is not None and not ring.empty():
+                    return True
+                ready.clear(slot)
+                if ring is not None:
+                    cleared.append((slot, ring))
+            if cleared:
+                _fence()               # clears before the tail loads (see shm.ready)
+                for slot, ring in cleared:
+                    if not ring.empty():
+                        ready.mark(slot)        # for the caller's next take
+                        return True
+        for ring in self._unslotted.values():
             if not ring.empty():
                 return True
         return False
 
     def ready(self) -> list[str]:
-        """Sources whose rings hold records."""
+        """Sources whose rings hold records (a look at every input)."""
         return [src for src, ring in self.inputs.items() if not ring.empty()]
 
     def wait(self, timeout: float) -> None:
@@ -352,6 +470,9 @@ class Mailbox:
     def close(self) -> None:
         self.disarm()
         self.doorbell.close()
+        if self.ready_map is not None:
+            self.ready_map.close()
+            self.ready_map = None
 
     def __enter__(self) -> "Mailbox":
         return self

@@ -26,7 +26,8 @@ The loop (``Worker.loop``), one turn::
 
     beat the heartbeat
     if the supervisor's page moved: a new configuration version -> reload(old, new)
-    worked = drain_inputs()     default: every input ring through the registry; the partition
+    worked = drain_inputs()     default: the input rings the ready map marked (shm.ready),
+                                every one each FULL_LOOK_S, through the registry; the partition
                                 writer replaces it with its produce fast path
     on_tick(now)                every ``tick_s`` seconds
     on_turn(now)                per-turn work (replies, timers that need every turn)
@@ -70,6 +71,10 @@ log = logging.getLogger("appliance.worker")
 IDLE_WAIT_S = 0.5
 # How soon a worker retries replies that found their ring full.
 QUEUED_RETRY_S = 0.01
+# How often a worker that reads the rings its ready map marks (``Mailbox.take_ready``) also looks
+# at every input ring: the bound on what a record that was not marked (anything shm.ready did not
+# foresee) can wait.
+FULL_LOOK_S = 1.0
 
 
 class Worker:
@@ -112,6 +117,7 @@ class Worker:
         self.config_version = ctx.config_version
         self._sup_seq = -1                      # the supervisor page's seq last looked at
         self.next_tick = 0.0
+        self.next_full_look = 0.0
         self.registry: Registry | None = None
 
     # -- wiring (hooks called by __init__) ------------------------------------------------------
@@ -263,10 +269,16 @@ class Worker:
         return None
 
     def drain_inputs(self) -> bool:
-        """Serve every message waiting in the input rings; True if there was any."""
+        """Serve every message waiting in the input rings the ready map marked (and in every
+        input ring each ``FULL_LOOK_S``); True if there was any."""
         worked = False
         handle = self.registry.handle
-        for src, ring in list(self.mailbox.inputs.items()):
+        rings = self.mailbox.take_ready()
+        now = time.monotonic()
+        if now >= self.next_full_look:
+            self.next_full_look = now + FULL_LOOK_S
+            rings = list(self.mailbox.inputs.items())
+        for src, ring in rings:
             while (raw := ring.get()) is not None:
                 worked = True
                 handle(src, raw)

@@ -274,3 +274,115 @@ def test_record_larger_than_the_ring_is_spilled_in_order(tmp_path, closing):
     assert ipc.decode(got[-1])[0] == 7 and unspill is not None
     assert not [n for n in os.listdir(tmp_path) if n.startswith("spill.")]
     topo.close()
+
+
+# -- the ready map (shm.ready): which inputs to read without looking at every ring ----------------
+
+def _many_inputs(tmp_path, n: int, consumer: str = "fe0"):
+    topo = Topology(str(tmp_path))
+    names = [f"w1.{i}" for i in range(n)]
+    for name in names:
+        topo.create_ring(name, consumer, 4096).close()
+    mb = Mailbox(topo, consumer)
+    for name in names:
+        mb.add(name)
+    return topo, mb, names
+
+
+def test_take_ready_returns_only_the_rings_posted_to_since_the_last_take(tmp_path, closing):
+    topo, mb, names = _many_inputs(tmp_path, 300)
+    assert sorted(src for src, _ in mb.take_ready()) == sorted(names)   # marked when added
+    assert mb.take_ready() == []
+    producer = Topology(str(tmp_path))                  # the producers' own processes
+    sender = closing(BellSender())
+    for name in ("w1.7", "w1.250"):
+        assert Outbox(producer, name, "fe0", sender).send(name.encode())
+    taken = mb.take_ready()
+    assert sorted(src for src, _ in taken) == ["w1.250", "w1.7"]
+    assert [ring.get() for _, ring in sorted(taken)] == [b"w1.250", b"w1.7"]
+    assert mb.take_ready() == []
+    mb.close()
+
+
+def test_a_record_queued_behind_a_full_ring_is_marked_when_flush_puts_it(tmp_path, closing):
+    topo, mb, _ = _many_inputs(tmp_path, 2)
+    mb.take_ready()
+    out = Outbox(Topology(str(tmp_path)), "w1.1", "fe0", closing(BellSender()))
+    while out.post(bytes(1000)) != -1:
+        pass
+    ring = mb.inputs["w1.1"]
+    while ring.get() is not None:
+        pass
+    mb.take_ready()
+    assert out.flush() is False                         # the queued record went in
+    assert [src for src, _ in mb.take_ready()] == ["w1.1"]
+    mb.close()
+
+
+def test_pending_clears_a_mark_over_an_empty_ring_and_keeps_the_one_over_a_record(tmp_path, closing):
+    """A consumer that reads every ring itself (a partition writer) never takes its marks:
+    pending() must not report them forever (the loop would never sleep), nor drop one whose
+    ring holds a record."""
+    topo, mb, _ = _many_inputs(tmp_path, 3)
+    out = Outbox(Topology(str(tmp_path)), "w1.2", "fe0", closing(BellSender()))
+    assert out.send(b"x")
+    assert mb.pending()
+    assert mb.inputs["w1.2"].get() == b"x"              # read without a take
+    assert not mb.pending()                             # every stale mark cleared
+    assert mb.ready_map.flagged(4) == []
+    assert out.send(b"y")
+    assert mb.pending()
+    assert [src for src, _ in mb.take_ready()] == ["w1.2"]
+    mb.close()
+
+
+def test_inputs_beyond_the_maps_slots_are_read_every_time(tmp_path, closing, monkeypatch):
+    monkeypatch.setattr("shm.topology.SLOTS", 3)        # slots 1 and 2, then none
+    topo, mb, names = _many_inputs(tmp_path, 4)
+    assert [mb.inputs[n].ready_slot for n in names] == [1, 2, 0, 0]
+    mb.take_ready()
+    assert sorted(src for src, _ in mb.take_ready()) == ["w1.2", "w1.3"]
+    assert not mb.pending()
+    Outbox(Topology(str(tmp_path)), "w1.3", "fe0", closing(BellSender())).send(b"z")
+    assert mb.pending()
+    mb.close()
+
+
+def test_without_a_map_every_input_is_read_every_time(tmp_path, closing, monkeypatch):
+    def full(path):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("shm.topology.ReadyMap.open_or_create", full)
+    topo, mb, names = _many_inputs(tmp_path, 3)
+    assert mb.ready_map is None
+    assert sorted(src for src, _ in mb.take_ready()) == names
+    out = Outbox(Topology(str(tmp_path)), "w1.0", "fe0", closing(BellSender()))
+    assert not mb.pending()
+    assert out.send(b"a")                               # no slot: nothing to mark
+    assert mb.pending()
+    mb.close()
+
+
+def test_a_restarted_consumer_reuses_the_map_and_old_producers_mark_its_new_slots(tmp_path, closing):
+    topo, mb, _ = _many_inputs(tmp_path, 2)
+    out = Outbox(Topology(str(tmp_path)), "w1.0", "fe0", closing(BellSender()))
+    assert out.send(b"before")
+    mb.close()
+    mb2 = Mailbox(Topology(str(tmp_path)), "fe0")       # the successor adds in another order
+    mb2.add("w1.1")
+    mb2.add("w1.0")
+    assert mb2.inputs["w1.0"].ready_slot == 2
+    taken = dict(mb2.take_ready())
+    assert taken["w1.0"].get() == b"before"             # put before the successor added it
+    assert out.send(b"after")                           # the producer's map is the same file
+    assert [src for src, _ in mb2.take_ready()] == ["w1.0"]
+    mb2.close()
+
+
+def test_remove_frees_the_slot_for_the_next_input(tmp_path):
+    topo, mb, _ = _many_inputs(tmp_path, 2)
+    gone = mb.remove("w1.0")
+    assert gone.ready_slot == 0
+    topo.create_ring("w2.0", "fe0", 4096).close()
+    assert mb.add("w2.0").ready_slot == 1
+    assert sorted(src for src, _ in mb.take_ready()) == ["w1.1", "w2.0"]
+    mb.close()

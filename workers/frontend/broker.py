@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 
 from appliance import ipc
 from appliance.acl.authorizer import Authorizer
@@ -35,6 +36,7 @@ from appliance.runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, PARTITION_P
 from shm.doorbell import BellSender
 from shm.statepage import StatePage
 from shm.topology import Outbox, Topology
+from workers.base import FULL_LOOK_S
 
 log = logging.getLogger("appliance.broker")
 
@@ -118,6 +120,7 @@ class Broker:
         self.segment_views = SegmentViews()
         self._topic_names: dict[bytes, str] = {}
         self._next_sweep = 0.0
+        self._next_full_look = 0.0
         # The ACLs the supervisor published (appliance.acl): checked by every handler through
         # RequestContext.authorize, without a round trip.
         self.authorizer = Authorizer.from_config(
@@ -155,8 +158,15 @@ class Broker:
             self.segment_views.sweep()      # release segments retention deleted
 
     def drain(self) -> None:
-        """Deliver every ack and reply waiting in the mailbox's rings."""
-        for src, ring in list(self.mailbox.inputs.items()):
+        """Deliver every ack and reply waiting in the rings the ready map marked (shm.ready),
+        and each ``FULL_LOOK_S`` in every ring (what costs a look at each of hundreds of writers'
+        rings is done once a second, not at every wake-up)."""
+        rings = self.mailbox.take_ready()
+        now = time.monotonic()
+        if now >= self._next_full_look:
+            self._next_full_look = now + FULL_LOOK_S
+            rings = list(self.mailbox.inputs.items())
+        for src, ring in rings:
             while (mv := ring.peek()) is not None:
                 try:
                     self._deliver(mv)
