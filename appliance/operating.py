@@ -118,6 +118,7 @@ class SupervisorOperating:
     watchdog: Watchdog
     serving: bool
     reload_hooks: list[Callable[[Config, Config], None]]
+    wake_writers: Callable[[], None]
 
     # -- status ---------------------------------------------------------------------------------
     def serving_status(self) -> str:
@@ -188,6 +189,7 @@ class SupervisorOperating:
             self.config_version += 1
             publish_config(self.cfg, config_file(self.run_dir))
             self.page.publish(config_version=self.config_version)
+            self.wake_writers()
             self.metrics.add(key("appliance_config_reloads", [("result", "applied")]))
             log.info("reload done in %.0f ms: %d settings changed, %d need a restart",
                      (time.monotonic() - t0) * 1000, len(p.applied), len(p.refused))

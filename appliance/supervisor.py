@@ -458,6 +458,14 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         else:
             self._io_trouble("processes", None)
 
+    def wake_writers(self) -> None:
+        """Ring every running writer's bell: a catalog or a configuration was just published on
+        the page, and an idle writer sleeps up to seconds (``workers.partition_writer``,
+        IDLE_WRITER_WAIT_S) rather than wake to look for one."""
+        for spec in self.workers.values():
+            if spec.role == "writer" and spec.pid is not None:
+                self.bells.ring(self.topo.bell_path(spec.name))
+
     def _io_trouble(self, what: str, problem: str | None) -> None:
         """Log a failing write once, and once more when it works again (not every turn)."""
         before = self._io_problems.get(what)

@@ -435,6 +435,7 @@ class TopicAdmin:
         self.unpublished = False
         sup._io_trouble("catalog", None)
         sup.page.publish(catalog_version=self.store.catalog.version)
+        sup.wake_writers()
         sup.notify_serving()          # systemd STATUS= names the partition count
 
 
