@@ -21,9 +21,9 @@ the clear overwrote had published its tail before its flag, so the read after th
 the record, and a producer publishing after the read sets the flag again. A flag is a hint: a
 set flag over an empty ring (a record already read through a full look) costs one look; the
 sleep protocol does not rest on flags alone (``Mailbox.pending`` looks at the ring behind each
-flag, and a bell always wakes), and the workers that use the map also look at every ring now
-and then (``FULL_LOOK_S`` in ``workers.base``), which bounds what anything unforeseen (a store
-reordering on a weakly ordered machine) can cost.
+flag, and a bell always wakes), and a consumer that reads through the map should also look at
+every ring now and then, which bounds what anything unforeseen (a store reordering on a weakly
+ordered machine) can cost.
 
 The file's blocks are allocated at creation (``Region.create``), so a full runtime directory is
 an error there, never a SIGBUS at a later store; a consumer that cannot create its map works
@@ -75,14 +75,12 @@ class ReadyMap:
 
     def take(self, end: int) -> list[int]:
         """Consumer: the flagged slots below ``end``, cleared. The caller fences before it reads
-        the rings (see the module docstring)."""
+        the rings (see the module docstring: a mark a producer stored between the find and the
+        clear is lost, but its record is read after the fence)."""
+        out = self.flagged(end)
         mm = self._mm
-        out = []
-        i = mm.find(_ONE, 1, end)
-        while i >= 0:
+        for i in out:
             mm[i] = 0
-            out.append(i)
-            i = mm.find(_ONE, i + 1, end)
         return out
 
     def flagged(self, end: int) -> list[int]:

@@ -121,6 +121,7 @@ class Broker:
         self._topic_names: dict[bytes, str] = {}
         self._next_sweep = 0.0
         self._next_full_look = 0.0
+        self.backlog: set[Channel] = set()     # channels with sends queued behind a full ring
         # The ACLs the supervisor published (appliance.acl): checked by every handler through
         # RequestContext.authorize, without a round trip.
         self.authorizer = Authorizer.from_config(
@@ -174,10 +175,12 @@ class Broker:
                     log.exception("bad message from %s dropped", src)
                 finally:
                     ring.advance()
-        # Acks free room in produce rings: push what waited for it.
-        for ch in self.writers.values():
-            if ch.queued:
-                ch.flush()
+        # Acks free room in produce rings: push what waited for it (the channels a send left
+        # with a queue; the tick looks at every channel too).
+        if self.backlog:
+            for ch in list(self.backlog):
+                if not ch.queued or not ch.flush():
+                    self.backlog.discard(ch)
 
     def _deliver(self, mv: memoryview) -> None:
         if mv[0] == ipc.KIND_PRODUCE_ACK:
@@ -239,6 +242,7 @@ class Broker:
                     fut = self.futures.pop(req_id, None)
                     if fut is not None and not fut.done():
                         fut.set_result(ProduceResult(int(ErrorCode.unknown_topic_or_partition)))
+                self.backlog.discard(ch)
                 self.mailbox.remove(name)
                 self.topo.forget(name)
         self._missing_writers = False
@@ -286,6 +290,8 @@ class Broker:
                 f"({ch.ring.max_payload} bytes, shm.produce_ring_bytes / 2)")))
             return fut
         ch.send(header, batch)
+        if ch.queued:
+            self.backlog.add(ch)
         fut = None
         if acks != 0:
             # Registered after the send: a send that raises leaves no future behind to expire
@@ -304,6 +310,8 @@ class Broker:
         without ``on_timeout`` TimeoutError (WorkerRestarted, a TimeoutError, for the restart)."""
         req_id = next(self._ids)
         ch.send(ipc.encode(req_id, req))
+        if ch.queued:
+            self.backlog.add(ch)
         # After the send (the answer cannot come before we await): a send that raises must not
         # leave a future behind that expires with nobody awaiting it.
         fut = self._future(req_id, timeout_s, None)
