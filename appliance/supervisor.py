@@ -48,6 +48,7 @@ from typing import Callable
 
 from shm.conntable import ConnectionTable
 from shm.doorbell import BellSender
+from shm.ready import ReadyMap
 from shm.heartbeat import HeartbeatTable
 from shm.metrics import MetricsTable
 from shm.statepage import StatePage
@@ -292,6 +293,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 StatePage.create(self.topo.page_path(name), fields).close()
                 if role == "frontend" and self.cfg.server.limits_connections_per_ip:
                     ConnectionTable.create(self.topo.conns_path(name)).close()
+            # Its ready map (shm.ready), made here like every runtime file: a worker that made
+            # its own at start grew the runtime dir after the appliance was ready.
+            ReadyMap.create(self.topo.ready_path(name)).close()
             # The worker's metrics table outlives its restarts (appliance.metrics).
             table = MetricsTable.create(self.topo.metrics_path(name), TABLE_CAPACITY[role])
         except OSError:

@@ -1,8 +1,10 @@
 """Ready map: which of a consumer's input rings were published to since it last looked.
 
 Owns: one file per consuming endpoint, ``<run_dir>/ready.<endpoint>`` (see ``shm.topology``). The
-consumer (its ``Mailbox``) creates it, or reuses the one its dead predecessor left, and hands each
-input ring a slot, stored in the ring's header (``Ring.ready_slot``); every producer, after it
+supervisor makes it before it forks the consumer, as every runtime file (``create``); the consumer
+(its ``Mailbox``) opens it, making one only where nobody did (the supervisor's own mailbox,
+tests), and a restarted consumer reuses what its dead predecessor left. It hands each input ring a
+slot, stored in the ring's header (``Ring.ready_slot``); every producer, after it
 publishes a record, stores 1 into its ring's slot (``mark``). The consumer then finds the rings to
 read with one ``mmap.find`` over the map instead of looking at every ring: with hundreds of
 partition writers answering one frontend, or asking the coordinator, a wake-up used to cost a
@@ -63,6 +65,11 @@ class ReadyMap:
             region.close()
             raise ValueError(f"{path}: {region.size} bytes, a ready map has {SLOTS}")
         return cls(region)
+
+    @classmethod
+    def create(cls, path: str) -> "ReadyMap":
+        """A new (or atomically replaced) map, every slot clear."""
+        return cls(Region.create(path, SLOTS))
 
     @classmethod
     def open(cls, path: str) -> "ReadyMap":
