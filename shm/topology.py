@@ -48,7 +48,7 @@ import collections
 
 import os
 import threading
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from .doorbell import BellSender, Doorbell
 from .ready import SLOTS, ReadyMap
@@ -59,6 +59,8 @@ __all__ = ["Topology", "Outbox", "Mailbox", "SPILLED", "unspill"]
 
 # First byte of a spilled record: 0xC1 is the one byte msgpack never uses, so no envelope starts
 # with it, and it is no KIND_* of the produce path.
+# How often ``Mailbox.to_read`` also returns every input, not only the marked ones.
+FULL_LOOK_S = 1.0
 SPILLED = 0xC1
 _spilled_count = 0
 
@@ -221,13 +223,7 @@ class Outbox:
         # The consumer's ready map: opened now when the consumer has made it, else at the first
         # mark (None until then; False: there is none to open). Every mapping holds a file
         # descriptor, so each destination costs one more.
-        self._ready: ReadyMap | None | bool = None
-        try:
-            self._ready = ReadyMap.open(self.ready_path)
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError):
-            self._ready = False
+        self._ready: ReadyMap | None | bool = self._open_ready(missing=None)
         self.sender = sender
         # Messages that found the ring full, oldest first; see post() and flush().
         self.queued: collections.deque[tuple[Buffer, ...]] = collections.deque()
@@ -264,13 +260,21 @@ class Outbox:
         if slot:
             ready = self._ready
             if ready is None:
-                try:
-                    ready = self._ready = ReadyMap.open(self.ready_path)
-                except (OSError, ValueError):
-                    # No map (the consumer could not make one): it looks at every ring anyway.
-                    ready = self._ready = False
+                # The consumer gave the ring a slot, so it has made its map by now; if there is
+                # none, it could not make one, and it looks at every ring anyway.
+                ready = self._ready = self._open_ready(missing=False)
             if ready:
                 ready.mark(slot)
+
+    def _open_ready(self, missing: None | bool) -> ReadyMap | None | bool:
+        """The consumer's ready map; ``missing`` if there is no such file; False if it cannot
+        be mapped (a full runtime dir, a short file): never looked for again."""
+        try:
+            return ReadyMap.open(self.ready_path)
+        except FileNotFoundError:
+            return missing
+        except (OSError, ValueError):
+            return False
 
     def _spill(self, parts: tuple[Buffer, ...]) -> bytes:
         global _spilled_count
@@ -333,9 +337,12 @@ def unspill(record: Buffer) -> bytes:
 class Mailbox:
     """Consumer end of all rings into ``endpoint``; owns the endpoint's doorbell and ready map."""
 
-    def __init__(self, topology: Topology, endpoint: str) -> None:
+    def __init__(self, topology: Topology, endpoint: str, *,
+                 full_look_s: float = FULL_LOOK_S) -> None:
         self.topology = topology
         self.endpoint = _check_endpoint(endpoint)
+        self.full_look_s = full_look_s
+        self._next_full_look = 0.0      # to_read's schedule of looks at every input
         self.doorbell = Doorbell(topology.bell_path(endpoint))
         self.inputs: dict[str, Ring] = {}
         try:
@@ -407,6 +414,16 @@ class Mailbox:
         if self._unslotted:
             out.extend(self._unslotted.items())
         return out
+
+    def to_read(self, now: float) -> Iterable[tuple[str, Ring]]:
+        """The inputs to read in this turn (``now``: a monotonic clock): ``take_ready``'s, and
+        every input once each ``full_look_s``, the bound on what a record nobody marked (what
+        ``shm.ready`` did not foresee) can wait. The caller reads each to its end."""
+        rings = self.take_ready()
+        if now >= self._next_full_look:
+            self._next_full_look = now + self.full_look_s
+            return list(self.inputs.items())
+        return rings
 
     def arm(self) -> None:
         """Set consumer_waiting on every input: producers ring from now on. Re-check the rings

@@ -27,8 +27,9 @@ The loop (``Worker.loop``), one turn::
     beat the heartbeat
     if the supervisor's page moved: a new configuration version -> reload(old, new)
     worked = drain_inputs()     default: the input rings the ready map marked (shm.ready),
-                                every one each FULL_LOOK_S, through the registry; the partition
-                                writer replaces it with its produce fast path
+                                every one once a second (Mailbox.to_read), through the
+                                registry; the partition writer replaces it with its produce
+                                fast path
     on_tick(now)                every ``tick_s`` seconds
     on_turn(now)                per-turn work (replies, timers that need every turn)
     flush_outboxes()            one bell per peer per turn, not one per reply
@@ -71,10 +72,6 @@ log = logging.getLogger("appliance.worker")
 IDLE_WAIT_S = 0.5
 # How soon a worker retries replies that found their ring full.
 QUEUED_RETRY_S = 0.01
-# How often a worker that reads the rings its ready map marks (``Mailbox.take_ready``) also looks
-# at every input ring: the bound on what a record that was not marked (anything shm.ready did not
-# foresee) can wait.
-FULL_LOOK_S = 1.0
 
 
 class Worker:
@@ -117,7 +114,6 @@ class Worker:
         self.config_version = ctx.config_version
         self._sup_seq = -1                      # the supervisor page's seq last looked at
         self.next_tick = 0.0
-        self.next_full_look = 0.0
         self.registry: Registry | None = None
 
     # -- wiring (hooks called by __init__) ------------------------------------------------------
@@ -270,15 +266,10 @@ class Worker:
 
     def drain_inputs(self) -> bool:
         """Serve every message waiting in the input rings the ready map marked (and in every
-        input ring each ``FULL_LOOK_S``); True if there was any."""
+        input ring once a second: ``Mailbox.to_read``); True if there was any."""
         worked = False
         handle = self.registry.handle
-        rings = self.mailbox.take_ready()
-        now = time.monotonic()
-        if now >= self.next_full_look:
-            self.next_full_look = now + FULL_LOOK_S
-            rings = list(self.mailbox.inputs.items())
-        for src, ring in rings:
+        for src, ring in self.mailbox.to_read(time.monotonic()):
             while (raw := ring.get()) is not None:
                 worked = True
                 handle(src, raw)

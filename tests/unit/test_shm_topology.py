@@ -386,3 +386,29 @@ def test_remove_frees_the_slot_for_the_next_input(tmp_path):
     assert mb.add("w2.0").ready_slot == 1
     assert sorted(src for src, _ in mb.take_ready()) == ["w1.1", "w2.0"]
     mb.close()
+
+
+def test_to_read_gives_the_marked_rings_and_every_ring_once_each_full_look(tmp_path, closing):
+    topo, mb, names = _many_inputs(tmp_path, 5)
+    mb.full_look_s = 1.0
+    assert sorted(src for src, _ in mb.to_read(100.0)) == names     # the first turn: every ring
+    out = Outbox(Topology(str(tmp_path)), "w1.3", "fe0", closing(BellSender()))
+    assert out.send(b"x")
+    assert [src for src, _ in mb.to_read(100.5)] == ["w1.3"]
+    assert list(mb.to_read(100.9)) == []
+    assert sorted(src for src, _ in mb.to_read(101.0)) == names     # the safety net
+    assert list(mb.to_read(101.1)) == []                # the full look took the marks too
+    mb.close()
+
+
+def test_an_outbox_made_before_its_consumers_map_opens_it_at_the_first_mark(tmp_path, closing):
+    topo = Topology(str(tmp_path))
+    topo.create_ring("w1.0", "fe0", 4096).close()
+    out = Outbox(Topology(str(tmp_path)), "w1.0", "fe0", closing(BellSender()))
+    assert out._ready is None                           # no map yet: looked for again later
+    mb = Mailbox(topo, "fe0")
+    mb.add("w1.0")
+    mb.take_ready()
+    assert out.send(b"x")
+    assert [src for src, _ in mb.take_ready()] == ["w1.0"]
+    mb.close()

@@ -36,7 +36,6 @@ from appliance.runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, PARTITION_P
 from shm.doorbell import BellSender
 from shm.statepage import StatePage
 from shm.topology import Outbox, Topology
-from workers.base import FULL_LOOK_S
 
 log = logging.getLogger("appliance.broker")
 
@@ -120,7 +119,6 @@ class Broker:
         self.segment_views = SegmentViews()
         self._topic_names: dict[bytes, str] = {}
         self._next_sweep = 0.0
-        self._next_full_look = 0.0
         self.backlog: set[Channel] = set()     # channels with sends queued behind a full ring
         # The ACLs the supervisor published (appliance.acl): checked by every handler through
         # RequestContext.authorize, without a round trip.
@@ -160,14 +158,9 @@ class Broker:
 
     def drain(self) -> None:
         """Deliver every ack and reply waiting in the rings the ready map marked (shm.ready),
-        and each ``FULL_LOOK_S`` in every ring (what costs a look at each of hundreds of writers'
-        rings is done once a second, not at every wake-up)."""
-        rings = self.mailbox.take_ready()
-        now = time.monotonic()
-        if now >= self._next_full_look:
-            self._next_full_look = now + FULL_LOOK_S
-            rings = list(self.mailbox.inputs.items())
-        for src, ring in rings:
+        and once a second in every ring (``Mailbox.to_read``: what costs a look at each of
+        hundreds of writers' rings is done once a second, not at every wake-up)."""
+        for src, ring in self.mailbox.to_read(time.monotonic()):
             while (mv := ring.peek()) is not None:
                 try:
                     self._deliver(mv)
