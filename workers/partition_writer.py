@@ -250,7 +250,7 @@ class PartitionWriter(Worker):
                 raise SystemExit(0)              # nothing is open: the drain has nothing to do
             time.sleep(SPACE_RETRY_S)
         own_bell = self.topo.bell_path(self.ctx.name)
-        waker = BellSender()            # the flusher thread's own socket
+        waker = self.waker = BellSender()   # the flusher thread's own socket
         self.flusher = Flusher(lambda: waker.ring(own_bell), self.log.log_end_offset)
         self._publish()                 # the recovered log, before the base publishes READY
         log.info("%s-%d ready: log start %d, log end %d, LSO %d, %d producers (replayed from %d), "
@@ -291,6 +291,7 @@ class PartitionWriter(Worker):
 
     def close(self) -> None:
         self.flusher.stop()
+        self.waker.close()
         self.log.flush()
         self._close_log()
 

@@ -4,7 +4,9 @@ kill and the clocks are the supervisor's attributes, replaced here by a fake sys
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -70,8 +72,9 @@ def sup(tmp_path, monkeypatch):
                                                       fake.clock, fake.clock_ns)
     s.fake = fake
     # What _setup leaves behind, minus the listening socket and the rings.
-    s.run_dir = str(tmp_path / "run")
-    os.makedirs(s.run_dir)
+    # A short path: a doorbell's socket path holds at most 107 bytes, and a writer's name is 34
+    # characters (pytest's tmp_path under xdist left too few).
+    s.run_dir = tempfile.mkdtemp(prefix="sup-", dir="/tmp")
     s._pid = os.getpid()
     s.topo = Topology(s.run_dir)
     s.hb = HeartbeatTable.create(os.path.join(s.run_dir, HEARTBEAT_FILE), 64)
@@ -81,6 +84,7 @@ def sup(tmp_path, monkeypatch):
     s.store.load()
     yield s
     s.topo.close()
+    shutil.rmtree(s.run_dir, ignore_errors=True)
 
 
 def start_fetcher(s: Supervisor):
@@ -349,3 +353,48 @@ def test_a_silent_member_gets_its_host_killed(sup):
         [("wa.1", True)]
     sup._murder_stale()
     assert sup.fake.kills == [(100, signal.SIGKILL)]
+
+
+def test_wake_writers_rings_the_bell_of_each_running_writer(sup):
+    """A published catalog or configuration reaches an idle writer now, not after its sleep of
+    up to seconds (workers.partition_writer, IDLE_WRITER_WAIT_S)."""
+    from shm.doorbell import BellSender, Doorbell
+    ws = writers_of(sup, "a", b"\x01", 3)
+    sup._spawn_writers(ws[:2])                          # the third is not running
+    bells = {s.name: Doorbell(sup.topo.bell_path(s.name)) for s in ws}
+    sup.bells = BellSender()
+    try:
+        sup.wake_writers()
+        assert {name: bell.drain() for name, bell in bells.items()} == \
+            {"wa.0": 1, "wa.1": 1, "wa.2": 0}
+    finally:
+        sup.bells.close()
+        for bell in bells.values():
+            bell.close()
+
+
+def test_a_writer_whose_supervisor_page_moved_looks_at_the_catalog_in_that_turn(sup):
+    """The other half of the wake-up: the rung writer's turn sees the page move and follows the
+    catalog at once, not at its next periodic look. Built in this process from the supervisor's
+    own runtime files (no fork)."""
+    from appliance import catalog as cat
+    from appliance.catalog import TopicInfo
+    from workers.partition_writer import PartitionWriter
+    t = sup.store.add_topics([TopicInfo("a", b"\x01" * 16, 1)]).topics["a"]
+    published = sup.topo.file_path(cat.PUBLISHED_FILE)
+    cat.publish(sup.store.catalog, published)
+    (spec,) = [sup._add_writer(t, 0)]
+    w = PartitionWriter(sup._context(spec))
+    try:
+        assert w.setup() is None
+        assert w.turn() is not None                     # idle; the first turn follows the catalog
+        assert w.overrides == {}
+        cat.publish(sup.store.set_configs({"a": {"retention.ms": "60000"}}), published)
+        w.next_catalog_check = float("inf")             # its periodic look would never come
+        sup.page.publish(catalog_version=sup.store.catalog.version)
+        w.turn()
+        assert w.overrides == {"retention.ms": "60000"}
+        assert w.log.settings.retention_ms == 60000
+    finally:
+        w.close()
+        w.release()
