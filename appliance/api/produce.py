@@ -23,9 +23,10 @@ IdempotentWrite (or Write on some topic) at InitProducerId only.
 
 The request comes from ``appliance.protocol.produce_request``: its batches are views of the
 connection's receive buffer, never copied before the writer's ring. They are valid only until the
-connection reads again, so a request is sent before ``handle`` returns unless it could give the
-event loop back (pacing of a request of many partitions, or waiting for an earlier request of the
-connection to be sent): such a request copies its batches first.
+connection reads again, so a request is sent before ``handle`` returns, unless it gives the event
+loop back: a request behind an earlier one of the connection still unsent copies its batches
+before it waits, and one that paces itself (thousands of partitions) copies those it still holds
+at its first rest, then goes on in a task.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ log = logging.getLogger("appliance.produce")
 FAILED_PRODUCE = "kafka_server_brokertopicmetrics_failedproducerequests"
 
 # A request gives the event loop back after this long, looked at every YIELD_EVERY partitions
-# (validating and sending a batch cost 20-250 µs: a usual request never yields).
+# (validating and sending a batch cost a few µs: a usual request never yields).
 YIELD_EVERY = 64
 YIELD_AFTER_S = 0.05
 
@@ -117,18 +118,29 @@ def _validate_records(cfg, configs, topic: str, pd, header, max_bytes: int, now_
 @handles(0, "Produce", 3, 12)
 def handle(ctx, req):
     """The batches may be views of the connection's receive buffer, which is reused once the
-    frame's read is handled (``appliance.protocol.produce_request``). So a request that cannot
-    give the event loop back (fewer than YIELD_EVERY partitions, no earlier request of the
-    connection still unsent) is validated and handed to its writers here, before returning; it
-    returns the answer, or a coroutine that awaits the writers' acks holding no batch. Any other
-    request owns a copy of its batches first, then takes the same steps in a coroutine."""
+    frame's read is handled (``appliance.protocol.produce_request``). So a request is validated
+    and handed to its writers here, before returning, with no copy: it returns the answer, or a
+    coroutine that awaits the writers' acks holding no batch. A request behind an earlier one of
+    the connection that is still unsent owns a copy of its batches first, then takes the same
+    steps in a coroutine; one that paces itself (``_Pace``) copies the batches at its first rest
+    and goes on in a coroutine.
+
+    Regression: every request of 64 partitions or more used to copy its batches up front, in
+    case it paced itself, which a usual one never does; at 256 partitions and 1 KiB records that
+    copy was a tenth of the frontend's CPU."""
     order = _SendOrder(ctx.connection)
-    if order.waits() or _partition_count(req) >= YIELD_EVERY:
+    if order.waits():
         # Later requests of the connection must wait for this one from now on, not from the
         # coroutine's first step: they could otherwise be sent first, synchronously.
         order.yielding()
         return _handle_later(ctx, _owned(req), order)
-    return _answer(ctx, req.acks, *_now(_send(ctx, req, order)))
+    send = _send(ctx, req, order)
+    try:
+        send.send(None)
+    except StopIteration as e:
+        return _answer(ctx, req.acks, *e.value)
+    # It rested (asyncio.sleep(0)), owning its batches by then: the rest of it in a coroutine.
+    return _resume(ctx, req.acks, send)
 
 
 async def _handle_later(ctx, req, order: "_SendOrder"):
@@ -138,19 +150,24 @@ async def _handle_later(ctx, req, order: "_SendOrder"):
     return result
 
 
-def _now(coro):
-    """Run to its end, here, a coroutine that cannot suspend (``handle`` made sure of it)."""
-    try:
-        coro.send(None)
-    except StopIteration as e:
-        return e.value
-    coro.close()
-    raise RuntimeError("the produce path gave the event loop back while holding views of the "
-                       "receive buffer")
+async def _resume(ctx, acks: int, send):
+    result = _answer(ctx, acks, *await _Resumed(send))
+    if asyncio.iscoroutine(result):
+        result = await result
+    return result
 
 
-def _partition_count(req) -> int:
-    return sum(len(td.partition_data) for td in req.topic_data)
+class _Resumed:
+    """Awaits a coroutine already run to a bare yield (``asyncio.sleep(0)``): ``yield from``
+    resumes it with None, as the event loop would have, and passes on what it awaits next."""
+
+    __slots__ = ("coro",)
+
+    def __init__(self, coro) -> None:
+        self.coro = coro
+
+    def __await__(self):
+        return (yield from self.coro.__await__())
 
 
 def _owned(req):
@@ -163,6 +180,21 @@ def _owned(req):
     return ProduceRequestView(req.transactional_id, req.acks, req.timeout, topics)
 
 
+def _own_in_place(req, checked: list) -> None:
+    """Before a rest: every batch of ``req`` that is still a view, and of the partitions
+    ``_validate`` has checked, replaced by its own bytes (in the lists the loops index)."""
+    copies: dict[int, PartitionData] = {}
+    for td in req.topic_data:
+        parts = td.partition_data
+        for i, pd in enumerate(parts):
+            if type(pd.records) is memoryview:
+                parts[i] = copies[id(pd)] = PartitionData(pd.index, bytes(pd.records))
+    for i, (name, info, pd, what) in enumerate(checked):
+        own = copies.get(id(pd))
+        if own is not None:
+            checked[i] = (name, info, own, what)
+
+
 async def _send(ctx, req, order: "_SendOrder"):
     """Validate every partition's batch, then hand each valid one to its writer, in the order
     of the connection's requests. Returns (per partition: topic, index, result or future of
@@ -173,17 +205,20 @@ async def _send(ctx, req, order: "_SendOrder"):
     txn_id = req.transactional_id
     pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
     any_error = False
+    checked: list[tuple[str, object, PartitionData, object]] = []
+    pace = _Pace(order, lambda: _own_in_place(req, checked))
     try:
         # Validate every partition's batch first: a transactional batch anywhere in a request
         # without a transactional id fails the whole request (Kafka's handleProduceRequest).
-        checked, record_errors, transactional, authorize = await _validate(ctx, req, order)
+        record_errors, transactional, authorize = await _validate(ctx, req, pace, checked)
         await order.my_turn()
         refuse_txn = transactional and (
             not txn_id or (authorize is not None and not authorize(WRITE, TRANSACTIONAL_ID, txn_id)))
-        pace = _Pace(order)
-        for name, info, pd, what in checked:
+        pace.count = 0
+        for k in range(len(checked)):
             if pace.due():
                 await pace.rest()
+            name, info, pd, what = checked[k]     # after the rest: its own copy
             if refuse_txn:
                 res = ProduceResult(int(ErrorCode.transactional_id_authorization_failed),
                                     error_message="transactional records need a transactional id"
@@ -247,26 +282,27 @@ def _count(ctx, catalog, results: list[tuple[str, ProduceResult]]) -> None:
     ctx.errors = errors
 
 
-async def _validate(ctx, req, order: "_SendOrder"):
-    """Per partition: the batch header (``validate_batch``) or the ProduceResult that refuses
-    it; the per-record errors (v8+); whether any batch is transactional; the request's authorize
-    function (None: every write allowed, the authorizer off or a super user)."""
+async def _validate(ctx, req, pace: "_Pace", checked: list):
+    """Per partition, appended to ``checked``: (topic, info, partition data, the batch header
+    (``validate_batch``) or the ProduceResult that refuses it). Returns the per-record errors
+    (v8+); whether any batch is transactional; the request's authorize function (None: every
+    write allowed, the authorizer off or a super user)."""
     broker = ctx.broker
     catalog = broker.catalog
     acks = req.acks
-    checked: list[tuple[str, object, object, object]] = []   # (topic, info, partition data, header or error)
     record_errors: dict[tuple[str, int], list[tuple[int, str]]] = {}
     now_ms = int(time.time() * 1000)
     transactional = False
     authz = broker.authorizer          # the hot path: decided once per request for a super user
     authorize = None if not authz.enabled or ctx.principal in authz.super_users else ctx.authorize
-    pace = _Pace(order)
     for td in req.topic_data:
         info = catalog.topics.get(td.name)
         allowed = authorize is None or authorize(WRITE, TOPIC, td.name)
-        for pd in td.partition_data:
+        parts = td.partition_data
+        for j in range(len(parts)):
             if pace.due():
                 await pace.rest()
+            pd = parts[j]                       # after the rest: its own copy
             if not allowed:
                 what = ProduceResult(int(ErrorCode.topic_authorization_failed))
                 # Kafka looks at every batch for the transactional flag, authorized or not.
@@ -294,18 +330,21 @@ async def _validate(ctx, req, order: "_SendOrder"):
                         record_errors[(td.name, pd.index)] = e.record_errors
                     _REFUSALS.note(td.name, pd.index, e, ctx.client_host)
             checked.append((td.name, info, pd, what))
-    return checked, record_errors, transactional, authorize
+    return record_errors, transactional, authorize
 
 
 class _Pace:
     """Gives the event loop back after YIELD_AFTER_S of work, looked at every YIELD_EVERY
     partitions: a request of thousands of partitions (inflated, hostile) must not hold the
-    frontend's other connections and its heartbeat. A usual request never yields."""
+    frontend's other connections and its heartbeat. A usual request never yields. Before the
+    first rest ``own`` copies the batches the request still holds as views of the receive
+    buffer, which the connection reuses once the event loop has it."""
 
-    __slots__ = ("order", "count", "since")
+    __slots__ = ("order", "own", "count", "since")
 
-    def __init__(self, order: "_SendOrder") -> None:
+    def __init__(self, order: "_SendOrder", own) -> None:
         self.order = order
+        self.own = own
         self.count = 0
         self.since = time.monotonic()
 
@@ -318,6 +357,9 @@ class _Pace:
 
     async def rest(self) -> None:
         self.order.yielding()
+        if self.own is not None:
+            self.own()
+            self.own = None
         await asyncio.sleep(0)
         self.since = time.monotonic()
 

@@ -1,9 +1,10 @@
 """appliance.api.produce with batches that are views of a connection's receive buffer.
 
-The buffer is reused once the read is handled, so a request that cannot give the event loop back
-is sent to the writers before ``handle`` returns (its batches never copied), and any other one
-(many partitions: it may pace itself; an earlier request of the connection still unsent) copies
-its batches before it returns: what a later read writes into the buffer never reaches a writer.
+The buffer is reused once the read is handled, so a request is sent to the writers before
+``handle`` returns (its batches never copied), unless it gives the event loop back: one behind an
+earlier request of the connection still unsent copies its batches before it returns, and one that
+paces itself (thousands of partitions) copies them at its first rest. What a later read writes
+into the buffer never reaches a writer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import datetime
 
 from appliance.acl.authorizer import Authorizer
 from appliance.api import RequestContext
+import pytest
+
+from appliance.api import produce
 from appliance.api.produce import YIELD_EVERY, handle
 from appliance.catalog import Catalog, TopicInfo
 from appliance.config import Config
@@ -77,22 +81,56 @@ def test_a_small_request_is_sent_before_handle_returns_without_a_copy():
     asyncio.run(scenario())
 
 
-def test_a_request_that_may_pace_itself_owns_its_batches_before_handle_returns():
+@pytest.fixture
+def paced(monkeypatch):
+    """Every request of YIELD_EVERY partitions or more rests at its YIELD_EVERY-th."""
+    monkeypatch.setattr(produce, "YIELD_AFTER_S", -1.0)
+
+
+def test_a_request_of_many_partitions_that_does_not_rest_is_sent_without_a_copy():
+    """Regression: every request of YIELD_EVERY partitions or more copied its batches up front
+    in case it paced itself (a tenth of the frontend's CPU at 256 partitions and 1 KiB)."""
     async def scenario():
         broker, buffer = Broker(), bytearray()
-        req, batch = request(buffer, YIELD_EVERY)
+        req, batch = request(buffer, 2 * YIELD_EVERY)
         result = handle(RequestContext(broker, Conn(), Header()), req)
-        assert asyncio.iscoroutine(result) and broker.sent == []
-        buffer[:] = b"\0" * len(buffer)               # the connection's next read reuses it
-        await result
-        assert len(broker.sent) == YIELD_EVERY
-        assert all(type(b) is bytes and data == batch for _, b, data in broker.sent)
+        assert [p for p, _, _ in broker.sent] == list(range(2 * YIELD_EVERY))
+        assert all(type(b) is memoryview and data == batch for _, b, data in broker.sent)
+        await finish(result)
     asyncio.run(scenario())
 
 
-def test_a_small_request_behind_an_unsent_one_waits_its_turn_with_its_own_copy():
-    """The first request (many partitions) is sent by a task that has not started when the
-    second one arrives in the same read: the second must neither overtake it nor keep views."""
+def rest_at(monkeypatch, n: int) -> None:
+    """The request rests once, at the ``n``-th look at its pace (a look before each partition
+    it validates, then before each it sends)."""
+    looks = iter(range(1, 1 << 30))
+    monkeypatch.setattr(produce._Pace, "due", lambda self: next(looks) == n)
+
+
+@pytest.mark.parametrize("where", ["validating", "sending"])
+def test_a_request_that_rests_owns_its_batches_before_handle_returns(monkeypatch, where):
+    async def scenario():
+        broker, buffer = Broker(), bytearray()
+        partitions = 6
+        # Validating: at the fourth partition. Sending: after two partitions went out as views.
+        rest_at(monkeypatch, 4 if where == "validating" else partitions + 3)
+        req, batch = request(buffer, partitions)
+        result = handle(RequestContext(broker, Conn(), Header()), req)
+        assert asyncio.iscoroutine(result)
+        before = 0 if where == "validating" else 2
+        assert [type(b) for _, b, _ in broker.sent] == [memoryview] * before
+        buffer[:] = b"\0" * len(buffer)               # the connection's next read reuses it
+        await result
+        assert [p for p, _, _ in broker.sent] == list(range(partitions))
+        assert [type(b) for _, b, _ in broker.sent[before:]] == [bytes] * (partitions - before)
+        assert all(data == batch for _, _, data in broker.sent)
+    asyncio.run(scenario())
+
+
+def test_a_small_request_behind_an_unsent_one_waits_its_turn_with_its_own_copy(paced):
+    """The first request (many partitions) rested, and is sent by a task that has not started
+    when the second one arrives in the same read: the second must neither overtake it nor keep
+    views."""
     async def scenario():
         broker, conn = Broker(), Conn()
         big_buffer, small_buffer = bytearray(), bytearray()
