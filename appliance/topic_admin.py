@@ -208,7 +208,7 @@ class TopicAdmin:
         if spec.metrics is not None:
             spec.metrics.close()
             spec.metrics = None
-        sup.topo.remove_endpoint(spec.name)
+        sup.topo.remove_endpoint(spec.name, sup.bells)
         if sup.workers.pop(spec.name, None) is not None:
             sup.free_slots.append(spec.heartbeat_slot)
 
@@ -405,7 +405,7 @@ class TopicAdmin:
             for s in pd.writers:
                 if s.metrics is not None:
                     s.metrics.close()
-                sup.topo.remove_endpoint(s.name)
+                sup.topo.remove_endpoint(s.name, sup.bells)
                 sup.workers.pop(s.name, None)
                 sup.free_slots.append(s.heartbeat_slot)
             try:

@@ -1,8 +1,16 @@
 """Doorbells: wake-ups between processes over Unix datagram sockets.
 
 Owns: one socket per consumer process (``Doorbell``, bound at ``bell.<endpoint>`` in the runtime
-directory) and one unbound socket per producer process (``BellSender``). Every worker process runs
-both: it is the consumer of its input rings and a producer into other processes' rings.
+directory) and, in each producer process, one socket per consumer it rings, connected to that
+consumer's bell (``BellSender``). Every worker process runs both: it is the consumer of its input
+rings and a producer into other processes' rings.
+
+Why connected: a ``sendto`` that names the path makes the kernel find the socket by its path at
+every call, which doubled the cost of a ring (2.7 against 1.4 us a datagram, measured on the
+2-core VM of loadtests/README.md), and a frontend rings one bell per partition of a Produce
+request. A consumer that dies takes its socket with it: the next send on a socket connected to it
+fails (ECONNREFUSED, then ENOTCONN), and the sender connects again to whatever is bound at the
+path now (a restarted consumer), or to nothing yet.
 
 Protocol (see docs/architecture.md, "Runtime directory and channels"): a producer puts a record in
 a ring and rings the consumer's bell only if the ring's ``consumer_waiting`` flag is set. A datagram
@@ -12,7 +20,8 @@ pollable (select/poll/epoll/asyncio ``add_reader``), and the kernel bounds the q
 ``net.unix.max_dgram_qlen``, default 10 to 512 by distribution), so a flood of rings costs nothing
 once the consumer has wake-ups pending: the sender just gets EAGAIN, which means "already rung".
 
-Failure modes that are ignored on purpose by ``BellSender.ring``:
+Failure modes that are ignored on purpose by ``BellSender.ring`` (after one new connect, for a
+consumer that restarted):
 
 * EAGAIN / EWOULDBLOCK / ENOBUFS: the consumer's queue is full - it has wake-ups pending already.
 * ENOENT / ECONNREFUSED / ENOTDIR: the consumer has not started yet, or died and is restarting (its
@@ -34,10 +43,11 @@ __all__ = ["Doorbell", "BellSender", "MAX_PATH"]
 
 MAX_PATH = 107   # sizeof(sun_path) - 1 on Linux (104 - 1 on the BSDs; the kernel then refuses)
 
-_IGNORED = frozenset({
-    errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS,           # wake-ups already pending
-    errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR,          # consumer absent / restarting
-})
+_PENDING = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS})   # wake-ups already pending
+_ABSENT = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR})     # consumer absent / restarting
+_IGNORED = _PENDING | _ABSENT
+# A send on a socket connected to a consumer that has died since (its socket closed with it).
+_GONE = frozenset({errno.ECONNREFUSED, errno.ENOTCONN, errno.ECONNRESET, errno.EPIPE})
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
 
@@ -130,30 +140,73 @@ class Doorbell:
 
 
 class BellSender:
-    """Producer side: one unbound datagram socket per process, used for every bell it rings."""
+    """Producer side: per consumer's bell, one datagram socket connected to it, made at the
+    first ring (or ``connect``) and kept. Not thread-safe: a thread that rings has its own."""
 
-    __slots__ = ("_sock",)
+    __slots__ = ("_socks",)
 
     def __init__(self) -> None:
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._sock.setblocking(False)
+        self._socks: dict[str, socket.socket] = {}
+
+    def connect(self, path: str) -> None:
+        """Connect to the bell at ``path`` now if it is there (a producer opening a channel:
+        its descriptor is taken then, not at the first ring), else at the first ring."""
+        if path not in self._socks:
+            self._connect(path)
 
     def ring(self, path: str) -> bool:
         """Send one wake-up to the doorbell at ``path``; never blocks. True if a datagram was
         queued, False if it was not needed or not possible (see the module docstring)."""
+        sock = self._socks.get(path)
+        if sock is None:
+            sock = self._connect(path)
+            if sock is None:
+                return False
         try:
-            self._sock.sendto(b"\0", _DONTWAIT, path)
+            sock.send(b"\0", _DONTWAIT)
+            return True
         except OSError as e:
-            if e.errno in _IGNORED:
+            if e.errno in _PENDING:
+                return False
+            if e.errno not in _GONE:
+                raise
+        # The consumer died since this socket was connected; a successor may be bound there now.
+        self.forget(path)
+        sock = self._connect(path)
+        if sock is None:
+            return False
+        try:
+            sock.send(b"\0", _DONTWAIT)
+        except OSError as e:
+            if e.errno in _IGNORED or e.errno in _GONE:
                 return False
             raise
         return True
 
-    def fileno(self) -> int:
-        return self._sock.fileno()
+    def _connect(self, path: str) -> socket.socket | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            sock.connect(path)
+        except OSError as e:
+            sock.close()
+            if e.errno in _ABSENT:
+                return None
+            raise
+        self._socks[path] = sock
+        return sock
+
+    def forget(self, path: str) -> None:
+        """Close the socket connected to ``path`` (its consumer is gone for good: a deleted
+        topic's writer)."""
+        sock = self._socks.pop(path, None)
+        if sock is not None:
+            sock.close()
 
     def close(self) -> None:
-        self._sock.close()
+        for sock in self._socks.values():
+            sock.close()
+        self._socks.clear()
 
     def __enter__(self) -> "BellSender":
         return self

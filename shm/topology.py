@@ -158,19 +158,22 @@ class Topology:
         return page
 
     # -- retiring --------------------------------------------------------------------------
-    def forget(self, endpoint: str) -> None:
+    def forget(self, endpoint: str, bells: BellSender | None = None) -> None:
         """Close and drop this process's cached rings and pages touching ``endpoint`` (e.g. when
-        it was removed or re-created). Outboxes/mailbox inputs holding them must be dropped too."""
+        it was removed or re-created), and ``bells``' socket connected to its bell.
+        Outboxes/mailbox inputs holding them must be dropped too."""
+        if bells is not None:
+            bells.forget(self.bell_path(endpoint))
         for key in [k for k in self._rings if endpoint in k]:
             self._drop_ring(key)
         for key in [k for k in self._pages if k[0] == endpoint]:
             self._pages.pop(key).close()
 
-    def remove_endpoint(self, endpoint: str) -> None:
+    def remove_endpoint(self, endpoint: str, bells: BellSender | None = None) -> None:
         """Unlink every ring whose src or dst is ``endpoint``, its bell, its page, its metrics
-        table and its connection table."""
+        table and its connection table (``forget`` first)."""
         _check_endpoint(endpoint)
-        self.forget(endpoint)
+        self.forget(endpoint, bells)
         try:
             names = os.listdir(self.run_dir)
         except FileNotFoundError:
@@ -225,6 +228,7 @@ class Outbox:
         # descriptor, so each destination costs one more.
         self._ready: ReadyMap | None | bool = self._open_ready(missing=None)
         self.sender = sender
+        sender.connect(self.bell)       # its descriptor now, with the channel's others
         # Messages that found the ring full, oldest first; see post() and flush().
         self.queued: collections.deque[tuple[Buffer, ...]] = collections.deque()
 

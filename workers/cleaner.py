@@ -258,7 +258,7 @@ class CleanerWorker(Worker):
         for w in [w for w in self.links if w not in wanted]:
             del self.links[w]
             self.mailbox.remove(w)
-            self.topo.forget(w)
+            self.topo.forget(w, self.bells)
             self.uncleanable.discard(w)
             self.no_space.discard(w)
         for w, (topic, p) in wanted.items():

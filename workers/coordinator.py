@@ -268,7 +268,7 @@ class Coordinator(Worker):
                 del self.writers[key]
                 self.mailbox.remove(link.name)
                 self.outboxes.pop(link.name, None)
-                self.topo.forget(link.name)
+                self.topo.forget(link.name, self.bells)
         for key, name in wanted.items():
             if key in self.writers:
                 continue

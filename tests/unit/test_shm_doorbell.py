@@ -108,3 +108,46 @@ def test_fileno_is_pollable(tmp_path):
 def test_too_long_path_is_refused():
     with pytest.raises(ValueError):
         Doorbell("/tmp/" + "x" * MAX_PATH)
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_consumer_that_restarted_is_rung_through_a_new_connection(tmp_path):
+    """The sender keeps a socket connected to each bell; the consumer's death closes the other
+    end, and the next ring connects again to whatever is bound at the path now."""
+    path = str(tmp_path / "bell.w")
+    old = Doorbell(path)
+    with BellSender() as sender:
+        assert sender.ring(path) is True and old.drain() == 1
+        old.close()
+        assert sender.ring(path) is False               # dead, nobody bound: ENOENT
+        new = Doorbell(path)                            # the restarted consumer
+        assert sender.ring(path) is True
+        assert new.wait(5.0) is True
+        new.close(unlink=False)                         # died again, its file left behind
+        assert sender.ring(path) is False               # ECONNREFUSED, then nothing to connect
+        again = Doorbell(path)
+        assert sender.ring(path) is True and again.drain() == 1
+        again.close()
+
+
+def test_connect_takes_the_descriptor_once_and_forget_gives_it_back(tmp_path):
+    paths = [str(tmp_path / f"bell.{i}") for i in range(3)]
+    bells = [Doorbell(p) for p in paths]
+    sender = BellSender()
+    before = _fds()
+    for p in paths:
+        sender.connect(p)
+        sender.connect(p)
+    assert _fds() == before + 3
+    assert all(sender.ring(p) for p in paths) and _fds() == before + 3
+    sender.forget(paths[0])
+    assert _fds() == before + 2
+    sender.connect(str(tmp_path / "bell.nobody"))      # absent: connected at a later ring
+    assert _fds() == before + 2
+    sender.close()
+    assert _fds() == before
+    for b in bells:
+        b.close()

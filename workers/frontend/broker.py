@@ -237,7 +237,7 @@ class Broker:
                         fut.set_result(ProduceResult(int(ErrorCode.unknown_topic_or_partition)))
                 self.backlog.discard(ch)
                 self.mailbox.remove(name)
-                self.topo.forget(name)
+                self.topo.forget(name, self.bells)
         self._missing_writers = False
         for name in wanted - self.writers.keys():
             try:
