@@ -350,8 +350,9 @@ class SupervisorDirs:
 
 def raise_fd_limit() -> None:
     """Raise the soft open-files limit to the hard one, as servers do (Java's MaxFDLimit for
-    Kafka): every client connection is a descriptor in a frontend, and every shm mapping keeps
-    one too (Python 3.11 mmap: a frontend holds about three per partition). Workers inherit it.
+    Kafka): every client connection is a descriptor in a frontend, every shm mapping keeps
+    one too (Python 3.11 mmap), and so does the socket connected to each bell a process rings:
+    a frontend holds about five per partition. Workers inherit it.
     Logged, since it bounds the connections a frontend can hold."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
