@@ -157,31 +157,22 @@ class BellSender:
     def ring(self, path: str) -> bool:
         """Send one wake-up to the doorbell at ``path``; never blocks. True if a datagram was
         queued, False if it was not needed or not possible (see the module docstring)."""
-        sock = self._socks.get(path)
-        if sock is None:
-            sock = self._connect(path)
+        for _ in range(2):
+            sock = self._socks.get(path) or self._connect(path)
             if sock is None:
                 return False
-        try:
-            sock.send(b"\0", _DONTWAIT)
-            return True
-        except OSError as e:
-            if e.errno in _PENDING:
-                return False
-            if e.errno not in _GONE:
-                raise
-        # The consumer died since this socket was connected; a successor may be bound there now.
-        self.forget(path)
-        sock = self._connect(path)
-        if sock is None:
-            return False
-        try:
-            sock.send(b"\0", _DONTWAIT)
-        except OSError as e:
-            if e.errno in _IGNORED or e.errno in _GONE:
-                return False
-            raise
-        return True
+            try:
+                sock.send(b"\0", _DONTWAIT)
+                return True
+            except OSError as e:
+                if e.errno in _PENDING:
+                    return False
+                if e.errno not in _GONE:
+                    raise
+            # The consumer died since this socket was connected; a successor may be bound at
+            # the path now: connect once more.
+            self.forget(path)
+        return False
 
     def _connect(self, path: str) -> socket.socket | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
