@@ -341,11 +341,9 @@ def unspill(record: Buffer) -> bytes:
 class Mailbox:
     """Consumer end of all rings into ``endpoint``; owns the endpoint's doorbell and ready map."""
 
-    def __init__(self, topology: Topology, endpoint: str, *,
-                 full_look_s: float = FULL_LOOK_S) -> None:
+    def __init__(self, topology: Topology, endpoint: str) -> None:
         self.topology = topology
         self.endpoint = _check_endpoint(endpoint)
-        self.full_look_s = full_look_s
         self._next_full_look = 0.0      # to_read's schedule of looks at every input
         self.doorbell = Doorbell(topology.bell_path(endpoint))
         self.inputs: dict[str, Ring] = {}
@@ -421,11 +419,11 @@ class Mailbox:
 
     def to_read(self, now: float) -> Iterable[tuple[str, Ring]]:
         """The inputs to read in this turn (``now``: a monotonic clock): ``take_ready``'s, and
-        every input once each ``full_look_s``, the bound on what a record nobody marked (what
+        every input once each ``FULL_LOOK_S``, the bound on what a record nobody marked (what
         ``shm.ready`` did not foresee) can wait. The caller reads each to its end."""
         rings = self.take_ready()
         if now >= self._next_full_look:
-            self._next_full_look = now + self.full_look_s
+            self._next_full_look = now + FULL_LOOK_S
             return list(self.inputs.items())
         return rings
 

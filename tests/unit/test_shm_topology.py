@@ -10,7 +10,7 @@ import pytest
 
 from shm.doorbell import BellSender
 from shm.ring import Ring
-from shm.topology import Mailbox, Outbox, Topology
+from shm.topology import FULL_LOOK_S, Mailbox, Outbox, Topology
 
 PAGE_FIELDS = [("generation", "I"), ("high_watermark", "q")]
 
@@ -390,14 +390,14 @@ def test_remove_frees_the_slot_for_the_next_input(tmp_path):
 
 def test_to_read_gives_the_marked_rings_and_every_ring_once_each_full_look(tmp_path, closing):
     topo, mb, names = _many_inputs(tmp_path, 5)
-    mb.full_look_s = 1.0
-    assert sorted(src for src, _ in mb.to_read(100.0)) == names     # the first turn: every ring
+    t, look = 100.0, FULL_LOOK_S
+    assert sorted(src for src, _ in mb.to_read(t)) == names         # the first turn: every ring
     out = Outbox(Topology(str(tmp_path)), "w1.3", "fe0", closing(BellSender()))
     assert out.send(b"x")
-    assert [src for src, _ in mb.to_read(100.5)] == ["w1.3"]
-    assert list(mb.to_read(100.9)) == []
-    assert sorted(src for src, _ in mb.to_read(101.0)) == names     # the safety net
-    assert list(mb.to_read(101.1)) == []                # the full look took the marks too
+    assert [src for src, _ in mb.to_read(t + look / 2)] == ["w1.3"]
+    assert list(mb.to_read(t + look * 0.9)) == []
+    assert sorted(src for src, _ in mb.to_read(t + look)) == names  # the safety net
+    assert list(mb.to_read(t + look * 1.1)) == []       # the full look took the marks too
     mb.close()
 
 
