@@ -168,7 +168,8 @@ class Coordinator(Worker):
         self.markers = self.tc.markers
         self.markers.attach(self.writers.get, self.gs.complete_txn,
                             first_id=((self.generation & 0xFFFF) << 40) | 1)
-        self.serve(TransactionService(self.tc), self.gs, on_answer=self.markers.on_answer)
+        self.txns = TransactionService(self.tc, _now_ms)
+        self.serve(self.txns, self.gs, on_answer=self.markers.on_answer)
         return epoch
 
     def drain_inputs(self) -> bool:
@@ -188,6 +189,7 @@ class Coordinator(Worker):
         self.gs.tick(_now_ms())
         markers = self.markers
         markers.send_marker_jobs()
+        self.txns.retry_waiting()        # after this turn's marker answers
         if markers.fences_due:
             markers.send_fences()
         if self.tc.needs_restart:
@@ -198,12 +200,13 @@ class Coordinator(Worker):
 
     def wait_timeout(self, now: float) -> float:
         wait = TICK_S
-        due = self.gs.next_deadline_ms()
-        if due is not None:
-            wait = min(wait, max(0.0, (due - _now_ms()) / 1000))
+        for due in (self.gs.next_deadline_ms(), self.txns.next_deadline_ms()):
+            if due is not None:
+                wait = min(wait, max(0.0, (due - _now_ms()) / 1000))
         return wait
 
     def on_stop(self) -> None:
+        self.txns.answer_waiting()
         if not self.exit_code:
             try:
                 self.gs.close()

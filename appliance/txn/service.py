@@ -3,14 +3,30 @@
 Runs in the coordinator worker (``workers/coordinator.py``), which registers this service with
 its ``appliance.service.Registry``; single-threaded, sans-IO. Each method serves one request type
 of ``appliance.txn.messages`` with the ``TransactionCoordinator`` (which decides, and logs before
-it returns) and answers at once. VerifyPartition comes from partition writers holding a
-transactional batch (KIP-890) as well as from frontends (AddPartitionsToTxn v4+).
+it returns) and answers at once, with one exception below. VerifyPartition comes from partition
+writers holding a transactional batch (KIP-890) as well as from frontends (AddPartitionsToTxn v4+).
+
+AddPartitionsToTxn and AddOffsetsToTxn that arrive while the markers of the producer's previous
+transaction are still being written wait for them, up to ``MARKER_WAIT_MS``, instead of being
+answered CONCURRENT_TRANSACTIONS at once (ours; Kafka answers at once). A client of the old
+transaction protocol (librdkafka, the Java client before KIP-890's second part) begins its next
+transaction a millisecond after EndTxn's answer, which comes once PrepareCommit is logged (KIP-98),
+so its first AddPartitionsToTxn often finds the markers still on their way; told CONCURRENT_
+TRANSACTIONS, it backs off 20 ms before it asks again, and that partition's records wait as long.
+Here the markers take a few milliseconds, so the request is answered when they are done
+(``retry_waiting``, each turn of the worker). The answer is one Kafka could give, only later;
+after ``MARKER_WAIT_MS`` (markers held up by a restarting writer) it is CONCURRENT_TRANSACTIONS,
+as before. VerifyPartition does not wait: a partition writer that verifies a batch must not see
+the marker of the previous transaction land while the answer is pending (KIP-890's race guard
+would refuse the batch).
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 from appliance.errors import ErrorCode
-from appliance.service import serves
+from appliance.service import Responder, serves
 from appliance.txn.coordinator import TransactionCoordinator
 from appliance.txn.messages import (AddOffsetsToTxnRequest, AddOffsetsToTxnResult,
                                     AddPartitionsToTxnRequest, AddPartitionsToTxnResult,
@@ -20,12 +36,22 @@ from appliance.txn.messages import (AddOffsetsToTxnRequest, AddOffsetsToTxnResul
                                     ListTransactionsResult, PartitionError, VerifyPartitionRequest,
                                     VerifyPartitionResult)
 
-__all__ = ["TransactionService"]
+__all__ = ["TransactionService", "MARKER_WAIT_MS"]
+
+# How long an AddPartitionsToTxn or AddOffsetsToTxn waits for the markers of its producer's previous
+# transaction (see the module docstring); Kafka's brokers retry their own KIP-890 verifications of
+# a transaction in that state for up to 100 ms (add.partitions.to.txn.retry.backoff.max.ms).
+MARKER_WAIT_MS = 100
+
+_Add = AddPartitionsToTxnRequest | AddOffsetsToTxnRequest
 
 
 class TransactionService:
-    def __init__(self, tc: TransactionCoordinator) -> None:
+    def __init__(self, tc: TransactionCoordinator, now_ms: Callable[[], int]) -> None:
         self.tc = tc
+        self._now_ms = now_ms
+        # Requests waiting for markers, oldest first: (deadline in ms, request, responder).
+        self.waiting: list[tuple[int, _Add, Responder]] = []
 
     @serves(InitProducerIdRequest)
     def init_producer_id(self, req: InitProducerIdRequest) -> InitProducerIdResult:
@@ -34,12 +60,9 @@ class TransactionService:
             api_version=req.api_version, enable_2pc=req.enable_2pc,
             keep_prepared_txn=req.keep_prepared_txn)
 
-    @serves(AddPartitionsToTxnRequest)
-    def add_partitions(self, req: AddPartitionsToTxnRequest) -> AddPartitionsToTxnResult:
-        errors = self.tc.add_partitions(req.transactional_id, req.producer_id, req.producer_epoch,
-                                        req.partitions, api_version=req.api_version)
-        return AddPartitionsToTxnResult([PartitionError(t, p, errors.get((t, p), ErrorCode.none))
-                                         for t, p in req.partitions])
+    @serves(AddPartitionsToTxnRequest, late=True)
+    def add_partitions(self, req: AddPartitionsToTxnRequest, respond: Responder) -> None:
+        self._answer(req, respond, self._now_ms() + MARKER_WAIT_MS)
 
     @serves(VerifyPartitionRequest)
     def verify_partition(self, req: VerifyPartitionRequest) -> VerifyPartitionResult:
@@ -47,11 +70,55 @@ class TransactionService:
             req.transactional_id, req.producer_id, req.producer_epoch, (req.topic, req.partition),
             add=req.add))
 
-    @serves(AddOffsetsToTxnRequest)
-    def add_offsets(self, req: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResult:
-        return AddOffsetsToTxnResult(self.tc.add_offsets(
-            req.transactional_id, req.producer_id, req.producer_epoch, req.group_id,
-            api_version=req.api_version))
+    @serves(AddOffsetsToTxnRequest, late=True)
+    def add_offsets(self, req: AddOffsetsToTxnRequest, respond: Responder) -> None:
+        self._answer(req, respond, self._now_ms() + MARKER_WAIT_MS)
+
+    # -- waiting for markers --------------------------------------------------------------------
+    def _attempt(self, req: _Add) -> tuple[AddPartitionsToTxnResult | AddOffsetsToTxnResult, bool]:
+        """The coordinator's answer now, and whether it was CONCURRENT_TRANSACTIONS."""
+        tc = self.tc
+        if isinstance(req, AddOffsetsToTxnRequest):
+            err = tc.add_offsets(req.transactional_id, req.producer_id, req.producer_epoch,
+                                 req.group_id, api_version=req.api_version)
+            return AddOffsetsToTxnResult(err), err == ErrorCode.concurrent_transactions
+        errors = tc.add_partitions(req.transactional_id, req.producer_id, req.producer_epoch,
+                                   req.partitions, api_version=req.api_version)
+        return (AddPartitionsToTxnResult([PartitionError(t, p, errors.get((t, p), ErrorCode.none))
+                                          for t, p in req.partitions]),
+                ErrorCode.concurrent_transactions in errors.values())
+
+    def _answer(self, req: _Add, respond: Responder, deadline_ms: int) -> None:
+        result, concurrent = self._attempt(req)
+        if concurrent and self.tc.markers.has_job(req.transactional_id) \
+                and self._now_ms() < deadline_ms:
+            self.waiting.append((deadline_ms, req, respond))
+        else:
+            respond(result)
+
+    def retry_waiting(self) -> None:
+        """Answer the waiting requests whose markers are done, or whose wait is over (each turn
+        of the worker: a marker answer is what ends a wait)."""
+        if not self.waiting:
+            return
+        now = self._now_ms()
+        has_job = self.tc.markers.has_job
+        waiting, self.waiting = self.waiting, []
+        for deadline, req, respond in waiting:
+            if now < deadline and has_job(req.transactional_id):
+                self.waiting.append((deadline, req, respond))
+            else:
+                self._answer(req, respond, deadline)
+
+    def next_deadline_ms(self) -> int | None:
+        """When the oldest waiting request is answered whatever the markers do."""
+        return self.waiting[0][0] if self.waiting else None
+
+    def answer_waiting(self) -> None:
+        """Answer every waiting request now (the worker stops)."""
+        waiting, self.waiting = self.waiting, []
+        for _, req, respond in waiting:
+            respond(self._attempt(req)[0])
 
     @serves(EndTxnRequest)
     def end_txn(self, req: EndTxnRequest) -> EndTxnResult:
