@@ -356,12 +356,19 @@ class Mailbox:
         self._free_slots: list[int] = []
         self._slot_end = 1              # one past the highest slot handed out
         self._unslotted: dict[str, Ring] = {}   # inputs beyond the map's slots (or no map)
+        # Between arm() and disarm(): every input's flag is set, an input added meanwhile too.
+        # Only this process writes the flags, so an armed mailbox need not set them again (an
+        # asyncio worker arms once and stays armed: a re-arm at each bell cost a store per input).
+        self.armed = False
 
     def add(self, src: str) -> Ring:
         """Open ring src -> endpoint and take it as an input, with a slot in the ready map,
         marked: records put before this are looked for at the next take."""
         ring = self.topology.open_ring(src, self.endpoint)
         self.inputs[src] = ring
+        if self.armed:
+            ring.consumer_waiting = True
+            _fence()                   # before the caller's look at the ring (see arm)
         slot = self._slot_of.get(src) or self._new_slot()
         if slot:
             self._slot_of[src] = slot
@@ -428,13 +435,18 @@ class Mailbox:
         return rings
 
     def arm(self) -> None:
-        """Set consumer_waiting on every input: producers ring from now on. Re-check the rings
-        (``pending()``) after this and before sleeping."""
+        """Set consumer_waiting on every input (and on inputs added later, until ``disarm``):
+        producers ring from now on. Re-check the rings (``pending()``) after this and before
+        sleeping. Nothing to do when already armed."""
+        if self.armed:
+            return
+        self.armed = True
         for ring in self.inputs.values():
             ring.consumer_waiting = True
         _fence()                       # flag stores before the tail loads of the re-check
 
     def disarm(self) -> None:
+        self.armed = False
         for ring in self.inputs.values():
             ring.consumer_waiting = False
 

@@ -376,8 +376,8 @@ class AsyncWorker(Worker):
             self.done.set_result(None)
 
     def _on_bell(self) -> None:
+        # The mailbox stays armed from run_async on (inputs added later included): no re-arm.
         self.mailbox.drain()
-        self.mailbox.arm()
         self.drain_inputs()
 
     def _tick(self) -> None:

@@ -97,6 +97,41 @@ def test_outbox_rings_the_bell_only_when_the_consumer_waits(tmp_path, closing):
     mb.close()
 
 
+def test_an_input_added_to_an_armed_mailbox_rings_its_bell(tmp_path, closing):
+    # An asyncio worker arms once and never again (no re-arm at each bell): an input it adds
+    # later must be armed by add() itself.
+    topo = Topology(str(tmp_path))
+    for src in ("fe0", "co"):
+        topo.create_ring(src, "w1.0", 4096).close()
+    mb = Mailbox(topo, "w1.0")
+    mb.add("fe0")
+    mb.arm()
+    late = mb.add("co")
+    assert late.consumer_waiting
+    out = Outbox(Topology(str(tmp_path)), "co", "w1.0", closing(BellSender()))
+    assert out.send(b"x")
+    assert mb.drain() == 1
+    mb.disarm()
+    assert not late.consumer_waiting
+    assert not mb.add("co").consumer_waiting     # disarmed: added as it was
+    mb.close()
+
+
+def test_arm_of_an_armed_mailbox_leaves_the_flags_alone(tmp_path):
+    topo = Topology(str(tmp_path))
+    topo.create_ring("fe0", "w1.0", 4096).close()
+    mb = Mailbox(topo, "w1.0")
+    ring = mb.add("fe0")
+    mb.arm()
+    ring.consumer_waiting = False               # (only to see whether arm() stores again)
+    mb.arm()
+    assert not ring.consumer_waiting
+    mb.disarm()
+    mb.arm()
+    assert ring.consumer_waiting
+    mb.close()
+
+
 def test_outbox_send_reports_a_full_ring(tmp_path, closing):
     topo = Topology(str(tmp_path))
     topo.create_ring("fe0", "co", 4096).close()
