@@ -601,6 +601,21 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+def warm_up(bootstrap: str, topic: str, args: argparse.Namespace, cfg: ProducerConfig,
+            security: dict[str, Any], drop: bool) -> None:
+    """``--warmup``: produce into a scratch topic, not counted; ``drop`` deletes it after (the
+    appliance, whose memory check counts every partition's rings)."""
+    create_topic(bootstrap, topic, args.partitions, security)
+    try:
+        measure(bootstrap, topic, args.sizes[0], args.warmup, args.acks, cfg, None, security)
+    except MeasureError as e:
+        print(f"WARNING: the warm-up failed ({e})", file=sys.stderr, flush=True)
+    finally:
+        if drop:
+            with contextlib.suppress(KafkaException, TimeoutError):
+                delete_topic(bootstrap, topic, security)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Produce throughput: the appliance vs a do-nothing sink.")
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each measurement")
@@ -627,6 +642,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure every broker this many times, interleaved (each round starts "
                          "each broker afresh); the table shows each cell's best rate and the "
                          "median CPU per record")
+    ap.add_argument("--warmup", type=float, default=0.0,
+                    help="before its first cell, produce this many seconds into a scratch topic "
+                         "of each broker, not counted (the first cell after a start pays for "
+                         "this VM's first touch of the page cache's memory: see loadtests/README.md)")
     ap.add_argument("--ready-timeout", type=float, default=60.0,
                     help="seconds to wait for the appliance to answer Metadata")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
@@ -676,6 +695,11 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         endpoints, certs = {"PLAINTEXT": started[0]}, None
                     meter = CpuMeter(proc.pid)
+                    if args.warmup > 0:
+                        proto = protocols[0] if target == "appliance" else "PLAINTEXT"
+                        warm_up(endpoints[proto], f"bench-{run}-{rnd}-warmup", args,
+                                configs[0], client_security(proto, certs),
+                                drop=target == "appliance")
                     for proto in (protocols if target == "appliance" else ("PLAINTEXT",)):
                         bootstrap = endpoints[proto]
                         security = client_security(proto, certs)
@@ -730,7 +754,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n## Produce throughput: appliance vs {', '.join(t for t in targets if t != 'appliance')}\n")
     print(f"- {args.seconds:g} s per measurement, {args.rounds} round(s), {args.partitions} partition(s), one producer "
           f"(one Python thread), appliance log.flush.policy = {args.flush_policy}, "
-          f"topics.partitions_per_writer = {args.partitions_per_writer}")
+          f"topics.partitions_per_writer = {args.partitions_per_writer}, warm-up "
+          + (f"{args.warmup:g} s per broker start (not counted)" if args.warmup > 0 else "none"))
     print(f"- producer settings: {', '.join(f'{k}={v}' for k, v in shown.items())}")
     for c in configs:
         if c.settings or c.commit_every_s:

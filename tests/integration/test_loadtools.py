@@ -30,10 +30,12 @@ def test_locust_user_produces_to_the_appliance(appliance, tmp_path):
 
 def test_produce_benchmark_runs_and_prints_ratios(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "loadtests", "bench_produce.py"), "--seconds", "0.5",
-                        "--record-sizes", "100", "--work-dir", str(tmp_path)],
+                        "--record-sizes", "100", "--work-dir", str(tmp_path), "--warmup", "0.3"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "| 100 B | appliance / sink |" in r.stdout
+    assert "warm-up 0.3 s per broker start (not counted)" in r.stdout
+    assert "warm-up failed" not in r.stderr
 
 
 def test_authorizer_benchmark_runs():
