@@ -14,7 +14,8 @@ serving a message is one dict lookup by its type (as Kafka's KafkaApis picks a h
                          +--> post(src, request id, result)  (the worker's outbox to ``src``)
 
 Late answers are JoinGroup and SyncGroup (answered when the rebalance completes), a parked Fetch
-long-poll, a CreateTopics waiting for its writers, a marker waiting for its group commit: the
+long-poll, a CreateTopics waiting for its writers, a marker waiting for its group commit, an
+AddPartitionsToTxn waiting for the markers of its producer's previous transaction: the
 method keeps the ``Responder`` and calls it exactly once. A method that raises costs only its
 request: the caller gets ``body.error_reply(UNKNOWN_SERVER_ERROR)`` (Kafka's getErrorResponse),
 unless the worker asked for errors to propagate (``contain=False``: the partition writer and the
