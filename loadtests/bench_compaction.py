@@ -37,7 +37,8 @@ sys.path.insert(0, HERE)
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from bench_produce import BASE_SETTINGS, _quiet, appliance  # noqa: E402
+from bench_produce import BASE_SETTINGS  # noqa: E402
+from brokers import _quiet, appliance  # noqa: E402
 
 SEGMENT = 8 << 20
 

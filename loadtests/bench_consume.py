@@ -34,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_produce import appliance_process, create_topic, wait_metadata  # noqa: E402
+from brokers import appliance_process, create_topic, wait_metadata  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from peers import TANSU_HINT, tansu, tansu_binary  # noqa: E402
 

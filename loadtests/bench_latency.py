@@ -44,8 +44,8 @@ import uuid
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_produce import (ProducerConfig, appliance, create_topic, measure,  # noqa: E402
-                           sink, wait_metadata)
+from bench_produce import ProducerConfig, measure  # noqa: E402
+from brokers import appliance, create_topic, sink, wait_metadata  # noqa: E402
 from peers import TANSU_HINT, tansu, tansu_binary  # noqa: E402
 
 STAMP = struct.Struct(">q")

@@ -46,8 +46,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from appliance.runtime import read_processes, run_dir_of
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_produce import (PRODUCER_CONFIGS, MeasureError, appliance_process,  # noqa: E402
-                           delete_topic, measure)
+from bench_produce import PRODUCER_CONFIGS, MeasureError, measure  # noqa: E402
+from brokers import appliance_process, delete_topic  # noqa: E402
 
 
 def _mib(n: float) -> str:

@@ -49,7 +49,7 @@ import uuid
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_produce import appliance as start_appliance  # noqa: E402
+from brokers import appliance as start_appliance  # noqa: E402
 
 
 SPARK = "spark local[2] (2 cores)"

@@ -1,6 +1,6 @@
 """A do-nothing Kafka-protocol broker: the baseline the produce benchmark compares the appliance to.
 
-Runs as its own process (one asyncio loop, one thread), started by ``loadtests/bench_produce.py``
+Runs as its own process (one asyncio loop, one thread), started by ``loadtests/brokers.py`` (``sink_process``)
 or by hand:
 
     python loadtests/sink.py --listen 127.0.0.1:0 --partitions 4
