@@ -110,6 +110,25 @@ def test_error_counts_walk_every_error_code_of_a_response_entity():
     assert error_counts(resp) == Counter({0: 2, int(ErrorCode.leader_not_available): 1})
 
 
+def test_error_counts_count_the_partition_errors_of_add_partitions_to_txn():
+    # Regression: AddPartitionsToTxn's errors are PartitionErrorCode fields, and were not counted
+    # (no CONCURRENT_TRANSACTIONS or NONE of that API ever reached the scrape).
+    from kio.schema.add_partitions_to_txn.v3.response import (
+        AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResponse, AddPartitionsToTxnTopicResult)
+    from kio.static.primitive import i32, i32Timedelta
+    from kio.schema.types import TopicName
+
+    resp = AddPartitionsToTxnResponse(
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+        results_by_topic_v3_and_below=(AddPartitionsToTxnTopicResult(
+            name=TopicName("t"), results_by_partition=(
+                AddPartitionsToTxnPartitionResult(partition_index=i32(0),
+                                                  partition_error_code=ErrorCode.none),
+                AddPartitionsToTxnPartitionResult(
+                    partition_index=i32(1), partition_error_code=ErrorCode.concurrent_transactions))),))
+    assert error_counts(resp) == Counter({0: 1, int(ErrorCode.concurrent_transactions): 1})
+
+
 def test_frontend_metrics_count_requests_errors_and_topics():
     t = MetricsTable.anonymous(256)
     fm = FrontendMetrics(t)

@@ -84,6 +84,9 @@ class FrontendMetrics:
 # -- error codes of a response entity (Kafka's AbstractResponse.errorCounts) -----------------------
 
 _PLANS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+# The fields counted: ErrorCode everywhere, and AddPartitionsToTxn's PartitionErrorCode (its
+# results carry no other; Kafka's AddPartitionsToTxnResponse.errorCounts counts them).
+_ERROR_FIELDS = ("error_code", "partition_error_code")
 
 
 def _plan(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -97,7 +100,7 @@ def _plan(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
             hints = {}
         for f in dataclasses.fields(cls):
             t = hints.get(f.name)
-            if f.name == "error_code":
+            if f.name in _ERROR_FIELDS:
                 errors.append(f.name)
             elif t is not None and (dataclasses.is_dataclass(t) or any(
                     dataclasses.is_dataclass(a) for a in typing.get_args(t))):
