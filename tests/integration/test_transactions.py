@@ -13,7 +13,9 @@ client:
   consumers continue;
 - kill -9 of the coordinator between PREPARE_COMMIT and the markers, of the whole appliance at the
   same point, and of a writer holding an open transaction: after restart committed transactions
-  are fully visible, aborted ones never, nothing hangs.
+  are fully visible, aborted ones never, nothing hangs;
+- a transaction begun right after a commit: its AddPartitionsToTxn waits for the commit's markers
+  instead of being answered CONCURRENT_TRANSACTIONS (counted in the metrics).
 
 The raw-wire checks of single behaviours are in ``test_txn_wire.py`` (helpers in ``txnwire.py``).
 """
@@ -452,3 +454,31 @@ def test_marker_queued_for_a_restarting_writer_is_appended_once(appliance_factor
     assert got == expect_topic(sent, topic)
     # 10 records and one COMMIT marker.
     assert lso_and_hw(b, topic, 0) == (11, 11)
+
+
+def test_add_partitions_right_after_a_commit_waits_for_its_markers_not_concurrent_transactions(
+        appliance_factory):
+    # Regression: librdkafka begins its next transaction right after EndTxn's answer, while the
+    # markers of the one it committed are still being written; its AddPartitionsToTxn was
+    # answered CONCURRENT_TRANSACTIONS and retried 20 ms later. Now the coordinator answers it
+    # once the markers are written (appliance.txn.service).
+    from test_operating import create_topics, metrics_app, scrape, val
+    from confluent_kafka.admin import NewTopic
+    from confluent_kafka import Producer
+
+    app = metrics_app(appliance_factory)
+    create_topics(app, NewTopic("quick", 8))
+    p = Producer({"bootstrap.servers": app.bootstrap, "transactional.id": uid("quick"),
+                  "linger.ms": 0})
+    p.init_transactions(30)
+    for i in range(30):
+        p.begin_transaction()
+        for part in range(8):
+            p.produce("quick", value=b"%d" % i, partition=part)
+        p.commit_transaction(30)
+    errors = "kafka_network_requestmetrics_errors_total"
+    m = app.wait_for(lambda: (m := scrape(app.metrics_port)) and
+                     (val(m, errors, request="EndTxn", error="NONE") or 0) >= 30 and m,
+                     what="the 30 commits in the metrics")
+    assert val(m, errors, request="AddPartitionsToTxn", error="NONE") >= 30
+    assert not val(m, errors, request="AddPartitionsToTxn", error="CONCURRENT_TRANSACTIONS")
