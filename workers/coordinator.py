@@ -168,7 +168,7 @@ class Coordinator(Worker):
         self.markers = self.tc.markers
         self.markers.attach(self.writers.get, self.gs.complete_txn,
                             first_id=((self.generation & 0xFFFF) << 40) | 1)
-        self.txns = TransactionService(self.tc, _now_ms)
+        self.txns = TransactionService(self.tc, lambda: time.monotonic_ns() // 1_000_000)
         self.serve(self.txns, self.gs, on_answer=self.markers.on_answer)
         return epoch
 
@@ -200,9 +200,12 @@ class Coordinator(Worker):
 
     def wait_timeout(self, now: float) -> float:
         wait = TICK_S
-        for due in (self.gs.next_deadline_ms(), self.txns.next_deadline_ms()):
-            if due is not None:
-                wait = min(wait, max(0.0, (due - _now_ms()) / 1000))
+        due = self.gs.next_deadline_ms()
+        if due is not None:
+            wait = min(wait, max(0.0, (due - _now_ms()) / 1000))
+        markers_wait = self.txns.wait_s()
+        if markers_wait is not None:
+            wait = min(wait, markers_wait)
         return wait
 
     def on_stop(self) -> None:

@@ -48,6 +48,7 @@ _Add = AddPartitionsToTxnRequest | AddOffsetsToTxnRequest
 
 class TransactionService:
     def __init__(self, tc: TransactionCoordinator, now_ms: Callable[[], int]) -> None:
+        """``now_ms``: the clock of the waits (the worker's is monotonic)."""
         self.tc = tc
         self._now_ms = now_ms
         # Requests waiting for markers, oldest first: (deadline in ms, request, responder).
@@ -113,6 +114,11 @@ class TransactionService:
     def next_deadline_ms(self) -> int | None:
         """When the oldest waiting request is answered whatever the markers do."""
         return self.waiting[0][0] if self.waiting else None
+
+    def wait_s(self) -> float | None:
+        """Seconds until ``next_deadline_ms`` (None: nothing waits)."""
+        due = self.next_deadline_ms()
+        return None if due is None else max(0.0, (due - self._now_ms()) / 1000)
 
     def answer_waiting(self) -> None:
         """Answer every waiting request now (the worker stops)."""

@@ -854,7 +854,7 @@ def test_add_partitions_during_the_last_commits_markers_is_answered_when_they_ar
     svc.add_partitions(AddPartitionsToTxnRequest("t", pid, ep, [("c", 0)], 3), answers.responder(1))
     svc.add_offsets(AddOffsetsToTxnRequest("t", pid, ep, "g", 3), answers.responder(2))
     svc.retry_waiting()
-    assert answers.got == [] and svc.next_deadline_ms() == T0 + 100
+    assert answers.got == [] and svc.next_deadline_ms() == T0 + 100 and svc.wait_s() == 0.1
     env.clock += 5
     env.ack_all()                                # the markers are written: CompleteCommit
     assert env.state() == S.CompleteCommit
@@ -864,7 +864,7 @@ def test_add_partitions_during_the_last_commits_markers_is_answered_when_they_ar
     assert answers.got[1][1].error == E.none
     assert env.state() == S.Ongoing
     assert env.tc.get("t").partitions == {("c", 0), (OFFSETS_TOPIC, partition_for("g"))}
-    assert svc.waiting == [] and svc.next_deadline_ms() is None
+    assert svc.waiting == [] and svc.next_deadline_ms() is None and svc.wait_s() is None
 
 
 def test_add_partitions_whose_markers_stay_unwritten_is_answered_concurrent_transactions(env):
