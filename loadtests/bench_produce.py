@@ -5,7 +5,7 @@ Not a test; run by hand (``make bench``) in the user's shell:
     .venv/bin/python loadtests/bench_produce.py [--seconds 10] [--record-sizes 100,1024]
         [--acks -1] [--flush-policy os] [--partitions 1] [--configs plain]
         [--security-protocols PLAINTEXT,SSL,SASL_SSL] [--peer tansu] [--rounds 3]
-        [--partitions-per-writer 1]
+        [--partitions-per-writer 1] [--warmup 0]
 
 It starts both brokers itself:
 
