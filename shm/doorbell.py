@@ -45,7 +45,6 @@ MAX_PATH = 107   # sizeof(sun_path) - 1 on Linux (104 - 1 on the BSDs; the kerne
 
 _PENDING = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS})   # wake-ups already pending
 _ABSENT = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR})     # consumer absent / restarting
-_IGNORED = _PENDING | _ABSENT
 # A send on a socket connected to a consumer that has died since (its socket closed with it).
 _GONE = frozenset({errno.ECONNREFUSED, errno.ENOTCONN, errno.ECONNRESET, errno.EPIPE})
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
