@@ -248,9 +248,8 @@ class Broker:
                 log.debug("rings of %s not found yet", name)
         # We sleep in epoll, never in Mailbox.wait: every input, new ones included, must stay
         # armed so that writers ring our bell after each ack (regression: acks of topics created
-        # after start waited for the 20 ms tick). The armed mailbox sets a new input's flag in
-        # add(); arm() here covers a broker whose worker has not armed yet.
-        self.mailbox.arm()
+        # after start waited for the 20 ms tick). The worker armed the mailbox before attach(),
+        # and an armed mailbox arms each input add() gives it.
 
     # -- calls ----------------------------------------------------------------------------------
     def _future(self, req_id: int, timeout_s: float, on_timeout) -> asyncio.Future:
