@@ -80,11 +80,16 @@ def test_remove_endpoint_unlinks_its_rings_bell_and_page(tmp_path):
     topo.remove_endpoint("w1.0")                # idempotent
 
 
-def test_outbox_rings_the_bell_only_when_the_consumer_waits(tmp_path, closing):
+def _one_input(tmp_path, src: str, dst: str):
+    """A consumer ``dst`` with one input ring from ``src``: (topology, mailbox, ring)."""
     topo = Topology(str(tmp_path))
-    topo.create_ring("fe0", "w1.0", 4096).close()
-    mb = Mailbox(topo, "w1.0")
-    ring = mb.add("fe0")
+    topo.create_ring(src, dst, 4096).close()
+    mb = Mailbox(topo, dst)
+    return topo, mb, mb.add(src)
+
+
+def test_outbox_rings_the_bell_only_when_the_consumer_waits(tmp_path, closing):
+    topo, mb, ring = _one_input(tmp_path, "fe0", "w1.0")
     sender = closing(BellSender())
     out = Outbox(Topology(str(tmp_path)), "fe0", "w1.0", sender)   # the producer's own process
     assert out.send(b"a", b"b")
@@ -118,10 +123,7 @@ def test_an_input_added_to_an_armed_mailbox_rings_its_bell(tmp_path, closing):
 
 
 def test_arm_of_an_armed_mailbox_leaves_the_flags_alone(tmp_path):
-    topo = Topology(str(tmp_path))
-    topo.create_ring("fe0", "w1.0", 4096).close()
-    mb = Mailbox(topo, "w1.0")
-    ring = mb.add("fe0")
+    topo, mb, ring = _one_input(tmp_path, "fe0", "w1.0")
     mb.arm()
     ring.consumer_waiting = False               # (only to see whether arm() stores again)
     mb.arm()
@@ -166,10 +168,7 @@ def test_mailbox_wait_returns_promptly_when_data_is_already_there(tmp_path):
 
 
 def test_mailbox_wait_is_woken_by_an_outbox(tmp_path, closing):
-    topo = Topology(str(tmp_path))
-    topo.create_ring("fe0", "co", 4096).close()
-    mb = Mailbox(topo, "co")
-    ring = mb.add("fe0")
+    topo, mb, ring = _one_input(tmp_path, "fe0", "co")
     out = Outbox(Topology(str(tmp_path)), "fe0", "co", closing(BellSender()))
     done = threading.Event()
 
@@ -190,10 +189,7 @@ def test_mailbox_wait_is_woken_by_an_outbox(tmp_path, closing):
 
 
 def test_mailbox_wait_times_out_and_clears_flags(tmp_path):
-    topo = Topology(str(tmp_path))
-    topo.create_ring("fe0", "co", 4096).close()
-    mb = Mailbox(topo, "co")
-    ring = mb.add("fe0")
+    topo, mb, ring = _one_input(tmp_path, "fe0", "co")
     mb.wait(0.01)
     assert not ring.consumer_waiting
     assert mb.remove("fe0") is ring and mb.inputs == {}
