@@ -48,6 +48,8 @@ from typing import Callable
 
 from appliance.runtime import read_processes
 
+from ports import free_port
+
 MiB = 1 << 20
 ROLES = ("frontend", "writer", "fetcher", "coordinator", "supervisor")
 FAULT_KINDS = tuple([f"kill-{r}" for r in ROLES] + [f"pause-{r}" for r in ROLES] + ["kill-all", "disk-full"])
@@ -68,11 +70,6 @@ def appliance_command() -> list[str]:
     script = os.path.join(os.path.dirname(sys.executable), "appliance")
     return [script] if os.path.exists(script) else [sys.executable, "-m", "appliance.cli"]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _toml(sections: dict) -> str:

