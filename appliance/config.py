@@ -307,6 +307,14 @@ class TransactionsConfig(_Section):
     # partition, check with the coordinator that the partition is in the transaction
     # (transaction.partition.verification.enable).
     partition_verification_enable: bool = True
+    # KIP-890: while the previous transaction's markers are still being written, an add of a
+    # partition meets CONCURRENT_TRANSACTIONS. The broker asks again every
+    # add_partitions_retry_backoff_ms for up to add_partitions_retry_backoff_max_ms before it
+    # passes that on (add.partitions.to.txn.retry.backoff.ms and .max.ms): a partition writer for
+    # Produce v12's implicit add, the coordinator for AddPartitionsToTxn and AddOffsetsToTxn
+    # (there it waits for the markers themselves; 0 answers at once).
+    add_partitions_retry_backoff_ms: Positive = 20
+    add_partitions_retry_backoff_max_ms: NonNegative = 100
     # KIP-890 part 2: the finalized feature transaction.version advertised in ApiVersions. 2 lets
     # clients that know it (Java 4.x) bump the epoch on every commit and add partitions implicitly;
     # 1 keeps every client on the KIP-98 protocol.

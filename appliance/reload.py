@@ -53,6 +53,8 @@ LIVE: dict[str, str] = {
     "transactions.producer_id_expiration_ms": "partition writers",
     "transactions.two_phase_commit_enable": "coordinator",
     "transactions.partition_verification_enable": "partition writers",
+    "transactions.add_partitions_retry_backoff_ms": "partition writers",
+    "transactions.add_partitions_retry_backoff_max_ms": "partition writers and the coordinator",
     "groups.*": "coordinator",
     "tls.*": "supervisor (re-reads the certificate files on every reload; a renewal that does not "
              "load keeps the ones in use) and frontends, for connections accepted after the reload",

@@ -168,7 +168,8 @@ class Coordinator(Worker):
         self.markers = self.tc.markers
         self.markers.attach(self.writers.get, self.gs.complete_txn,
                             first_id=((self.generation & 0xFFFF) << 40) | 1)
-        self.txns = TransactionService(self.tc, lambda: time.monotonic_ns() // 1_000_000)
+        self.txns = TransactionService(self.tc, lambda: time.monotonic_ns() // 1_000_000,
+                                       self.cfg.transactions.add_partitions_retry_backoff_max_ms)
         self.serve(self.txns, self.gs, on_answer=self.markers.on_answer)
         return epoch
 
@@ -224,6 +225,7 @@ class Coordinator(Worker):
 
     def reload(self, old: Config, new: Config) -> None:
         self.tc.reconfigure(new.transactions, new.log.flush.policy)
+        self.txns.wait_ms = new.transactions.add_partitions_retry_backoff_max_ms
         self.gs.reconfigure(new.groups, new.log.flush.policy)
 
     def _publish_metrics(self) -> None:

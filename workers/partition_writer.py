@@ -23,7 +23,11 @@ Transactions (docs/transactions.md): a transactional batch from a producer with 
 transaction on this partition is parked, with every later batch of that producer, until the
 coordinator confirms (KIP-890 part 1: verify only) or performs (part 2, Produce v12: implicit add)
 that the partition belongs to the producer's transaction. A marker arriving meanwhile voids the
-confirmation (the race guard), and the batch is refused with INVALID_TXN_STATE.
+confirmation (the race guard), and the batch is refused with INVALID_TXN_STATE. An implicit add
+that meets the previous transaction's markers still on their way (CONCURRENT_TRANSACTIONS) is
+asked again, with a new guard, every ``add_partitions_retry_backoff_ms`` for up to
+``add_partitions_retry_backoff_max_ms`` before the client is told, as Kafka's ReplicaManager does
+for clients of transaction version 2: a Produce is costly to retry and the client's backoff long.
 
 A full disk (issue 17): appends answer KAFKA_STORAGE_ERROR and leave the log and the producer
 state as they were; retention and time-based rolls that fail are tried again every tick; an
@@ -109,9 +113,10 @@ class Parked:
 
 @dataclass
 class Verifying:
-    req_id: int
-    token: object
-    deadline: float
+    req_id: int | None       # the question in flight; None: waiting to ask again
+    token: object            # the KIP-890 guard of the question in flight
+    deadline: float          # when its answer is overdue, or (req_id None) when to ask again
+    started: float           # the first question: the retries' window counts from it
 
 
 class PartitionWriter(Worker):
@@ -139,6 +144,7 @@ class PartitionWriter(Worker):
         self.next_tick = time.monotonic() + self.tick_s
         self.verify_enabled = self.cfg.transactions.partition_verification_enable
         self.verify_timeout = self.cfg.server.internal_request_timeout_ms / 1000
+        self._retry_settings(self.cfg)
         self.idle_wait = _idle_wait(self.cfg)
         self.parked: dict[int, collections.deque[Parked]] = {}     # by producer id
         self.verifying: dict[int, Verifying] = {}                  # by producer id
@@ -270,6 +276,7 @@ class PartitionWriter(Worker):
         self.flush_interval = new.log.flush.interval_ms / 1000
         self.verify_enabled = new.transactions.partition_verification_enable
         self.verify_timeout = new.server.internal_request_timeout_ms / 1000
+        self._retry_settings(new)
         self.idle_wait = _idle_wait(new)
         self.psm.expiration_ms = new.transactions.producer_id_expiration_ms
         if new.log.retention_check_interval_ms != old.log.retention_check_interval_ms:
@@ -513,6 +520,10 @@ class PartitionWriter(Worker):
             self.held_acks.clear()
 
     # -- KIP-890 verification ---------------------------------------------------------------------
+    def _retry_settings(self, cfg: Config) -> None:
+        self.add_retry_s = cfg.transactions.add_partitions_retry_backoff_ms / 1000
+        self.add_retry_max_s = cfg.transactions.add_partitions_retry_backoff_max_ms / 1000
+
     def _park(self, p: Parked, h) -> None:
         pid = h.producer_id
         queue = self.parked.setdefault(pid, collections.deque())
@@ -522,9 +533,13 @@ class PartitionWriter(Worker):
         if not p.txn_id:
             self._fail_parked(pid, ErrorCode.transactional_id_authorization_failed)
             return
+        self._ask(pid, p, h, time.monotonic())
+
+    def _ask(self, pid: int, p: Parked, h, started: float) -> None:
+        """Ask the coordinator about the first parked batch of ``pid``, under a new guard."""
         req_id = next(self._ids)
         token = self.psm.start_verification(pid, h.producer_epoch)
-        self.verifying[pid] = Verifying(req_id, token, time.monotonic() + self.verify_timeout)
+        self.verifying[pid] = Verifying(req_id, token, time.monotonic() + self.verify_timeout, started)
         self.verify_reqs[req_id] = pid
         self.reply(COORDINATOR, req_id, VerifyPartitionRequest(
             p.txn_id, pid, h.producer_epoch, self.ctx.topic, self.ctx.index, add=p.version >= 12))
@@ -535,6 +550,15 @@ class PartitionWriter(Worker):
         if pid is None:
             return                           # timed out earlier and answered already
         v = self.verifying.pop(pid)
+        held = self.parked.get(pid)
+        if resp.error == ErrorCode.concurrent_transactions and held and held[0].version >= 12:
+            # An implicit add (KIP-890 part 2) during the previous transaction's markers: ask
+            # again after the backoff while the window lasts (Kafka's ReplicaManager
+            # maybeRetryOnConcurrentTransactions; the window counts from the first question).
+            now = time.monotonic()
+            if now - v.started < self.add_retry_max_s:
+                self.verifying[pid] = Verifying(None, None, now + self.add_retry_s, v.started)
+                return
         if resp.error == ErrorCode.none and not self.psm.verification_valid(pid, v.token):
             # A marker for this producer landed between the check and now (KIP-890 race guard).
             self._fail_parked(pid, ErrorCode.invalid_txn_state)
@@ -572,10 +596,15 @@ class PartitionWriter(Worker):
             return
         now = time.monotonic()
         for pid, v in list(self.verifying.items()):
-            if v.deadline <= now:
-                del self.verifying[pid]
-                self.verify_reqs.pop(v.req_id, None)
-                self._fail_parked(pid, ErrorCode.not_enough_replicas)
+            if v.deadline > now:
+                continue
+            if v.req_id is None:             # the backoff of a retried add is over
+                p = self.parked[pid][0]
+                self._ask(pid, p, read_header(p.batch, 0), v.started)
+                continue
+            del self.verifying[pid]
+            self.verify_reqs.pop(v.req_id, None)
+            self._fail_parked(pid, ErrorCode.not_enough_replicas)
 
     # -- markers and other requests ------------------------------------------------------------
     # msgpack requests on the same rings: markers and KIP-939 fences from the coordinator,

@@ -7,7 +7,7 @@ it returns) and answers at once, with one exception below. VerifyPartition comes
 writers holding a transactional batch (KIP-890) as well as from frontends (AddPartitionsToTxn v4+).
 
 AddPartitionsToTxn and AddOffsetsToTxn that arrive while the markers of the producer's previous
-transaction are still being written wait for them, up to ``MARKER_WAIT_MS``, instead of being
+transaction are still being written wait for them, up to ``wait_ms``, instead of being
 answered CONCURRENT_TRANSACTIONS at once (ours; Kafka answers at once). A client of the old
 transaction protocol (librdkafka, the Java client before KIP-890's second part) begins its next
 transaction a millisecond after EndTxn's answer, which comes once PrepareCommit is logged (KIP-98),
@@ -15,10 +15,12 @@ so its first AddPartitionsToTxn often finds the markers still on their way; told
 TRANSACTIONS, it backs off 20 ms before it asks again, and that partition's records wait as long.
 Here the markers take a few milliseconds, so the request is answered when they are done
 (``retry_waiting``, each turn of the worker). The answer is one Kafka could give, only later;
-after ``MARKER_WAIT_MS`` (markers held up by a restarting writer) it is CONCURRENT_TRANSACTIONS,
-as before. VerifyPartition does not wait: a partition writer that verifies a batch must not see
-the marker of the previous transaction land while the answer is pending (KIP-890's race guard
-would refuse the batch).
+after ``wait_ms`` (markers held up by a restarting writer) it is CONCURRENT_TRANSACTIONS, as
+before. ``wait_ms`` is ``transactions.add_partitions_retry_backoff_max_ms``, the bound Kafka's
+brokers put on their own retries of such an add (100 ms by default). VerifyPartition does not
+wait: a partition writer that verifies a batch must not see the marker of the previous
+transaction land while the answer is pending (KIP-890's race guard would refuse the batch), so
+the writer asks again itself, as Kafka's broker does (``workers/partition_writer.py``).
 """
 
 from __future__ import annotations
@@ -36,21 +38,18 @@ from appliance.txn.messages import (AddOffsetsToTxnRequest, AddOffsetsToTxnResul
                                     ListTransactionsResult, PartitionError, VerifyPartitionRequest,
                                     VerifyPartitionResult)
 
-__all__ = ["TransactionService", "MARKER_WAIT_MS"]
-
-# How long an AddPartitionsToTxn or AddOffsetsToTxn waits for the markers of its producer's previous
-# transaction (see the module docstring); Kafka's brokers retry their own KIP-890 verifications of
-# a transaction in that state for up to 100 ms (add.partitions.to.txn.retry.backoff.max.ms).
-MARKER_WAIT_MS = 100
+__all__ = ["TransactionService"]
 
 _Add = AddPartitionsToTxnRequest | AddOffsetsToTxnRequest
 
 
 class TransactionService:
-    def __init__(self, tc: TransactionCoordinator, now_ms: Callable[[], int]) -> None:
-        """``now_ms``: the clock of the waits (the worker's is monotonic)."""
+    def __init__(self, tc: TransactionCoordinator, now_ms: Callable[[], int], wait_ms: int) -> None:
+        """``now_ms``: the clock of the waits (the worker's is monotonic). ``wait_ms``: how long
+        an add waits for its producer's markers (a reload may change it)."""
         self.tc = tc
         self._now_ms = now_ms
+        self.wait_ms = wait_ms
         # Requests waiting for markers, oldest first: (deadline in ms, request, responder).
         self.waiting: list[tuple[int, _Add, Responder]] = []
 
@@ -63,7 +62,7 @@ class TransactionService:
 
     @serves(AddPartitionsToTxnRequest, late=True)
     def add_partitions(self, req: AddPartitionsToTxnRequest, respond: Responder) -> None:
-        self._answer(req, respond, self._now_ms() + MARKER_WAIT_MS)
+        self._answer(req, respond, self._now_ms() + self.wait_ms)
 
     @serves(VerifyPartitionRequest)
     def verify_partition(self, req: VerifyPartitionRequest) -> VerifyPartitionResult:
@@ -73,7 +72,7 @@ class TransactionService:
 
     @serves(AddOffsetsToTxnRequest, late=True)
     def add_offsets(self, req: AddOffsetsToTxnRequest, respond: Responder) -> None:
-        self._answer(req, respond, self._now_ms() + MARKER_WAIT_MS)
+        self._answer(req, respond, self._now_ms() + self.wait_ms)
 
     # -- waiting for markers --------------------------------------------------------------------
     def _attempt(self, req: _Add) -> tuple[AddPartitionsToTxnResult | AddOffsetsToTxnResult, bool]:
@@ -112,8 +111,8 @@ class TransactionService:
                 self._answer(req, respond, deadline)
 
     def next_deadline_ms(self) -> int | None:
-        """When the oldest waiting request is answered whatever the markers do."""
-        return self.waiting[0][0] if self.waiting else None
+        """When the first waiting request is answered whatever the markers do."""
+        return min(w[0] for w in self.waiting) if self.waiting else None
 
     def wait_s(self) -> float | None:
         """Seconds until ``next_deadline_ms`` (None: nothing waits)."""

@@ -8,14 +8,23 @@ finalizes ``transaction.version=2``.
   v5 add their partitions themselves; EndTxn v5 returns epoch + 1 and the markers carry it;
   a later Produce with the old epoch is fenced; the next transaction with the new epoch works;
   the committed offsets and records are visible, the aborted ones never.
+- The next transaction's first Produce v12 that meets the previous one's markers still on their
+  way is asked again by the partition writer (Kafka's ReplicaManager retries CONCURRENT_TRANSACTIONS
+  for such an add every 20 ms, up to 100 ms): appended once the markers are written, and
+  answered CONCURRENT_TRANSACTIONS (retriable; passed on as it is to these clients, as Kafka
+  does) only when the window is over.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 from appliance.protocol.records import build_batch
 from rawclient import RawClient
-from txnwire import (INVALID_PRODUCER_EPOCH, NONE, READ_COMMITTED, Txn, create_topic, fetch,
-                           produce, records_of)
+from txnwire import (CONCURRENT_TRANSACTIONS, INVALID_PRODUCER_EPOCH, NONE, NOT_ENOUGH_REPLICAS,
+                     READ_COMMITTED, Txn, create_topic, end_offsets, fetch, produce, records_of,
+                     stopped)
 
 PRODUCER_FENCED = 90
 
@@ -110,3 +119,68 @@ def test_tv2_transaction_adds_partitions_implicitly_and_bumps_the_epoch(applianc
         assert [v for pid, v in data if pid not in aborted or v != b"a1"] == [b"c1", b"c2"]
         assert t.pid in aborted
         assert committed(raw, "tv2-group", "tv2-in", 0) == 42
+
+
+@contextlib.contextmanager
+def committed_with_marker_held(app, raw, topic):
+    """A TV2 producer whose first transaction (partition 0) was committed while the writer of
+    partition 0 is stopped: EndTxn answered, the COMMIT marker held for the block. Yields the
+    producer with the bumped epoch, ready for its next transaction."""
+    create_topic(raw, topic, 2)
+    t = Txn(raw, f"{topic}-producer")
+    t.must_send(topic, 0, [b"first"], version=12)
+    with stopped(app.writer(topic, 0)["pid"]):
+        r = t.end(True, version=5)
+        assert r.error_code == NONE, r
+        assert t.describe().transaction_state == "PrepareCommit"
+        t.epoch, t.seq = r.producer_epoch, {}
+        yield t
+
+
+def test_tv2_produce_during_the_previous_commits_markers_is_retried_not_refused(appliance_factory):
+    """Regression (before: a retriable error at once, then the client's backoff): the writer of
+    partition 1 asks again while the window lasts (here long enough to outlast the held marker)
+    and appends the batch to the new transaction once the marker is written."""
+    app = appliance_factory(transactions={"add_partitions_retry_backoff_max_ms": 60000})
+    answers = []
+    with RawClient(app.bootstrap) as raw:
+        with committed_with_marker_held(app, raw, "tv2r") as t:
+
+            def next_transactions_first_batch():
+                with RawClient(app.bootstrap, timeout=60) as other:
+                    nxt = Txn(other, t.txn_id, pid=t.pid, epoch=t.epoch)
+                    answers.append(nxt.send("tv2r", 1, [b"second"], version=12, timeout_ms=50000))
+
+            sender = threading.Thread(target=next_transactions_first_batch)
+            sender.start()
+            sender.join(1.0)
+            # still waiting while the marker is held (before, the writer answered in milliseconds)
+            assert answers == [] and sender.is_alive()
+            assert end_offsets(raw, "tv2r", 1) == (0, 0)
+        # the writer of partition 0 runs again: the marker lands, the retried add succeeds
+        sender.join(60)
+        assert not sender.is_alive()
+        assert answers[0].error_code == NONE, answers[0]
+        d = t.describe()
+        assert d.transaction_state == "Ongoing" and ("tv2r", 1) in d.partitions, d
+        r = t.end(True, version=5)
+        assert r.error_code == NONE, r
+        t.wait_state("CompleteCommit")
+        assert fetch(raw, "tv2r", 0, isolation=READ_COMMITTED).values() == [b"first"]
+        assert fetch(raw, "tv2r", 1, isolation=READ_COMMITTED).values() == [b"second"]
+
+
+def test_tv2_produce_whose_previous_markers_stay_held_gets_concurrent_transactions(appliance_factory):
+    """The window is bounded (100 ms by default): with the marker held longer, the batch is
+    answered the retriable CONCURRENT_TRANSACTIONS (Kafka's ReplicaManager turns it into
+    NOT_ENOUGH_REPLICAS only for clients before transaction version 2), and nothing is appended."""
+    app = appliance_factory()
+    with RawClient(app.bootstrap) as raw:
+        with committed_with_marker_held(app, raw, "tv2h") as t:
+            p = t.send("tv2h", 1, [b"second"], version=12)
+            assert p.error_code == CONCURRENT_TRANSACTIONS, p
+            p = t.send("tv2h", 1, [b"second"], version=11)          # before transaction version 2
+            assert p.error_code == NOT_ENOUGH_REPLICAS, p
+            assert end_offsets(raw, "tv2h", 1) == (0, 0)
+        t.wait_state("CompleteCommit")
+        assert t.must_send("tv2h", 1, [b"second"], version=12) == 0

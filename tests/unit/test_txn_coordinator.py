@@ -833,9 +833,9 @@ class _Answers:
         return Responder(lambda src, rid, result: self.got.append((rid, result)), "fe0", req_id)
 
 
-def _service(env):
+def _service(env, wait_ms=100):
     from appliance.txn.service import TransactionService
-    return TransactionService(env.tc, env.now)
+    return TransactionService(env.tc, env.now, wait_ms)
 
 
 def _committing(env):
@@ -875,10 +875,19 @@ def test_add_partitions_whose_markers_stay_unwritten_is_answered_concurrent_tran
     env.clock += 99
     svc.retry_waiting()
     assert answers.got == []
-    env.clock += 1                               # MARKER_WAIT_MS is over
+    env.clock += 1                               # the 100 ms wait is over
     svc.retry_waiting()
     assert [e.error for e in answers.got[0][1].results] == [E.concurrent_transactions]
     assert env.state() == S.PrepareCommit and svc.waiting == []
+
+
+def test_add_partitions_with_no_wait_configured_is_answered_concurrent_transactions_at_once(env):
+    from appliance.txn.messages import AddPartitionsToTxnRequest
+    pid, ep = _committing(env)
+    svc, answers = _service(env, wait_ms=0), _Answers()
+    svc.add_partitions(AddPartitionsToTxnRequest("t", pid, ep, [("c", 0)], 3), answers.responder(1))
+    assert [e.error for e in answers.got[0][1].results] == [E.concurrent_transactions]
+    assert svc.waiting == []
 
 
 def test_add_partitions_refused_for_another_reason_is_answered_at_once(env):
