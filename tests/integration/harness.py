@@ -28,65 +28,17 @@ from shm.statepage import StatePage
 from shm.topology import Topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.join(ROOT, "loadtests"))
+import ports  # noqa: E402  (loadtests/ports.py: one port picker for tests and benchmarks)
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
 
 
-_LOWEST_PORT = 10000
-_next_port: int | None = None
-
-
-def _ephemeral_floor() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _port_slice() -> tuple[int, int]:
-    """This pytest process's own range of ports, all below the kernel's ephemeral range.
-
-    A port the kernel hands out (``bind`` to port 0, or the source port of any ``connect``) comes
-    from the ephemeral range. Picking the appliance's port there raced them: a test's proxy bound
-    to port 0 between the pick and the appliance's ``listen`` and got the same port (regression
-    ``test_lost_produce_responses_leave_every_record_exactly_once``, CI 2026-11-27). Below that
-    range only explicit binds compete, and xdist workers get disjoint slices.
-    """
-    floor = _ephemeral_floor()
-    if floor - _LOWEST_PORT < 2000:
-        return (0, 0)
+def free_port() -> int:
+    """A port nothing is bound to, below the kernel's ephemeral range, from this pytest
+    process's share of it (``loadtests/ports.py`` says why)."""
     workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % workers
-    width = (floor - _LOWEST_PORT) // workers
-    return (_LOWEST_PORT + worker * width, _LOWEST_PORT + (worker + 1) * width)
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    """A port nothing listens on, outside the range the kernel picks ephemeral ports from."""
-    global _next_port
-    lo, hi = _port_slice()
-    if lo == hi:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-    if _next_port is None:
-        # a random start, so two pytest runs on one machine seldom walk the same ports
-        _next_port = lo + int.from_bytes(os.urandom(2), "big") % (hi - lo)
-    for _ in range(hi - lo):
-        port = _next_port
-        _next_port = lo if _next_port + 1 >= hi else _next_port + 1
-        if _bindable(port):
-            return port
-    raise RuntimeError(f"no free port in {lo}-{hi}")
+    return ports.free_port("127.0.0.1", worker, workers)
 
 
 def _toml_value(v) -> str:

@@ -6,11 +6,12 @@ test's proxy, bound to port 0, got the very port just picked for the appliance b
 
 import socket
 
-from harness import _ephemeral_floor, free_port
+from harness import free_port
+from ports import ephemeral_floor
 
 
 def test_lost_produce_responses_proxy_cannot_take_the_appliance_port():
-    floor = _ephemeral_floor()
+    floor = ephemeral_floor()
     assert floor > 12000, "this machine's ephemeral range leaves no room below it"
     picked = [free_port() for _ in range(20)]
     assert all(p < floor for p in picked), picked
