@@ -82,7 +82,7 @@ IDLE_WRITER_WAIT_S = 2.0
 
 # KIP-890 verification failures as a producer sees them (Kafka's ReplicaManager and
 # AddPartitionsToTxnManager): retriable coordinator trouble becomes NOT_ENOUGH_REPLICAS, which old
-# clients retry without a metadata refresh.
+# clients retry without a metadata refresh (CONCURRENT_TRANSACTIONS only for Produce before v12).
 _VERIFY_ERRORS = {
     ErrorCode.producer_fenced: ErrorCode.invalid_producer_epoch,
     ErrorCode.transaction_abortable: ErrorCode.invalid_txn_state,
@@ -564,7 +564,12 @@ class PartitionWriter(Worker):
             self._fail_parked(pid, ErrorCode.invalid_txn_state)
             return
         if resp.error != ErrorCode.none:
-            self._fail_parked(pid, _VERIFY_ERRORS.get(resp.error, resp.error))
+            code = resp.error
+            if code != ErrorCode.concurrent_transactions or not held or held[0].version < 12:
+                # (Transaction version 2 clients get CONCURRENT_TRANSACTIONS itself, as
+                # Kafka's ReplicaManager passes it on for them: common at a commit, and clearer.)
+                code = _VERIFY_ERRORS.get(code, code)
+            self._fail_parked(pid, code)
             return
         now_ms = _now_ms()
         queue = self.parked.pop(pid, collections.deque())

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 
 from appliance.catalog import PUBLISHED_FILE, read_published
-from appliance.runtime import (FRONTEND_PAGE_FIELDS, PARTITION_PAGE_FIELDS, read_processes,
+from appliance.runtime import (COORDINATOR_PAGE_FIELDS, FRONTEND_PAGE_FIELDS,
+                               PARTITION_PAGE_FIELDS, READY, WORKER_PAGE_FIELDS, read_processes,
                                run_dir_of, writer_name)
 from shm.ring import Ring
 from shm.statepage import StatePage
@@ -182,6 +183,20 @@ class Appliance:
         return [w for w in self.processes()["workers"]
                 if (role is None or w["role"] == role) and (topic is None or w["topic"] == topic)
                 and w["pid"]]
+
+    def all_workers_ready(self) -> bool:
+        """Whether every worker in the process table has published READY on its state page. The
+        harness takes the appliance as ready once it answers ApiVersions, which can be before the
+        last worker (a fetcher, say) has made its files."""
+        topo = Topology(self.run_dir)
+        fields = {"writer": PARTITION_PAGE_FIELDS, "coordinator": COORDINATOR_PAGE_FIELDS,
+                  "frontend": FRONTEND_PAGE_FIELDS}
+        for w in self.workers():
+            path = topo.page_path(w["name"])
+            with StatePage.open(path, fields.get(w["role"], WORKER_PAGE_FIELDS), readonly=True) as page:
+                if page.read().status != READY:
+                    return False
+        return True
 
     def writer(self, topic: str, partition: int) -> dict:
         for w in self.workers("writer", topic):

@@ -69,12 +69,15 @@ def test_partitions_beyond_the_machines_memory_are_refused_not_oom_killed(big_tm
     # More than the whole memory (not merely what is available now, which other processes
     # change): refused whatever the machine does meanwhile, and it fits the tmpfs.
     too_many = psutil.virtual_memory().total // RING + 2
+    # Every worker's files made first (regression: the fetcher's doorbell appeared between the
+    # two readings, the appliance answering before its last worker was ready).
+    app.wait_for(app.all_workers_ready, 30, "every worker READY")
     pids = {w["name"]: w["pid"] for w in app.workers()}
     before = _runtime_files(run_dir)
 
     err = _refused(admin.create_topics([NewTopic("huge", too_many, 1)], request_timeout=120))
     assert err.code() == POLICY_VIOLATION, err
-    assert f"the machine has memory for" in err.str() and f"{too_many} were asked for" in err.str()
+    assert "the machine has memory for" in err.str() and f"{too_many} were asked for" in err.str()
     assert "huge" not in admin.list_topics(timeout=10).topics
     # Refused before anything was made: the runtime dir holds what it held.
     assert _runtime_files(run_dir) == before
