@@ -79,6 +79,12 @@ COORDINATOR_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("coordinator_epoch", "i")]
 # max_connections across all of them (workers/frontend/quotas.py).
 FRONTEND_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("connections", "I"), ("refused_connections", "Q")]
 
+
+def page_fields(role: str) -> list[tuple[str, str]]:
+    """The state-page layout of a worker of ``role`` (the supervisor makes the page with it)."""
+    return {"writer": PARTITION_PAGE_FIELDS, "coordinator": COORDINATOR_PAGE_FIELDS,
+            "frontend": FRONTEND_PAGE_FIELDS}.get(role, WORKER_PAGE_FIELDS)
+
 HEARTBEAT_FILE = "heartbeats"
 HEARTBEAT_SLOTS = 8192
 PROCESSES_FILE = "processes.json"

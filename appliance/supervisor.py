@@ -62,11 +62,10 @@ from .listeners import Listener
 from .log.files import atomic_write
 from .operating import SupervisorOperating
 from .reload import file_path as config_file, publish as publish_config
-from .runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, die_with_parent, EXIT_CRASH_LOOP,
-                      EXIT_OK, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE, HEARTBEAT_SLOTS,
-                      METRICS_SERVER, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY, RECOVERING,
-                      STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, BoundListener,
-                      WORKER_PAGE_FIELDS, WorkerContext, child_reset_signals, cleaner_name,
+from .runtime import (COORDINATOR, die_with_parent, EXIT_CRASH_LOOP, EXIT_OK, HEARTBEAT_FILE,
+                      HEARTBEAT_SLOTS, METRICS_SERVER, PROCESSES_FILE, READY, RECOVERING, STOPPED,
+                      SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, BoundListener,
+                      WorkerContext, child_reset_signals, cleaner_name, page_fields,
                       cleaner_of, default_run_dir,
                       fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
                       writer_name)
@@ -288,9 +287,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 # Every worker publishes generation, status and pid there (workers.base);
                 # frontends watch the fetchers' and the coordinator's generation to fail what a
                 # dead one held.
-                fields = {"coordinator": COORDINATOR_PAGE_FIELDS,
-                          "frontend": FRONTEND_PAGE_FIELDS}.get(role, WORKER_PAGE_FIELDS)
-                StatePage.create(self.topo.page_path(name), fields).close()
+                StatePage.create(self.topo.page_path(name), page_fields(role)).close()
                 if role == "frontend" and self.cfg.server.limits_connections_per_ip:
                     ConnectionTable.create(self.topo.conns_path(name)).close()
             # Its ready map (shm.ready), made here like every runtime file: a worker that made
@@ -322,7 +319,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             cleaner = cleaner_of(name, self.cfg.log.cleaner.processes)
             self._make_ring(cleaner, name, small)
             self._make_ring(name, cleaner, small)
-            page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
+            page = StatePage.create(self.topo.page_path(name), page_fields("writer"))
         except OSError:
             self.topo.remove_endpoint(name)     # what was made of it (ENOSPC on a full tmpfs)
             raise

@@ -71,7 +71,6 @@ def appliance_command() -> list[str]:
     return [script] if os.path.exists(script) else [sys.executable, "-m", "appliance.cli"]
 
 
-
 def _toml(sections: dict) -> str:
     lines: list[str] = []
 

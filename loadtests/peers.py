@@ -41,7 +41,6 @@ def tansu_binary() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
-
 @contextlib.contextmanager
 def tansu(workdir: str, ready: "callable") -> Iterator[tuple[str, subprocess.Popen]]:
     """Run Tansu (memory storage) on a free loopback port for the block; yields (bootstrap,

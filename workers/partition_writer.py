@@ -551,9 +551,11 @@ class PartitionWriter(Worker):
             return                           # timed out earlier and answered already
         v = self.verifying.pop(pid)
         held = self.parked.get(pid)
-        if resp.error == ErrorCode.concurrent_transactions and held and held[0].version >= 12:
-            # An implicit add (KIP-890 part 2) during the previous transaction's markers: ask
-            # again after the backoff while the window lasts (Kafka's ReplicaManager
+        # An implicit add (KIP-890 part 2) that met the previous transaction's markers.
+        add_concurrent = (resp.error == ErrorCode.concurrent_transactions and bool(held)
+                          and held[0].version >= 12)
+        if add_concurrent:
+            # Ask again after the backoff while the window lasts (Kafka's ReplicaManager
             # maybeRetryOnConcurrentTransactions; the window counts from the first question).
             now = time.monotonic()
             if now - v.started < self.add_retry_max_s:
@@ -564,11 +566,9 @@ class PartitionWriter(Worker):
             self._fail_parked(pid, ErrorCode.invalid_txn_state)
             return
         if resp.error != ErrorCode.none:
-            code = resp.error
-            if code != ErrorCode.concurrent_transactions or not held or held[0].version < 12:
-                # (Transaction version 2 clients get CONCURRENT_TRANSACTIONS itself, as
-                # Kafka's ReplicaManager passes it on for them: common at a commit, and clearer.)
-                code = _VERIFY_ERRORS.get(code, code)
+            # Transaction version 2 clients get CONCURRENT_TRANSACTIONS itself, as Kafka's
+            # ReplicaManager passes it on for them: common at a commit, and clearer.
+            code = resp.error if add_concurrent else _VERIFY_ERRORS.get(resp.error, resp.error)
             self._fail_parked(pid, code)
             return
         now_ms = _now_ms()

@@ -21,9 +21,8 @@ import time
 from dataclasses import dataclass, field
 
 from appliance.catalog import PUBLISHED_FILE, read_published
-from appliance.runtime import (COORDINATOR_PAGE_FIELDS, FRONTEND_PAGE_FIELDS,
-                               PARTITION_PAGE_FIELDS, READY, WORKER_PAGE_FIELDS, read_processes,
-                               run_dir_of, writer_name)
+from appliance.runtime import (FRONTEND_PAGE_FIELDS, PARTITION_PAGE_FIELDS, READY, page_fields,
+                               read_processes, run_dir_of, writer_name)
 from shm.ring import Ring
 from shm.statepage import StatePage
 from shm.topology import Topology
@@ -189,11 +188,8 @@ class Appliance:
         harness takes the appliance as ready once it answers ApiVersions, which can be before the
         last worker (a fetcher, say) has made its files."""
         topo = Topology(self.run_dir)
-        fields = {"writer": PARTITION_PAGE_FIELDS, "coordinator": COORDINATOR_PAGE_FIELDS,
-                  "frontend": FRONTEND_PAGE_FIELDS}
         for w in self.workers():
-            path = topo.page_path(w["name"])
-            with StatePage.open(path, fields.get(w["role"], WORKER_PAGE_FIELDS), readonly=True) as page:
+            with StatePage.open(topo.page_path(w["name"]), page_fields(w["role"]), readonly=True) as page:
                 if page.read().status != READY:
                     return False
         return True
