@@ -33,9 +33,11 @@ run: install
 # JVM starting, so two of them share a 2-core machine well (32 min alone, about 20 in two).
 # Each test module runs whole in one process (its module-scoped appliance and Spark session).
 TEST_WORKERS ?= 2
+# What to run: the whole suite unless told (make test TESTS=tests/unit/test_readme.py).
+TESTS ?= tests
 
 test: install-test
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(TESTS)
 
 unit: install-test
 	$(BIN)/python -m pytest -q tests/unit

@@ -46,7 +46,9 @@ MAX_TOPIC_NAME = 249
 OFFSETS_TOPIC = "__consumer_offsets"
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
+PARTITION_METADATA_FILE = "partition.metadata"   # Kafka's: the topic id in each partition dir
 COORDINATOR_DIR = "__coordinator"        # <data_dir>/__coordinator/, the coordinator worker's
+GROUP_LOG_DIR = "group-log"              # __coordinator/group-log/: the group coordinator's store
 # This node leads every partition, from its creation on, in one leader epoch: what Metadata,
 # ListOffsets and OffsetForLeaderEpoch answer and what every appended batch carries.
 LEADER_EPOCH = 0
@@ -240,7 +242,7 @@ class CatalogStore:
             if not os.path.isdir(full) or entry.startswith("."):
                 continue
             if entry.endswith("-delete") or (
-                    os.path.exists(os.path.join(full, "partition.metadata")) and entry not in wanted):
+                    os.path.exists(os.path.join(full, PARTITION_METADATA_FILE)) and entry not in wanted):
                 shutil.rmtree(full, ignore_errors=True)
 
     def _save(self, catalog: Catalog) -> None:
@@ -281,7 +283,7 @@ class CatalogStore:
             d = partition_dir(self.data_dir, t.name, p)
             os.makedirs(d, exist_ok=True)
             made.append(d)
-            atomic_write(os.path.join(d, "partition.metadata"),
+            atomic_write(os.path.join(d, PARTITION_METADATA_FILE),
                          f"version: 0\ntopic_id: {uuid_to_kafka_str(t.topic_id)}\n".encode())
         return made
 

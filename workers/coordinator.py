@@ -27,7 +27,7 @@ import time
 
 import msgspec
 
-from appliance.catalog import COORDINATOR_DIR
+from appliance.catalog import COORDINATOR_DIR, GROUP_LOG_DIR
 from appliance.config import Config
 from appliance.group.service import GroupService
 from appliance.log.files import atomic_write
@@ -157,7 +157,7 @@ class Coordinator(Worker):
         self.tc.load()
         # Between the loads: the supervisor holds a starting coordinator to its heartbeat.
         self.hb.beat(self.ctx.heartbeat_slot)
-        self.gs = GroupService(os.path.join(self.dir, "group-log"), self.cfg.groups,
+        self.gs = GroupService(os.path.join(self.dir, GROUP_LOG_DIR), self.cfg.groups,
                                self.cfg.log.flush.policy, self.tc, _now_ms)
         opened.append(self.gs)
         self.gs.load()

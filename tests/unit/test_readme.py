@@ -84,3 +84,33 @@ def test_readme_reload_table_is_what_a_reload_applies():
             marked = False
         else:
             marked = False
+
+
+def test_readme_data_layout_names_every_file_the_code_writes():
+    """README's "Data layout" table holds every name the code gives a file or folder of the data
+    dir (regression: it listed five of them, not acls.json, __coordinator/, .reserve, .txnindex,
+    cleaner-offset-checkpoint or the producer snapshots)."""
+    from appliance import catalog, runtime, startup
+    from appliance.acl import store as acl_store
+    from appliance.group import store as group_store
+    from appliance.log import files, producer_state
+    from appliance.security import credentials
+    from appliance.txn import producer_ids, state_manager
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    section = text[text.index("### Data layout"):]
+    section = section[:section.index("\n#", 1)]
+    names = {
+        "meta.properties", credentials.LOCK_FILE, runtime.RUNTIME_POINTER, startup.RESERVE_FILE,
+        catalog.CATALOG_FILE, credentials.CREDENTIALS_FILE, acl_store.ACL_FILE,
+        catalog.PARTITION_METADATA_FILE, catalog.COORDINATOR_DIR, catalog.GROUP_LOG_DIR,
+        files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX, files.TXNINDEX_SUFFIX,
+        files.TMP_SUFFIX, files.LOG_START_OFFSET_FILE, files.RECOVERY_POINT_FILE,
+        files.CLEAN_SHUTDOWN_FILE, files.DELETED_SUFFIX, files.CLEANED_SUFFIX, files.SWAP_FILE,
+        files.CLEANER_CHECKPOINT_FILE, producer_state.SNAPSHOT_SUFFIX,
+        state_manager.LOG_DIR, state_manager.COMPACTING_DIR, state_manager.OLD_DIR,
+        state_manager.EPOCH_FILE, producer_ids.FILE_NAME,
+        group_store.LOG_DIR, group_store.COMPACTING_DIR, group_store.OLD_DIR,
+    }
+    missing = sorted(n for n in names if n not in section)
+    assert missing == []
