@@ -383,6 +383,28 @@ def test_delete_records(shared_appliance, client):
     assert [g.offset for g in d.consume(b, topic, {0: 40}, 1)] == [40]
 
 
+def test_delete_records_timeout_0_answers_each_partitions_real_result(shared_appliance):
+    """librdkafka's test 0081 sends DeleteRecords with an operation timeout of 0. Kafka applies
+    the delete on the leader whatever the timeout, which only bounds the wait for followers: a
+    single replica answers each partition's real result. Regression: every partition whose
+    records were deleted was answered REQUEST_TIMED_OUT (a wait of 1 ms for its writer)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+    b = shared_appliance.bootstrap
+    d = driver("confluent")
+    topic = case_topic("delrec-t0")
+    parts = 16
+    d.create_topics(b, {topic: (parts, {"segment.bytes": "4096"})})
+    d.produce(b, topic, [r for p in range(parts) for r in recs(p, 30, size=100)], "none",
+              **small_batches("confluent"))
+    a = AdminClient({"bootstrap.servers": b})
+    fs = a.delete_records([TopicPartition(topic, p, 10 + p) for p in range(parts)],
+                          request_timeout=60, operation_timeout=0)
+    lows = {tp.partition: f.result(timeout=60).low_watermark for tp, f in fs.items()}
+    assert lows == {p: 10 + p for p in range(parts)}
+    assert [watermarks(b, topic, p)[0] for p in range(parts)] == [10 + p for p in range(parts)]
+
+
 # -- DescribeLogDirs, OffsetForLeaderEpoch, ElectLeaders, reassignments ------------------------------
 
 def test_describe_log_dirs_kafka_python(shared_appliance):
