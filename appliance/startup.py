@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import socket
+import time
 
 import psutil
 
@@ -38,6 +39,15 @@ log = logging.getLogger("appliance.supervisor")
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 RESERVE_FILE = ".reserve"
+# A start that finds the data dir locked only by the workers of an appliance whose supervisor is
+# gone waits this long for them to exit (805 processes took 4.4 s to die after a kill -9), looking
+# every LOCK_POLL_S.
+LOCK_WAIT_S = 60.0
+# The disk reserve is at most a RESERVE_SHARE-th of the data dir's file system, at least
+# RESERVE_MIN_BYTES (reserve_size).
+RESERVE_SHARE = 16
+RESERVE_MIN_BYTES = 1 << 20
+LOCK_POLL_S = 0.05
 
 
 class StartFailure(Exception):
@@ -143,11 +153,58 @@ def port_holder(port: int) -> str:
 def lock_holder(fd: int) -> str:
     """`` (pid N: command line)`` of the live process whose pid the data dir's lock file names
     (each appliance writes its pid there), for the message of a refused start."""
+    pid = lock_file_pid(fd)
+    return _describe(pid) if pid and psutil.pid_exists(pid) else ""
+
+
+def lock_file_pid(fd: int) -> int | None:
+    """The pid the lock file names (each supervisor writes its own there once it holds it)."""
     try:
-        pid = int(os.pread(fd, 32, 0).split()[0])
+        return int(os.pread(fd, 32, 0).split()[0])
     except (OSError, ValueError, IndexError):
-        return ""
-    return _describe(pid) if psutil.pid_exists(pid) else ""
+        return None
+
+
+def lock_holders(path: str) -> list[psutil.Process]:
+    """The live processes with ``path`` open (an appliance's supervisor and every worker it forked
+    share the lock file's open description, so each holds the lock until it exits). Zombies hold
+    nothing. Only the processes this user may look into are seen."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        fd_dir = f"/proc/{entry}/fd"
+        try:
+            for fd in os.listdir(fd_dir):
+                try:
+                    fst = os.stat(os.path.join(fd_dir, fd))
+                except OSError:
+                    continue
+                if fst.st_ino == st.st_ino and fst.st_dev == st.st_dev:
+                    p = psutil.Process(int(entry))
+                    if p.status() != psutil.STATUS_ZOMBIE:
+                        found.append(p)
+                    break
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def is_supervisor(p: psutil.Process) -> bool:
+    """Whether ``p`` is an appliance's supervisor (its title, ``appliance: supervisor``)."""
+    try:
+        return " ".join(p.cmdline()).startswith("appliance: supervisor")
+    except psutil.Error:
+        return False
+
+
+def _pids(procs: list[psutil.Process]) -> str:
+    shown = ", ".join(str(p.pid) for p in procs[:8])
+    return f"pid {shown}" + (f" and {len(procs) - 8} more" if len(procs) > 8 else "")
 
 
 def free_bytes(path: str) -> int:
@@ -157,14 +214,35 @@ def free_bytes(path: str) -> int:
     return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
 
 
+def reserve_size(configured: int, fs_bytes: int, catalog_bytes: int) -> int:
+    """The disk reserve for a file system of ``fs_bytes``: ``server.disk_reserve_bytes`` where
+    the file system is large, a sixteenth of it where that is less (a 64 MiB reserve cannot exist
+    on a 32 MiB disk, and without one a full disk could not commit the DeleteTopics that frees
+    it), and never less than what a catalog commit needs (its copy, twice over) or
+    RESERVE_MIN_BYTES. 0 stays 0: no reserve."""
+    if configured == 0:
+        return 0
+    floor = max(RESERVE_MIN_BYTES, 2 * catalog_bytes)
+    return min(configured, max(fs_bytes // RESERVE_SHARE, floor))
+
+
 class DiskReserve:
     """``<data_dir>/.reserve``: ``size`` bytes of the data dir's file system set aside for the
-    writes a start and a DeleteTopics need when everything else is full."""
+    writes a start and a DeleteTopics need when everything else is full (``reserve_size``)."""
 
-    def __init__(self, data_dir: str, size: int) -> None:
+    def __init__(self, data_dir: str, configured: int) -> None:
         self.path = os.path.join(data_dir, RESERVE_FILE)
         self.data_dir = data_dir
-        self.size = size
+        st = os.statvfs(data_dir)
+        try:
+            catalog_bytes = os.path.getsize(os.path.join(data_dir, cat.CATALOG_FILE))
+        except OSError:
+            catalog_bytes = 0
+        self.size = reserve_size(configured, st.f_blocks * st.f_frsize, catalog_bytes)
+        if 0 < self.size < configured:
+            log.info("data dir %s: a disk reserve of %d bytes, a share of its %d-byte file system "
+                     "(server.disk_reserve_bytes is %d)", data_dir, self.size,
+                     st.f_blocks * st.f_frsize, configured)
 
     def held(self) -> int:
         try:
@@ -251,13 +329,11 @@ class SupervisorDirs:
         except OSError as e:
             raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {e.strerror}") from None
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = lock_holder(self._lock_fd)
+            self._take_lock()
+        except DataDirUnusable:
             os.close(self._lock_fd)
             self._lock_fd = -1
-            raise DataDirUnusable(
-                f"data dir {self.data_dir} is locked by another appliance process{holder}") from None
+            raise
         # The pid is for operators only; written over the old one (no new block needed).
         pid = f"{os.getpid()}\n".encode()
         try:
@@ -272,6 +348,56 @@ class SupervisorDirs:
         except (OSError, UnicodeDecodeError) as e:
             why = e.strerror if isinstance(e, OSError) else "meta.properties is not text"
             raise DataDirUnusable(f"data dir {self.data_dir} is unusable: {why}") from None
+
+    lock_wait_s = LOCK_WAIT_S
+
+    def _take_lock(self) -> None:
+        """flock the data dir's lock file. Held by a live appliance: refused at once. Held only by
+        the workers of an appliance whose supervisor is gone (a kill -9 of its process group:
+        hundreds of processes with gigabytes of shared memory take seconds to die, and each keeps
+        the lock, which every child inherits, until it exits): wait for them, up to
+        ``lock_wait_s``, saying so."""
+        path = os.path.join(self.data_dir, ".lock")
+        deadline = time.monotonic() + self.lock_wait_s
+        next_say = 0.0
+        waited = unseen = 0
+        while True:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass
+            except OSError as e:
+                raise DataDirUnusable(f"data dir {self.data_dir} cannot be locked: {e.strerror}") from None
+            else:
+                if waited:
+                    log.info("data dir %s: the previous appliance's processes are gone", self.data_dir)
+                return
+            holders = lock_holders(path)
+            named = lock_file_pid(self._lock_fd)
+            live = [p for p in holders if p.pid == named or is_supervisor(p)]
+            if live or not holders:
+                # A live appliance; or no holder this user can see (another user's process, or
+                # the holders exited between the flock and the look: two more tries first).
+                unseen += not holders
+                if holders or unseen > 2:
+                    who = _describe(live[0].pid) if live else lock_holder(self._lock_fd)
+                    raise DataDirUnusable(
+                        f"data dir {self.data_dir} is locked by another appliance process{who}")
+                continue
+            now = time.monotonic()
+            if now >= deadline:
+                raise DataDirUnusable(
+                    f"data dir {self.data_dir} is locked by {len(holders)} process(es) of an "
+                    f"appliance whose supervisor is gone ({_pids(holders)}), still running "
+                    f"{self.lock_wait_s:g} s later: stop them (a stopped process cannot exit)")
+            if now >= next_say:
+                log.warning("data dir %s is locked by %d process(es) of an appliance whose "
+                            "supervisor%s is gone (%s): waiting up to %.0f s for them to exit",
+                            self.data_dir, len(holders), f" (pid {named})" if named else "",
+                            _pids(holders), deadline - now)
+                next_say = now + 5.0
+            waited += 1
+            time.sleep(LOCK_POLL_S)
 
     def _check_meta_properties(self) -> None:
         """Kafka's meta.properties: the cluster id is made once; the node id must not change."""

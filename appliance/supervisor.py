@@ -157,6 +157,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self._start_writers: list[WorkerSpec] = []
         self._start_others: list[WorkerSpec] = []
         self.processes_changed = False       # processes.json is behind the table (_turn)
+        # The produce rings' size: shm.produce_ring_bytes, unless the start had to make them
+        # smaller to serve its catalog (_check_start_memory).
+        self.produce_ring_bytes = config.shm.produce_ring_bytes
 
     # -- set-up ---------------------------------------------------------------------------------
     def _bind(self) -> None:
@@ -253,16 +256,38 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
 
     def _check_start_memory(self, partitions: int) -> None:
-        from .topic_admin import memory_room, partition_cost
-        shm, mem = partition_cost(self.cfg, len(self.frontends))
+        """Serve the catalog, with the smallest produce rings the configuration allows when it does
+        not fit at ``shm.produce_ring_bytes``; refuse (exit 7) only when even the smallest rings the
+        configuration allows cannot be held, where making them would have the OOM killer stop the
+        start. Each partition was admitted by CreateTopics or CreatePartitions with the same
+        estimate (``topic_admin.room_problem``), which at run time counts the partitions already
+        there by what they really take and here by the estimate, which is larger; a start that
+        refused them would leave every acknowledged record unserved (regression: 900 partitions
+        accepted, then exit 7 after a kill -9)."""
+        from .topic_admin import memory_room, partition_cost, room_problem, smallest_produce_ring
+        fe = len(self.frontends)
+        problem = room_problem(self.cfg, fe, self.run_dir, partitions, self.produce_ring_bytes)
+        if problem is None:
+            return
+        # The smallest rings, not the largest that would fit: a start filling the machine to the
+        # estimate's limit would leave no room for the next CreateTopics.
+        size = min(self.produce_ring_bytes, smallest_produce_ring(self.cfg))
+        shm, _ = partition_cost(self.cfg, fe, size)
         free, available = memory_room(self.run_dir)
-        if partitions * shm > free or partitions * mem > available:
+        if partitions * shm > min(free, available):
             raise RuntimeDirUnusable(
-                f"the catalog's {partitions} partitions need {partitions * mem >> 20} MiB of memory "
-                f"({shm >> 20} MiB of rings each in the runtime dir {self.run_dir}, which has "
-                f"{free >> 20} MiB free, and a writer process); the machine has "
-                f"{max(available, 0) >> 20} MiB available: give the rings less "
-                f"(shm.produce_ring_bytes) or the machine more memory")
+                f"the catalog's {partitions} partitions need {partitions * shm >> 20} MiB of memory "
+                f"for their rings even at the smallest size the configuration allows ({shm >> 20} "
+                f"MiB each in the runtime dir {self.run_dir}, which has {free >> 20} MiB free); "
+                f"the machine has {max(available, 0) >> 20} MiB available: give the machine more "
+                f"memory, or the rings less (shm.produce_ring_bytes, shm.partition_ring_bytes, "
+                f"log.message_max_bytes)")
+        log.warning("the catalog's %d partitions do not fit this machine with produce rings of "
+                    "shm.produce_ring_bytes = %d (%s): starting them all with produce rings of %d "
+                    "bytes, as they ran here before; give the machine more memory, or the rings "
+                    "less, before creating more", partitions, self.produce_ring_bytes, problem[1],
+                    size)
+        self.produce_ring_bytes = size
 
     @contextlib.contextmanager
     def _runtime_dir_space(self, what: str):
@@ -312,7 +337,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         try:
             small = self.cfg.shm.partition_ring_bytes
             for fe in self.frontends:
-                self._make_ring(fe, name, self.cfg.shm.produce_ring_bytes)
+                self._make_ring(fe, name, self.produce_ring_bytes)
                 self._make_ring(name, fe, small)
             self._make_ring(COORDINATOR, name, small)
             self._make_ring(name, COORDINATOR, small)

@@ -46,15 +46,23 @@ PARTITION_PAGES_BYTES = 64 << 10
 MEMORY_RESERVE_MIN = 256 << 20
 
 
-def partition_cost(cfg, frontends: int) -> tuple[int, int]:
+def partition_cost(cfg, frontends: int, produce_ring_bytes: int | None = None) -> tuple[int, int]:
     """(runtime-dir bytes, memory bytes) one partition takes: the rings to and from every
     frontend, the coordinator and its cleaner (each given all its blocks when made, so they are
-    memory of the tmpfs from the start), its pages, and its writer process."""
+    memory of the tmpfs from the start), its pages, and its writer process. The produce rings
+    are ``produce_ring_bytes`` each (the supervisor's: a start may make them smaller than
+    ``shm.produce_ring_bytes``, ``Supervisor._check_start_memory``)."""
     from shm.ring import HEADER_SIZE
-    produce = HEADER_SIZE + cfg.shm.produce_ring_bytes
+    produce = HEADER_SIZE + (produce_ring_bytes or cfg.shm.produce_ring_bytes)
     small = HEADER_SIZE + cfg.shm.partition_ring_bytes
     shm = frontends * (produce + small) + 4 * small + PARTITION_PAGES_BYTES
     return shm, shm + WRITER_PROCESS_BYTES
+
+
+def smallest_produce_ring(cfg) -> int:
+    """The smallest produce ring the configuration allows: a power of two that holds a record of
+    log.message_max_bytes and its headers in half of it (``config.check``)."""
+    return max(1 << (2 * (cfg.log.message_max_bytes + 65536) - 1).bit_length(), 65536)
 
 
 def memory_room(run_dir: str) -> tuple[int, int]:
@@ -64,6 +72,27 @@ def memory_room(run_dir: str) -> tuple[int, int]:
     st = os.statvfs(run_dir)
     vm = psutil.virtual_memory()
     return st.f_bavail * st.f_frsize, vm.available - max(MEMORY_RESERVE_MIN, vm.total // 20)
+
+
+def room_problem(cfg, frontends: int, run_dir: str, new: int,
+                 produce_ring_bytes: int | None = None) -> tuple[ErrorCode, str] | None:
+    """The one estimate of whether ``new`` more partitions fit this machine, for CreateTopics and
+    CreatePartitions (which refuse what does not fit) and for the start (which makes its rings
+    smaller rather than refuse a catalog that ran here: ``Supervisor._check_start_memory``):
+    None when they fit, else (Kafka's error code for the refusal, why)."""
+    shm, mem = partition_cost(cfg, frontends, produce_ring_bytes)
+    free, available = memory_room(run_dir)
+    if new * shm > free:
+        return (ErrorCode.kafka_storage_error,
+                f"the runtime dir has room for {free // shm} more partitions' rings "
+                f"({_mib(shm)} each: shm.produce_ring_bytes per frontend and the small "
+                f"rings); {new} were asked for")
+    if new * mem > available:
+        return (ErrorCode.policy_violation,
+                f"the machine has memory for {max(available, 0) // mem} more partitions "
+                f"({_mib(mem)} each: their rings, {_mib(shm)}, and writer process); "
+                f"{new} were asked for")
+    return None
 
 
 @dataclass
@@ -158,18 +187,9 @@ class TopicAdmin:
             raise KafkaError(ErrorCode.policy_violation,
                              f"Creating {more} partitions would exceed topics.max_partitions = {limit}")
         new = total + more - self.store.catalog.partition_count()
-        shm, mem = partition_cost(sup.cfg, len(sup.frontends))
-        free, available = memory_room(sup.run_dir)
-        if new * shm > free:
-            raise KafkaError(ErrorCode.kafka_storage_error,
-                             f"the runtime dir has room for {free // shm} more partitions' rings "
-                             f"({_mib(shm)} each: shm.produce_ring_bytes per frontend and the small "
-                             f"rings); {new} were asked for")
-        if new * mem > available:
-            raise KafkaError(ErrorCode.policy_violation,
-                             f"the machine has memory for {max(available, 0) // mem} more partitions "
-                             f"({_mib(mem)} each: their rings, {_mib(shm)}, and writer process); "
-                             f"{new} were asked for")
+        problem = room_problem(sup.cfg, len(sup.frontends), sup.run_dir, new, sup.produce_ring_bytes)
+        if problem is not None:
+            raise KafkaError(*problem)
 
     def _commit_with_writers(self, parts: list[tuple[cat.TopicInfo, range]], commit,
                              results: list[cat.TopicResult], what: str):

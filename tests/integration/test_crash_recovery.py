@@ -127,6 +127,35 @@ def test_kill9_whole_appliance_then_restart_loses_nothing_acknowledged(appliance
     assert not (prod.acked - seen)
 
 
+def test_start_right_after_kill9_of_the_group_waits_for_the_dying_workers(appliance_factory):
+    """Regression: a start right after a kill -9 of the process group exited 3 ("data dir ... is
+    locked by another appliance process") while the old workers, each holding the data dir's
+    lock, were still dying. A SIGSTOPped writer stands for a worker slow to die: the new start
+    waits for it, saying so, and serves once it is gone."""
+    app = appliance_factory()
+    create_topic(app.bootstrap, "dying", 2)
+    p = Producer({"bootstrap.servers": app.bootstrap, "acks": "all"})
+    for i in range(100):
+        p.produce("dying", value=b"d%d" % i, partition=i % 2)
+    assert p.flush(30) == 0
+    slow = app.writer("dying", 0)["pid"]
+    os.kill(slow, signal.SIGSTOP)
+    try:
+        os.kill(app.proc.pid, signal.SIGKILL)
+        app.proc.wait(30)
+        nxt = appliance_factory(data_dir=app.data_dir, start=False)
+        nxt.start(wait=False)
+        nxt.wait_for(lambda: "waiting up to" in nxt.log_text() or nxt.proc.poll() is not None,
+                     what="the new start to wait for the old workers")
+        assert nxt.proc.poll() is None, nxt.log_tail()
+    finally:
+        os.kill(slow, signal.SIGCONT)          # it runs its pending SIGTERM and exits
+    nxt.wait_ready()
+    got = read_all(nxt.bootstrap, "dying", 2, 100)
+    assert sorted(got) == sorted(b"d%d" % i for i in range(100))
+    assert "processes are gone" in nxt.log_text()
+
+
 def test_restart_after_clean_stop_keeps_everything(appliance_factory):
     app = appliance_factory()
     create_topic(app.bootstrap, "clean", 1)

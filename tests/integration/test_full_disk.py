@@ -109,7 +109,7 @@ def _admin(bootstrap: str) -> AdminClient:
 
 def test_starts_on_a_full_disk_and_delete_topics_frees_it(small_disk, appliance_factory):
     data_dir = os.path.join(small_disk, "data")
-    app = appliance_factory(data_dir=data_dir, server={"frontends": 1, "disk_reserve_bytes": 2 * MiB},
+    app = appliance_factory(data_dir=data_dir, server={"frontends": 1, "disk_reserve_bytes": 1 * MiB},
                             log={"segment_bytes": 2 * MiB, "segment_index_bytes": 65536})
     admin = _admin(app.bootstrap)
     for f in admin.create_topics([NewTopic("big", 1, 1), NewTopic("keep", 1, 1)]).values():
@@ -125,7 +125,7 @@ def test_starts_on_a_full_disk_and_delete_topics_frees_it(small_disk, appliance_
     tp.flush(10)
 
     filler = os.path.join(small_disk, "filler")
-    assert os.path.getsize(os.path.join(data_dir, ".reserve")) == 2 * MiB
+    assert os.path.getsize(os.path.join(data_dir, ".reserve")) == 1 * MiB
     # The disk fills while the appliance is stopped: a clean stop gives back the blocks the
     # active segments held ahead of their appends, so a disk filled before it would not be full.
     assert app.terminate() == 0
@@ -133,19 +133,58 @@ def test_starts_on_a_full_disk_and_delete_topics_frees_it(small_disk, appliance_
     assert _disk_full(small_disk)
 
     app.start()                       # on the full disk: it must become ready
-    assert "gave back the 2097152-byte reserve" in app.log_text()
+    assert "gave back the 1048576-byte reserve" in app.log_text()
     assert not os.path.exists(os.path.join(data_dir, ".reserve"))
     assert _count(app.bootstrap, "keep") == 12
     before = _free(small_disk)
     admin = _admin(app.bootstrap)
     for f in admin.delete_topics(["big"], operation_timeout=60).values():
         f.result(60)
-    # ~9.4 MiB of segments freed, 2 MiB of it taken back by the reserve.
+    # ~9.4 MiB of segments freed, 1 MiB of it taken back by the reserve.
     app.wait_for(lambda: _free(small_disk) > before + 6 * MiB, timeout=60,
                  what="DeleteTopics to free the topic's segments")
-    assert os.path.getsize(os.path.join(data_dir, ".reserve")) == 2 * MiB   # made again
+    assert os.path.getsize(os.path.join(data_dir, ".reserve")) == 1 * MiB   # made again
     _produce(app.bootstrap, "keep", 10, 100)
     assert _count(app.bootstrap, "keep") == 22
     tp = Producer({"bootstrap.servers": app.bootstrap, "transactional.id": "full-disk"})
     tp.init_transactions(30)
     assert app.terminate() == 0
+
+
+def test_delete_topics_frees_a_full_disk_smaller_than_the_default_reserve(small_disk, appliance_factory):
+    """Regression: on a 32 MiB data dir the default 64 MiB reserve could not exist, so once an
+    idempotent producer had filled the disk, DeleteTopics of the only topic was answered
+    KAFKA_STORAGE_ERROR, nothing was freed and produce never resumed. The reserve is sized to
+    the file system (a sixteenth of it here), so the catalog commit of the delete has its room."""
+    data_dir = os.path.join(small_disk, "data")
+    app = appliance_factory(data_dir=data_dir,
+                            server={"frontends": 1, "disk_reserve_bytes": 64 * MiB},
+                            log={"segment_bytes": 4 * MiB})
+    st = os.statvfs(small_disk)
+    assert os.path.getsize(os.path.join(data_dir, ".reserve")) == st.f_blocks * st.f_frsize // 16
+    assert "a share of its" in app.log_text()
+    admin = _admin(app.bootstrap)
+    admin.create_topics([NewTopic("fill", 1, 1)])["fill"].result(30)
+    p = Producer({"bootstrap.servers": app.bootstrap, "acks": "all", "enable.idempotence": True,
+                  "linger.ms": 5, "message.timeout.ms": 15000})
+    acked, failed = [], []
+    i = 0
+    while not failed:
+        p.produce("fill", value=bytes([i % 251]) * 1024, key=str(i).encode(),
+                  on_delivery=lambda err, msg: (failed if err else acked).append(err or msg.offset()))
+        i += 1
+        if i % 1000 == 0:
+            p.flush(60)
+        assert i < 200_000, "the disk never filled"
+    p.flush(60)
+    assert _disk_full(small_disk)
+    before = _free(small_disk)
+    for f in admin.delete_topics(["fill"], operation_timeout=60).values():
+        f.result(60)                     # KAFKA_STORAGE_ERROR before the fix
+    app.wait_for(lambda: _free(small_disk) > before + len(acked) * 1024 // 2, timeout=60,
+                 what="DeleteTopics to free the topic's segments")
+    admin.create_topics([NewTopic("after", 1, 1)])["after"].result(30)
+    _produce(app.bootstrap, "after", 100, 1024)
+    assert _count(app.bootstrap, "after") == 100
+    app.wait_for(lambda: os.path.exists(os.path.join(data_dir, ".reserve")), timeout=30,
+                 what="the reserve made again")

@@ -4,8 +4,9 @@ Every partition's rings get their memory when made (``shm.produce_ring_bytes`` p
 the small rings, in the runtime dir's tmpfs), so a CreateTopics of 1,024 partitions with the
 default 8 MiB rings asked for about 22 GiB: the supervisor was OOM-killed while making them
 and the whole appliance went down. Now CreateTopics and CreatePartitions refuse with
-POLICY_VIOLATION what the machine's available memory cannot hold, and a start whose catalog
-cannot be held exits with the runtime dir's status (7) and says why.
+POLICY_VIOLATION what the machine's available memory cannot hold. A start serves the catalog
+that ran here: where its rings do not fit it makes its produce rings smaller, and only a catalog
+whose smallest rings cannot be held exits with the runtime dir's status (7), saying why.
 
 The runtime dir here is a tmpfs twice the size of the machine's memory (a tmpfs's size is a
 limit, not an allocation), so that memory, not the file system, is what runs out; the rings are
@@ -19,6 +20,7 @@ import tempfile
 
 import psutil
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from smalldisk import small_tmpfs
@@ -92,9 +94,40 @@ def test_partitions_beyond_the_machines_memory_are_refused_not_oom_killed(big_tm
     assert all(now[k] == v for k, v in pids.items()), (pids, now)
 
 
-def test_start_whose_catalog_the_memory_cannot_hold_exits_7(big_tmpfs, appliance_factory):
-    """The same catalog restarted with rings too large for the machine: exit 7, and the
-    message names the memory and the key to change, instead of an OOM kill in the start."""
+def test_start_whose_rings_the_memory_cannot_hold_starts_with_smaller_rings(big_tmpfs,
+                                                                           appliance_factory):
+    """The same catalog restarted with produce rings too large for the machine: it serves, with
+    the smallest produce rings the configuration allows and a warning that says so, instead of
+    refusing a catalog that ran here (or an OOM kill in the start)."""
+    run_dir = os.path.join(big_tmpfs, "run")
+    app = appliance_factory(server={"frontends": 1, "fetchers": 1, "runtime_dir": run_dir},
+                            shm={"produce_ring_bytes": 4 << 20})
+    admin = AdminClient({"bootstrap.servers": app.bootstrap})
+    (f,) = admin.create_topics([NewTopic("t", 4, 1)]).values()
+    assert f.result(120) is None
+    p = Producer({"bootstrap.servers": app.bootstrap, "acks": "all"})
+    for i in range(40):
+        p.produce("t", value=b"r%d" % i, partition=i % 4)
+    assert p.flush(30) == 0
+    assert app.terminate() == 0
+    huge = 1 << (psutil.virtual_memory().total // 2).bit_length()     # > half the memory each
+    app.config["shm"] = {"produce_ring_bytes": huge}
+    app.start()
+    text = app.log_text()
+    assert "starting them all with produce rings of" in text, text[-2000:]
+    assert psutil.disk_usage(big_tmpfs).used < 256 << 20      # no ring of the new size was made
+    c = Consumer({"bootstrap.servers": app.bootstrap, "group.id": "mem", "enable.auto.commit": False})
+    c.assign([TopicPartition("t", q, 0) for q in range(4)])
+    got = []
+    while len(got) < 40:
+        got += [m.value() for m in c.consume(100, 10) if not m.error()]
+    c.close()
+    assert sorted(got) == sorted(b"r%d" % i for i in range(40))
+
+
+def test_start_whose_smallest_rings_the_memory_cannot_hold_exits_7(big_tmpfs, appliance_factory):
+    """Partition rings (which a start does not shrink) too large for the machine: exit 7, and the
+    message names the memory and the keys to change, instead of an OOM kill in the start."""
     run_dir = os.path.join(big_tmpfs, "run")
     app = appliance_factory(server={"frontends": 1, "fetchers": 1, "runtime_dir": run_dir},
                             shm={"produce_ring_bytes": 4 << 20})
@@ -102,10 +135,11 @@ def test_start_whose_catalog_the_memory_cannot_hold_exits_7(big_tmpfs, appliance
     (f,) = admin.create_topics([NewTopic("t", 4, 1)]).values()
     assert f.result(120) is None
     assert app.terminate() == 0
-    huge = 1 << (psutil.virtual_memory().total // 2).bit_length()     # > half the memory each
-    app.config["shm"] = {"produce_ring_bytes": huge}
+    huge = 1 << (psutil.virtual_memory().total // 8).bit_length()     # 6 of them > the memory
+    app.config["shm"] = {"produce_ring_bytes": 4 << 20, "partition_ring_bytes": huge}
     app.start(wait=False)
     assert app.proc.wait(60) == EXIT_RUNTIME_DIR
     text = app.log_text()
-    assert "the catalog's 4 partitions need" in text and "shm.produce_ring_bytes" in text, text[-2000:]
+    assert "even at the smallest size the configuration allows" in text, text[-2000:]
+    assert "shm.partition_ring_bytes" in text
     assert psutil.disk_usage(big_tmpfs).used < 64 << 20      # no ring of the new size was made

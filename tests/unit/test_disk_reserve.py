@@ -59,3 +59,15 @@ def test_zero_size_removes_an_old_reserve(tmp_path, free):
     DiskReserve(str(tmp_path), SIZE).at_start()
     DiskReserve(str(tmp_path), 0).at_start()
     assert not (tmp_path / ".reserve").exists()
+
+
+def test_reserve_is_sized_to_a_small_file_system():
+    """A 64 MiB reserve cannot exist on a 32 MiB disk: it is a sixteenth of it there, at least
+    what a catalog commit needs, and never more than configured (0: none)."""
+    MiB = 1 << 20
+    assert startup.reserve_size(64 * MiB, 250_000 * MiB, 0) == 64 * MiB
+    assert startup.reserve_size(64 * MiB, 32 * MiB, 0) == 2 * MiB
+    assert startup.reserve_size(64 * MiB, 4 * MiB, 0) == startup.RESERVE_MIN_BYTES
+    assert startup.reserve_size(64 * MiB, 32 * MiB, 3 * MiB) == 6 * MiB
+    assert startup.reserve_size(SIZE, 32 * MiB, 0) == SIZE
+    assert startup.reserve_size(0, 32 * MiB, 0) == 0

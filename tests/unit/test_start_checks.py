@@ -1,0 +1,164 @@
+"""What a start checks before it serves, in the supervisor process and without forking: the
+memory estimate of the catalog's partitions (one estimate with CreateTopics, and a warning, never
+a refusal, at start) and the data dir's lock (held by a live appliance: refused at once; held
+only by the exiting workers of an appliance whose supervisor is gone: waited for)."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+
+import psutil
+import pytest
+
+from appliance import startup, topic_admin
+from appliance.config import Config, ServerConfig
+from appliance.errors import ErrorCode
+from appliance.startup import DataDirUnusable, RuntimeDirUnusable, SupervisorDirs
+from appliance.supervisor import Supervisor
+
+MiB = 1 << 20
+
+
+# -- the memory estimate ----------------------------------------------------------------------------
+
+def fake_room(monkeypatch, free: int, available: int) -> None:
+    monkeypatch.setattr(topic_admin, "memory_room", lambda run_dir: (free, available))
+
+
+def supervisor(tmp_path) -> Supervisor:
+    sup = Supervisor(Config(server=ServerConfig(frontends=2, data_dir=str(tmp_path / "data"))))
+    sup.run_dir = str(tmp_path)
+    return sup
+
+
+def test_start_after_a_crash_with_900_partitions_warns_and_serves(tmp_path, monkeypatch, caplog):
+    """Regression: 900 partitions accepted one CreateTopics of 100 at a time, then after a kill -9
+    the start exited 7: at run time the partitions already there count by what they really take,
+    at start by the estimate. A start serves what the broker accepted, with smaller produce rings
+    where the configured ones do not fit."""
+    sup = supervisor(tmp_path)
+    shm, mem = topic_admin.partition_cost(sup.cfg, 2)
+    fake_room(monkeypatch, free=1000 * shm, available=880 * mem)     # 900 by the estimate: no
+    with caplog.at_level(logging.WARNING, "appliance.supervisor"):
+        sup._check_start_memory(900)                                  # no StartFailure
+    assert "starting them all with produce rings of 4194304 bytes" in caplog.text
+    assert sup.produce_ring_bytes == 4 * MiB == topic_admin.smallest_produce_ring(sup.cfg)
+    assert topic_admin.room_problem(sup.cfg, 2, str(tmp_path), 900, sup.produce_ring_bytes) is None
+
+
+def test_start_whose_rings_fit_only_without_the_process_estimate_serves(tmp_path, monkeypatch, caplog):
+    sup = supervisor(tmp_path)
+    shm, mem = topic_admin.partition_cost(sup.cfg, 2, topic_admin.smallest_produce_ring(sup.cfg))
+    fake_room(monkeypatch, free=1000 * shm, available=901 * shm)
+    with caplog.at_level(logging.WARNING, "appliance.supervisor"):
+        sup._check_start_memory(900)
+    assert "starting them all" in caplog.text
+
+
+def test_start_whose_smallest_rings_cannot_be_held_exits_7_not_oom_killed(tmp_path, monkeypatch):
+    sup = supervisor(tmp_path)
+    shm, mem = topic_admin.partition_cost(sup.cfg, 2, topic_admin.smallest_produce_ring(sup.cfg))
+    fake_room(monkeypatch, free=1000 * shm, available=899 * shm)
+    with pytest.raises(RuntimeDirUnusable, match="even at the smallest size"):
+        sup._check_start_memory(900)
+
+
+def test_create_and_start_use_one_estimate(tmp_path, monkeypatch):
+    cfg = Config(server=ServerConfig(frontends=2))
+    shm, mem = topic_admin.partition_cost(cfg, 2)
+    fake_room(monkeypatch, free=1000 * shm, available=100 * mem)
+    assert topic_admin.room_problem(cfg, 2, str(tmp_path), 100) is None
+    code, why = topic_admin.room_problem(cfg, 2, str(tmp_path), 101)
+    assert code == ErrorCode.policy_violation and "memory for 100 more partitions" in why
+    fake_room(monkeypatch, free=10 * shm, available=100 * mem)
+    code, why = topic_admin.room_problem(cfg, 2, str(tmp_path), 11)
+    assert code == ErrorCode.kafka_storage_error and "room for 10 more" in why
+
+
+# -- the data dir's lock ----------------------------------------------------------------------------
+
+class Dirs(SupervisorDirs):
+    def __init__(self, data_dir: str, wait_s: float) -> None:
+        self.data_dir = data_dir
+        self.lock_wait_s = wait_s
+        self._lock_fd = os.open(os.path.join(data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+
+
+@pytest.fixture
+def held(tmp_path):
+    """The lock file, held through another open file description (as an old appliance's
+    processes hold theirs), naming ``pid`` as the supervisor that wrote it."""
+    fd = os.open(tmp_path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def name(pid: int) -> int:
+        os.pwrite(fd, f"{pid}\n".encode(), 0)
+        return fd
+    yield name
+    os.close(fd)
+
+
+def dead_pid() -> int:
+    pid = 4_000_000
+    while psutil.pid_exists(pid):
+        pid -= 1
+    return pid
+
+
+def test_lock_held_by_a_live_supervisor_is_refused_at_once(tmp_path, held, monkeypatch):
+    held(os.getpid())
+    monkeypatch.setattr(startup, "lock_holders", lambda path: [psutil.Process()])
+    d = Dirs(str(tmp_path), wait_s=60)
+    with pytest.raises(DataDirUnusable, match="locked by another appliance process"):
+        d._take_lock()
+
+
+def test_start_right_after_kill9_waits_for_the_dying_workers(tmp_path, held, monkeypatch, caplog):
+    """Regression: a start right after a kill -9 of the group exited 3 ("locked by another
+    appliance process") while the old workers, each holding the lock, were still dying."""
+    fd = held(dead_pid())
+    monkeypatch.setattr(startup, "lock_holders", lambda path: [psutil.Process()])
+    monkeypatch.setattr(startup, "is_supervisor", lambda p: False)
+    d = Dirs(str(tmp_path), wait_s=60)
+    released = threading.Event()
+
+    def release_when_waiting():
+        # The last old worker exits once the start says it waits.
+        while "waiting up to" not in caplog.text:
+            if released.wait(0.01):
+                return
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    t = threading.Thread(target=release_when_waiting)
+    with caplog.at_level(logging.INFO, "appliance.supervisor"):
+        t.start()
+        try:
+            d._take_lock()
+        finally:
+            released.set()
+            t.join()
+    assert "whose supervisor (pid" in caplog.text and "processes are gone" in caplog.text
+    with pytest.raises(BlockingIOError):      # ours now
+        fcntl.flock(os.open(tmp_path / ".lock", os.O_RDWR), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_dying_workers_that_never_exit_are_waited_for_a_bounded_time(tmp_path, held, monkeypatch):
+    held(dead_pid())
+    monkeypatch.setattr(startup, "lock_holders", lambda path: [psutil.Process()])
+    monkeypatch.setattr(startup, "is_supervisor", lambda p: False)
+    d = Dirs(str(tmp_path), wait_s=0.2)
+    with pytest.raises(DataDirUnusable, match=r"whose supervisor is gone \(pid \d+\), still running 0.2 s"):
+        d._take_lock()
+
+
+def test_lock_holders_sees_every_process_with_the_lock_file_open(tmp_path):
+    path = tmp_path / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        # Our own process is left out (the start looking for others).
+        assert startup.lock_holders(str(path)) == []
+        assert startup.is_supervisor(psutil.Process()) is False
+    finally:
+        os.close(fd)
