@@ -325,6 +325,18 @@ def _record_data(mv: memoryview, h: BatchHeader, max_bytes: int):
     return decompress_bounded(h.compression, data, max_bytes) if h.compression else data
 
 
+def _uncompressed_batch(mv: memoryview, h: BatchHeader, data):
+    """The batch with its records as ``data`` (inflated when ``h`` says compressed): a parser
+    that would inflate the records itself, unbounded, is handed them behind an uncompressed copy
+    of the header instead (its length fixed; no parser here checks the CRC)."""
+    if not h.compression:
+        return mv[:h.batch_length + LOG_OVERHEAD]
+    head = bytearray(mv[:HEADER_SIZE])
+    head[22] &= 0xF8
+    _i.pack_into(head, 8, HEADER_SIZE - LOG_OVERHEAD + len(data))
+    return bytes(head) + data
+
+
 def _fast_ok(mv: memoryview, h: BatchHeader, data, *, now_ms: int, before_ms: int, after_ms: int,
              compacted: bool) -> bool:
     """True when a fast walk (ours in C, else aiokafka's parser) vouches that every record is
@@ -337,15 +349,7 @@ def _fast_ok(mv: memoryview, h: BatchHeader, data, *, now_ms: int, before_ms: in
             return False
     if _FastBatch is None:
         return False
-    if h.compression:
-        # The parser would inflate the data itself, unbounded: hand it the inflated records
-        # behind an uncompressed copy of the header (it never checks the CRC).
-        head = bytearray(mv[:HEADER_SIZE])
-        head[22] &= 0xF8
-        _i.pack_into(head, 8, HEADER_SIZE - LOG_OVERHEAD + len(data))
-        batch = bytes(head) + data
-    else:
-        batch = mv[:h.batch_length + LOG_OVERHEAD]
+    batch = _uncompressed_batch(mv, h, data)
     check_ts = h.timestamp_type == 0 and (before_ms < NO_TIMESTAMP_LIMIT or after_ms < NO_TIMESTAMP_LIMIT)
     base = h.base_offset
     try:
@@ -460,14 +464,7 @@ def stored_records(batch, h: BatchHeader | None = None, *, max_bytes: int) -> li
     mv = memoryview(batch)
     if h is None:
         h = read_header(mv, 0)
-    data = _record_data(mv, h, max_bytes)
-    if h.compression:
-        head = bytearray(mv[:HEADER_SIZE])
-        head[22] &= 0xF8
-        _i.pack_into(head, 8, HEADER_SIZE - LOG_OVERHEAD + len(data))
-        plain = bytes(head) + data
-    else:
-        plain = mv[:h.batch_length + LOG_OVERHEAD]
+    plain = _uncompressed_batch(mv, h, _record_data(mv, h, max_bytes))
     if _FastBatch is not None:
         try:
             return list(_FastBatch(plain))
