@@ -102,7 +102,7 @@ class EndTxnHandler:
             valid_epoch = epoch == md.producer_epoch
         if md.producer_id != pid and not retry_on_overflow:
             if state.is_prepare and md.next_producer_id == pid:
-                return EndTxnResult(E.concurrent_transactions)    # (ours), see coordinator._add_inner
+                return EndTxnResult(E.concurrent_transactions)  # (ours), see coordinator._add_inner
             return EndTxnResult(E.invalid_producer_id_mapping)
         if not valid_epoch:
             return EndTxnResult(E.producer_fenced)
@@ -201,7 +201,7 @@ class EndTxnHandler:
         return self._begin_completion(new)
 
     def _begin_completion(self, new: TransactionMetadata) -> ErrorCode:
-        err = self._cache.persist(new)                             # durable before any marker (KIP-98)
+        err = self._cache.persist(new)                       # durable before any marker (KIP-98)
         if err == E.none:
             self.start_markers(new)
         return err

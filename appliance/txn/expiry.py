@@ -103,7 +103,7 @@ class TxnExpiry:
         if not ids:
             return
         try:
-            self._cache.sm.append_tombstones(ids)                  # one fdatasync for all of them
+            self._cache.sm.append_tombstones(ids)            # one fdatasync for all of them
         except TxnLogWriteError as e:
             # Kafka: the ids stay; the next scan tries again.
             log.error("tombstones for %d expired transactional ids failed: %s", len(ids), e)

@@ -148,7 +148,7 @@ class InitProducerIdHandler:
         new.txn_start_ms = -1
         new.txn_last_update_ms = now
         new.client_txn_version = TV_0
-        err = self._cache.persist(new)                              # logged before the reply (KIP-98)
+        err = self._cache.persist(new)                        # logged before the reply (KIP-98)
         if err != E.none:
             return InitProducerIdResult(err)
         return InitProducerIdResult(E.none, new.producer_id, new.producer_epoch)

@@ -3,10 +3,10 @@ its TransactionMarkerRequestCompletionHandler), for one node.
 
 Runs in the coordinator worker (``workers/coordinator.py``), single-threaded; created by the
 transaction coordinator's ``EndTxnHandler`` (``appliance.txn.end_txn``: it adds the jobs and
-logs Complete* when they are done; ``TransactionCoordinator.markers``), and attached by the worker
-to its rings (``attach``: the writers' links and the group log, injected, so that this module is
-tested without processes). Owns the marker jobs and their delivery: which marker went to which writer
-under which request id, when to send it again, and the KIP-939 fences.
+logs Complete* when they are done; ``TransactionCoordinator.markers``), and attached by the
+worker to its rings (``attach``: the writers' links and the group log, injected, so that this
+module is tested without processes). Owns the marker jobs and their delivery: which marker went
+to which writer under which request id, when to send it again, and the KIP-939 fences.
 
 Jobs
 ----
