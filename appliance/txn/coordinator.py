@@ -1,11 +1,12 @@
 """The transaction coordinator's request logic (Kafka's TransactionCoordinator), sans-IO.
 
 Runs inside the coordinator worker (``workers/coordinator.py``), which owns the rings, sockets and
-timers; this class owns the transaction metadata of every transactional id and decides. It is
-single-threaded and every method returns at once: a state change is appended to the transaction
-log (``TransactionStateManager.append``, durable per the flush policy) before the method returns,
-so a reply built from the return value is always backed by the log. Nothing here raises into the
-worker loop: illegal transitions answer INVALID_TXN_STATE, log failures answer an error code.
+timers; this class and its collaborators decide, over the transaction metadata of every
+transactional id (held by ``TxnMetadataCache``). It is single-threaded and every method returns
+at once: a state change is appended to the transaction log (``TransactionStateManager.append``,
+durable per the flush policy) before the method returns, so a reply built from the return value
+is always backed by the log. Nothing here raises into the worker loop: illegal transitions answer
+INVALID_TXN_STATE, log failures answer an error code.
 
 Behaviour is Kafka's (core/.../coordinator/transaction/, late-2024 trunk), KafkaApis for the
 version-dependent error codes (PRODUCER_FENCED becomes INVALID_PRODUCER_EPOCH for InitProducerId
@@ -13,19 +14,28 @@ version-dependent error codes (PRODUCER_FENCED becomes INVALID_PRODUCER_EPOCH fo
 Kafka leaves a choice. Departures are marked "(ours)".
 
 Copy-on-write: every change builds a new ``TransactionMetadata`` from a copy, checks each state
-step against the transition table, appends it, and only then replaces the cached object. A failed
-append leaves memory as it was, so Kafka's ``hasFailedEpochFence`` bookkeeping is not needed.
+step against the transition table, appends it, and only then replaces the cached object
+(``TxnMetadataCache.persist``). A failed append leaves memory as it was, so Kafka's
+``hasFailedEpochFence`` bookkeeping is not needed.
 
-Split by concern (mixins sharing this object's state):
+Split by concern: one state object and collaborators that are handed it (as Kafka's
+TransactionCoordinator works around its TransactionStateManager):
 
-- here: life cycle (load, the gate every request passes, the log append), AddPartitionsToTxn,
-  AddOffsetsToTxn, KIP-890 verification, the KIP-939 fences, the admin queries (``admin``);
-- ``init_producer_id``: InitProducerId, with KIP-939's keepPreparedTxn;
-- ``end_txn``: EndTxn, Prepare*, and CompleteCommit/CompleteAbort once the markers are written;
-- ``expiry``: the timers (``tick``: transaction timeouts, Prepare* re-driven, transactional-id
-  expiration);
-- ``marker_channel``: the marker jobs and their delivery to the partition writers (Kafka's
-  TransactionMarkerChannelManager), created here as ``markers``.
+- ``metadata_cache``: ``TxnMetadataCache``, the state: the metadata of every transactional id,
+  the copy-on-write log append, the gate every request passes (loaded / fenced / broken), the
+  producer-id source, the configuration, the clock and the counters;
+- here: ``TransactionCoordinator``, which composes the collaborators and keeps the life cycle
+  (load), AddPartitionsToTxn, AddOffsetsToTxn, KIP-890 verification, the KIP-939 fences and the
+  admin queries (``admin``), and delegates the rest;
+- ``init_producer_id``: ``InitProducerIdHandler``, InitProducerId with KIP-939's keepPreparedTxn;
+- ``end_txn``: ``EndTxnHandler``, EndTxn, Prepare*, CompleteCommit/CompleteAbort once the
+  markers are written, and the coordinator's own fence-and-abort; it creates the marker channel
+  (``marker_channel``: Kafka's TransactionMarkerChannelManager), exposed here as ``markers``;
+- ``expiry``: ``TxnExpiry``, the timers (``tick``: transaction timeouts, Prepare* re-driven,
+  transactional-id expiration).
+
+Where collaborators need each other (InitProducerId and the timers abort through EndTxn, the
+marker channel completes through EndTxn) they get the reference or callable at construction.
 
 The worker must call ``tick(now)`` regularly (each loop turn is fine: the scans rate-limit
 themselves), drive ``markers`` (``send_marker_jobs``, ``check``, ``send_fences``), and stop (exit,
@@ -36,7 +46,6 @@ ring result types of ``appliance.txn.messages``; ``appliance.txn.service`` serve
 from __future__ import annotations
 
 import collections
-
 import logging
 from typing import Callable, Iterable, Sequence
 
@@ -44,15 +53,17 @@ from appliance.catalog import OFFSETS_TOPIC
 from appliance.config import FlushPolicy, TransactionsConfig
 from appliance.errors import ErrorCode
 from appliance.txn import admin
-from appliance.txn.end_txn import EndTxnMixin
-from appliance.txn.expiry import TxnExpiry
-from appliance.txn.init_producer_id import InitProducerIdMixin
+from appliance.txn.end_txn import EndTxnHandler
+from appliance.txn.expiry import REMOVE_EXPIRED_INTERVAL_MS, TxnExpiry
+from appliance.txn.init_producer_id import InitProducerIdHandler, kept_guard
 from appliance.txn.marker_channel import TransactionMarkerChannelManager
-from appliance.txn.messages import ListTransactionsResult, TxnDescription, fenced_for
-from appliance.txn.metadata import (MAX_EPOCH, NO_PRODUCER_ID, TV_0, TV_2, IllegalTransition,
-                                    TransactionMetadata, TransactionState)
+from appliance.txn.messages import (EndTxnResult, InitProducerIdResult, ListTransactionsResult,
+                                    TxnDescription, fenced_for)
+from appliance.txn.metadata import (MAX_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TV_0, TV_2,
+                                    IllegalTransition, TransactionMetadata, TransactionState)
+from appliance.txn.metadata_cache import TxnMetadataCache
 from appliance.txn.producer_ids import ProducerIdManager
-from appliance.txn.state_manager import TransactionStateManager, TxnLogWriteError
+from appliance.txn.state_manager import TransactionStateManager
 
 __all__ = ["TransactionCoordinator", "partition_for", "java_string_hash", "OFFSETS_TOPIC_PARTITIONS"]
 
@@ -61,7 +72,6 @@ log = logging.getLogger("appliance.txn.coordinator")
 E = ErrorCode
 S = TransactionState
 OFFSETS_TOPIC_PARTITIONS = 50          # offsets.topic.num.partitions default
-REMOVE_EXPIRED_INTERVAL_MS = 3600000   # transaction.remove.expired.transaction.cleanup.interval.ms
 
 Partition = tuple[str, int]
 
@@ -84,107 +94,89 @@ def partition_for(group_id: str, partitions: int = OFFSETS_TOPIC_PARTITIONS) -> 
     return (0 if h == -(1 << 31) else abs(h)) % partitions
 
 
-def _append_error(code: ErrorCode) -> ErrorCode:
-    """Kafka's appendTransactionToLog mapping of a failed log append to a coordinator error: a
-    full disk (KAFKA_STORAGE_ERROR) is NOT_COORDINATOR, which clients answer by looking the
-    coordinator up again and retrying. As in Kafka, whose updateCacheCallback completes the
-    transition only after a successful append, the cached metadata stays as it was (``_persist``)."""
-    if code in (E.kafka_storage_error, E.not_leader_or_follower):
-        return E.not_coordinator
-    if code in (E.unknown_topic_or_partition, E.not_enough_replicas,
-                E.not_enough_replicas_after_append, E.request_timed_out):
-        return E.coordinator_not_available
-    return E.unknown_server_error
+class TransactionCoordinator:
+    """The transaction coordinator of this node: composes the collaborators around one
+    ``TxnMetadataCache`` and is the single entry point of the worker and the services."""
 
-
-class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
     def __init__(self, state_manager: TransactionStateManager, producer_ids: ProducerIdManager,
                  tx_config: TransactionsConfig, coordinator_epoch: int,
                  now_ms: Callable[[], int], *, marker_retry_backoff_ms: int = 100,
                  remove_expired_interval_ms: int = REMOVE_EXPIRED_INTERVAL_MS,
                  offsets_topic_partitions: int = OFFSETS_TOPIC_PARTITIONS) -> None:
-        self._sm = state_manager
-        self._pids = producer_ids
-        self.config = tx_config
-        self.coordinator_epoch = coordinator_epoch
-        self._now = now_ms
-        self.remove_expired_interval_ms = remove_expired_interval_ms
+        self._cache = cache = TxnMetadataCache(state_manager, producer_ids, tx_config,
+                                               coordinator_epoch, now_ms)
         self.offsets_topic_partitions = offsets_topic_partitions
-        self._txns: dict[str, TransactionMetadata] = {}
-        # For the metrics: transactions completed ("commits", "aborts") and aborted by the
-        # timeout scan ("timedout_aborts"), since this coordinator started.
-        self.stats: collections.Counter = collections.Counter()
-        self.markers = TransactionMarkerChannelManager(
-            now_ms, on_complete=self._complete, on_abandoned=self._abandoned,
-            on_fenced=self._on_fenced, kept_fences=self.kept_fences,
-            retry_backoff_ms=marker_retry_backoff_ms)
-        self._loaded = False
-        self._fenced = False
-        self._broken = False
-        now = now_ms()
-        # Kafka schedules both scans with an initial delay of one interval.
-        self._next_abort_scan = now + tx_config.abort_timed_out_interval_ms
-        self._next_expire_scan = now + remove_expired_interval_ms
+        self._end_txn = EndTxnHandler(cache, kept_fences=self.kept_fences,
+                                      marker_retry_backoff_ms=marker_retry_backoff_ms)
+        self.markers: TransactionMarkerChannelManager = self._end_txn.markers
+        self._init_producer_id = InitProducerIdHandler(
+            cache, self.markers, fence_and_abort=self._end_txn.fence_and_abort)
+        self._expiry = TxnExpiry(cache, self.markers, fence_and_abort=self._end_txn.fence_and_abort,
+                                 start_markers=self._end_txn.start_markers,
+                                 remove_expired_interval_ms=remove_expired_interval_ms)
+
+    # -- the shared state, as the worker and the services read it ---------------------------------
+    @property
+    def config(self) -> TransactionsConfig:
+        return self._cache.config
+
+    @property
+    def coordinator_epoch(self) -> int:
+        return self._cache.coordinator_epoch
+
+    @property
+    def stats(self) -> collections.Counter:
+        """Transactions completed ("commits", "aborts") and aborted by the timeout scan
+        ("timedout_aborts"), since this coordinator started (for the metrics)."""
+        return self._cache.stats
 
     # -- life cycle -----------------------------------------------------------------------------
     @property
     def loaded(self) -> bool:
-        return self._loaded
+        return self._cache.loaded
 
     @property
     def needs_restart(self) -> bool:
         """True once a writer reported TRANSACTION_COORDINATOR_FENCED (a newer coordinator
         exists) or a log write may have landed although it failed (memory and log may differ):
         the worker should exit so that a restart reloads from the log under a new epoch."""
-        return self._fenced or self._broken
+        return self._cache.fenced or self._cache.broken
 
     def load(self) -> None:
         """Replay the transaction log. Prepare* transactions get their markers sent again;
         Ongoing ones keep their start time, so their timeout still runs (Kafka's coordinator
         startup)."""
-        if self._loaded:
+        if self._cache.loaded:
             return
-        self._txns = self._sm.load()
-        self._loaded = True
-        for md in list(self._txns.values()):
+        self._cache.load()
+        for md in list(self._cache.txns.values()):
             if md.state.is_prepare:
-                self._start_markers(md)
+                self._end_txn.start_markers(md)
         log.info("transaction coordinator loaded %d transactional ids at coordinator epoch %d",
-                 len(self._txns), self.coordinator_epoch)
-
-    def _on_fenced(self) -> None:
-        self._fenced = True
+                 len(self._cache.txns), self.coordinator_epoch)
 
     def get(self, transactional_id: str) -> TransactionMetadata | None:
-        return self._txns.get(transactional_id)
+        return self._cache.txns.get(transactional_id)
 
-    def _gate(self) -> ErrorCode | None:
-        if self._fenced or self._broken:
-            return E.not_coordinator
-        if not self._loaded:
-            return E.coordinator_load_in_progress
-        return None
+    # -- delegated to the collaborators -----------------------------------------------------------
+    def init_producer_id(self, transactional_id: str | None, timeout_ms: int,
+                         producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
+                         *, api_version: int = 0, enable_2pc: bool = False,
+                         keep_prepared_txn: bool = False) -> InitProducerIdResult:
+        """InitProducerId (``InitProducerIdHandler.init_producer_id``)."""
+        return self._init_producer_id.init_producer_id(
+            transactional_id, timeout_ms, producer_id, producer_epoch, api_version=api_version,
+            enable_2pc=enable_2pc, keep_prepared_txn=keep_prepared_txn)
 
-    def _persist(self, new: TransactionMetadata) -> ErrorCode:
-        """Append ``new`` and make it the cached metadata; on failure memory is unchanged."""
-        try:
-            self._sm.append(new)
-        except TxnLogWriteError as e:
-            log.error("transaction log append for %r failed: %s", new.transactional_id, e)
-            if e.maybe_written:
-                self._broken = True
-                return E.not_coordinator
-            return _append_error(e.code)
-        self._txns[new.transactional_id] = new
-        return E.none
+    def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool,
+                *, api_version: int = 0) -> EndTxnResult:
+        """EndTxn (``EndTxnHandler.end_txn``)."""
+        return self._end_txn.end_txn(transactional_id, producer_id, producer_epoch, commit,
+                                     api_version=api_version)
 
-    def _new_producer_id(self) -> int | None:
-        try:
-            return self._pids.next_id()
-        except Exception:
-            log.exception("producer id allocation failed")
-            return None
-
+    def tick(self, now_ms: int | None = None) -> None:
+        """The timers (``TxnExpiry.tick``); the worker calls it every turn."""
+        self._expiry.tick(now_ms)
 
     # -- AddPartitionsToTxn / AddOffsetsToTxn / verification --------------------------------------
     def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
@@ -228,10 +220,10 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
     def _verify(self, tid: str, pid: int, epoch: int, partition: Partition) -> ErrorCode:
         if not tid:
             return E.invalid_request
-        if (err := self._gate()) is not None:
+        if (err := self._cache.gate()) is not None:
             return err
-        md = self._txns.get(tid)
-        if md is not None and (kept := self._kept_guard(md, pid, epoch)) is not None:
+        md = self._cache.txns.get(tid)
+        if md is not None and (kept := kept_guard(md, pid, epoch)) is not None:
             return kept
         if md is None or md.producer_id != pid:
             return E.invalid_producer_id_mapping
@@ -253,12 +245,12 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
     def _add_inner(self, tid: str, pid: int, epoch: int, parts: Sequence[Partition], tv: int) -> ErrorCode:
         if not tid:
             return E.invalid_request
-        if (err := self._gate()) is not None:
+        if (err := self._cache.gate()) is not None:
             return err
-        md = self._txns.get(tid)
+        md = self._cache.txns.get(tid)
         if md is None:
             return E.invalid_producer_id_mapping             # unknown, or expired (KIP-98)
-        if (kept := self._kept_guard(md, pid, epoch)) is not None:
+        if (kept := kept_guard(md, pid, epoch)) is not None:
             return kept                                      # KIP-939: commit or abort only
         if md.producer_id != pid:
             if md.state.is_prepare and md.next_producer_id == pid:
@@ -274,7 +266,7 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
         wanted = set(parts)
         if md.state == S.Ongoing and wanted <= md.partitions:
             return E.none                                    # nothing new: no log write
-        now = self._now()
+        now = self._cache.now()
         new = md.copy()
         new.transition(S.Ongoing)
         if md.state != S.Ongoing:
@@ -282,7 +274,7 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
         new.partitions |= wanted
         new.txn_last_update_ms = now
         new.client_txn_version = tv
-        return self._persist(new)                            # logged before the reply (KIP-98)
+        return self._cache.persist(new)                      # logged before the reply (KIP-98)
 
     # -- KIP-939 fences ---------------------------------------------------------------------------
     def kept_fences(self) -> list[tuple[int, int, list[Partition]]]:
@@ -292,7 +284,7 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
         alone fences them only when the markers land). The channel sends these again to a writer
         that restarted (the fence lives in the writer's memory)."""
         return [(md.producer_id, md.producer_epoch + 1, sorted(md.partitions))
-                for md in self._txns.values()
+                for md in self._cache.txns.values()
                 if md.state == S.Ongoing and md.next_producer_id != NO_PRODUCER_ID
                 and md.producer_epoch < MAX_EPOCH]
 
@@ -302,24 +294,24 @@ class TransactionCoordinator(InitProducerIdMixin, EndTxnMixin, TxnExpiry):
                           duration_filter_ms: int = -1,
                           transactional_id_pattern: str | None = None) -> ListTransactionsResult:
         """ListTransactions v0-2 (see ``admin.list_transactions``)."""
-        if (err := self._gate()) is not None:
+        if (err := self._cache.gate()) is not None:
             return ListTransactionsResult(err, [], [])
-        return admin.list_transactions(self._txns.values(), self._now(), state_filters,
+        return admin.list_transactions(self._cache.txns.values(), self._cache.now(), state_filters,
                                        producer_id_filters, duration_filter_ms, transactional_id_pattern)
 
     def describe_transactions(self, transactional_ids: Iterable[str]) -> list[TxnDescription]:
         """DescribeTransactions v0 (see ``admin.describe_transactions``)."""
-        return admin.describe_transactions(self._txns, transactional_ids, self._gate())
+        return admin.describe_transactions(self._cache.txns, transactional_ids, self._cache.gate())
 
     def reconfigure(self, tx_config: TransactionsConfig, flush_policy) -> None:
         """A configuration reload: the new ``[transactions]`` section and flush policy."""
-        self.config = tx_config
-        self._sm.flush_policy = FlushPolicy(flush_policy)
+        self._cache.config = tx_config
+        self._cache.sm.flush_policy = FlushPolicy(flush_policy)
 
     def state_counts(self) -> collections.Counter:
         """Transactional ids by the (Kafka) name of their transaction's state."""
-        return collections.Counter(md.state.name for md in self._txns.values())
+        return collections.Counter(md.state.name for md in self._cache.txns.values())
 
     def active_transaction_open_time_max_ms(self) -> int:
         """KIP-939 metric ActiveTransactionOpenTimeMaxMs (see ``admin``)."""
-        return admin.active_transaction_open_time_max_ms(self._txns.values(), self._now())
+        return admin.active_transaction_open_time_max_ms(self._cache.txns.values(), self._cache.now())

@@ -1,35 +1,35 @@
 """EndTxn for the transaction coordinator, and the end of every transaction: Prepare*, then
 CompleteCommit/CompleteAbort once the markers are written.
 
-Part of ``appliance.txn.coordinator.TransactionCoordinator`` (a mixin, split out by concern; it
-runs in the coordinator worker like the rest and shares its state). See that module for the
-design. Behaviour is Kafka's TransactionCoordinator.handleEndTransaction (with KIP-890's epoch
-bump on every commit or abort for transaction version 2, and KIP-939's end of a kept transaction)
-and its endTransaction completion: PrepareCommit/PrepareAbort is logged before any marker is sent
-(``_begin_completion``), the markers go out through the ``TransactionMarkerChannelManager``
-(``appliance.txn.marker_channel``), and when every partition has answered ``_complete`` logs
-CompleteCommit/CompleteAbort. ``_fence_and_abort`` is the coordinator's own abort (InitProducerId
-over an Ongoing transaction, and the transaction timeout).
+Runs in the coordinator worker (``workers/coordinator.py``), single-threaded, sans-IO: the
+``TransactionCoordinator`` creates an ``EndTxnHandler`` and delegates EndTxn to it. Owns the
+marker channel (``markers``, a ``TransactionMarkerChannelManager``: it hands the channel its jobs
+and the channel calls it back when they are done); the transaction metadata it reads and replaces
+through the ``TxnMetadataCache`` it is given (copy-on-write, see ``appliance.txn.metadata_cache``).
+Behaviour is Kafka's TransactionCoordinator.handleEndTransaction (with KIP-890's epoch bump on
+every commit or abort for transaction version 2, and KIP-939's end of a kept transaction) and its
+endTransaction completion: PrepareCommit/PrepareAbort is logged before any marker is sent
+(``_begin_completion``), the markers go out through the channel (``start_markers``), and when
+every partition has answered ``_complete`` logs CompleteCommit/CompleteAbort. ``fence_and_abort``
+is the coordinator's own abort (InitProducerId over an Ongoing transaction, and the transaction
+timeout).
 """
 
 from __future__ import annotations
 
-import collections
-
 import logging
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from appliance.errors import ErrorCode
-from appliance.txn.marker_channel import MarkerJob
+from appliance.txn.init_producer_id import kept_guard, kept_retry
+from appliance.txn.marker_channel import MarkerJob, Partition, TransactionMarkerChannelManager
 from appliance.txn.messages import EndTxnResult, fenced_for
 from appliance.txn.metadata import (MAX_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TV_0, TV_2,
                                     IllegalTransition, TransactionMetadata, TransactionState,
                                     is_epoch_exhausted)
+from appliance.txn.metadata_cache import TxnMetadataCache
 
-if TYPE_CHECKING:
-    from appliance.txn.marker_channel import TransactionMarkerChannelManager
-
-__all__ = ["EndTxnMixin"]
+__all__ = ["EndTxnHandler"]
 
 log = logging.getLogger("appliance.txn.coordinator")
 
@@ -37,23 +37,19 @@ E = ErrorCode
 S = TransactionState
 
 
-class EndTxnMixin:
-    """EndTxn and transaction completion; mixed into TransactionCoordinator."""
+class EndTxnHandler:
+    """EndTxn and transaction completion over the coordinator's ``TxnMetadataCache``."""
 
-    _txns: dict[str, TransactionMetadata]
-    coordinator_epoch: int
-    markers: TransactionMarkerChannelManager
-    stats: collections.Counter
-
-    if TYPE_CHECKING:
-        def _now(self) -> int: ...
-        def _gate(self) -> ErrorCode | None: ...
-        def _persist(self, new: TransactionMetadata) -> ErrorCode: ...
-        def _new_producer_id(self) -> int | None: ...
-        @staticmethod
-        def _kept_guard(md: TransactionMetadata, pid: int, epoch: int) -> ErrorCode | None: ...
-        @staticmethod
-        def _kept_retry(md: TransactionMetadata, pid: int, epoch: int) -> bool: ...
+    def __init__(self, cache: TxnMetadataCache, *,
+                 kept_fences: Callable[[], list[tuple[int, int, list[Partition]]]],
+                 marker_retry_backoff_ms: int = 100) -> None:
+        """``kept_fences()``: the KIP-939 fences the marker channel sends
+        (``TransactionCoordinator.kept_fences``)."""
+        self._cache = cache
+        self.markers = TransactionMarkerChannelManager(
+            cache.now, on_complete=self._complete, on_abandoned=self._abandoned,
+            on_fenced=cache.on_fenced, kept_fences=kept_fences,
+            retry_backoff_ms=marker_retry_backoff_ms)
 
     def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool,
                 *, api_version: int = 0) -> EndTxnResult:
@@ -72,9 +68,9 @@ class EndTxnMixin:
     def _end_txn(self, tid: str, pid: int, epoch: int, commit: bool, tv: int) -> EndTxnResult:
         if not tid:
             return EndTxnResult(E.invalid_request)
-        if (err := self._gate()) is not None:
+        if (err := self._cache.gate()) is not None:
             return EndTxnResult(err)
-        md = self._txns.get(tid)
+        md = self._cache.txns.get(tid)
         if md is None:
             return EndTxnResult(E.invalid_producer_id_mapping)
         state = md.state
@@ -84,8 +80,8 @@ class EndTxnMixin:
                 return EndTxnResult(E.concurrent_transactions)
             if (pid, epoch) == (md.next_producer_id, md.next_producer_epoch):
                 return self._prepare_kept(md, commit, tv, pid, epoch)
-            return EndTxnResult(self._kept_guard(md, pid, epoch) or E.producer_fenced)
-        if state.is_prepare and self._kept_retry(md, pid, epoch):
+            return EndTxnResult(kept_guard(md, pid, epoch) or E.producer_fenced)
+        if state.is_prepare and kept_retry(md, pid, epoch):
             same = commit == (state == S.PrepareCommit)
             return EndTxnResult(E.concurrent_transactions if same else E.invalid_txn_state)
         tv2 = md.client_txn_version >= TV_2
@@ -106,7 +102,7 @@ class EndTxnMixin:
             valid_epoch = epoch == md.producer_epoch
         if md.producer_id != pid and not retry_on_overflow:
             if state.is_prepare and md.next_producer_id == pid:
-                return EndTxnResult(E.concurrent_transactions)    # (ours), see _add_inner
+                return EndTxnResult(E.concurrent_transactions)  # (ours), see coordinator._add_inner
             return EndTxnResult(E.invalid_producer_id_mapping)
         if not valid_epoch:
             return EndTxnResult(E.producer_fenced)
@@ -127,12 +123,12 @@ class EndTxnMixin:
         new.transition(S.PrepareCommit if commit else S.PrepareAbort)
         new.next_producer_id = NO_PRODUCER_ID
         new.client_txn_version = tv
-        new.txn_last_update_ms = self._now()
+        new.txn_last_update_ms = self._cache.now()
         if tv >= TV_2:
             # KIP-890 (1): PREPARE carries epoch y+1 (markers too); on overflow a new producer id
             # is allocated now and becomes current at COMPLETE; markers keep (x, MAX).
             if md.is_epoch_exhausted:
-                next_pid = self._new_producer_id()
+                next_pid = self._cache.new_producer_id()
                 if next_pid is None:
                     return EndTxnResult(E.coordinator_not_available)
                 new.next_producer_id, new.next_producer_epoch = next_pid, 0
@@ -160,7 +156,7 @@ class EndTxnMixin:
         new.last_producer_epoch = NO_PRODUCER_EPOCH
         if tv >= TV_2:
             if is_epoch_exhausted(epoch):
-                next_pid = self._new_producer_id()
+                next_pid = self._cache.new_producer_id()
                 if next_pid is None:
                     return EndTxnResult(E.coordinator_not_available)
                 new.next_producer_id, new.next_producer_epoch = next_pid, 0
@@ -169,13 +165,13 @@ class EndTxnMixin:
         else:
             new.next_producer_id, new.next_producer_epoch = pid, epoch
         new.client_txn_version = tv
-        new.txn_last_update_ms = self._now()
+        new.txn_last_update_ms = self._cache.now()
         err = self._begin_completion(new)
         if err != E.none:
             return EndTxnResult(err)
         return EndTxnResult(E.none, new.next_producer_id, new.next_producer_epoch)
 
-    def _fence_and_abort(self, md: TransactionMetadata) -> ErrorCode:
+    def fence_and_abort(self, md: TransactionMetadata) -> ErrorCode:
         """Bump the epoch (PrepareEpochFence, in memory only) and abort with it (PrepareAbort)
         (KIP-98: InitProducerId over an Ongoing transaction, and the transaction timeout). One
         bump: the fence epoch is what the markers carry. The record is
@@ -201,26 +197,26 @@ class EndTxnMixin:
         new.next_producer_id = NO_PRODUCER_ID
         new.next_producer_epoch = NO_PRODUCER_EPOCH
         new.client_txn_version = TV_0
-        new.txn_last_update_ms = self._now()
+        new.txn_last_update_ms = self._cache.now()
         return self._begin_completion(new)
 
     def _begin_completion(self, new: TransactionMetadata) -> ErrorCode:
-        err = self._persist(new)                             # durable before any marker (KIP-98)
+        err = self._cache.persist(new)                       # durable before any marker (KIP-98)
         if err == E.none:
-            self._start_markers(new)
+            self.start_markers(new)
         return err
 
     # -- completion -------------------------------------------------------------------------------
-    def _start_markers(self, md: TransactionMetadata) -> None:
+    def start_markers(self, md: TransactionMetadata) -> None:
         commit = md.state == S.PrepareCommit
         md.pending_state = S.CompleteCommit if commit else S.CompleteAbort
         self.markers.add_job(md.transactional_id, md.producer_id, md.producer_epoch, commit,
-                             self.coordinator_epoch, md.partitions)
+                             self._cache.coordinator_epoch, md.partitions)
 
     def _complete(self, job: MarkerJob) -> bool:
         """Every marker is written: log CompleteCommit/CompleteAbort (KIP-98: only after every
         marker is acknowledged). False when the append failed (the marker channel retries)."""
-        md = self._txns.get(job.transactional_id)
+        md = self._cache.txns.get(job.transactional_id)
         if md is None or not md.state.is_prepare or md.producer_id != job.producer_id:
             return True
         new = md.copy()
@@ -240,15 +236,15 @@ class EndTxnMixin:
         new.next_producer_id = NO_PRODUCER_ID
         new.next_producer_epoch = NO_PRODUCER_EPOCH
         new.partitions = set()
-        new.txn_last_update_ms = self._now()
-        if self._persist(new) != E.none:
+        new.txn_last_update_ms = self._cache.now()
+        if self._cache.persist(new) != E.none:
             return False
-        self.stats["commits" if job.commit else "aborts"] += 1
+        self._cache.stats["commits" if job.commit else "aborts"] += 1
         return True
 
     def _abandoned(self, transactional_id: str) -> None:
         """The markers were refused with INVALID_PRODUCER_EPOCH: the transaction stays Prepare*
         and the periodic scan re-drives it."""
-        md = self._txns.get(transactional_id)
+        md = self._cache.txns.get(transactional_id)
         if md is not None and md.state.is_prepare:
             md.pending_state = None

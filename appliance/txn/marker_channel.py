@@ -2,10 +2,11 @@
 its TransactionMarkerRequestCompletionHandler), for one node.
 
 Runs in the coordinator worker (``workers/coordinator.py``), single-threaded; created by the
-``TransactionCoordinator``, which owns the transaction metadata, and attached by the worker to its
-rings (``attach``: the writers' links and the group log, injected, so that this module is tested
-without processes). Owns the marker jobs and their delivery: which marker went to which writer
-under which request id, when to send it again, and the KIP-939 fences.
+transaction coordinator's ``EndTxnHandler`` (``appliance.txn.end_txn``: it adds the jobs and
+logs Complete* when they are done; ``TransactionCoordinator.markers``), and attached by the
+worker to its rings (``attach``: the writers' links and the group log, injected, so that this
+module is tested without processes). Owns the marker jobs and their delivery: which marker went
+to which writer under which request id, when to send it again, and the KIP-939 fences.
 
 Jobs
 ----
@@ -84,6 +85,8 @@ _DROP_PARTITION = frozenset({E.unknown_topic_or_partition, E.unsupported_version
 
 
 class MarkerJob(NamedTuple):
+    """The markers of one transaction's end, for ``partitions``: all of the job's when it is
+    added, the ones due when retried, none when handed to ``on_complete``."""
     job_id: int
     transactional_id: str
     producer_id: int
@@ -95,19 +98,15 @@ class MarkerJob(NamedTuple):
 
 @dataclass(slots=True)
 class _Job:
-    job_id: int
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    commit: bool
-    coordinator_epoch: int
+    """A job in flight: its markers (``marker``, every partition of the job) and the partitions
+    that have not answered yet."""
+    marker: MarkerJob
     pending: set[Partition]                                  # not acknowledged yet
     retry_at: dict[Partition, int] = field(default_factory=dict)
     complete_failed: bool = False                            # Complete* append to retry
 
-    def marker(self, partitions: Iterable[Partition]) -> MarkerJob:
-        return MarkerJob(self.job_id, self.transactional_id, self.producer_id, self.producer_epoch,
-                         self.commit, self.coordinator_epoch, sorted(partitions))
+    def markers_for(self, partitions: Iterable[Partition]) -> MarkerJob:
+        return self.marker._replace(partitions=sorted(partitions))
 
 
 class WriterLink(Protocol):
@@ -186,12 +185,13 @@ class TransactionMarkerChannelManager:
     # -- jobs -------------------------------------------------------------------------------------
     def add_job(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool,
                 coordinator_epoch: int, partitions: Iterable[Partition]) -> None:
-        job = _Job(next(self._job_ids), transactional_id, producer_id, producer_epoch, commit,
-                   coordinator_epoch, set(partitions))
-        self._jobs[job.job_id] = job
-        self._job_of[transactional_id] = job.job_id
+        pending = set(partitions)
+        job = _Job(MarkerJob(next(self._job_ids), transactional_id, producer_id, producer_epoch,
+                             commit, coordinator_epoch, sorted(pending)), pending)
+        self._jobs[job.marker.job_id] = job
+        self._job_of[transactional_id] = job.marker.job_id
         if job.pending:
-            self._outbox.append(job.marker(job.pending))
+            self._outbox.append(job.markers_for(job.pending))
         else:
             self._complete(job)          # no partitions: straight to Complete* (as Kafka)
 
@@ -218,7 +218,7 @@ class TransactionMarkerChannelManager:
                 if not job.retry_at:
                     self._retrying.discard(job_id)
                 if due:
-                    out.append(job.marker(due))
+                    out.append(job.markers_for(due))
         return out
 
     def next_retry_due_ms(self) -> int | None:
@@ -238,7 +238,7 @@ class TransactionMarkerChannelManager:
             error = E.unknown_server_error
         if error == E.none or error in _DROP_PARTITION:
             if error != E.none:
-                log.info("marker for %r dropped on %s-%d: %s", job.transactional_id,
+                log.info("marker for %r dropped on %s-%d: %s", job.marker.transactional_id,
                          partition[0], partition[1], error.name)
             job.pending.discard(partition)
             job.retry_at.pop(partition, None)
@@ -246,7 +246,7 @@ class TransactionMarkerChannelManager:
                 self._complete(job)
         elif error == E.transaction_coordinator_fenced:
             log.error("coordinator epoch %d fenced by %s-%d: a newer coordinator exists; stopping",
-                      job.coordinator_epoch, partition[0], partition[1])
+                      job.marker.coordinator_epoch, partition[0], partition[1])
             self.coordinator_fenced = True
             self._jobs.clear()
             self._job_of.clear()
@@ -254,15 +254,16 @@ class TransactionMarkerChannelManager:
             self._outbox.clear()
             self._on_fenced()
         elif error == E.invalid_producer_epoch:
+            m = job.marker
             log.warning("marker for %r (producer %d epoch %d) refused by %s-%d: %s; job abandoned",
-                        job.transactional_id, job.producer_id, job.producer_epoch, partition[0],
+                        m.transactional_id, m.producer_id, m.producer_epoch, partition[0],
                         partition[1], error.name)
             self._drop_job(job)
-            self._on_abandoned(job.transactional_id)
+            self._on_abandoned(job.marker.transactional_id)
         else:
             if partition not in job.retry_at:
                 job.retry_at[partition] = self._now() + self.retry_backoff_ms
-                self._retrying.add(job.job_id)
+                self._retrying.add(job.marker.job_id)
 
     def retry_completions(self) -> None:
         """Log Complete* again for the jobs whose append failed."""
@@ -271,16 +272,16 @@ class TransactionMarkerChannelManager:
             self._complete(job)
 
     def _complete(self, job: _Job) -> None:
-        if self._on_complete(job.marker(())):
+        if self._on_complete(job.markers_for(())):
             self._drop_job(job)
         else:
             job.complete_failed = True
 
     def _drop_job(self, job: _Job) -> None:
-        self._jobs.pop(job.job_id, None)
-        self._retrying.discard(job.job_id)
-        if self._job_of.get(job.transactional_id) == job.job_id:
-            del self._job_of[job.transactional_id]
+        self._jobs.pop(job.marker.job_id, None)
+        self._retrying.discard(job.marker.job_id)
+        if self._job_of.get(job.marker.transactional_id) == job.marker.job_id:
+            del self._job_of[job.marker.transactional_id]
 
     # -- delivery ---------------------------------------------------------------------------------
     def send_marker_jobs(self) -> None:
