@@ -2,15 +2,15 @@
 
 Owns nothing and does no I/O. It is the contract between the two halves of the group coordinator
 in the coordinator worker: ``appliance.group.membership`` builds a ``GroupRecord``
-(``classic_group.group_record``) when a group must be made durable (the leader's SyncGroup, a static member replaced without a rebalance, a
-group that became Empty) and gets them back in ``GroupCoordinator.load`` after a restart;
-``appliance.group.store`` encodes them to and from the bytes Kafka writes for the
-GroupMetadataValue record (internal-records/GroupMetadataValue.json) in the group log.
-A tombstone (the group was deleted) is ``None`` rather than a record. ``store_group_error`` is
-the other half of that contract: Kafka's storeGroup mapping of a failed append to the error the
-members get, the one function both halves use (``offsets.OffsetManager.store_group`` /
-``delete_group`` for the group log's errors, ``table.GroupTable.store`` for what ``persist``
-returns).
+(``classic_group.group_record``) when a group must be made durable (the leader's SyncGroup, a
+static member replaced without a rebalance, a group that became Empty) and gets them back in
+``GroupCoordinator.load`` after a restart; ``appliance.group.store`` encodes them to and from
+the bytes Kafka writes for the GroupMetadataValue record (internal-records/GroupMetadataValue.json)
+in the group log. A tombstone (the group was deleted) is ``None`` rather than a record.
+``store_group_error`` is the other half of that contract: Kafka's storeGroup mapping of a failed
+append to the error the members get, the one function both halves use
+(``offsets.OffsetManager.store_group`` / ``delete_group`` for the group log's errors,
+``table.GroupTable.store`` for what ``persist`` returns).
 
 Field names are the spec's, in snake_case, in the spec's order; the defaults are the spec's
 defaults for fields older versions lack.
