@@ -1,7 +1,11 @@
 """One classic consumer group in memory: its state, members and protocol bookkeeping.
 
-Owns nothing shared and does no I/O; used only by ``appliance.group.membership`` (the group
-coordinator in the coordinator worker), which decides and calls these helpers. This is Kafka's
+Owns nothing shared and does no I/O; used only by ``appliance.group.membership`` and its
+collaborators (the group coordinator in the coordinator worker), which decide and call these
+helpers; the groups themselves live in ``appliance.group.table.GroupTable``. A classic group's
+``group_type`` is ``"classic"`` (Kafka's Group.GroupType.CLASSIC): the table's namespace is
+shared with the consumer (KIP-848) and share (KIP-932) groups to come. ``group_record`` is a
+group in its stored form (``records.GroupRecord``). This is Kafka's
 GroupMetadata/MemberMetadata (core/.../coordinator/group/, late-2024 trunk; the same rules as
 ClassicGroup/ClassicGroupMember of the newer group-coordinator module). Departures are marked
 "(ours)".
@@ -30,13 +34,16 @@ from typing import Any
 
 from appliance.errors import ErrorCode
 from appliance.group.messages import DescribedGroup, DescribedMember
+from appliance.group.records import GroupMemberRecord, GroupRecord
 
 E = ErrorCode
 
 __all__ = ["GroupState", "VALID_PREVIOUS", "IllegalGroupTransition", "Member", "ClassicGroup",
-           "parse_subscription_topics", "dedupe_protocols", "CONSUMER_PROTOCOL_TYPE"]
+           "parse_subscription_topics", "dedupe_protocols", "group_record",
+           "CONSUMER_PROTOCOL_TYPE", "CLASSIC_GROUP_TYPE"]
 
 CONSUMER_PROTOCOL_TYPE = "consumer"
+CLASSIC_GROUP_TYPE = "classic"                  # Kafka's Group.GroupType.CLASSIC (ListGroups v5)
 
 
 class GroupState(enum.Enum):
@@ -145,6 +152,8 @@ def dedupe_protocols(protocols) -> Protocols:
 
 class ClassicGroup:
     """GroupMetadata without the offsets (those are ``appliance.group.offsets``)."""
+
+    group_type = CLASSIC_GROUP_TYPE
 
     def __init__(self, group_id: str, state: GroupState, now_ms: int) -> None:
         self.group_id = group_id
@@ -367,6 +376,20 @@ class ClassicGroup:
                 return None
             topics |= t
         return frozenset(topics)
+
+
+def group_record(group: ClassicGroup, assignment: dict[str, bytes] | None = None) -> GroupRecord:
+    """The group as stored (GroupMetadataValue); ``assignment`` replaces the members' own."""
+    members = [GroupMemberRecord(
+        member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
+        client_host=m.client_host, rebalance_timeout=m.rebalance_timeout_ms,
+        session_timeout=m.session_timeout_ms, subscription=m.metadata(group.protocol_name),
+        assignment=m.assignment if assignment is None else assignment.get(m.member_id, b""))
+        for m in group.members.values()]
+    ts = group.state_timestamp
+    return GroupRecord(protocol_type=group.protocol_type or "", generation=group.generation_id,
+                       protocol=group.protocol_name, leader=group.leader_id,
+                       current_state_timestamp=-1 if ts is None else ts, members=members)
 
 
 _h = struct.Struct(">h")

@@ -41,7 +41,8 @@ Transactional offsets (KIP-98, KIP-447):
   as KIP-98 requires of TxnOffsetCommit). ``pending_producer_ids`` lists the producers with pending offsets, for a
   consistency check at start.
 
-Errors of a failed write follow Kafka's maybeConvertOffsetCommitError / storeGroup mapping:
+Errors of a failed write follow Kafka's maybeConvertOffsetCommitError / storeGroup mapping (the
+latter is ``records.store_group_error``, the one the membership side maps with too):
 KAFKA_STORAGE_ERROR -> NOT_COORDINATOR, a batch too large -> INVALID_COMMIT_OFFSET_SIZE (offset
 commits) or UNKNOWN_SERVER_ERROR (group metadata). If a write may have reached the log although
 it reported failure (the fdatasync failed), memory can no longer be trusted: the manager is
@@ -58,7 +59,7 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 
 from appliance.errors import ErrorCode
 from appliance.group.messages import OffsetPartition
-from appliance.group.records import GroupRecord
+from appliance.group.records import GroupRecord, store_group_error
 from appliance.group.store import (GroupLogWriteError, GroupStateStore, OffsetEntry,
                                    TopicPartition)
 
@@ -103,19 +104,6 @@ def _commit_error(code: ErrorCode) -> ErrorCode:
         return E.coordinator_not_available
     if code in (E.message_too_large, E.record_list_too_large, E.invalid_fetch_size):
         return E.invalid_commit_offset_size
-    return code
-
-
-def _group_error(code: ErrorCode) -> ErrorCode:
-    # Kafka's GroupMetadataManager.storeGroup callback.
-    if code in (E.kafka_storage_error, E.not_leader_or_follower):
-        return E.not_coordinator
-    if code in (E.unknown_topic_or_partition, E.not_enough_replicas, E.not_enough_replicas_after_append):
-        return E.coordinator_not_available
-    if code == E.request_timed_out:
-        return E.rebalance_in_progress
-    if code in (E.message_too_large, E.record_list_too_large, E.invalid_fetch_size):
-        return E.unknown_server_error
     return code
 
 
@@ -356,7 +344,7 @@ class OffsetManager:
             self.store.store_group(group_id, record, now_ms)
         except GroupLogWriteError as e:
             self._failed(e, f"metadata of group {group_id!r}")
-            return _group_error(e.code)
+            return store_group_error(e.code)
         except ValueError as e:                      # a string longer than a record can hold
             log.error("group %r: metadata cannot be encoded: %s", group_id, e)
             return E.unknown_server_error
@@ -378,7 +366,7 @@ class OffsetManager:
             self.store.delete({group_id: (sorted(tps), drop_group)}, now_ms)
         except GroupLogWriteError as e:
             self._failed(e, f"deletion of group {group_id!r}")
-            return _group_error(e.code)
+            return store_group_error(e.code)
         return E.none
 
     def delete_offsets(self, group_id: str, partitions: Sequence[TopicPartition], now_ms: int

@@ -613,13 +613,13 @@ def test_duplicate_join_answers_the_superseded_request():
 def test_heartbeats_do_not_grow_the_timer_heap():
     env = Env()
     gen, ids, leader = env.stable_group(("a", "b", "c"))
-    base = len(env.gc._heap)
+    base = len(env.gc.table.heap)
     for _ in range(200):
         env.clock += 100
         for i in ids.values():
             assert env.hb(i, gen) == E.none
         env.gc.tick(env.clock)
-    assert len(env.gc._heap) <= base + 3
+    assert len(env.gc.table.heap) <= base + 3
     assert env.gc.next_deadline_ms() is not None
 
 

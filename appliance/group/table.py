@@ -1,0 +1,168 @@
+"""The group coordinator's shared state: ``GroupTable`` (Kafka's GroupMetadataManager's map of
+groups, with the timer and the deferred answers of the coordinator shard around it), sans-IO.
+
+Runs in the coordinator worker (``workers/coordinator.py``), single-threaded, inside
+``appliance.group.membership.GroupCoordinator``, which builds one table and hands it to the
+collaborators that decide the requests (``membership_join.RebalanceProtocol``,
+``membership_sync.MemberRequests``, ``membership_admin.GroupAdmin``). It owns:
+
+- the groups by id, of every type. The group-id namespace is shared across group types, as
+  Kafka's GroupMetadataManager keeps one map for all of them: ListGroups, DescribeGroups,
+  DeleteGroups and OffsetCommit look a group up here and read its ``group_type``. Today every
+  group is a classic one (``classic_group.ClassicGroup``, type ``"classic"``).
+- the store: ``persist(group_id, record)`` and ``store``, which maps its failures with
+  ``records.store_group_error`` (Kafka's storeGroup), the one mapping the offsets side uses too;
+- the timers (Kafka's purgatories / CoordinatorTimer): one heap of ``(deadline, seq, kind, obj,
+  extra)`` with its sequence numbers; ``tick`` pops the due entries and hands each to the
+  ``fire`` callable of the collaborator that runs timers;
+- the deferred answers: ``reply`` queues a ``Once`` answer; the queue is delivered when the
+  outermost public call (``enter``/``leave``) returns, when the state is consistent;
+- the clock: ``now()`` is the time of the ``tick`` being run, else ``now_ms()``;
+- the broker's group.* configs (``config``), the loaded flag and the on_empty hook.
+
+Where consumer groups (KIP-848, ``ConsumerGroup``) and share groups (KIP-932, ``ShareGroup``)
+plug in: they will live in ``groups`` beside the classic ones, each with its ``group_type``
+("consumer", "share"); their protocols (ConsumerGroupHeartbeat, ShareGroupHeartbeat) will be
+collaborators of their own built over this table like ``RebalanceProtocol``, with timers of
+their own kinds in the same heap; the admin requests already find every group here, and a
+lookup for a classic request must then check the type (Kafka answers GROUP_ID_NOT_FOUND /
+INCONSISTENT_GROUP_PROTOCOL for a group of another type).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections import deque
+from typing import Any, Callable
+
+from appliance.errors import ErrorCode
+from appliance.group.classic_group import ClassicGroup, GroupState
+from appliance.group.records import GroupRecord, store_group_error
+
+__all__ = ["GroupTable", "Once", "SUPERSEDED"]
+
+log = logging.getLogger("appliance.group.membership")
+
+E = ErrorCode
+S = GroupState
+# (ours) the answer to a JoinGroup/SyncGroup parked for a member that sent a newer one (Kafka
+# drops the older callback and never answers it; we promise to answer every request once)
+SUPERSEDED = E.coordinator_not_available
+
+
+class Once:
+    """A respond callable that can be answered once only: the answer of a JoinGroup/SyncGroup
+    that may be given later (from a timer or another member's request), exactly once."""
+
+    __slots__ = ("fn", "done")
+
+    def __init__(self, fn: Callable[[Any], None]) -> None:
+        self.fn = fn
+        self.done = False
+
+
+class GroupTable:
+    """The groups of every type, the store, the timer heap, the deferred answers, the clock."""
+
+    def __init__(self, config: Any, persist: Callable[[str, GroupRecord | None], Any],
+                 now_ms: Callable[[], int], *,
+                 on_empty: Callable[[str, int], None] | None = None) -> None:
+        self.config = config
+        self.persist = persist
+        self.now_fn = now_ms
+        self.on_empty = on_empty
+        # one namespace for every group type; classic groups only, today
+        self.groups: dict[str, ClassicGroup] = {}
+        self.heap: list[tuple[int, int, int, Any, Any]] = []
+        self.seq = itertools.count(1)
+        self.out: deque[tuple[Once, Any]] = deque()
+        self.depth = 0
+        self.clock: int | None = None
+        self.loaded = False
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def now(self) -> int:
+        return self.clock if self.clock is not None else self.now_fn()
+
+    def enter(self) -> None:
+        self.depth += 1
+
+    def leave(self) -> None:
+        self.depth -= 1
+        if self.depth:
+            return
+        self.depth += 1                      # replies made by a respond that re-enters wait here
+        try:
+            while self.out:
+                once, result = self.out.popleft()
+                try:
+                    once.fn(result)
+                except Exception:
+                    log.exception("respond callback failed")
+        finally:
+            self.depth -= 1
+
+    def reply(self, once: Once | None, result: Any) -> None:
+        if once is None or once.done:
+            return
+        once.done = True
+        self.out.append((once, result))
+
+    # -- timers -----------------------------------------------------------------------------------
+    def push(self, deadline: int, kind: int, obj: Any, extra: Any = None) -> int:
+        seq = next(self.seq)
+        heapq.heappush(self.heap, (deadline, seq, kind, obj, extra))
+        return seq
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest timer (possibly one that will turn out to be stale), or None."""
+        return self.heap[0][0] if self.heap else None
+
+    def tick(self, now_ms: int | None, fire: Callable[[int, int, Any, Any, int], None]) -> None:
+        """Fire every timer due at ``now_ms`` through ``fire(kind, seq, obj, extra, now)``.
+        Timers a fired one starts are left for the next call, so a zero timeout cannot spin."""
+        now = self.now_fn() if now_ms is None else now_ms
+        self.enter()
+        self.clock = now
+        try:
+            first_new = next(self.seq)
+            heap = self.heap
+            while heap and heap[0][0] <= now and heap[0][1] < first_new:
+                _, seq, kind, obj, extra = heapq.heappop(heap)
+                try:
+                    fire(kind, seq, obj, extra, now)
+                except Exception:
+                    log.exception("group timer failed")
+        finally:
+            self.clock = None
+            self.leave()
+
+    # -- groups -----------------------------------------------------------------------------------
+    def live(self, group: ClassicGroup) -> bool:
+        return group.state is not S.Dead and self.groups.get(group.group_id) is group
+
+    def create_classic_group(self, group_id: str) -> ClassicGroup:
+        group = ClassicGroup(group_id, S.Empty, self.now())
+        self.groups[group_id] = group
+        return group
+
+    def store(self, group_id: str, record: GroupRecord | None) -> ErrorCode:
+        try:
+            r = self.persist(group_id, record)
+        except Exception as e:
+            log.error("storing group %r failed: %r", group_id, e)
+            return store_group_error(getattr(e, "code", None))
+        if r is None or r is True or (not isinstance(r, bool) and r == E.none):
+            return E.none
+        log.error("storing group %r failed: %s", group_id, getattr(r, "name", r))
+        return store_group_error(r)
+
+    def notify_empty(self, group: ClassicGroup) -> None:
+        if self.on_empty is not None:
+            try:
+                ts = group.state_timestamp
+                self.on_empty(group.group_id, self.now() if ts is None else ts)
+            except Exception:
+                log.exception("on_empty hook failed for group %r", group.group_id)
