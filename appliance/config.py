@@ -551,7 +551,7 @@ def _check_listeners(cfg: Config) -> None:
                           f"{tls.client_auth!r} (the CAs client certificates must chain to)")
     if len(set(cfg.sasl.mechanisms)) != len(cfg.sasl.mechanisms):
         raise ConfigError("config: sasl.mechanisms: a mechanism is listed twice")
-    from .security.principal import MappingRuleError, parse_mapping_rules
+    from .principal_rules import MappingRuleError, parse_mapping_rules
     try:
         parse_mapping_rules(tls.principal_mapping_rules)
     except MappingRuleError as e:

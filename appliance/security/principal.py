@@ -1,8 +1,8 @@
 """Kafka principals of connections: ``User:ANONYMOUS``, ``User:<sasl name>``, and the principal
 of a TLS client certificate (Kafka's DefaultKafkaPrincipalBuilder with SslPrincipalMapper).
 
-Owns nothing; pure functions, run by frontends when a connection authenticates (and by the
-configuration, which parses the mapping rules once to reject bad ones).
+Owns nothing; pure functions, run by frontends when a connection authenticates. The mapping rules
+are parsed by ``appliance.principal_rules`` (which the configuration uses too, to reject bad ones).
 
 A certificate's principal is its subject in RFC 2253 form, as Java's
 ``X500Principal.getName()`` writes it (most specific attribute first: ``CN=app,OU=eng,O=Acme,C=US``;
@@ -15,9 +15,9 @@ keeps the name. No rule matching is a failed authentication (Kafka's NoMatchingR
 
 from __future__ import annotations
 
-import re
 import ssl
-from dataclasses import dataclass
+
+from appliance.principal_rules import MappingRule
 
 ANONYMOUS = "User:ANONYMOUS"
 USER = "User:"
@@ -32,68 +32,8 @@ _IA5 = {"emailAddress"}
 _SPECIAL = set(',+"\\<>;')
 
 
-class MappingRuleError(ValueError):
-    pass
-
-
 class NoMatchingRule(Exception):
     """No mapping rule applies to a certificate's subject: the connection is refused."""
-
-
-@dataclass(frozen=True)
-class MappingRule:
-    pattern: re.Pattern | None       # None: DEFAULT
-    replacement: str = ""
-    case: str = ""                   # "", "L" or "U"
-
-    def apply(self, name: str) -> str | None:
-        if self.pattern is None:
-            return name
-        if self.pattern.fullmatch(name) is None:
-            return None
-        out = self.pattern.sub(self.replacement, name)
-        return out.lower() if self.case == "L" else out.upper() if self.case == "U" else out
-
-
-_RULE = re.compile(r"^RULE:((?:\\.|[^\\/])*)/((?:\\.|[^\\/])*)/([LU]?)$")
-
-
-def parse_mapping_rules(rules: list[str]) -> list[MappingRule]:
-    out = []
-    for text in rules:
-        text = text.strip()
-        if text == "DEFAULT":
-            out.append(MappingRule(None))
-            continue
-        m = _RULE.match(text)
-        if m is None:
-            raise MappingRuleError(f"{text!r}: expected DEFAULT or RULE:pattern/replacement/[LU]")
-        try:
-            pattern = re.compile(m.group(1))
-        except re.error as e:
-            raise MappingRuleError(f"{text!r}: bad pattern: {e}") from None
-        out.append(MappingRule(pattern, _java_replacement(m.group(2)), m.group(3)))
-    return out
-
-
-def _java_replacement(text: str) -> str:
-    """A java.util.regex replacement (``$1``, ``\\$``) as a Python ``re.sub`` template."""
-    out, i = [], 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\" and i + 1 < len(text):
-            out.append(text[i + 1].replace("\\", "\\\\"))
-            i += 2
-        elif c == "$" and i + 1 < len(text) and text[i + 1].isdigit():
-            j = i + 1
-            while j < len(text) and text[j].isdigit():
-                j += 1
-            out.append(f"\\g<{text[i + 1:j]}>")
-            i = j
-        else:
-            out.append("\\\\" if c == "\\" else c)
-            i += 1
-    return "".join(out)
 
 
 def map_principal(name: str, rules: list[MappingRule]) -> str:

@@ -14,9 +14,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from security import make_pki  # noqa: E402
 
 from appliance.config import TlsConfig
-from appliance.security.principal import (ANONYMOUS, MappingRuleError, NoMatchingRule,
-                                          map_principal, parse_mapping_rules, rfc2253,
-                                          ssl_principal)
+from appliance.principal_rules import MappingRuleError, parse_mapping_rules
+from appliance.security.principal import ANONYMOUS, NoMatchingRule, map_principal, rfc2253, ssl_principal
 from appliance.security.tls import TlsError, server_context
 
 

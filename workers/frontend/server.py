@@ -42,7 +42,7 @@ from appliance.api import api_ranges, load_handlers
 from appliance.runtime import (COORDINATOR, FRONTEND_PAGE_FIELDS, SUPERVISOR, BoundListener,
                               WorkerContext, release_free_memory)
 from appliance.security import tls
-from appliance.security.principal import parse_mapping_rules
+from appliance.principal_rules import parse_mapping_rules
 from workers.base import AsyncWorker
 from workers.frontend.broker import Broker
 from workers.frontend.connection import KafkaConnection
