@@ -2,18 +2,18 @@
 
 Runs in the top process (``appliance run``). Owns, alone: the process table (pid, role, generation
 of every worker), the listening sockets (one per listener), the runtime directory with every shm
-file, the topic catalog (``appliance.catalog.CatalogStore``), the SCRAM credential store
-and the published copy of the TLS certificates (both through ``appliance.security.supervisor``),
-the ACLs (``appliance.acl.store``) and the data-dir lock.
+file, the topic catalog (``appliance.catalog.CatalogStore``), the SCRAM credential store and the
+published copy of the TLS certificates (both through ``appliance.security.supervisor``), the ACLs
+(``appliance.acl.store``) and the data-dir lock.
 
 Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
 loop dispatches queued signals, serves admin requests from frontends (topic administration,
 ``appliance.supervisor.topic_admin``, which changes the process table through the ``ProcessTable``
 interface this class implements; AlterUserScramCredentials, ``appliance.security.supervisor``;
-CreateAcls/DeleteAcls, ``appliance.acl.store``), reaps
-dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker that
-restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
-reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
+CreateAcls/DeleteAcls, ``appliance.acl.store``), reaps dead children, kills workers whose heartbeat
+went stale, and respawns with backoff. A worker that restarts more than ``crash_loop_restarts``
+times in ``crash_loop_window_ms``, or exits with the reserved WORKER_BOOT_ERROR code, stops the
+appliance (exit 4) rather than loop forever.
 
 I/O errors never stop the supervisor: a catalog commit that fails answers the topic request
 KAFKA_STORAGE_ERROR with the old catalog in place, a runtime dir (tmpfs) without room for a new
@@ -22,16 +22,17 @@ republished every turn (the published catalog) are logged once when they cannot 
 
 Start (failures: ``appliance.runtime.StartFailure``, each with its exit status; the directories:
 ``appliance.supervisor.dirs``; the listeners: ``appliance.supervisor.startup``): lock the data dir,
-give back the disk reserve (``appliance.supervisor.reserve``) if the disk is full, load the catalog and the credentials, create the runtime dir and
-every ring and page (every shm file gets its memory when made: a runtime dir without room exits 7;
-a catalog that does not fit the machine starts with smaller rings, ``appliance.supervisor.memory``),
-publish the TLS certificates, bind every listener (and the metrics listener), fork the writers and
-wait for them to recover, then fork coordinator, fetchers, frontends and the metrics server, then
-notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
-requests), then writers (flush, close segments cleanly), fetchers and the coordinator. SIGHUP
-reloads the configuration file and re-reads the TLS certificate files (``Operating``,
-``appliance.supervisor.operating``: also the STATUS= line, the watchdog, recovery progress, the
-supervisor's metrics; the certificates are a reload hook of ``appliance.security.supervisor``).
+give back the disk reserve (``appliance.supervisor.reserve``) if the disk is full, load the catalog
+and the credentials, create the runtime dir and every ring and page (every shm file gets its memory
+when made: a runtime dir without room exits 7; a catalog that does not fit the machine starts with
+smaller rings, ``appliance.supervisor.memory``), publish the TLS certificates, bind every listener
+(and the metrics listener), fork the writers and wait for them to recover, then fork coordinator,
+fetchers, frontends and the metrics server, then notify systemd READY=1. SIGTERM drains: frontends
+first (stop accepting, finish in-flight requests), then writers (flush, close segments cleanly),
+fetchers and the coordinator. SIGHUP reloads the configuration file and re-reads the TLS
+certificate files (``Operating``, ``appliance.supervisor.operating``: also the STATUS= line, the
+watchdog, recovery progress, the supervisor's metrics; the certificates are a reload hook of
+``appliance.security.supervisor``).
 """
 
 from __future__ import annotations
@@ -418,7 +419,7 @@ class Supervisor:
             log.info("%s: written again", what)
             del self._io_problems[what]
 
-    # -- what topic administration does to the table (ProcessTable) ---------------------------------
+    # -- what topic administration does to the table (ProcessTable) -------------------------------
     def room_problem(self, new: int) -> tuple[ErrorCode, str] | None:
         return room_problem(self.cfg, len(self.frontends), self.run_dir, new,
                             self.produce_ring_bytes)
