@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol
 
 from shm.metrics import MetricsTable
 from shm.statepage import StatePage
@@ -21,8 +21,7 @@ from appliance.config import Config
 from appliance.errors import ErrorCode
 from appliance.runtime import SUPERVISOR, WorkerContext
 
-if TYPE_CHECKING:
-    from .reserve import DiskReserve
+from .reserve import DiskReserve
 
 # Series each role's metrics table holds at most (frontends: requests and errors per API, and
 # three counters per topic; see appliance.metrics).
