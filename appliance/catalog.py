@@ -14,7 +14,7 @@ Other processes read the catalog as published by the supervisor in the runtime d
 of the supervisor's state page (``CatalogView``). Frontends ask the supervisor to change it with
 ``CreateTopicsRequest``, ``DeleteTopicsRequest``, ``CreatePartitionsRequest`` and
 ``AlterConfigsRequest`` (ring messages, defined here next to the catalog they change; the
-supervisor serves them, ``appliance.topic_admin``).
+supervisor serves them, ``appliance.supervisor.topic_admin``).
 
 The names of the data directory's internal places are here too: ``COORDINATOR_DIR`` (the
 coordinator worker's directory) and the internal topics (``OFFSETS_TOPIC``: Kafka's

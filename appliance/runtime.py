@@ -1,4 +1,5 @@
-"""What every forked worker is handed, and the layouts of the state pages they publish.
+"""What every forked worker is handed, the layouts of the state pages they publish, and the exit
+statuses of ``appliance run`` (with ``StartFailure``, which carries them).
 
 Owns nothing at run time. The supervisor builds a ``WorkerContext`` for each child just before it
 forks; the child's entry point (``workers/*.py``) receives it as its only argument.
@@ -106,6 +107,27 @@ EXIT_RUNTIME_DIR = 7        # server.runtime_dir cannot be made, or holds files 
 # Workers: WORKER_BOOT_ERROR tells the supervisor not to restart (the arbiter's reserved code, as
 # in pre-fork servers); the supervisor then stops everything and exits EXIT_CRASH_LOOP.
 WORKER_BOOT_ERROR = 3
+
+
+class StartFailure(Exception):
+    """The appliance cannot start for a reason the operator must see; ``exit_code`` is the
+    documented exit status of ``appliance run`` (EXIT_*). Raised by the supervisor's start
+    (``appliance.supervisor``) and by what it loads there (the ACLs, the credentials)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class DataDirUnusable(StartFailure):
+    exit_code = EXIT_DATA_DIR
+
+
+class RuntimeDirUnusable(StartFailure):
+    exit_code = EXIT_RUNTIME_DIR
 
 
 @dataclass(frozen=True)

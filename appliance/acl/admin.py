@@ -2,8 +2,8 @@
 kafka-acls.sh does).
 
 Runs in the operator's shell; owns nothing but one connection to the broker
-(``appliance.admin.connect``: the same, version-negotiated, connection ``appliance transactions``
-uses), so it works the same against a Kafka cluster. ``plan`` turns the command line's
+(``appliance.client.transaction_admin.connect``: the same, version-negotiated, connection
+``appliance transactions`` uses), so it works the same against a Kafka cluster. ``plan`` turns the command line's
 principals, hosts, operations and resources into ACLs exactly as AclCommand does (every
 principal x host x operation, ``All`` by default, ``*`` hosts by default, ``--producer`` and
 ``--consumer`` shorthands, operations checked against what each resource type supports);

@@ -37,7 +37,7 @@ import msgspec
 from appliance.errors import ErrorCode
 from appliance.log.files import atomic_write
 from appliance.service import serves
-from appliance.startup import DataDirUnusable
+from appliance.runtime import DataDirUnusable
 
 from .authorizer import AclSnapshot
 from .messages import (AclCreateResult, AclDeleteResult, CreateAclsRequest, CreateAclsResult,

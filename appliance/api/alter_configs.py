@@ -1,7 +1,7 @@
 """AlterConfigs (key 33), versions 0-2: replace the whole config set of topics and of the broker.
 
-Runs in frontends; the supervisor validates and applies (``appliance.topic_admin``). Topic
-configs: Kafka's checks (INVALID_CONFIG for an unknown name or a bad value), persisted in the
+Runs in frontends; the supervisor validates and applies (``appliance.supervisor.topic_admin``).
+Topic configs: Kafka's checks (INVALID_CONFIG for an unknown name or a bad value), persisted in the
 catalog, applied live by the writers. Broker resources (this node's id, or empty for the
 cluster-wide default) take the dynamic broker configs the writers apply live; the rest are
 refused with Kafka's INVALID_REQUEST "Cannot update these configs dynamically".

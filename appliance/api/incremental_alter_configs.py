@@ -2,9 +2,9 @@
 configs of topics and of the broker.
 
 Runs in frontends; the supervisor validates and applies against the current catalog
-(``appliance.topic_admin``), with Kafka's errors: INVALID_CONFIG for an unknown topic config, a
-bad value, or APPEND/SUBTRACT on a config that is not a list; INVALID_REQUEST for duplicate keys,
-a null value, and broker configs that cannot change live.
+(``appliance.supervisor.topic_admin``), with Kafka's errors: INVALID_CONFIG for an unknown topic
+config, a bad value, or APPEND/SUBTRACT on a config that is not a list; INVALID_REQUEST for
+duplicate keys, a null value, and broker configs that cannot change live.
 """
 
 from __future__ import annotations

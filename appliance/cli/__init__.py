@@ -7,8 +7,9 @@ One module per tool registers its commands on ``main`` (imported at the bottom o
 (kafka-configs.sh), ``offsets`` (kafka-get-offsets.sh), ``dump_log`` (kafka-dump-log.sh) and
 ``console`` (the console producer and consumer), ``users`` (SCRAM users, offline or online),
 ``acls`` (kafka-acls.sh), ``spark`` (recovery of the Spark sink's dead jobs);
-``tool`` holds what the Kafka tools share. A new tool is a new module here, with its import added
-below.
+``tool`` holds what the Kafka tools share; ``user_admin`` is what ``users`` does (imported when
+one of its commands runs; ``transactions``' is ``appliance.client.transaction_admin``, which the
+Spark sink shares). A new tool is a new module here, with its import added below.
 """
 
 from __future__ import annotations

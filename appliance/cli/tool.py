@@ -232,9 +232,9 @@ def names(items: Iterable[str]) -> list[str]:
 
 
 def protocol_connection(ctx: click.Context, client_id: str):
-    """One connection of ``appliance.admin`` to the command's bootstrap server (its security from
-    ``--command-config``); an unreachable server ends the command (exit 1)."""
-    from appliance import admin
+    """One connection of ``appliance.client.transaction_admin`` to the command's bootstrap server
+    (its security from ``--command-config``); an unreachable server ends the command (exit 1)."""
+    from appliance.client import transaction_admin as admin
     from appliance.client.errors import KafkaError
     target = resolve_bootstrap(ctx)
     try:

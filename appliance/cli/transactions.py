@@ -1,5 +1,5 @@
 """``appliance transactions``: Kafka's kafka-transactions.sh (list, describe, abort a hanging
-transaction) plus KIP-939's force-terminate, over the Kafka protocol (``appliance.admin``).
+transaction) plus KIP-939's force-terminate, over the Kafka protocol (``appliance.client.transaction_admin``).
 
 Runs in the user's shell; owns nothing but its connection. ``--bootstrap-server``,
 ``--command-config`` (a secured listener) and ``--config`` come before the command, as
@@ -21,7 +21,7 @@ def transactions() -> None:
 
 
 def _admin(ctx: click.Context):
-    from appliance import admin
+    from appliance.client import transaction_admin as admin
     return admin, protocol_connection(ctx, "appliance-transactions")
 
 

@@ -5,7 +5,7 @@
 Runs in the user's shell. Without ``--bootstrap-server`` it works offline on a data dir (the
 ``--data-dir``, else ``server.data_dir`` of ``--config``), refused while an appliance runs there;
 with it, online over the Kafka protocol (AlterUserScramCredentials, DescribeUserScramCredentials),
-with ``--command-config`` for a secured listener. What it does: ``appliance.users``.
+with ``--command-config`` for a secured listener. What it does: ``appliance.cli.user_admin``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _where(fn):
 
 def _users_run(config, data_dir, bootstrap_server, command_config, offline, online):
     """Run ``online(conn)`` with --bootstrap-server, else ``offline(data_dir)``; errors exit 1."""
-    from appliance import users as u
+    from appliance.cli import user_admin as u
     from appliance.client.errors import KafkaError
     from appliance.security.credentials import DataDirInUse
     try:
@@ -79,7 +79,7 @@ def users() -> None:
 def users_add(name, mechanism, iterations, password_stdin, config, data_dir, bootstrap_server,
               command_config) -> None:
     """Add NAME, or replace its credential for this mechanism."""
-    from appliance import users as u
+    from appliance.cli import user_admin as u
     if password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
@@ -96,7 +96,7 @@ def users_add(name, mechanism, iterations, password_stdin, config, data_dir, boo
 @_where
 def users_list(config, data_dir, bootstrap_server, command_config) -> None:
     """List users and their mechanisms (never a credential)."""
-    from appliance import users as u
+    from appliance.cli import user_admin as u
     rows = _users_run(config, data_dir, bootstrap_server, command_config, u.list_offline,
                       u.list_online)
     click.echo("USER\tMECHANISM\tITERATIONS")
@@ -112,7 +112,7 @@ def users_list(config, data_dir, bootstrap_server, command_config) -> None:
 @_where
 def users_delete(name, mechanism, config, data_dir, bootstrap_server, command_config) -> None:
     """Delete NAME's credentials; its open connections stay until they close."""
-    from appliance import users as u
+    from appliance.cli import user_admin as u
     mechs = _users_run(config, data_dir, bootstrap_server, command_config,
                        lambda d: u.delete_offline(d, name, mechanism),
                        lambda c: u.delete_online(c, name, mechanism))

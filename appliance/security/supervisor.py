@@ -16,8 +16,7 @@ import logging
 from appliance.config import Config
 from appliance.security import credentials, tls
 from appliance.service import serves
-from appliance.startup import DataDirUnusable, StartFailure
-from appliance.runtime import EXIT_CONFIG
+from appliance.runtime import EXIT_CONFIG, DataDirUnusable, StartFailure
 
 log = logging.getLogger("appliance.supervisor")
 

@@ -64,7 +64,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance import admin
+from appliance.client import transaction_admin as admin
 from appliance.client import Consumer, PreparedTxnState, Producer, security
 from appliance.client.errors import ErrorCode, KafkaError
 

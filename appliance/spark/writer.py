@@ -66,7 +66,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
-from appliance import admin
+from appliance.client import transaction_admin as admin
 from appliance.client import Consumer, PreparedTxnState, Producer
 from appliance.client.errors import ErrorCode, FatalProducerError, KafkaError
 from appliance.spark import encode, jobs

@@ -22,7 +22,7 @@ from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, 
 
 from appliance.acl import admin as acl_admin
 from appliance.acl import model
-from appliance.admin import connect
+from appliance.client.transaction_admin import connect
 from harness import Appliance
 
 ANONYMOUS = "User:ANONYMOUS"

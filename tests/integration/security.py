@@ -225,7 +225,7 @@ def grant(s: Secured, user: str, acls: list[tuple[str, str, str, str]]) -> None:
     operation) of ``acls`` (the names of ``appliance.acl.model``'s enums, e.g. ("TOPIC", "t-",
     "PREFIXED", "ALL")), over SASL_SSL with the appliance's own admin client (confluent-kafka's
     AclOperation has no TwoPhaseCommit, KIP-939's)."""
-    from appliance import admin
+    from appliance.client import transaction_admin as admin
     from appliance.acl import admin as acl_admin
     from appliance.acl.model import (AclBinding, AclOperation, AclPermissionType, PatternType,
                                      ResourceType)

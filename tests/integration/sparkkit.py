@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from appliance import admin
+from appliance.client import transaction_admin as admin
 from appliance.client import Producer
 from appliance.spark.jobs import KILL_ENV
 from clientkit import read_all, uid

@@ -299,7 +299,7 @@ def short_tmpfs():
 def _fixed_metrics_bytes() -> int:
     """What the metrics tables of the one frontend, fetcher, coordinator and the supervisor take
     in the runtime dir (appliance.metrics), on top of the rings this test is sized for."""
-    from appliance.supervisor import TABLE_CAPACITY
+    from appliance.supervisor.process_table import TABLE_CAPACITY
     from shm.metrics import MetricsTable
     with tempfile.TemporaryDirectory() as d:
         total = 0

@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from appliance import admin
+from appliance.client import transaction_admin as admin
 from appliance.client import Producer
 from clientkit import create, read_all, settle, uid
 from harness import Appliance

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 
-from appliance import admin
+from appliance.client import transaction_admin as admin
 from appliance.spark.jobs import ABORTED, DONE, JOB_LOG_TOPIC, JobLog, fold
 from clientkit import create, read_all, uid
 

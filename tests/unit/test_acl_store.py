@@ -9,8 +9,7 @@ from appliance.acl.messages import CreateAclsRequest, DeleteAclsRequest
 from appliance.acl.model import (AclBinding, AclFilter, AclOperation as O, AclPermissionType as A,
                                  PatternType as P, ResourceType as R)
 from appliance.acl.store import ACL_FILE, AclService, AclStore, AclView, publish, read_published
-from appliance.runtime import SUPERVISOR_PAGE_FIELDS
-from appliance.startup import DataDirUnusable
+from appliance.runtime import SUPERVISOR_PAGE_FIELDS, DataDirUnusable
 from shm.statepage import StatePage
 
 

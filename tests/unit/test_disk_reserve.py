@@ -3,8 +3,8 @@ finds it full, made again only once twice its size is free."""
 
 import pytest
 
-from appliance import startup
-from appliance.startup import DiskReserve
+from appliance.supervisor import reserve
+from appliance.supervisor.reserve import DiskReserve
 
 SIZE = 1 << 20
 
@@ -12,7 +12,7 @@ SIZE = 1 << 20
 @pytest.fixture
 def free(monkeypatch):
     space = {"bytes": 100 * SIZE}
-    monkeypatch.setattr(startup, "free_bytes", lambda path: space["bytes"])
+    monkeypatch.setattr(reserve, "free_bytes", lambda path: space["bytes"])
     return space
 
 
@@ -65,9 +65,9 @@ def test_reserve_is_sized_to_a_small_file_system():
     """A 64 MiB reserve cannot exist on a 32 MiB disk: it is a sixteenth of it there, at least
     what a catalog commit needs, and never more than configured (0: none)."""
     MiB = 1 << 20
-    assert startup.reserve_size(64 * MiB, 250_000 * MiB, 0) == 64 * MiB
-    assert startup.reserve_size(64 * MiB, 32 * MiB, 0) == 2 * MiB
-    assert startup.reserve_size(64 * MiB, 4 * MiB, 0) == startup.RESERVE_MIN_BYTES
-    assert startup.reserve_size(64 * MiB, 32 * MiB, 3 * MiB) == 6 * MiB
-    assert startup.reserve_size(SIZE, 32 * MiB, 0) == SIZE
-    assert startup.reserve_size(0, 32 * MiB, 0) == 0
+    assert reserve.reserve_size(64 * MiB, 250_000 * MiB, 0) == 64 * MiB
+    assert reserve.reserve_size(64 * MiB, 32 * MiB, 0) == 2 * MiB
+    assert reserve.reserve_size(64 * MiB, 4 * MiB, 0) == reserve.RESERVE_MIN_BYTES
+    assert reserve.reserve_size(64 * MiB, 32 * MiB, 3 * MiB) == 6 * MiB
+    assert reserve.reserve_size(SIZE, 32 * MiB, 0) == SIZE
+    assert reserve.reserve_size(0, 32 * MiB, 0) == 0

@@ -1,4 +1,4 @@
-"""What the supervisor tells systemd and operators (appliance.systemd, appliance.operating,
+"""What the supervisor tells systemd and operators (appliance.supervisor.systemd and .operating,
 appliance.reload, the JSON log format), without forking: the notify socket is a real datagram
 socket bound here, the clock is the test's."""
 
@@ -14,7 +14,7 @@ from appliance import reload
 from appliance.config import (Config, ConfigError, FlushConfig, LogConfig, ServerConfig,
                               ShmConfig, TopicsConfig)
 from appliance.runtime import JsonFormatter
-from appliance.systemd import Watchdog, sd_notify
+from appliance.supervisor.systemd import Watchdog, sd_notify
 
 
 @pytest.fixture

@@ -90,7 +90,8 @@ def test_readme_data_layout_names_every_file_the_code_writes():
     """README's "Data layout" table holds every name the code gives a file or folder of the data
     dir (regression: it listed five of them, not acls.json, __coordinator/, .reserve, .txnindex,
     cleaner-offset-checkpoint or the producer snapshots)."""
-    from appliance import catalog, runtime, startup
+    from appliance import catalog, runtime
+    from appliance.supervisor import reserve
     from appliance.acl import store as acl_store
     from appliance.group import store as group_store
     from appliance.log import files, producer_state
@@ -101,7 +102,7 @@ def test_readme_data_layout_names_every_file_the_code_writes():
     section = text[text.index("### Data layout"):]
     section = section[:section.index("\n#", 1)]
     names = {
-        "meta.properties", credentials.LOCK_FILE, runtime.RUNTIME_POINTER, startup.RESERVE_FILE,
+        "meta.properties", credentials.LOCK_FILE, runtime.RUNTIME_POINTER, reserve.RESERVE_FILE,
         catalog.CATALOG_FILE, credentials.CREDENTIALS_FILE, acl_store.ACL_FILE,
         catalog.PARTITION_METADATA_FILE, catalog.COORDINATOR_DIR, catalog.GROUP_LOG_DIR,
         files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX, files.TXNINDEX_SUFFIX,

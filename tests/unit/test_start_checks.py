@@ -13,11 +13,12 @@ import threading
 import psutil
 import pytest
 
-from appliance import startup, topic_admin
 from appliance.config import Config, ServerConfig
 from appliance.errors import ErrorCode
-from appliance.startup import DataDirUnusable, RuntimeDirUnusable, SupervisorDirs
+from appliance.runtime import DataDirUnusable, RuntimeDirUnusable
 from appliance.supervisor import Supervisor
+from appliance.supervisor import dirs, memory
+from appliance.supervisor.dirs import SupervisorDirs
 
 MiB = 1 << 20
 
@@ -25,7 +26,7 @@ MiB = 1 << 20
 # -- the memory estimate ----------------------------------------------------------------------------
 
 def fake_room(monkeypatch, free: int, available: int) -> None:
-    monkeypatch.setattr(topic_admin, "memory_room", lambda run_dir: (free, available))
+    monkeypatch.setattr(memory, "memory_room", lambda run_dir: (free, available))
 
 
 def supervisor(tmp_path) -> Supervisor:
@@ -40,18 +41,18 @@ def test_start_after_a_crash_with_900_partitions_warns_and_serves(tmp_path, monk
     at start by the estimate. A start serves what the broker accepted, with smaller produce rings
     where the configured ones do not fit."""
     sup = supervisor(tmp_path)
-    shm, mem = topic_admin.partition_cost(sup.cfg, 2)
+    shm, mem = memory.partition_cost(sup.cfg, 2)
     fake_room(monkeypatch, free=1000 * shm, available=880 * mem)     # 900 by the estimate: no
     with caplog.at_level(logging.WARNING, "appliance.supervisor"):
         sup._check_start_memory(900)                                  # no StartFailure
     assert "starting them all with produce rings of 4194304 bytes" in caplog.text
-    assert sup.produce_ring_bytes == 4 * MiB == topic_admin.smallest_produce_ring(sup.cfg)
-    assert topic_admin.room_problem(sup.cfg, 2, str(tmp_path), 900, sup.produce_ring_bytes) is None
+    assert sup.produce_ring_bytes == 4 * MiB == memory.smallest_produce_ring(sup.cfg)
+    assert memory.room_problem(sup.cfg, 2, str(tmp_path), 900, sup.produce_ring_bytes) is None
 
 
 def test_start_whose_rings_fit_only_without_the_process_estimate_serves(tmp_path, monkeypatch, caplog):
     sup = supervisor(tmp_path)
-    shm, mem = topic_admin.partition_cost(sup.cfg, 2, topic_admin.smallest_produce_ring(sup.cfg))
+    shm, mem = memory.partition_cost(sup.cfg, 2, memory.smallest_produce_ring(sup.cfg))
     fake_room(monkeypatch, free=1000 * shm, available=901 * shm)
     with caplog.at_level(logging.WARNING, "appliance.supervisor"):
         sup._check_start_memory(900)
@@ -60,7 +61,7 @@ def test_start_whose_rings_fit_only_without_the_process_estimate_serves(tmp_path
 
 def test_start_whose_smallest_rings_cannot_be_held_exits_7_not_oom_killed(tmp_path, monkeypatch):
     sup = supervisor(tmp_path)
-    shm, mem = topic_admin.partition_cost(sup.cfg, 2, topic_admin.smallest_produce_ring(sup.cfg))
+    shm, mem = memory.partition_cost(sup.cfg, 2, memory.smallest_produce_ring(sup.cfg))
     fake_room(monkeypatch, free=1000 * shm, available=899 * shm)
     with pytest.raises(RuntimeDirUnusable, match="even at the smallest size"):
         sup._check_start_memory(900)
@@ -68,23 +69,22 @@ def test_start_whose_smallest_rings_cannot_be_held_exits_7_not_oom_killed(tmp_pa
 
 def test_create_and_start_use_one_estimate(tmp_path, monkeypatch):
     cfg = Config(server=ServerConfig(frontends=2))
-    shm, mem = topic_admin.partition_cost(cfg, 2)
+    shm, mem = memory.partition_cost(cfg, 2)
     fake_room(monkeypatch, free=1000 * shm, available=100 * mem)
-    assert topic_admin.room_problem(cfg, 2, str(tmp_path), 100) is None
-    code, why = topic_admin.room_problem(cfg, 2, str(tmp_path), 101)
+    assert memory.room_problem(cfg, 2, str(tmp_path), 100) is None
+    code, why = memory.room_problem(cfg, 2, str(tmp_path), 101)
     assert code == ErrorCode.policy_violation and "memory for 100 more partitions" in why
     fake_room(monkeypatch, free=10 * shm, available=100 * mem)
-    code, why = topic_admin.room_problem(cfg, 2, str(tmp_path), 11)
+    code, why = memory.room_problem(cfg, 2, str(tmp_path), 11)
     assert code == ErrorCode.kafka_storage_error and "room for 10 more" in why
 
 
 # -- the data dir's lock ----------------------------------------------------------------------------
 
-class Dirs(SupervisorDirs):
-    def __init__(self, data_dir: str, wait_s: float) -> None:
-        self.data_dir = data_dir
-        self.lock_wait_s = wait_s
-        self._lock_fd = os.open(os.path.join(data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+def lock_dirs(data_dir: str, wait_s: float) -> SupervisorDirs:
+    d = SupervisorDirs(data_dir, os.path.join(data_dir, "run"), node_id=1, lock_wait_s=wait_s)
+    d._lock_fd = os.open(os.path.join(data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    return d
 
 
 @pytest.fixture
@@ -110,8 +110,8 @@ def dead_pid() -> int:
 
 def test_lock_held_by_a_live_supervisor_is_refused_at_once(tmp_path, held, monkeypatch):
     held(os.getpid())
-    monkeypatch.setattr(startup, "lock_holders", lambda path: [psutil.Process()])
-    d = Dirs(str(tmp_path), wait_s=60)
+    monkeypatch.setattr(dirs, "lock_holders", lambda path: [psutil.Process()])
+    d = lock_dirs(str(tmp_path), wait_s=60)
     with pytest.raises(DataDirUnusable, match="locked by another appliance process"):
         d._take_lock()
 
@@ -120,9 +120,9 @@ def test_start_right_after_kill9_waits_for_the_dying_workers(tmp_path, held, mon
     """Regression: a start right after a kill -9 of the group exited 3 ("locked by another
     appliance process") while the old workers, each holding the lock, were still dying."""
     fd = held(dead_pid())
-    monkeypatch.setattr(startup, "lock_holders", lambda path: [psutil.Process()])
-    monkeypatch.setattr(startup, "is_supervisor", lambda p: False)
-    d = Dirs(str(tmp_path), wait_s=60)
+    monkeypatch.setattr(dirs, "lock_holders", lambda path: [psutil.Process()])
+    monkeypatch.setattr(dirs, "is_supervisor", lambda p: False)
+    d = lock_dirs(str(tmp_path), wait_s=60)
     released = threading.Event()
 
     def release_when_waiting():
@@ -146,9 +146,9 @@ def test_start_right_after_kill9_waits_for_the_dying_workers(tmp_path, held, mon
 
 def test_dying_workers_that_never_exit_are_waited_for_a_bounded_time(tmp_path, held, monkeypatch):
     held(dead_pid())
-    monkeypatch.setattr(startup, "lock_holders", lambda path: [psutil.Process()])
-    monkeypatch.setattr(startup, "is_supervisor", lambda p: False)
-    d = Dirs(str(tmp_path), wait_s=0.2)
+    monkeypatch.setattr(dirs, "lock_holders", lambda path: [psutil.Process()])
+    monkeypatch.setattr(dirs, "is_supervisor", lambda p: False)
+    d = lock_dirs(str(tmp_path), wait_s=0.2)
     with pytest.raises(DataDirUnusable, match=r"whose supervisor is gone \(pid \d+\), still running 0.2 s"):
         d._take_lock()
 
@@ -158,7 +158,7 @@ def test_lock_holders_sees_every_process_with_the_lock_file_open(tmp_path):
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         # Our own process is left out (the start looking for others).
-        assert startup.lock_holders(str(path)) == []
-        assert startup.is_supervisor(psutil.Process()) is False
+        assert dirs.lock_holders(str(path)) == []
+        assert dirs.is_supervisor(psutil.Process()) is False
     finally:
         os.close(fd)

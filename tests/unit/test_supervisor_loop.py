@@ -185,7 +185,7 @@ def test_a_recovering_worker_is_not_killed_for_silence(sup):
     assert sup.fake.kills == [(spec.pid, signal.SIGKILL)]
 
 
-# -- what the supervisor tells systemd (appliance.operating) ------------------------------------
+# -- what the supervisor tells systemd (appliance.supervisor.operating) -------------------------
 
 @pytest.fixture
 def notify(tmp_path, monkeypatch):
@@ -208,23 +208,23 @@ def notify(tmp_path, monkeypatch):
 
 
 def test_the_watchdog_pings_only_while_every_heartbeat_is_fresh(sup, notify):
-    from appliance.systemd import Watchdog
-    sup.watchdog = Watchdog({"WATCHDOG_USEC": "4000000"})      # fresh: beaten within 2 s
+    from appliance.supervisor.systemd import Watchdog
+    sup.operating.watchdog = Watchdog({"WATCHDOG_USEC": "4000000"})   # fresh: beaten within 2 s
     spec = start_fetcher(sup)
     sup.hb.beat(spec.heartbeat_slot, sup.fake.clock_ns())
-    sup.watchdog_turn()
+    sup.operating.watchdog_turn(sup.clock(), sup.silent_workers)
     assert notify() == ["WATCHDOG=1"]
     sup.fake.now += 2.5                                         # the fetcher stopped beating
-    sup.watchdog_turn()
+    sup.operating.watchdog_turn(sup.clock(), sup.silent_workers)
     got = notify()
     assert len(got) == 1 and got[0].startswith("STATUS=watchdog withheld: no heartbeat from "
                                                "fetcher 0 (2.5 s)")
     sup.fake.now += 1
-    sup.watchdog_turn()
+    sup.operating.watchdog_turn(sup.clock(), sup.silent_workers)
     assert notify() == []                                       # still withheld, said once
     sup.hb.beat(spec.heartbeat_slot, sup.fake.clock_ns())
     sup.fake.now += 1
-    sup.watchdog_turn()
+    sup.operating.watchdog_turn(sup.clock(), sup.silent_workers)
     assert notify() == ["WATCHDOG=1"]
 
 
@@ -232,24 +232,25 @@ def test_a_reload_publishes_the_new_configuration_and_runs_the_hooks(sup, notify
     from appliance import reload
     from appliance.config import LogConfig
     from shm.metrics import MetricsTable
-    sup.metrics = MetricsTable.anonymous(64)
+    sup.operating.metrics = MetricsTable.anonymous(64)
     new = Config(server=sup.cfg.server, supervisor=sup.cfg.supervisor,
                  log=LogConfig(retention_ms=5000))
-    sup.source = lambda: new
+    sup.operating.source = lambda: new
     seen = []
-    sup.reload_hooks.append(lambda old, cfg: seen.append((old.log.retention_ms, cfg.log.retention_ms)))
-    sup.serving = True
+    sup.operating.reload_hooks.append(
+        lambda old, cfg: seen.append((old.log.retention_ms, cfg.log.retention_ms)))
+    sup.operating.serving = True
     sup.store = SimpleNamespace(catalog=Catalog())
     sup.bound_port = 9092
     sup.reload()
-    assert sup.cfg.log.retention_ms == 5000 and sup.config_version == 1
+    assert sup.cfg.log.retention_ms == 5000 and sup.operating.config_version == 1
     assert sup.page.read().config_version == 1
     assert reload.read_published(reload.file_path(sup.run_dir)).log.retention_ms == 5000
     assert seen == [(Config().log.retention_ms, 5000)]
     got = notify()
     assert got[0].startswith("RELOADING=1\nMONOTONIC_USEC=")
     assert got[-1].startswith("READY=1\nSTATUS=serving on ")
-    assert dict(sup.metrics.items())["appliance_config_reloads|result=applied"] == 1
+    assert dict(sup.operating.metrics.items())["appliance_config_reloads|result=applied"] == 1
     # A worker forked from now on gets the new configuration and its version.
     spec = start_fetcher(sup)
     ctx = sup._context(spec)
@@ -260,10 +261,10 @@ def test_reload_hooks_run_before_the_version_the_workers_follow_moves(sup, notif
     """What a hook publishes for the workers (re-read certificates, appliance.security) must be
     in place when a worker sees the new config_version and runs its reload."""
     from shm.metrics import MetricsTable
-    sup.metrics = MetricsTable.anonymous(64)
-    sup.source = lambda: sup.cfg
+    sup.operating.metrics = MetricsTable.anonymous(64)
+    sup.operating.source = lambda: sup.cfg
     seen = []
-    sup.reload_hooks.append(lambda old, cfg: seen.append(sup.page.read().config_version))
+    sup.operating.reload_hooks.append(lambda old, cfg: seen.append(sup.page.read().config_version))
     sup.store = SimpleNamespace(catalog=Catalog())
     sup.reload()
     assert seen == [0] and sup.page.read().config_version == 1
@@ -272,7 +273,7 @@ def test_reload_hooks_run_before_the_version_the_workers_follow_moves(sup, notif
 def test_recovery_reports_partitions_ready_bytes_and_an_estimate(sup, notify, caplog, tmp_path):
     from appliance.catalog import TopicInfo, partition_dir
     from appliance.metrics import key
-    from appliance.operating import PROGRESS_LOG_S
+    from appliance.supervisor.operating import PROGRESS_LOG_S
     from appliance.runtime import PARTITION_PAGE_FIELDS, READY
     topic = TopicInfo(name="t", topic_id=bytes(16), partitions=2, configs={})
     specs = []
@@ -285,25 +286,25 @@ def test_recovery_reports_partitions_ready_bytes_and_an_estimate(sup, notify, ca
         spec.page = StatePage.create(sup.topo.page_path(spec.name), PARTITION_PAGE_FIELDS)
         sup._spawn(spec)
         specs.append(spec)
-    progress = sup.recovery_progress(specs)
+    progress = sup.operating.recovery_progress(specs, sup.clock())
     assert progress.total_bytes == 2000
     import logging
     with caplog.at_level(logging.INFO, "appliance.supervisor"):
-        progress.turn(sup.clock(), sup._writer_ready)
+        progress.turn(sup.clock(), sup.writer_ready)
         assert notify() == ["STATUS=recovering 0/2 partitions"]
         specs[0].page.publish(generation=specs[0].generation, status=READY)
         specs[1].metrics.set(key("appliance_log_recovery_bytes", [("topic", "t"), ("partition", 1)]), 500)
         sup.fake.now += PROGRESS_LOG_S
-        progress.turn(sup.clock(), sup._writer_ready)
+        progress.turn(sup.clock(), sup.writer_ready)
         assert notify() == ["STATUS=recovering 1/2 partitions"]
         assert "recovery: 1/2 partitions ready, 1.5 KiB of 2.0 KiB of logs checked in 5 s, " \
                "about 2 s left" in caplog.text
         specs[1].page.publish(generation=specs[1].generation, status=READY)
-        progress.turn(sup.clock(), sup._writer_ready)
-        sup.recovery_finished(progress)
+        progress.turn(sup.clock(), sup.writer_ready)
+        sup.operating.recovery_finished(progress, sup.clock())
     assert notify() == ["STATUS=recovering 2/2 partitions"]
     assert "recovered 2 partitions (2.0 KiB of logs) in 5.0 s" in caplog.text
-    assert dict(sup.metrics.items())["appliance_recovery_seconds"] == 5_000_000
+    assert dict(sup.operating.metrics.items())["appliance_recovery_seconds"] == 5_000_000
 
 
 # -- writer hosts ([topics] partitions_per_writer) ---------------------------------------------------
@@ -323,7 +324,7 @@ def writers_of(s: Supervisor, name: str, tid: bytes, partitions: int) -> list:
 def test_writers_are_forked_k_to_a_process_and_never_across_topics(sup):
     per_writer(sup, 3)
     a, b = writers_of(sup, "a", b"\x01", 5), writers_of(sup, "b", b"\x02", 2)
-    sup._spawn_writers(a + b)
+    sup.spawn_writers(a + b)
     assert [s.pid for s in a + b] == [100, 100, 100, 101, 101, 102, 102]
     assert sorted(sup.by_pid) == [100, 101, 102]
     assert a[0].group == a[:3] and a[3].group == a[3:] and b[0].group == b
@@ -333,7 +334,7 @@ def test_writers_are_forked_k_to_a_process_and_never_across_topics(sup):
 def test_a_writer_hosts_members_die_and_restart_together(sup):
     per_writer(sup, 4)
     ws = writers_of(sup, "a", b"\x01", 4)
-    sup._spawn_writers(ws)
+    sup.spawn_writers(ws)
     sup.fake.exits.append((100, signal.SIGKILL))
     sup._reap()
     assert [s.pid for s in ws] == [None] * 4 and not sup.stopping and sup.by_pid == {}
@@ -346,7 +347,7 @@ def test_a_writer_hosts_members_die_and_restart_together(sup):
 def test_a_silent_member_gets_its_host_killed(sup):
     per_writer(sup, 2)
     ws = writers_of(sup, "a", b"\x01", 2)
-    sup._spawn_writers(ws)
+    sup.spawn_writers(ws)
     sup.hb.beat(ws[0].heartbeat_slot, sup.fake.clock_ns() + int(HEARTBEAT_MS * 1e6))
     sup.fake.now += HEARTBEAT_MS / 1000 + 1              # the second member stopped beating
     assert [(s.name, age > 0) for s, age in sup.silent_workers(HEARTBEAT_MS * 1_000_000)] == \
@@ -360,7 +361,7 @@ def test_wake_writers_rings_the_bell_of_each_running_writer(sup):
     up to seconds (workers.partition_writer, IDLE_WRITER_WAIT_S)."""
     from shm.doorbell import BellSender, Doorbell
     ws = writers_of(sup, "a", b"\x01", 3)
-    sup._spawn_writers(ws[:2])                          # the third is not running
+    sup.spawn_writers(ws[:2])                          # the third is not running
     bells = {s.name: Doorbell(sup.topo.bell_path(s.name)) for s in ws}
     sup.bells = BellSender()
     try:
@@ -383,7 +384,7 @@ def test_a_writer_whose_supervisor_page_moved_looks_at_the_catalog_in_that_turn(
     t = sup.store.add_topics([TopicInfo("a", b"\x01" * 16, 1)]).topics["a"]
     published = sup.topo.file_path(cat.PUBLISHED_FILE)
     cat.publish(sup.store.catalog, published)
-    (spec,) = [sup._add_writer(t, 0)]
+    (spec,) = [sup.add_writer(t, 0)]
     w = PartitionWriter(sup._context(spec))
     try:
         assert w.setup() is None
@@ -398,3 +399,15 @@ def test_a_writer_whose_supervisor_page_moved_looks_at_the_catalog_in_that_turn(
     finally:
         w.close()
         w.release()
+
+
+def test_the_supervisor_implements_the_process_table_topic_admin_is_given(sup):
+    """TopicAdmin reaches the process table only through ProcessTable (no private member of the
+    supervisor), and the Supervisor has every method of it."""
+    import inspect
+    from appliance.supervisor import process_table, topic_admin
+    methods = [n for n, v in vars(process_table.ProcessTable).items()
+               if inspect.isfunction(v) and not n.startswith("_")]
+    assert methods and all(callable(getattr(sup, n)) for n in methods)
+    assert sup.topic_admin.table is sup
+    assert "table._" not in inspect.getsource(topic_admin)

@@ -3,11 +3,13 @@ AlterConfigs / IncrementalAlterConfigs, served from the frontends' admin rings.
 
 Runs in the supervisor process, which owns the catalog (``appliance.catalog.CatalogStore``) and the
 process table; this service is the supervisor's, single-threaded, and changes both only through
-it (``Supervisor._add_writer``, ``_spawn``, ``kill``). Each change commits the catalog first (the
-durable point), then acts: new writers are forked and the catalog is published only once they are
-READY (so frontends never route to a partition without a writer); deleted topics' writers are
-stopped before their directories go; config changes are published at once, and every writer
-applies them live when it sees the new catalog version (``workers.partition_writer``).
+the supervisor's ``ProcessTable`` interface (``appliance.supervisor.process_table``: add, fork,
+stop and forget writers). Each change commits the catalog first (the durable point), then acts:
+new writers are forked and the catalog is published only once they are READY (so frontends never
+route to a partition without a writer); deleted topics' writers are stopped before their
+directories go; config changes are published at once, and every writer applies them live when it
+sees the new catalog version (``workers.partition_writer``). Whether more partitions fit the
+machine: ``appliance.supervisor.memory``.
 
 I/O errors never stop the supervisor here: new partitions' rings and pages are made before the
 catalog commit (they get their memory when made), so a runtime dir (tmpfs) or a data dir without
@@ -19,80 +21,22 @@ published again every turn (``Supervisor._turn``).
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
 from dataclasses import dataclass
 
-from . import catalog as cat
-from .errors import ErrorCode, KafkaError
-from .runtime import writer_name
-from .service import Responder, serves
-from .startup import NO_SPACE
-from .topic_config import alter_broker_configs, alter_topic_configs, validate_topic_configs
+from appliance import catalog as cat
+from appliance.errors import ErrorCode, KafkaError
+from appliance.log.files import NO_SPACE
+from appliance.service import Responder, serves
+from appliance.topic_config import (alter_broker_configs, alter_topic_configs,
+                                    validate_topic_configs)
+
+from .process_table import ProcessTable
 
 log = logging.getLogger("appliance.supervisor")
 
 FULL_DISK = "the data dir's file system is full"
 CREATE_TIMEOUT_S = 60.0
-
-# What one more partition costs besides its rings: its writer process's own memory (measured: 5 to
-# 8 MiB of PSS, most of it the copy-on-write pages of the interpreter after the fork) and its state
-# page and metrics table in the runtime dir.
-WRITER_PROCESS_BYTES = 8 << 20
-PARTITION_PAGES_BYTES = 64 << 10
-# Memory a partition creation leaves to everything else (page cache, client connections, the other
-# processes of the machine): a twentieth of the machine's memory, at least 256 MiB.
-MEMORY_RESERVE_MIN = 256 << 20
-
-
-def partition_cost(cfg, frontends: int, produce_ring_bytes: int | None = None) -> tuple[int, int]:
-    """(runtime-dir bytes, memory bytes) one partition takes: the rings to and from every
-    frontend, the coordinator and its cleaner (each given all its blocks when made, so they are
-    memory of the tmpfs from the start), its pages, and its writer process. The produce rings
-    are ``produce_ring_bytes`` each (the supervisor's: a start may make them smaller than
-    ``shm.produce_ring_bytes``, ``Supervisor._check_start_memory``)."""
-    from shm.ring import HEADER_SIZE
-    produce = HEADER_SIZE + (produce_ring_bytes or cfg.shm.produce_ring_bytes)
-    small = HEADER_SIZE + cfg.shm.partition_ring_bytes
-    shm = frontends * (produce + small) + 4 * small + PARTITION_PAGES_BYTES
-    return shm, shm + WRITER_PROCESS_BYTES
-
-
-def smallest_produce_ring(cfg) -> int:
-    """The smallest produce ring the configuration allows: a power of two that holds a record of
-    log.message_max_bytes and its headers in half of it (``config.check``)."""
-    return max(1 << (2 * (cfg.log.message_max_bytes + 65536) - 1).bit_length(), 65536)
-
-
-def memory_room(run_dir: str) -> tuple[int, int]:
-    """(free bytes of the runtime dir's file system, memory available to new partitions: the
-    kernel's MemAvailable less the reserve)."""
-    import psutil
-    st = os.statvfs(run_dir)
-    vm = psutil.virtual_memory()
-    return st.f_bavail * st.f_frsize, vm.available - max(MEMORY_RESERVE_MIN, vm.total // 20)
-
-
-def room_problem(cfg, frontends: int, run_dir: str, new: int,
-                 produce_ring_bytes: int | None = None) -> tuple[ErrorCode, str] | None:
-    """The one estimate of whether ``new`` more partitions fit this machine, for CreateTopics and
-    CreatePartitions (which refuse what does not fit) and for the start (which makes its rings
-    smaller rather than refuse a catalog that ran here: ``Supervisor._check_start_memory``):
-    None when they fit, else (Kafka's error code for the refusal, why)."""
-    shm, mem = partition_cost(cfg, frontends, produce_ring_bytes)
-    free, available = memory_room(run_dir)
-    if new * shm > free:
-        return (ErrorCode.kafka_storage_error,
-                f"the runtime dir has room for {free // shm} more partitions' rings "
-                f"({_mib(shm)} each: shm.produce_ring_bytes per frontend and the small "
-                f"rings); {new} were asked for")
-    if new * mem > available:
-        return (ErrorCode.policy_violation,
-                f"the machine has memory for {max(available, 0) // mem} more partitions "
-                f"({_mib(mem)} each: their rings, {_mib(shm)}, and writer process); "
-                f"{new} were asked for")
-    return None
 
 
 @dataclass
@@ -114,8 +58,8 @@ class PendingDelete:
 class TopicAdmin:
     """The ``@serves`` methods of the supervisor's admin registry, and what they wait for."""
 
-    def __init__(self, sup) -> None:
-        self.sup = sup
+    def __init__(self, table: ProcessTable) -> None:
+        self.table = table
         self.pending_creates: list[PendingCreate] = []
         self.pending_deletes: list[PendingDelete] = []
         self.unpublished = False     # the committed catalog could not be published yet
@@ -126,13 +70,13 @@ class TopicAdmin:
 
     @property
     def store(self) -> cat.CatalogStore:
-        return self.sup.store
+        return self.table.store
 
     # -- CreateTopics ---------------------------------------------------------------------------
     @serves(cat.CreateTopicsRequest, late=True)
     def create_topics(self, req: cat.CreateTopicsRequest, respond: Responder) -> None:
         """Answered once the new writers are READY (or after 60 s)."""
-        cfg = self.sup.cfg
+        cfg = self.table.cfg
         results: list[cat.TopicResult] = []
         accepted: list[cat.TopicInfo] = []
         current = self.store.catalog
@@ -181,13 +125,12 @@ class TopicAdmin:
         request's earlier ones) beyond ``topics.max_partitions`` or beyond what the machine can
         hold: every partition's rings get their memory when made, so creating more than fit would
         have the kernel's OOM killer take the supervisor instead of a refusal."""
-        sup = self.sup
-        limit = sup.cfg.topics.max_partitions
+        limit = self.table.cfg.topics.max_partitions
         if total + more > limit:
             raise KafkaError(ErrorCode.policy_violation,
                              f"Creating {more} partitions would exceed topics.max_partitions = {limit}")
         new = total + more - self.store.catalog.partition_count()
-        problem = room_problem(sup.cfg, len(sup.frontends), sup.run_dir, new, sup.produce_ring_bytes)
+        problem = self.table.room_problem(new)
         if problem is not None:
             raise KafkaError(*problem)
 
@@ -196,13 +139,13 @@ class TopicAdmin:
         """Make the new partitions' writers (rings and pages) first, then ``commit()`` the
         catalog, then fork them. Either step failing for lack of room refuses the request with
         KAFKA_STORAGE_ERROR and takes away what was made. Returns (writers, results)."""
-        sup = self.sup
+        table = self.table
         writers = []
         problem = None
         try:
             for t, partitions in parts:
                 for p in partitions:
-                    writers.append(sup._add_writer(t, p))
+                    writers.append(table.add_writer(t, p))
         except OSError as e:
             problem = f"the runtime dir has no room for the new partitions' rings: {e.strerror}"
         if problem is None:
@@ -214,23 +157,10 @@ class TopicAdmin:
         if problem is not None:
             log.error("%s %s refused: %s", what, sorted({t.name for t, _ in parts}), problem)
             for spec in writers:
-                self._forget_worker(spec)
+                table.forget_worker(spec)
             return [], _fail_accepted(results, ErrorCode.kafka_storage_error, problem)
-        sup._spawn_writers(writers)
+        table.spawn_writers(writers)
         return writers, results
-
-    def _forget_worker(self, spec) -> None:
-        """Remove a worker that never ran from the table, with its runtime-dir files."""
-        sup = self.sup
-        if spec.page is not None:
-            spec.page.close()
-            spec.page = None
-        if spec.metrics is not None:
-            spec.metrics.close()
-            spec.metrics = None
-        sup.topo.remove_endpoint(spec.name, sup.bells)
-        if sup.workers.pop(spec.name, None) is not None:
-            sup.free_slots.append(spec.heartbeat_slot)
 
     def _wait_for(self, respond: Responder, results: list[cat.TopicResult], writers: list) -> None:
         self.pending_creates.append(PendingCreate(respond, results, writers,
@@ -280,9 +210,7 @@ class TopicAdmin:
                 grown, lambda: self.store.grow_topics(counts), results, "CreatePartitions")
             for t, new in grown if writers else ():
                 log.info("topic %s grows from %d to %d partitions", t.name, new.start, new.stop)
-                for spec in self.sup.workers.values():   # restarts see the new count
-                    if spec.topic is not None and spec.topic.topic_id == t.topic_id:
-                        spec.topic = t
+                self.table.topic_grown(t)       # restarts see the new count
         self._wait_for(respond, results, writers)
 
     # -- AlterConfigs / IncrementalAlterConfigs -------------------------------------------------
@@ -292,7 +220,7 @@ class TopicAdmin:
         ConfigurationControlManager); the good ones are committed together, then published, and
         the writers apply them live."""
         current = self.store.catalog
-        node = str(self.sup.cfg.server.node_id)
+        node = str(self.table.cfg.server.node_id)
         keys = [(c.resource_type, c.resource_name) for c in req.changes]
         results: list[cat.ConfigResult] = []
         topics: dict[str, dict[str, str]] = {}
@@ -308,7 +236,7 @@ class TopicAdmin:
                     if name not in current.topics:
                         raise KafkaError(ErrorCode.unknown_topic_or_partition,
                                          "This server does not host this topic-partition.")
-                    topics[name] = alter_topic_configs(self.sup.cfg, current, name, change.ops,
+                    topics[name] = alter_topic_configs(self.table.cfg, current, name, change.ops,
                                                        req.incremental)
                 elif change.resource_type == cat.RESOURCE_BROKER:
                     if name and name != node:
@@ -364,12 +292,7 @@ class TopicAdmin:
         self.publish()
         writers = []
         for t in removed:
-            for p in range(t.partitions):
-                spec = self.sup.workers[writer_name(t.topic_id, p)]
-                spec.removed = True
-                if spec.pid is not None:
-                    self.sup.kill(spec.pid, signal.SIGTERM)
-                writers.append(spec)
+            writers += self.table.stop_writers(t)
         self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
         self.check_pending()
 
@@ -387,20 +310,20 @@ class TopicAdmin:
 
     def _release_reserve(self) -> bool:
         try:
-            return self.sup.reserve.release("DeleteTopics needs room")
+            return self.table.reserve.release("DeleteTopics needs room")
         except OSError as e:
             log.error("the disk reserve cannot be given back: %s", e)
             return False
 
     # -- what the loop checks every turn --------------------------------------------------------
     def check_pending(self) -> None:
-        sup = self.sup
+        table = self.table
         now = time.monotonic()
         still = []
         publish = False
         done: list[PendingCreate] = []
         for pc in self.pending_creates:
-            if all(sup._writer_ready(s) for s in pc.writers):
+            if all(table.writer_ready(s) for s in pc.writers):
                 publish = publish or bool(pc.writers)
                 done.append(pc)
             elif now > pc.deadline:
@@ -413,8 +336,8 @@ class TopicAdmin:
         self.pending_creates = still
         if publish:
             self.publish()
-        if done and sup.processes_changed:
-            sup._write_processes()       # the answer's readers see the new writers
+        if done and table.processes_changed:
+            table.write_processes()       # the answer's readers see the new writers
         for pc in done:
             pc.respond(cat.TopicsResult(pc.results))
         still_d = []
@@ -422,21 +345,16 @@ class TopicAdmin:
             if any(s.pid is not None for s in pd.writers):
                 still_d.append(pd)
                 continue
-            for s in pd.writers:
-                if s.metrics is not None:
-                    s.metrics.close()
-                sup.topo.remove_endpoint(s.name, sup.bells)
-                sup.workers.pop(s.name, None)
-                sup.free_slots.append(s.heartbeat_slot)
+            table.remove_workers(pd.writers)
             try:
                 for t in pd.topics:
                     self.store.delete_dirs(t)
                 if pd.topics:
-                    sup.reserve.restore(need_free=sup.reserve.size)
+                    table.reserve.restore(need_free=table.reserve.size)
             except OSError as e:
                 # Committed: the sweep at the next start removes what is left of the directories.
                 log.error("DeleteTopics: removing the deleted topics' files failed: %s", e)
-            sup._write_processes()       # the answer's readers see the writers gone
+            table.write_processes()       # the answer's readers see the writers gone
             pd.respond(cat.TopicsResult(pd.results))
         self.pending_deletes = still_d
 
@@ -444,23 +362,17 @@ class TopicAdmin:
         """Publish the committed catalog to the workers. On a full runtime dir the workers keep
         the previous one (the version on the page moves only with the file) and every turn
         tries again (``unpublished``)."""
-        sup = self.sup
+        table = self.table
         try:
-            cat.publish(self.store.catalog, sup.topo.file_path(cat.PUBLISHED_FILE))
+            table.publish_catalog(self.store.catalog)
         except OSError as e:
             self.unpublished = True
-            sup._io_trouble("catalog", f"catalog version {self.store.catalog.version} not "
-                                       f"published to the workers: {e}")
+            table.io_trouble("catalog", f"catalog version {self.store.catalog.version} not "
+                                        f"published to the workers: {e}")
             return
         self.unpublished = False
-        sup._io_trouble("catalog", None)
-        sup.page.publish(catalog_version=self.store.catalog.version)
-        sup.wake_writers()
-        sup.notify_serving()          # systemd STATUS= names the partition count
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+        table.io_trouble("catalog", None)
+        table.catalog_published(self.store.catalog.version)
 
 
 def _fail_accepted(results: list[cat.TopicResult], code: ErrorCode, message: str) -> list[cat.TopicResult]:

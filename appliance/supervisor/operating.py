@@ -1,12 +1,12 @@
 """What the supervisor tells operators and systemd while it runs: the progress of recovery, the
 ``STATUS=`` line, the watchdog, the reload of the configuration file, and its own metrics.
 
-Runs in the supervisor, in its loop (``SupervisorOperating`` is mixed into
-``appliance.supervisor.Supervisor``; single-threaded). Owns the supervisor's metrics table
-(``metrics.sup``: worker restarts by role, the time the last start took to recover, reloads) and
-the reload hooks (``reload_hooks``: parts that re-read files of their own on SIGHUP append a
-callable ``(old, new)`` there, as the TLS certificates do; the workers' counterpart is
-``workers.base.Worker.reload``).
+Runs in the supervisor, in its loop (``Operating``, held by ``appliance.supervisor.Supervisor``;
+single-threaded). Owns the supervisor's metrics table (``metrics.sup``: worker restarts by role,
+the time the last start took to recover, reloads), the watchdog's schedule, whether the appliance
+serves yet, the running configuration's version and the reload hooks (``reload_hooks``: parts
+that re-read files of their own on SIGHUP append a callable ``(old, new)`` there, as the TLS
+certificates do; the workers' counterpart is ``workers.base.Worker.reload``).
 
 Recovery progress: every writer publishes the bytes its recovery has checked so far in its
 metrics table (``appliance_log_recovery_bytes``); while the supervisor waits for the writers it
@@ -19,13 +19,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
-from .catalog import partition_dir
-from .config import Config
-from .metrics import key
-from .reload import file_path as config_file, publish as publish_config, reload_config
-from .runtime import role_title
+from shm.metrics import MetricsTable
+
+from appliance.catalog import partition_dir
+from appliance.config import Config
+from appliance.metrics import key
+from appliance.reload import reload_config
+from appliance.runtime import SUPERVISOR, role_title
+
+from .process_table import TABLE_CAPACITY
 from .systemd import Watchdog, monotonic_usec, sd_notify
 
 log = logging.getLogger("appliance.supervisor")
@@ -111,39 +115,46 @@ def _tp(spec) -> list[tuple[str, object]]:
     return [("topic", spec.topic.name), ("partition", spec.index)]
 
 
-class SupervisorOperating:
-    """Mixed into the Supervisor (whose attributes these methods use)."""
+class Operating:
+    """The supervisor's word to operators and systemd, its metrics and its configuration's
+    reload. What it reads of the process table comes in: ``status`` (the serving STATUS= text),
+    ``publish(cfg, version)`` (the supervisor puts a reloaded configuration where the workers
+    read it, moves the version on its page and wakes the writers), the time and the silent
+    workers at each call."""
 
-    cfg: Config
-    watchdog: Watchdog
-    serving: bool
-    reload_hooks: list[Callable[[Config, Config], None]]
-    wake_writers: Callable[[], None]
+    def __init__(self, source: Callable[[], Config], data_dir: str, status: Callable[[], str],
+                 publish: Callable[[Config, int], None]) -> None:
+        # What a SIGHUP re-reads: the file, the environment and the flags it started with.
+        self.source = source
+        self.data_dir = data_dir
+        self.status = status
+        self.publish = publish
+        self.config_version = 0
+        self.reload_hooks: list[Callable[[Config, Config], None]] = []
+        self.serving = False
+        self.watchdog = Watchdog()
+        # Replaced by the runtime dir's table at set-up (Supervisor._setup).
+        self.metrics = MetricsTable.anonymous(TABLE_CAPACITY[SUPERVISOR])
 
     # -- status ---------------------------------------------------------------------------------
-    def serving_status(self) -> str:
-        cat = self.store.catalog
-        return (f"serving on {self.listening()}: {len(cat.topics)} topics, "
-                f"{cat.partition_count()} partitions, {len(self.frontends)} frontends")
-
     def notify_serving(self, *lines: str) -> None:
         """``lines`` (READY=1) with the serving STATUS= line; nothing before the appliance
         serves (recovery keeps its own line)."""
         if self.serving:
-            sd_notify(*lines, f"STATUS={self.serving_status()}")
+            sd_notify(*lines, f"STATUS={self.status()}")
 
     # -- watchdog -------------------------------------------------------------------------------
-    def watchdog_turn(self) -> None:
+    def watchdog_turn(self, now: float, silent_workers: Callable[[int], Iterable]) -> None:
+        """``silent_workers(ns)``: (spec, ns since its last beat) of the workers silent longer."""
         wd = self.watchdog
-        now = self.clock()
         if not wd.due(now):
             return
         stale = [(role_title(s.role, s.index, s.topic.name if s.topic else None), age / 1e9)
-                 for s, age in self.silent_workers(int(wd.fresh_s * 1e9))]
+                 for s, age in silent_workers(int(wd.fresh_s * 1e9))]
         back = bool(wd.withheld) and not stale
         sent = wd.turn(now, stale)
         if back and sent and self.serving:
-            sd_notify(f"STATUS={self.serving_status()}")
+            sd_notify(f"STATUS={self.status()}")
 
     # -- metrics --------------------------------------------------------------------------------
     def init_metrics(self, roles: list[str]) -> None:
@@ -157,40 +168,40 @@ class SupervisorOperating:
     def count_restart(self, role: str, n: int = 1) -> None:
         self.metrics.add(key("appliance_worker_restarts", [("role", role)]), n)
 
-    def recovery_progress(self, specs: list) -> RecoveryProgress:
-        return RecoveryProgress(specs, self.data_dir, self.clock())
+    def recovery_progress(self, specs: list, now: float) -> RecoveryProgress:
+        return RecoveryProgress(specs, self.data_dir, now)
 
-    def recovery_finished(self, progress: RecoveryProgress) -> None:
-        elapsed = progress.finished(self.clock())
+    def recovery_finished(self, progress: RecoveryProgress, now: float) -> None:
+        elapsed = progress.finished(now)
         self.metrics.set(key("appliance_recovery_seconds"), int(elapsed * 1e6))
 
     # -- reload ---------------------------------------------------------------------------------
-    def reload(self) -> None:
-        """SIGHUP (``systemctl reload``): the supervisor's one reload entry point. Re-reads the
-        configuration, applies the live keys (``appliance.reload``), runs ``reload_hooks``, then
-        publishes the result for the workers; the appliance serves throughout."""
+    def reload(self, cfg: Config) -> Config:
+        """SIGHUP (``systemctl reload``), through ``Supervisor.reload``: re-reads the
+        configuration running as ``cfg``, applies the live keys (``appliance.reload``), runs
+        ``reload_hooks``, then publishes the result for the workers; the appliance serves
+        throughout. Returns the configuration now running."""
         if self.serving:
             sd_notify("RELOADING=1", f"MONOTONIC_USEC={monotonic_usec()}",
                       "STATUS=reloading the configuration")
         t0 = time.monotonic()
-        p = reload_config(self.cfg, self.source)
+        p = reload_config(cfg, self.source)
         if p is None:
             self.metrics.add(key("appliance_config_reloads", [("result", "failed")]))
         else:
-            old = self.cfg
-            self.cfg = p.config
+            old = cfg
+            cfg = p.config
             # Hooks first: what they publish for the workers (re-read certificates) is in place
             # before the version the workers follow moves.
             for hook in list(self.reload_hooks):
                 try:
-                    hook(old, self.cfg)
+                    hook(old, cfg)
                 except Exception:
                     log.exception("reload hook %r failed", hook)
             self.config_version += 1
-            publish_config(self.cfg, config_file(self.run_dir))
-            self.page.publish(config_version=self.config_version)
-            self.wake_writers()
+            self.publish(cfg, self.config_version)
             self.metrics.add(key("appliance_config_reloads", [("result", "applied")]))
             log.info("reload done in %.0f ms: %d settings changed, %d need a restart",
                      (time.monotonic() - t0) * 1000, len(p.applied), len(p.refused))
         self.notify_serving("READY=1")
+        return cfg

@@ -4,9 +4,10 @@ partition, and force-terminate a transactional id (KIP-939); and the admin calls
 job log needs besides (create a topic, read one broker config, delete the records before an
 offset).
 
-Runs in the operator's shell, and in the Spark sink's driver and tasks; owns nothing but one
-connection to the broker (``appliance.client.connection.BrokerConnection``, version-negotiated),
-so it works the same against a Kafka cluster's coordinator.
+Runs in the operator's shell (``appliance.cli.transactions``), and in the Spark sink's driver and
+tasks (``appliance.spark``: hence here, beside the client, and not under ``appliance.cli``); owns
+nothing but one connection to the broker (``appliance.client.connection.BrokerConnection``,
+version-negotiated), so it works the same against a Kafka cluster's coordinator.
 """
 
 from __future__ import annotations

@@ -2,40 +2,42 @@
 
 Runs in the top process (``appliance run``). Owns, alone: the process table (pid, role, generation
 of every worker), the listening sockets (one per listener), the runtime directory with every shm
-file, the topic catalog (``appliance.catalog.CatalogStore``), the SCRAM credential store
-and the published copy of the TLS certificates (both through ``appliance.security.supervisor``),
-the ACLs (``appliance.acl.store``) and the data-dir lock.
+file, the topic catalog (``appliance.catalog.CatalogStore``), the SCRAM credential store and the
+published copy of the TLS certificates (both through ``appliance.security.supervisor``), the ACLs
+(``appliance.acl.store``) and the data-dir lock.
 
 Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
 loop dispatches queued signals, serves admin requests from frontends (topic administration,
-``appliance.topic_admin``; AlterUserScramCredentials, ``appliance.security.supervisor``;
-CreateAcls/DeleteAcls, ``appliance.acl.store``), reaps
-dead children, kills workers whose heartbeat went stale, and respawns with backoff. A worker that
-restarts more than ``crash_loop_restarts`` times in ``crash_loop_window_ms``, or exits with the
-reserved WORKER_BOOT_ERROR code, stops the appliance (exit 4) rather than loop forever.
+``appliance.supervisor.topic_admin``, which changes the process table through the ``ProcessTable``
+interface this class implements; AlterUserScramCredentials, ``appliance.security.supervisor``;
+CreateAcls/DeleteAcls, ``appliance.acl.store``), reaps dead children, kills workers whose heartbeat
+went stale, and respawns with backoff. A worker that restarts more than ``crash_loop_restarts``
+times in ``crash_loop_window_ms``, or exits with the reserved WORKER_BOOT_ERROR code, stops the
+appliance (exit 4) rather than loop forever.
 
 I/O errors never stop the supervisor: a catalog commit that fails answers the topic request
 KAFKA_STORAGE_ERROR with the old catalog in place, a runtime dir (tmpfs) without room for a new
 topic's rings refuses it the same way, and the files kept only for tools (processes.json) or
 republished every turn (the published catalog) are logged once when they cannot be written.
 
-Start (failures: ``appliance.startup``, each with its exit status): lock the data dir, give back the
-disk reserve if the disk is full, load the catalog and the credentials, create the runtime dir and
-every ring and page (every shm file gets its memory when made: a runtime dir without room exits 7),
-publish the TLS certificates, bind every listener (and the metrics listener), fork the writers and
-wait for them to recover, then fork coordinator, fetchers, frontends and the metrics server, then
-notify systemd READY=1. SIGTERM drains: frontends first (stop accepting, finish in-flight
-requests), then writers (flush, close segments cleanly), fetchers and the coordinator. SIGHUP
-reloads the configuration file and re-reads the TLS certificate files (``appliance.operating``:
-also the STATUS= line, the watchdog, recovery progress; the certificates are a reload hook of
+Start (failures: ``appliance.runtime.StartFailure``, each with its exit status; the directories:
+``appliance.supervisor.dirs``; the listeners: ``appliance.supervisor.startup``): lock the data dir,
+give back the disk reserve (``appliance.supervisor.reserve``) if the disk is full, load the catalog
+and the credentials, create the runtime dir and every ring and page (every shm file gets its memory
+when made: a runtime dir without room exits 7; a catalog that does not fit the machine starts with
+smaller rings, ``appliance.supervisor.memory``), publish the TLS certificates, bind every listener
+(and the metrics listener), fork the writers and wait for them to recover, then fork coordinator,
+fetchers, frontends and the metrics server, then notify systemd READY=1. SIGTERM drains: frontends
+first (stop accepting, finish in-flight requests), then writers (flush, close segments cleanly),
+fetchers and the coordinator. SIGHUP reloads the configuration file and re-reads the TLS
+certificate files (``Operating``, ``appliance.supervisor.operating``: also the STATUS= line, the
+watchdog, recovery progress, the supervisor's metrics; the certificates are a reload hook of
 ``appliance.security.supervisor``).
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import gc
 import json
 import logging
 import os
@@ -43,7 +45,6 @@ import selectors
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 from shm.conntable import ConnectionTable
@@ -54,52 +55,36 @@ from shm.metrics import MetricsTable
 from shm.statepage import StatePage
 from shm.topology import Mailbox, Outbox, Topology
 
-from . import catalog as cat
-from . import ipc, testhooks
-from .acl import store as acl_store
-from .config import Config, non_defaults
-from .listeners import Listener
-from .log.files import atomic_write
-from .operating import SupervisorOperating
-from .reload import file_path as config_file, publish as publish_config
-from .runtime import (COORDINATOR, die_with_parent, EXIT_CRASH_LOOP, EXIT_OK, HEARTBEAT_FILE,
-                      HEARTBEAT_SLOTS, METRICS_SERVER, PROCESSES_FILE, READY, RECOVERING, STOPPED,
-                      SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, BoundListener,
-                      WorkerContext, child_reset_signals, cleaner_name, page_fields,
-                      cleaner_of, default_run_dir,
-                      fetcher_name, frontend_name, set_process_title, setup_logging, worker_title,
-                      writer_name)
-from .security.supervisor import SecurityService
-from .service import Registry
-from .startup import (NO_SPACE, DiskReserve, RuntimeDirUnusable, StartFailure, SupervisorDirs,
-                      bind_address, bind_listeners, raise_fd_limit)
-from .systemd import Watchdog, sd_notify
+from appliance import catalog as cat
+from appliance import ipc
+from appliance.acl import store as acl_store
+from appliance.config import Config, non_defaults
+from appliance.errors import ErrorCode
+from appliance.listeners import Listener
+from appliance.log.files import atomic_write
+from appliance.reload import file_path as config_file, publish as publish_config
+from appliance.runtime import (COORDINATOR, EXIT_CRASH_LOOP, EXIT_OK, HEARTBEAT_FILE,
+                               HEARTBEAT_SLOTS, METRICS_SERVER, PROCESSES_FILE, READY, RECOVERING,
+                               STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
+                               BoundListener, StartFailure, WorkerContext, cleaner_name,
+                               cleaner_of, default_run_dir, fetcher_name, frontend_name,
+                               page_fields, set_process_title, setup_logging, writer_name)
+from appliance.security.supervisor import SecurityService
+from appliance.service import Registry
+
+from .child import run_child
+from .dirs import SupervisorDirs, runtime_dir_space
+from .memory import room_problem, start_ring_bytes
+from .operating import Operating
+from .process_table import TABLE_CAPACITY, WorkerSpec
+from .reserve import DiskReserve
+from .startup import bind_address, bind_listeners, raise_fd_limit
+from .systemd import sd_notify
 from .topic_admin import TopicAdmin
 
 log = logging.getLogger("appliance.supervisor")
 
 SUPERVISOR_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT)
-
-
-@dataclass
-class WorkerSpec:
-    role: str
-    name: str
-    index: int
-    heartbeat_slot: int
-    entry: Callable[[WorkerContext], int | None]
-    topic: cat.TopicInfo | None = None
-    pid: int | None = None
-    generation: int = 0
-    started_at: float = 0.0
-    next_start: float = 0.0
-    deaths: collections.deque = field(default_factory=collections.deque)
-    removed: bool = False       # topic deleted: do not restart
-    page: StatePage | None = None
-    metrics: MetricsTable | None = None     # writers: read for the recovery progress
-    # The workers forked as one process with this one (itself included; set by _spawn): writers
-    # sharing a writer host ([topics] partitions_per_writer > 1); a lone worker's group is [it].
-    group: list = field(default_factory=list)
 
 
 def _kill(pid: int | None, sig: int) -> None:
@@ -110,13 +95,12 @@ def _kill(pid: int | None, sig: int) -> None:
             pass
 
 
-# Series each role's metrics table holds at most (frontends: requests and errors per API, and
-# three counters per topic; see appliance.metrics).
-TABLE_CAPACITY = {"frontend": 8192, "writer": 64, "coordinator": 128, "fetcher": 32,
-                  "metrics": 16, "cleaner": 64, SUPERVISOR: 64}
+class Supervisor:
+    """The supervisor process: its set-up, its loop and the process table (``ProcessTable``,
+    ``appliance.supervisor.process_table``, is what ``TopicAdmin`` may do to it). Holds its
+    collaborators: ``dirs`` (the data dir's lock and the runtime dir), ``operating`` (systemd,
+    the metrics table, the reload) and ``topic_admin``."""
 
-
-class Supervisor(SupervisorDirs, SupervisorOperating):
     # The system calls and clocks the loop uses, as attributes so that tests drive the restart
     # and heartbeat rules without forking (as pre-fork servers test their arbiters).
     fork = staticmethod(os.fork)
@@ -128,17 +112,13 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
     def __init__(self, config: Config, source: Callable[[], Config] | None = None,
                  log_format: str = "text") -> None:
         self.cfg = config
-        # What a SIGHUP re-reads: the file, the environment and the flags it started with.
-        self.source = source or (lambda: config)
         self.log_format = log_format
-        self.config_version = 0
-        self.reload_hooks: list[Callable[[Config, Config], None]] = []
-        self.serving = False
-        self.watchdog = Watchdog()
-        self.metrics = MetricsTable.anonymous(TABLE_CAPACITY[SUPERVISOR])
         self.data_dir = os.path.abspath(config.server.data_dir)
         self.run_dir = os.path.abspath(config.server.runtime_dir) if config.server.runtime_dir \
             else default_run_dir()
+        self.dirs = SupervisorDirs(self.data_dir, self.run_dir, config.server.node_id)
+        self.operating = Operating(source or (lambda: config), self.data_dir,
+                                   status=self.serving_status, publish=self._publish_config)
         self.workers: dict[str, WorkerSpec] = {}
         self.by_pid: dict[int, WorkerSpec] = {}
         self.signals: collections.deque[int] = collections.deque()
@@ -148,8 +128,6 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.topic_admin = TopicAdmin(self)
         self.frontends = [frontend_name(i) for i in range(config.frontend_count)]
         self.fetchers = [fetcher_name(i) for i in range(config.server.fetchers)]
-        self._lock_fd = -1
-        self._run_dir_made = False
         self.bound: list[tuple[Listener, socket.socket]] = []   # every listener's socket
         self.bound_port = 0                                     # the first listener's port
         self.metrics_listener: socket.socket | None = None
@@ -175,43 +153,49 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                              for lst, sock in self.bound)
         return ", ".join(str(lst) for lst in self.cfg.listeners)
 
+    def serving_status(self) -> str:
+        """systemd's STATUS= line while the appliance serves (``Operating.notify_serving``)."""
+        cat = self.store.catalog
+        return (f"serving on {self.listening()}: {len(cat.topics)} topics, "
+                f"{cat.partition_count()} partitions, {len(self.frontends)} frontends")
+
     def _setup(self) -> None:
         self._pid = os.getpid()
         raise_fd_limit()
-        self._prepare_data_dir()
+        self.dirs.prepare_data_dir()
         self.reserve = DiskReserve(self.data_dir, self.cfg.server.disk_reserve_bytes)
         self.reserve.at_start()
         self.store = cat.CatalogStore(self.data_dir)
         self.store.load()
         self.acls = acl_store.AclStore(self.data_dir)
         self.acls.load()
-        self._prepare_run_dir()
+        self.dirs.prepare_run_dir()
         self.topo = Topology(self.run_dir)
-        with self._runtime_dir_space("its shared memory files"):
+        with runtime_dir_space(self.run_dir, "its shared memory files"):
             self.hb = HeartbeatTable.create(os.path.join(self.run_dir, HEARTBEAT_FILE), HEARTBEAT_SLOTS)
             self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
             self.page.publish(catalog_version=self.store.catalog.version, status=RECOVERING,
                               pid=os.getpid())
-            self.metrics = MetricsTable.create(self.topo.metrics_path(SUPERVISOR),
-                                               TABLE_CAPACITY[SUPERVISOR])
-            self.init_metrics([r for r in TABLE_CAPACITY if r != SUPERVISOR])
+            self.operating.metrics = MetricsTable.create(self.topo.metrics_path(SUPERVISOR),
+                                                         TABLE_CAPACITY[SUPERVISOR])
+            self.operating.init_metrics([r for r in TABLE_CAPACITY if r != SUPERVISOR])
             cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
             publish_config(self.cfg, config_file(self.run_dir))
-        with self._runtime_dir_space("the published credentials and certificates"):
+        with runtime_dir_space(self.run_dir, "the published credentials and certificates"):
             self.security = SecurityService(self.cfg, self.data_dir, self.run_dir, self.topo,
                                             self.page)
             self.security.start()
-        with self._runtime_dir_space("the published ACLs"):
+        with runtime_dir_space(self.run_dir, "the published ACLs"):
             self.acl_service = acl_store.AclService(
                 self.acls, self.topo.file_path(acl_store.PUBLISHED_FILE),
                 lambda v: self.page.publish(acl_version=v),
                 reply_bytes=self.cfg.shm.small_ring_bytes // 4)
             self.acl_service.publish()
         # SIGHUP re-reads the certificate files (a renewed certificate needs no restart).
-        self.reload_hooks.append(self.security.reload)
+        self.operating.reload_hooks.append(self.security.reload)
         self._bind()
         small = self.cfg.shm.small_ring_bytes
-        with self._runtime_dir_space("the frontends' rings"):
+        with runtime_dir_space(self.run_dir, "the frontends' rings"):
             for fe in self.frontends:
                 for fx in self.fetchers:
                     self._make_ring(fe, fx, small)
@@ -223,7 +207,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             # runtime dir too small for them stops the start here, with its own exit status, and
             # so does a machine whose memory cannot hold them (rather than the OOM killer).
             self._check_start_memory(self.store.catalog.partition_count())
-            self._start_writers = [self._add_writer(t, p) for t in self.store.catalog.topics.values()
+            self._start_writers = [self.add_writer(t, p) for t in self.store.catalog.topics.values()
                                    for p in range(t.partitions)]
             from workers.cleaner import main as cleaner_main
             from workers.coordinator import main as coordinator_main
@@ -245,7 +229,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         for fe in self.frontends:
             self.mailbox.add(fe)
         self.outboxes = {fe: Outbox(self.topo, SUPERVISOR, fe, self.bells) for fe in self.frontends}
-        # Topic administration (appliance.topic_admin), AlterUserScramCredentials
+        # Topic administration (appliance.supervisor.topic_admin), AlterUserScramCredentials
         # (appliance.security.supervisor), CreateAcls/DeleteAcls (appliance.acl.store); an error
         # there stops the appliance rather than go on with a catalog (or credentials, or ACLs)
         # whose state is unknown.
@@ -256,59 +240,18 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.topo.create_ring(src, dst, capacity).close()   # the supervisor only creates it
 
     def _check_start_memory(self, partitions: int) -> None:
-        """Serve the catalog, with the smallest produce rings the configuration allows when it does
-        not fit at ``shm.produce_ring_bytes``; refuse (exit 7) only when even the smallest rings the
-        configuration allows cannot be held, where making them would have the OOM killer stop the
-        start. Each partition was admitted by CreateTopics or CreatePartitions with the same
-        estimate (``topic_admin.room_problem``), which at run time counts the partitions already
-        there by what they really take and here by the estimate, which is larger; a start that
-        refused them would leave every acknowledged record unserved (regression: 900 partitions
-        accepted, then exit 7 after a kill -9)."""
-        from .topic_admin import memory_room, partition_cost, room_problem, smallest_produce_ring
-        fe = len(self.frontends)
-        problem = room_problem(self.cfg, fe, self.run_dir, partitions, self.produce_ring_bytes)
-        if problem is None:
-            return
-        # The smallest rings, not the largest that would fit: a start filling the machine to the
-        # estimate's limit would leave no room for the next CreateTopics.
-        size = min(self.produce_ring_bytes, smallest_produce_ring(self.cfg))
-        shm, _ = partition_cost(self.cfg, fe, size)
-        free, available = memory_room(self.run_dir)
-        if partitions * shm > min(free, available):
-            raise RuntimeDirUnusable(
-                f"the catalog's {partitions} partitions need {partitions * shm >> 20} MiB of memory "
-                f"for their rings even at the smallest size the configuration allows ({shm >> 20} "
-                f"MiB each in the runtime dir {self.run_dir}, which has {free >> 20} MiB free); "
-                f"the machine has {max(available, 0) >> 20} MiB available: give the machine more "
-                f"memory, or the rings less (shm.produce_ring_bytes, shm.partition_ring_bytes, "
-                f"log.message_max_bytes)")
-        log.warning("the catalog's %d partitions do not fit this machine with produce rings of "
-                    "shm.produce_ring_bytes = %d (%s): starting them all with produce rings of %d "
-                    "bytes, as they ran here before; give the machine more memory, or the rings "
-                    "less, before creating more", partitions, self.produce_ring_bytes, problem[1],
-                    size)
-        self.produce_ring_bytes = size
-
-    @contextlib.contextmanager
-    def _runtime_dir_space(self, what: str):
-        """At start: a runtime dir (tmpfs) without room for ``what`` is a start failure with the
-        runtime dir's exit status, not a traceback (every shm file gets its blocks when made)."""
-        try:
-            yield
-        except OSError as e:
-            if e.errno not in NO_SPACE:
-                raise
-            raise RuntimeDirUnusable(
-                f"runtime dir {self.run_dir} (server.runtime_dir) has no room for {what}: "
-                f"{e.strerror}; make its file system larger (rings take shm.produce_ring_bytes "
-                f"per frontend and partition) or free it") from None
+        """Serve the catalog, with the smallest produce rings the configuration allows when it
+        does not fit at ``shm.produce_ring_bytes`` (``memory.start_ring_bytes``: exit 7 only when
+        even those cannot be held)."""
+        self.produce_ring_bytes = start_ring_bytes(self.cfg, len(self.frontends), self.run_dir,
+                                                   partitions, self.produce_ring_bytes)
 
     # -- worker table ---------------------------------------------------------------------------
     def _add_worker(self, role: str, name: str, index: int, entry, topic=None) -> WorkerSpec:
         spec = WorkerSpec(role=role, name=name, index=index, heartbeat_slot=self.free_slots.pop(),
                           entry=entry, topic=topic)
         try:
-            if role != "writer":       # a writer's page is made by _add_writer
+            if role != "writer":       # a writer's page is made by add_writer
                 # Every worker publishes generation, status and pid there (workers.base);
                 # frontends watch the fetchers' and the coordinator's generation to fail what a
                 # dead one held.
@@ -331,7 +274,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         self.workers[name] = spec
         return spec
 
-    def _add_writer(self, topic: cat.TopicInfo, partition: int) -> WorkerSpec:
+    def add_writer(self, topic: cat.TopicInfo, partition: int) -> WorkerSpec:
         from workers.partition_writer import main as writer_main
         name = writer_name(topic.topic_id, partition)
         try:
@@ -369,11 +312,11 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                        for lst, sock in self.bound],
             topic=t.name if t else "", topic_id=t.topic_id if t else b"",
             topic_configs=self.store.catalog.overrides(t) if t else {},
-            config_version=self.config_version,
+            config_version=self.operating.config_version,
             metrics_fd=self.metrics_listener.fileno() if self.metrics_listener else -1,
             log_format=self.log_format)
 
-    def _spawn_writers(self, specs: list[WorkerSpec]) -> None:
+    def spawn_writers(self, specs: list[WorkerSpec]) -> None:
         """Fork new (or restarted) writers: one process each, or with ``[topics]
         partitions_per_writer`` above 1 one writer host (``workers.writer_host``) per that many
         partitions of one topic. A host never spans topics, so deleting a topic stops whole
@@ -409,34 +352,8 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             if pid != 0:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if pid == 0:  # child
-            # Everything inherited goes to the collector's permanent generation (a splice of its
-            # lists, touching no object): the child's collections then never walk the parent's
-            # objects, whose GC headers they would write, copying every page that holds one.
-            gc.freeze()
-            code = 1
-            try:
-                testhooks.pause_point(spec.role, "forked")
-                child_reset_signals()
-                die_with_parent(self._pid)
-                self._close_in_child(spec.role)
-                title = worker_title(ctx)
-                if mates:
-                    title += f"..{mate_ctxs[-1].index}"      # "writer orders-0..3"
-                set_process_title(title)
-                setup_logging(spec.name, fmt=self.log_format, role=spec.role, title=title)
-                if mates:
-                    from workers.writer_host import main as host_main
-                    code = host_main([ctx, *mate_ctxs]) or 0
-                else:
-                    code = spec.entry(ctx) or 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-            except BaseException:
-                logging.getLogger(spec.name).exception("worker crashed")
-                code = 1
-            finally:
-                logging.shutdown()
-                os._exit(code)
+            run_child(spec, mates, ctx, mate_ctxs, self._pid, self._close_in_child,
+                      self.log_format)
         now = self.clock()
         for s in group:
             s.pid = pid
@@ -463,7 +380,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         # The data-dir lock fd stays open in every worker on purpose: the flock is released only
         # when the last holder exits, so a new appliance cannot start beside an orphaned writer.
 
-    def _write_processes(self) -> None:
+    def write_processes(self) -> None:
         """Rewrite processes.json: once per loop turn that changed the table (``_turn``), not
         once per fork, which made a 1,024-partition CreateTopics quadratic (seconds of JSON)."""
         self.processes_changed = False
@@ -480,9 +397,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                                      "workers": rows}).encode(), sync=False)
         except OSError as e:
             # For operators and tools only: a full runtime dir leaves the last one in place.
-            self._io_trouble("processes", f"{PROCESSES_FILE} not written: {e}")
+            self.io_trouble("processes", f"{PROCESSES_FILE} not written: {e}")
         else:
-            self._io_trouble("processes", None)
+            self.io_trouble("processes", None)
 
     def wake_writers(self) -> None:
         """Ring every running writer's bell: a catalog or a configuration was just published on
@@ -492,7 +409,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             if spec.role == "writer" and spec.pid is not None:
                 self.bells.ring(self.topo.bell_path(spec.name))
 
-    def _io_trouble(self, what: str, problem: str | None) -> None:
+    def io_trouble(self, what: str, problem: str | None) -> None:
         """Log a failing write once, and once more when it works again (not every turn)."""
         before = self._io_problems.get(what)
         if problem is not None and before is None:
@@ -501,6 +418,54 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         elif problem is None and before is not None:
             log.info("%s: written again", what)
             del self._io_problems[what]
+
+    # -- what topic administration does to the table (ProcessTable) -------------------------------
+    def room_problem(self, new: int) -> tuple[ErrorCode, str] | None:
+        return room_problem(self.cfg, len(self.frontends), self.run_dir, new,
+                            self.produce_ring_bytes)
+
+    def forget_worker(self, spec: WorkerSpec) -> None:
+        """Remove a worker that never ran from the table, with its runtime-dir files."""
+        if spec.page is not None:
+            spec.page.close()
+            spec.page = None
+        if spec.metrics is not None:
+            spec.metrics.close()
+            spec.metrics = None
+        self.topo.remove_endpoint(spec.name, self.bells)
+        if self.workers.pop(spec.name, None) is not None:
+            self.free_slots.append(spec.heartbeat_slot)
+
+    def topic_grown(self, topic: cat.TopicInfo) -> None:
+        for spec in self.workers.values():
+            if spec.topic is not None and spec.topic.topic_id == topic.topic_id:
+                spec.topic = topic
+
+    def stop_writers(self, topic: cat.TopicInfo) -> list[WorkerSpec]:
+        writers = []
+        for p in range(topic.partitions):
+            spec = self.workers[writer_name(topic.topic_id, p)]
+            spec.removed = True
+            if spec.pid is not None:
+                self.kill(spec.pid, signal.SIGTERM)
+            writers.append(spec)
+        return writers
+
+    def remove_workers(self, specs: list[WorkerSpec]) -> None:
+        for s in specs:
+            if s.metrics is not None:
+                s.metrics.close()
+            self.topo.remove_endpoint(s.name, self.bells)
+            self.workers.pop(s.name, None)
+            self.free_slots.append(s.heartbeat_slot)
+
+    def publish_catalog(self, catalog: cat.Catalog) -> None:
+        cat.publish(catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+
+    def catalog_published(self, version: int) -> None:
+        self.page.publish(catalog_version=version)
+        self.wake_writers()
+        self.operating.notify_serving()          # systemd STATUS= names the partition count
 
     # -- signals ----------------------------------------------------------------------------------
     def _install_signals(self) -> None:
@@ -520,11 +485,11 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             self._setup()
         except StartFailure as e:
             log.error("cannot start: %s (exit %d)", e, e.exit_code)
-            self._cleanup()
+            self.dirs.cleanup()
             return e.exit_code
         except OSError as e:
             log.error("cannot start: %s", e)
-            self._cleanup()
+            self.dirs.cleanup()
             return 1
         self.selector = selectors.DefaultSelector()
         self._install_signals()
@@ -536,7 +501,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         changed = non_defaults(self.cfg)
         log.info("settings other than the defaults: %s", ", ".join(changed) if changed else "none")
         try:
-            self._spawn_writers(self._start_writers)
+            self.spawn_writers(self._start_writers)
             if not self._wait_writers_ready(self._start_writers):
                 return self._finish()
             # Import the handlers once, before forking frontends, so every frontend shares them
@@ -549,11 +514,11 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
                 self._spawn(spec)
             if self.metrics_listener is not None:
                 log.info("metrics served at http://%s/metrics", self.cfg.metrics.listen)
-            self._write_processes()
+            self.write_processes()
             self.page.publish(status=READY)
             log.info("appliance ready on %s", self.listening())
-            self.serving = True
-            self.notify_serving("READY=1")
+            self.operating.serving = True
+            self.operating.notify_serving("READY=1")
             while not self.stopping:
                 self._turn(0.1 if self.topic_admin.busy else 0.5)
         finally:
@@ -563,7 +528,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
     def _finish(self) -> int:
         if self.by_pid:
             self._stop_all()
-        self._cleanup()
+        self.dirs.cleanup()
         log.info("appliance stopped (exit %d)", self.exit_code)
         return self.exit_code
 
@@ -592,9 +557,9 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             self.topic_admin.check_pending()
             self._murder_stale()
             self._respawn_due()
-            self.watchdog_turn()
+            self.operating.watchdog_turn(self.clock(), self.silent_workers)
         if self.processes_changed:
-            self._write_processes()
+            self.write_processes()
 
     def _dispatch_signal(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
@@ -610,6 +575,19 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
             log.info("received SIGHUP: reloading the configuration and the certificates")
             self.reload()
         # SIGCHLD: reaping happens every turn.
+
+    def reload(self) -> None:
+        """SIGHUP (``systemctl reload``): the supervisor's one reload entry point
+        (``Operating.reload``); what it returns runs from now on, and every worker forked from
+        now on gets it."""
+        self.cfg = self.operating.reload(self.cfg)
+
+    def _publish_config(self, cfg: Config, version: int) -> None:
+        """A reloaded configuration, for the workers: the file first, then its version on the
+        page (what the workers follow), then the writers' bells."""
+        publish_config(cfg, config_file(self.run_dir))
+        self.page.publish(config_version=version)
+        self.wake_writers()
 
     def _reap(self) -> None:
         while True:
@@ -655,7 +633,7 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
         backoff = min(sc.restart_backoff_max_ms,
                       sc.restart_backoff_initial_ms * (2 ** (len(spec.deaths) - 1))) / 1000
         spec.next_start = now + backoff
-        self.count_restart(spec.role)
+        self.operating.count_restart(spec.role)
         log.warning("%s (pid gen %d) %s; restarting in %.2f s", spec.name, spec.generation, how, backoff)
 
     def _respawn_due(self) -> None:
@@ -693,18 +671,18 @@ class Supervisor(SupervisorDirs, SupervisorOperating):
 
     def _wait_writers_ready(self, specs: list[WorkerSpec]) -> bool:
         """Block (serving signals and restarts) until every writer has recovered, telling
-        the operator how far it got (appliance.operating)."""
-        progress = self.recovery_progress(specs)
+        the operator how far it got (``Operating``)."""
+        progress = self.operating.recovery_progress(specs, self.clock())
         while True:
             self._turn(0.05)
             if self.stopping:
                 return False
-            progress.turn(self.clock(), self._writer_ready)
-            if all(self._writer_ready(s) for s in specs):
-                self.recovery_finished(progress)
+            progress.turn(self.clock(), self.writer_ready)
+            if all(self.writer_ready(s) for s in specs):
+                self.operating.recovery_finished(progress, self.clock())
                 return True
 
-    def _writer_ready(self, spec: WorkerSpec) -> bool:
+    def writer_ready(self, spec: WorkerSpec) -> bool:
         st = spec.page.read()
         return spec.pid is not None and st.generation == spec.generation and st.status == READY
 
