@@ -167,7 +167,6 @@ class Worker(WorkerProcess):
         self.cfg = ctx.config
         self.name = ctx.name
         self.generation = ctx.generation
-        self.members = (self,)      # main() runs it alone (a writer host's main runs its members)
         self.stop = False
         self.exit_code = 0
         self.topo = Topology(ctx.run_dir)
@@ -191,6 +190,11 @@ class Worker(WorkerProcess):
         self._sup_seq = -1                      # the supervisor page's seq last looked at
         self.next_tick = 0.0
         self.registry: Registry | None = None
+
+    @property
+    def members(self) -> tuple["Worker"]:
+        """``main`` runs this worker alone (a writer host's ``main`` runs its members instead)."""
+        return (self,)
 
     # -- wiring (hooks called by __init__) ------------------------------------------------------
     def inputs(self) -> list[str]:
