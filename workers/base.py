@@ -10,14 +10,17 @@ SIGHUP reload: ``reload`` is the worker's one entry point for it), and the loop.
 state stays in the subclass, which the loop calls through hooks.
 
 Like a pre-fork server's worker class, the arbiter (``appliance.supervisor``) hands the worker its
-context and calls its entry point in the child; ``Worker.main`` then runs::
+context and calls its entry point in the child; ``Worker.main`` then runs the one life cycle of
+every worker process (``WorkerProcess.main``, here with the worker its only member; a writer
+host, ``workers.writer_host``, runs the same for its K partition writers, each step for every
+member before the next)::
 
     close the inherited listening socket   (unless serves_clients: only frontends hold it)
     install signals                        SIGTERM sets ``stop``; SIGINT is ignored (the
                                            supervisor orders the drain)
     publish generation, RECOVERING, pid    + start_fields()
     setup()                                recovery; an exit code (WORKER_BOOT_ERROR) ends here
-    publish READY
+    publish READY                          once every member has recovered
     run()                                  the loop below, or the event loop (AsyncWorker)
     publish DRAINING, on_stop(), flush     answer what is already queued
     close(); publish STOPPED               always, also after an exception
@@ -74,7 +77,79 @@ IDLE_WAIT_S = 0.5
 QUEUED_RETRY_S = 0.01
 
 
-class Worker:
+class WorkerProcess:
+    """The life of one worker process, for the workers it runs (``members``): one, itself, for
+    every ``Worker``; several partition writers that share its fate for a writer host
+    (``workers.writer_host.WriterHost``, whose ``loop`` turns them). ``main``, ``run``, the
+    signals and the drain are the same for both; a subclass gives ``loop``."""
+
+    #: the workers this process runs, in the order of their prologues
+    members: Sequence["Worker"]
+    stop: bool
+
+    def main(self) -> int:
+        """The process's whole life; returns its exit code."""
+        members = self.members
+        for w in members:
+            w.close_listener()
+        self.install_signals()
+        for w in members:
+            w.publish_start()
+        for w in members:
+            code = w.setup()
+            if code:
+                return code
+        # READY only once every member has recovered: the supervisor holds a READY worker to its
+        # heartbeat, and a member that is READY does not beat while a mate's recovery runs
+        # (regression: a writer host whose last member took longer than heartbeat_timeout_ms to
+        # recover was SIGKILLed for its first member's silence, and again after every restart).
+        for w in members:
+            w.page.publish(status=READY)
+        return self.run()
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self.handle_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)     # the supervisor orders the drain
+
+    def handle_term(self, signum=None, frame=None) -> None:
+        self.stop = True
+        for w in self.members:
+            w.stop = True
+        # Ring a member's bell: the handler runs while the loop may sleep in a poll of the
+        # doorbells, which Python resumes after the handler (PEP 475) for the rest of its
+        # timeout (up to IDLE_WAIT_S); the ring ends that sleep, so the drain starts now.
+        first = self.members[0]
+        first.bells.ring(first.mailbox.doorbell.path)
+
+    def run(self) -> int:
+        """The loop, then every member's drain (``stop_serving``); every member's ``close`` and
+        STOPPED also after an exception (the first failure is raised once all are closed).
+        The exit code is the highest of the members'."""
+        members = self.members
+        try:
+            self.loop()
+            for w in members:
+                w.stop_serving()
+        finally:
+            failed: BaseException | None = None
+            for w in members:
+                try:
+                    w.close()
+                except BaseException as e:            # close the others' logs all the same
+                    if len(members) > 1:
+                        log.exception("%s: closing failed", w.name)
+                    failed = failed or e
+                finally:
+                    w.page.publish(status=STOPPED)
+            if failed is not None:
+                raise failed
+        return max(w.exit_code for w in members)
+
+    def loop(self) -> None:
+        raise NotImplementedError
+
+
+class Worker(WorkerProcess):
     """Base of the blocking workers. Subclasses set the class attributes and override hooks."""
 
     #: layout of this worker's state page (``page.<name>``, created by the supervisor)
@@ -116,6 +191,11 @@ class Worker:
         self.next_tick = 0.0
         self.registry: Registry | None = None
 
+    @property
+    def members(self) -> tuple["Worker"]:
+        """``main`` runs this worker alone (a writer host's ``main`` runs its members instead)."""
+        return (self,)
+
     # -- wiring (hooks called by __init__) ------------------------------------------------------
     def inputs(self) -> list[str]:
         """The peers whose rings into this worker it consumes (default: every frontend)."""
@@ -132,18 +212,7 @@ class Worker:
                                  contain=self.contain)
         return self.registry
 
-    # -- life cycle -----------------------------------------------------------------------------
-    def main(self) -> int:
-        """The worker's whole life; returns its exit code."""
-        self.close_listener()
-        self.install_signals()
-        self.publish_start()
-        code = self.setup()
-        if code:
-            return code
-        self.page.publish(status=READY)
-        return self.run()
-
+    # -- life cycle (WorkerProcess.main, with this worker its one member) ----------------------
     def publish_start(self) -> None:
         """This generation's first publish, before ``setup``: generation, RECOVERING, pid and
         ``start_fields``."""
@@ -164,30 +233,10 @@ class Worker:
         self.ctx.listen_fd = -1
         self.ctx.listeners = []
 
-    def install_signals(self) -> None:
-        signal.signal(signal.SIGTERM, self.handle_term)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)     # the supervisor orders the drain
-
-    def handle_term(self, signum=None, frame=None) -> None:
-        self.stop = True
-        # Ring our own bell: the handler runs while the loop may sleep in the mailbox's poll,
-        # which Python resumes after the handler (PEP 475) for the rest of its timeout (up to
-        # IDLE_WAIT_S); the ring ends that sleep, so the drain starts now.
-        self.bells.ring(self.mailbox.doorbell.path)
-
     def exit(self, code: int) -> None:
         """Leave the loop at the end of this turn with ``code``."""
         self.exit_code = code
         self.stop = True
-
-    def run(self) -> int:
-        try:
-            self.loop()
-            self.stop_serving()
-        finally:
-            self.close()
-            self.page.publish(status=STOPPED)
-        return self.exit_code
 
     def stop_serving(self) -> None:
         """After the loop: DRAINING, answer what is already queued (``on_stop``), hand the

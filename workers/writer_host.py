@@ -13,15 +13,16 @@ one writer. What the host adds is the sharing of one process:
 * wake-ups: a Produce request for many partitions wakes one process per host instead of one per
   partition, and the host sleeps on all its members' doorbells in one ``poll``.
 
-The loop: the prologue of ``workers.base.Worker.main`` for every member (RECOVERING, ``setup``
-one after the other, then READY for all), then turns: a member takes a turn (``Worker.turn``)
-when its doorbell rang, its last turn did work, or its own timeout (ticks, flushes, verification
-deadlines) is due. A turn that finds nothing arms the member's mailbox (and looks at its rings
-once more, the protocol of ``Mailbox.wait``), so its producers ring its bell from then on, as for
-a writer asleep in a process of its own; one ``poll`` over every member's doorbell, without
-waiting while any member works, tells the host which to turn next. A turn of the loop thus costs
-the members that have something to do, not all of them. Single-threaded like every writer
-(each member's flusher thread only fsyncs).
+The life cycle is the worker base's (``workers.base.WorkerProcess``, the host being one with K
+members): its prologue for every member (RECOVERING, ``setup`` one after the other, then READY
+for all), SIGTERM stopping every member, then each member's drain and close. The host gives the
+loop: a member takes a turn (``Worker.turn``) when its doorbell rang, its last turn did work, or
+its own timeout (ticks, flushes, verification deadlines) is due. A turn that finds nothing arms
+the member's mailbox (and looks at its rings once more, the protocol of ``Mailbox.wait``), so its
+producers ring its bell from then on, as for a writer asleep in a process of its own; one
+``poll`` over every member's doorbell, without waiting while any member works, tells the host
+which to turn next. A turn of the loop thus costs the members that have something to do, not all
+of them. Single-threaded like every writer (each member's flusher thread only fsyncs).
 
 Shared fate, by design: the members live and die as one process. SIGTERM drains them all; a
 member that stops (an exception on its write path, or ``exit`` after a log-dir failure) ends the
@@ -34,25 +35,22 @@ restart holds the others' recovery until space comes back.
 
 from __future__ import annotations
 
-import logging
 import select
-import signal
 import time
 
-from appliance.runtime import READY, STOPPED, WorkerContext
-from workers.base import IDLE_WAIT_S
+from appliance.runtime import WorkerContext
+from workers.base import IDLE_WAIT_S, WorkerProcess
 from workers.partition_writer import PartitionWriter
-
-log = logging.getLogger("appliance.writer")
 
 
 def main(ctxs: list[WorkerContext]) -> int:
     return WriterHost(ctxs).main()
 
 
-class WriterHost:
+class WriterHost(WorkerProcess):
     def __init__(self, ctxs: list[WorkerContext]) -> None:
         self.writers = [PartitionWriter(ctx) for ctx in ctxs]
+        self.members = self.writers
         self.stop = False
         self._poll = select.poll()
         self._by_fd: dict[int, int] = {}            # doorbell fd -> index in self.writers
@@ -61,55 +59,7 @@ class WriterHost:
             self._poll.register(fd, select.POLLIN)
             self._by_fd[fd] = i
 
-    # -- life cycle (Worker.main for every member) ------------------------------------------------
-    def main(self) -> int:
-        for w in self.writers:
-            w.close_listener()
-        signal.signal(signal.SIGTERM, self.handle_term)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)     # the supervisor orders the drain
-        for w in self.writers:
-            w.publish_start()
-        for w in self.writers:
-            code = w.setup()
-            if code:
-                return code
-        # READY only once every member has recovered: the supervisor holds a READY writer to its
-        # heartbeat, and a member that is READY does not beat while a mate's recovery runs
-        # (regression: a host whose last member took longer than heartbeat_timeout_ms to recover
-        # was SIGKILLed for its first member's silence, and again after every restart).
-        for w in self.writers:
-            w.page.publish(status=READY)
-        return self.run()
-
-    def handle_term(self, signum=None, frame=None) -> None:
-        self.stop = True
-        for w in self.writers:
-            w.stop = True
-        # End a sleep in poll now (PEP 475 would resume it for the rest of its timeout).
-        first = self.writers[0]
-        first.bells.ring(first.mailbox.doorbell.path)
-
-    def run(self) -> int:
-        writers = self.writers
-        try:
-            self.loop()
-            for w in writers:
-                w.stop_serving()
-        finally:
-            failed: BaseException | None = None
-            for w in writers:
-                try:
-                    w.close()
-                except BaseException as e:            # close the others' logs all the same
-                    log.exception("%s: closing failed", w.name)
-                    failed = failed or e
-                finally:
-                    w.page.publish(status=STOPPED)
-            if failed is not None:
-                raise failed
-        return max(w.exit_code for w in writers)
-
-    # -- the loop -----------------------------------------------------------------------------------
+    # -- the loop (main, run, the signals and the drain are WorkerProcess's) ----------------------
     def loop(self) -> None:
         """Turn the members that have work; sleep when none has. An idle member's mailbox stays
         armed (its producers ring its bell, as for a writer asleep in a process of its own)

@@ -7,6 +7,11 @@ any number of others through read-only maps (``reader.LogReader``, ``reader.Segm
 - ``index``: Kafka's offset and time indexes (memory maps; readers find the valid entries).
 - ``segment``: the writer's active segment; loading and recovering segment files.
 - ``partition_log``: the writer's object (append, roll, flush, retention, recovery at open).
+- ``partition``: the partition as its writer holds it (log, producer state, KIP-939 fences, the
+  KIP-932 share-state slot) and the requests answered from it (DeleteRecords, DescribeProducers,
+  the cleaner's begin and swap); its sans-IO collaborators, whose methods say what the writer's
+  shell (``workers/partition_writer.py``) is to do: ``verification`` (KIP-890), ``markers``
+  (COMMIT/ABORT markers, their order and undo), ``group_commit`` (when answers may leave).
 - ``reader``: fetch ranges and timestamp lookups for other processes.
 - ``compacted_log``: the coordinator worker's logs compacted by rewrite (the transaction-state
   log, the group log), each one ``PartitionLog`` plus a crash-safe swap.

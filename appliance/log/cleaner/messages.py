@@ -1,8 +1,9 @@
 """What a cleaner process asks a partition writer (ring cleaner -> writer, answered on the ring
 writer -> cleaner; envelopes of ``appliance.ipc``).
 
-Defined here, next to the cleaner that sends them; served by ``workers/partition_writer.py``
-(``@serves``), which owns the partition's files and producer state.
+Defined here, next to the cleaner that sends them; served by the partition's writer
+(``appliance.log.partition.Partition``, ``@serves``, and ``workers/partition_writer.py``), which
+owns the partition's files and producer state.
 
 - ``CleanerBeginRequest``: a round starts. The writer removes ``.cleaned`` files no swap of its
   own named (a cleaner that died while writing one), and answers the last records of its
