@@ -36,7 +36,7 @@ import msgspec
 
 from .errors import ErrorCode, KafkaError
 from .ipc import Message, Request
-from .log.files import atomic_write
+from appliance.durable import atomic_write
 from .topic_config import dynamic_log_defaults
 
 CATALOG_FILE = "catalog.json"

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import msgspec
 
 from .config import HIDDEN, SECRET_KEYS, Config, ConfigError, check_consistency, to_toml_dict
-from .log.files import atomic_write
+from appliance.durable import atomic_write
 
 log = logging.getLogger("appliance.supervisor")
 

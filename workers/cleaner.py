@@ -50,7 +50,8 @@ from appliance.log.cleaner import messages as cm
 from appliance.log.cleaner.clean import Cleaner, CleaningAborted, LastRecord
 from appliance.log.cleaner.offset_map import OffsetMap
 from appliance.log.cleaner.plan import NoSuchSegment, cleanable, sealed_segments
-from appliance.log.files import CLEANER_CHECKPOINT_FILE, is_no_space, read_checkpoint
+from appliance.log.files import CLEANER_CHECKPOINT_FILE
+from appliance.durable import is_no_space, read_checkpoint
 from appliance.log.partition_log import LogSettings
 from appliance.metrics import key
 from appliance.runtime import PARTITION_PAGE_FIELDS, READY, WorkerContext, cleaner_of, writer_name

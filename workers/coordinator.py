@@ -30,7 +30,7 @@ import msgspec
 from appliance.catalog import COORDINATOR_DIR, GROUP_LOG_DIR
 from appliance.config import Config
 from appliance.group.service import GroupService
-from appliance.log.files import atomic_write
+from appliance.durable import atomic_write
 from appliance.metrics import COORDINATOR_SNAPSHOT, key as mkey
 from appliance.runtime import (COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS, WorkerContext,
                                writer_name)

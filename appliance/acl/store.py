@@ -35,7 +35,7 @@ from typing import Callable, Iterable
 import msgspec
 
 from appliance.errors import ErrorCode
-from appliance.log.files import atomic_write
+from appliance.durable import atomic_write
 from appliance.service import serves
 from appliance.runtime import DataDirUnusable
 

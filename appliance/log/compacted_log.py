@@ -59,7 +59,8 @@ from typing import Callable, ClassVar, Iterable, Iterator, NamedTuple, Protocol,
 
 from appliance.config import FlushPolicy
 from appliance.errors import ErrorCode, KafkaError
-from appliance.log.files import atomic_write, fsync_dir, log_path
+from appliance.log.files import log_path
+from appliance.durable import atomic_write, fsync_dir
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.protocol.internal_records import RecordDecodeError, UnknownKeyVersion
 from appliance.protocol.records import (BatchHeader, Record, build_batch, decode_records,

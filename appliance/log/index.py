@@ -36,7 +36,8 @@ import os
 import struct
 import sys
 
-from appliance.log.files import allocate, atomic_write, grow_file
+from appliance.durable import atomic_write, grow_file
+from shm.region import allocate
 
 __all__ = ["CorruptIndex", "OffsetIndex", "TimeIndex", "encode_offset_entries", "encode_time_entries"]
 

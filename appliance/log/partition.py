@@ -33,7 +33,7 @@ from appliance import ipc
 from appliance.errors import ErrorCode
 from appliance.log import swap
 from appliance.log.cleaner import messages as cm
-from appliance.log.files import is_no_space
+from appliance.durable import is_no_space
 from appliance.log.partition_log import PartitionLog
 from appliance.log.producer_state import ProducerStateManager
 from appliance.log.settings import LogSettings

@@ -72,9 +72,10 @@ from typing import Callable, Iterator, NamedTuple
 from appliance.catalog import LEADER_EPOCH
 from appliance.errors import CorruptRecord, ErrorCode, KafkaError
 from appliance.log.files import (CLEAN_SHUTDOWN_FILE, INDEX_SUFFIX, LOG_START_OFFSET_FILE,
-                                 RECOVERY_POINT_FILE, TIMEINDEX_SUFFIX, TMP_SUFFIX, TXNINDEX_SUFFIX,
-                                 fsync_dir, index_path, is_no_space, list_segment_bases, log_path,
-                                 read_checkpoint, timeindex_path, txnindex_path, write_checkpoint)
+                                 RECOVERY_POINT_FILE, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX,
+                                 index_path, list_segment_bases, log_path, timeindex_path,
+                                 txnindex_path)
+from appliance.durable import TMP_SUFFIX, fsync_dir, is_no_space, read_checkpoint, write_checkpoint
 from appliance.log.index import OffsetIndex
 from appliance.log import swap
 from appliance.log.segment import (LogDirFailure, LogSegment, SegmentInfo, SegmentMark,

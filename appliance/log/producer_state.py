@@ -86,7 +86,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 import crc32c
 
 from appliance.errors import ErrorCode, KafkaError
-from appliance.log.files import atomic_write
+from appliance.durable import atomic_write
 from appliance.protocol.records import CONTROL_ABORT, CONTROL_COMMIT, BatchHeader
 
 NUM_BATCHES_TO_RETAIN = 5

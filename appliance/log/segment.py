@@ -11,7 +11,7 @@ publishes the new high watermark. The indexes are written through the writer's m
 
 A full disk: every file here is as long as the blocks it has. The active ``.log`` is given them
 with ``posix_fallocate`` ``SEGMENT_GROW_BYTES`` (1 MiB) ahead of the appends, up to
-``segment_bytes`` (only what a batch needs when the disk is nearly full: ``files.grow_file``),
+``segment_bytes`` (only what a batch needs when the disk is nearly full: ``durable.grow_file``),
 never sparse: readers map the file's size, and on tmpfs even a read of a hole
 through a map allocates a page (SIGBUS when the tmpfs is full), while a store into one on any file
 system is a SIGBUS when the disk has no block for it. So the room for a batch (and for its index
@@ -58,8 +58,8 @@ import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from appliance.log.files import (atomic_write, fsync_dir, grow_file, index_path, log_path,
-                                 timeindex_path, txnindex_path, write_tmp_copies)
+from appliance.log.files import index_path, log_path, timeindex_path, txnindex_path
+from appliance.durable import atomic_write, fsync_dir, grow_file, write_tmp_copies
 from appliance.log.index import (CorruptIndex, OffsetIndex, TimeIndex, encode_offset_entries,
                                  encode_time_entries)
 from appliance.log.txn_index import TransactionIndex

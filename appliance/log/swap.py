@@ -54,9 +54,9 @@ import msgspec
 
 from appliance.log.files import (CLEANED_SUFFIX, CLEANER_CHECKPOINT_FILE, DELETED_SUFFIX,
                                  INDEX_SUFFIX, LOG_SUFFIX, SWAP_FILE, TIMEINDEX_SUFFIX,
-                                 TXNINDEX_SUFFIX, atomic_write, fsync_dir, index_path,
-                                 is_no_space, log_path, retired_log_path, timeindex_path,
-                                 txnindex_path, write_checkpoint)
+                                 TXNINDEX_SUFFIX, index_path, log_path, retired_log_path,
+                                 timeindex_path, txnindex_path)
+from appliance.durable import atomic_write, fsync_dir, is_no_space, write_checkpoint
 
 __all__ = ["SwapManifest", "write_manifest", "roll_forward", "recover", "remove_cleaned"]
 

@@ -30,7 +30,7 @@ import msgspec
 
 from appliance.errors import ErrorCode
 from appliance.ipc import Message, Request
-from appliance.log.files import atomic_write
+from appliance.durable import atomic_write
 from appliance.security.scram import (BY_TYPE, MAX_ITERATIONS, MIN_ITERATIONS, ScramCredential,
                                       from_salted_password)
 

@@ -23,7 +23,7 @@ import shutil
 import ssl
 
 from appliance.config import TlsConfig
-from appliance.log.files import atomic_write
+from appliance.durable import atomic_write
 
 PUBLISHED_PREFIX = "tls."
 _FILES = (("cert_file", "cert.pem"), ("key_file", "key.pem"), ("ca_file", "ca.pem"))

@@ -20,7 +20,7 @@ import time
 import psutil
 
 from appliance import catalog as cat
-from appliance.log.files import NO_SPACE, TMP_SUFFIX, atomic_write
+from appliance.durable import NO_SPACE, TMP_SUFFIX, atomic_write
 from appliance.runtime import (HEARTBEAT_FILE, RUNTIME_POINTER, DataDirUnusable,
                                RuntimeDirUnusable, pid_alive)
 

@@ -19,7 +19,7 @@ import logging
 import os
 
 from appliance import catalog as cat
-from appliance.log.files import NO_SPACE
+from appliance.durable import NO_SPACE
 
 log = logging.getLogger("appliance.supervisor")
 

@@ -61,7 +61,7 @@ from appliance.acl import store as acl_store
 from appliance.config import Config, non_defaults
 from appliance.errors import ErrorCode
 from appliance.listeners import Listener
-from appliance.log.files import atomic_write
+from appliance.durable import atomic_write
 from appliance.reload import file_path as config_file, publish as publish_config
 from appliance.runtime import (COORDINATOR, EXIT_CRASH_LOOP, EXIT_OK, HEARTBEAT_FILE,
                                HEARTBEAT_SLOTS, METRICS_SERVER, PROCESSES_FILE, READY, RECOVERING,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from appliance import catalog as cat
 from appliance.errors import ErrorCode, KafkaError
-from appliance.log.files import NO_SPACE
+from appliance.durable import NO_SPACE
 from appliance.service import Responder, serves
 from appliance.topic_config import (alter_broker_configs, alter_topic_configs,
                                     validate_topic_configs)

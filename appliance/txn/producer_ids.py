@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from appliance.log.files import atomic_write
+from appliance.durable import atomic_write
 
 BLOCK_SIZE = 1000
 FILE_NAME = "producer-id-block"

@@ -43,7 +43,7 @@ from typing import Callable, Iterator
 from appliance.config import FlushPolicy
 from appliance.log.compacted_log import (COMPLETE_MARKER, CompactedLog, CompactedLogCorrupt,
                                          CompactedLogWriteError, LiveRecord, wall_clock_ms)
-from appliance.log.files import atomic_write
+from appliance.durable import atomic_write
 from appliance.protocol.records import BatchHeader
 from appliance.txn.metadata import TransactionMetadata, TransactionState
 from appliance.txn.records import RecordDecodeError, decode_key, decode_value, encode_key, encode_value

@@ -118,7 +118,8 @@ from dataclasses import dataclass  # noqa: E402
 
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
-from appliance.log.files import CLEANED_SUFFIX, CLEANER_CHECKPOINT_FILE, read_checkpoint  # noqa: E402
+from appliance.durable import read_checkpoint  # noqa: E402
+from appliance.log.files import CLEANED_SUFFIX, CLEANER_CHECKPOINT_FILE  # noqa: E402
 
 CLEANER_CONFIG = {"log": {"cleaner": {"backoff_ms": 100}}}
 COMPACTED = {"cleanup.policy": "compact", "segment.bytes": "1024", "min.cleanable.dirty.ratio": "0",

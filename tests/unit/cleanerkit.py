@@ -11,7 +11,8 @@ from typing import NamedTuple
 from appliance.log.cleaner.clean import Cleaner, LastRecord, RoundStats
 from appliance.log.cleaner.offset_map import OffsetMap
 from appliance.log.cleaner.plan import cleanable, sealed_segments
-from appliance.log.files import CLEANER_CHECKPOINT_FILE, read_checkpoint
+from appliance.log.files import CLEANER_CHECKPOINT_FILE
+from appliance.durable import read_checkpoint
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.producer_state import ProducerStateManager
 from appliance.log.reader import LogReader, SegmentViews

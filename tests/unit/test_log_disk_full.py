@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-import appliance.log.files as files
+import appliance.durable as durable
 import appliance.log.partition_log as plog
 import appliance.log.segment as segment
 from appliance.errors import ErrorCode, KafkaError
-from appliance.log.files import (LOG_START_OFFSET_FILE, atomic_write, grow_file, log_path,
-                                 read_checkpoint)
+from appliance.log.files import LOG_START_OFFSET_FILE, log_path
+from appliance.durable import atomic_write, grow_file, read_checkpoint
 from appliance.log.index import INDEX_GROW_BYTES, OffsetIndex, TimeIndex
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.producer_state import ProducerStateManager
@@ -49,7 +49,7 @@ def enospc(*args, **kwargs):
 def full_disk(monkeypatch):
     """Call it to make every allocation of the log layer fail with ENOSPC; undo() to end it."""
     def fill() -> None:
-        monkeypatch.setattr(files, "allocate", enospc)
+        monkeypatch.setattr(durable, "allocate", enospc)
     return fill
 
 
@@ -75,13 +75,13 @@ def test_active_segment_and_indexes_have_their_blocks(tmp_path):
 def test_grow_file_falls_back_to_what_is_needed(tmp_path, monkeypatch):
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
     try:
-        real = files.allocate
+        real = durable.allocate
 
         def small_disk(fd, size, offset=0):
             if offset + size > 10_000:
                 raise OSError(errno.ENOSPC, "full")
             real(fd, size, offset)
-        monkeypatch.setattr(files, "allocate", small_disk)
+        monkeypatch.setattr(durable, "allocate", small_disk)
         assert grow_file(fd, 0, 1 << 20, 4000) == 4000
         assert os.fstat(fd).st_size == 4000
         with pytest.raises(OSError) as e:

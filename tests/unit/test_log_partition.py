@@ -11,7 +11,8 @@ import pytest
 from appliance.config import LogConfig
 from appliance.errors import ErrorCode, KafkaError
 from appliance.log.files import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_FILE, index_path, log_path,
-                                 read_checkpoint, timeindex_path)
+                                 timeindex_path)
+from appliance.durable import read_checkpoint
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.reader import LogReader
 from appliance.log.segment import build_index_entries

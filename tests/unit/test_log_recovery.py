@@ -12,7 +12,8 @@ import pytest
 
 from appliance.log import partition_log as PL
 from appliance.log.files import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_FILE, RECOVERY_POINT_FILE,
-                                 index_path, log_path, timeindex_path, write_checkpoint)
+                                 index_path, log_path, timeindex_path)
+from appliance.durable import write_checkpoint
 from appliance.log.index import OffsetIndex, TimeIndex
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.log.reader import LogReader
@@ -360,7 +361,8 @@ def test_repeated_crashes_with_appends_in_between(tmp_path):
 
 # -- aborted-transaction index --------------------------------------------------------------------
 
-from appliance.log.files import read_checkpoint, txnindex_path          # noqa: E402
+from appliance.log.files import txnindex_path  # noqa: E402
+from appliance.durable import read_checkpoint  # noqa: E402
 from appliance.log.txn_index import AbortedTxn, encode_entry, read_entries   # noqa: E402
 
 

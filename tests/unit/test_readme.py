@@ -90,7 +90,7 @@ def test_readme_data_layout_names_every_file_the_code_writes():
     """README's "Data layout" table holds every name the code gives a file or folder of the data
     dir (regression: it listed five of them, not acls.json, __coordinator/, .reserve, .txnindex,
     cleaner-offset-checkpoint or the producer snapshots)."""
-    from appliance import catalog, runtime
+    from appliance import catalog, durable, runtime
     from appliance.supervisor import reserve
     from appliance.acl import store as acl_store
     from appliance.group import store as group_store
@@ -106,7 +106,7 @@ def test_readme_data_layout_names_every_file_the_code_writes():
         catalog.CATALOG_FILE, credentials.CREDENTIALS_FILE, acl_store.ACL_FILE,
         catalog.PARTITION_METADATA_FILE, catalog.COORDINATOR_DIR, catalog.GROUP_LOG_DIR,
         files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX, files.TXNINDEX_SUFFIX,
-        files.TMP_SUFFIX, files.LOG_START_OFFSET_FILE, files.RECOVERY_POINT_FILE,
+        durable.TMP_SUFFIX, files.LOG_START_OFFSET_FILE, files.RECOVERY_POINT_FILE,
         files.CLEAN_SHUTDOWN_FILE, files.DELETED_SUFFIX, files.CLEANED_SUFFIX, files.SWAP_FILE,
         files.CLEANER_CHECKPOINT_FILE, producer_state.SNAPSHOT_SUFFIX,
         state_manager.LOG_DIR, state_manager.COMPACTING_DIR, state_manager.OLD_DIR,

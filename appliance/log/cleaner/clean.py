@@ -58,8 +58,9 @@ from appliance.errors import KafkaError
 from appliance.log.cleaner.offset_map import OffsetMap
 from appliance.log.cleaner.plan import Cleanable, SegmentFile, dirty_segments, group_segments
 from appliance.log.cleaner.txn_meta import CleanedTransactionMetadata
-from appliance.log.files import (CLEANED_SUFFIX, fsync_dir, index_path, list_segment_bases,
-                                 log_path, timeindex_path, txnindex_path)
+from appliance.log.files import (CLEANED_SUFFIX, index_path, list_segment_bases, log_path,
+                                 timeindex_path, txnindex_path)
+from appliance.durable import fsync_dir
 from appliance.log.index import OffsetIndex, encode_offset_entries, encode_time_entries
 from appliance.log.partition_log import LogSettings
 from appliance.log.segment import build_index_entries
