@@ -49,9 +49,6 @@ INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 PARTITION_METADATA_FILE = "partition.metadata"   # Kafka's: the topic id in each partition dir
 COORDINATOR_DIR = "__coordinator"        # <data_dir>/__coordinator/, the coordinator worker's
 GROUP_LOG_DIR = "group-log"              # __coordinator/group-log/: the group coordinator's store
-# This node leads every partition, from its creation on, in one leader epoch: what Metadata,
-# ListOffsets and OffsetForLeaderEpoch answer and what every appended batch carries.
-LEADER_EPOCH = 0
 
 
 class TopicInfo(msgspec.Struct, frozen=True):

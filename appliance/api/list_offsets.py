@@ -18,7 +18,7 @@ import datetime
 from appliance import ipc
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.catalog import LEADER_EPOCH
+from appliance.protocol.records import LEADER_EPOCH
 from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
 

@@ -25,7 +25,8 @@ import uuid
 from appliance.acl.model import CLUSTER_NAME, AclOperation, ResourceType
 from appliance.api import handles
 from appliance.protocol.messages import build
-from appliance.catalog import LEADER_EPOCH, CreateTopicsRequest, NewTopic, check_topic_name
+from appliance.catalog import CreateTopicsRequest, NewTopic, check_topic_name
+from appliance.protocol.records import LEADER_EPOCH
 from appliance.errors import ErrorCode, KafkaError
 
 ZERO_UUID = uuid.UUID(int=0)

@@ -69,7 +69,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 
-from appliance.catalog import LEADER_EPOCH
+from appliance.protocol.records import LEADER_EPOCH
 from appliance.errors import CorruptRecord, ErrorCode, KafkaError
 from appliance.log.files import (CLEAN_SHUTDOWN_FILE, INDEX_SUFFIX, LOG_START_OFFSET_FILE,
                                  RECOVERY_POINT_FILE, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX,

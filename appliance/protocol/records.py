@@ -75,6 +75,11 @@ MAX_TIMESTAMP_OFFSET = 35
 # Kafka's ByteBufferLogInputStream refuses a length below the legacy v0 record overhead (14)
 # before it even looks at the magic byte.
 MIN_LENGTH_FIELD = 14
+# The partition leader epoch every batch is stored with: this node leads every partition, from its
+# creation on, in one leader epoch (Kafka's leader stamps its epoch into each batch it appends,
+# KIP-101). Metadata, ListOffsets and OffsetForLeaderEpoch answer the same epoch, so consumers
+# that validate their position after a restart (KIP-320) find it valid.
+LEADER_EPOCH = 0
 
 COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_SNAPPY, COMPRESSION_LZ4, COMPRESSION_ZSTD = range(5)
 _CODEC_NAMES = ("none", "gzip", "snappy", "lz4", "zstd")
