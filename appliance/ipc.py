@@ -37,18 +37,21 @@ Owns nothing; imported by every process. Two encodings:
 
 A ``Request`` is a message that asks for something and knows its own error answer
 (``error_reply``, Kafka's getErrorResponse); any other ``Message`` is an answer, or a one-way
-notice. The domain request and result types are defined next to the code that serves them
-(``appliance.txn.messages``, ``appliance.group.messages``, the topic admin ones in
-``appliance.catalog``); this module holds the base classes and the messages of the data path:
-Fetch and ListOffsets (frontend -> fetcher), and what the partition writers are asked besides
-Produce (markers, KIP-939 fences, DescribeProducers, DeleteRecords). The decoder's tagged union
-is every ``Message`` subclass of the modules in ``MESSAGE_MODULES``, collected the first time it
-decodes.
+notice. The domain request and result types are defined next to the code that serves them, each
+package's in a module named ``messages`` (``appliance.txn.messages``, ``appliance.group.messages``,
+``appliance.catalog.messages`` ...); this module holds the base classes and the messages of the
+data path: Fetch and ListOffsets (frontend -> fetcher), and what the partition writers are asked
+besides Produce (markers, KIP-939 fences, DescribeProducers, DeleteRecords). The decoder's tagged
+union is every ``Message`` subclass of this module and of every ``messages`` module of the
+``appliance`` package tree that builds on this one (``message_modules``: found on disk, so a new
+package's messages need no list kept by hand), collected the first time it decodes.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import Union
@@ -106,18 +109,38 @@ class Request(Message):
         return None
 
 
-# Modules that define Message subclasses: the decoder knows the ones defined there.
-MESSAGE_MODULES = ("appliance.ipc", "appliance.catalog", "appliance.txn.messages",
-                   "appliance.group.messages", "appliance.security.credentials",
-                   "appliance.acl.messages", "appliance.log.cleaner.messages")
+_ROOT = os.path.dirname(os.path.abspath(__file__))          # the appliance package
+
+
+def message_modules() -> list[str]:
+    """This module and every module named ``messages`` under the ``appliance`` package that
+    imports this one (ring messages live beside the code that serves them, in a module of that
+    name; ``appliance.protocol.messages``, Kafka's wire messages, does not build on ``ipc`` and
+    is left out). Found by walking the package's files, so that adding a package with ring
+    messages needs no edit here."""
+    found = [__name__]
+    base = os.path.dirname(_ROOT)
+    for directory, dirs, files in os.walk(_ROOT):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
+        if "messages.py" not in files:
+            continue
+        with open(os.path.join(directory, "messages.py"), encoding="utf-8") as f:
+            source = f.read()
+        if _IMPORTS_IPC.search(source):
+            rel = os.path.relpath(directory, base).replace(os.sep, ".")
+            found.append(f"{rel}.messages")
+    return found
+
+
+_IMPORTS_IPC = re.compile(r"^from appliance\.ipc import|^from appliance import ipc\b", re.M)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder | None = None
 
 
 def message_types() -> list[type[Message]]:
-    """Every concrete Message subclass of MESSAGE_MODULES, the modules imported first."""
-    for name in MESSAGE_MODULES:
+    """Every concrete Message subclass of ``message_modules()``, the modules imported first."""
+    for name in message_modules():
         importlib.import_module(name)
     out, todo = [], [Message]
     while todo:

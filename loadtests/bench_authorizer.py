@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 def produce_table(view, records: int, rounds: int) -> str:
     """The Produce handler's CPU per request, per authorizer setting."""
     from appliance.api import REGISTRY, load_handlers
-    from appliance.catalog import Catalog, TopicInfo
+    from appliance.catalog.model import Catalog, TopicInfo
     from appliance.config import Config
     from appliance.protocol import messages
     from appliance.protocol.records import Record, build_batch

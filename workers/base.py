@@ -58,7 +58,7 @@ import time
 from typing import Sequence
 
 from appliance import ipc, reload as config_reload
-from appliance.catalog import PUBLISHED_FILE, CatalogView
+from appliance.catalog.view import PUBLISHED_FILE, CatalogView
 from appliance.config import Config
 from appliance.runtime import (DRAINING, HEARTBEAT_FILE, READY, RECOVERING, STOPPED, SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WORKER_PAGE_FIELDS, WorkerContext)

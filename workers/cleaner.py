@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass
 
 from appliance import ipc, testhooks
-from appliance.catalog import partition_dir
+from appliance.data_layout import partition_dir
 from appliance.errors import ErrorCode
 from appliance.log.cleaner import messages as cm
 from appliance.log.cleaner.clean import Cleaner, CleaningAborted, LastRecord

@@ -27,7 +27,7 @@ import time
 
 import msgspec
 
-from appliance.catalog import COORDINATOR_DIR, GROUP_LOG_DIR
+from appliance.data_layout import COORDINATOR_DIR, GROUP_LOG_DIR
 from appliance.config import Config
 from appliance.group.service import GroupService
 from appliance.durable import atomic_write

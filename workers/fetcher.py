@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from appliance import ipc
-from appliance.catalog import partition_dir
+from appliance.data_layout import partition_dir
 from appliance.errors import ErrorCode, KafkaError
 from appliance.log.reader import LogReader
 from appliance.runtime import (PARTITION_PAGE_FIELDS, RECOVERING, STARTING, WorkerContext,

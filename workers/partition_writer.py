@@ -48,7 +48,7 @@ import logging
 import time
 
 from appliance import ipc
-from appliance.catalog import partition_dir
+from appliance.data_layout import partition_dir
 from appliance.config import Config
 from appliance.errors import ErrorCode, KafkaError
 from appliance import testhooks

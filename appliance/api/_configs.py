@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 
 from appliance.acl.model import AclOperation, ResourceType
-from appliance.catalog import RESOURCE_TOPIC, AlterConfigsRequest, ConfigChange
+from appliance.catalog.messages import RESOURCE_TOPIC, AlterConfigsRequest, ConfigChange
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
 

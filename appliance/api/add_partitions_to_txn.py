@@ -22,7 +22,7 @@ import datetime
 
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.catalog import INTERNAL_TOPICS
+from appliance.catalog.model import INTERNAL_TOPICS
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
 from appliance.txn.messages import AddPartitionsToTxnRequest, VerifyPartitionRequest

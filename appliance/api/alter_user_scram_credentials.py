@@ -15,7 +15,7 @@ from appliance.acl.model import AclOperation
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
-from appliance.security.credentials import AlterScramCredentialsRequest, Deletion, Upsertion
+from appliance.security.messages import AlterScramCredentialsRequest, Deletion, Upsertion
 
 
 @handles(51, "AlterUserScramCredentials", 0, 0)

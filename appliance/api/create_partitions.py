@@ -14,7 +14,7 @@ import datetime
 
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.catalog import CreatePartitionsRequest, TopicResult
+from appliance.catalog.messages import CreatePartitionsRequest, TopicResult
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
 

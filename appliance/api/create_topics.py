@@ -18,7 +18,7 @@ import uuid
 
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.catalog import CreateTopicsRequest, NewTopic, TopicResult
+from appliance.catalog.messages import CreateTopicsRequest, NewTopic, TopicResult
 from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
 from appliance.topic_config import describe_topic_configs

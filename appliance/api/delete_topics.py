@@ -15,7 +15,7 @@ import uuid
 
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.catalog import DeleteTopicsRequest
+from appliance.catalog.messages import DeleteTopicsRequest
 from appliance.protocol.messages import build
 from appliance.errors import ErrorCode
 

@@ -14,7 +14,7 @@ import os
 
 from appliance.acl.model import AclOperation
 from appliance.api import handles
-from appliance.catalog import partition_dir
+from appliance.data_layout import partition_dir
 from appliance.errors import ErrorCode
 from appliance.log.files import list_segment_bases, log_path
 from appliance.protocol.messages import build

@@ -14,7 +14,7 @@ import datetime
 from appliance import ipc
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.catalog import check_topic_name
+from appliance.catalog.model import check_topic_name
 from appliance.errors import ErrorCode, KafkaError
 from appliance.protocol.messages import build
 

@@ -23,7 +23,7 @@ from collections import Counter
 from appliance import ipc
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.catalog import partition_dir
+from appliance.data_layout import partition_dir
 from appliance.errors import ErrorCode, KafkaError
 from appliance.protocol.fetch_response import FetchPartition, FetchTopic, encode_fetch_response
 

@@ -25,7 +25,8 @@ import uuid
 from appliance.acl.model import CLUSTER_NAME, AclOperation, ResourceType
 from appliance.api import handles
 from appliance.protocol.messages import build
-from appliance.catalog import CreateTopicsRequest, NewTopic, check_topic_name
+from appliance.catalog.messages import CreateTopicsRequest, NewTopic
+from appliance.catalog.model import check_topic_name
 from appliance.protocol.records import LEADER_EPOCH
 from appliance.errors import ErrorCode, KafkaError
 

@@ -38,7 +38,7 @@ from collections import Counter
 
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import CloseConnection, handles
-from appliance.catalog import INTERNAL_TOPICS
+from appliance.catalog.model import INTERNAL_TOPICS
 from appliance.errors import ErrorCode, KafkaError
 from appliance.ipc import ProduceResult
 from appliance.protocol.produce_request import PartitionData, ProduceRequestView, TopicData

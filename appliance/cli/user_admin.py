@@ -18,8 +18,8 @@ import os
 from appliance.client.connection import BrokerConnection
 from appliance.client.errors import ErrorCode, KafkaError
 from appliance.client.security import DEFAULTS, Security, properties_settings
-from appliance.security.credentials import (AlterScramCredentialsRequest, Deletion, Upsertion,
-                                            offline_store)
+from appliance.security.credentials import offline_store
+from appliance.security.messages import AlterScramCredentialsRequest, Deletion, Upsertion
 from appliance.security.scram import BY_TYPE, MECHANISMS, SALT_BYTES, salted_password
 
 DESCRIBE, ALTER = 50, 51

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from appliance.catalog import OFFSETS_TOPIC
+from appliance.catalog.model import OFFSETS_TOPIC
 from appliance.config import FlushPolicy
 from appliance.errors import ErrorCode
 from appliance.group.membership import GroupCoordinator, MembershipConfig

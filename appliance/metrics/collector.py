@@ -22,7 +22,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from appliance.catalog import PUBLISHED_FILE, read_published
+from appliance.catalog.view import PUBLISHED_FILE, read_published
 from appliance.runtime import (COORDINATOR_PAGE_FIELDS, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE,
                                PARTITION_PAGE_FIELDS, READY, SUPERVISOR, WORKER_PAGE_FIELDS,
                                pid_alive, read_processes, role_title)

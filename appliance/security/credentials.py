@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import msgspec
 
 from appliance.errors import ErrorCode
-from appliance.ipc import Message, Request
+from appliance.security.messages import AlterScramCredentialsRequest, Deletion, Upsertion, UserResult
 from appliance.durable import atomic_write
 from appliance.security.scram import (BY_TYPE, MAX_ITERATIONS, MIN_ITERATIONS, ScramCredential,
                                       from_salted_password)
@@ -40,40 +40,6 @@ LOCK_FILE = ".lock"
 
 # user -> mechanism name -> credential
 Users = dict[str, dict[str, ScramCredential]]
-
-
-# -- AlterUserScramCredentials: frontend -> supervisor -> frontend ---------------------------------
-
-class Deletion(msgspec.Struct, array_like=True, frozen=True):
-    name: str
-    mechanism: int
-
-
-class Upsertion(msgspec.Struct, array_like=True, frozen=True):
-    name: str
-    mechanism: int
-    iterations: int
-    salt: bytes
-    salted_password: bytes
-
-
-class UserResult(msgspec.Struct, array_like=True, frozen=True):
-    user: str
-    error_code: int
-    error_message: str | None = None
-
-
-class AlterScramCredentialsResult(Message):
-    results: list[UserResult]
-
-
-class AlterScramCredentialsRequest(Request):
-    deletions: list[Deletion]
-    upsertions: list[Upsertion]
-
-    def error_reply(self, code: ErrorCode) -> AlterScramCredentialsResult:
-        users = dict.fromkeys([d.name for d in self.deletions] + [u.name for u in self.upsertions])
-        return AlterScramCredentialsResult([UserResult(u, int(code)) for u in users])
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from appliance.config import Config
-from appliance.security import credentials, tls
+from appliance.security import credentials, messages, tls
 from appliance.service import serves
 from appliance.runtime import EXIT_CONFIG, DataDirUnusable, StartFailure
 
@@ -67,9 +67,9 @@ class SecurityService:
         self.page.publish(tls_version=version)
         log.info("reload: certificates re-read (version %d); new connections use them", version)
 
-    @serves(credentials.AlterScramCredentialsRequest)
-    def alter_scram_credentials(self, req: credentials.AlterScramCredentialsRequest
-                                ) -> credentials.AlterScramCredentialsResult:
+    @serves(messages.AlterScramCredentialsRequest)
+    def alter_scram_credentials(self, req: messages.AlterScramCredentialsRequest
+                                ) -> messages.AlterScramCredentialsResult:
         """AlterUserScramCredentials: commit, publish for the frontends, then answer (a login
         right after the answer sees the new credentials)."""
         results = self.store.alter(req)
@@ -78,4 +78,4 @@ class SecurityService:
             self.page.publish(credentials_version=self.store.version)
             log.info("SCRAM credentials altered for %s",
                      ", ".join(sorted({r.user for r in results if r.error_code == 0})))
-        return credentials.AlterScramCredentialsResult(results)
+        return messages.AlterScramCredentialsResult(results)

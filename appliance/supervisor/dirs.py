@@ -19,7 +19,7 @@ import time
 
 import psutil
 
-from appliance import catalog as cat
+from appliance.catalog.model import new_topic_id, uuid_to_kafka_str
 from appliance.durable import NO_SPACE, TMP_SUFFIX, atomic_write
 from appliance.runtime import (HEARTBEAT_FILE, RUNTIME_POINTER, DataDirUnusable,
                                RuntimeDirUnusable, pid_alive)
@@ -219,7 +219,7 @@ class SupervisorDirs:
         node = self.node_id
         if not os.path.exists(path):
             atomic_write(path, (f"version=1\nnode.id={node}\n"
-                                    f"cluster.id={cat.uuid_to_kafka_str(cat.new_topic_id())}\n").encode())
+                                    f"cluster.id={uuid_to_kafka_str(new_topic_id())}\n").encode())
             return
         props = {}
         with open(path) as f:

@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 
 from shm.metrics import MetricsTable
 
-from appliance.catalog import partition_dir
+from appliance.data_layout import partition_dir
 from appliance.config import Config
 from appliance.metrics import key
 from appliance.reload import reload_config

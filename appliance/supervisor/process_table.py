@@ -16,7 +16,8 @@ from typing import Callable, Protocol
 from shm.metrics import MetricsTable
 from shm.statepage import StatePage
 
-from appliance import catalog as cat
+from appliance.catalog.model import Catalog, TopicInfo
+from appliance.supervisor.catalog_store import CatalogStore
 from appliance.config import Config
 from appliance.errors import ErrorCode
 from appliance.runtime import SUPERVISOR, WorkerContext
@@ -36,7 +37,7 @@ class WorkerSpec:
     index: int
     heartbeat_slot: int
     entry: Callable[[WorkerContext], int | None]
-    topic: cat.TopicInfo | None = None
+    topic: TopicInfo | None = None
     pid: int | None = None
     generation: int = 0
     started_at: float = 0.0
@@ -56,7 +57,7 @@ class ProcessTable(Protocol):
     resources the supervisor owns (the catalog store, the disk reserve, the configuration)."""
 
     cfg: Config                     # the running configuration (a reload replaces it)
-    store: cat.CatalogStore         # the topic catalog, committed here
+    store: CatalogStore         # the topic catalog, committed here
     reserve: DiskReserve            # the data dir's disk reserve
     processes_changed: bool         # processes.json is behind the table
 
@@ -64,7 +65,7 @@ class ProcessTable(Protocol):
         """Whether ``new`` more partitions fit this machine (``memory.room_problem`` with the
         supervisor's frontends, runtime dir and produce rings)."""
 
-    def add_writer(self, topic: cat.TopicInfo, partition: int) -> WorkerSpec:
+    def add_writer(self, topic: TopicInfo, partition: int) -> WorkerSpec:
         """A row for the writer of a new partition, with its rings and pages made (OSError when
         the runtime dir has no room: nothing of it is left)."""
 
@@ -77,10 +78,10 @@ class ProcessTable(Protocol):
     def writer_ready(self, spec: WorkerSpec) -> bool:
         """Whether the writer's current generation runs and is READY."""
 
-    def topic_grown(self, topic: cat.TopicInfo) -> None:
+    def topic_grown(self, topic: TopicInfo) -> None:
         """The topic has more partitions: its writers restart with this view of it."""
 
-    def stop_writers(self, topic: cat.TopicInfo) -> list[WorkerSpec]:
+    def stop_writers(self, topic: TopicInfo) -> list[WorkerSpec]:
         """SIGTERM the writers of a deleted topic, never to be restarted; returns them."""
 
     def remove_workers(self, specs: list[WorkerSpec]) -> None:
@@ -90,7 +91,7 @@ class ProcessTable(Protocol):
     def write_processes(self) -> None:
         """Rewrite processes.json (for operators and tools) from the table."""
 
-    def publish_catalog(self, catalog: cat.Catalog) -> None:
+    def publish_catalog(self, catalog: Catalog) -> None:
         """Write ``catalog`` where the workers read it (OSError on a full runtime dir)."""
 
     def catalog_published(self, version: int) -> None:

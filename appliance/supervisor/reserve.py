@@ -18,7 +18,7 @@ import errno
 import logging
 import os
 
-from appliance import catalog as cat
+from appliance.data_layout import CATALOG_FILE
 from appliance.durable import NO_SPACE
 
 log = logging.getLogger("appliance.supervisor")
@@ -58,7 +58,7 @@ class DiskReserve:
         self.data_dir = data_dir
         st = os.statvfs(data_dir)
         try:
-            catalog_bytes = os.path.getsize(os.path.join(data_dir, cat.CATALOG_FILE))
+            catalog_bytes = os.path.getsize(os.path.join(data_dir, CATALOG_FILE))
         except OSError:
             catalog_bytes = 0
         self.size = reserve_size(configured, st.f_blocks * st.f_frsize, catalog_bytes)

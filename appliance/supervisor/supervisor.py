@@ -55,7 +55,9 @@ from shm.metrics import MetricsTable
 from shm.statepage import StatePage
 from shm.topology import Mailbox, Outbox, Topology
 
-from appliance import catalog as cat
+from appliance.catalog.model import Catalog, TopicInfo
+from appliance.supervisor.catalog_store import CatalogStore
+from appliance.catalog.view import PUBLISHED_FILE, publish
 from appliance import ipc
 from appliance.acl import store as acl_store
 from appliance.config import Config, non_defaults
@@ -155,9 +157,9 @@ class Supervisor:
 
     def serving_status(self) -> str:
         """systemd's STATUS= line while the appliance serves (``Operating.notify_serving``)."""
-        cat = self.store.catalog
-        return (f"serving on {self.listening()}: {len(cat.topics)} topics, "
-                f"{cat.partition_count()} partitions, {len(self.frontends)} frontends")
+        c = self.store.catalog
+        return (f"serving on {self.listening()}: {len(c.topics)} topics, "
+                f"{c.partition_count()} partitions, {len(self.frontends)} frontends")
 
     def _setup(self) -> None:
         self._pid = os.getpid()
@@ -165,7 +167,7 @@ class Supervisor:
         self.dirs.prepare_data_dir()
         self.reserve = DiskReserve(self.data_dir, self.cfg.server.disk_reserve_bytes)
         self.reserve.at_start()
-        self.store = cat.CatalogStore(self.data_dir)
+        self.store = CatalogStore(self.data_dir)
         self.store.load()
         self.acls = acl_store.AclStore(self.data_dir)
         self.acls.load()
@@ -179,7 +181,7 @@ class Supervisor:
             self.operating.metrics = MetricsTable.create(self.topo.metrics_path(SUPERVISOR),
                                                          TABLE_CAPACITY[SUPERVISOR])
             self.operating.init_metrics([r for r in TABLE_CAPACITY if r != SUPERVISOR])
-            cat.publish(self.store.catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+            publish(self.store.catalog, self.topo.file_path(PUBLISHED_FILE))
             publish_config(self.cfg, config_file(self.run_dir))
         with runtime_dir_space(self.run_dir, "the published credentials and certificates"):
             self.security = SecurityService(self.cfg, self.data_dir, self.run_dir, self.topo,
@@ -274,7 +276,7 @@ class Supervisor:
         self.workers[name] = spec
         return spec
 
-    def add_writer(self, topic: cat.TopicInfo, partition: int) -> WorkerSpec:
+    def add_writer(self, topic: TopicInfo, partition: int) -> WorkerSpec:
         from workers.partition_writer import main as writer_main
         name = writer_name(topic.topic_id, partition)
         try:
@@ -436,12 +438,12 @@ class Supervisor:
         if self.workers.pop(spec.name, None) is not None:
             self.free_slots.append(spec.heartbeat_slot)
 
-    def topic_grown(self, topic: cat.TopicInfo) -> None:
+    def topic_grown(self, topic: TopicInfo) -> None:
         for spec in self.workers.values():
             if spec.topic is not None and spec.topic.topic_id == topic.topic_id:
                 spec.topic = topic
 
-    def stop_writers(self, topic: cat.TopicInfo) -> list[WorkerSpec]:
+    def stop_writers(self, topic: TopicInfo) -> list[WorkerSpec]:
         writers = []
         for p in range(topic.partitions):
             spec = self.workers[writer_name(topic.topic_id, p)]
@@ -459,8 +461,8 @@ class Supervisor:
             self.workers.pop(s.name, None)
             self.free_slots.append(s.heartbeat_slot)
 
-    def publish_catalog(self, catalog: cat.Catalog) -> None:
-        cat.publish(catalog, self.topo.file_path(cat.PUBLISHED_FILE))
+    def publish_catalog(self, catalog: Catalog) -> None:
+        publish(catalog, self.topo.file_path(PUBLISHED_FILE))
 
     def catalog_published(self, version: int) -> None:
         self.page.publish(catalog_version=version)

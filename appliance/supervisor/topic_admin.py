@@ -24,7 +24,12 @@ import logging
 import time
 from dataclasses import dataclass
 
-from appliance import catalog as cat
+from appliance.catalog.messages import (RESOURCE_BROKER, RESOURCE_TOPIC, AlterConfigsRequest,
+                                        AlterConfigsResult, ConfigResult, CreatePartitionsRequest,
+                                        CreateTopicsRequest, DeleteTopicsRequest, TopicResult,
+                                        TopicsResult)
+from appliance.supervisor.catalog_store import CatalogStore
+from appliance.catalog.model import INTERNAL_TOPICS, TopicInfo, check_topic_name, new_topic_id
 from appliance.errors import ErrorCode, KafkaError
 from appliance.durable import NO_SPACE
 from appliance.service import Responder, serves
@@ -42,7 +47,7 @@ CREATE_TIMEOUT_S = 60.0
 @dataclass
 class PendingCreate:
     respond: Responder
-    results: list[cat.TopicResult]
+    results: list[TopicResult]
     writers: list            # WorkerSpec
     deadline: float
 
@@ -50,9 +55,9 @@ class PendingCreate:
 @dataclass
 class PendingDelete:
     respond: Responder
-    results: list[cat.TopicResult]
+    results: list[TopicResult]
     writers: list            # WorkerSpec
-    topics: list[cat.TopicInfo]
+    topics: list[TopicInfo]
 
 
 class TopicAdmin:
@@ -69,16 +74,16 @@ class TopicAdmin:
         return bool(self.pending_creates or self.pending_deletes)
 
     @property
-    def store(self) -> cat.CatalogStore:
+    def store(self) -> CatalogStore:
         return self.table.store
 
     # -- CreateTopics ---------------------------------------------------------------------------
-    @serves(cat.CreateTopicsRequest, late=True)
-    def create_topics(self, req: cat.CreateTopicsRequest, respond: Responder) -> None:
+    @serves(CreateTopicsRequest, late=True)
+    def create_topics(self, req: CreateTopicsRequest, respond: Responder) -> None:
         """Answered once the new writers are READY (or after 60 s)."""
         cfg = self.table.cfg
-        results: list[cat.TopicResult] = []
-        accepted: list[cat.TopicInfo] = []
+        results: list[TopicResult] = []
+        accepted: list[TopicInfo] = []
         current = self.store.catalog
         total = current.partition_count()
         seen: set[str] = set()
@@ -88,8 +93,8 @@ class TopicAdmin:
                     raise KafkaError(ErrorCode.invalid_request,
                                      f"Duplicate topic name {nt.name} in CreateTopics")
                 seen.add(nt.name)
-                cat.check_topic_name(nt.name)
-                if nt.name in cat.INTERNAL_TOPICS:
+                check_topic_name(nt.name)
+                if nt.name in INTERNAL_TOPICS:
                     raise KafkaError(ErrorCode.invalid_topic_exception,
                                      f"{nt.name} is an internal topic of the appliance")
                 if nt.name in current.topics:
@@ -101,14 +106,14 @@ class TopicAdmin:
                                      "Number of partitions must be larger than 0.")
                 self._check_room(total, parts)
                 configs = validate_topic_configs(dict(nt.configs))
-                info = cat.TopicInfo(name=nt.name, topic_id=cat.new_topic_id(), partitions=parts,
+                info = TopicInfo(name=nt.name, topic_id=new_topic_id(), partitions=parts,
                                      configs=configs)
                 total += parts
                 accepted.append(info)
-                results.append(cat.TopicResult(name=nt.name, error_code=0, topic_id=info.topic_id,
+                results.append(TopicResult(name=nt.name, error_code=0, topic_id=info.topic_id,
                                                num_partitions=parts, configs=configs))
             except KafkaError as e:
-                results.append(cat.TopicResult(name=nt.name, error_code=int(e.code),
+                results.append(TopicResult(name=nt.name, error_code=int(e.code),
                                                error_message=e.message))
         writers = []
         if accepted and not req.validate_only:
@@ -134,8 +139,8 @@ class TopicAdmin:
         if problem is not None:
             raise KafkaError(*problem)
 
-    def _commit_with_writers(self, parts: list[tuple[cat.TopicInfo, range]], commit,
-                             results: list[cat.TopicResult], what: str):
+    def _commit_with_writers(self, parts: list[tuple[TopicInfo, range]], commit,
+                             results: list[TopicResult], what: str):
         """Make the new partitions' writers (rings and pages) first, then ``commit()`` the
         catalog, then fork them. Either step failing for lack of room refuses the request with
         KAFKA_STORAGE_ERROR and takes away what was made. Returns (writers, results)."""
@@ -162,18 +167,18 @@ class TopicAdmin:
         table.spawn_writers(writers)
         return writers, results
 
-    def _wait_for(self, respond: Responder, results: list[cat.TopicResult], writers: list) -> None:
+    def _wait_for(self, respond: Responder, results: list[TopicResult], writers: list) -> None:
         self.pending_creates.append(PendingCreate(respond, results, writers,
                                                   time.monotonic() + CREATE_TIMEOUT_S))
         self.check_pending()
 
     # -- CreatePartitions -----------------------------------------------------------------------
-    @serves(cat.CreatePartitionsRequest, late=True)
-    def create_partitions(self, req: cat.CreatePartitionsRequest, respond: Responder) -> None:
+    @serves(CreatePartitionsRequest, late=True)
+    def create_partitions(self, req: CreatePartitionsRequest, respond: Responder) -> None:
         """Kafka's ReplicationControlManager.createPartitions: a topic only grows; the new
         partitions are numbered after the existing ones, each gets its writer, and the answer
         waits until they are READY (as CreateTopics does)."""
-        results: list[cat.TopicResult] = []
+        results: list[TopicResult] = []
         counts: dict[str, int] = {}
         current = self.store.catalog
         total = current.partition_count()
@@ -196,10 +201,10 @@ class TopicAdmin:
                 self._check_room(total, count - t.partitions)
                 total += count - t.partitions
                 counts[name] = count
-                results.append(cat.TopicResult(name=name, error_code=0, topic_id=t.topic_id,
+                results.append(TopicResult(name=name, error_code=0, topic_id=t.topic_id,
                                                num_partitions=count))
             except KafkaError as e:
-                results.append(cat.TopicResult(name=name, error_code=int(e.code),
+                results.append(TopicResult(name=name, error_code=int(e.code),
                                                error_message=e.message))
         writers = []
         if counts and not req.validate_only:
@@ -214,15 +219,15 @@ class TopicAdmin:
         self._wait_for(respond, results, writers)
 
     # -- AlterConfigs / IncrementalAlterConfigs -------------------------------------------------
-    @serves(cat.AlterConfigsRequest)
-    def alter_configs(self, req: cat.AlterConfigsRequest) -> cat.AlterConfigsResult:
+    @serves(AlterConfigsRequest)
+    def alter_configs(self, req: AlterConfigsRequest) -> AlterConfigsResult:
         """Each resource is checked and changed as a whole (Kafka's ConfigAdminManager and
         ConfigurationControlManager); the good ones are committed together, then published, and
         the writers apply them live."""
         current = self.store.catalog
         node = str(self.table.cfg.server.node_id)
         keys = [(c.resource_type, c.resource_name) for c in req.changes]
-        results: list[cat.ConfigResult] = []
+        results: list[ConfigResult] = []
         topics: dict[str, dict[str, str]] = {}
         broker: dict[str, dict[str, str]] = {}          # "" (default) or the node id -> set
         for change, key in zip(req.changes, keys):
@@ -230,7 +235,7 @@ class TopicAdmin:
                 if keys.count(key) > 1:
                     raise KafkaError(ErrorCode.invalid_request, "Each resource must appear at most once.")
                 name = change.resource_name
-                if change.resource_type == cat.RESOURCE_TOPIC:
+                if change.resource_type == RESOURCE_TOPIC:
                     if not name:
                         raise KafkaError(ErrorCode.invalid_request, "Default topic resources are not allowed.")
                     if name not in current.topics:
@@ -238,7 +243,7 @@ class TopicAdmin:
                                          "This server does not host this topic-partition.")
                     topics[name] = alter_topic_configs(self.table.cfg, current, name, change.ops,
                                                        req.incremental)
-                elif change.resource_type == cat.RESOURCE_BROKER:
+                elif change.resource_type == RESOURCE_BROKER:
                     if name and name != node:
                         if not name.lstrip("-").isdigit():
                             raise KafkaError(ErrorCode.invalid_request,
@@ -250,17 +255,17 @@ class TopicAdmin:
                 else:
                     raise KafkaError(ErrorCode.invalid_request,
                                      f"Unknown resource type {change.resource_type}")
-                results.append(cat.ConfigResult(0))
+                results.append(ConfigResult(0))
             except KafkaError as e:
-                results.append(cat.ConfigResult(int(e.code), e.message))
+                results.append(ConfigResult(int(e.code), e.message))
         if req.validate_only or not (topics or broker):
-            return cat.AlterConfigsResult(results)
+            return AlterConfigsResult(results)
         try:
             self.store.set_configs(topics, broker.get(""), broker.get(node))
         except OSError as e:
             if e.errno not in NO_SPACE:
                 raise
-            return cat.AlterConfigsResult([cat.ConfigResult(int(ErrorCode.kafka_storage_error), FULL_DISK)
+            return AlterConfigsResult([ConfigResult(int(ErrorCode.kafka_storage_error), FULL_DISK)
                                            if r.error_code == 0 else r for r in results])
         for name, configs in topics.items():
             log.info("topic %s configs now %s", name, configs or "the defaults")
@@ -268,22 +273,22 @@ class TopicAdmin:
             log.info("dynamic broker configs of %s now %s", f"node {name}" if name else "the cluster default",
                      configs or "none")
         self.publish()
-        return cat.AlterConfigsResult(results)
+        return AlterConfigsResult(results)
 
     # -- DeleteTopics ---------------------------------------------------------------------------
-    @serves(cat.DeleteTopicsRequest, late=True)
-    def delete_topics(self, req: cat.DeleteTopicsRequest, respond: Responder) -> None:
+    @serves(DeleteTopicsRequest, late=True)
+    def delete_topics(self, req: DeleteTopicsRequest, respond: Responder) -> None:
         """Answered once the writers have stopped and the directories are gone."""
-        results: list[cat.TopicResult] = []
+        results: list[TopicResult] = []
         names: list[str] = []
         for name in req.names:
             t = self.store.catalog.topics.get(name)
             if t is None:
-                results.append(cat.TopicResult(name=name, error_code=int(ErrorCode.unknown_topic_or_partition),
+                results.append(TopicResult(name=name, error_code=int(ErrorCode.unknown_topic_or_partition),
                                                error_message="This server does not host this topic."))
             else:
                 names.append(name)
-                results.append(cat.TopicResult(name=name, error_code=0, topic_id=t.topic_id))
+                results.append(TopicResult(name=name, error_code=0, topic_id=t.topic_id))
         removed = self._remove_topics(names) if names else []
         if removed:
             log.info("deleting topics %s", ", ".join(t.name for t in removed))
@@ -296,7 +301,7 @@ class TopicAdmin:
         self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
         self.check_pending()
 
-    def _remove_topics(self, names: list[str]) -> list[cat.TopicInfo]:
+    def _remove_topics(self, names: list[str]) -> list[TopicInfo]:
         """Commit a DeleteTopics; on a full disk the reserve gives the catalog its room (the
         delete is what frees the disk). Nothing removed when even that fails."""
         for attempt in (1, 2):
@@ -339,7 +344,7 @@ class TopicAdmin:
         if done and table.processes_changed:
             table.write_processes()       # the answer's readers see the new writers
         for pc in done:
-            pc.respond(cat.TopicsResult(pc.results))
+            pc.respond(TopicsResult(pc.results))
         still_d = []
         for pd in self.pending_deletes:
             if any(s.pid is not None for s in pd.writers):
@@ -355,7 +360,7 @@ class TopicAdmin:
                 # Committed: the sweep at the next start removes what is left of the directories.
                 log.error("DeleteTopics: removing the deleted topics' files failed: %s", e)
             table.write_processes()       # the answer's readers see the writers gone
-            pd.respond(cat.TopicsResult(pd.results))
+            pd.respond(TopicsResult(pd.results))
         self.pending_deletes = still_d
 
     def publish(self) -> None:
@@ -375,6 +380,6 @@ class TopicAdmin:
         table.catalog_published(self.store.catalog.version)
 
 
-def _fail_accepted(results: list[cat.TopicResult], code: ErrorCode, message: str) -> list[cat.TopicResult]:
-    return [cat.TopicResult(name=r.name, error_code=int(code), error_message=message)
+def _fail_accepted(results: list[TopicResult], code: ErrorCode, message: str) -> list[TopicResult]:
+    return [TopicResult(name=r.name, error_code=int(code), error_message=message)
             if r.error_code == 0 else r for r in results]

@@ -49,7 +49,7 @@ import collections
 import logging
 from typing import Callable, Iterable, Sequence
 
-from appliance.catalog import OFFSETS_TOPIC
+from appliance.catalog.model import OFFSETS_TOPIC
 from appliance.config import FlushPolicy, TransactionsConfig
 from appliance.errors import ErrorCode
 from appliance.txn import admin

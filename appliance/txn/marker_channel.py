@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, Protocol
 
 from appliance import ipc
-from appliance.catalog import OFFSETS_TOPIC
+from appliance.catalog.model import OFFSETS_TOPIC
 from appliance.errors import ErrorCode
 
 __all__ = ["TransactionMarkerChannelManager", "MarkerJob", "WriterLink", "MARKER_RESEND_S"]

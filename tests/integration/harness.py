@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from appliance.catalog import PUBLISHED_FILE, read_published
+from appliance.catalog.view import PUBLISHED_FILE, read_published
 from appliance.runtime import (FRONTEND_PAGE_FIELDS, PARTITION_PAGE_FIELDS, READY, page_fields,
                                read_processes, run_dir_of, writer_name)
 from shm.ring import Ring

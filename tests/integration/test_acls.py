@@ -232,7 +232,7 @@ def test_metadata_lists_only_describable_topics(locked):
 
 def test_metadata_by_topic_id_of_a_hidden_topic_answers_without_the_name(locked):
     a, p = locked
-    from appliance.catalog import PUBLISHED_FILE, read_published
+    from appliance.catalog.view import PUBLISHED_FILE, read_published
     cat = read_published(os.path.join(a.run_dir, PUBLISHED_FILE))
     tid = uuid.UUID(bytes=cat.topics["hidden-t"].topic_id)
     with raw(p) as r:

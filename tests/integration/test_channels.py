@@ -5,7 +5,7 @@ import time
 from confluent_kafka import Producer
 
 from appliance.runtime import writer_name
-from appliance.catalog import read_published
+from appliance.catalog.view import read_published
 from shm.topology import Topology
 
 

@@ -14,7 +14,7 @@ import pytest
 import zstandard
 from confluent_kafka import Consumer, TopicPartition
 
-from appliance.catalog import partition_dir
+from appliance.data_layout import partition_dir
 from appliance.log.files import log_path
 from appliance.protocol.records import (COMPRESSION_GZIP, COMPRESSION_ZSTD, HEADER_SIZE, Record,
                                         build_batch, scan_valid)

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from appliance.catalog import partition_dir
+from appliance.data_layout import partition_dir
 from appliance.log.txn_index import read_entries
 from appliance.protocol.records import (CONTROL_ABORT, CONTROL_COMMIT, Record, build_batch,
                                         build_control_batch, scan_valid)

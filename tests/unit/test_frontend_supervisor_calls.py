@@ -12,7 +12,7 @@ import asyncio
 import itertools
 
 from appliance import ipc
-from appliance.catalog import CreateTopicsRequest, NewTopic
+from appliance.catalog.messages import CreateTopicsRequest, NewTopic
 from appliance.errors import ErrorCode
 from workers.frontend.broker import Broker
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from appliance import ipc
-from appliance.catalog import OFFSETS_TOPIC
+from appliance.catalog.model import OFFSETS_TOPIC
 from appliance.errors import ErrorCode as E
 from appliance.txn.marker_channel import MARKER_RESEND_S, TransactionMarkerChannelManager
 

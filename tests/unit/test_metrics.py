@@ -14,7 +14,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from appliance import catalog as cat
+from appliance.catalog.model import Catalog, TopicInfo
+from appliance.catalog.view import PUBLISHED_FILE, publish
 from appliance.errors import ErrorCode
 from appliance.metrics import CATALOG, COORDINATOR_SNAPSHOT, Histogram, key, parse_key
 from appliance.metrics.collector import Collector, NotRunning, render
@@ -169,9 +170,9 @@ def run_dir(tmp_path):
     topo = Topology(d)
     hb = HeartbeatTable.create(os.path.join(d, HEARTBEAT_FILE), 8)
     w = writer_name(TOPIC_ID, 0)
-    catalog = cat.Catalog(1, {"orders": cat.TopicInfo(name="orders", topic_id=TOPIC_ID,
+    catalog = Catalog(1, {"orders": TopicInfo(name="orders", topic_id=TOPIC_ID,
                                                       partitions=1, configs={})})
-    cat.publish(catalog, topo.file_path(cat.PUBLISHED_FILE))
+    publish(catalog, topo.file_path(PUBLISHED_FILE))
     workers = [{"role": "writer", "name": w, "pid": os.getpid(), "generation": 1,
                 "topic": "orders", "partition": 0, "index": 0, "slot": 0},
                {"role": "frontend", "name": "fe0", "pid": os.getpid(), "generation": 1,

@@ -18,7 +18,7 @@ import pytest
 
 from appliance.api import produce
 from appliance.api.produce import YIELD_EVERY, handle
-from appliance.catalog import Catalog, TopicInfo
+from appliance.catalog.model import Catalog, TopicInfo
 from appliance.config import Config
 from appliance.ipc import ProduceResult
 from appliance.protocol.produce_request import PartitionData, ProduceRequestView, TopicData

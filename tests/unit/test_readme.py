@@ -90,7 +90,9 @@ def test_readme_data_layout_names_every_file_the_code_writes():
     """README's "Data layout" table holds every name the code gives a file or folder of the data
     dir (regression: it listed five of them, not acls.json, __coordinator/, .reserve, .txnindex,
     cleaner-offset-checkpoint or the producer snapshots)."""
-    from appliance import catalog, durable, runtime
+    from appliance import durable, runtime
+    from appliance.data_layout import (CATALOG_FILE, COORDINATOR_DIR, GROUP_LOG_DIR,
+                                       PARTITION_METADATA_FILE)
     from appliance.supervisor import reserve
     from appliance.acl import store as acl_store
     from appliance.group import store as group_store
@@ -103,8 +105,8 @@ def test_readme_data_layout_names_every_file_the_code_writes():
     section = section[:section.index("\n#", 1)]
     names = {
         "meta.properties", credentials.LOCK_FILE, runtime.RUNTIME_POINTER, reserve.RESERVE_FILE,
-        catalog.CATALOG_FILE, credentials.CREDENTIALS_FILE, acl_store.ACL_FILE,
-        catalog.PARTITION_METADATA_FILE, catalog.COORDINATOR_DIR, catalog.GROUP_LOG_DIR,
+        CATALOG_FILE, credentials.CREDENTIALS_FILE, acl_store.ACL_FILE,
+        PARTITION_METADATA_FILE, COORDINATOR_DIR, GROUP_LOG_DIR,
         files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX, files.TXNINDEX_SUFFIX,
         durable.TMP_SUFFIX, files.LOG_START_OFFSET_FILE, files.RECOVERY_POINT_FILE,
         files.CLEAN_SHUTDOWN_FILE, files.DELETED_SUFFIX, files.CLEANED_SUFFIX, files.SWAP_FILE,

@@ -100,3 +100,19 @@ def test_the_decoder_knows_every_message_type_the_appliance_defines():
     defined -= {ipc.Message, ipc.Request}
     assert defined == set(TYPES)
     assert len({t.__name__ for t in TYPES}) == len(TYPES)        # tags are class names
+
+
+def test_a_new_packages_messages_module_is_found_without_a_list(tmp_path, monkeypatch):
+    """Ring messages are found by their module's name: a package that adds ``messages.py`` on
+    ``appliance.ipc`` needs no edit of a hand-kept list (there was one, and a module missing from
+    it failed to decode at run time); Kafka's wire messages (``protocol/messages.py``) are not
+    ring messages and stay out."""
+    root = tmp_path / "appliance"
+    for pkg, text in {"newgroups": "from appliance.ipc import Message, Request\n",
+                      "deep/er": "from appliance import ipc\n",
+                      "protocol": "import kio\n"}.items():
+        (root / pkg).mkdir(parents=True)
+        (root / pkg / "messages.py").write_text(text)
+    monkeypatch.setattr(ipc, "_ROOT", str(root))
+    assert ipc.message_modules() == ["appliance.ipc", "appliance.deep.er.messages",
+                                     "appliance.newgroups.messages"]

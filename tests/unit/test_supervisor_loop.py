@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from appliance.catalog import Catalog
-from appliance.catalog import CatalogStore
+from appliance.catalog.model import Catalog
+from appliance.supervisor.catalog_store import CatalogStore
 from appliance.config import Config, ServerConfig, SupervisorConfig, TopicsConfig
 from appliance.runtime import (EXIT_CRASH_LOOP, HEARTBEAT_FILE, RECOVERING, STOPPED, SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, WORKER_PAGE_FIELDS)
@@ -271,7 +271,8 @@ def test_reload_hooks_run_before_the_version_the_workers_follow_moves(sup, notif
 
 
 def test_recovery_reports_partitions_ready_bytes_and_an_estimate(sup, notify, caplog, tmp_path):
-    from appliance.catalog import TopicInfo, partition_dir
+    from appliance.catalog.model import TopicInfo
+    from appliance.data_layout import partition_dir
     from appliance.metrics import key
     from appliance.supervisor.operating import PROGRESS_LOG_S
     from appliance.runtime import PARTITION_PAGE_FIELDS, READY
@@ -315,7 +316,7 @@ def per_writer(s: Supervisor, k: int) -> None:
 
 
 def writers_of(s: Supervisor, name: str, tid: bytes, partitions: int) -> list:
-    from appliance.catalog import TopicInfo
+    from appliance.catalog.model import TopicInfo
     t = TopicInfo(name, tid * 16, partitions)
     return [s._add_worker("writer", f"w{name}.{p}", p, lambda ctx: 0, topic=t)
             for p in range(partitions)]
@@ -378,19 +379,19 @@ def test_a_writer_whose_supervisor_page_moved_looks_at_the_catalog_in_that_turn(
     """The other half of the wake-up: the rung writer's turn sees the page move and follows the
     catalog at once, not at its next periodic look. Built in this process from the supervisor's
     own runtime files (no fork)."""
-    from appliance import catalog as cat
-    from appliance.catalog import TopicInfo
+    from appliance.catalog.view import PUBLISHED_FILE, publish
+    from appliance.catalog.model import TopicInfo
     from workers.partition_writer import PartitionWriter
     t = sup.store.add_topics([TopicInfo("a", b"\x01" * 16, 1)]).topics["a"]
-    published = sup.topo.file_path(cat.PUBLISHED_FILE)
-    cat.publish(sup.store.catalog, published)
+    published = sup.topo.file_path(PUBLISHED_FILE)
+    publish(sup.store.catalog, published)
     (spec,) = [sup.add_writer(t, 0)]
     w = PartitionWriter(sup._context(spec))
     try:
         assert w.setup() is None
         assert w.turn() is not None                     # idle; the first turn follows the catalog
         assert w.overrides == {}
-        cat.publish(sup.store.set_configs({"a": {"retention.ms": "60000"}}), published)
+        publish(sup.store.set_configs({"a": {"retention.ms": "60000"}}), published)
         w.next_catalog_check = float("inf")             # its periodic look would never come
         sup.page.publish(catalog_version=sup.store.catalog.version)
         w.turn()

@@ -4,7 +4,7 @@ resource may change live)."""
 
 import pytest
 
-from appliance import catalog as cat
+from appliance.catalog.model import Catalog, TopicInfo, new_topic_id
 from appliance.config import Config, LogConfig
 from appliance.errors import ErrorCode, KafkaError
 from appliance.topic_config import (DEFAULT_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG,
@@ -14,8 +14,8 @@ from appliance.topic_config import (DEFAULT_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAM
 
 
 def catalog(configs=None, default=None, node=None):
-    t = cat.TopicInfo("t", cat.new_topic_id(), 1, configs or {})
-    return cat.Catalog(1, {"t": t}, broker_default=default, broker_node=node)
+    t = TopicInfo("t", new_topic_id(), 1, configs or {})
+    return Catalog(1, {"t": t}, broker_default=default, broker_node=node)
 
 
 def test_sources_follow_kafkas_precedence_with_synonyms():

@@ -5,7 +5,7 @@ named after it (the coordinator of ``txnkit``: a fake clock, restarts on the sam
 
 import pytest
 
-from appliance.catalog import OFFSETS_TOPIC
+from appliance.catalog.model import OFFSETS_TOPIC
 from appliance.errors import ErrorCode as E
 from appliance.txn.metadata import MAX_EPOCH, TransactionState as S
 

@@ -2,7 +2,7 @@
 the markers of the producer's previous transaction on their way wait for them (the coordinator of
 ``txnkit``: a fake clock)."""
 
-from appliance.catalog import OFFSETS_TOPIC
+from appliance.catalog.model import OFFSETS_TOPIC
 from appliance.errors import ErrorCode as E
 from appliance.txn.coordinator import partition_for
 from appliance.txn.metadata import TransactionState as S

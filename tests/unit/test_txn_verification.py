@@ -2,7 +2,7 @@
 one test per behaviour of KIP-98 and KIP-890 that the coordinator alone decides, named after it
 (the coordinator of ``txnkit``: a fake clock, restarts on the same directory)."""
 
-from appliance.catalog import OFFSETS_TOPIC
+from appliance.catalog.model import OFFSETS_TOPIC
 from appliance.errors import ErrorCode as E
 from appliance.txn.coordinator import java_string_hash, partition_for
 from appliance.txn.metadata import TransactionState as S

@@ -25,7 +25,7 @@ import time
 from appliance import ipc
 from appliance.acl.authorizer import Authorizer
 from appliance.acl.store import PUBLISHED_FILE as ACL_PUBLISHED_FILE, AclView
-from appliance.catalog import Catalog, TopicInfo
+from appliance.catalog.model import Catalog, TopicInfo
 from appliance.errors import ErrorCode
 from appliance.ipc import ProduceResult
 from appliance.log.reader import SegmentViews
