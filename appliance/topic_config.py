@@ -1,6 +1,8 @@
-"""Topic-level configuration and the dynamic broker configs that topic configs default to: which
-Kafka configs the appliance knows, their layers and sources, and the checks of CreateTopics,
-AlterConfigs and IncrementalAlterConfigs.
+"""Topic-level configuration and the dynamic broker configs that topic configs default to: the one
+table of the Kafka topic configs the appliance knows (``TOPIC_CONFIGS``: name, type, default,
+check, broker synonym, the setting it carries), the effective settings a topic's processes apply
+(``LogSettings``, Kafka's LogConfig values), their layers and sources, and the checks of
+CreateTopics, AlterConfigs and IncrementalAlterConfigs.
 
 Owns nothing; used by the supervisor (validation of CreateTopics and of config changes, which it
 applies to the catalog it owns), the frontends (DescribeConfigs, the produce checks) and the
@@ -23,9 +25,11 @@ over server.properties.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal, Mapping
 
-from .config import Config
+import msgspec
+
+from .config import Config, LogConfig
 from .errors import ErrorCode, KafkaError
 
 # Kafka's ConfigSource ids (DescribeConfigs v1+).
@@ -36,12 +40,26 @@ OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3     # IncrementalAlterCon
 
 @dataclass(frozen=True)
 class TopicConfigDef:
+    """One topic config, the one place that says everything about it: Kafka's name and type, its
+    default (from the ``[log]`` section), its check, its documentation, the broker config it
+    defaults to (Kafka's synonym, also what DescribeConfigs lists for the broker), and the
+    ``LogSettings`` field that carries its value to the writer, the cleaner, the fetchers and the
+    produce checks (None: it means nothing to them)."""
     name: str
     type: str                       # Kafka ConfigEntry type name: LONG, INT, STRING, BOOLEAN, LIST
-    default: Callable[[Config], str]
+    default: Callable[[LogConfig], str]
     check: Callable[[str], str | None]   # returns an error text or None
     doc: str
     broker: str | None = None       # the broker config it defaults to (Kafka's synonym)
+    setting: str | None = None      # its LogSettings field
+
+    def parse(self, value: str):
+        """The typed value of a checked string, as LogSettings holds it."""
+        if self.type in ("INT", "LONG", "SHORT"):
+            return int(value)
+        if self.type == "DOUBLE":
+            return float(value)
+        return value
 
 
 def _int_check(lo: int, hi: int = 2**63 - 1) -> Callable[[str], str | None]:
@@ -89,49 +107,116 @@ def _choice(*allowed: str) -> Callable[[str], str | None]:
 
 
 TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in [
-    TopicConfigDef("retention.ms", "LONG", lambda c: str(c.log.retention_ms), _int_check(-1),
+    TopicConfigDef("retention.ms", "LONG", lambda lg: str(lg.retention_ms), _int_check(-1),
                    "Delete segments whose newest record is older than this; -1 keeps forever.",
-                   "log.retention.ms"),
-    TopicConfigDef("retention.bytes", "LONG", lambda c: str(c.log.retention_bytes), _int_check(-1),
+                   "log.retention.ms", setting="retention_ms"),
+    TopicConfigDef("retention.bytes", "LONG", lambda lg: str(lg.retention_bytes), _int_check(-1),
                    "Delete the oldest segments beyond this many bytes per partition; -1 no limit.",
-                   "log.retention.bytes"),
-    TopicConfigDef("segment.bytes", "INT", lambda c: str(c.log.segment_bytes), _int_check(14, 2**31 - 1),
-                   "Roll a new segment at this size.", "log.segment.bytes"),
-    TopicConfigDef("segment.ms", "LONG", lambda c: str(c.log.segment_ms), _int_check(1),
-                   "Roll a new segment this long after the segment's first batch.", "log.roll.ms"),
-    TopicConfigDef("segment.index.bytes", "INT", lambda c: str(c.log.segment_index_bytes),
+                   "log.retention.bytes", setting="retention_bytes"),
+    TopicConfigDef("segment.bytes", "INT", lambda lg: str(lg.segment_bytes), _int_check(14, 2**31 - 1),
+                   "Roll a new segment at this size.", "log.segment.bytes", setting="segment_bytes"),
+    TopicConfigDef("segment.ms", "LONG", lambda lg: str(lg.segment_ms), _int_check(1),
+                   "Roll a new segment this long after the segment's first batch.", "log.roll.ms", setting="segment_ms"),
+    TopicConfigDef("segment.index.bytes", "INT", lambda lg: str(lg.segment_index_bytes),
                    _int_check(4096, 2**31 - 1), "Size of a segment's offset and time index files.",
-                   "log.index.size.max.bytes"),
-    TopicConfigDef("index.interval.bytes", "INT", lambda c: str(c.log.index_interval_bytes),
+                   "log.index.size.max.bytes", setting="segment_index_bytes"),
+    TopicConfigDef("index.interval.bytes", "INT", lambda lg: str(lg.index_interval_bytes),
                    _int_check(0, 2**31 - 1), "One index entry per this many log bytes.",
-                   "log.index.interval.bytes"),
-    TopicConfigDef("max.message.bytes", "INT", lambda c: str(c.log.message_max_bytes),
-                   _int_check(0, 2**31 - 1), "Largest record batch accepted.", "message.max.bytes"),
-    TopicConfigDef("message.timestamp.type", "STRING", lambda c: c.log.message_timestamp_type,
+                   "log.index.interval.bytes", setting="index_interval_bytes"),
+    TopicConfigDef("max.message.bytes", "INT", lambda lg: str(lg.message_max_bytes),
+                   _int_check(0, 2**31 - 1), "Largest record batch accepted.", "message.max.bytes", setting="max_message_bytes"),
+    TopicConfigDef("message.timestamp.type", "STRING", lambda lg: lg.message_timestamp_type,
                    _choice("CreateTime", "LogAppendTime"), "CreateTime or LogAppendTime.",
-                   "log.message.timestamp.type"),
-    TopicConfigDef("cleanup.policy", "LIST", lambda c: c.log.cleanup_policy, _policy_check,
+                   "log.message.timestamp.type", setting="message_timestamp_type"),
+    TopicConfigDef("cleanup.policy", "LIST", lambda lg: lg.cleanup_policy, _policy_check,
                    "delete: segments go by retention.ms and retention.bytes; compact: the log "
                    "cleaner keeps the last record of every key (no retention); both: compact,delete.",
-                   "log.cleanup.policy"),
+                   "log.cleanup.policy", setting="cleanup_policy"),
     TopicConfigDef("min.cleanable.dirty.ratio", "DOUBLE",
-                   lambda c: str(c.log.cleaner.min_cleanable_ratio), _ratio_check,
+                   lambda lg: str(lg.cleaner.min_cleanable_ratio), _ratio_check,
                    "Clean once the not yet cleaned bytes are more than this share of the log.",
-                   "log.cleaner.min.cleanable.ratio"),
-    TopicConfigDef("min.compaction.lag.ms", "LONG", lambda c: str(c.log.cleaner.min_compaction_lag_ms),
+                   "log.cleaner.min.cleanable.ratio", setting="min_cleanable_ratio"),
+    TopicConfigDef("min.compaction.lag.ms", "LONG", lambda lg: str(lg.cleaner.min_compaction_lag_ms),
                    _int_check(0), "A record stays uncompacted at least this long.",
-                   "log.cleaner.min.compaction.lag.ms"),
-    TopicConfigDef("max.compaction.lag.ms", "LONG", lambda c: str(c.log.cleaner.max_compaction_lag_ms),
+                   "log.cleaner.min.compaction.lag.ms", setting="min_compaction_lag_ms"),
+    TopicConfigDef("max.compaction.lag.ms", "LONG", lambda lg: str(lg.cleaner.max_compaction_lag_ms),
                    _int_check(1), "A record is compacted at the latest this long after it was written.",
-                   "log.cleaner.max.compaction.lag.ms"),
-    TopicConfigDef("delete.retention.ms", "LONG", lambda c: str(c.log.cleaner.delete_retention_ms),
+                   "log.cleaner.max.compaction.lag.ms", setting="max_compaction_lag_ms"),
+    TopicConfigDef("delete.retention.ms", "LONG", lambda lg: str(lg.cleaner.delete_retention_ms),
                    _int_check(0), "Tombstones and transaction markers stay this long once cleaned.",
-                   "log.cleaner.delete.retention.ms"),
-    TopicConfigDef("min.insync.replicas", "INT", lambda c: "1", _int_check(1, 1),
+                   "log.cleaner.delete.retention.ms", setting="delete_retention_ms"),
+    TopicConfigDef("min.insync.replicas", "INT", lambda lg: "1", _int_check(1, 1),
                    "Single node: always 1."),
-    TopicConfigDef("compression.type", "STRING", lambda c: "producer", _choice("producer"),
+    TopicConfigDef("compression.type", "STRING", lambda lg: "producer", _choice("producer"),
                    "Batches are stored as the producer compressed them."),
 ]}
+
+class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """A topic's effective settings (Kafka's LogConfig values): ``TOPIC_CONFIGS``' fields with the
+    ``[log]`` defaults under the topic's overrides (``from_config``), what its writer applies to
+    its log, its cleaner compacts by, the fetchers bound inflation with and produce validates
+    against. The defaults below are Kafka's, for logs built without a configuration (tests, the
+    coordinator's compacted logs)."""
+
+    segment_bytes: int = 1073741824
+    segment_ms: int = 604800000
+    retention_bytes: int = -1
+    retention_ms: int = 604800000
+    index_interval_bytes: int = 4096
+    segment_index_bytes: int = 10485760
+    message_timestamp_type: Literal["CreateTime", "LogAppendTime"] = "CreateTime"
+    max_message_bytes: int = 1048588
+    decompressed_batch_max_factor: int = 64          # broker-wide ([log]), not a topic config
+    cleanup_policy: str = "delete"
+    min_cleanable_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = 2**63 - 1
+    delete_retention_ms: int = 86400000
+
+    @classmethod
+    def from_config(cls, log_cfg: LogConfig, overrides: Mapping[str, str] | None = None) -> "LogSettings":
+        """The ``[log]`` defaults overlaid with a topic's configs (Kafka names, string values,
+        already checked: ``Catalog.overrides``). Names that carry no setting are ignored here."""
+        overrides = overrides or {}
+        values: dict[str, object] = {"decompressed_batch_max_factor": log_cfg.decompressed_batch_max_factor}
+        for d in _SETTINGS:
+            raw = overrides.get(d.name)
+            values[d.setting] = d.parse(d.default(log_cfg) if raw is None else raw)
+        return msgspec.convert(values, cls)
+
+    @property
+    def compact(self) -> bool:
+        """cleanup.policy has "compact": the log cleaner keeps the last record of each key."""
+        return "compact" in cleanup_policy_set(self.cleanup_policy)
+
+    @property
+    def delete(self) -> bool:
+        """cleanup.policy has "delete": retention.ms and retention.bytes delete old segments
+        (Kafka's LogConfig.delete; a "compact" topic keeps every segment)."""
+        return "delete" in cleanup_policy_set(self.cleanup_policy)
+
+    @property
+    def roll_ms(self) -> int:
+        """Kafka's LogConfig.maxSegmentMs: a compacted topic also rolls by max.compaction.lag.ms,
+        so that a record does not wait in the active segment, which is never cleaned, for longer
+        than that."""
+        if self.compact and self.max_compaction_lag_ms > 0:
+            return min(self.max_compaction_lag_ms, self.segment_ms)
+        return self.segment_ms
+
+    @property
+    def max_decompressed_bytes(self) -> int:
+        """What one compressed batch may inflate to (produce's bound, recovery's, a fetcher's)."""
+        return self.max_message_bytes * self.decompressed_batch_max_factor
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.message_timestamp_type == "LogAppendTime"
+
+
+_SETTINGS = [d for d in TOPIC_CONFIGS.values() if d.setting is not None]
+assert {d.setting for d in _SETTINGS} == set(LogSettings.__struct_fields__) - {"decompressed_batch_max_factor"}
+
 
 # The broker configs that may be changed live (Kafka's dynamic broker configs that the appliance
 # can apply: the log defaults every partition writer re-reads), by broker name -> topic name.
@@ -201,12 +286,12 @@ def describe_topic_configs(cfg: Config, catalog, topic_configs: dict[str, str]
                 syn.append((b, catalog.broker_node[b], DYNAMIC_BROKER_CONFIG))
             if b in catalog.broker_default:
                 syn.append((b, catalog.broker_default[b], DYNAMIC_DEFAULT_BROKER_CONFIG))
-            static, builtin = d.default(cfg), d.default(_BUILTIN)
+            static, builtin = d.default(cfg.log), d.default(_BUILTIN.log)
             if static != builtin:
                 syn.append((b, static, STATIC_BROKER_CONFIG))
             syn.append((b, builtin, DEFAULT_CONFIG))
         else:
-            syn.append((name, d.default(cfg), DEFAULT_CONFIG))
+            syn.append((name, d.default(cfg.log), DEFAULT_CONFIG))
         out[name] = (syn[0][1], syn[0][2], syn)
     return out
 

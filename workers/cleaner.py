@@ -274,11 +274,11 @@ class CleanerWorker(Worker):
             self.links[w] = _Link(topic, p, partition_dir(self.ctx.data_dir, topic, p), out, page)
 
     def _settings(self, topic: str) -> LogSettings | None:
-        """The topic's effective settings: its own configs over the dynamic broker configs
-        (``Catalog.overrides``) over ``[log]``, as its writer has them."""
+        """The topic's effective settings: its own configs over the dynamic broker configs over
+        ``[log]`` (``Catalog.settings``), as its writer has them."""
         cat = self.catalog.get()
         t = cat.topics.get(topic)
-        return None if t is None else LogSettings.from_config(self.cfg.log, cat.overrides(t))
+        return None if t is None else cat.settings(t, self.cfg.log)
 
     def _filthiest(self):
         now_ms = time.time_ns() // 1_000_000

@@ -97,7 +97,7 @@ class Fetcher(Worker):
         for (topic_id, _), h in self.handles.items():
             t = cat.by_id(topic_id)
             if t is not None:
-                h.reader.max_decompressed_bytes = _max_decompressed(log_cfg, cat.overrides(t))
+                h.reader.max_decompressed_bytes = cat.settings(t, log_cfg).max_decompressed_bytes
 
     def on_stop(self) -> None:
         for p in self.parked:   # answer what we hold so frontends can drain
@@ -130,7 +130,7 @@ class Fetcher(Worker):
         if h is None:
             try:
                 h = PartitionHandle(self.topo, self.ctx.data_dir, t.name, topic_id, partition,
-                                    _max_decompressed(self.cfg.log, cat.overrides(t)))
+                                    cat.settings(t, self.cfg.log).max_decompressed_bytes)
             except FileNotFoundError:
                 return None
             self.handles[key] = h
@@ -252,8 +252,3 @@ class Fetcher(Worker):
                            else ipc.ListOffsetsPartResult(0, -1, -1))
         return ipc.ListOffsetsResult(out)
 
-
-def _max_decompressed(log_cfg, configs) -> int:
-    """The bound produce applied: the topic's max.message.bytes times the factor."""
-    max_message = int(configs.get("max.message.bytes", log_cfg.message_max_bytes))
-    return max_message * log_cfg.decompressed_batch_max_factor

@@ -46,7 +46,6 @@ from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, en
 from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValidationError,
                                                 validate_records)
 from appliance.protocol.records import ATTRIBUTES_OFFSET, validate_batch
-from appliance.topic_config import cleanup_policy_set
 
 
 WRITE = AclOperation.WRITE
@@ -93,25 +92,18 @@ class _Refusals:
 _REFUSALS = _Refusals()
 
 
-def _max_bytes(cfg, configs) -> int:
-    v = configs.get("max.message.bytes")
-    return int(v) if v is not None else cfg.log.message_max_bytes
-
-
-def _validate_records(cfg, configs, topic: str, pd, header, max_bytes: int, now_ms: int) -> None:
+def _validate_records(cfg, settings, topic: str, pd, header, now_ms: int) -> None:
     """Kafka's LogValidator per-record rules (``record_contents``): framing, offset deltas,
     timestamps, compressed data inflated within ``decompressed_batch_max_factor`` times the
     topic's max.message.bytes. Raises the KafkaError the partition answers."""
     log = cfg.log
-    timestamp_type = configs.get("message.timestamp.type", log.message_timestamp_type)
     # On a LogAppendTime topic the writer stamps the broker's clock: the producer's timestamps
     # are never checked (Kafka's validateTimestamp only looks at CreateTime).
-    limit = log.message_timestamp_before_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
-    after = log.message_timestamp_after_max_ms if timestamp_type == "CreateTime" else NO_TIMESTAMP_LIMIT
-    validate_records(pd.records, header, max_bytes=max_bytes * log.decompressed_batch_max_factor,
-                     now_ms=now_ms, before_ms=limit, after_ms=after,
-                     compacted="compact" in cleanup_policy_set(
-                         configs.get("cleanup.policy", log.cleanup_policy)),
+    create_time = not settings.log_append_time
+    limit = log.message_timestamp_before_max_ms if create_time else NO_TIMESTAMP_LIMIT
+    after = log.message_timestamp_after_max_ms if create_time else NO_TIMESTAMP_LIMIT
+    validate_records(pd.records, header, max_bytes=settings.max_decompressed_bytes,
+                     now_ms=now_ms, before_ms=limit, after_ms=after, compacted=settings.compact,
                      topic_partition=f"{topic}-{pd.index}")
 
 
@@ -319,10 +311,10 @@ async def _validate(ctx, req, pace: "_Pace", checked: list):
             else:
                 try:
                     # The topic's configs over the dynamic broker ones (live: AlterConfigs)
-                    configs = catalog.overrides(info)
-                    max_bytes = _max_bytes(broker.cfg, configs)
-                    what = validate_batch(pd.records or b"", max_bytes, produce_version=ctx.version)
-                    _validate_records(broker.cfg, configs, td.name, pd, what, max_bytes, now_ms)
+                    settings = catalog.settings(info, broker.cfg.log)
+                    what = validate_batch(pd.records or b"", settings.max_message_bytes,
+                                          produce_version=ctx.version)
+                    _validate_records(broker.cfg, settings, td.name, pd, what, now_ms)
                     transactional = transactional or what.is_transactional
                 except KafkaError as e:
                     what = ProduceResult(int(e.code), error_message=e.message)

@@ -17,7 +17,8 @@ import uuid
 import msgspec
 
 from appliance.errors import ErrorCode, KafkaError
-from appliance.topic_config import dynamic_log_defaults
+from appliance.config import LogConfig
+from appliance.topic_config import LogSettings, dynamic_log_defaults
 
 __all__ = ["TopicInfo", "Catalog", "OFFSETS_TOPIC", "TRANSACTION_STATE_TOPIC", "INTERNAL_TOPICS",
            "MAX_TOPIC_NAME", "check_topic_name", "new_topic_id", "uuid_to_kafka_str",
@@ -45,7 +46,8 @@ class Catalog:
     ``broker_default`` for the cluster-wide default resource, ``broker_node`` for this node's),
     and the version it was published as."""
 
-    __slots__ = ("version", "topics", "broker_default", "broker_node", "_by_id", "_overrides")
+    __slots__ = ("version", "topics", "broker_default", "broker_node", "_by_id", "_overrides",
+                 "_settings")
 
     def __init__(self, version: int = 0, topics: dict[str, TopicInfo] | None = None,
                  broker_default: dict[str, str] | None = None,
@@ -56,6 +58,7 @@ class Catalog:
         self.broker_node: dict[str, str] = broker_node or {}
         self._by_id: dict[bytes, TopicInfo] = {t.topic_id: t for t in self.topics.values()}
         self._overrides: dict[str, dict[str, str]] = {}
+        self._settings: dict[str, tuple[LogConfig, LogSettings]] = {}
 
     def by_id(self, topic_id: bytes) -> TopicInfo | None:
         return self._by_id.get(topic_id)
@@ -69,6 +72,16 @@ class Catalog:
             got = {**dynamic_log_defaults(self), **topic.configs}
             self._overrides[topic.name] = got
         return got
+
+    def settings(self, topic: TopicInfo, log_cfg: LogConfig) -> LogSettings:
+        """The topic's effective ``LogSettings``: ``[log]`` (``log_cfg``, the running
+        configuration's) under ``overrides(topic)``. What every process asks (the writer, its
+        cleaner, the fetchers, produce's checks), computed once per snapshot, topic and
+        configuration (a reload brings a new ``log_cfg``)."""
+        got = self._settings.get(topic.name)
+        if got is None or got[0] is not log_cfg:
+            got = self._settings[topic.name] = (log_cfg, LogSettings.from_config(log_cfg, self.overrides(topic)))
+        return got[1]
 
     def partition_count(self) -> int:
         return sum(t.partitions for t in self.topics.values())

@@ -36,7 +36,7 @@ from appliance.log.cleaner import messages as cm
 from appliance.durable import is_no_space
 from appliance.log.partition_log import PartitionLog
 from appliance.log.producer_state import ProducerStateManager
-from appliance.log.settings import LogSettings
+from appliance.topic_config import LogSettings
 from appliance.log.txn_index import AbortedTxn
 from appliance.service import serves
 

@@ -80,7 +80,7 @@ from appliance.log.index import OffsetIndex
 from appliance.log import swap
 from appliance.log.segment import (LogDirFailure, LogSegment, SegmentInfo, SegmentMark,
                                    delete_segment_files, load_segment, recover_segment)
-from appliance.log.settings import LogSettings
+from appliance.topic_config import LogSettings
 from appliance.log.txn_index import AbortedTxn, TransactionIndex
 from appliance.log.txn_index import sane as txn_index_sane
 from appliance.protocol.records import (HEADER_SIZE, BatchHeader, build_control_batch,

@@ -86,7 +86,7 @@ def test_broker_resources_take_only_the_configs_that_apply_live():
 
 
 def test_compaction_defaults_are_dynamic_broker_configs_that_topics_inherit():
-    from appliance.log.settings import LogSettings
+    from appliance.topic_config import LogSettings
     assert alter_broker_configs({}, [(OP_SET, "log.cleanup.policy", "compact"),
                                      (OP_SET, "log.cleaner.delete.retention.ms", "1000")], True) == \
         {"log.cleanup.policy": "compact", "log.cleaner.delete.retention.ms": "1000"}
@@ -100,3 +100,24 @@ def test_compaction_defaults_are_dynamic_broker_configs_that_topics_inherit():
     # What the topic's writer and its cleaner apply (Catalog.overrides over [log]).
     s = LogSettings.from_config(LogConfig(), c.overrides(c.topics["t"]))
     assert s.compact and not s.delete and s.min_cleanable_ratio == 0.1
+
+
+def test_one_table_carries_every_setting_and_the_catalog_caches_each_topics():
+    """TOPIC_CONFIGS is the one table: every LogSettings field (the broker-wide inflation factor
+    aside) is one topic config's, its default comes from [log], and Catalog.settings derives and
+    caches a topic's settings per snapshot and configuration (produce asks it per batch, the
+    fetchers per partition; regression: both re-derived bounds from raw dicts, and cleanup.policy
+    was parsed in two places)."""
+    from appliance.topic_config import TOPIC_CONFIGS, LogSettings
+    carried = [d.setting for d in TOPIC_CONFIGS.values() if d.setting]
+    assert sorted(carried) == sorted(set(LogSettings.__struct_fields__) - {"decompressed_batch_max_factor"})
+    assert LogSettings.from_config(LogConfig()) == LogSettings()      # [log]'s defaults are Kafka's
+    c = catalog({"max.message.bytes": "2048", "cleanup.policy": "compact,delete"},
+                default={"log.retention.ms": "5000"})
+    log_cfg = LogConfig()
+    s = c.settings(c.topics["t"], log_cfg)
+    assert (s.retention_ms, s.max_message_bytes, s.compact, s.delete) == (5000, 2048, True, True)
+    assert s.max_decompressed_bytes == 2048 * log_cfg.decompressed_batch_max_factor
+    assert c.settings(c.topics["t"], log_cfg) is s                     # cached
+    reloaded = LogConfig(segment_bytes=4096)
+    assert c.settings(c.topics["t"], reloaded).segment_bytes == 4096   # a reload's [log]
