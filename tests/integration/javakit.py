@@ -1,11 +1,11 @@
 """Run the Java client (kafka-clients 3.9.1) in the tests: find its jars, compile a program from
-tests/java/ once per session, run it against an appliance and collect its "name value" lines.
+tests/java/ (AdminCheck.java, SecureClients.java, AclAdmin.java) once per session, run it against an appliance and collect its "name value" lines.
 
 The jars come from the PyPI wheel ``shigawire-apache-flink-libraries`` (installed by the test
 extra), which ships ``pyflink/lib/kafka-clients.jar`` (3.9.1, the version Spark 4 ships),
 ``slf4j-api.jar`` and the compression codecs' jars; Java 17+ is needed (the Spark tests need it
 too). Without either, the test fails with one line naming what is missing: never a skip. This is
-the one way the tests get the Java client (AdminCheck.java, SecureClients.java).
+the one way the tests get the Java client.
 """
 
 from __future__ import annotations

@@ -16,10 +16,7 @@ and at the wire (RawClient) where it does not.
 
 from __future__ import annotations
 
-import glob
-import importlib.util
 import os
-import subprocess
 import time
 import uuid
 
@@ -32,6 +29,7 @@ from appliance.client import KafkaError as ApplianceKafkaError
 from appliance.client import Producer as ApplianceProducer
 from clients import log_errors
 from harness import Appliance
+from javakit import java_program  # noqa: F401 (fixture)
 from rawclient import RawClient
 from secured import ANONYMOUS, Acl, Principal, secure
 
@@ -730,42 +728,24 @@ def test_acl_changes_apply_to_every_connection_as_soon_as_answered(appliance_fac
 
 # -- the Java AdminClient ----------------------------------------------------------------------------
 
-JAVA_JARS = ("kafka-clients.jar", "slf4j-api.jar", "lz4-java.jar", "snappy-java.jar", "zstd-jni.jar")
-
-
-@pytest.fixture(scope="module")
-def java_acl_admin(tmp_path_factory):
-    """tests/integration/java/AclAdmin.java compiled against kafka-clients 3.9.1 (from the
-    shigawire-apache-flink-libraries wheel of the test extra); returns the java command."""
-    spec = importlib.util.find_spec("pyflink")
-    assert spec is not None and spec.submodule_search_locations, \
-        "kafka-clients is missing: pip install -e '.[test]' (shigawire-apache-flink-libraries)"
-    lib = os.path.join(list(spec.submodule_search_locations)[0], "lib")
-    jars = [os.path.join(lib, j) for j in JAVA_JARS]
-    assert all(os.path.exists(j) for j in jars), glob.glob(os.path.join(lib, "*.jar"))
-    out = tmp_path_factory.mktemp("java")
-    src = os.path.join(os.path.dirname(__file__), "java", "AclAdmin.java")
-    cp = os.pathsep.join(jars)
-    subprocess.run(["javac", "-d", str(out), "-cp", cp, src], check=True, timeout=180)
-    return ["java", "-cp", os.pathsep.join([str(out), cp]), "AclAdmin"]
-
-
-def run_java(cmd, bootstrap, mode) -> list[str]:
-    r = subprocess.run([*cmd, bootstrap, mode], capture_output=True, text=True, timeout=180)
+def run_java(java_program, bootstrap, mode) -> list[str]:
+    """tests/java/AclAdmin.java (compiled against kafka-clients 3.9.1 by ``java_program``) in
+    ``mode``: its output lines."""
+    r = java_program.process("AclAdmin", bootstrap, mode, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout.splitlines()
 
 
-def test_java_admin_client_acls(appliance_factory, java_acl_admin):
+def test_java_admin_client_acls(appliance_factory, java_program):
     a = appliance_factory(authorizer={"enable": True, "super_users": [ANONYMOUS]})
-    assert run_java(java_acl_admin, a.bootstrap, "roundtrip") == [
+    assert run_java(java_program, a.bootstrap, "roundtrip") == [
         "created 2", "described 2 true true", "matched 1 true",
         "bad cluster InvalidRequestException", "deleted 2", "left 0"]
 
 
-def test_java_admin_client_refused_without_describe_and_alter(appliance_factory, java_acl_admin):
+def test_java_admin_client_refused_without_describe_and_alter(appliance_factory, java_program):
     a = appliance_factory(authorizer={"enable": True})
-    assert run_java(java_acl_admin, a.bootstrap, "refused") == [
+    assert run_java(java_program, a.bootstrap, "refused") == [
         "describe ClusterAuthorizationException", "create ClusterAuthorizationException"]
 
 
