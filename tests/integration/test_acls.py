@@ -27,11 +27,10 @@ from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermission
 
 from appliance.client import KafkaError as ApplianceKafkaError
 from appliance.client import Producer as ApplianceProducer
-from clients import log_errors
-from harness import Appliance
-from javakit import java_program  # noqa: F401 (fixture)
-from rawclient import RawClient
-from secured import ANONYMOUS, Acl, Principal, secure
+from appliance_harness import Appliance, log_errors
+from java_programs import java_program  # noqa: F401 (fixture)
+from raw_wire import RawClient
+from security_setup import ANONYMOUS, Acl, Principal, secure
 
 TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED = 29, 30, 31
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED, SECURITY_DISABLED, INVALID_REQUEST = 53, 54, 42

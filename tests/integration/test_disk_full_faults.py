@@ -26,11 +26,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from groupwire import NOT_COORDINATOR
-from rawclient import RawClient
-from smalldisk import MiB, disk_full, ext4_loop, free_bytes, small_tmpfs
-from smalldisk import fill as fill_rest
-from txnwire import NONE, describe, init_pid, produce
+from raw_wire import NONE, NOT_COORDINATOR, RawClient, produce
+from small_filesystems import MiB, disk_full, ext4_loop, fill as fill_rest, free_bytes, small_tmpfs
+from txn_wire import describe, init_pid
 
 from appliance.protocol.records import Record, build_batch
 

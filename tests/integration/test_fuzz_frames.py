@@ -20,10 +20,11 @@ import uuid
 
 import pytest
 
-from fuzzframes import MAY_WAIT, Corpus, Mutator, pipelined_api_versions, record_real_clients, run_cases
-from harness import Appliance
-from proxy import FaultyProxy
-from rawclient import RawClient
+from appliance_harness import Appliance
+from fault_proxy import FaultyProxy
+from frame_fuzzing import (MAY_WAIT, Corpus, Mutator, pipelined_api_versions, record_real_clients,
+                           run_cases)
+from raw_wire import RawClient
 
 FRAMES, SOAK_FRAMES, SEED = 4000, 100_000, 17
 INFLATED, SOAK_INFLATED = 4, 100        # requests grown past one ring record (0.6-2 MiB each)

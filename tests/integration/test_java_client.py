@@ -6,8 +6,8 @@ it needs (the admin is the super user); a wrong password is Kafka's SaslAuthenti
 
 from __future__ import annotations
 
-from javakit import java_program  # noqa: F401 (fixture)
-from security import ADMIN, ADMIN_PASSWORD, grant, secure_appliance
+from java_programs import java_program  # noqa: F401 (fixture)
+from security_setup import ADMIN, ADMIN_PASSWORD, grant, secure_appliance
 
 
 def test_java_client_over_sasl_ssl(appliance_factory, tmp_path, java_program):
