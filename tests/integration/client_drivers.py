@@ -463,6 +463,8 @@ def driver(name: str, timeout: float = TIMEOUT_S) -> Driver:
 
 
 def case_topic(*parts) -> str:
+    """The topic of one parametrized case (the same name every run: the shared appliance is the
+    module's own)."""
     return "-".join(str(p) for p in parts).replace("_", "-")
 
 
@@ -627,10 +629,12 @@ def is_fenced(client: str, exc: BaseException) -> bool:
 # ------------------------------------------------------------------------------------------------
 
 def uid(*parts) -> str:
+    """A name of its own for a topic, group or transactional id: the parts and 6 random hex digits."""
     return "-".join(str(p) for p in parts) + "-" + uuid.uuid4().hex[:6]
 
 
 def create(bootstrap: str, topics: dict[str, int]) -> None:
+    """Create ``topics`` (name -> partitions) through confluent-kafka's AdminClient."""
     driver("confluent").create_topics(bootstrap, {t: (n, {}) for t, n in topics.items()})
 
 

@@ -2,7 +2,7 @@
 
 Requests of confluent-kafka, kafka-python and aiokafka (admin, idempotent and transactional
 producers, consumer groups) are recorded by a proxy in front of the appliance, then mutated with a
-seeded generator (``fuzzframes.Mutator``) and sent, each on its own connection between two
+seeded generator (``frame_fuzzing.Mutator``) and sent, each on its own connection between two
 ApiVersions requests. Afterwards: no worker was restarted (same pids), the log holds no traceback
 and no asyncio "exception was never retrieved", every request sent before a bad one was answered,
 no request that should be answered promptly was left hanging, 3,000 pipelined ApiVersions are
