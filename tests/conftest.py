@@ -3,7 +3,8 @@ import sys
 
 import pytest
 
-# Let integration tests `import harness` and unit tests import helpers next to them.
+# Let tests import the integration helpers by name (`from appliance_harness import Appliance`):
+# tests/README.md lists them. Unit tests import the helpers next to them.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "integration"))
 
 

@@ -1,11 +1,13 @@
-"""Fixtures that start the real appliance (see harness.py)."""
+"""Fixtures that start the real appliance for each test (``appliance``, ``appliance_factory``; the
+process itself is appliance_harness.py's), and the hooks every integration test shares: the
+warnings a leaked client socket may raise, and each phase's report kept on the item (``rep_call``)
+for the fixtures that print an appliance's log when a test failed."""
 
-import os
 from pathlib import Path
 
 import pytest
 
-from harness import Appliance
+from appliance_harness import Appliance
 
 HERE = Path(__file__).resolve().parent
 

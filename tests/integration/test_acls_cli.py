@@ -9,7 +9,7 @@ import sys
 
 from confluent_kafka import Producer
 
-from secured import ANONYMOUS, Principal
+from security_setup import ANONYMOUS, Principal
 
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
 

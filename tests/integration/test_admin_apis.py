@@ -26,9 +26,10 @@ import warnings
 
 import pytest
 
-from clients import CLIENTS, Rec, case_topic, driver, raw_topic_error
-from clients import _watch_shared_appliance, shared_appliance  # noqa: F401 (fixtures)
-from rawclient import RawClient
+from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
+from client_drivers import CLIENTS, case_topic, driver
+from client_records import Rec
+from raw_wire import RawClient, raw_topic_error
 
 APPLIANCE_CONFIG = {"server": {"frontends": 1}}
 PY_CLIENTS = [c for c in CLIENTS if c in ("confluent", "kafka-python")]

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from appliance.protocol.records import Record, build_batch
-from rawclient import RawClient
+from raw_wire import RawClient
 
 
 def _ranges(raw: RawClient) -> dict[int, tuple[int, int]]:

@@ -12,8 +12,8 @@ import crc32c
 import pytest
 
 from appliance.protocol.records import Record, build_batch
-from harness import Appliance
-from rawclient import RawClient
+from appliance_harness import Appliance
+from raw_wire import RawClient
 
 MAX_FRAME = 256 * 1024
 

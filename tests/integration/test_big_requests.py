@@ -12,7 +12,7 @@ import re
 import threading
 
 from appliance.protocol.records import COMPRESSION_ZSTD, Record, build_batch
-from rawclient import RawClient
+from raw_wire import RawClient
 
 LOG_PROBLEMS = re.compile(r"Traceback|never retrieved|ERROR")
 

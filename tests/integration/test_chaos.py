@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 
-from harness import ROOT
+from appliance_harness import ROOT
 
 SEED = 17
 sys.path.insert(0, os.path.join(ROOT, "loadtests"))

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from appliance.client import Producer
-from clients import _watch_shared_appliance, shared_appliance  # noqa: F401 (fixtures)
-from harness import write_config
+from appliance_harness import write_config
+from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
 
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
 # Small segments and dense indexes, so that dump-log has segments and index entries to show.

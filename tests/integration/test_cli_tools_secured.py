@@ -9,8 +9,8 @@ import json
 import os
 import subprocess
 
-from harness import APPLIANCE
-from security import ADMIN, ADMIN_PASSWORD, secure_appliance
+from appliance_harness import APPLIANCE
+from security_setup import ADMIN, ADMIN_PASSWORD, secure_appliance
 
 
 def cli(*args, stdin=None, timeout=120) -> subprocess.CompletedProcess:

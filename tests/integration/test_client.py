@@ -22,10 +22,11 @@ import pytest
 
 from appliance.client import (Consumer, KafkaError, Producer, ProducerFencedError,
                               TransactionAbortableError)
-from clientkit import (committed_offset, create, read_all, stored_batches, uid, values_of)
-from clients import _watch_shared_appliance, driver, shared_appliance  # noqa: F401  (fixtures)
-from proxy import FaultyProxy, drop_some_produce
-from txclients import txn_producer
+from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
+from client_drivers import create, driver, read_all, txn_producer, uid, values_of
+from fault_proxy import FaultyProxy, drop_some_produce
+from group_wire import committed_offset
+from raw_wire import stored_batches
 
 APPLIANCE_CONFIG = {"transactions": {"abort_timed_out_interval_ms": 200}}
 CODEC_ID = {"none": 0, "zstd": 4, "gzip": 1}

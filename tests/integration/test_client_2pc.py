@@ -23,7 +23,7 @@ import pytest
 
 from appliance.client import (Consumer, FatalProducerError, KafkaError, PreparedTxnState,
                               Producer)
-from clientkit import create, read_all, uid, values_of
+from client_drivers import create, read_all, uid, values_of
 
 TWO_PC = {"transactions": {"two_phase_commit_enable": True, "abort_timed_out_interval_ms": 200}}
 

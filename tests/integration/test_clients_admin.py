@@ -22,10 +22,11 @@ import zlib
 
 import pytest
 
-from clients import (CLIENTS, EARLIEST, LATEST, LOG_APPEND_TIME, MAX_TIMESTAMP, OTHER, Rec,
-                     assert_same_records, case_topic, driver, expected_positions, make_records,
-                     partition_counts, raw_batches, raw_topic_error)
-from clients import _watch_shared_appliance, shared_appliance  # noqa: F401 (fixtures)
+from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
+from client_drivers import CLIENTS, EARLIEST, LATEST, MAX_TIMESTAMP, OTHER, case_topic, driver
+from client_records import (LOG_APPEND_TIME, Rec, assert_same_records, expected_positions,
+                            make_records, partition_counts)
+from raw_wire import raw_batches, raw_topic_error
 
 BASE_TS = int(time.time() * 1000) - 3_600_000
 # One frontend: the delete / re-create test then reads the old and the new topic through the same

@@ -17,9 +17,10 @@ import zlib
 
 import pytest
 
-from clients import (CLIENTS, Caps, assert_same_records, case_topic, driver, expected_positions,
-                     make_records, raw_batches, raw_fetch_sizes)
-from clients import _watch_shared_appliance, shared_appliance  # noqa: F401 (fixtures)
+from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
+from client_drivers import CLIENTS, case_topic, driver
+from client_records import Caps, assert_same_records, expected_positions, make_records
+from raw_wire import raw_batches, raw_fetch_sizes
 
 BASE_TS = int(time.time() * 1000) - 3_600_000
 

@@ -6,7 +6,7 @@ every partition by explicit partition numbers; then
 
 - ``test_produce_and_fetch_back``: the same client reads everything back by assignment (no group),
   byte for byte: key, value, headers (order, duplicates, nulls), partition, offset order, CreateTime;
-- ``test_fetch_by_other_client``: another client reads the same records (OTHER in clients.py);
+- ``test_fetch_by_other_client``: another client reads the same records (OTHER in client_drivers.py);
 - ``test_list_offsets``: earliest, latest and by-timestamp ListOffsets through the client's consumer
   (and its admin API where it has one) agree with what was produced.
 
@@ -22,10 +22,11 @@ import zlib
 
 import pytest
 
-from clients import (CLIENTS, CODECS, EARLIEST, LATEST, MAX_TIMESTAMP, OTHER, assert_same_records,
-                     case_topic, driver, expected_offset_for_time, expected_positions, make_records,
-                     partition_counts, raw_batches, time_targets)
-from clients import _watch_shared_appliance, shared_appliance  # noqa: F401 (fixtures)
+from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
+from client_drivers import CLIENTS, EARLIEST, LATEST, MAX_TIMESTAMP, OTHER, case_topic, driver
+from client_records import (CODECS, assert_same_records, expected_offset_for_time,
+                            expected_positions, make_records, partition_counts, time_targets)
+from raw_wire import raw_batches
 
 N_RECORDS = 10_000
 PARTITION_COUNTS = (1, 8)

@@ -276,7 +276,7 @@ def test_cleaned_log_reads_as_kafkas_with_both_clients(appliance_factory):
 
 def stored_headers(bootstrap: str, topic: str):
     """Every batch header the partition holds (Fetch v12 read_uncommitted, raw)."""
-    from clientkit import stored_batches
+    from raw_wire import stored_batches
     return stored_batches(bootstrap, topic, 0)
 
 
@@ -394,7 +394,7 @@ def _produce(raw, topic: str, batch: bytes):
 
 def test_idempotent_retry_after_its_batch_was_compacted_away_is_a_duplicate(appliance_factory):
     from appliance.protocol.records import Record, build_batch
-    from rawclient import RawClient
+    from raw_wire import RawClient
     a = appliance_factory(**CLEANER_CONFIG)
     t = uid("dup")
     create_topic(a.bootstrap, t, **COMPACTED)

@@ -11,8 +11,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from smalldisk import MiB, disk_full, small_tmpfs
-from smalldisk import fill as fill_rest
+from small_filesystems import MiB, disk_full, fill as fill_rest, small_tmpfs
 from test_compaction import COMPACTED, TIMEOUT_S, cleaned, create_topic, pdir, uid
 
 from appliance.log.files import CLEANED_SUFFIX

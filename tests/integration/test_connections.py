@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from appliance.protocol.records import Record, build_batch
-from rawclient import RawClient, encode_request, produce_then_fetch, read_response
+from raw_wire import RawClient, encode_request, produce_then_fetch, read_response
 
 IDLE, BUSY, BUSY_S = 500, 50, 5.0
 SOAK_IDLE, SOAK_BUSY, SOAK_BUSY_S = 2000, 200, 60.0

@@ -18,8 +18,8 @@ from appliance.data_layout import partition_dir
 from appliance.log.files import log_path
 from appliance.protocol.records import (COMPRESSION_GZIP, COMPRESSION_ZSTD, HEADER_SIZE, Record,
                                         build_batch, scan_valid)
-from harness import Appliance
-from rawclient import RawClient
+from appliance_harness import Appliance
+from raw_wire import RawClient
 
 T0 = 1_700_000_000_000
 

@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from rawclient import RawClient
 from appliance.protocol.records import Record, build_batch
+from raw_wire import RawClient
 
 
 def create_topic(bootstrap, name, partitions):

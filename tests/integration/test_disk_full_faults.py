@@ -7,7 +7,7 @@ that the first produce then faulted on. Now every file the appliance maps or app
 blocks before it is used, so a full disk is an ENOSPC answered KAFKA_STORAGE_ERROR.
 
 Each run here: a real appliance with its data dir on a small ext4 loop device or a small tmpfs
-(``smalldisk``), an acks=all idempotent confluent-kafka producer until the disk is full, then
+(``small_filesystems``), an acks=all idempotent confluent-kafka producer until the disk is full, then
 reads, group and transaction requests on the full disk, DeleteTopics to free space, produce
 resuming with the same producer and no restart, and kill -9 of everything and a restart that
 reads back every acknowledged record exactly once. The numbers the README quotes are printed (``-s`` shows them).
@@ -26,11 +26,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from groupwire import NOT_COORDINATOR
-from rawclient import RawClient
-from smalldisk import MiB, disk_full, ext4_loop, free_bytes, small_tmpfs
-from smalldisk import fill as fill_rest
-from txnwire import NONE, describe, init_pid, produce
+from raw_wire import NONE, NOT_COORDINATOR, RawClient, produce
+from small_filesystems import MiB, disk_full, ext4_loop, fill as fill_rest, free_bytes, small_tmpfs
+from txn_wire import describe, init_pid
 
 from appliance.protocol.records import Record, build_batch
 

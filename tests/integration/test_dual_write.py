@@ -18,9 +18,9 @@ import sys
 
 import pytest
 
-from clientkit import create, read_all, uid
-from clients import _watch_shared_appliance, shared_appliance  # noqa: F401  (fixtures)
-from harness import ROOT
+from appliance_harness import ROOT
+from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
+from client_drivers import create, read_all, uid
 
 APPLIANCE_CONFIG = {"transactions": {"two_phase_commit_enable": True}}
 EXAMPLE = os.path.join(ROOT, "examples", "dual_write.py")

@@ -1,7 +1,7 @@
 """Exactly-once consume-transform-produce under failures (KIP-98 + KIP-447), the scenario
 of Kafka's own transactions system test.
 
-Three copier processes (``eos_copier.py``: confluent-kafka, read_committed group consumer +
+Three copier processes (``programs/eos_copier.py``: confluent-kafka, read_committed group consumer +
 transactional producer committing the consumed offsets in the same transaction) copy an input
 topic of 20,000 records (50,000 with --soak) to an output topic while the test kills -9, at
 random, copiers (restarted with the same transactional id, which fences the zombie), partition
@@ -21,10 +21,10 @@ import uuid
 
 import pytest
 
-from clients import driver
+from appliance_harness import PROGRAMS
+from client_drivers import driver
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-COPIER = os.path.join(HERE, "eos_copier.py")
+COPIER = os.path.join(PROGRAMS, "eos_copier.py")
 PARTITIONS = 6
 RECORDS, SOAK_RECORDS = 20_000, 50_000
 CHAOS_S, SOAK_CHAOS_S = 45, 90
@@ -76,7 +76,7 @@ def read_committed(bootstrap: str, topic: str, count: int, timeout: float) -> di
 
 def output_end(bootstrap: str, topic: str) -> int:
     """Sum of the output partitions' high watermarks (records and markers)."""
-    from rawclient import RawClient
+    from raw_wire import RawClient
     try:
         with RawClient(bootstrap, timeout=5) as c:
             r = c.request(2, 5, {"replica_id": -1, "isolation_level": 0, "topics": [

@@ -4,7 +4,7 @@ import threading
 import time
 
 from appliance.protocol.records import Record, build_batch, decode_records, iter_batch_headers
-from rawclient import RawClient
+from raw_wire import RawClient
 
 
 def create(raw, name, partitions=1, configs=()):

@@ -2,7 +2,7 @@
 
 Requests of confluent-kafka, kafka-python and aiokafka (admin, idempotent and transactional
 producers, consumer groups) are recorded by a proxy in front of the appliance, then mutated with a
-seeded generator (``fuzzframes.Mutator``) and sent, each on its own connection between two
+seeded generator (``frame_fuzzing.Mutator``) and sent, each on its own connection between two
 ApiVersions requests. Afterwards: no worker was restarted (same pids), the log holds no traceback
 and no asyncio "exception was never retrieved", every request sent before a bad one was answered,
 no request that should be answered promptly was left hanging, 3,000 pipelined ApiVersions are
@@ -20,10 +20,11 @@ import uuid
 
 import pytest
 
-from fuzzframes import MAY_WAIT, Corpus, Mutator, pipelined_api_versions, record_real_clients, run_cases
-from harness import Appliance
-from proxy import FaultyProxy
-from rawclient import RawClient
+from appliance_harness import Appliance
+from fault_proxy import FaultyProxy
+from frame_fuzzing import (MAY_WAIT, Corpus, Mutator, pipelined_api_versions, record_real_clients,
+                           run_cases)
+from raw_wire import RawClient
 
 FRAMES, SOAK_FRAMES, SEED = 4000, 100_000, 17
 INFLATED, SOAK_INFLATED = 4, 100        # requests grown past one ring record (0.6-2 MiB each)

@@ -3,7 +3,7 @@ offsets committed in a transaction (invisible until the COMMIT marker, never aft
 pending across a coordinator restart, stale producer epochs fenced) and KIP-447's group checks of
 TxnOffsetCommit.
 
-Everything is driven by hand with ``RawClient`` (helpers in ``groupwire.py``): InitProducerId,
+Everything is driven by hand with ``RawClient`` (helpers in ``group_wire.py``, ``txn_wire.py`` and ``raw_wire.py``): InitProducerId,
 AddOffsetsToTxn, TxnOffsetCommit at each version, EndTxn, OffsetCommit, OffsetFetch with and
 without RequireStable, JoinGroup/SyncGroup on separate connections to make generations. Error
 codes are the broker's own, checked against what Kafka answers (KafkaApis, the group
@@ -31,13 +31,14 @@ import time
 
 import pytest
 
-from groupwire import (COORDINATOR_NOT_AVAILABLE, FENCED_INSTANCE_ID, ILLEGAL_GENERATION,
-                       INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, NONE, REBALANCE_IN_PROGRESS, RETRIABLE,
-                       TRANSACTION_ABORTABLE, UNKNOWN_MEMBER_ID, UNSTABLE_OFFSET_COMMIT,
-                       add_offsets, committed, create_topic, describe_group, end_txn, fetch_offsets,
-                       init_pid, join, new_member_id, offset_commit, recv_join, retry, send_join,
-                       sync, txn_offset_commit, wait_committed)
-from rawclient import RawClient
+from group_wire import (committed, describe_group, fetch_offsets, join, new_member_id,
+                        offset_commit, recv_join, send_join, sync, txn_offset_commit,
+                        wait_committed)
+from raw_wire import (COORDINATOR_NOT_AVAILABLE, FENCED_INSTANCE_ID, ILLEGAL_GENERATION,
+                      INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, NONE, REBALANCE_IN_PROGRESS,
+                      RETRIABLE, TRANSACTION_ABORTABLE, UNKNOWN_MEMBER_ID, UNSTABLE_OFFSET_COMMIT,
+                      RawClient, create_topic, retry)
+from txn_wire import add_offsets, end_txn, init_producer
 
 # Fresh groups form at once (no initial rebalance delay).
 GROUPS = {"initial_rebalance_delay_ms": 0}
@@ -77,7 +78,7 @@ def test_txn_offsets_hidden_until_commit_marker_never_after_abort_unstable_meanw
     group, tid = "g47", "g47-txn"
     with RawClient(a.bootstrap) as raw:
         assert offset_commit(raw, group, {TP0: 5, TP2: 7}) == {TP0: NONE, TP2: NONE}
-        pid, epoch = init_pid(raw, tid)
+        pid, epoch = init_producer(raw, tid)
         assert add_offsets(raw, tid, pid, epoch, group) == NONE
         assert txn_offset_commit(raw, tid, group, pid, epoch, {TP0: 10, TP1: 20}) == {TP0: NONE, TP1: NONE}
 
@@ -156,7 +157,7 @@ def test_pending_txn_offsets_survive_coordinator_restart_until_the_marker(applia
         for outcome in ("commit", "abort", "later"):
             group, tid = f"g49-{outcome}", f"g49-txn-{outcome}"
             assert offset_commit(raw, group, {TP0: 5}) == {TP0: NONE}
-            pid, epoch = init_pid(raw, tid)
+            pid, epoch = init_producer(raw, tid)
             assert add_offsets(raw, tid, pid, epoch, group) == NONE
             assert txn_offset_commit(raw, tid, group, pid, epoch, {TP0: 50, TP1: 60}) == {TP0: NONE, TP1: NONE}
             txns[outcome] = (group, tid, pid, epoch)
@@ -204,14 +205,14 @@ def test_stale_producer_epoch_is_fenced_and_writes_nothing(appliance_factory):
 
 def _stale_epoch(raw, v):
     group, tid = f"g50-{v}", f"g50-txn-{v}"
-    pid, zombie_epoch = init_pid(raw, tid)
+    pid, zombie_epoch = init_producer(raw, tid)
     begin_offsets(raw, tid, pid, zombie_epoch, group, v)
     assert txn_offset_commit(raw, tid, group, pid, zombie_epoch, {TP0: 10}, version=v) == {TP0: NONE}
     assert committed(raw, group, [TP0], require_stable=True) == {TP0: "unstable"}
 
     # A new instance of the producer: InitProducerId bumps the epoch and aborts the open
     # transaction; its pending offset is dropped.
-    pid2, epoch = init_pid(raw, tid)
+    pid2, epoch = init_producer(raw, tid)
     assert pid2 == pid and epoch > zombie_epoch
     wait_committed(raw, group, {TP0: -1})
 
@@ -264,7 +265,7 @@ def test_old_generation_and_unknown_member_are_refused_and_write_nothing(applian
         last = {TP0: -1, TP1: -1}
         for v in (3, 4, 5):
             tid = f"g51-txn-{v}"
-            pid, epoch = init_pid(ra, tid)
+            pid, epoch = init_producer(ra, tid)
             begin_offsets(ra, tid, pid, epoch, group, v)
             offsets = {TP0: 100 + v, TP1: 200 + v}
             # A zombie of generation 1 (A is still a member, of generation 2).
@@ -298,7 +299,7 @@ def test_replaced_static_member_is_fenced(appliance_factory):
         last = {TP0: -1}
         for v in (3, 4, 5):
             tid = f"g51s-txn-{v}"
-            pid, epoch = init_pid(r1, tid)
+            pid, epoch = init_producer(r1, tid)
             begin_offsets(r1, tid, pid, epoch, group, v)
             assert txn_offset_commit(r1, tid, group, pid, epoch, {TP0: 10 + v}, version=v, generation=gen,
                                      member=old_id, instance="inst-1") == {TP0: FENCED_INSTANCE_ID}, v
@@ -330,7 +331,7 @@ def test_default_group_metadata_skips_group_checks(appliance_factory):
         # ...but a transactional one with the defaults (v0-2 have no such fields) is accepted.
         for v in range(6):
             tid = f"g52-txn-{v}"
-            pid, epoch = init_pid(raw, tid)
+            pid, epoch = init_producer(raw, tid)
             begin_offsets(raw, tid, pid, epoch, group, v)
             assert txn_offset_commit(raw, tid, group, pid, epoch, {TP0: 100 + v, TP1: 200 + v},
                                      version=v) == {TP0: NONE, TP1: NONE}, v
@@ -347,7 +348,7 @@ def test_default_group_metadata_skips_group_checks(appliance_factory):
         assert offset_commit(raw, group, {TP0: 1}, generation=j2.generation_id, member=member) == \
             {TP0: REBALANCE_IN_PROGRESS}
         tid = "g52-txn-rebalancing"
-        pid, epoch = init_pid(raw, tid)
+        pid, epoch = init_producer(raw, tid)
         assert add_offsets(raw, tid, pid, epoch, group) == NONE
         assert txn_offset_commit(raw, tid, group, pid, epoch, {TP0: 300}, version=3,
                                  generation=j2.generation_id, member=member) == {TP0: NONE}
@@ -368,7 +369,7 @@ def test_txn_offset_commit_v4_without_add_offsets_gets_transaction_abortable(app
         for ongoing in (False, True):
             for v in range(5):
                 group, tid = f"noadd-{ongoing}-{v}", f"noadd-txn-{ongoing}-{v}"
-                pid, epoch = init_pid(raw, tid)
+                pid, epoch = init_producer(raw, tid)
                 if ongoing:
                     r = raw.request(24, 3, {"v3_and_below_transactional_id": tid, "v3_and_below_producer_id": pid,
                                             "v3_and_below_producer_epoch": epoch,

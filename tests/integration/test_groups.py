@@ -1,5 +1,5 @@
 """Consumer groups with real clients: one group of three members - a confluent-kafka, a
-kafka-python and an aiokafka consumer, each its own process (``group_member.py``) - over a topic
+kafka-python and an aiokafka consumer, each its own process (``programs/group_member.py``) - over a topic
 of 6 partitions.
 
 - every record is consumed once while the group is stable;
@@ -26,11 +26,11 @@ import uuid
 
 import pytest
 
-from clients import driver
-from rawclient import RawClient
+from appliance_harness import PROGRAMS
+from client_drivers import driver
+from raw_wire import RawClient
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MEMBER = os.path.join(HERE, "group_member.py")
+MEMBER = os.path.join(PROGRAMS, "group_member.py")
 GROUP_CONFIG = {"groups": {"initial_rebalance_delay_ms": 0}}
 PARTITIONS = 6
 
@@ -40,7 +40,7 @@ def uid(*parts) -> str:
 
 
 class Member:
-    """A group_member.py subprocess; its stdout lines are collected by a thread."""
+    """A programs/group_member.py subprocess; its stdout lines are collected by a thread."""
 
     def __init__(self, client: str, bootstrap: str, group: str, topic: str) -> None:
         self.client = client

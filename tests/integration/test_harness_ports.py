@@ -6,7 +6,7 @@ test's proxy, bound to port 0, got the very port just picked for the appliance b
 
 import socket
 
-from harness import free_port
+from appliance_harness import free_port
 from ports import ephemeral_floor
 
 

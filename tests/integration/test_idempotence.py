@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from proxy import FaultyProxy, drop_some_produce
-from rawclient import RawClient
+from fault_proxy import FaultyProxy, drop_some_produce
+from raw_wire import RawClient
 
 N = 3000
 PARTS = 2

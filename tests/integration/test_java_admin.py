@@ -8,8 +8,8 @@ auto.offset.reset=none (a failed validation would throw)."""
 
 from __future__ import annotations
 
-from javakit import java_program  # noqa: F401 (fixture)
-from rawclient import RawClient
+from java_programs import java_program  # noqa: F401 (fixture)
+from raw_wire import RawClient
 
 
 def test_java_admin_client(appliance, java_program):

@@ -1,13 +1,13 @@
 """The Java client (kafka-clients 3.9.1, as Spark 4 ships it; tests/java/SecureClients.java, run
-through javakit) over SASL_SSL with SCRAM-SHA-512 and SCRAM-SHA-256: the AdminClient creates a
+through java_programs) over SASL_SSL with SCRAM-SHA-512 and SCRAM-SHA-256: the AdminClient creates a
 user with alterUserScramCredentials and reads it back, and that user produces (idempotent and
 transactional) and consumes read_committed in a group, with the authorizer on and only the ACLs
 it needs (the admin is the super user); a wrong password is Kafka's SaslAuthenticationException."""
 
 from __future__ import annotations
 
-from javakit import java_program  # noqa: F401 (fixture)
-from security import ADMIN, ADMIN_PASSWORD, grant, secure_appliance
+from java_programs import java_program  # noqa: F401 (fixture)
+from security_setup import ADMIN, ADMIN_PASSWORD, grant, secure_appliance
 
 
 def test_java_client_over_sasl_ssl(appliance_factory, tmp_path, java_program):

@@ -10,9 +10,9 @@ import subprocess
 
 import confluent_kafka as ck
 
-from harness import APPLIANCE, free_port
-from rawclient import RawClient
 from appliance.runtime import EXIT_CONFIG, EXIT_LISTEN_ADDRESS, EXIT_LISTEN_IN_USE
+from appliance_harness import APPLIANCE, free_port
+from raw_wire import RawClient
 
 
 def _run(args, tmp_path, timeout=60):
@@ -100,7 +100,7 @@ def test_a_listener_on_a_foreign_address_exits_6(tmp_path):
 def test_the_metrics_endpoint_serves_beside_every_listener(appliance_factory, tmp_path):
     """[metrics] listen (bound by the supervisor, served by the metrics worker) next to a
     PLAINTEXT and a SASL_SSL listener: open connections are counted per listener name."""
-    from security import secure_appliance
+    from security_setup import secure_appliance
     from test_operating import scrape, val
     port = free_port()
     s = secure_appliance(appliance_factory, tmp_path, protocols=("PLAINTEXT", "SASL_SSL"),

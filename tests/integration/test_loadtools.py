@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from harness import ROOT
-from prerequisites import require_java
+from appliance_harness import ROOT
+from java_programs import require_java
 
 BIN = os.path.dirname(sys.executable)
 

@@ -16,8 +16,8 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import free_port
-from rawclient import RawClient
+from appliance_harness import free_port
+from raw_wire import RawClient
 from test_txn_2pc_wire import init_v6
 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53

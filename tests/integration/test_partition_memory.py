@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-from smalldisk import small_tmpfs
+from small_filesystems import small_tmpfs
 
 from appliance.metrics import COORDINATOR_SNAPSHOT
 from appliance.runtime import EXIT_RUNTIME_DIR

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from harness import ROOT
+from appliance_harness import ROOT
 
 
 def test_spark_tests_without_java_fail_with_one_line_naming_it(tmp_path):

@@ -10,7 +10,7 @@ import os
 import signal
 
 from appliance.protocol.records import Record, build_batch
-from rawclient import RawClient
+from raw_wire import RawClient
 
 REQUEST_TIMED_OUT = 7
 

@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from appliance.protocol.records import Record, build_batch
-from rawclient import RawClient, produce_then_fetch
+from raw_wire import RawClient, produce_then_fetch
 
 CONNECTIONS = 20
 SECONDS = 4.0

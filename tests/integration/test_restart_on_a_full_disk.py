@@ -28,7 +28,7 @@ import uuid
 import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from harness import ROOT
+from appliance_harness import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "loadtests"))
 

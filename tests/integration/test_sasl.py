@@ -15,8 +15,8 @@ import pytest
 from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism,
                                    UserScramCredentialDeletion, UserScramCredentialUpsertion)
 
-from harness import APPLIANCE
-from security import (ADMIN, ADMIN_PASSWORD, confluent_config, secure_appliance, users_add)
+from appliance_harness import APPLIANCE
+from security_setup import ADMIN, ADMIN_PASSWORD, confluent_config, secure_appliance, users_add
 
 
 def _roundtrip(s, proto: str, mechanism: str, topic: str, user: str = ADMIN,

@@ -16,10 +16,10 @@ import confluent_kafka as ck
 import psutil
 import pytest
 
-from harness import Appliance
-from rawclient import RawClient
-from security import ADMIN, ADMIN_PASSWORD, confluent_config, secure_appliance
 from appliance.security.scram import ScramClient
+from appliance_harness import Appliance
+from raw_wire import RawClient
+from security_setup import ADMIN, ADMIN_PASSWORD, confluent_config, secure_appliance
 
 GENERIC = "Authentication failed during authentication due to invalid credentials with SASL mechanism "
 

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from harness import Appliance
-from security import (ADMIN, ADMIN_PASSWORD, aiokafka_config, appliance_client_config,
-                      confluent_config, grant, kafka_python_config, secure_appliance)
-from txclients import txn_producer
+from appliance_harness import Appliance
+from client_drivers import txn_producer
+from security_setup import (ADMIN, ADMIN_PASSWORD, aiokafka_config, appliance_client_config,
+                            confluent_config, grant, kafka_python_config, secure_appliance)
 
 APP, APP_PASSWORD = "app", "app-secret"
 NOBODY, NOBODY_PASSWORD = "nobody", "nobody-secret"

@@ -30,10 +30,10 @@ import pytest
 
 from appliance.client import transaction_admin as admin
 from appliance.client import Producer
-from clientkit import create, read_all, settle, uid
-from harness import Appliance
-from sparkkit import (batch_driver, broker, java, listed, open_transactions,  # noqa: F401 (fixtures)
-                      rows_once, values, wait_nothing_open)
+from appliance_harness import Appliance
+from client_drivers import create, read_all, settle, uid
+from spark_jobs import (batch_driver, broker, java, listed,  # noqa: F401 (fixtures)
+                        open_transactions, rows_once, values, wait_nothing_open)
 
 pytestmark = pytest.mark.slow
 
@@ -361,7 +361,7 @@ def test_stale_task_attempt_after_the_driver_ended_the_job_writes_nothing(broker
 
 @pytest.fixture(scope="module")
 def secure_broker(tmp_path_factory):
-    from security import secure_appliance
+    from security_setup import secure_appliance
     d = tmp_path_factory.mktemp("spark-secure")
     made = []
 
@@ -376,7 +376,7 @@ def secure_broker(tmp_path_factory):
 
 
 def test_write_and_read_over_sasl_ssl_with_sparks_kafka_options(spark, secure_broker, tmp_path):
-    from security import ADMIN, ADMIN_PASSWORD
+    from security_setup import ADMIN, ADMIN_PASSWORD
     s = secure_broker
     options = {
         "kafka.bootstrap.servers": s.bootstrap("SASL_SSL"),

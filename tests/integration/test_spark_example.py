@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from appliance.client import Producer
-from clientkit import create, read_all, settle, uid
-from sparkkit import HERE, broker, java, values  # noqa: F401 (fixtures)
+from client_drivers import create, read_all, settle, uid
+from spark_jobs import HERE, broker, java, values  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """Spark drivers killed -9 in the middle of a job, against the real appliance (each driver a
-spark_job.py subprocess, its own JVM):
+programs/spark_driver.py subprocess, its own JVM):
 
 - a batch job with a jobId killed at five moments (two without --soak) and run again with the
   same jobIds writes every row exactly once;
@@ -16,10 +16,10 @@ from collections import Counter
 
 import pytest
 
-from clientkit import create, read_all, uid
-from sparkkit import (KILL_PHASES, QUICK_KILL_PHASES, batch_driver, broker,  # noqa: F401 (fixtures)
-                      feed, finish, java, job_phase, open_transactions, rows_once, stream_driver,
-                      values, wait_nothing_open)
+from client_drivers import create, read_all, uid
+from spark_jobs import (KILL_PHASES, QUICK_KILL_PHASES, batch_driver,  # noqa: F401 (fixtures)
+                        broker, feed, finish, java, job_phase, open_transactions, rows_once,
+                        stream_driver, values, wait_nothing_open)
 
 pytestmark = pytest.mark.slow
 

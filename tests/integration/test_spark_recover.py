@@ -1,6 +1,6 @@
 """``appliance spark recover`` on a data dir holding a dead Spark write job in each state.
 
-The jobs are the sink's own code driven without a JVM (spark_dead_job.py), killed -9 by the
+The jobs are the sink's own code driven without a JVM (programs/spark_dead_job.py), killed -9 by the
 sink's test hook: a task sending its rows, every task prepared, the job sealed, the commit
 decided, one partition committed, every partition committed (``done`` not recorded), the abort
 decided, and a streaming micro-batch with its tasks prepared. The appliance is then restarted on
@@ -18,9 +18,9 @@ import sys
 
 from appliance.client import transaction_admin as admin
 from appliance.spark.jobs import ABORTED, DONE, JOB_LOG_TOPIC, JobLog, fold
-from clientkit import create, read_all, uid
+from appliance_harness import PROGRAMS
+from client_drivers import create, read_all, uid
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
 ROWS = 200
 # phase -> rolled forward (True) or back (False)
@@ -30,9 +30,9 @@ PHASES = {"task_writing:1": False, "before_seal": False, "after_seal": False,
 
 def run_job(bootstrap: str, topic: str, phase: str, *extra: str, prefix: str = "dead",
             rows: int = ROWS) -> str:
-    """Runs the job (spark_dead_job.py) until the hook kills it at ``phase``, or to its end
+    """Runs the job (programs/spark_dead_job.py) until the hook kills it at ``phase``, or to its end
     for the phase ``none``; returns the job's key."""
-    r = subprocess.run([sys.executable, os.path.join(HERE, "spark_dead_job.py"), bootstrap, topic,
+    r = subprocess.run([sys.executable, os.path.join(PROGRAMS, "spark_dead_job.py"), bootstrap, topic,
                         phase, "--prefix", prefix, "--rows", str(rows), *extra],
                        capture_output=True, text=True, timeout=300, start_new_session=True)
     want = 0 if phase == "none" else -signal.SIGKILL

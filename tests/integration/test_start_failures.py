@@ -7,9 +7,9 @@ import os
 import socket
 import subprocess
 
-from harness import APPLIANCE, free_port
 from appliance.runtime import (EXIT_CONFIG, EXIT_LISTEN_ADDRESS, EXIT_LISTEN_IN_USE,
                                EXIT_RUNTIME_DIR)
+from appliance_harness import APPLIANCE, free_port
 
 
 def _run(args, tmp_path, env=None, timeout=60):

@@ -10,7 +10,7 @@ import time
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from harness import APPLIANCE, Appliance, free_port
+from appliance_harness import APPLIANCE, Appliance, free_port
 
 
 def roundtrip(app, topic="sv", n=50):
@@ -255,7 +255,7 @@ def test_long_poll_held_by_a_killed_fetcher_is_answered_promptly(appliance):
     30 s internal timeout. Now the fetcher's new generation fails them at once with a
     retriable error."""
     import threading
-    from rawclient import RawClient
+    from raw_wire import RawClient
     roundtrip(appliance, topic="lp-kill")
     out = {}
     with RawClient(appliance.bootstrap) as raw:

@@ -16,10 +16,10 @@ import time
 import confluent_kafka as ck
 import pytest
 
-from harness import APPLIANCE, free_port
-from rawclient import RawClient
-from security import confluent_config, issue_broker_cert, make_pki, secure_appliance
 from appliance.runtime import EXIT_CONFIG
+from appliance_harness import APPLIANCE, free_port
+from raw_wire import RawClient
+from security_setup import confluent_config, issue_broker_cert, make_pki, secure_appliance
 
 
 def _api_versions(raw: RawClient):

@@ -17,7 +17,7 @@ client:
 - a transaction begun right after a commit: its AddPartitionsToTxn waits for the commit's markers
   instead of being answered CONCURRENT_TRANSACTIONS (counted in the metrics).
 
-The raw-wire checks of single behaviours are in ``test_txn_wire.py`` (helpers in ``txnwire.py``).
+The raw-wire checks of single behaviours are in ``test_txn_wire.py`` (helpers in ``txn_wire.py``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import uuid
 
 import pytest
 
-from clients import OTHER, driver, shared_appliance  # noqa: F401  (fixture)
-from rawclient import RawClient
-from txclients import is_fenced, txn_producer
+from appliance_harness import shared_appliance  # noqa: F401 (fixture)
+from client_drivers import OTHER, driver, is_fenced, txn_producer
+from raw_wire import RawClient
 
 APPLIANCE_CONFIG = {"transactions": {"abort_timed_out_interval_ms": 200}}
 CLIENTS = ("confluent", "kafka-python", "aiokafka")

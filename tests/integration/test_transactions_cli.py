@@ -9,9 +9,9 @@ import os
 import subprocess
 import sys
 
-from rawclient import RawClient
+from raw_wire import READ_COMMITTED, RawClient, create_topic, fetch
 from test_txn_2pc_wire import committed_values, init_v6, open_2pc_txn
-from txnwire import READ_COMMITTED, Txn, create_topic, describe, fetch
+from txn_wire import Txn, describe
 
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
 # KIP-939's kafka.coordinator.transaction:type=TransactionStateManager,name=ActiveTransactionOpenTimeMaxMs

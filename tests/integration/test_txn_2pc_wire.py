@@ -22,8 +22,8 @@ from appliance.txn.metadata import MAX_EPOCH, TransactionMetadata, TransactionSt
 from appliance.txn.producer_ids import ProducerIdManager
 from appliance.txn.records import decode_key, decode_value
 from appliance.txn.state_manager import TransactionStateManager
-from rawclient import RawClient
-from txnwire import READ_COMMITTED, Txn, create_topic, describe, fetch
+from raw_wire import READ_COMMITTED, RawClient, create_topic, fetch
+from txn_wire import Txn, describe
 
 NONE = 0
 INVALID_REQUEST = 42

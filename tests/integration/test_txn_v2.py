@@ -21,10 +21,11 @@ import contextlib
 import threading
 
 from appliance.protocol.records import build_batch
-from rawclient import RawClient
-from txnwire import (CONCURRENT_TRANSACTIONS, INVALID_PRODUCER_EPOCH, NONE, NOT_ENOUGH_REPLICAS,
-                     READ_COMMITTED, Txn, create_topic, end_offsets, fetch, produce, records_of,
-                     stopped)
+from appliance_harness import stopped
+from raw_wire import (CONCURRENT_TRANSACTIONS, INVALID_PRODUCER_EPOCH, NONE, NOT_ENOUGH_REPLICAS,
+                      READ_COMMITTED, RawClient, create_topic, end_offsets, fetch, produce,
+                      records_of)
+from txn_wire import Txn
 
 PRODUCER_FENCED = 90
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import signal
 
-from rawclient import RawClient
-from txnwire import NONE, READ_COMMITTED, Txn, create_topic, describe, fetch
+from raw_wire import NONE, READ_COMMITTED, RawClient, create_topic, fetch
+from txn_wire import Txn, describe
 
 
 def test_next_transaction_does_not_join_the_previous_one_ahead_of_its_marker(appliance):

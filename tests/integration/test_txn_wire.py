@@ -28,15 +28,15 @@ from appliance.log.txn_index import read_entries
 from appliance.protocol.records import (CONTROL_ABORT, CONTROL_COMMIT, Record, build_batch,
                                         build_control_batch, scan_valid)
 from appliance.txn.state_manager import read_coordinator_epoch
-from rawclient import RawClient
-from txnwire import (CONCURRENT_TRANSACTIONS, COORDINATOR_NOT_AVAILABLE, EARLIEST,
-                     INVALID_PRODUCER_EPOCH, INVALID_PRODUCER_ID_MAPPING, INVALID_RECORD,
-                     INVALID_REQUEST, INVALID_TOPIC_EXCEPTION, INVALID_TXN_STATE, NONE,
-                     NOT_ENOUGH_REPLICAS, OUT_OF_ORDER_SEQUENCE_NUMBER, READ_COMMITTED,
-                     READ_UNCOMMITTED, TRANSACTION_ABORTABLE, TRANSACTION_COORDINATOR_FENCED, Txn,
-                     coordinator_pid, create_topic, describe, end_offsets, eventually, fetch,
-                     init_pid, list_offset, plain, produce, producers, records_of, stopped,
-                     txn_partitions, write_markers)
+from appliance_harness import coordinator_pid, eventually, stopped
+from raw_wire import (CONCURRENT_TRANSACTIONS, COORDINATOR_NOT_AVAILABLE, EARLIEST,
+                      INVALID_PRODUCER_EPOCH, INVALID_PRODUCER_ID_MAPPING, INVALID_RECORD,
+                      INVALID_REQUEST, INVALID_TOPIC_EXCEPTION, INVALID_TXN_STATE, NONE,
+                      NOT_ENOUGH_REPLICAS, OUT_OF_ORDER_SEQUENCE_NUMBER, READ_COMMITTED,
+                      READ_UNCOMMITTED, TRANSACTION_ABORTABLE, TRANSACTION_COORDINATOR_FENCED,
+                      RawClient, create_topic, end_offsets, fetch, list_offset, plain, produce,
+                      records_of)
+from txn_wire import Txn, describe, init_pid, producers, txn_partitions, write_markers
 
 
 def test_first_transactional_batch_with_nonzero_sequence_is_out_of_order(appliance):

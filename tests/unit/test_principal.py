@@ -11,7 +11,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from security import make_pki  # noqa: E402
+from security_setup import make_pki  # noqa: E402
 
 from appliance.config import TlsConfig
 from appliance.principal_rules import MappingRuleError, parse_mapping_rules

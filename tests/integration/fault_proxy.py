@@ -1,5 +1,5 @@
-"""A loopback TCP proxy in front of the appliance that records requests, and loses or delays
-responses on purpose.
+"""Fault proxies: a loopback TCP proxy in front of the appliance that records requests, and loses or
+delays responses on purpose.
 
 Clients connect to the proxy; the appliance is configured to advertise the proxy's address, so
 every connection (bootstrap and the ones Metadata points to) goes through it. The proxy reads the

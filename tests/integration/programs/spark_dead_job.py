@@ -1,7 +1,7 @@
-"""A Spark write job's driver and tasks without Spark, for the recovery tests: the sink's own code
-(``appliance.spark.writer``) driven in one process with task contexts of our own, killed -9 by
-the sink's test hook at a given phase. It leaves exactly what a dead Spark driver leaves: the job
-log's records and the transactions, open or prepared.
+"""A Spark write job's driver and tasks without Spark, for the recovery tests (test_spark_recover.py):
+the sink's own code (``appliance.spark.writer``) driven in one process with task contexts of our
+own, killed -9 by the sink's test hook at a given phase. It leaves exactly what a dead Spark
+driver leaves: the job log's records and the transactions, open or prepared.
 
     python spark_dead_job.py BOOTSTRAP TOPIC PHASE [--prefix P] [--stream] [--rows N]
                              [--job-retention-ms MS]

@@ -1,4 +1,4 @@
-"""One consumer-group member as a subprocess, for ``test_groups.py``.
+"""One consumer-group member as a subprocess, for test_groups.py.
 
     python group_member.py CLIENT BOOTSTRAP GROUP TOPIC
 

@@ -1,5 +1,5 @@
 // Kafka's Java AdminClient (kafka-clients, the version Spark ships) against the appliance's ACL
-// APIs: createAcls, describeAcls, deleteAcls. Compiled and run by tests/integration/test_acls.py.
+// APIs: createAcls, describeAcls, deleteAcls. Compiled and run by tests/integration/test_acls.py (java_program).
 //
 //   java AclAdmin BOOTSTRAP roundtrip   create, describe (ANY and MATCH), refuse a bad Cluster
 //                                       name, delete; one line per step on stdout

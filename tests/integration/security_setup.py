@@ -1,6 +1,25 @@
-"""Test helpers for TLS and SASL: a throw-away PKI made with ``cryptography`` (no key is ever
-committed), an appliance with one listener per security protocol and users made offline with
-``appliance users add``, and the client settings of each client library for each protocol."""
+"""Security for integration tests: certificates, SASL users, listeners per security protocol, each
+client library's settings for them, and ACLs.
+
+- A throw-away PKI made with ``cryptography`` (``make_pki``, ``issue_broker_cert``; no key is ever
+  committed): a test CA, a broker and a client certificate, and a rogue one from a CA nobody
+  trusts.
+- ``secure_appliance``: an appliance with one listener per security protocol, its certificates
+  from a fresh PKI and users made offline with ``appliance users add`` (``users_add``) before it
+  starts; ``confluent_config`` / ``kafka_python_config`` / ``aiokafka_config`` /
+  ``appliance_client_config``: how each client library connects to one of its listeners as a
+  user; ``grant``: the admin (a super user) gives a user ACLs over SASL_SSL.
+- ``secure``: an appliance with the authorizer on and nothing but PLAINTEXT, where every client
+  is ``User:ANONYMOUS``. A test names the ACLs it needs (``Acl`` rows, in Kafka's words) and gets
+  back the ``Principal`` it acts as: that principal's client configuration for confluent-kafka,
+  kafka-python and ``appliance.client``. The topics and ACLs are made through confluent-kafka's
+  AdminClient (CreateAcls, the real API) while ANONYMOUS is a super user; then the appliance
+  restarts with the super users the test asked for (the ACLs are durable, so every such test
+  also proves that they survive a restart). ``produce_one`` and ``any_filter`` are what the ACL
+  tests ask with.
+
+Runs in the pytest process; ``appliance users add`` runs as a subprocess.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +30,27 @@ import ssl
 import subprocess
 from dataclasses import dataclass, field
 
+from confluent_kafka import Producer
+from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType,
+                                   AdminClient, NewTopic, ResourcePatternType, ResourceType)
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from harness import APPLIANCE, free_port
+from appliance.acl import admin as acl_admin
+from appliance.acl import model
+from appliance.client.transaction_admin import connect
+from appliance.client.security import DEFAULTS, Security
+from appliance_harness import APPLIANCE, Appliance, free_port
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 ADMIN, ADMIN_PASSWORD = "admin", "admin-secret"
+ANONYMOUS = "User:ANONYMOUS"
+TIMEOUT = 30
 
+
+# -- certificates ---------------------------------------------------------------------------------
 
 def _name(**attrs) -> x509.Name:
     oids = {"C": NameOID.COUNTRY_NAME, "O": NameOID.ORGANIZATION_NAME,
@@ -129,6 +159,8 @@ def issue_broker_cert(pki: Pki, cn: str, key_password: bytes | None = None,
             _write(os.path.join(pki.dir, f"broker{suffix}.key"), _key_pem(bk, key_password)))
 
 
+# -- SASL users, listeners per protocol -----------------------------------------------------------
+
 def users_add(data_dir: str, name: str, password: str, mechanism: str = "SCRAM-SHA-512",
               *extra: str) -> subprocess.CompletedProcess:
     """``appliance users add`` offline, the password on stdin."""
@@ -220,24 +252,118 @@ def appliance_client_config(s: Secured, protocol: str, user: str = ADMIN,
     return conf
 
 
+# -- ACLs -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Acl:
+    """One ACL as kafka-acls.sh would take it: ``Acl("Topic", "orders", "Read")``."""
+    resource_type: str                  # Topic, Group, Cluster, TransactionalId
+    name: str
+    operation: str                      # Read, Write, All, TwoPhaseCommit...
+    principal: str = ANONYMOUS
+    permission: str = "Allow"
+    pattern: str = "LITERAL"            # or PREFIXED
+    host: str = "*"
+
+    def binding(self) -> model.AclBinding:
+        return model.AclBinding(
+            int(model.parse_resource_type(self.resource_type)), self.name,
+            int(model.parse_pattern_type(self.pattern)), self.principal, self.host,
+            int(model.parse_operation(self.operation)), int(model.parse_permission(self.permission)))
+
+    def confluent(self) -> AclBinding | None:
+        """As confluent-kafka's AclBinding (None for TwoPhaseCommit, which it does not know)."""
+        b = self.binding()
+        try:
+            op = AclOperation(b.operation)
+        except ValueError:
+            return None
+        return AclBinding(ResourceType(b.resource_type), b.resource_name,
+                          ResourcePatternType(b.pattern_type), b.principal, b.host, op,
+                          AclPermissionType(b.permission_type))
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a test acts as, and how each client library connects as them."""
+    name: str
+    bootstrap: str
+    extra: dict = field(default_factory=dict)     # more confluent-kafka settings
+
+    def confluent(self, **conf) -> dict:
+        return {"bootstrap.servers": self.bootstrap, **self.extra, **conf}
+
+    def kafka_python(self, **kw) -> dict:
+        return {"bootstrap_servers": self.bootstrap, **kw}
+
+    def appliance_client(self, **kw) -> dict:
+        return {"bootstrap_servers": self.bootstrap, **kw}
+
+    def admin(self) -> AdminClient:
+        return AdminClient(self.confluent())
+
+
+def create_acls(bootstrap: str, bindings: list[model.AclBinding], security: Security | None = None) -> None:
+    """CreateAcls through the appliance's own admin client (``appliance acls``), which knows
+    every operation (confluent-kafka's AclOperation has no TwoPhaseCommit, KIP-939's)."""
+    conn = connect(bootstrap, security=security)
+    try:
+        acl_admin.create_acls(conn, bindings)
+    finally:
+        conn.close()
+
+
 def grant(s: Secured, user: str, acls: list[tuple[str, str, str, str]]) -> None:
     """The admin (a super user) allows ``User:<user>`` each (resource type, name, pattern,
     operation) of ``acls`` (the names of ``appliance.acl.model``'s enums, e.g. ("TOPIC", "t-",
-    "PREFIXED", "ALL")), over SASL_SSL with the appliance's own admin client (confluent-kafka's
-    AclOperation has no TwoPhaseCommit, KIP-939's)."""
-    from appliance.client import transaction_admin as admin
-    from appliance.acl import admin as acl_admin
-    from appliance.acl.model import (AclBinding, AclOperation, AclPermissionType, PatternType,
-                                     ResourceType)
-    from appliance.client.security import DEFAULTS, Security
+    "PREFIXED", "ALL")), over SASL_SSL with the appliance's own admin client."""
     conf = appliance_client_config(s, "SASL_SSL")
     security = Security.from_config({**DEFAULTS, **{k: v for k, v in conf.items()
                                                     if k != "bootstrap_servers"}})
-    conn = admin.connect(conf["bootstrap_servers"], security=security)
-    try:
-        acl_admin.create_acls(conn, [
-            AclBinding(int(ResourceType[rtype]), name, int(PatternType[pattern]), f"User:{user}",
-                       "*", int(AclOperation[op]), int(AclPermissionType.ALLOW))
-            for rtype, name, pattern, op in acls])
-    finally:
-        conn.close()
+    create_acls(conf["bootstrap_servers"],
+                [Acl(rtype, name, op, principal=f"User:{user}", pattern=pattern).binding()
+                 for rtype, name, pattern, op in acls], security)
+
+
+def secure(appliance: Appliance, acls: list[Acl], topics: dict[str, int] | None = None, *,
+           super_users: list[str] | None = None,
+           allow_everyone_if_no_acl_found: bool = False) -> Principal:
+    """Start ``appliance`` (not started yet) with the authorizer on, ``topics`` and ``acls`` in
+    place; return the principal the test acts as (``User:ANONYMOUS``: PLAINTEXT authenticates
+    nobody)."""
+    auth = appliance.config.setdefault("authorizer", {})
+    auth.update(enable=True, super_users=[ANONYMOUS], allow_everyone_if_no_acl_found=False)
+    appliance.start()
+    admin = AdminClient({"bootstrap.servers": appliance.bootstrap})
+    if topics:
+        for f in admin.create_topics([NewTopic(t, n, 1) for t, n in topics.items()],
+                                     request_timeout=TIMEOUT).values():
+            f.result()
+    known = [a.confluent() for a in acls if a.confluent() is not None]
+    if known:
+        for f in admin.create_acls(known, request_timeout=TIMEOUT).values():
+            assert f.result() is None
+    others = [a.binding() for a in acls if a.confluent() is None]
+    if others:       # through the appliance's own admin client (appliance acls)
+        create_acls(appliance.bootstrap, others)
+    appliance.terminate()
+    auth.update(super_users=list(super_users or []),
+                allow_everyone_if_no_acl_found=allow_everyone_if_no_acl_found)
+    appliance.start()
+    return Principal(ANONYMOUS, appliance.bootstrap)
+
+
+def produce_one(p: Principal, topic: str, **conf) -> int:
+    """The error code confluent-kafka's producer reports for one record (0: delivered)."""
+    got = []
+    prod = Producer(p.confluent(**{"message.timeout.ms": 10000, **conf}))
+    prod.produce(topic, b"v", on_delivery=lambda err, msg: got.append(err))
+    prod.flush(20)
+    assert got, "no delivery report"
+    return 0 if got[0] is None else got[0].code()
+
+
+def any_filter() -> AclBindingFilter:
+    """confluent-kafka's filter that matches every ACL."""
+    return AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+                            AclOperation.ANY, AclPermissionType.ANY)

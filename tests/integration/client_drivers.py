@@ -1,234 +1,41 @@
-"""Drive the real appliance with real Kafka clients: confluent-kafka, kafka-python and aiokafka.
+"""The client drivers: the real Python Kafka clients (confluent-kafka, kafka-python, aiokafka) and
+the appliance's own (``appliance.client``), each driven through its public API, for the
+integration tests. Runs in the pytest process (the clients' own threads and event loops are
+theirs, not ours). Owns:
 
-Used by ``test_clients_*.py`` (runs in the pytest process; the clients' own threads and event loops
-are theirs, not ours). Owns:
+- one ``Driver`` per real client with the same small surface (create/delete topics, produce and
+  return each record's (partition, offset), consume by assignment from given offsets,
+  ListOffsets, DescribeConfigs, topic metadata), every call through THAT client's public API,
+  normalised into ``Got`` / plain tuples so that tests compare clients with each other and with
+  what was produced (the records: client_records.py); ``driver(name)``, ``CLIENTS``, ``OTHER``;
+- the transactional producers of the same three clients behind one surface: ``txn_producer(
+  client, bootstrap, transactional_id, **opts)`` (confluent-kafka: ``init_transactions``,
+  ``begin_transaction``, ``produce``, ``flush``, ``commit_transaction``, ``abort_transaction``;
+  kafka-python: the same names on ``KafkaProducer``; aiokafka: the same on ``AIOKafkaProducer``,
+  run on one private event loop), and ``is_fenced(client, exc)``: whether an exception is the
+  fatal "you were fenced" error that client raises once a newer instance took over its id;
+- the appliance's own client reading a topic back: ``uid`` (unique names), ``create`` (topics),
+  ``settle`` (no transaction open), ``read_all`` (every record of a partition set, up to the end
+  offset of an isolation level), ``values_of``.
 
-- ``make_records``: a deterministic mix of records (null/empty/short keys, null/empty/small/~10 KiB
-  values, no/one/several/duplicate/null-valued headers, explicit partitions, explicit CreateTime
-  timestamps) that a given client is able to send;
-- one ``Driver`` per client with the same small surface (create/delete topics, produce and return
-  each record's (partition, offset), consume by assignment from given offsets, ListOffsets,
-  DescribeConfigs, topic metadata), every call through THAT client's public API, normalised into
-  ``Got`` / plain tuples so that tests compare clients with each other and with what was produced;
-- ``assert_same_records``: byte-for-byte comparison with a short, readable failure message;
-- ``shared_appliance``: a module-scoped appliance (one per test module; topics are named per case),
-  plus an autouse guard that fails a test when the appliance logged an error or died during it
-  (clients retry, and a retry must not hide a crashed worker) and prints the log tail on failure;
-- ``raw_batches`` / ``raw_fetch_sizes`` / ``raw_topic_error``: what the broker itself answers
-  (RawClient Fetch v12 and Metadata v12): batch boundaries, codecs and timestamp types as stored,
-  so that tests can prove an offset really lies inside a batch or a codec really went through.
-
-No consumer groups: the appliance has no group coordinator yet, so every consumer assigns
-partitions and seeks. confluent-kafka insists on a group.id even for assign(); it never joins.
+Consumers assign partitions and seek (consumer groups have their own tests, each member a process:
+programs/group_member.py); confluent-kafka insists on a group.id even for assign(), it never joins.
+What the broker itself stores is raw_wire.py's (``raw_batches``, ``stored_batches``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import os
-import random
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Iterable, NamedTuple
 
-import pytest
+from appliance.client import Consumer
+from client_records import CREATE_TIME, LOG_APPEND_TIME, Caps, Got, Rec
 
-from appliance.protocol.records import iter_batch_headers
-from harness import Appliance
-from rawclient import RawClient
-
-CODECS = ("none", "gzip", "zstd", "lz4", "snappy")
-CREATE_TIME, LOG_APPEND_TIME = "CreateTime", "LogAppendTime"
 # ListOffsets specs; an int is a timestamp. MAX_TIMESTAMP (KIP-734) only through admin APIs.
 EARLIEST, LATEST, MAX_TIMESTAMP = "earliest", "latest", "max_timestamp"
 TIMEOUT_S = 60.0
-
-
-# ------------------------------------------------------------------------------------------------
-# Records
-# ------------------------------------------------------------------------------------------------
-
-Headers = tuple[tuple[str, "bytes | None"], ...]
-
-
-class Rec(NamedTuple):
-    """One record as a test produces it."""
-    partition: int
-    key: bytes | None
-    value: bytes | None
-    headers: Headers
-    timestamp: int
-
-
-class Got(NamedTuple):
-    """One record as a client consumed it, normalised."""
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Headers
-    timestamp: int
-    timestamp_type: str          # CREATE_TIME or LOG_APPEND_TIME
-
-
-@dataclass(frozen=True)
-class Caps:
-    """What a client's producer API can express."""
-    null_key_and_value: bool     # kafka-python and aiokafka refuse key=None with value=None
-    null_header_value: bool      # kafka-python accepts only (str, bytes) headers
-
-
-def _blob(rng: random.Random, n: int) -> bytes:
-    """n bytes, half random and half repetitive, so every codec has work and something to gain."""
-    if n == 0:
-        return b""
-    head = rng.randbytes(n // 2)
-    word = rng.randbytes(rng.randint(1, 8))
-    return head + (word * (n // len(word) + 1))[: n - len(head)]
-
-
-def _value(rng: random.Random) -> bytes | None:
-    r = rng.random()
-    if r < 0.10:
-        return None
-    if r < 0.20:
-        return b""
-    if r < 0.80:
-        return _blob(rng, rng.randint(1, 200))
-    if r < 0.98:
-        return _blob(rng, rng.randint(200, 3000))
-    return _blob(rng, 10240 + rng.randint(-100, 100))   # ~10 KiB
-
-
-def _key(rng: random.Random) -> bytes | None:
-    r = rng.random()
-    if r < 0.25:
-        return None
-    if r < 0.30:
-        return b""
-    if r < 0.40:
-        return bytes([0xff, 0xfe, 0x00]) + rng.randbytes(rng.randint(0, 5))   # not UTF-8
-    return f"key-{rng.randint(0, 999)}".encode()
-
-
-HEADER_KEYS = ("trace", "ключ-ü", "", "x" * 40)
-
-
-def _headers(rng: random.Random, caps: Caps) -> Headers:
-    r = rng.random()
-    if r < 0.40:
-        return ()
-    if r < 0.70:
-        return ((rng.choice(HEADER_KEYS), _blob(rng, rng.randint(0, 30))),)
-    hs = []
-    for _ in range(rng.randint(2, 4)):
-        v = _blob(rng, rng.randint(0, 20))
-        if caps.null_header_value and rng.random() < 0.3:
-            v = None
-        hs.append((rng.choice(HEADER_KEYS), v))
-    hs.append(("dup", b"1"))
-    hs.append(("dup", b""))               # same key twice, order must survive
-    return tuple(hs)
-
-
-def make_records(n: int, partitions: int, caps: Caps, *, seed: int, base_ts: int) -> list[Rec]:
-    """n records spread over every partition, timestamps rising (pairs share one timestamp)."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        key, value = _key(rng), _value(rng)
-        if key is None and value is None and not caps.null_key_and_value:
-            key = b"k"
-        # The first records hit every partition in turn, so that none stays empty.
-        p = i if i < partitions else rng.randrange(partitions)
-        out.append(Rec(p, key, value, _headers(rng, caps), base_ts + (i // 2) * 5))
-    return out
-
-
-def expected_positions(recs: list[Rec], positions: list[tuple[int, int]]) -> dict[tuple[int, int], Rec]:
-    """(partition, offset) -> record, checking that the broker kept the production order."""
-    assert len(positions) == len(recs)
-    nxt: dict[int, int] = {}
-    out = {}
-    for r, (p, off) in zip(recs, positions):
-        assert p == r.partition, f"record sent to partition {r.partition} landed in {p}"
-        want = nxt.get(p, 0)
-        assert off == want, f"partition {p}: record got offset {off}, expected {want} (production order)"
-        nxt[p] = want + 1
-        out[(p, off)] = r
-    return out
-
-
-def partition_counts(recs: Iterable[Rec], partitions: int) -> dict[int, int]:
-    counts = dict.fromkeys(range(partitions), 0)
-    for r in recs:
-        counts[r.partition] += 1
-    return counts
-
-
-def assert_same_records(expected: dict[tuple[int, int], Rec], got: list[Got], *,
-                        start: dict[int, int] | None = None, timestamp_type: str = CREATE_TIME,
-                        who: str = "") -> None:
-    """Every expected record at or after ``start`` (per partition) came back once, in offset order
-    per partition, byte for byte (key, value, headers in order, CreateTime timestamp)."""
-    start = start or {}
-    by_part: dict[int, list[Got]] = {}
-    for g in got:
-        by_part.setdefault(g.partition, []).append(g)
-    want_parts: dict[int, list[int]] = {}
-    for (p, off) in sorted(expected):
-        if off >= start.get(p, 0):
-            want_parts.setdefault(p, []).append(off)
-    problems = []
-    for p in sorted(set(want_parts) | set(by_part)):
-        offs = [g.offset for g in by_part.get(p, [])]
-        if offs != want_parts.get(p, []):
-            w = want_parts.get(p, [])
-            problems.append(f"partition {p}: got {len(offs)} offsets {offs[:5]}..{offs[-3:]}, "
-                            f"expected {len(w)} {w[:5]}..{w[-3:]}")
-            continue
-        for g in by_part[p]:
-            r = expected[(p, g.offset)]
-            diffs = []
-            if g.key != r.key:
-                diffs.append(f"key {_short(g.key)} != {_short(r.key)}")
-            if g.value != r.value:
-                diffs.append(f"value {_short(g.value)} != {_short(r.value)}")
-            if g.headers != r.headers:
-                diffs.append(f"headers {g.headers!r:.200} != {r.headers!r:.200}")
-            if g.timestamp_type != timestamp_type:
-                diffs.append(f"timestamp type {g.timestamp_type} != {timestamp_type}")
-            if timestamp_type == CREATE_TIME and g.timestamp != r.timestamp:
-                diffs.append(f"timestamp {g.timestamp} != {r.timestamp}")
-            if diffs:
-                problems.append(f"{p}@{g.offset}: " + "; ".join(diffs))
-            if len(problems) > 10:
-                break
-    assert not problems, f"{who}: {len(problems)} mismatches:\n" + "\n".join(problems[:10])
-
-
-def _short(b: bytes | None) -> str:
-    if b is None:
-        return "None"
-    return f"{len(b)}B:{b[:16]!r}"
-
-
-def expected_offset_for_time(expected: dict[tuple[int, int], Rec], partition: int,
-                             target: int) -> tuple[int, int] | None:
-    """Kafka's answer to ListOffsets(timestamp): the first offset whose timestamp >= target."""
-    for (p, off) in sorted(expected):
-        if p == partition and expected[(p, off)].timestamp >= target:
-            return off, expected[(p, off)].timestamp
-    return None
-
-
-def time_targets(expected: dict[tuple[int, int], Rec], partition: int) -> list[int]:
-    """Timestamps worth asking for: below everything, each edge, exact hits, gaps, past the end."""
-    ts = [expected[k].timestamp for k in sorted(expected) if k[0] == partition]
-    mid = ts[len(ts) // 2]
-    return [ts[0] - 100_000, ts[0], ts[0] + 1, mid - 1, mid, mid + 1, ts[-1], ts[-1] + 1]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -656,119 +463,221 @@ def driver(name: str, timeout: float = TIMEOUT_S) -> Driver:
 
 
 def case_topic(*parts) -> str:
+    """The topic of one parametrized case (the same name every run: the shared appliance is the
+    module's own)."""
     return "-".join(str(p) for p in parts).replace("_", "-")
 
 
 # ------------------------------------------------------------------------------------------------
-# Raw views
+# Transactional producers
 # ------------------------------------------------------------------------------------------------
 
-class RawBatch(NamedTuple):
-    base_offset: int
-    last_offset: int
-    size: int
-    codec: str
-    timestamp_type: str
-    max_timestamp: int
+class _ConfluentTxn:
+    def __init__(self, bootstrap: str, tid: str, codec: str = "none", timeout_ms: int = 60000, **extra):
+        import confluent_kafka
+        self.ck = confluent_kafka
+        conf = {"bootstrap.servers": bootstrap, "transactional.id": tid, "compression.type": codec,
+                "linger.ms": 5, "transaction.timeout.ms": timeout_ms,
+                "message.timeout.ms": min(timeout_ms, 60000)}
+        conf.update(extra)
+        self.p = confluent_kafka.Producer(conf)
+        self.errors: list = []
+
+    def init(self):
+        self.p.init_transactions(TIMEOUT_S)
+
+    def begin(self):
+        self.p.begin_transaction()
+
+    def send(self, topic, partition, key, value):
+        def done(err, msg):
+            if err is not None:
+                self.errors.append(err)
+        while True:
+            try:
+                self.p.produce(topic, value=value, key=key, partition=partition, on_delivery=done)
+                return
+            except BufferError:
+                self.p.poll(0.1)
+
+    def flush(self):
+        assert self.p.flush(TIMEOUT_S) == 0
+        assert not self.errors, self.errors
+
+    def commit(self):
+        self.p.commit_transaction(TIMEOUT_S)
+
+    def abort(self):
+        self.p.abort_transaction(TIMEOUT_S)
+
+    def close(self):
+        self.p.purge()
+        self.p.flush(1)
 
 
-def _fetch12(bootstrap: str, topic: str, partition: int, offset: int, partition_max_bytes: int,
-             max_bytes: int):
-    with RawClient(bootstrap) as raw:
-        r = raw.request(1, 12, {
-            "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": max_bytes,
-            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-            "topics": [{"topic": topic, "partitions": [
-                {"partition": partition, "current_leader_epoch": -1, "fetch_offset": offset,
-                 "log_start_offset": -1, "last_fetched_epoch": -1,
-                 "partition_max_bytes": partition_max_bytes}]}],
-            "forgotten_topics_data": [], "rack_id": ""})
-    p = r.responses[0].partitions[0]
-    assert p.error_code == 0, p
-    return p
+class _KafkaPythonTxn:
+    def __init__(self, bootstrap: str, tid: str, codec: str = "none", timeout_ms: int = 60000, **extra):
+        import kafka
+        self.p = kafka.KafkaProducer(bootstrap_servers=bootstrap, transactional_id=tid,
+                                     compression_type=None if codec == "none" else codec,
+                                     linger_ms=5, transaction_timeout_ms=timeout_ms,
+                                     request_timeout_ms=int(TIMEOUT_S * 1000), **extra)
+        self.futures: list = []
+
+    def init(self):
+        self.p.init_transactions()
+
+    def begin(self):
+        self.p.begin_transaction()
+
+    def send(self, topic, partition, key, value):
+        self.futures.append(self.p.send(topic, key=key, value=value, partition=partition))
+
+    def flush(self):
+        self.p.flush(TIMEOUT_S)
+        for f in self.futures:
+            f.get(TIMEOUT_S)
+        self.futures.clear()
+
+    def commit(self):
+        self.p.commit_transaction()
+
+    def abort(self):
+        self.p.abort_transaction()
+
+    def close(self):
+        self.p.close(timeout=5)
 
 
-def raw_batches(bootstrap: str, topic: str, partition: int, offset: int = 0) -> list[RawBatch]:
-    """Every batch the broker holds for the partition from ``offset`` on, read with Fetch v12."""
-    out: list[RawBatch] = []
-    while True:
-        p = _fetch12(bootstrap, topic, partition, offset, 16 << 20, 16 << 20)
-        data = bytes(p.records or b"")
-        for _, h in iter_batch_headers(data):
-            out.append(RawBatch(h.base_offset, h.base_offset + h.last_offset_delta, h.batch_length + 12,
-                                CODECS_BY_ID[h.attributes & 7],
-                                LOG_APPEND_TIME if h.attributes & 8 else CREATE_TIME, h.max_timestamp))
-        if not out or out[-1].last_offset + 1 >= p.high_watermark:
-            return out
-        offset = out[-1].last_offset + 1
+class _AiokafkaTxn:
+    def __init__(self, bootstrap: str, tid: str, codec: str = "none", timeout_ms: int = 60000, **extra):
+        import aiokafka
+        self.loop = asyncio.new_event_loop()
+        self.ak = aiokafka
+
+        async def make():
+            return aiokafka.AIOKafkaProducer(
+                bootstrap_servers=bootstrap, transactional_id=tid,
+                compression_type=None if codec == "none" else codec, linger_ms=5,
+                transaction_timeout_ms=timeout_ms, request_timeout_ms=int(TIMEOUT_S * 1000), **extra)
+        self.p = self._run(make())
+        self.futures: list = []
+        self.started = False
+
+    def _run(self, coro):
+        return self.loop.run_until_complete(asyncio.wait_for(coro, TIMEOUT_S * 2))
+
+    def init(self):
+        # aiokafka initialises transactions (InitProducerId) inside start().
+        self._run(self.p.start())
+        self.started = True
+
+    def begin(self):
+        self._run(self.p.begin_transaction())
+
+    def send(self, topic, partition, key, value):
+        self.futures.append(self._run(self.p.send(topic, key=key, value=value, partition=partition)))
+
+    def flush(self):
+        self._run(self.p.flush())
+        for f in self.futures:
+            self._run(f)
+        self.futures.clear()
+
+    def commit(self):
+        self._run(self.p.commit_transaction())
+
+    def abort(self):
+        self._run(self.p.abort_transaction())
+
+    def close(self):
+        try:
+            if self.started:
+                self._run(self.p.stop())
+        finally:
+            self.loop.close()
 
 
-CODECS_BY_ID = ("none", "gzip", "snappy", "lz4", "zstd", "5?", "6?", "7?")
+PRODUCERS = {"confluent": _ConfluentTxn, "kafka-python": _KafkaPythonTxn, "aiokafka": _AiokafkaTxn}
 
 
-def raw_fetch_sizes(bootstrap: str, topic: str, partition: int, offset: int,
-                    partition_max_bytes: int, max_bytes: int) -> tuple[int, list[RawBatch]]:
-    """(bytes of records returned, the batches in them) for one Fetch v12."""
-    p = _fetch12(bootstrap, topic, partition, offset, partition_max_bytes, max_bytes)
-    data = bytes(p.records or b"")
-    return len(data), [RawBatch(h.base_offset, h.base_offset + h.last_offset_delta, h.batch_length + 12,
-                                CODECS_BY_ID[h.attributes & 7],
-                                LOG_APPEND_TIME if h.attributes & 8 else CREATE_TIME, h.max_timestamp)
-                       for _, h in iter_batch_headers(data)]
+def txn_producer(client: str, bootstrap: str, transactional_id: str, **opts):
+    """A transactional producer of ``client`` (one of CLIENTS): ``init() / begin() / send(topic,
+    partition, key, value) / flush() / commit() / abort() / close()``, each a call of that
+    client's public transactional API."""
+    return PRODUCERS[client](bootstrap, transactional_id, **opts)
 
 
-def raw_topic_error(bootstrap: str, topic: str) -> int:
-    """The Metadata v12 error code of one topic, without auto-creating it."""
-    with RawClient(bootstrap) as raw:
-        r = raw.request(3, 12, {"topics": [{"name": topic, "topic_id": None}],
-                                "allow_auto_topic_creation": False,
-                                "include_topic_authorized_operations": False})
-    return r.topics[0].error_code
+def is_fenced(client: str, exc: BaseException) -> bool:
+    """The error each client raises once a newer producer with its transactional id fenced it:
+    librdkafka a fatal KafkaError (_FENCED, PRODUCER_FENCED or INVALID_PRODUCER_EPOCH, KIP-588),
+    kafka-python ProducerFencedError / InvalidProducerEpochError, aiokafka ProducerFenced."""
+    if client == "confluent":
+        import confluent_kafka
+        if not isinstance(exc, confluent_kafka.KafkaException):
+            return False
+        err = exc.args[0]
+        return err.fatal() and err.code() in (confluent_kafka.KafkaError._FENCED,
+                                             confluent_kafka.KafkaError.PRODUCER_FENCED,
+                                             confluent_kafka.KafkaError.INVALID_PRODUCER_EPOCH)
+    name = type(exc).__name__
+    return "Fenced" in name or "InvalidProducerEpoch" in name
 
 
 # ------------------------------------------------------------------------------------------------
-# Fixtures
+# The appliance's own client: topics read back
 # ------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def shared_appliance(tmp_path_factory, request):
-    """One appliance for the whole test module (config from the module's APPLIANCE_CONFIG)."""
-    d = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
-    a = Appliance(data_dir=str(d / "data"), log_path=str(d / "appliance.log"),
-                  config=getattr(request.module, "APPLIANCE_CONFIG", {}))
-    a.start()
-    yield a
-    a.terminate()
+def uid(*parts) -> str:
+    """A name of its own for a topic, group or transactional id: the parts and 6 random hex digits."""
+    return "-".join(str(p) for p in parts) + "-" + uuid.uuid4().hex[:6]
 
 
-ERROR_MARKERS = (" ERROR ", " CRITICAL ", "Traceback")
+def create(bootstrap: str, topics: dict[str, int]) -> None:
+    """Create ``topics`` (name -> partitions) through confluent-kafka's AdminClient."""
+    driver("confluent").create_topics(bootstrap, {t: (n, {}) for t, n in topics.items()})
 
 
-def log_errors(a: Appliance, since: int) -> list[str]:
-    with open(a.log_path, "rb") as f:
-        f.seek(since)
-        text = f.read().decode(errors="replace")
-    return [line for line in text.splitlines() if any(m in line for m in ERROR_MARKERS)]
+def settle(bootstrap: str, topic: str, partitions: int) -> None:
+    """Wait until no transaction is open on the partitions (LSO == high watermark). EndTxn is
+    answered once the outcome is logged; the markers follow, so a transaction just committed may
+    still pin the LSO for a moment."""
+    tps = [(topic, p) for p in range(partitions)]
+    with Consumer(bootstrap_servers=bootstrap) as rc, \
+            Consumer(bootstrap_servers=bootstrap, isolation_level="read_uncommitted") as ru:
+        deadline = time.monotonic() + TIMEOUT_S
+        while rc.end_offsets(tps) != ru.end_offsets(tps):
+            assert time.monotonic() < deadline, f"{topic}: a transaction stays open"
+            time.sleep(0.05)
 
 
-@pytest.fixture(autouse=True)
-def _watch_shared_appliance(request):
-    """For tests on ``shared_appliance``: print its log tail when the test fails, and fail a test
-    that passed while the appliance logged an error or died (clients retry and hide crashes)."""
-    if "shared_appliance" not in request.fixturenames:
-        yield
-        return
-    a: Appliance = request.getfixturevalue("shared_appliance")
-    since = os.path.getsize(a.log_path)
-    yield
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        print(f"\n--- appliance log {a.log_path} (tail) ---\n{a.log_tail(120)}")
-        return
-    if request.node.get_closest_marker("xfail") is not None:
-        return
-    errors = log_errors(a, since)
-    alive = a.proc is not None and a.proc.poll() is None
-    if errors or not alive:
-        pytest.fail(f"appliance {'died' if not alive else 'logged errors'} during the test "
-                    f"(log {a.log_path}):\n" + "\n".join(errors[:20]) + "\n" + a.log_tail(60))
+def read_all(bootstrap: str, topic: str, partitions: int, level: str = "read_committed", *,
+             settled: bool = True, **config) -> dict[int, list]:
+    """partition -> every record our consumer returns from offset 0 up to the end offset of its
+    isolation level (high watermark, or the LSO for read_committed). Stops on positions, not on
+    a count, so an extra record cannot hide. ``settled``: first wait until no transaction is
+    open (pass False where a test expects one to stay open)."""
+    if settled:
+        settle(bootstrap, topic, partitions)
+    c = Consumer(bootstrap_servers=bootstrap, isolation_level=level, **config)
+    try:
+        tps = [(topic, p) for p in range(partitions)]
+        c.assign(tps)
+        c.seek_to_beginning()
+        end = c.end_offsets(tps)
+        out: dict[int, list] = {p: [] for p in range(partitions)}
+        deadline = time.monotonic() + TIMEOUT_S
+        while any(c.position(tp) < end[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"positions {[c.position(tp) for tp in tps]} < {end}"
+            for r in c.poll(500):
+                out[r.partition].append(r)
+        for p, recs in out.items():
+            offs = [r.offset for r in recs]
+            assert offs == sorted(set(offs)), f"partition {p}: offsets {offs}"
+        return out
+    finally:
+        c.close()
+
+
+def values_of(by_partition: dict[int, list]) -> dict[int, list[bytes]]:
+    return {p: [r.value for r in recs] for p, recs in by_partition.items() if recs}

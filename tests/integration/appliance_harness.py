@@ -1,10 +1,18 @@
-"""Start and drive the real appliance for integration tests.
+"""The appliance process harness: start, drive and stop the real appliance in integration tests.
 
 Every test gets its own appliance: ``appliance run`` as a subprocess (its own process group, so
 that the whole appliance can be killed with one signal), on a free port, with a temporary data dir
 and a config file written by the test. Nothing is mocked. Tests that need to act at a precise
 moment (a long-poll parked, a request queued in a ring) wait on the runtime directory's state
-pages and rings, read only, through the white-box helpers below.
+pages and rings, read only, through the white-box helpers of ``Appliance``.
+
+Also here: the paths tests run things by (``ROOT``, the ``appliance`` executable, ``PROGRAMS``:
+the Python programs a test runs as their own process), a module-scoped appliance
+(``shared_appliance``, configured by the module's ``APPLIANCE_CONFIG``, and ``module_appliance``
+for fixtures of their own) with the guard that fails a test when the appliance logged an error
+or died during it (``watch_shared_appliance``, ``watching``), and the signal helpers that stop a
+worker for a while. Runs in the pytest process; the per-test fixtures (``appliance``,
+``appliance_factory``) are in conftest.py.
 """
 
 from __future__ import annotations
@@ -18,7 +26,10 @@ import struct
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+import pytest
 
 from appliance.catalog.view import PUBLISHED_FILE, read_published
 from appliance.runtime import (FRONTEND_PAGE_FIELDS, PARTITION_PAGE_FIELDS, READY, page_fields,
@@ -31,6 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.append(os.path.join(ROOT, "loadtests"))
 import ports  # noqa: E402  (loadtests/ports.py: one port picker for tests and benchmarks)
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
+# The Python programs tests run by path as processes of their own (never imported).
+PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
 
 
 def free_port() -> int:
@@ -297,3 +310,90 @@ class Appliance:
 
     def restart(self, **kw) -> "Appliance":
         return self.start(**kw)
+
+
+# -- one appliance for a whole test module ------------------------------------------------------------
+
+def module_appliance(tmp_path_factory, name: str, config: dict, start: bool = True) -> Appliance:
+    """An appliance in a fresh temporary folder named after ``name``, started unless told not to;
+    the module-scoped fixture that asked for it terminates it."""
+    d = tmp_path_factory.mktemp(name)
+    a = Appliance(data_dir=str(d / "data"), log_path=str(d / "appliance.log"), config=config)
+    return a.start() if start else a
+
+
+@pytest.fixture(scope="module")
+def shared_appliance(tmp_path_factory, request):
+    """One appliance for the whole test module (config from the module's APPLIANCE_CONFIG)."""
+    a = module_appliance(tmp_path_factory, request.module.__name__.rsplit(".", 1)[-1],
+                         getattr(request.module, "APPLIANCE_CONFIG", {}))
+    yield a
+    a.terminate()
+
+
+ERROR_MARKERS = (" ERROR ", " CRITICAL ", "Traceback")
+
+
+def log_errors(a: Appliance, since: int) -> list[str]:
+    with open(a.log_path, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    return [line for line in text.splitlines() if any(m in line for m in ERROR_MARKERS)]
+
+
+@contextmanager
+def watching(request, a: Appliance):
+    """Around one test on an appliance shared by its module: print the log tail when the test
+    fails, and fail a test that passed while the appliance logged an error or died (clients
+    retry, and a retry must not hide a crashed worker)."""
+    since = os.path.getsize(a.log_path)
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(f"\n--- appliance log {a.log_path} (tail) ---\n{a.log_tail(120)}")
+        return
+    if request.node.get_closest_marker("xfail") is not None:
+        return
+    errors = log_errors(a, since)
+    alive = a.proc is not None and a.proc.poll() is None
+    if errors or not alive:
+        pytest.fail(f"appliance {'died' if not alive else 'logged errors'} during the test "
+                    f"(log {a.log_path}):\n" + "\n".join(errors[:20]) + "\n" + a.log_tail(60))
+
+
+@pytest.fixture(autouse=True)
+def watch_shared_appliance(request):
+    """``watching`` for every test of the module on ``shared_appliance`` (a module opts in by
+    importing this fixture)."""
+    if "shared_appliance" not in request.fixturenames:
+        yield
+        return
+    with watching(request, request.getfixturevalue("shared_appliance")):
+        yield
+
+
+# -- workers stopped for a while ------------------------------------------------------------------------
+
+@contextmanager
+def stopped(pid):
+    """The process ``pid`` stopped with SIGSTOP for the duration of the block."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def coordinator_pid(app):
+    (w,) = app.workers("coordinator")
+    return w["pid"]
+
+
+def eventually(predicate, timeout=15.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)

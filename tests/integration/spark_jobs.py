@@ -1,7 +1,9 @@
-"""Shared by the Spark test files (test_spark*.py): the Java check and the module's broker (two-phase
-commit on) as fixtures, the Spark driver subprocesses (spark_job.py, batch and streaming, killed
-at a phase with KILL_ENV), and reading back what the jobs left (rows, open transactions, the job
-log's phase of a job)."""
+"""Spark sessions and jobs in the tests, shared by the Spark test files (test_spark*.py): the Java
+check and the module's broker (two-phase commit on) as fixtures, the Spark driver subprocesses
+(programs/spark_driver.py, batch and streaming, each its own Spark session and JVM, killed at a
+phase with KILL_ENV), transactions to feed them, and reading back what the jobs left (rows, open
+transactions, the job log's phase of a job). Runs in the pytest process; the drivers are
+subprocesses of their own session, so that a test can kill one -9 with its JVM."""
 
 from __future__ import annotations
 
@@ -16,11 +18,12 @@ import pytest
 from appliance.client import transaction_admin as admin
 from appliance.client import Producer
 from appliance.spark.jobs import KILL_ENV
-from clientkit import read_all, uid
-from harness import Appliance
-from prerequisites import require_java
+from appliance_harness import PROGRAMS, module_appliance
+from client_drivers import read_all, uid
+from java_programs import require_java
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))     # tests/integration
+SPARK_DRIVER = os.path.join(PROGRAMS, "spark_driver.py")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,11 +34,9 @@ def java():
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    d = tmp_path_factory.mktemp("spark")
-    a = Appliance(data_dir=str(d / "data"), log_path=str(d / "appliance.log"),
-                  config={"transactions": {"two_phase_commit_enable": True},
+    a = module_appliance(tmp_path_factory, "spark",
+                         {"transactions": {"two_phase_commit_enable": True},
                           "log": {"retention_check_interval_ms": 200}})
-    a.start()
     yield a
     a.terminate()
 
@@ -81,7 +82,7 @@ def driver_env(kill_at: str | None) -> dict:
 
 
 def stream_driver(broker, source, sink, checkpoint, *extra, kill_at: str | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, os.path.join(HERE, "spark_job.py"), "stream", broker.bootstrap,
+    return subprocess.Popen([sys.executable, SPARK_DRIVER, "stream", broker.bootstrap,
                              source, sink, checkpoint, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env=driver_env(kill_at))
@@ -89,9 +90,9 @@ def stream_driver(broker, source, sink, checkpoint, *extra, kill_at: str | None 
 
 def batch_driver(broker, *jobs: str, kill_at: str | None = None, prefix: str = "spark",
                  rows: int = 600, timeout_ms: int | None = None) -> subprocess.CompletedProcess:
-    """spark_job.py batch: each of ``jobs`` ("TOPIC[:JOB_ID]") writes ``rows`` rows from 3 Spark
+    """programs/spark_driver.py batch: each of ``jobs`` ("TOPIC[:JOB_ID]") writes ``rows`` rows from 3 Spark
     partitions; with ``kill_at`` the sink kills the driver at that phase."""
-    args = [sys.executable, os.path.join(HERE, "spark_job.py"), "batch", broker.bootstrap,
+    args = [sys.executable, SPARK_DRIVER, "batch", broker.bootstrap,
             "--rows", str(rows), "--partitions", "3", "--prefix", prefix]
     for job in jobs:
         args += ["--job", job]

@@ -3,7 +3,7 @@ seeded generator, send them to the appliance and classify what it did.
 
 - ``record_real_clients(bootstrap)`` drives confluent-kafka (admin, idempotent and transactional
   producers, a consumer group), kafka-python (admin, producer, transactional producer, consumer
-  group) and aiokafka (producer, consumer group) against ``bootstrap``: a ``proxy.FaultyProxy``
+  group) and aiokafka (producer, consumer group) against ``bootstrap``: a ``fault_proxy.FaultyProxy``
   whose ``on_request`` hook keeps every request frame in a ``Corpus``.
 - ``Mutator`` turns corpus frames into hostile cases, reproducibly from a seed: byte flips,
   truncation, huge and negative lengths, varint bombs, another API's key, other versions,

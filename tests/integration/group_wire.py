@@ -1,84 +1,20 @@
-"""Group and transactional-offset requests at the wire, for the raw-protocol tests.
+"""Groups over the wire, for the raw-protocol group tests: committed offsets (OffsetCommit,
+OffsetFetch, TxnOffsetCommit: the group's side of a transaction, KIP-447) and membership
+(JoinGroup, SyncGroup, DescribeGroups).
 
 Thin helpers over ``RawClient``: each sends one request (kio field names) and returns the part of
-the answer a test asserts on, never hiding an error code. Used by ``test_group_wire.py``.
+the answer a test asserts on, never hiding an error code. Error codes and ``retry`` are
+raw_wire.py's; InitProducerId, AddOffsetsToTxn and EndTxn are txn_wire.py's. Runs in the pytest
+process.
 """
 
 from __future__ import annotations
 
 import time
 
-from rawclient import RawClient
-
-# Error codes (Kafka's Errors)
-NONE = 0
-ILLEGAL_GENERATION = 22
-UNKNOWN_MEMBER_ID = 25
-REBALANCE_IN_PROGRESS = 27
-COORDINATOR_LOAD_IN_PROGRESS = 14
-COORDINATOR_NOT_AVAILABLE = 15
-NOT_COORDINATOR = 16
-INVALID_PRODUCER_EPOCH = 47
-INVALID_TXN_STATE = 48
-CONCURRENT_TRANSACTIONS = 51
-MEMBER_ID_REQUIRED = 79
-FENCED_INSTANCE_ID = 82
-UNSTABLE_OFFSET_COMMIT = 88
-PRODUCER_FENCED = 90
-TRANSACTION_ABORTABLE = 120
-
-# What a client retries while a coordinator (re)loads or a transaction is being completed.
-RETRIABLE = {COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR,
-             CONCURRENT_TRANSACTIONS}
+from raw_wire import MEMBER_ID_REQUIRED, NONE, UNSTABLE_OFFSET_COMMIT, RawClient
 
 PROTOCOL = [{"name": "range", "metadata": b"\x00\x01meta"}]
-
-
-# -- topics and producers -------------------------------------------------------------------------
-
-def create_topic(raw: RawClient, name: str, partitions: int = 2) -> None:
-    r = raw.request(19, 7, {"topics": [{"name": name, "num_partitions": partitions, "replication_factor": 1,
-                                        "assignments": [], "configs": []}],
-                            "timeout_ms": 30000, "validate_only": False})
-    assert r.topics[0].error_code == NONE, r
-
-
-def init_pid(raw: RawClient, txn_id: str, timeout_ms: int = 60000) -> tuple[int, int]:
-    """InitProducerId for ``txn_id``: (producer id, epoch). Retried while the coordinator
-    completes the previous instance's transaction (CONCURRENT_TRANSACTIONS), as clients do."""
-    r = retry(lambda: raw.request(22, 4, {"transactional_id": txn_id, "transaction_timeout_ms": timeout_ms,
-                                          "producer_id": -1, "producer_epoch": -1}))
-    assert r.error_code == NONE, r
-    return r.producer_id, r.producer_epoch
-
-
-def add_offsets(raw: RawClient, txn_id: str, pid: int, epoch: int, group: str, version: int = 3) -> int:
-    """AddOffsetsToTxn: the error code."""
-    r = raw.request(25, version, {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch,
-                                  "group_id": group})
-    return r.error_code
-
-
-def end_txn(raw: RawClient, txn_id: str, pid: int, epoch: int, commit: bool, version: int = 3):
-    """EndTxn: the response (error_code; producer id/epoch from v5)."""
-    return raw.request(26, version, {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch,
-                                     "committed": commit})
-
-
-def txn_offset_commit(raw: RawClient, txn_id: str, group: str, pid: int, epoch: int,
-                      offsets: dict[tuple[str, int], int], *, version: int = 3, generation: int = -1,
-                      member: str = "", instance: str | None = None) -> dict[tuple[str, int], int]:
-    """TxnOffsetCommit of ``offsets`` {(topic, partition): offset}: {(topic, partition): error}.
-    ``generation``/``member``/``instance`` exist from v3 only (ignored by the encoder before)."""
-    topics: dict[str, list] = {}
-    for (t, p), off in offsets.items():
-        topics.setdefault(t, []).append({"partition_index": p, "committed_offset": off,
-                                         "committed_leader_epoch": -1, "committed_metadata": f"txn-{off}"})
-    r = raw.request(28, version, {"transactional_id": txn_id, "group_id": group, "producer_id": pid,
-                                  "producer_epoch": epoch, "generation_id": generation, "member_id": member,
-                                  "group_instance_id": instance,
-                                  "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]})
-    return {(t.name, p.partition_index): p.error_code for t in r.topics for p in t.partitions}
 
 
 # -- offsets --------------------------------------------------------------------------------------
@@ -145,22 +81,35 @@ def wait_committed(raw: RawClient, group: str, want: dict[tuple[str, int], int],
         time.sleep(0.02)
 
 
-def retry(op, *, timeout: float = 30.0, retriable=RETRIABLE):
-    """Calls ``op()`` until its answer is not a retriable coordinator error (an int error code,
-    or an object with ``error_code``; any other answer is final); returns that answer. Socket
-    errors are retried too."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            r = op()
-        except (OSError, ConnectionError) as e:       # timeouts included
-            r = e
-        else:
-            code = r if isinstance(r, int) else getattr(r, "error_code", None)
-            if code is None or code not in retriable:
-                return r
-        assert time.monotonic() < deadline, f"still retriable after {timeout}s: {r!r}"
-        time.sleep(0.05)
+def committed_offset(bootstrap: str, group: str, topic: str, partition: int) -> int:
+    """OffsetFetch v7 with RequireStable, on a connection of its own: the group's committed
+    offset (-1 when none), asked again while the markers of a transaction are on their way."""
+    with RawClient(bootstrap) as raw:
+        for _ in range(600):
+            err, got = fetch_offsets(raw, group, [(topic, partition)], require_stable=True)
+            e, offset = got[(topic, partition)]
+            if e == UNSTABLE_OFFSET_COMMIT:
+                time.sleep(0.05)
+                continue
+            assert e == NONE and err == NONE, (err, got)
+            return offset
+    raise AssertionError("offsets stayed unstable")
+
+
+def txn_offset_commit(raw: RawClient, txn_id: str, group: str, pid: int, epoch: int,
+                      offsets: dict[tuple[str, int], int], *, version: int = 3, generation: int = -1,
+                      member: str = "", instance: str | None = None) -> dict[tuple[str, int], int]:
+    """TxnOffsetCommit of ``offsets`` {(topic, partition): offset}: {(topic, partition): error}.
+    ``generation``/``member``/``instance`` exist from v3 only (ignored by the encoder before)."""
+    topics: dict[str, list] = {}
+    for (t, p), off in offsets.items():
+        topics.setdefault(t, []).append({"partition_index": p, "committed_offset": off,
+                                         "committed_leader_epoch": -1, "committed_metadata": f"txn-{off}"})
+    r = raw.request(28, version, {"transactional_id": txn_id, "group_id": group, "producer_id": pid,
+                                  "producer_epoch": epoch, "generation_id": generation, "member_id": member,
+                                  "group_instance_id": instance,
+                                  "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]})
+    return {(t.name, p.partition_index): p.error_code for t in r.topics for p in t.partitions}
 
 
 # -- membership -----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Small file systems for the full-disk tests: an ext4 file system on a loop device, or a tmpfs
+"""Small file systems for the full-disk tests (runs in the pytest process): an ext4 file system on a loop device, or a tmpfs
 with a size limit, mounted under the test's tmp dir and always taken down again.
 
 Needs root (CI runs as root): without it, or without a loop device, the fixture fails the test

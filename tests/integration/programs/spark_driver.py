@@ -1,9 +1,10 @@
 """A Spark driver for the integration tests, run as its own process so that a test can kill -9
 it (the Python driver and its JVM, one process group) and start it again on the same checkpoint.
+Started by spark_jobs.py (``batch_driver``, ``stream_driver``).
 
-    python spark_job.py stream BOOTSTRAP SOURCE SINK CHECKPOINT [--max-offsets N] [--available-now]
-    python spark_job.py batch BOOTSTRAP --job TOPIC[:JOB_ID] [--job ...] [--rows N] [--partitions N]
-                              [--prefix P] [--job-timeout-ms MS]
+    python spark_driver.py stream BOOTSTRAP SOURCE SINK CHECKPOINT [--max-offsets N] [--available-now]
+    python spark_driver.py batch BOOTSTRAP --job TOPIC[:JOB_ID] [--job ...] [--rows N] [--partitions N]
+                                 [--prefix P] [--job-timeout-ms MS]
 
 ``batch`` writes, for each ``--job``, the rows ``key = id, value = "v-<id>"`` (``id`` in
 0..N-1) to TOPIC, with the option ``jobId`` when one is given, one job after the other. With the

@@ -1,5 +1,5 @@
 """An exactly-once copier process (consume-transform-produce, KIP-98 + KIP-447), run by
-``test_eos_copier.py`` as a subprocess so that it can be killed with SIGKILL.
+test_eos_copier.py as a subprocess so that it can be killed with SIGKILL.
 
     python eos_copier.py BOOTSTRAP GROUP INPUT OUTPUT TRANSACTIONAL_ID [IDLE_EXIT_S [BATCH [PAUSE_S]]]
 
