@@ -3,7 +3,7 @@
 
 Runs in the user's shell; owns nothing but its connection. ``--bootstrap-server``,
 ``--command-config`` (a secured listener) and ``--config`` come before the command, as the other
-tools take them (``appliance.cli.tool``). What it sends and prints: ``appliance.acl.admin``.
+tools take them (``appliance.cli.tool``). What it sends and prints: ``appliance.client.acl_admin``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _principal_options(fn):
 
 
 def _acl_plan(pattern: str, kw: dict, *, specific: bool):
-    from appliance.acl import admin as acl_admin
+    from appliance.client import acl_admin
     from appliance.acl import model
     try:
         pt = model.parse_pattern_type(pattern)
@@ -91,7 +91,7 @@ def _print_acls(acl_admin, found) -> None:
 @click.pass_context
 def acls_add(ctx, pattern, **kw) -> None:
     """Add ACLs: every principal x host x operation, on every resource named."""
-    from appliance.acl import admin as acl_admin
+    from appliance.client import acl_admin
     from appliance.acl.model import AclBinding, AclFilter
     _, planned = _acl_plan(pattern, kw, specific=True)
     if any(not entries for entries in planned.values()):
@@ -119,7 +119,7 @@ def acls_add(ctx, pattern, **kw) -> None:
 @click.pass_context
 def acls_list(ctx, pattern, principals, **kw) -> None:
     """List ACLs: of the resources named, or all of them."""
-    from appliance.acl import admin as acl_admin
+    from appliance.client import acl_admin
     from appliance.acl import model
     try:
         pt = model.parse_pattern_type(pattern)
@@ -146,7 +146,7 @@ def acls_list(ctx, pattern, principals, **kw) -> None:
 @click.pass_context
 def acls_remove(ctx, pattern, force, **kw) -> None:
     """Remove ACLs: the ones given, or every ACL of the resources named when no principal is."""
-    from appliance.acl import admin as acl_admin
+    from appliance.client import acl_admin
     from appliance.acl.model import AclFilter
     _, planned = _acl_plan(pattern, kw, specific=False)
     conn = protocol_connection(ctx, "appliance-acls")

@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from appliance.acl import admin as acl_admin
+from appliance.client import acl_admin
 from appliance.acl import model
 from appliance.client.transaction_admin import connect
 from appliance.client.security import DEFAULTS, Security

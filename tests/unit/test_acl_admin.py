@@ -1,8 +1,8 @@
-"""kafka-acls.sh's rules for turning a command line into ACLs (appliance.acl.admin.plan)."""
+"""kafka-acls.sh's rules for turning a command line into ACLs (appliance.client.acl_admin.plan)."""
 
 import pytest
 
-from appliance.acl.admin import UsageError, entry_str, plan, resource_str, resources
+from appliance.client.acl_admin import UsageError, entry_str, plan, resource_str, resources
 from appliance.acl.model import AclOperation as O, AclPermissionType as A, PatternType as P
 from appliance.acl.model import ResourceType as R
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from appliance.client.connection import BrokerConnection
 from appliance.client.errors import ErrorCode, KafkaError
 
-from .model import (CLUSTER_NAME, SUPPORTED_OPERATIONS, WILDCARD_HOST, AclBinding, AclFilter,
-                    AclOperation, AclPermissionType, PatternType, ResourceType, operation_name,
-                    permission_name, pattern_name)
+from appliance.acl.model import (CLUSTER_NAME, SUPPORTED_OPERATIONS, WILDCARD_HOST, AclBinding,
+                                 AclFilter, AclOperation, AclPermissionType, PatternType,
+                                 ResourceType, operation_name, permission_name, pattern_name)
 
 DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
 O, R, P, A = AclOperation, ResourceType, PatternType, AclPermissionType
