@@ -2,7 +2,7 @@
 
 Runs in the top process (``appliance run``). Owns, alone: the process table (pid, role, generation
 of every worker), the listening sockets (one per listener), the runtime directory with every shm
-file, the topic catalog (``appliance.catalog.CatalogStore``), the SCRAM credential store and the
+file, the topic catalog (``appliance.supervisor.catalog_store.CatalogStore``), the SCRAM credential store and the
 published copy of the TLS certificates (both through ``appliance.security.supervisor``), the ACLs
 (``appliance.acl.store``) and the data-dir lock.
 

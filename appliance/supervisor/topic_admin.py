@@ -1,7 +1,7 @@
 """The supervisor's topic administration: CreateTopics, DeleteTopics, CreatePartitions and
 AlterConfigs / IncrementalAlterConfigs, served from the frontends' admin rings.
 
-Runs in the supervisor process, which owns the catalog (``appliance.catalog.CatalogStore``) and the
+Runs in the supervisor process, which owns the catalog (``appliance.supervisor.catalog_store.CatalogStore``) and the
 process table; this service is the supervisor's, single-threaded, and changes both only through
 the supervisor's ``ProcessTable`` interface (``appliance.supervisor.process_table``: add, fork,
 stop and forget writers). Each change commits the catalog first (the durable point), then acts:
