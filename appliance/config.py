@@ -259,12 +259,17 @@ class TopicsConfig(_Section):
     auto_create: bool = True
     # Partitions of an auto-created topic, and of CreateTopics with num_partitions = -1.
     default_partitions: Positive = 1
-    # Refuse to create more than this many partitions in all (each is a writer process).
-    max_partitions: Positive = 1024
-    # Partitions of one topic served by one writer process (workers.writer_host); 1: a process
-    # per partition. Each partition still has exactly one writer. Applies to writers forked from
-    # now on (new topics and partitions); every writer at the next start.
-    partitions_per_writer: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 1
+    # Refuse to create more than this many partitions in all.
+    max_partitions: Positive = 100000
+    # The writer-process budget (docs/architecture.md, "Writer processes and their rings"):
+    # under it, each partition's writer runs in a process of its own; past it, a new partition
+    # joins the writer process that carries the fewest. 0: four per core, at least four. Each
+    # partition still has exactly one writer. Applies to new partitions; every start lays the
+    # catalog out again.
+    writer_processes: NonNegative = 0
+    # Above 1: explicit writer hosts, every writer process carrying up to this many partitions
+    # (the budget then does not apply); 1 lets the budget decide.
+    partitions_per_writer: Annotated[int, msgspec.Meta(ge=1, le=100000)] = 1
 
 
 class ShmConfig(_Section):
@@ -272,9 +277,10 @@ class ShmConfig(_Section):
     produce_ring_bytes: Annotated[int, msgspec.Meta(ge=65536)] = 8388608
     # Capacity of each small ring (control, coordinator requests, fetch requests and replies).
     small_ring_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 1048576
-    # Capacity of each partition's rings other than the produce rings (acks to each frontend,
-    # markers and verifications with the coordinator, its cleaner's rounds): they carry short
-    # messages, and every partition has 2 + frontends of them, all memory from its creation.
+    # Capacity of each writer process's rings other than the produce rings (acks to each
+    # frontend, markers and verifications with the coordinator, its cleaner's rounds): they carry
+    # short messages, and every writer process has 2 + frontends of them, all memory from its
+    # creation (the name is from when rings were per partition).
     partition_ring_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 262144
 
 

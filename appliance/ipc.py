@@ -64,16 +64,23 @@ from shm.topology import SPILLED, unspill
 KIND_PRODUCE = 1
 KIND_PRODUCE_ACK = 2
 
-PRODUCE_HDR = struct.Struct("<BBhIQiHH")
+# A produce record: kind, 0, acks, the writer process's generation, request id, batch length,
+# Produce version, transactional id length, then the partition it is for (topic id, index: a
+# writer process carries many partitions and its rings are the process's), the transactional id,
+# the batch.
+PRODUCE_HDR = struct.Struct("<BBhIQiHH16sI")
 PRODUCE_ACK = struct.Struct("<BBhIQqqqiI")
-assert PRODUCE_HDR.size == 24 and PRODUCE_ACK.size == 48
+PRODUCE_KEY = struct.Struct("<16sI")          # the partition, at PRODUCE_KEY_AT
+PRODUCE_KEY_AT = 24
+assert PRODUCE_HDR.size == 44 and PRODUCE_ACK.size == 48
 
 
 def produce_header(acks: int, generation: int, request_id: int, batch_len: int, version: int = 0,
-                   transactional_id: str | None = None) -> bytes:
+                   transactional_id: str | None = None, topic_id: bytes = bytes(16),
+                   partition: int = 0) -> bytes:
     tid = transactional_id.encode() if transactional_id else b""
     return PRODUCE_HDR.pack(KIND_PRODUCE, 0, acks, generation, request_id, batch_len, version,
-                            len(tid)) + tid
+                            len(tid), topic_id, partition) + tid
 
 
 def produce_ack(error: int, generation: int, request_id: int, base_offset: int,
@@ -231,6 +238,9 @@ class ListOffsetsRequest(Request):
 
 
 # -- Partition writers, besides Produce: on the produce ring, answered on the ack ring ------------
+# Each names its partition (``topic_id``, ``partition``: the writer process carries many; a
+# request for one it does not carry is answered NOT_LEADER_OR_FOLLOWER). ``for_partition``
+# stamps a request with it.
 
 class WriteMarkerResult(Message):
     error: ErrorCode
@@ -243,6 +253,9 @@ class WriteMarkerRequest(Request):
     producer_epoch: int
     commit: bool
     coordinator_epoch: int
+    # The partition (every request to a writer names it: the writer process carries many).
+    topic_id: bytes = b""
+    partition: int = -1
 
     def error_reply(self, code: ErrorCode) -> WriteMarkerResult:
         return WriteMarkerResult(code)
@@ -255,6 +268,8 @@ class FenceProducerRequest(Request):
     lands (ours: Kafka lets such a zombie append to the prepared transaction until the marker)."""
     producer_id: int
     producer_epoch: int
+    topic_id: bytes = b""
+    partition: int = -1
 
 
 class ProducerInfo(msgspec.Struct, array_like=True, frozen=True):
@@ -272,6 +287,9 @@ class DescribeProducersResult(Message):
 
 
 class DescribeProducersRequest(Request):
+    topic_id: bytes = b""
+    partition: int = -1
+
     def error_reply(self, code: ErrorCode) -> DescribeProducersResult:
         return DescribeProducersResult(code)
 
@@ -286,6 +304,13 @@ class DeleteRecordsRequest(Request):
     """DeleteRecords: move the partition's log start offset up to ``offset`` (-1: the high
     watermark); answered with the log start offset after it (Kafka's low watermark)."""
     offset: int
+    topic_id: bytes = b""
+    partition: int = -1
 
     def error_reply(self, code: ErrorCode) -> DeleteRecordsResult:
         return DeleteRecordsResult(code)
+
+
+def for_partition(req: Request, topic_id: bytes, partition: int) -> Request:
+    """``req`` (a request to a partition's writer) addressed to that partition."""
+    return msgspec.structs.replace(req, topic_id=topic_id, partition=partition)

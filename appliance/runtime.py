@@ -49,13 +49,21 @@ def cleaner_of(writer: str, processes: int) -> str:
 
 
 def writer_name(topic_id: bytes, partition: int) -> str:
+    """A partition's name in the runtime dir: its state page is ``page.<this>``."""
     return f"w{topic_id.hex()}.{partition}"
+
+
+def writer_process_name(n: int) -> str:
+    """A writer process's endpoint (its rings, doorbell, process page, metrics table): ``wp<n>``,
+    carrying one or more partitions (docs/architecture.md, "Writer processes and their rings")."""
+    return f"wp{n}"
 
 
 # Worker status values published in state pages.
 STARTING, RECOVERING, READY, DRAINING, STOPPED = 0, 1, 2, 3, 4
 
-# The partition writer's state page (see docs/architecture.md, "State pages").
+# A partition's state page, published by the writer process that carries it (see
+# docs/architecture.md, "State pages"): generation is its process's at the partition's open.
 PARTITION_PAGE_FIELDS = [
     ("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I"),
     ("high_watermark", "q"), ("last_stable_offset", "q"), ("log_start_offset", "q"),
@@ -67,10 +75,12 @@ PARTITION_PAGE_FIELDS = [
 # the supervisor publish re-read certificates (appliance.security.tls), before config_version;
 # config_version: bumped by a SIGHUP reload after the new configuration is in CONFIG_FILE; workers
 # compare it with the version they were forked with (WorkerContext.config_version); acl_version:
-# the published ACLs' (appliance.acl.store).
+# the published ACLs' (appliance.acl.store); assignment_version: the published assignment of
+# partitions to writer processes (appliance.catalog.assignment).
 SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I"),
                           ("credentials_version", "Q"), ("tls_version", "Q"),
-                          ("config_version", "Q"), ("acl_version", "Q")]
+                          ("config_version", "Q"), ("acl_version", "Q"),
+                          ("assignment_version", "Q")]
 WORKER_PAGE_FIELDS = [("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I")]
 # The coordinator's page also carries its coordinator epoch (bumped at every start): the
 # WriteTxnMarkers API refuses a marker whose epoch is above it.
@@ -79,11 +89,15 @@ COORDINATOR_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("coordinator_epoch", "i")]
 # started (Kafka's max.connections.per.ip): frontends sum each other's connections to enforce
 # max_connections across all of them (workers/frontend/quotas.py).
 FRONTEND_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("connections", "I"), ("refused_connections", "Q")]
+# A writer process's page: where this generation starts reading the coordinator's ring into it
+# (the marker channel resends only what a dead predecessor took); the partitions it carries have
+# pages of their own (PARTITION_PAGE_FIELDS).
+WRITER_PROCESS_PAGE_FIELDS = WORKER_PAGE_FIELDS + [("coordinator_ring_head", "Q")]
 
 
 def page_fields(role: str) -> list[tuple[str, str]]:
     """The state-page layout of a worker of ``role`` (the supervisor makes the page with it)."""
-    return {"writer": PARTITION_PAGE_FIELDS, "coordinator": COORDINATOR_PAGE_FIELDS,
+    return {"writer": WRITER_PROCESS_PAGE_FIELDS, "coordinator": COORDINATOR_PAGE_FIELDS,
             "frontend": FRONTEND_PAGE_FIELDS}.get(role, WORKER_PAGE_FIELDS)
 
 HEARTBEAT_FILE = "heartbeats"
@@ -143,7 +157,7 @@ class WorkerContext:
     config: Config
     role: str                 # "writer" | "frontend" | "fetcher" | "coordinator" | "metrics" | "cleaner"
     name: str                 # endpoint name
-    index: int                # frontend/fetcher index; partition for writers
+    index: int                # frontend, fetcher, cleaner or writer process number
     generation: int           # bumps on every restart of this worker
     heartbeat_slot: int
     run_dir: str
@@ -153,9 +167,6 @@ class WorkerContext:
     listen_fd: int = -1       # the first listener's inherited socket (see listeners)
     bound_port: int = 0
     listeners: list[BoundListener] = field(default_factory=list)   # frontends serve every one
-    topic: str = ""           # writers
-    topic_id: bytes = b""     # writers
-    topic_configs: dict[str, str] = field(default_factory=dict)
     config_version: int = 0   # of ``config`` (the supervisor's page shows the current one)
     metrics_fd: int = -1      # the metrics worker: the inherited [metrics] listen socket
     log_format: str = "text"  # "text" | "json" (``appliance run --log-format``)
@@ -165,29 +176,28 @@ _PR_SET_NAME = 15
 
 
 def worker_title(ctx: "WorkerContext") -> str:
-    """What ``ps`` shows for a worker: its role, and the partition a writer owns or the index of
-    a frontend or fetcher (``writer orders-3``, ``frontend 0``, ``coordinator``)."""
-    return role_title(ctx.role, ctx.index, ctx.topic)
+    """What ``ps`` shows for a worker: its role, and the number of a writer process, frontend or
+    fetcher (``writer 3``, ``frontend 0``, ``coordinator``)."""
+    return role_title(ctx.role, ctx.index)
 
 
-def role_title(role: str, index: int, topic: str | None = None) -> str:
+def role_title(role: str, index: int) -> str:
     """``worker_title`` from its parts (also the ``worker`` label of the worker metrics)."""
-    if role == "writer":
-        return f"writer {topic}-{index}"
-    if role in ("frontend", "fetcher"):
+    if role in ("frontend", "fetcher", "writer"):
         return f"{role} {index}"
     if role == "cleaner" and index:
         return f"cleaner {index}"        # the first (often the only) one is "cleaner"
     return role
 
 
-def set_process_title(title: str) -> None:
-    """Show ``appliance: <title>`` as the process's command line (ps, top, systemd-cgls) and its
-    first 15 characters as the kernel's name for it (``comm``: ps -o comm, psutil's name)."""
+def set_process_title(title: str, comm: str | None = None) -> None:
+    """Show ``appliance: <title>`` as the process's command line (ps, top, systemd-cgls) and
+    ``comm`` (default: the title), cut to 15 characters, as the kernel's name for it (``comm``:
+    ps -o comm, psutil's name)."""
     setproctitle.setproctitle(f"appliance: {title}")
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, title.encode()[:15], 0, 0, 0)
+        libc.prctl(_PR_SET_NAME, (comm or title).encode()[:15], 0, 0, 0)
     except OSError:
         pass
 

@@ -24,8 +24,9 @@ Every partition takes ``shm.produce_ring_bytes`` per frontend in rings: the appl
 CreateTopics that the machine's memory cannot hold (8 MiB rings: about 800 partitions on 23 GiB),
 so the default here is the smallest ring that 1 MiB messages allow.
 
-``--partitions-per-writer K`` sets the appliance's ``topics.partitions_per_writer``: K partitions of
-a topic per writer process (``workers/writer_host.py``); the memory line then counts each process
+``--partitions-per-writer K`` sets the appliance's ``topics.partitions_per_writer``: K partitions
+per writer process (explicit writer hosts; without it the process budget decides,
+``workers/writer_process.py``); the memory line then counts each process
 once and says what that comes to per partition.
 """
 
@@ -87,7 +88,7 @@ def high_watermarks(bootstrap: str, topic: str, partitions: int) -> int:
 
 
 def writers_memory(run_dir: str) -> tuple[int, int]:
-    """(the writer processes' PSS summed, bytes in the runtime dir). A writer host serves several
+    """(the writer processes' PSS summed, bytes in the runtime dir). A writer process serves several
     partitions and is counted once."""
     rows = read_processes(run_dir)["workers"]
     pss = 0

@@ -11,9 +11,8 @@ state stays in the subclass, which the loop calls through hooks.
 
 Like a pre-fork server's worker class, the arbiter (``appliance.supervisor``) hands the worker its
 context and calls its entry point in the child; ``Worker.main`` then runs the one life cycle of
-every worker process (``WorkerProcess.main``, here with the worker its only member; a writer
-host, ``workers.writer_host``, runs the same for its K partition writers, each step for every
-member before the next)::
+every worker process (``WorkerProcess.main``, here with the worker its only member; a process
+of several members runs each step for every member before the next)::
 
     close the inherited listening socket   (unless serves_clients: only frontends hold it)
     install signals                        SIGTERM sets ``stop``; SIGINT is ignored (the
@@ -79,9 +78,9 @@ QUEUED_RETRY_S = 0.01
 
 class WorkerProcess:
     """The life of one worker process, for the workers it runs (``members``): one, itself, for
-    every ``Worker``; several partition writers that share its fate for a writer host
-    (``workers.writer_host.WriterHost``, whose ``loop`` turns them). ``main``, ``run``, the
-    signals and the drain are the same for both; a subclass gives ``loop``."""
+    every ``Worker``; several that share its fate for a process that gives its own ``loop``
+    turning them (none does today: a writer process carries many partitions as one ``Worker``,
+    ``workers.writer_process``). ``main``, ``run``, the signals and the drain are the same."""
 
     #: the workers this process runs, in the order of their prologues
     members: Sequence["Worker"]
@@ -101,7 +100,7 @@ class WorkerProcess:
                 return code
         # READY only once every member has recovered: the supervisor holds a READY worker to its
         # heartbeat, and a member that is READY does not beat while a mate's recovery runs
-        # (regression: a writer host whose last member took longer than heartbeat_timeout_ms to
+        # (regression: a process whose last member took longer than heartbeat_timeout_ms to
         # recover was SIGKILLed for its first member's silence, and again after every restart).
         for w in members:
             w.page.publish(status=READY)
@@ -193,7 +192,7 @@ class Worker(WorkerProcess):
 
     @property
     def members(self) -> tuple["Worker"]:
-        """``main`` runs this worker alone (a writer host's ``main`` runs its members instead)."""
+        """``main`` runs this worker alone."""
         return (self,)
 
     # -- wiring (hooks called by __init__) ------------------------------------------------------
@@ -254,8 +253,7 @@ class Worker(WorkerProcess):
 
     def turn(self) -> float | None:
         """One turn of the loop without its sleep: None when it did work (turn again at once),
-        else how long it may sleep. A writer host (``workers.writer_host``) turns several
-        workers and sleeps on all their doorbells at once."""
+        else how long it may sleep."""
         self.hb.beat(self.ctx.heartbeat_slot)
         if self.sup_page.seq != self._sup_seq:
             self.check_config()

@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass
 
 from appliance import ipc, testhooks
+from appliance.catalog.assignment import ASSIGNMENT_FILE, AssignmentView
 from appliance.data_layout import partition_dir
 from appliance.errors import ErrorCode
 from appliance.log.cleaner import messages as cm
@@ -55,6 +56,7 @@ from appliance.durable import is_no_space, read_checkpoint
 from appliance.log.partition_log import LogSettings
 from appliance.metrics import key
 from appliance.runtime import PARTITION_PAGE_FIELDS, READY, WorkerContext, cleaner_of, writer_name
+from shm.statepage import StatePage
 from shm.topology import Outbox
 from workers.base import IDLE_WAIT_S, Worker
 
@@ -84,12 +86,15 @@ def _idle_io() -> None:
 
 @dataclass
 class _Link:
-    """An assigned partition: its writer's rings and state page."""
+    """An assigned partition: the rings of the writer process that carries it (``proc``), and
+    its own state page."""
     topic: str
     partition: int
     directory: str
     outbox: Outbox
     page: object
+    topic_id: bytes = b""
+    proc: str = ""
 
 
 class Throttler:
@@ -126,6 +131,9 @@ class CleanerWorker(Worker):
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
         self.links: dict[str, _Link] = {}
+        self.outboxes_to: dict[str, Outbox] = {}          # by writer process
+        self.assignment = AssignmentView(self.topo.file_path(ASSIGNMENT_FILE),
+                                         lambda: self.sup_page.read().assignment_version)
         self.next_round = 0.0
         self.last_run = time.monotonic()
         self.uncleanable: set[str] = set()
@@ -147,7 +155,7 @@ class CleanerWorker(Worker):
         self.k_rounds = m.slot(key("appliance_log_cleaner_rounds", who))
 
     def inputs(self) -> list[str]:
-        return []            # writers' rings are attached as the catalog names their partitions
+        return []            # writer processes' rings are attached as the assignment names them
 
     outputs = inputs
 
@@ -248,30 +256,41 @@ class CleanerWorker(Worker):
 
     # -- partitions -----------------------------------------------------------------------------
     def _sync_links(self) -> None:
+        """The partitions of the writer processes this cleaner serves (``cleaner_of`` each
+        process: the rings are the process's), by their writer's name."""
         cat = self.catalog.get()
+        asg = self.assignment.get()
         procs = self.cfg.log.cleaner.processes
         wanted = {}
         for t in cat.topics.values():
             for p in range(t.partitions):
-                w = writer_name(t.topic_id, p)
-                if cleaner_of(w, procs) == self.name:
-                    wanted[w] = (t.name, p)
-        for w in [w for w in self.links if w not in wanted]:
-            del self.links[w]
-            self.mailbox.remove(w)
-            self.topo.forget(w, self.bells)
+                proc = asg.process_of(t.topic_id, p)
+                if proc is not None and cleaner_of(proc, procs) == self.name:
+                    wanted[writer_name(t.topic_id, p)] = (t.name, t.topic_id, p, proc)
+        for w in [w for w in self.links if w not in wanted or wanted[w][3] != self.links[w].proc]:
+            link = self.links.pop(w)
+            link.page.close()
             self.uncleanable.discard(w)
             self.no_space.discard(w)
-        for w, (topic, p) in wanted.items():
+        in_use = {proc for *_, proc in wanted.values()}
+        for proc in [p for p in self.outboxes_to if p not in in_use]:
+            del self.outboxes_to[proc]
+            self.mailbox.remove(proc)
+            self.topo.forget(proc, self.bells)
+        for w, (topic, tid, p, proc) in wanted.items():
             if w in self.links:
                 continue
             try:
-                page = self.topo.open_page(w, PARTITION_PAGE_FIELDS, readonly=True)
-                out = Outbox(self.topo, self.name, w, self.bells)
-                self.mailbox.add(w)
+                page = StatePage.open(self.topo.page_path(w), PARTITION_PAGE_FIELDS, readonly=True)
+                out = self.outboxes_to.get(proc)
+                if out is None:
+                    out = Outbox(self.topo, self.name, proc, self.bells)
+                    self.mailbox.add(proc)
+                    self.outboxes_to[proc] = out
             except FileNotFoundError:
                 continue                        # not made yet: the next round
-            self.links[w] = _Link(topic, p, partition_dir(self.ctx.data_dir, topic, p), out, page)
+            self.links[w] = _Link(topic, p, partition_dir(self.ctx.data_dir, topic, p), out, page,
+                                  tid, proc)
 
     def _settings(self, topic: str) -> LogSettings | None:
         """The topic's effective settings: its own configs over the dynamic broker configs over
@@ -328,7 +347,7 @@ class CleanerWorker(Worker):
         writer restarted meanwhile)."""
         link = self.links[name]
         rid = next(self._ids)
-        link.outbox.post(ipc.encode(rid, req))
+        link.outbox.post(ipc.encode(rid, ipc.for_partition(req, link.topic_id, link.partition)))
         link.outbox.flush()
         gen = link.page.read().generation
         deadline = time.monotonic() + timeout_s
@@ -337,7 +356,7 @@ class CleanerWorker(Worker):
             for src, ring in self.mailbox.inputs.items():
                 while (raw := ring.get()) is not None:
                     got, body = ipc.decode(raw)
-                    if got == rid and src == name:
+                    if got == rid and src == link.proc:
                         return body
             now = time.monotonic()
             if now >= deadline or link.page.read().generation != gen:

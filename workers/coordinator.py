@@ -32,8 +32,8 @@ from appliance.config import Config
 from appliance.group.service import GroupService
 from appliance.durable import atomic_write
 from appliance.metrics import COORDINATOR_SNAPSHOT, key as mkey
-from appliance.runtime import (COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS, WorkerContext,
-                               writer_name)
+from appliance.catalog.assignment import ASSIGNMENT_FILE, AssignmentView
+from appliance.runtime import COORDINATOR_PAGE_FIELDS, WRITER_PROCESS_PAGE_FIELDS, WorkerContext
 from appliance.txn.coordinator import TransactionCoordinator
 from appliance.txn.producer_ids import ProducerIdManager
 from appliance.txn.service import TransactionService
@@ -69,21 +69,33 @@ def main(ctx: WorkerContext) -> int:
     return Coordinator(ctx).main()
 
 
-class WriterLink:
-    """The coordinator's end of one partition writer: its rings and its state page (what the
-    marker channel's ``WriterLink`` protocol asks for)."""
+class ProcessLink:
+    """The coordinator's end of one writer process: its ring and its process page."""
 
     def __init__(self, topo: Topology, name: str, bells: BellSender, posted: set[str]) -> None:
         self.name = name
         self.out = Outbox(topo, "co", name, bells)
-        self.page = StatePage.open(topo.page_path(name), PARTITION_PAGE_FIELDS, readonly=True)
+        self.page = StatePage.open(topo.page_path(name), WRITER_PROCESS_PAGE_FIELDS, readonly=True)
         self._posted = posted
 
+
+class WriterLink:
+    """The coordinator's end of one partition's writer (what the marker channel's ``WriterLink``
+    protocol asks for): the ring and page of the writer process that carries it, and the
+    partition every message to it names."""
+
+    def __init__(self, proc: ProcessLink, topic_id: bytes, partition: int) -> None:
+        self.proc = proc
+        self.name = proc.name
+        self.out = proc.out
+        self.topic_id = topic_id
+        self.partition = partition
+
     def state(self):
-        return self.page.read()
+        return self.proc.page.read()
 
     def post(self, raw: bytes) -> int:
-        self._posted.add(self.name)
+        self.proc._posted.add(self.name)
         return self.out.post(raw)
 
     def is_queued(self, raw: bytes) -> bool:
@@ -101,6 +113,10 @@ class Coordinator(Worker):
         super().__init__(ctx)
         self.catalog_seen = -1
         self.writers: dict[tuple[str, int], WriterLink] = {}     # (topic, partition) -> link
+        self.processes: dict[str, ProcessLink] = {}              # writer process -> link
+        self.assignment = AssignmentView(self.topo.file_path(ASSIGNMENT_FILE),
+                                         lambda: self.sup_page.read().assignment_version)
+        self.assignment_seen = -1
         self.dir = os.path.join(ctx.data_dir, COORDINATOR_DIR)
         os.makedirs(self.dir, exist_ok=True)
         self.next_metrics = 0.0
@@ -266,27 +282,38 @@ class Coordinator(Worker):
     # -- writers ---------------------------------------------------------------------------------
     def _sync_writers(self) -> None:
         cat = self.catalog.get()
-        if cat.version == self.catalog_seen:
+        asg = self.assignment.get()
+        if cat.version == self.catalog_seen and asg.version == self.assignment_seen:
             return
         self.catalog_seen = cat.version
-        wanted = {(t.name, p): writer_name(t.topic_id, p)
-                  for t in cat.topics.values() for p in range(t.partitions)}
-        for key, link in list(self.writers.items()):
-            if wanted.get(key) != link.name:
-                del self.writers[key]
-                self.mailbox.remove(link.name)
-                self.outboxes.pop(link.name, None)
-                self.topo.forget(link.name, self.bells)
-        for key, name in wanted.items():
-            if key in self.writers:
-                continue
+        self.assignment_seen = asg.version
+        wanted: dict[tuple[str, int], tuple[str, bytes]] = {}
+        for t in cat.topics.values():
+            for p in range(t.partitions):
+                proc = asg.process_of(t.topic_id, p)
+                if proc is not None:
+                    wanted[(t.name, p)] = (proc, t.topic_id)
+        procs = {proc for proc, _ in wanted.values()}
+        for name in [n for n in self.processes if n not in procs]:
+            del self.processes[name]
+            self.mailbox.remove(name)
+            self.outboxes.pop(name, None)
+            self.topo.forget(name, self.bells)
+        for name in procs - self.processes.keys():
             try:
-                link = WriterLink(self.topo, name, self.bells, self.posted)
+                self.processes[name] = ProcessLink(self.topo, name, self.bells, self.posted)
                 self.mailbox.add(name)
             except FileNotFoundError:
+                self.catalog_seen = -1           # its rings are not there yet: look again
                 continue
-            self.writers[key] = link
-            self.outboxes[name] = link.out
+            self.outboxes[name] = self.processes[name].out
+        for key, link in list(self.writers.items()):
+            want = wanted.get(key)
+            if want is None or want[0] != link.name or self.processes.get(link.name) is not link.proc:
+                del self.writers[key]
+        for key, (proc, tid) in wanted.items():
+            if key not in self.writers and proc in self.processes:
+                self.writers[key] = WriterLink(self.processes[proc], tid, key[1])
 
 
 def _now_ms() -> int:

@@ -113,14 +113,16 @@ Action = Union[AskCoordinator, AppendParked, FailParked]
 class TransactionVerifier:
     """The KIP-890 verifications of one partition (see the module docstring)."""
 
-    def __init__(self, psm: ProducerStateManager, cfg: Config, generation: int) -> None:
+    def __init__(self, psm: ProducerStateManager, cfg: Config, generation: int,
+                 ids: Iterator[int] | None = None) -> None:
         self.psm = psm
         self.parked: dict[int, collections.deque[Parked]] = {}     # by producer id
         self.verifying: dict[int, Verifying] = {}                  # by producer id
         self.verify_reqs: dict[int, int] = {}                      # request id -> producer id
         # Request ids unique across the writer's generations (a late answer to a predecessor's
-        # question matches nothing).
-        self._ids = itertools.count(((generation & 0xFFFF) << 40) | 1)
+        # question matches nothing), and across the partitions of its process (``ids``: the
+        # process's one counter, so that an answer finds its partition).
+        self._ids = ids if ids is not None else itertools.count(((generation & 0xFFFF) << 40) | 1)
         self.configure(cfg)
 
     def configure(self, cfg: Config) -> None:

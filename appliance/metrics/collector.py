@@ -25,7 +25,8 @@ from prometheus_client.utils import floatToGoString
 from appliance.catalog.view import PUBLISHED_FILE, read_published
 from appliance.runtime import (COORDINATOR_PAGE_FIELDS, FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE,
                                PARTITION_PAGE_FIELDS, READY, SUPERVISOR, WORKER_PAGE_FIELDS,
-                               pid_alive, read_processes, role_title)
+                               WRITER_PROCESS_PAGE_FIELDS, pid_alive, read_processes, role_title,
+                               writer_name)
 from shm.heartbeat import HeartbeatTable
 from shm.metrics import MetricsTable
 from shm.ring import ring_fill
@@ -107,20 +108,23 @@ class Collector:
         procs = self.processes()
         workers = procs.get("workers", [])
         live = {SUPERVISOR} | {w["name"] for w in workers}
-        self._forget_missing(live)
         acc: dict[str, dict[tuple[str, ...], float]] = defaultdict(lambda: defaultdict(float))
         hist: dict[str, dict[tuple[str, ...], list]] = defaultdict(dict)
-        for name in [SUPERVISOR] + [w["name"] for w in workers]:
-            t = self._table(name)
-            if t is not None:
-                self._add_table(t, acc, hist)
         try:
             catalog = read_published(self.topo.file_path(PUBLISHED_FILE))
         except (OSError, ValueError):
             catalog = None
-        partitions = self._partitions(workers, catalog, acc)
+        # Each partition has a metrics table of its own, beside its writer process's.
+        carried = self._carried(workers, catalog)
+        live |= set(carried)
+        self._forget_missing(live)
+        for name in [SUPERVISOR] + [w["name"] for w in workers] + list(carried):
+            t = self._table(name)
+            if t is not None:
+                self._add_table(t, acc, hist)
+        partitions = self._partitions(carried, acc)
         self._workers(workers, acc)
-        self._rings(partitions, acc)
+        self._rings(workers, acc)
         self._groups(partitions, acc)
         return self._build(acc, hist)
 
@@ -144,24 +148,33 @@ class Collector:
             elif m.kind != HISTOGRAM and not sep:
                 acc[base][values] += v
 
-    def _partitions(self, workers, catalog, acc) -> dict[str, tuple[str, int, object]]:
-        """Offsets from each writer's state page; returns writer name -> (topic, partition,
-        state)."""
-        out: dict[str, tuple[str, int, object]] = {}
+    def _carried(self, workers, catalog) -> dict[str, tuple[str, int]]:
+        """Every partition the writer processes carry: its writer name -> (topic, partition)."""
+        out: dict[str, tuple[str, int]] = {}
+        if catalog is None:
+            return out
         for w in workers:
             if w["role"] != "writer":
                 continue
-            topic, partition = w.get("topic"), w.get("partition")
-            if catalog is not None and topic not in catalog.topics:
-                continue                    # deleted meanwhile
-            page = self._page(w["name"], PARTITION_PAGE_FIELDS)
+            for topic, partition in w.get("partitions", ()):
+                t = catalog.topics.get(topic)
+                if t is not None:               # not deleted meanwhile
+                    out[writer_name(t.topic_id, partition)] = (topic, partition)
+        return out
+
+    def _partitions(self, carried, acc) -> dict[str, tuple[str, int, object]]:
+        """Offsets from each partition's state page; returns writer name -> (topic, partition,
+        state)."""
+        out: dict[str, tuple[str, int, object]] = {}
+        for name, (topic, partition) in carried.items():
+            page = self._page(name, PARTITION_PAGE_FIELDS)
             if page is None:
                 continue
             try:
                 st = page.read()
             except StalePage:
                 continue
-            out[w["name"]] = (topic, partition, st)
+            out[name] = (topic, partition, st)
             if st.generation == 0:
                 continue                    # never published
             tp = (topic, str(partition))
@@ -182,8 +195,8 @@ class Collector:
         now = time.monotonic_ns()
         for w in workers:
             role = w["role"]
-            title = role_title(role, w.get("index", 0), w.get("topic"))
-            fields = (PARTITION_PAGE_FIELDS if role == "writer" else
+            title = role_title(role, w.get("index", 0))
+            fields = (WRITER_PROCESS_PAGE_FIELDS if role == "writer" else
                       COORDINATOR_PAGE_FIELDS if role == "coordinator" else
                       FRONTEND_PAGE_FIELDS if role == "frontend" else WORKER_PAGE_FIELDS)
             up = 0
@@ -203,30 +216,31 @@ class Collector:
                     acc["appliance_worker_heartbeat_age_seconds"][(role, title)] = \
                         max(0.0, (now - last) / 1e9)
 
-    def _rings(self, partitions, acc) -> None:
+    def _rings(self, workers, acc) -> None:
         try:
             names = os.listdir(self.run_dir)
         except FileNotFoundError:
             return
         produce = acc["appliance_produce_ring_fill_ratio"]
+        titles = {w["name"]: role_title("writer", w.get("index", 0))
+                  for w in workers if w["role"] == "writer"}
         other = acc["appliance_ring_fill_ratio"]
         for name in names:
             if not name.startswith("ring."):
                 continue
             src, _, dst = name[5:].partition("-")
-            to_writer, from_writer = dst.startswith("w"), src.startswith("w")
+            to_writer, from_writer = dst.startswith("wp"), src.startswith("wp")
             if from_writer or (to_writer and not src.startswith("fe")):
-                continue          # acks and markers: small, and one series per partition each
+                continue          # acks and markers: small
             try:
                 used, capacity = ring_fill(os.path.join(self.run_dir, name))
             except (OSError, ValueError):
                 continue
             ratio = used / capacity if capacity else 0.0
             if to_writer:
-                p = partitions.get(dst)
-                if p is not None:
-                    tp = (p[0], str(p[1]))
-                    produce[tp] = max(produce.get(tp, 0.0), ratio)
+                w = titles.get(dst)
+                if w is not None:
+                    produce[(w,)] = max(produce.get((w,), 0.0), ratio)
             else:
                 other[(src, dst)] = ratio
 

@@ -2,7 +2,7 @@
 
 Runs in each child the supervisor forks (``Supervisor._spawn``), once, before the worker's own
 code (``workers/*.py``): it drops what the child inherited and must not keep, names the process,
-sets up its logging, runs the entry (or a writer host's entries) and exits with its status. Owns
+sets up its logging, runs the entry and exits with its status. Owns
 nothing after that; it never returns.
 """
 
@@ -20,12 +20,10 @@ from appliance.runtime import (WorkerContext, child_reset_signals, die_with_pare
 from .process_table import WorkerSpec
 
 
-def run_child(spec: WorkerSpec, mates: tuple[WorkerSpec, ...], ctx: WorkerContext,
-              mate_ctxs: list[WorkerContext], parent_pid: int,
+def run_child(spec: WorkerSpec, ctx: WorkerContext, parent_pid: int,
               close_inherited: Callable[[str], None], log_format: str) -> NoReturn:
-    """Run ``spec``'s worker (with ``mates``: one writer host running them all) in the child
-    just forked; ``close_inherited(role)`` closes the supervisor's descriptors the child must
-    not hold."""
+    """Run ``spec``'s worker in the child just forked; ``close_inherited(role)`` closes the
+    supervisor's descriptors the child must not hold."""
     # Everything inherited goes to the collector's permanent generation (a splice of its
     # lists, touching no object): the child's collections then never walk the parent's
     # objects, whose GC headers they would write, copying every page that holds one.
@@ -37,15 +35,9 @@ def run_child(spec: WorkerSpec, mates: tuple[WorkerSpec, ...], ctx: WorkerContex
         die_with_parent(parent_pid)
         close_inherited(spec.role)
         title = worker_title(ctx)
-        if mates:
-            title += f"..{mate_ctxs[-1].index}"      # "writer orders-0..3"
         set_process_title(title)
         setup_logging(spec.name, fmt=log_format, role=spec.role, title=title)
-        if mates:
-            from workers.writer_host import main as host_main
-            code = host_main([ctx, *mate_ctxs]) or 0
-        else:
-            code = spec.entry(ctx) or 0
+        code = spec.entry(ctx) or 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:

@@ -63,7 +63,8 @@ def log_bytes(directory: str) -> int:
 
 
 class RecoveryProgress:
-    """The supervisor's view of its writers' recovery at start."""
+    """The supervisor's view of its partitions' recovery at start (``specs``: the partitions'
+    rows, each with ``name``, ``topic``, ``index`` and its metrics table)."""
 
     def __init__(self, specs: list, data_dir: str, now: float) -> None:
         self.specs = specs
@@ -149,7 +150,7 @@ class Operating:
         wd = self.watchdog
         if not wd.due(now):
             return
-        stale = [(role_title(s.role, s.index, s.topic.name if s.topic else None), age / 1e9)
+        stale = [(role_title(s.role, s.index), age / 1e9)
                  for s, age in silent_workers(int(wd.fresh_s * 1e9))]
         back = bool(wd.withheld) and not stale
         sent = wd.turn(now, stale)

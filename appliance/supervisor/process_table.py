@@ -26,67 +26,71 @@ from .reserve import DiskReserve
 
 # Series each role's metrics table holds at most (frontends: requests and errors per API, and
 # three counters per topic; see appliance.metrics).
-TABLE_CAPACITY = {"frontend": 8192, "writer": 64, "coordinator": 128, "fetcher": 32,
+TABLE_CAPACITY = {"frontend": 8192, "writer": 16, "coordinator": 128, "fetcher": 32,
                   "metrics": 16, "cleaner": 64, SUPERVISOR: 64}
 
 
-@dataclass
+@dataclass(eq=False)
 class WorkerSpec:
     role: str
     name: str
     index: int
     heartbeat_slot: int
     entry: Callable[[WorkerContext], int | None]
-    topic: TopicInfo | None = None
     pid: int | None = None
     generation: int = 0
     started_at: float = 0.0
     next_start: float = 0.0
     deaths: collections.deque = field(default_factory=collections.deque)
-    removed: bool = False       # topic deleted: do not restart
+    removed: bool = False       # a writer process left without partitions: do not restart
     page: StatePage | None = None
-    metrics: MetricsTable | None = None     # writers: read for the recovery progress
-    # The workers forked as one process with this one (itself included; set by _spawn): writers
-    # sharing a writer host ([topics] partitions_per_writer > 1); a lone worker's group is [it].
-    group: list = field(default_factory=list)
+    # A writer process: the partitions it carries (``writers.PartitionEntry``), in the order it
+    # opens them.
+    partitions: list = field(default_factory=list)
 
 
 class ProcessTable(Protocol):
-    """What topic administration uses of the supervisor: the writers of the catalog's partitions
-    (added, forked, stopped, forgotten), the files kept for the workers and tools, and the shared
-    resources the supervisor owns (the catalog store, the disk reserve, the configuration)."""
+    """What topic administration uses of the supervisor: the partitions of the catalog and the
+    writer processes that carry them (added, started, taken off, released), the files kept for
+    the workers and tools, and the shared resources the supervisor owns (the catalog store, the
+    disk reserve, the configuration)."""
 
     cfg: Config                     # the running configuration (a reload replaces it)
-    store: CatalogStore         # the topic catalog, committed here
+    store: CatalogStore             # the topic catalog, committed here
     reserve: DiskReserve            # the data dir's disk reserve
     processes_changed: bool         # processes.json is behind the table
 
     def room_problem(self, new: int) -> tuple[ErrorCode, str] | None:
         """Whether ``new`` more partitions fit this machine (``memory.room_problem`` with the
-        supervisor's frontends, runtime dir and produce rings)."""
+        writer processes they would need, the supervisor's frontends, runtime dir and rings)."""
 
-    def add_writer(self, topic: TopicInfo, partition: int) -> WorkerSpec:
-        """A row for the writer of a new partition, with its rings and pages made (OSError when
+    def add_partition(self, topic: TopicInfo, partition: int):
+        """A row for a new partition, placed on a writer process (a new one, made but not yet
+        forked, when the placement says so), with its page and metrics table made (OSError when
         the runtime dir has no room: nothing of it is left)."""
 
-    def spawn_writers(self, specs: list[WorkerSpec]) -> None:
-        """Fork the writers added (alone, or ``partitions_per_writer`` to a writer host)."""
+    def start_partitions(self, entries: list) -> None:
+        """Publish the assignment with the partitions added, and fork the new writer processes
+        among theirs (existing ones open their new partitions from the assignment)."""
 
-    def forget_worker(self, spec: WorkerSpec) -> None:
-        """Remove a worker that never ran from the table, with its runtime-dir files."""
+    def forget_partition(self, entry) -> None:
+        """Take back a partition that never ran (its commit failed), with its files."""
 
-    def writer_ready(self, spec: WorkerSpec) -> bool:
-        """Whether the writer's current generation runs and is READY."""
+    def partition_ready(self, entry) -> bool:
+        """Whether the partition is open (READY) in its writer process's current generation."""
 
     def topic_grown(self, topic: TopicInfo) -> None:
-        """The topic has more partitions: its writers restart with this view of it."""
+        """The topic has more partitions: the table's rows see the new count."""
 
-    def stop_writers(self, topic: TopicInfo) -> list[WorkerSpec]:
-        """SIGTERM the writers of a deleted topic, never to be restarted; returns them."""
+    def stop_partitions(self, topic: TopicInfo) -> list:
+        """Take a deleted topic's partitions off their writer processes (the assignment is
+        published without them; processes left with none are stopped); returns their rows."""
 
-    def remove_workers(self, specs: list[WorkerSpec]) -> None:
-        """Remove stopped workers (a deleted topic's writers) from the table, with their
-        runtime-dir files."""
+    def partition_stopped(self, entry) -> bool:
+        """Whether a removed partition has been closed by its process."""
+
+    def release_partitions(self, entries: list) -> None:
+        """Remove closed partitions' files, and the stopped processes left with none."""
 
     def write_processes(self) -> None:
         """Rewrite processes.json (for operators and tools) from the table."""
@@ -99,4 +103,4 @@ class ProcessTable(Protocol):
         writers are woken, systemd's STATUS= line is current."""
 
     def io_trouble(self, what: str, problem: str | None) -> None:
-        """Report a failing write of ``what`` (None: it works again), logged once."""
+        """Log a failing write once, and once more when it works again."""

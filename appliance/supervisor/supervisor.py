@@ -70,7 +70,8 @@ from appliance.runtime import (COORDINATOR, EXIT_CRASH_LOOP, EXIT_OK, HEARTBEAT_
                                STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
                                BoundListener, StartFailure, WorkerContext, cleaner_name,
                                cleaner_of, default_run_dir, fetcher_name, frontend_name,
-                               page_fields, set_process_title, setup_logging, writer_name)
+                               page_fields, set_process_title, setup_logging,
+                               writer_process_name)
 from appliance.security.supervisor import SecurityService
 from appliance.service import Registry
 
@@ -83,6 +84,7 @@ from .reserve import DiskReserve
 from .startup import bind_address, bind_listeners, raise_fd_limit
 from .systemd import sd_notify
 from .topic_admin import TopicAdmin
+from .writers import WriterTable
 
 log = logging.getLogger("appliance.supervisor")
 
@@ -135,6 +137,13 @@ class Supervisor:
         self.metrics_listener: socket.socket | None = None
         self._io_problems: dict[str, str] = {}
         self._start_writers: list[WorkerSpec] = []
+        self._start_partitions: list = []
+        self._next_writer = 0                # the number of the next writer process (wp<n>)
+        # The partitions and the writer processes that carry them (appliance.supervisor.writers).
+        self.writers = WriterTable(topo=None, new_process=self._new_writer_process,
+                                   forget_worker=self.forget_worker,
+                                   publish_version=lambda v: self.page.publish(assignment_version=v))
+        self.writers.configure(config.topics.writer_processes, config.topics.partitions_per_writer)
         self._start_others: list[WorkerSpec] = []
         self.processes_changed = False       # processes.json is behind the table (_turn)
         # The produce rings' size: shm.produce_ring_bytes, unless the start had to make them
@@ -173,6 +182,7 @@ class Supervisor:
         self.acls.load()
         self.dirs.prepare_run_dir()
         self.topo = Topology(self.run_dir)
+        self.writers.topo = self.topo
         with runtime_dir_space(self.run_dir, "its shared memory files"):
             self.hb = HeartbeatTable.create(os.path.join(self.run_dir, HEARTBEAT_FILE), HEARTBEAT_SLOTS)
             self.page = StatePage.create(self.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
@@ -209,8 +219,12 @@ class Supervisor:
             # runtime dir too small for them stops the start here, with its own exit status, and
             # so does a machine whose memory cannot hold them (rather than the OOM killer).
             self._check_start_memory(self.store.catalog.partition_count())
-            self._start_writers = [self.add_writer(t, p) for t in self.store.catalog.topics.values()
-                                   for p in range(t.partitions)]
+            # The catalog laid out from scratch (appliance.supervisor.placement).
+            self._start_partitions = [self.add_partition(t, p)
+                                      for t in self.store.catalog.topics.values()
+                                      for p in range(t.partitions)]
+            self._start_writers = list(self.writers.processes)
+            self.writers.publish()
             from workers.cleaner import main as cleaner_main
             from workers.coordinator import main as coordinator_main
             from workers.fetcher import main as fetcher_main
@@ -245,21 +259,27 @@ class Supervisor:
         """Serve the catalog, with the smallest produce rings the configuration allows when it
         does not fit at ``shm.produce_ring_bytes`` (``memory.start_ring_bytes``: exit 7 only when
         even those cannot be held)."""
-        self.produce_ring_bytes = start_ring_bytes(self.cfg, len(self.frontends), self.run_dir,
-                                                   partitions, self.produce_ring_bytes)
+        self.produce_ring_bytes = start_ring_bytes(
+            self.cfg, len(self.frontends), self.run_dir, partitions, self.produce_ring_bytes,
+            min(partitions, self.writers.budget) if self.writers.per_writer == 1
+            else -(-partitions // self.writers.per_writer))
 
     # -- worker table ---------------------------------------------------------------------------
-    def _add_worker(self, role: str, name: str, index: int, entry, topic=None) -> WorkerSpec:
+    def _add_worker(self, role: str, name: str, index: int, entry) -> WorkerSpec:
         spec = WorkerSpec(role=role, name=name, index=index, heartbeat_slot=self.free_slots.pop(),
-                          entry=entry, topic=topic)
+                          entry=entry)
         try:
-            if role != "writer":       # a writer's page is made by add_writer
-                # Every worker publishes generation, status and pid there (workers.base);
-                # frontends watch the fetchers' and the coordinator's generation to fail what a
-                # dead one held.
-                StatePage.create(self.topo.page_path(name), page_fields(role)).close()
-                if role == "frontend" and self.cfg.server.limits_connections_per_ip:
-                    ConnectionTable.create(self.topo.conns_path(name)).close()
+            # Every worker publishes generation, status and pid there (workers.base);
+            # frontends watch the fetchers', the coordinator's and the writer processes'
+            # generation to fail what a dead one held. The supervisor reads a writer
+            # process's (ready, recovering).
+            page = StatePage.create(self.topo.page_path(name), page_fields(role))
+            if role == "writer":
+                spec.page = page
+            else:
+                page.close()
+            if role == "frontend" and self.cfg.server.limits_connections_per_ip:
+                ConnectionTable.create(self.topo.conns_path(name)).close()
             # Its ready map (shm.ready), made here like every runtime file: a worker that made
             # its own at start grew the runtime dir after the appliance was ready.
             ReadyMap.create(self.topo.ready_path(name)).close()
@@ -269,16 +289,18 @@ class Supervisor:
             self.free_slots.append(spec.heartbeat_slot)
             self.topo.remove_endpoint(name)     # what was made of it (ENOSPC on a full tmpfs)
             raise
-        if role == "writer":
-            spec.metrics = table
-        else:
-            table.close()
+        table.close()
         self.workers[name] = spec
         return spec
 
-    def add_writer(self, topic: TopicInfo, partition: int) -> WorkerSpec:
-        from workers.partition_writer import main as writer_main
-        name = writer_name(topic.topic_id, partition)
+    def _new_writer_process(self) -> WorkerSpec:
+        """A writer process's row (``wp<n>``), with its rings to and from every frontend, the
+        coordinator and its cleaner, its process page, ready map and metrics table; forked by
+        ``start_partitions`` (or at start)."""
+        from workers.writer_process import main as writer_main
+        n = self._next_writer
+        self._next_writer += 1
+        name = writer_process_name(n)
         try:
             small = self.cfg.shm.partition_ring_bytes
             for fe in self.frontends:
@@ -289,22 +311,12 @@ class Supervisor:
             cleaner = cleaner_of(name, self.cfg.log.cleaner.processes)
             self._make_ring(cleaner, name, small)
             self._make_ring(name, cleaner, small)
-            page = StatePage.create(self.topo.page_path(name), page_fields("writer"))
+            return self._add_worker("writer", name, n, writer_main)
         except OSError:
             self.topo.remove_endpoint(name)     # what was made of it (ENOSPC on a full tmpfs)
             raise
-        spec = self._add_worker("writer", name, partition, writer_main, topic)
-        spec.page = page
-        return spec
 
     def _context(self, spec: WorkerSpec) -> WorkerContext:
-        t = spec.topic
-        if t is not None:
-            # The committed catalog's view of the topic: a restarted writer starts with the
-            # configs and partition count as they are now, not as they were at its first start.
-            now = self.store.catalog.topics.get(t.name)
-            if now is not None and now.topic_id == t.topic_id:
-                t = spec.topic = now
         return WorkerContext(
             config=self.cfg, role=spec.role, name=spec.name, index=spec.index,
             generation=spec.generation, heartbeat_slot=spec.heartbeat_slot, run_dir=self.run_dir,
@@ -312,36 +324,20 @@ class Supervisor:
             listen_fd=self.bound[0][1].fileno() if self.bound else -1, bound_port=self.bound_port,
             listeners=[BoundListener(lst, sock.fileno(), sock.getsockname()[1])
                        for lst, sock in self.bound],
-            topic=t.name if t else "", topic_id=t.topic_id if t else b"",
-            topic_configs=self.store.catalog.overrides(t) if t else {},
             config_version=self.operating.config_version,
             metrics_fd=self.metrics_listener.fileno() if self.metrics_listener else -1,
             log_format=self.log_format)
 
     def spawn_writers(self, specs: list[WorkerSpec]) -> None:
-        """Fork new (or restarted) writers: one process each, or with ``[topics]
-        partitions_per_writer`` above 1 one writer host (``workers.writer_host``) per that many
-        partitions of one topic. A host never spans topics, so deleting a topic stops whole
-        processes."""
-        per = self.cfg.topics.partitions_per_writer
-        group: list[WorkerSpec] = []
+        """Fork writer processes (each opens the partitions the published assignment gives it)."""
         for spec in specs:
-            if group and (len(group) == per or group[0].topic.topic_id != spec.topic.topic_id):
-                self._spawn(*group)
-                group = []
-            group.append(spec)
-        if group:
-            self._spawn(*group)
+            self._spawn(spec)
 
-    def _spawn(self, spec: WorkerSpec, *mates: WorkerSpec) -> None:
-        """Fork one worker, or with ``mates`` one writer host running ``spec`` and them."""
-        group = [spec, *mates]
-        for s in group:
-            s.generation += 1
-            self.hb.clear(s.heartbeat_slot)
-            s.group = group
+    def _spawn(self, spec: WorkerSpec) -> None:
+        """Fork one worker."""
+        spec.generation += 1
+        self.hb.clear(spec.heartbeat_slot)
         ctx = self._context(spec)
-        mate_ctxs = [self._context(s) for s in mates]
         # The supervisor's signals stay blocked across the fork until the child has put back the
         # defaults (child_reset_signals unblocks them): a SIGTERM that reached the child while it
         # still had the supervisor's handler was swallowed there, and that worker then ignored
@@ -354,15 +350,11 @@ class Supervisor:
             if pid != 0:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if pid == 0:  # child
-            run_child(spec, mates, ctx, mate_ctxs, self._pid, self._close_in_child,
-                      self.log_format)
-        now = self.clock()
-        for s in group:
-            s.pid = pid
-            s.started_at = now
+            run_child(spec, ctx, self._pid, self._close_in_child, self.log_format)
+        spec.pid = pid
+        spec.started_at = self.clock()
         self.by_pid[pid] = spec
-        log.debug("spawned %s pid %d generation %d%s", spec.name, pid, spec.generation,
-                  f" with {len(mates)} more writers" if mates else "")
+        log.debug("spawned %s pid %d generation %d", spec.name, pid, spec.generation)
         self.processes_changed = True
 
     def _close_in_child(self, role: str) -> None:
@@ -387,9 +379,9 @@ class Supervisor:
         once per fork, which made a 1,024-partition CreateTopics quadratic (seconds of JSON)."""
         self.processes_changed = False
         rows = [{"role": s.role, "name": s.name, "pid": s.pid, "generation": s.generation,
-                 "topic": s.topic.name if s.topic else None,
-                 "partition": s.index if s.role == "writer" else None,
-                 "index": s.index, "slot": s.heartbeat_slot}
+                 "index": s.index, "slot": s.heartbeat_slot,
+                 **({"partitions": [[e.topic.name, e.index] for e in s.partitions]}
+                    if s.role == "writer" else {})}
                 for s in self.workers.values()]
         try:
             atomic_write(os.path.join(self.run_dir, PROCESSES_FILE),
@@ -404,9 +396,9 @@ class Supervisor:
             self.io_trouble("processes", None)
 
     def wake_writers(self) -> None:
-        """Ring every running writer's bell: a catalog or a configuration was just published on
-        the page, and an idle writer sleeps up to seconds (``workers.partition_writer``,
-        IDLE_WRITER_WAIT_S) rather than wake to look for one."""
+        """Ring every running writer process's bell: a catalog, an assignment or a configuration
+        was just published on the page, and an idle writer process sleeps up to seconds
+        (``workers.writer_process``, IDLE_WRITER_WAIT_S) rather than wake to look for one."""
         for spec in self.workers.values():
             if spec.role == "writer" and spec.pid is not None:
                 self.bells.ring(self.topo.bell_path(spec.name))
@@ -424,42 +416,63 @@ class Supervisor:
     # -- what topic administration does to the table (ProcessTable) -------------------------------
     def room_problem(self, new: int) -> tuple[ErrorCode, str] | None:
         return room_problem(self.cfg, len(self.frontends), self.run_dir, new,
-                            self.produce_ring_bytes)
+                            self.produce_ring_bytes, self.writers.new_processes_for(new))
+
+    def add_partition(self, topic: TopicInfo, partition: int):
+        return self.writers.add(topic, partition)
+
+    def start_partitions(self, entries: list) -> None:
+        new = []
+        for e in entries:
+            spec = e.process
+            if spec.pid is None and spec.generation == 0 and spec not in new:
+                new.append(spec)
+        self.writers.publish()
+        self.processes_changed = True        # processes.json lists each process's partitions
+        self.wake_writers()
+        self.spawn_writers(new)
+
+    def forget_partition(self, entry) -> None:
+        self.writers.forget(entry)
 
     def forget_worker(self, spec: WorkerSpec) -> None:
         """Remove a worker that never ran from the table, with its runtime-dir files."""
         if spec.page is not None:
             spec.page.close()
             spec.page = None
-        if spec.metrics is not None:
-            spec.metrics.close()
-            spec.metrics = None
         self.topo.remove_endpoint(spec.name, self.bells)
         if self.workers.pop(spec.name, None) is not None:
             self.free_slots.append(spec.heartbeat_slot)
 
-    def topic_grown(self, topic: TopicInfo) -> None:
-        for spec in self.workers.values():
-            if spec.topic is not None and spec.topic.topic_id == topic.topic_id:
-                spec.topic = topic
+    def partition_ready(self, entry) -> bool:
+        return self.writers.ready(entry)
 
-    def stop_writers(self, topic: TopicInfo) -> list[WorkerSpec]:
-        writers = []
-        for p in range(topic.partitions):
-            spec = self.workers[writer_name(topic.topic_id, p)]
+    def topic_grown(self, topic: TopicInfo) -> None:
+        self.writers.topic_grown(topic)
+
+    def stop_partitions(self, topic: TopicInfo) -> list:
+        entries = self.writers.remove_topic(topic)
+        for spec in self.writers.emptied():
+            # Nothing left to carry: stopped, never restarted (a new partition past the budget
+            # goes to the others; under it, to a new process).
             spec.removed = True
             if spec.pid is not None:
                 self.kill(spec.pid, signal.SIGTERM)
-            writers.append(spec)
-        return writers
+        return entries
 
-    def remove_workers(self, specs: list[WorkerSpec]) -> None:
-        for s in specs:
-            if s.metrics is not None:
-                s.metrics.close()
-            self.topo.remove_endpoint(s.name, self.bells)
-            self.workers.pop(s.name, None)
-            self.free_slots.append(s.heartbeat_slot)
+    def partition_stopped(self, entry) -> bool:
+        return self.writers.stopped(entry)
+
+    def release_partitions(self, entries: list) -> None:
+        self.writers.release(entries)
+        for spec in [s for s in self.writers.processes if s.removed and s.pid is None]:
+            self.writers.processes.remove(spec)
+            self.topo.remove_endpoint(spec.name, self.bells)
+            if spec.page is not None:
+                spec.page.close()
+                spec.page = None
+            self.workers.pop(spec.name, None)
+            self.free_slots.append(spec.heartbeat_slot)
 
     def publish_catalog(self, catalog: Catalog) -> None:
         publish(catalog, self.topo.file_path(PUBLISHED_FILE))
@@ -583,6 +596,8 @@ class Supervisor:
         (``Operating.reload``); what it returns runs from now on, and every worker forked from
         now on gets it."""
         self.cfg = self.operating.reload(self.cfg)
+        self.writers.configure(self.cfg.topics.writer_processes,
+                               self.cfg.topics.partitions_per_writer)
 
     def _publish_config(self, cfg: Config, version: int) -> None:
         """A reloaded configuration, for the workers: the file first, then its version on the
@@ -599,19 +614,16 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            lead = self.by_pid.pop(pid, None)
-            if lead is None:
+            spec = self.by_pid.pop(pid, None)
+            if spec is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
             self.processes_changed = True
-            for spec in lead.group:
-                if spec.pid != pid:
-                    continue
-                spec.pid = None
-                if self.stopping or spec.removed:
-                    log.debug("%s exited (%d)", spec.name, code)
-                    continue
-                self._on_unexpected_death(spec, code)
+            spec.pid = None
+            if self.stopping or spec.removed:
+                log.debug("%s exited (%d)", spec.name, code)
+                continue
+            self._on_unexpected_death(spec, code)
 
     def _on_unexpected_death(self, spec: WorkerSpec, code: int) -> None:
         how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
@@ -642,19 +654,14 @@ class Supervisor:
         now = self.clock()
         for spec in list(self.workers.values()):
             if spec.pid is None and not spec.removed and spec.next_start and spec.next_start <= now:
-                # A writer host's members died together and start again together.
-                group = [s for s in spec.group
-                         if s.pid is None and not s.removed and s.next_start]
-                for s in group:
-                    s.next_start = 0.0
-                self._spawn(*group)
+                spec.next_start = 0.0
+                self._spawn(spec)
 
     def silent_workers(self, timeout_ns: int):
         """(spec, ns since its last beat) of every running worker silent for longer than
         ``timeout_ns`` (a recovering writer is not: recovery of a big log may take longer)."""
         now_ns = self.clock_ns()
-        for spec in [s for lead in list(self.by_pid.values()) for s in lead.group
-                     if s.pid is not None]:
+        for spec in [s for s in list(self.by_pid.values()) if s.pid is not None]:
             last = self.hb.last(spec.heartbeat_slot)
             if spec.page is not None:
                 st = spec.page.read()
@@ -674,12 +681,12 @@ class Supervisor:
     def _wait_writers_ready(self, specs: list[WorkerSpec]) -> bool:
         """Block (serving signals and restarts) until every writer has recovered, telling
         the operator how far it got (``Operating``)."""
-        progress = self.operating.recovery_progress(specs, self.clock())
+        progress = self.operating.recovery_progress(self._start_partitions, self.clock())
         while True:
             self._turn(0.05)
             if self.stopping:
                 return False
-            progress.turn(self.clock(), self.writer_ready)
+            progress.turn(self.clock(), self.partition_ready)
             if all(self.writer_ready(s) for s in specs):
                 self.operating.recovery_finished(progress, self.clock())
                 return True

@@ -3,12 +3,14 @@ AlterConfigs / IncrementalAlterConfigs, served from the frontends' admin rings.
 
 Runs in the supervisor process, which owns the catalog (``appliance.supervisor.catalog_store.CatalogStore``) and the
 process table; this service is the supervisor's, single-threaded, and changes both only through
-the supervisor's ``ProcessTable`` interface (``appliance.supervisor.process_table``: add, fork,
-stop and forget writers). Each change commits the catalog first (the durable point), then acts:
-new writers are forked and the catalog is published only once they are READY (so frontends never
-route to a partition without a writer); deleted topics' writers are stopped before their
-directories go; config changes are published at once, and every writer applies them live when it
-sees the new catalog version (``workers.partition_writer``). Whether more partitions fit the
+the supervisor's ``ProcessTable`` interface (``appliance.supervisor.process_table``: add,
+start, take off and release partitions on writer processes). Each change commits the catalog
+first (the durable point), then acts: new partitions are placed on writer processes (new ones
+forked, existing ones told by the published assignment) and the catalog is published only once
+every new partition is READY (so frontends never route to a partition without a writer); deleted
+topics' partitions are closed by their processes before their directories go; config changes are
+published at once, and every writer process applies them live when it sees the new catalog
+version (``workers.writer_process``). Whether more partitions fit the
 machine: ``appliance.supervisor.memory``.
 
 I/O errors never stop the supervisor here: new partitions' rings and pages are made before the
@@ -48,7 +50,7 @@ CREATE_TIMEOUT_S = 60.0
 class PendingCreate:
     respond: Responder
     results: list[TopicResult]
-    writers: list            # WorkerSpec
+    writers: list            # the new partitions' rows (writers.PartitionEntry)
     deadline: float
 
 
@@ -56,7 +58,7 @@ class PendingCreate:
 class PendingDelete:
     respond: Responder
     results: list[TopicResult]
-    writers: list            # WorkerSpec
+    writers: list            # the deleted partitions' rows (writers.PartitionEntry)
     topics: list[TopicInfo]
 
 
@@ -141,16 +143,17 @@ class TopicAdmin:
 
     def _commit_with_writers(self, parts: list[tuple[TopicInfo, range]], commit,
                              results: list[TopicResult], what: str):
-        """Make the new partitions' writers (rings and pages) first, then ``commit()`` the
-        catalog, then fork them. Either step failing for lack of room refuses the request with
-        KAFKA_STORAGE_ERROR and takes away what was made. Returns (writers, results)."""
+        """Place the new partitions on writer processes and make their pages (and the rings of
+        new processes) first, then ``commit()`` the catalog, then publish the assignment and fork
+        the new processes. Either step failing for lack of room refuses the request with
+        KAFKA_STORAGE_ERROR and takes away what was made. Returns (partition rows, results)."""
         table = self.table
         writers = []
         problem = None
         try:
             for t, partitions in parts:
                 for p in partitions:
-                    writers.append(table.add_writer(t, p))
+                    writers.append(table.add_partition(t, p))
         except OSError as e:
             problem = f"the runtime dir has no room for the new partitions' rings: {e.strerror}"
         if problem is None:
@@ -161,10 +164,15 @@ class TopicAdmin:
                            else f"the data dir cannot commit the catalog: {e.strerror}")
         if problem is not None:
             log.error("%s %s refused: %s", what, sorted({t.name for t, _ in parts}), problem)
-            for spec in writers:
-                table.forget_worker(spec)
+            for entry in reversed(writers):
+                table.forget_partition(entry)
             return [], _fail_accepted(results, ErrorCode.kafka_storage_error, problem)
-        table.spawn_writers(writers)
+        try:
+            table.start_partitions(writers)
+        except OSError as e:
+            # Committed: the partitions are in the catalog; the assignment is published again
+            # at the next change (the processes open them then) and a restart lays them out.
+            table.io_trouble("assignment", f"the assignment could not be published: {e}")
         return writers, results
 
     def _wait_for(self, respond: Responder, results: list[TopicResult], writers: list) -> None:
@@ -297,7 +305,12 @@ class TopicAdmin:
         self.publish()
         writers = []
         for t in removed:
-            writers += self.table.stop_writers(t)
+            writers += self.table.stop_partitions(t)
+        if removed:
+            try:
+                self.table.start_partitions([])      # the assignment without them
+            except OSError as e:
+                self.table.io_trouble("assignment", f"the assignment could not be published: {e}")
         self.pending_deletes.append(PendingDelete(respond, results, writers, removed))
         self.check_pending()
 
@@ -328,7 +341,7 @@ class TopicAdmin:
         publish = False
         done: list[PendingCreate] = []
         for pc in self.pending_creates:
-            if all(table.writer_ready(s) for s in pc.writers):
+            if all(table.partition_ready(e) for e in pc.writers):
                 publish = publish or bool(pc.writers)
                 done.append(pc)
             elif now > pc.deadline:
@@ -347,10 +360,10 @@ class TopicAdmin:
             pc.respond(TopicsResult(pc.results))
         still_d = []
         for pd in self.pending_deletes:
-            if any(s.pid is not None for s in pd.writers):
+            if not all(table.partition_stopped(e) for e in pd.writers):
                 still_d.append(pd)
                 continue
-            table.remove_workers(pd.writers)
+            table.release_partitions(pd.writers)
             try:
                 for t in pd.topics:
                     self.store.delete_dirs(t)

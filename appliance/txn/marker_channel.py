@@ -110,9 +110,13 @@ class _Job:
 
 
 class WriterLink(Protocol):
-    """The coordinator's end of one partition writer (the worker's ``WriterLink``)."""
+    """The coordinator's end of one partition writer (the worker's ``WriterLink``): the ring and
+    page of the writer process that carries the partition, and the partition (``topic_id``,
+    ``partition``) every message to it names."""
 
     name: str
+    topic_id: bytes
+    partition: int
 
     def state(self):
         """The writer's state page now: ``generation`` and ``coordinator_ring_head``."""
@@ -305,7 +309,7 @@ class TransactionMarkerChannelManager:
             self.on_marker_result(job.job_id, partition, E.unknown_topic_or_partition)
             return
         msg = ipc.WriteMarkerRequest(job.producer_id, job.producer_epoch, job.commit,
-                                     job.coordinator_epoch)
+                                     job.coordinator_epoch, *_address(link))
         self._post(link, SentMarker(job.job_id, partition, link.name, msg), time.monotonic())
 
     def _post(self, link: WriterLink, s: SentMarker, now: float) -> None:
@@ -368,6 +372,12 @@ class TransactionMarkerChannelManager:
                 stamp = (link.state().generation, epoch)
                 if self.fenced.get(key) != stamp:
                     self.fenced[key] = stamp
-                    link.post(ipc.encode(0, ipc.FenceProducerRequest(pid, epoch)))
+                    link.post(ipc.encode(0, ipc.FenceProducerRequest(pid, epoch,
+                                                                     *_address(link))))
         for key in set(self.fenced) - live:
             del self.fenced[key]
+
+
+def _address(link: WriterLink) -> tuple[bytes, int]:
+    """The partition a message to ``link``'s writer names (its writer process carries many)."""
+    return link.topic_id, link.partition

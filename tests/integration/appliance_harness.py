@@ -192,9 +192,11 @@ class Appliance:
         return read_processes(self.run_dir)
 
     def workers(self, role: str | None = None, topic: str | None = None) -> list[dict]:
+        """The running workers (of ``role``; with ``topic``: the writer processes that carry a
+        partition of it)."""
         return [w for w in self.processes()["workers"]
-                if (role is None or w["role"] == role) and (topic is None or w["topic"] == topic)
-                and w["pid"]]
+                if (role is None or w["role"] == role) and w["pid"]
+                and (topic is None or any(t == topic for t, _ in w.get("partitions", ())))]
 
     def all_workers_ready(self) -> bool:
         """Whether every worker in the process table has published READY on its state page. The
@@ -208,8 +210,9 @@ class Appliance:
         return True
 
     def writer(self, topic: str, partition: int) -> dict:
+        """The row of the writer process that carries the partition (pid, generation, name)."""
         for w in self.workers("writer", topic):
-            if w["partition"] == partition:
+            if [topic, partition] in w["partitions"]:
                 return w
         raise KeyError((topic, partition))
 
@@ -227,12 +230,16 @@ class Appliance:
 
     # -- white box: the runtime directory's pages and rings, to wait on what the workers do --------
     def writer_endpoint(self, topic: str, partition: int) -> str:
-        """The endpoint name of a partition's writer (its state page's and rings' name)."""
+        """The endpoint of the writer process that carries a partition (its rings' name)."""
+        return self.writer(topic, partition)["name"]
+
+    def partition_name(self, topic: str, partition: int) -> str:
+        """A partition's name in the runtime dir (its state page's and metrics table's)."""
         cat = read_published(os.path.join(self.run_dir, PUBLISHED_FILE))
         return writer_name(cat.topics[topic].topic_id, partition)
 
     def _partition_page(self, topic: str, partition: int) -> StatePage:
-        path = Topology(self.run_dir).page_path(self.writer_endpoint(topic, partition))
+        path = Topology(self.run_dir).page_path(self.partition_name(topic, partition))
         return StatePage.open(path, PARTITION_PAGE_FIELDS, readonly=True)
 
     def fetch_parked(self, topic: str, partition: int = 0) -> bool:

@@ -4,8 +4,6 @@ import time
 
 from confluent_kafka import Producer
 
-from appliance.runtime import writer_name
-from appliance.catalog.view import read_published
 from shm.topology import Topology
 
 
@@ -18,8 +16,7 @@ def test_ack_rings_of_topics_created_after_start_are_armed(appliance):
     p.produce("late-topic", value=b"x")          # auto-created after every frontend started
     assert p.flush(30) == 0
     topo = Topology(appliance.run_dir)
-    cat = read_published(topo.file_path("catalog.msgpack"))
-    w = writer_name(cat.topics["late-topic"].topic_id, 0)
+    w = appliance.writer_endpoint("late-topic", 0)         # the writer process that carries it
     for fe in [x["name"] for x in appliance.workers("frontend")]:
         ring = topo.open_ring(w, fe)
         deadline = time.monotonic() + 5

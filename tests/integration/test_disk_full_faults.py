@@ -322,7 +322,7 @@ def test_full_runtime_dir_refuses_create_topics_and_kills_no_process(short_tmpfs
     pids = _pids(app)
     err = _create(admin, "big", 4)
     assert err is not None and err.args[0].code() == KAFKA_STORAGE_ERROR, err
-    assert "the runtime dir has room for 2 more partitions' rings" in err.args[0].str(), err
+    assert "the runtime dir has room for 2 MiB; 4 more partitions need" in err.args[0].str(), err
     assert "big" not in admin.list_topics(timeout=10).topics
     assert not [n for n in os.listdir(os.path.join(shm, "run")) if n.startswith(".")]
     _roundtrip(app.bootstrap, "a", 20, before=10)

@@ -152,7 +152,7 @@ def test_exactly_once_copy_with_copiers_and_workers_killed_at_random(appliance_f
                 if ws:
                     w = rng.choice(ws)
                     os.kill(w["pid"], signal.SIGKILL)
-                    events.append(f"writer {topic}-{w['partition']} at {progress}")
+                    events.append(f"writer {w['name']} ({w['partitions']}) at {progress}")
             else:
                 co = a.workers("coordinator")
                 if co:

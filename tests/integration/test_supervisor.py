@@ -301,7 +301,7 @@ def test_only_frontends_hold_the_listening_socket(appliance):
 
 
 def test_process_titles_name_each_worker_role_and_partition(appliance):
-    """ps, top and systemd-cgls tell the workers apart: ``appliance: writer <topic>-<partition>``
+    """ps, top and systemd-cgls tell the workers apart: ``appliance: writer <n> <topic>-<partition>``
     and the role (and index) of every other worker."""
     import psutil
     roundtrip(appliance, topic="orders")
@@ -310,11 +310,11 @@ def test_process_titles_name_each_worker_role_and_partition(appliance):
     by_role = {}
     for w in appliance.workers():
         by_role.setdefault(w["role"], []).append(titles[w["name"]])
-    assert "appliance: writer orders-0" in by_role["writer"]
+    assert "appliance: writer 0 orders-0" in by_role["writer"]      # what the process carries
     assert by_role["coordinator"] == ["appliance: coordinator"]
     assert by_role["cleaner"] == ["appliance: cleaner"]
     assert "appliance: frontend 0" in by_role["frontend"]
     assert "appliance: fetcher 0" in by_role["fetcher"]
     assert " ".join(psutil.Process(appliance.proc.pid).cmdline()).rstrip() == "appliance: supervisor"
     # The kernel's 15-character name says the role too (ps -o comm, psutil's name()).
-    assert psutil.Process(appliance.writer("orders", 0)["pid"]).name() == "writer orders-0"
+    assert psutil.Process(appliance.writer("orders", 0)["pid"]).name() == "writer 0"

@@ -16,7 +16,11 @@ from appliance.txn.marker_channel import MARKER_RESEND_S, TransactionMarkerChann
 
 class Link:
     """A writer's end as the channel sees it: a ring (head = how far the writer took), an outbox
-    queue for when the ring is full, and the writer's state page."""
+    queue for when the ring is full, and the writer's state page. It names no partition (the
+    messages keep their defaults)."""
+
+    topic_id = b""
+    partition = -1
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -20,7 +20,7 @@ from appliance.errors import ErrorCode
 from appliance.metrics import CATALOG, COORDINATOR_SNAPSHOT, Histogram, key, parse_key
 from appliance.metrics.collector import Collector, NotRunning, render
 from appliance.runtime import (FRONTEND_PAGE_FIELDS, HEARTBEAT_FILE, PARTITION_PAGE_FIELDS, PROCESSES_FILE, READY,
-                               SUPERVISOR, writer_name)
+                               SUPERVISOR, WRITER_PROCESS_PAGE_FIELDS, writer_name)
 from shm.heartbeat import HeartbeatTable
 from shm.metrics import MetricsTable
 from shm.statepage import StatePage
@@ -164,7 +164,8 @@ TOPIC_ID = bytes(range(16))
 
 @pytest.fixture
 def run_dir(tmp_path):
-    """A runtime dir with the supervisor (this process), one writer of orders-0, two frontends."""
+    """A runtime dir with the supervisor (this process), one writer process carrying orders-0,
+    two frontends."""
     d = str(tmp_path / "run")
     os.makedirs(d)
     topo = Topology(d)
@@ -173,8 +174,8 @@ def run_dir(tmp_path):
     catalog = Catalog(1, {"orders": TopicInfo(name="orders", topic_id=TOPIC_ID,
                                                       partitions=1, configs={})})
     publish(catalog, topo.file_path(PUBLISHED_FILE))
-    workers = [{"role": "writer", "name": w, "pid": os.getpid(), "generation": 1,
-                "topic": "orders", "partition": 0, "index": 0, "slot": 0},
+    workers = [{"role": "writer", "name": "wp0", "pid": os.getpid(), "generation": 1,
+                "partitions": [["orders", 0]], "index": 0, "slot": 0},
                {"role": "frontend", "name": "fe0", "pid": os.getpid(), "generation": 1,
                 "topic": None, "partition": None, "index": 0, "slot": 1},
                {"role": "frontend", "name": "fe1", "pid": None, "generation": 1,
@@ -184,13 +185,15 @@ def run_dir(tmp_path):
     with StatePage.create(topo.page_path(w), PARTITION_PAGE_FIELDS) as page:
         page.publish(generation=1, status=READY, pid=os.getpid(), high_watermark=120,
                      last_stable_offset=100, log_start_offset=10)
+    with StatePage.create(topo.page_path("wp0"), WRITER_PROCESS_PAGE_FIELDS) as page:
+        page.publish(generation=1, status=READY, pid=os.getpid())
     for fe in ("fe0", "fe1"):
         with StatePage.create(topo.page_path(fe), FRONTEND_PAGE_FIELDS) as page:
             page.publish(generation=1, status=READY, pid=os.getpid())
     hb.beat(0)
     hb.beat(1)
     tables = {name: MetricsTable.create(topo.metrics_path(name), 64)
-              for name in (SUPERVISOR, w, "fe0", "fe1")}
+              for name in (SUPERVISOR, "wp0", w, "fe0", "fe1")}
     tables[w].add(key("kafka_server_brokertopicmetrics_messagesin", [("topic", "orders")]), 7)
     tables[w].set(key("kafka_log_log_numlogsegments", [("topic", "orders"), ("partition", 0)]), 2)
     # Both frontends count failures of the same topic: the scrape shows their sum.
@@ -202,7 +205,7 @@ def run_dir(tmp_path):
         h.observe_us(3000 * n)
     tables[SUPERVISOR].add(key("appliance_worker_restarts", [("role", "frontend")]), 1)
     tables[SUPERVISOR].set(key("appliance_recovery_seconds"), 2_500_000)
-    topo.create_ring("fe0", w, 1 << 16).close()
+    topo.create_ring("fe0", "wp0", 1 << 16).close()
     ring = topo.create_ring("fe0", "co", 4096)
     assert ring.try_put(b"x" * 1000)
     ring.close()
@@ -243,12 +246,12 @@ def test_the_scrape_is_the_union_of_tables_pages_heartbeats_rings_and_the_group_
     assert m["appliance_worker_restarts_total"][(("role", "frontend"),)] == 1
     assert m["appliance_recovery_seconds"][()] == pytest.approx(2.5)
     up = m["appliance_worker_up"]
-    assert up[(("role", "writer"), ("worker", "writer orders-0"))] == 1
+    assert up[(("role", "writer"), ("worker", "writer 0"))] == 1
     assert up[(("role", "frontend"), ("worker", "frontend 0"))] == 1
     assert up[(("role", "frontend"), ("worker", "frontend 1"))] == 0      # no pid: restarting
     assert m["appliance_worker_heartbeat_age_seconds"][(("role", "frontend"), ("worker", "frontend 0"))] >= 0
     assert m["appliance_ring_fill_ratio"][(("from", "fe0"), ("to", "co"))] > 0.2
-    assert m["appliance_produce_ring_fill_ratio"][tp] == 0
+    assert m["appliance_produce_ring_fill_ratio"][(("worker", "writer 0"),)] == 0
     group = (("group", "g"), ("partition", "0"), ("topic", "orders"))
     assert m["kafka_consumergroup_current_offset"][group] == 90
     assert m["kafka_consumergroup_lag"][group] == 30

@@ -35,25 +35,35 @@ def supervisor(tmp_path) -> Supervisor:
     return sup
 
 
+def need(sup, partitions: int, ring: int | None = None) -> tuple[int, int]:
+    """(runtime-dir bytes, memory bytes) of ``partitions`` laid out at start: one writer
+    process each up to the budget, then spread over the budget's processes."""
+    procs = min(partitions, sup.writers.budget)
+    p_shm, p_mem = memory.process_cost(sup.cfg, 2, ring)
+    t_shm, t_mem = memory.partition_cost()
+    return procs * p_shm + partitions * t_shm, procs * p_mem + partitions * t_mem
+
+
 def test_start_after_a_crash_with_900_partitions_warns_and_serves(tmp_path, monkeypatch, caplog):
     """Regression: 900 partitions accepted one CreateTopics of 100 at a time, then after a kill -9
     the start exited 7: at run time the partitions already there count by what they really take,
     at start by the estimate. A start serves what the broker accepted, with smaller produce rings
     where the configured ones do not fit."""
     sup = supervisor(tmp_path)
-    shm, mem = memory.partition_cost(sup.cfg, 2)
-    fake_room(monkeypatch, free=1000 * shm, available=880 * mem)     # 900 by the estimate: no
+    shm, mem = need(sup, 900)
+    fake_room(monkeypatch, free=2 * shm, available=mem - 1)          # 900 by the estimate: no
     with caplog.at_level(logging.WARNING, "appliance.supervisor"):
         sup._check_start_memory(900)                                  # no StartFailure
     assert "starting them all with produce rings of 4194304 bytes" in caplog.text
     assert sup.produce_ring_bytes == 4 * MiB == memory.smallest_produce_ring(sup.cfg)
-    assert memory.room_problem(sup.cfg, 2, str(tmp_path), 900, sup.produce_ring_bytes) is None
+    assert memory.room_problem(sup.cfg, 2, str(tmp_path), 900, sup.produce_ring_bytes,
+                               min(900, sup.writers.budget)) is None
 
 
 def test_start_whose_rings_fit_only_without_the_process_estimate_serves(tmp_path, monkeypatch, caplog):
     sup = supervisor(tmp_path)
-    shm, mem = memory.partition_cost(sup.cfg, 2, memory.smallest_produce_ring(sup.cfg))
-    fake_room(monkeypatch, free=1000 * shm, available=901 * shm)
+    shm, mem = need(sup, 900, memory.smallest_produce_ring(sup.cfg))
+    fake_room(monkeypatch, free=2 * shm, available=shm + 1)
     with caplog.at_level(logging.WARNING, "appliance.supervisor"):
         sup._check_start_memory(900)
     assert "starting them all" in caplog.text
@@ -61,22 +71,23 @@ def test_start_whose_rings_fit_only_without_the_process_estimate_serves(tmp_path
 
 def test_start_whose_smallest_rings_cannot_be_held_exits_7_not_oom_killed(tmp_path, monkeypatch):
     sup = supervisor(tmp_path)
-    shm, mem = memory.partition_cost(sup.cfg, 2, memory.smallest_produce_ring(sup.cfg))
-    fake_room(monkeypatch, free=1000 * shm, available=899 * shm)
+    shm, mem = need(sup, 900, memory.smallest_produce_ring(sup.cfg))
+    fake_room(monkeypatch, free=2 * shm, available=shm - 1)
     with pytest.raises(RuntimeDirUnusable, match="even at the smallest size"):
         sup._check_start_memory(900)
 
 
 def test_create_and_start_use_one_estimate(tmp_path, monkeypatch):
     cfg = Config(server=ServerConfig(frontends=2))
-    shm, mem = memory.partition_cost(cfg, 2)
-    fake_room(monkeypatch, free=1000 * shm, available=100 * mem)
-    assert memory.room_problem(cfg, 2, str(tmp_path), 100) is None
-    code, why = memory.room_problem(cfg, 2, str(tmp_path), 101)
-    assert code == ErrorCode.policy_violation and "memory for 100 more partitions" in why
-    fake_room(monkeypatch, free=10 * shm, available=100 * mem)
-    code, why = memory.room_problem(cfg, 2, str(tmp_path), 11)
-    assert code == ErrorCode.kafka_storage_error and "room for 10 more" in why
+    p_shm, p_mem = memory.process_cost(cfg, 2)
+    t_shm, t_mem = memory.partition_cost()
+    fake_room(monkeypatch, free=1 << 40, available=2 * p_mem + 100 * t_mem)
+    assert memory.room_problem(cfg, 2, str(tmp_path), 100, processes=2) is None
+    code, why = memory.room_problem(cfg, 2, str(tmp_path), 101, processes=2)
+    assert code == ErrorCode.policy_violation and "101 more partitions" in why
+    fake_room(monkeypatch, free=2 * p_shm + 10 * t_shm, available=1 << 40)
+    code, why = memory.room_problem(cfg, 2, str(tmp_path), 11, processes=2)
+    assert code == ErrorCode.kafka_storage_error and "11 more partitions" in why
 
 
 # -- the data dir's lock ----------------------------------------------------------------------------

@@ -77,6 +77,7 @@ def sup(tmp_path, monkeypatch):
     s.run_dir = tempfile.mkdtemp(prefix="sup-", dir="/tmp")
     s._pid = os.getpid()
     s.topo = Topology(s.run_dir)
+    s.writers.topo = s.topo
     s.hb = HeartbeatTable.create(os.path.join(s.run_dir, HEARTBEAT_FILE), 64)
     s.page = StatePage.create(s.topo.page_path(SUPERVISOR), SUPERVISOR_PAGE_FIELDS)
     os.makedirs(cfg.server.data_dir)
@@ -275,100 +276,143 @@ def test_recovery_reports_partitions_ready_bytes_and_an_estimate(sup, notify, ca
     from appliance.data_layout import partition_dir
     from appliance.metrics import key
     from appliance.supervisor.operating import PROGRESS_LOG_S
-    from appliance.runtime import PARTITION_PAGE_FIELDS, READY
+    from appliance.runtime import READY
     topic = TopicInfo(name="t", topic_id=bytes(16), partitions=2, configs={})
-    specs = []
+    entries = []
     for p in range(2):
         d = partition_dir(sup.data_dir, "t", p)
         os.makedirs(d)
         with open(os.path.join(d, "00000000000000000000.log"), "wb") as f:
             f.write(b"x" * 1000)
-        spec = sup._add_worker("writer", f"w{p}", p, lambda ctx: 0, topic)
-        spec.page = StatePage.create(sup.topo.page_path(spec.name), PARTITION_PAGE_FIELDS)
-        sup._spawn(spec)
-        specs.append(spec)
-    progress = sup.operating.recovery_progress(specs, sup.clock())
+        entries.append(sup.add_partition(topic, p))
+    sup.spawn_writers(sup.writers.processes)
+    progress = sup.operating.recovery_progress(entries, sup.clock())
     assert progress.total_bytes == 2000
     import logging
     with caplog.at_level(logging.INFO, "appliance.supervisor"):
-        progress.turn(sup.clock(), sup.writer_ready)
+        progress.turn(sup.clock(), sup.partition_ready)
         assert notify() == ["STATUS=recovering 0/2 partitions"]
-        specs[0].page.publish(generation=specs[0].generation, status=READY)
-        specs[1].metrics.set(key("appliance_log_recovery_bytes", [("topic", "t"), ("partition", 1)]), 500)
+        entries[0].page.publish(generation=entries[0].process.generation, status=READY)
+        entries[1].metrics.set(key("appliance_log_recovery_bytes", [("topic", "t"), ("partition", 1)]), 500)
         sup.fake.now += PROGRESS_LOG_S
-        progress.turn(sup.clock(), sup.writer_ready)
+        progress.turn(sup.clock(), sup.partition_ready)
         assert notify() == ["STATUS=recovering 1/2 partitions"]
         assert "recovery: 1/2 partitions ready, 1.5 KiB of 2.0 KiB of logs checked in 5 s, " \
                "about 2 s left" in caplog.text
-        specs[1].page.publish(generation=specs[1].generation, status=READY)
-        progress.turn(sup.clock(), sup.writer_ready)
+        entries[1].page.publish(generation=entries[1].process.generation, status=READY)
+        progress.turn(sup.clock(), sup.partition_ready)
         sup.operating.recovery_finished(progress, sup.clock())
     assert notify() == ["STATUS=recovering 2/2 partitions"]
     assert "recovered 2 partitions (2.0 KiB of logs) in 5.0 s" in caplog.text
     assert dict(sup.operating.metrics.items())["appliance_recovery_seconds"] == 5_000_000
 
 
-# -- writer hosts ([topics] partitions_per_writer) ---------------------------------------------------
+# -- writer processes and the partitions they carry (issue 32) --------------------------------------
 
-def per_writer(s: Supervisor, k: int) -> None:
+def topics(s: Supervisor, processes: int = 0, k: int = 1) -> None:
     s.cfg = Config(server=s.cfg.server, supervisor=s.cfg.supervisor,
-                   topics=TopicsConfig(partitions_per_writer=k))
+                   topics=TopicsConfig(writer_processes=processes, partitions_per_writer=k))
+    s.writers.configure(processes, k)
 
 
-def writers_of(s: Supervisor, name: str, tid: bytes, partitions: int) -> list:
+def partitions_of(s: Supervisor, name: str, tid: bytes, partitions: int) -> list:
     from appliance.catalog.model import TopicInfo
     t = TopicInfo(name, tid * 16, partitions)
-    return [s._add_worker("writer", f"w{name}.{p}", p, lambda ctx: 0, topic=t)
-            for p in range(partitions)]
+    return [s.add_partition(t, p) for p in range(partitions)]
 
 
-def test_writers_are_forked_k_to_a_process_and_never_across_topics(sup):
-    per_writer(sup, 3)
-    a, b = writers_of(sup, "a", b"\x01", 5), writers_of(sup, "b", b"\x02", 2)
-    sup.spawn_writers(a + b)
-    assert [s.pid for s in a + b] == [100, 100, 100, 101, 101, 102, 102]
+def carried(s: Supervisor) -> dict[str, list[str]]:
+    return {spec.name: [f"{e.topic.name}-{e.index}" for e in spec.partitions]
+            for spec in s.writers.processes}
+
+
+def test_a_process_a_partition_up_to_the_budget_then_the_least_loaded(sup):
+    topics(sup, processes=3)
+    a = partitions_of(sup, "a", b"\x01", 5)
+    b = partitions_of(sup, "b", b"\x02", 2)
+    assert carried(sup) == {"wp0": ["a-0", "a-3", "b-1"], "wp1": ["a-1", "a-4"], "wp2": ["a-2", "b-0"]}
+    sup.spawn_writers(sup.writers.processes)
     assert sorted(sup.by_pid) == [100, 101, 102]
-    assert a[0].group == a[:3] and a[3].group == a[3:] and b[0].group == b
-    assert all(s.generation == 1 for s in a + b)
+    assert all(e.process.generation == 1 for e in a + b)
 
 
-def test_a_writer_hosts_members_die_and_restart_together(sup):
-    per_writer(sup, 4)
-    ws = writers_of(sup, "a", b"\x01", 4)
-    sup.spawn_writers(ws)
+def test_explicit_writer_hosts_carry_k_partitions_each_across_topics(sup):
+    topics(sup, processes=1, k=3)
+    partitions_of(sup, "a", b"\x01", 5)
+    partitions_of(sup, "b", b"\x02", 2)
+    assert carried(sup) == {"wp0": ["a-0", "a-1", "a-2"], "wp1": ["a-3", "a-4", "b-0"], "wp2": ["b-1"]}
+
+
+def test_a_writer_processs_partitions_restart_with_it(sup):
+    topics(sup, processes=1)
+    es = partitions_of(sup, "a", b"\x01", 4)
+    sup.spawn_writers(sup.writers.processes)
+    (spec,) = sup.writers.processes
     sup.fake.exits.append((100, signal.SIGKILL))
     sup._reap()
-    assert [s.pid for s in ws] == [None] * 4 and not sup.stopping and sup.by_pid == {}
+    assert spec.pid is None and not sup.stopping and sup.by_pid == {}
     sup.fake.now += BACKOFF_MS / 1000
     sup._respawn_due()
-    assert [s.pid for s in ws] == [101] * 4 and [s.generation for s in ws] == [2] * 4
+    assert spec.pid == 101 and spec.generation == 2 and [e.process for e in es] == [spec] * 4
     assert list(sup.by_pid) == [101]
 
 
-def test_a_silent_member_gets_its_host_killed(sup):
-    per_writer(sup, 2)
-    ws = writers_of(sup, "a", b"\x01", 2)
-    sup.spawn_writers(ws)
-    sup.hb.beat(ws[0].heartbeat_slot, sup.fake.clock_ns() + int(HEARTBEAT_MS * 1e6))
-    sup.fake.now += HEARTBEAT_MS / 1000 + 1              # the second member stopped beating
+def test_a_silent_writer_process_is_killed(sup):
+    topics(sup, processes=2)
+    partitions_of(sup, "a", b"\x01", 2)
+    sup.spawn_writers(sup.writers.processes)
+    w0, w1 = sup.writers.processes
+    sup.hb.beat(w0.heartbeat_slot, sup.fake.clock_ns() + int(HEARTBEAT_MS * 1e6))
+    sup.fake.now += HEARTBEAT_MS / 1000 + 1              # the second one stopped beating
     assert [(s.name, age > 0) for s, age in sup.silent_workers(HEARTBEAT_MS * 1_000_000)] == \
-        [("wa.1", True)]
+        [("wp1", True)]
     sup._murder_stale()
-    assert sup.fake.kills == [(100, signal.SIGKILL)]
+    assert sup.fake.kills == [(101, signal.SIGKILL)]
 
 
-def test_wake_writers_rings_the_bell_of_each_running_writer(sup):
-    """A published catalog or configuration reaches an idle writer now, not after its sleep of
-    up to seconds (workers.partition_writer, IDLE_WRITER_WAIT_S)."""
+def test_a_deleted_topic_leaves_its_processes_and_an_emptied_one_stops(sup):
+    from appliance.runtime import READY, STOPPED
+    topics(sup, processes=2)
+    a = partitions_of(sup, "a", b"\x01", 1)
+    partitions_of(sup, "b", b"\x02", 2)
+    sup.spawn_writers(sup.writers.processes)
+    for e in sup.writers.partitions.values():             # open in their processes
+        e.page.publish(generation=e.process.generation, status=READY)
+    assert carried(sup) == {"wp0": ["a-0", "b-1"], "wp1": ["b-0"]}
+    gone = sup.stop_partitions(a[0].topic)
+    assert gone == a and carried(sup) == {"wp0": ["b-1"], "wp1": ["b-0"]}
+    assert not sup.partition_stopped(a[0])                # its process still has it open
+    a[0].page.publish(generation=a[0].process.generation, status=STOPPED)
+    assert sup.partition_stopped(a[0])
+    b = [e for e in sup.writers.partitions.values()]
+    gone_b = sup.stop_partitions(b[0].topic)
+    assert carried(sup) == {"wp0": [], "wp1": []}
+    assert sorted(sup.fake.kills) == [(100, signal.SIGTERM), (101, signal.SIGTERM)]
+    sup.fake.exits += [(100, 0), (101, 0)]
+    sup._reap()
+    assert all(sup.partition_stopped(e) for e in gone_b)
+    from shm.doorbell import BellSender
+    sup.bells = BellSender()
+    try:
+        sup.release_partitions(gone_b + gone)
+    finally:
+        sup.bells.close()
+    assert sup.writers.processes == [] and "wp0" not in sup.workers
+
+
+def test_wake_writers_rings_the_bell_of_each_running_writer_process(sup):
+    """A published catalog, assignment or configuration reaches an idle writer process now, not
+    after its sleep of up to seconds (workers.writer_process, IDLE_WRITER_WAIT_S)."""
     from shm.doorbell import BellSender, Doorbell
-    ws = writers_of(sup, "a", b"\x01", 3)
-    sup.spawn_writers(ws[:2])                          # the third is not running
-    bells = {s.name: Doorbell(sup.topo.bell_path(s.name)) for s in ws}
+    topics(sup, processes=3)
+    partitions_of(sup, "a", b"\x01", 3)
+    sup.spawn_writers(sup.writers.processes[:2])         # the third is not running
+    bells = {s.name: Doorbell(sup.topo.bell_path(s.name)) for s in sup.writers.processes}
     sup.bells = BellSender()
     try:
         sup.wake_writers()
         assert {name: bell.drain() for name, bell in bells.items()} == \
-            {"wa.0": 1, "wa.1": 1, "wa.2": 0}
+            {"wp0": 1, "wp1": 1, "wp2": 0}
     finally:
         sup.bells.close()
         for bell in bells.values():
@@ -376,27 +420,31 @@ def test_wake_writers_rings_the_bell_of_each_running_writer(sup):
 
 
 def test_a_writer_whose_supervisor_page_moved_looks_at_the_catalog_in_that_turn(sup):
-    """The other half of the wake-up: the rung writer's turn sees the page move and follows the
-    catalog at once, not at its next periodic look. Built in this process from the supervisor's
-    own runtime files (no fork)."""
+    """The other half of the wake-up: the rung writer process's turn sees the page move and
+    follows the catalog at once, not at its next periodic look. Built in this process from the
+    supervisor's own runtime files (no fork)."""
     from appliance.catalog.view import PUBLISHED_FILE, publish
     from appliance.catalog.model import TopicInfo
-    from workers.partition_writer import PartitionWriter
+    from workers.writer_process import WriterProcess
     t = sup.store.add_topics([TopicInfo("a", b"\x01" * 16, 1)]).topics["a"]
     published = sup.topo.file_path(PUBLISHED_FILE)
     publish(sup.store.catalog, published)
-    (spec,) = [sup.add_writer(t, 0)]
-    w = PartitionWriter(sup._context(spec))
+    entry = sup.add_partition(t, 0)
+    sup.writers.publish()
+    spec = entry.process
+    spec.generation = 1
+    w = WriterProcess(sup._context(spec))
     try:
         assert w.setup() is None
         assert w.turn() is not None                     # idle; the first turn follows the catalog
-        assert w.overrides == {}
+        member = w.partitions[(t.topic_id, 0)]
+        assert member.overrides == {}
         publish(sup.store.set_configs({"a": {"retention.ms": "60000"}}), published)
         w.next_catalog_check = float("inf")             # its periodic look would never come
         sup.page.publish(catalog_version=sup.store.catalog.version)
         w.turn()
-        assert w.overrides == {"retention.ms": "60000"}
-        assert w.log.settings.retention_ms == 60000
+        assert member.overrides == {"retention.ms": "60000"}
+        assert member.log.settings.retention_ms == 60000
     finally:
         w.close()
         w.release()

@@ -1,4 +1,4 @@
-"""workers.base.WorkerProcess: one life cycle for a process of several workers (a writer host's
+"""workers.base.WorkerProcess: one life cycle for a process of several workers (as a writer host's
 members), on real pages and rings in a tmp runtime dir, no fork: READY only once every member has
 recovered, SIGTERM stops them all, every member is closed and STOPPED even when one's close
 fails, the exit code is the highest."""

@@ -1,8 +1,9 @@
 """The frontend's view of the rest of the appliance: channels to writers, fetchers, supervisor.
 
 Runs inside each frontend process (asyncio, single thread). Owns this frontend's end of its rings:
-the produce rings to every writer, the request rings to fetchers, the supervisor and the
-coordinator, and what arrives in the mailbox (the worker base's, ``workers.base``): acks and
+the produce rings to every writer process (one each, whatever the partitions it carries: a
+produce record names its partition; docs/architecture.md, "Writer processes and their rings"),
+the request rings to fetchers, the supervisor and the coordinator, and what arrives in the mailbox (the worker base's, ``workers.base``): acks and
 replies, matched to the futures of the requests they answer. Handlers (``appliance.api``) call the
 ``async`` methods here with a typed request (an ``appliance.ipc.Request``) and get its typed
 result back: ``call_coordinator(JoinGroupRequest(...))`` answers a ``JoinGroupResult``, or the
@@ -31,8 +32,10 @@ from appliance.ipc import ProduceResult
 from appliance.log.reader import SegmentViews
 from appliance.security import credentials
 from appliance.security.credentials import CredentialsView
+from appliance.catalog.assignment import ASSIGNMENT_FILE, AssignmentView
 from appliance.runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS,
-                               SUPERVISOR, WORKER_PAGE_FIELDS, writer_name)
+                               SUPERVISOR, WORKER_PAGE_FIELDS, WRITER_PROCESS_PAGE_FIELDS,
+                               writer_name)
 from shm.doorbell import BellSender
 from shm.statepage import StatePage
 from shm.topology import Outbox, Topology
@@ -69,10 +72,22 @@ class WorkerChannel(Channel):
 
 
 class WriterChannel(WorkerChannel):
+    """A channel to a writer process (its page: generation, status, pid)."""
     __slots__ = ()
 
     def __init__(self, topo: Topology, src: str, dst: str, bells: BellSender) -> None:
-        super().__init__(topo, src, dst, bells, PARTITION_PAGE_FIELDS)
+        super().__init__(topo, src, dst, bells, WRITER_PROCESS_PAGE_FIELDS)
+
+
+class Route:
+    """Where a partition's records go: its writer process's channel, and its own state page."""
+    __slots__ = ("ch", "page", "topic_id", "partition")
+
+    def __init__(self, ch: WriterChannel, page: StatePage, topic_id: bytes, partition: int) -> None:
+        self.ch = ch
+        self.page = page
+        self.topic_id = topic_id
+        self.partition = partition
 
 
 class WorkerRestarted(TimeoutError):
@@ -101,7 +116,11 @@ class Broker:
         self.supervisor = Channel(self.topo, self.name, SUPERVISOR, self.bells)
         self.coordinator = WorkerChannel(self.topo, self.name, COORDINATOR, self.bells,
                                          COORDINATOR_PAGE_FIELDS)
-        self.writers: dict[str, WriterChannel] = {}
+        self.writers: dict[str, WriterChannel] = {}      # by writer process
+        self.routes: dict[tuple[bytes, int], Route] = {}  # by partition
+        self._assignment = AssignmentView(self.topo.file_path(ASSIGNMENT_FILE),
+                                          lambda: worker.sup_page.read().assignment_version)
+        self._assignment_seen = -1
         self.futures: dict[int, asyncio.Future] = {}
         self.produce_owner: dict[int, WriterChannel] = {}
         self._ids = itertools.count((ctx.generation & 0xFFFFFF) << 40 | 1)
@@ -137,7 +156,7 @@ class Broker:
         # Look at the catalog even when no request asks: an idle frontend must arm the ack rings
         # of writers created since, and retry writers whose rings were not there yet.
         cat = self.catalog                      # syncs the writers if the catalog changed
-        if self._missing_writers:
+        if self._missing_writers or self._assignment_seen != self._assignment.get().version:
             self._sync_writers(cat)
         self.drain()
         for ch in self.writers.values():
@@ -219,7 +238,11 @@ class Broker:
         return cat
 
     def _sync_writers(self, cat: Catalog) -> None:
-        wanted = {writer_name(t.topic_id, p) for t in cat.topics.values() for p in range(t.partitions)}
+        """Routes to every partition of the catalog through the writer process the published
+        assignment names (the catalog shows a partition only once it is READY in its process;
+        the assignment is published before)."""
+        asg = self._assignment.get()
+        self._assignment_seen = asg.version
         if self._topic_names:
             # A deleted topic's partition dirs may come back under the same name with new files:
             # drop every map of them now.
@@ -227,8 +250,16 @@ class Broker:
                 if cat.by_id(tid) is None:
                     self.segment_views.forget_prefix(os.path.join(self.ctx.data_dir, f"{tname}-"))
         self._topic_names = {t.topic_id: t.name for t in cat.topics.values()}
+        wanted: dict[tuple[bytes, int], str] = {}
+        for t in cat.topics.values():
+            for p in range(t.partitions):
+                proc = asg.process_of(t.topic_id, p)
+                if proc is not None:
+                    wanted[(t.topic_id, p)] = proc
+        self._missing_writers = len(wanted) < cat.partition_count()
+        procs = set(wanted.values())
         for name in list(self.writers):
-            if name not in wanted:
+            if name not in procs and name not in asg.processes:
                 ch = self.writers.pop(name)
                 for req_id in list(ch.inflight):
                     self.produce_owner.pop(req_id, None)
@@ -238,14 +269,27 @@ class Broker:
                 self.backlog.discard(ch)
                 self.mailbox.remove(name)
                 self.topo.forget(name, self.bells)
-        self._missing_writers = False
-        for name in wanted - self.writers.keys():
+        for name in procs - self.writers.keys():
             try:
                 self.writers[name] = WriterChannel(self.topo, self.name, name, self.bells)
                 self.mailbox.add(name)
             except FileNotFoundError:
                 self._missing_writers = True        # retried by the next tick
                 log.debug("rings of %s not found yet", name)
+        for key in [k for k, r in self.routes.items()
+                    if wanted.get(k) != r.ch.dst or r.ch is not self.writers.get(r.ch.dst)]:
+            route = self.routes.pop(key)
+            route.page.close()
+        for key, proc in wanted.items():
+            if key in self.routes or proc not in self.writers:
+                continue
+            try:
+                page = StatePage.open(self.topo.page_path(writer_name(*key)),
+                                      PARTITION_PAGE_FIELDS, readonly=True)
+            except FileNotFoundError:
+                self._missing_writers = True
+                continue
+            self.routes[key] = Route(self.writers[proc], page, *key)
         # We sleep in epoll, never in Mailbox.wait: every input, new ones included, must stay
         # armed so that writers ring our bell after each ack (regression: acks of topics created
         # after start waited for the 20 ms tick). The worker armed the mailbox before attach(),
@@ -263,17 +307,19 @@ class Broker:
                 timeout_s: float, version: int = 0,
                 transactional_id: str | None = None) -> asyncio.Future | None:
         """Hand one batch to its writer. Returns a future of ProduceResult, or None for acks=0."""
-        ch = self.writers.get(writer_name(topic.topic_id, partition))
-        if ch is None:
+        route = self.routes.get((topic.topic_id, partition))
+        if route is None:
             self._sync_writers(self.catalog)
-            ch = self.writers.get(writer_name(topic.topic_id, partition))
-        if ch is None:
+            route = self.routes.get((topic.topic_id, partition))
+        if route is None:
             fut = self.loop.create_future()
             fut.set_result(ProduceResult(int(ErrorCode.unknown_topic_or_partition)))
             return fut
+        ch = route.ch
         req_id = next(self._ids)
         gen = ch.page.read().generation
-        header = ipc.produce_header(acks, gen, req_id, len(batch), version, transactional_id)
+        header = ipc.produce_header(acks, gen, req_id, len(batch), version, transactional_id,
+                                    topic.topic_id, partition)
         if len(header) + len(batch) > ch.ring.max_payload:
             # A topic's max.message.bytes may allow more than the produce ring carries (it is
             # sized for the broker's message_max_bytes): refused like a batch over the limit.
@@ -338,21 +384,22 @@ class Broker:
     async def call_writer(self, topic: TopicInfo, partition: int, req: ipc.Request,
                           timeout_s: float | None = None) -> ipc.Message | None:
         """A non-produce request to a partition writer (on its produce ring, answered on the
-        ack ring). None when the partition does not exist."""
-        ch = self.writers.get(writer_name(topic.topic_id, partition))
-        if ch is None:
+        ack ring); ``req`` is addressed to the partition here. None when the partition does not
+        exist."""
+        route = self.routes.get((topic.topic_id, partition))
+        if route is None:
             return None
-        return await self.call(ch, req,
+        return await self.call(route.ch, ipc.for_partition(req, topic.topic_id, partition),
                                timeout_s or self.cfg.server.internal_request_timeout_ms / 1000)
 
     def partition_state(self, topic: TopicInfo, partition: int):
         """The partition's state page as its writer last published it (high watermark, log
-        start, active segment...), or None when this frontend has no channel to it."""
-        ch = self.writers.get(writer_name(topic.topic_id, partition))
-        if ch is None:
+        start, active segment...), or None when this frontend has no route to it."""
+        route = self.routes.get((topic.topic_id, partition))
+        if route is None:
             self._sync_writers(self.catalog)
-            ch = self.writers.get(writer_name(topic.topic_id, partition))
-        return ch.page.read() if ch is not None else None
+            route = self.routes.get((topic.topic_id, partition))
+        return route.page.read() if route is not None else None
 
     async def call_supervisor(self, req: ipc.Request, timeout_s: float) -> ipc.Message:
         """A topic, ACL or credential change; REQUEST_TIMED_OUT when the supervisor did not

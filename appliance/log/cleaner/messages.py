@@ -39,6 +39,8 @@ class CleanerBeginResult(Message):
 
 class CleanerBeginRequest(Request):
     cursor: int = -1                # -1: a new round (and its clean-up); else the next page
+    topic_id: bytes = b""           # the partition (its writer process carries many)
+    partition: int = -1
 
     def error_reply(self, code: ErrorCode) -> CleanerBeginResult:
         return CleanerBeginResult(code)
@@ -53,6 +55,8 @@ class CleanerSwapRequest(Request):
     # (copy's base offset, [(base offset, inode, size) of each segment it replaces]) per group
     groups: list[tuple[int, list[tuple[int, int, int]]]]
     checkpoint: int = -1
+    topic_id: bytes = b""           # the partition (its writer process carries many)
+    partition: int = -1
 
     def error_reply(self, code: ErrorCode) -> CleanerSwapResult:
         return CleanerSwapResult(code)

@@ -1,9 +1,11 @@
-"""Writer hosts ([topics] partitions_per_writer > 1): several partitions' writers in one process.
+"""Writer processes carrying several partitions (issue 32: past the process budget,
+``topics.writer_processes``; or explicit hosts, ``topics.partitions_per_writer`` > 1).
 
 The same guarantees as one process per partition, driven with real clients: transactions and
-read_committed across the partitions of a host, a SIGKILL of a host (every member restarts, no
-acknowledged record lost), CreatePartitions (a new host for the new partitions), DeleteTopics
-(the hosts exit), a drain and a restart."""
+read_committed across the partitions of a process, a SIGKILL of a process (every partition it
+carries restarts with it, no acknowledged record lost), CreateTopics and CreatePartitions past
+the budget (the new partitions join the running processes, opened live), DeleteTopics (the
+partitions are closed live; a process left with none exits), a drain and a restart."""
 
 import os
 import signal
@@ -17,11 +19,12 @@ from appliance.runtime import READY
 
 TOPIC = "hosted"
 PER_WRITER = 4
+BUDGET = 2
 
 
 @pytest.fixture
 def app(appliance_factory):
-    return appliance_factory(topics={"partitions_per_writer": PER_WRITER, "auto_create": False})
+    return appliance_factory(topics={"writer_processes": BUDGET, "auto_create": False})
 
 
 def create(app, topic: str, partitions: int) -> None:
@@ -30,11 +33,9 @@ def create(app, topic: str, partitions: int) -> None:
 
 
 def hosts(app, topic: str) -> dict[int, list[int]]:
-    """pid -> the partitions its writer process serves."""
-    out: dict[int, list[int]] = {}
-    for w in app.workers("writer", topic):
-        out.setdefault(w["pid"], []).append(w["partition"])
-    return {pid: sorted(ps) for pid, ps in out.items()}
+    """pid -> the partitions of ``topic`` its writer process carries."""
+    return {w["pid"]: sorted(p for t, p in w["partitions"] if t == topic)
+            for w in app.workers("writer", topic)}
 
 
 def produce_txn(app, topic: str, partitions: int, n: int, *, commit: bool, tag: bytes) -> None:
@@ -87,7 +88,7 @@ def expected(tag: bytes, partitions: int, n: int) -> set[bytes]:
 def test_partitions_share_writer_processes_with_every_guarantee_kept(app):
     create(app, TOPIC, 6)
     h = hosts(app, TOPIC)
-    assert sorted(h.values()) == [[0, 1, 2, 3], [4, 5]], h
+    assert sorted(h.values()) == [[0, 2, 4], [1, 3, 5]], h          # spread over the budget
     assert len({w["generation"] for w in app.workers("writer", TOPIC)}) == 1
 
     produce_txn(app, TOPIC, 6, 50, commit=True, tag=b"c1")
@@ -97,16 +98,16 @@ def test_partitions_share_writer_processes_with_every_guarantee_kept(app):
     assert sorted(got) == sorted(expected(b"c1", 6, 50) | expected(b"i1", 6, 30))
     before = [app.high_watermark(TOPIC, p) for p in range(6)]
 
-    # SIGKILL of a host: every member restarts (a new generation each), nothing acknowledged
-    # is lost, and the other host is untouched.
+    # SIGKILL of a writer process: every partition it carries restarts with it (a new
+    # generation), nothing acknowledged is lost, and the other process is untouched.
     first = next(pid for pid, ps in h.items() if ps[0] == 0)
     other = next(pid for pid in h if pid != first)
     os.kill(first, signal.SIGKILL)
     app.wait_for(lambda: all(app.partition_state(TOPIC, p).generation == 2 and
-                             app.partition_state(TOPIC, p).status == READY for p in range(4)),
-                 timeout=60, what="the host's partitions back")
+                             app.partition_state(TOPIC, p).status == READY for p in (0, 2, 4)),
+                 timeout=60, what="the process's partitions back")
     after = hosts(app, TOPIC)
-    assert sorted(after.values()) == [[0, 1, 2, 3], [4, 5]] and other in after
+    assert sorted(after.values()) == [[0, 2, 4], [1, 3, 5]] and other in after
     assert first not in after
     assert [app.high_watermark(TOPIC, p) for p in range(6)] == before
     produce_idempotent(app, TOPIC, 6, 10, tag=b"i2")
@@ -115,29 +116,48 @@ def test_partitions_share_writer_processes_with_every_guarantee_kept(app):
         expected(b"c1", 6, 50) | expected(b"i1", 6, 30) | expected(b"i2", 6, 10)
         | expected(b"c2", 6, 10))
 
-    # CreatePartitions: the new partitions get a host of their own.
+    # CreatePartitions and CreateTopics past the budget: the new partitions are opened in the
+    # running processes (no new process, no restart).
+    pids = set(after)
     admin = AdminClient({"bootstrap.servers": app.bootstrap})
     admin.create_partitions([NewPartitions(TOPIC, 9)])[TOPIC].result(60)
+    create(app, "second", 3)
     grown = hosts(app, TOPIC)
-    assert sorted(grown.values()) == [[0, 1, 2, 3], [4, 5], [6, 7, 8]], grown
+    assert set(grown) == pids and sorted(sum(grown.values(), [])) == list(range(9)), grown
+    assert set(hosts(app, "second")) <= pids
+    assert all(w["generation"] <= 2 for w in app.workers("writer"))
     produce_idempotent(app, TOPIC, 9, 5, tag=b"i3")
+    produce_idempotent(app, "second", 3, 5, tag=b"s")
     assert all(app.high_watermark(TOPIC, p) >= 5 for p in range(6, 9))
+    assert sorted(read_committed(app, "second", 3)) == sorted(expected(b"s", 3, 5))
 
-    # DeleteTopics: the hosts' processes exit.
-    pids = set(grown)
+    # DeleteTopics: the partitions are closed live; the processes go on with the other topic.
     admin.delete_topics([TOPIC])[TOPIC].result(60)
+    assert set(hosts(app, "second")) <= pids and all(_alive(pid) for pid in pids)
+    assert app.log_text().count("no longer assigned") == 9
+    produce_idempotent(app, "second", 3, 5, tag=b"s2")
+    # ... and a process left with no partition exits.
+    admin.delete_topics(["second"])["second"].result(60)
     app.wait_for(lambda: not any(_alive(pid) for pid in pids), timeout=60,
-                 what="the deleted topic's writer hosts to exit")
+                 what="the emptied writer processes to exit")
 
 
-def test_a_drained_host_restarts_clean(app, appliance_factory):
+def test_explicit_writer_hosts_carry_k_partitions(appliance_factory):
+    app = appliance_factory(topics={"partitions_per_writer": PER_WRITER, "auto_create": False})
+    create(app, TOPIC, 6)
+    assert sorted(hosts(app, TOPIC).values()) == [[0, 1, 2, 3], [4, 5]]
+    produce_txn(app, TOPIC, 6, 10, commit=True, tag=b"k")
+    assert sorted(read_committed(app, TOPIC, 6)) == sorted(expected(b"k", 6, 10))
+
+
+def test_a_drained_writer_process_restarts_clean(app, appliance_factory):
     create(app, TOPIC, 3)
     produce_txn(app, TOPIC, 3, 40, commit=True, tag=b"c")
     assert app.terminate() == 0
     assert "did not stop in time" not in app.log_text()
     again = appliance_factory(data_dir=app.data_dir,
-                              topics={"partitions_per_writer": PER_WRITER, "auto_create": False})
-    assert sorted(hosts(again, TOPIC).values()) == [[0, 1, 2]]
+                              topics={"writer_processes": 1, "auto_create": False})
+    assert sorted(hosts(again, TOPIC).values()) == [[0, 1, 2]]     # a start lays them out again
     assert sorted(read_committed(again, TOPIC, 3)) == sorted(expected(b"c", 3, 40))
     assert again.log_text().count("ready: log start 0") == 3      # each member recovered
 
@@ -151,12 +171,12 @@ def _alive(pid: int) -> bool:
 
 
 def test_regression_a_host_recovering_longer_than_the_heartbeat_timeout_was_killed(appliance_factory):
-    """Each member recovers after the other; a member published READY as soon as its own
-    recovery ended and then did not beat while its mates recovered, so a host whose recoveries
-    took longer than heartbeat_timeout_ms together was SIGKILLed, again at every restart. Here
-    every member's recovery takes 0.8 s (a test hook) and the timeout is 1.5 s: three members
-    need 2.4 s."""
-    app = appliance_factory(topics={"partitions_per_writer": PER_WRITER, "auto_create": False},
+    """A writer process's partitions recover one after the other; a process that published
+    READY before all had recovered, or did not beat between them, was SIGKILLed when its
+    recoveries took longer than heartbeat_timeout_ms together, again at every restart. Here
+    every partition's recovery takes 0.8 s (a test hook) and the timeout is 1.5 s: three
+    partitions need 2.4 s."""
+    app = appliance_factory(topics={"writer_processes": 1, "auto_create": False},
                             supervisor={"heartbeat_timeout_ms": 1500},
                             env={"TESTHOOK_PAUSE": "writer:recovering:0.8"})
     create(app, TOPIC, 3)
