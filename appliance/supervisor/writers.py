@@ -67,9 +67,10 @@ class WriterTable:
 
     def new_processes_for(self, n: int) -> int:
         """How many new writer processes ``n`` more partitions would need (for the memory check)."""
-        counts = {s.name: len(s.partitions) for s in self.live_processes()}
-        return sum(1 for target in place(counts, n, self.budget, self.per_writer)
-                   if target not in {s.name for s in self.live_processes()})
+        live = self.live_processes()
+        counts = {s.name: len(s.partitions) for s in live}
+        names = {s.name for s in live}
+        return len({t for t in place(counts, n, self.budget, self.per_writer) if t not in names})
 
     def add(self, topic: TopicInfo, index: int) -> PartitionEntry:
         """A row for a new partition on the process the placement names (a new process row when

@@ -33,3 +33,14 @@ def test_the_budget_is_four_per_core_at_least_four():
     assert process_budget(0, cores=2) == 8
     assert process_budget(0, cores=1) == 4
     assert process_budget(3, cores=64) == 3
+
+
+def test_the_memory_check_counts_each_new_process_once(tmp_path):
+    """Regression: a CreateTopics of 900 partitions past nothing was counted as 900 new writer
+    processes (each placement on a new process), and refused as needing 23 GiB."""
+    from appliance.supervisor.writers import WriterTable
+    table = WriterTable(topo=None, new_process=None, forget_worker=None, publish_version=None)
+    table.configure(8, 1)
+    assert table.new_processes_for(900) == 8
+    table.configure(0, 100)
+    assert table.new_processes_for(900) == 9
