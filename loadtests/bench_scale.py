@@ -148,7 +148,8 @@ def high_watermarks(boot: str, names: list[str], per_topic: int) -> int:
         c.close()
 
 
-def run_layout(topics: int, per_topic: int, idle_s: float, work_parent: str | None) -> list[str]:
+def run_layout(topics: int, per_topic: int, idle_s: float, work_parent: str | None,
+               keep: bool = False) -> list[str]:
     work = tempfile.mkdtemp(prefix="bench-scale-", dir=work_parent)
     port = free_port()
     boot = f"127.0.0.1:{port}"
@@ -159,7 +160,7 @@ def run_layout(topics: int, per_topic: int, idle_s: float, work_parent: str | No
         proc, t0 = start(work, port)
         wait_metadata(boot, proc, 0)
         run_dir = run_dir_of(os.path.join(work, "data"))
-        admin = AdminClient({"bootstrap.servers": boot})
+        admin = AdminClient({"bootstrap.servers": boot, "socket.timeout.ms": 300000})
         t0 = time.monotonic()
         for f in admin.create_topics([NewTopic(n, per_topic, 1) for n in names],
                                      request_timeout=900).values():
@@ -218,7 +219,10 @@ def run_layout(topics: int, per_topic: int, idle_s: float, work_parent: str | No
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, UnboundLocalError):
             pass
-        shutil.rmtree(work, ignore_errors=True)
+        if keep:
+            print(f"kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return rows
 
 
@@ -239,10 +243,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="TOPICSxPARTITIONS, repeatable (default: 100x100 and 1x10000)")
     ap.add_argument("--idle-seconds", type=float, default=10.0)
     ap.add_argument("--work-dir", default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the data dir and the log")
     args = ap.parse_args(argv)
     for layout in args.layout or ["100x100", "1x10000"]:
         topics, per = (int(x) for x in layout.split("x"))
-        rows = run_layout(topics, per, args.idle_seconds, args.work_dir)
+        rows = run_layout(topics, per, args.idle_seconds, args.work_dir, args.keep)
         print(f"\n## {topics} topic(s) of {per} partitions ({os.cpu_count()} CPUs, "
               f"{psutil.virtual_memory().total / 2**30:.0f} GiB, default configuration)\n")
         print("| what | measured | |")

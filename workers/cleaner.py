@@ -263,6 +263,8 @@ class CleanerWorker(Worker):
         procs = self.cfg.log.cleaner.processes
         wanted = {}
         for t in cat.topics.values():
+            if not cat.settings(t, self.cfg.log).compact:
+                continue        # nothing to clean: no page held open for it (a descriptor each)
             for p in range(t.partitions):
                 proc = asg.process_of(t.topic_id, p)
                 if proc is not None and cleaner_of(proc, procs) == self.name:

@@ -14,6 +14,7 @@ byte ranges (segment, position, length); the frontend copies them from its own r
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from shm.topology import Topology
 from workers.base import IDLE_WAIT_S, Worker
 
 log = logging.getLogger("appliance.fetcher")
+# Partition handles a fetcher keeps open at most (least recently used closed first).
+MAX_HANDLES = 2048
 
 READ_COMMITTED = 1
 EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
@@ -51,6 +54,10 @@ class PartitionHandle:
         self.seen_segments = -1
         self.waiters = 0
 
+    def close(self) -> None:
+        self.page.close()
+        self.reader.close()
+
     def state(self):
         st = self.page.read()
         if st.segments_version != self.seen_segments:
@@ -70,7 +77,11 @@ class Parked:
 class Fetcher(Worker):
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
-        self.handles: dict[tuple[bytes, int], PartitionHandle] = {}
+        # The partitions read lately, least recently used first: at most MAX_HANDLES stay open
+        # (each holds its page's and its segments' and indexes' maps, a descriptor each; a
+        # consumer of ten thousand partitions must not hold forty thousand of them).
+        self.handles: collections.OrderedDict[tuple[bytes, int], PartitionHandle] = \
+            collections.OrderedDict()
         self.parked: list[Parked] = []
         self._bounds_version = -1      # catalog version the handles' inflation bounds follow
         self.serve(self)
@@ -125,7 +136,8 @@ class Fetcher(Worker):
         if t is None or partition >= t.partitions:
             if h is not None:
                 self.handles.pop(key, None)
-                self.topo.forget(h.name)
+                if not h.waiters:
+                    h.close()
             return None
         if h is None:
             try:
@@ -134,7 +146,21 @@ class Fetcher(Worker):
             except FileNotFoundError:
                 return None
             self.handles[key] = h
+            if len(self.handles) > MAX_HANDLES:
+                self._evict()
+        else:
+            self.handles.move_to_end(key)
         return h
+
+    def _evict(self) -> None:
+        """Close the least recently used handles no parked long-poll holds."""
+        for key in list(self.handles):
+            if len(self.handles) <= MAX_HANDLES * 3 // 4:
+                return
+            h = self.handles[key]
+            if not h.waiters:
+                del self.handles[key]
+                h.close()
 
     def _evaluate(self, req: ipc.FetchRequest) -> tuple[ipc.FetchResult, int, bool]:
         """Read every partition now. Returns (response, bytes, final) where final means an error

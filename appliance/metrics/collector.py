@@ -114,14 +114,21 @@ class Collector:
             catalog = read_published(self.topo.file_path(PUBLISHED_FILE))
         except (OSError, ValueError):
             catalog = None
-        # Each partition has a metrics table of its own, beside its writer process's.
+        # Each partition has a metrics table of its own, beside its writer process's; theirs are
+        # opened for the scrape and closed after it (ten thousand partitions would hold twenty
+        # thousand descriptors in the metrics worker: every mapping holds one).
         carried = self._carried(workers, catalog)
-        live |= set(carried)
         self._forget_missing(live)
-        for name in [SUPERVISOR] + [w["name"] for w in workers] + list(carried):
+        for name in [SUPERVISOR] + [w["name"] for w in workers]:
             t = self._table(name)
             if t is not None:
                 self._add_table(t, acc, hist)
+        for name in carried:
+            try:
+                with MetricsTable.open(self.topo.metrics_path(name), readonly=True) as t:
+                    self._add_table(t, acc, hist)
+            except (FileNotFoundError, ValueError):
+                pass
         partitions = self._partitions(carried, acc)
         self._workers(workers, acc)
         self._rings(workers, acc)
@@ -167,12 +174,11 @@ class Collector:
         state)."""
         out: dict[str, tuple[str, int, object]] = {}
         for name, (topic, partition) in carried.items():
-            page = self._page(name, PARTITION_PAGE_FIELDS)
-            if page is None:
-                continue
             try:
-                st = page.read()
-            except StalePage:
+                with StatePage.open(self.topo.page_path(name), PARTITION_PAGE_FIELDS,
+                                    readonly=True) as page:
+                    st = page.read()
+            except (FileNotFoundError, ValueError, StalePage):
                 continue
             out[name] = (topic, partition, st)
             if st.generation == 0:

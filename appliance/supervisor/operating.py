@@ -79,8 +79,11 @@ class RecoveryProgress:
     def checked(self, spec, ready: bool) -> int:
         if ready:
             return self.sizes.get(spec.name, 0)
-        t = getattr(spec, "metrics", None)
-        v = t.get(key("appliance_log_recovery_bytes", _tp(spec))) if t is not None else None
+        try:
+            with spec.metrics() as t:
+                v = t.get(key("appliance_log_recovery_bytes", _tp(spec)))
+        except (OSError, ValueError):
+            v = None
         return min(v or 0, self.sizes.get(spec.name, 0))
 
     def turn(self, now: float, ready: Callable[[object], bool]) -> None:

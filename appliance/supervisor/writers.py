@@ -35,13 +35,26 @@ PARTITION_TABLE_CAPACITY = 32
 
 @dataclass(eq=False)
 class PartitionEntry:
+    """A partition's row. Its page and metrics table are files the supervisor made; it does not
+    keep them open (ten thousand partitions would be twenty thousand descriptors: every mapping
+    holds one), but opens them when it looks (``read``, ``metrics``)."""
     topic: TopicInfo
     index: int
     name: str                       # writer_name: its page and metrics table
     process: object                 # the WorkerSpec of the writer process that carries it
-    page: StatePage
-    metrics: MetricsTable
+    topo: Topology
     removed: bool = False           # its topic was deleted: waiting for its process to close it
+    ready_seen: int = 0             # the process generation it was last seen READY in
+
+    def read(self):
+        """Its state page now."""
+        with StatePage.open(self.topo.page_path(self.name), PARTITION_PAGE_FIELDS,
+                            readonly=True) as page:
+            return page.read()
+
+    def metrics(self) -> MetricsTable:
+        """Its metrics table, open (the caller closes it)."""
+        return MetricsTable.open(self.topo.metrics_path(self.name), readonly=True)
 
 
 @dataclass
@@ -85,14 +98,14 @@ class WriterTable:
             self.processes.append(spec)
         name = writer_name(topic.topic_id, index)
         try:
-            page = StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS)
-            metrics = MetricsTable.create(self.topo.metrics_path(name), PARTITION_TABLE_CAPACITY)
+            StatePage.create(self.topo.page_path(name), PARTITION_PAGE_FIELDS).close()
+            MetricsTable.create(self.topo.metrics_path(name), PARTITION_TABLE_CAPACITY).close()
         except OSError:
             self.topo.remove_endpoint(name)
             if not spec.partitions and spec.pid is None and spec.generation == 0:
                 self.forget_process(spec)
             raise
-        entry = PartitionEntry(topic, index, name, spec, page, metrics)
+        entry = PartitionEntry(topic, index, name, spec, self.topo)
         spec.partitions.append(entry)
         self.partitions[(topic.topic_id, index)] = entry
         return entry
@@ -114,8 +127,6 @@ class WriterTable:
         self.partitions.pop((entry.topic.topic_id, entry.index), None)
         if entry in entry.process.partitions:
             entry.process.partitions.remove(entry)
-        entry.page.close()
-        entry.metrics.close()
         self.topo.remove_endpoint(entry.name)
 
     # -- the published assignment -----------------------------------------------------------------
@@ -135,8 +146,15 @@ class WriterTable:
     def ready(self, entry: PartitionEntry) -> bool:
         """Whether the partition is open in its process's current generation."""
         spec = entry.process
-        st = entry.page.read()
-        return spec.pid is not None and st.status == READY and st.generation == spec.generation
+        if spec.pid is None:
+            return False
+        if entry.ready_seen == spec.generation:
+            return True              # seen READY in this generation: a page read less per look
+        st = entry.read()
+        if st.status == READY and st.generation == spec.generation:
+            entry.ready_seen = spec.generation
+            return True
+        return False
 
     def remove_topic(self, topic: TopicInfo) -> list[PartitionEntry]:
         """Take a deleted topic's partitions off their processes (``publish`` tells them);
@@ -161,14 +179,14 @@ class WriterTable:
         """Whether a removed partition's process has closed it (or no longer runs the
         generation that had it open)."""
         spec = entry.process
-        st = entry.page.read()
-        return spec.pid is None or st.status == STOPPED or st.generation != spec.generation
+        if spec.pid is None:
+            return True
+        st = entry.read()
+        return st.status == STOPPED or st.generation != spec.generation
 
     def release(self, entries: list[PartitionEntry]) -> None:
         """Remove closed partitions' rows and files."""
         for e in entries:
-            e.page.close()
-            e.metrics.close()
             self.topo.remove_endpoint(e.name)
 
     def topic_grown(self, topic: TopicInfo) -> None:

@@ -18,6 +18,7 @@ from appliance.runtime import (EXIT_CRASH_LOOP, HEARTBEAT_FILE, RECOVERING, STOP
                                SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, WORKER_PAGE_FIELDS)
 from appliance.supervisor import Supervisor
 from shm.heartbeat import HeartbeatTable
+from shm.metrics import MetricsTable
 from shm.statepage import StatePage
 from shm.topology import Topology
 
@@ -292,14 +293,15 @@ def test_recovery_reports_partitions_ready_bytes_and_an_estimate(sup, notify, ca
     with caplog.at_level(logging.INFO, "appliance.supervisor"):
         progress.turn(sup.clock(), sup.partition_ready)
         assert notify() == ["STATUS=recovering 0/2 partitions"]
-        entries[0].page.publish(generation=entries[0].process.generation, status=READY)
-        entries[1].metrics.set(key("appliance_log_recovery_bytes", [("topic", "t"), ("partition", 1)]), 500)
+        page_of(sup, entries[0], generation=entries[0].process.generation, status=READY)
+        with MetricsTable.open(sup.topo.metrics_path(entries[1].name)) as t:
+            t.set(key("appliance_log_recovery_bytes", [("topic", "t"), ("partition", 1)]), 500)
         sup.fake.now += PROGRESS_LOG_S
         progress.turn(sup.clock(), sup.partition_ready)
         assert notify() == ["STATUS=recovering 1/2 partitions"]
         assert "recovery: 1/2 partitions ready, 1.5 KiB of 2.0 KiB of logs checked in 5 s, " \
                "about 2 s left" in caplog.text
-        entries[1].page.publish(generation=entries[1].process.generation, status=READY)
+        page_of(sup, entries[1], generation=entries[1].process.generation, status=READY)
         progress.turn(sup.clock(), sup.partition_ready)
         sup.operating.recovery_finished(progress, sup.clock())
     assert notify() == ["STATUS=recovering 2/2 partitions"]
@@ -308,6 +310,13 @@ def test_recovery_reports_partitions_ready_bytes_and_an_estimate(sup, notify, ca
 
 
 # -- writer processes and the partitions they carry (issue 32) --------------------------------------
+
+def page_of(s: Supervisor, entry, **fields) -> None:
+    """Publish on a partition's state page as its writer process would."""
+    from appliance.runtime import PARTITION_PAGE_FIELDS
+    with StatePage.open(s.topo.page_path(entry.name), PARTITION_PAGE_FIELDS) as page:
+        page.publish(**fields)
+
 
 def topics(s: Supervisor, processes: int = 0, k: int = 1) -> None:
     s.cfg = Config(server=s.cfg.server, supervisor=s.cfg.supervisor,
@@ -377,12 +386,12 @@ def test_a_deleted_topic_leaves_its_processes_and_an_emptied_one_stops(sup):
     partitions_of(sup, "b", b"\x02", 2)
     sup.spawn_writers(sup.writers.processes)
     for e in sup.writers.partitions.values():             # open in their processes
-        e.page.publish(generation=e.process.generation, status=READY)
+        page_of(sup, e, generation=e.process.generation, status=READY)
     assert carried(sup) == {"wp0": ["a-0", "b-1"], "wp1": ["b-0"]}
     gone = sup.stop_partitions(a[0].topic)
     assert gone == a and carried(sup) == {"wp0": ["b-1"], "wp1": ["b-0"]}
     assert not sup.partition_stopped(a[0])                # its process still has it open
-    a[0].page.publish(generation=a[0].process.generation, status=STOPPED)
+    page_of(sup, a[0], generation=a[0].process.generation, status=STOPPED)
     assert sup.partition_stopped(a[0])
     b = [e for e in sup.writers.partitions.values()]
     gone_b = sup.stop_partitions(b[0].topic)

@@ -80,12 +80,13 @@ class WriterChannel(WorkerChannel):
 
 
 class Route:
-    """Where a partition's records go: its writer process's channel, and its own state page."""
-    __slots__ = ("ch", "page", "topic_id", "partition")
+    """Where a partition's records go: its writer process's channel. Its state page is opened
+    when asked (``Broker.partition_state``, rare): ten thousand partitions' pages held open in
+    every frontend would be ten thousand descriptors each (every mapping holds one)."""
+    __slots__ = ("ch", "topic_id", "partition")
 
-    def __init__(self, ch: WriterChannel, page: StatePage, topic_id: bytes, partition: int) -> None:
+    def __init__(self, ch: WriterChannel, topic_id: bytes, partition: int) -> None:
         self.ch = ch
-        self.page = page
         self.topic_id = topic_id
         self.partition = partition
 
@@ -278,18 +279,10 @@ class Broker:
                 log.debug("rings of %s not found yet", name)
         for key in [k for k, r in self.routes.items()
                     if wanted.get(k) != r.ch.dst or r.ch is not self.writers.get(r.ch.dst)]:
-            route = self.routes.pop(key)
-            route.page.close()
+            del self.routes[key]
         for key, proc in wanted.items():
-            if key in self.routes or proc not in self.writers:
-                continue
-            try:
-                page = StatePage.open(self.topo.page_path(writer_name(*key)),
-                                      PARTITION_PAGE_FIELDS, readonly=True)
-            except FileNotFoundError:
-                self._missing_writers = True
-                continue
-            self.routes[key] = Route(self.writers[proc], page, *key)
+            if key not in self.routes and proc in self.writers:
+                self.routes[key] = Route(self.writers[proc], *key)
         # We sleep in epoll, never in Mailbox.wait: every input, new ones included, must stay
         # armed so that writers ring our bell after each ack (regression: acks of topics created
         # after start waited for the 20 ms tick). The worker armed the mailbox before attach(),
@@ -399,7 +392,14 @@ class Broker:
         if route is None:
             self._sync_writers(self.catalog)
             route = self.routes.get((topic.topic_id, partition))
-        return route.page.read() if route is not None else None
+        if route is None:
+            return None
+        try:
+            with StatePage.open(self.topo.page_path(writer_name(topic.topic_id, partition)),
+                                PARTITION_PAGE_FIELDS, readonly=True) as page:
+                return page.read()
+        except FileNotFoundError:
+            return None
 
     async def call_supervisor(self, req: ipc.Request, timeout_s: float) -> ipc.Message:
         """A topic, ACL or credential change; REQUEST_TIMED_OUT when the supervisor did not
