@@ -43,11 +43,14 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 
 from appliance import ipc
 from appliance.config import Config
-from appliance.data_layout import partition_dir
+from appliance.catalog.model import partition_metadata
+from appliance.data_layout import PARTITION_METADATA_FILE, partition_dir
+from appliance.durable import atomic_write
 from appliance.errors import ErrorCode, KafkaError
 from appliance import testhooks
 from appliance.log.cleaner import messages as cm
@@ -123,6 +126,7 @@ class PartitionWriter:
         testhooks.pause_point("writer", "recovering")
         directory = partition_dir(self.proc.ctx.data_dir, self.topic, self.index)
         try:
+            self._check_metadata(directory)
             replayed_from = self._open(directory)
         except (OSError, ValueError) as e:
             opened, self.log = self.log, None
@@ -147,6 +151,21 @@ class PartitionWriter:
                  self.log.log_end_offset, self.psm.last_stable_offset(self.log.log_end_offset),
                  len(self.psm.entries), replayed_from, self.gen)
         return None
+
+    def _check_metadata(self, directory: str) -> None:
+        """Kafka's partition.metadata, written again (fsynced) when missing or not this topic's:
+        the supervisor writes it unsynced (its catalog commit is the durable point), so a crash
+        may have lost it."""
+        path = os.path.join(directory, PARTITION_METADATA_FILE)
+        want = partition_metadata(self.topic_id)
+        try:
+            with open(path, "rb") as f:
+                if f.read() == want:
+                    return
+        except FileNotFoundError:
+            if not os.path.isdir(directory):
+                return                        # no directory: the log's open says so
+        atomic_write(path, want)
 
     def _open(self, directory: str) -> int:
         """Recover the log and the producer state; the offset the replay started from."""

@@ -22,7 +22,7 @@ from appliance.topic_config import LogSettings, dynamic_log_defaults
 
 __all__ = ["TopicInfo", "Catalog", "OFFSETS_TOPIC", "TRANSACTION_STATE_TOPIC", "INTERNAL_TOPICS",
            "MAX_TOPIC_NAME", "check_topic_name", "new_topic_id", "uuid_to_kafka_str",
-           "kafka_str_to_uuid"]
+           "kafka_str_to_uuid", "partition_metadata"]
 
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME = 249
@@ -117,3 +117,9 @@ def check_topic_name(name: str) -> None:
         raise KafkaError(ErrorCode.invalid_topic_exception,
                          f"Topic name \"{name}\" is illegal, it contains a character other than "
                          "ASCII alphanumerics, '.', '_' and '-'")
+
+
+def partition_metadata(topic_id: bytes) -> bytes:
+    """Kafka's ``partition.metadata`` of a partition of topic ``topic_id``: ``version: 0`` /
+    ``topic_id: <base64url id>``, so that a directory can be matched to its topic."""
+    return f"version: 0\ntopic_id: {uuid_to_kafka_str(topic_id)}\n".encode()

@@ -175,11 +175,18 @@ class PartitionLog:
         lso_path = os.path.join(directory, LOG_START_OFFSET_FILE)
         lso = read_checkpoint(lso_path)
         recovery_point = read_checkpoint(os.path.join(directory, RECOVERY_POINT_FILE)) or 0
+        lso_missing = lso is None
         if lso is None:
             lso = bases[0] if bases else 0
+        lso_default = lso
+        # Whether what this open changes in the directory must be made durable (its fsync): a
+        # recovered sealed segment, deleted files, a clean-shutdown marker removed, a new
+        # partition's segment made. The active segment's recovery need not be (recover_segment).
+        names_changed = clean
         # 3. an interrupted retention delete: segments wholly below the log start offset go.
         while len(bases) > 1 and bases[1] <= lso:
             delete_segment_files(directory, bases.pop(0))
+            names_changed = True
 
         loaded: list[_Loaded] = []
         rebuild_from: int | None = None      # base of the first segment recovered
@@ -204,7 +211,8 @@ class PartitionLog:
                     rebuild_from = base
                 info, corrupt, build = recover_segment(
                     directory, base, next_base=next_base,
-                    max_decompressed_bytes=s.max_decompressed_bytes, **seg_kw)
+                    max_decompressed_bytes=s.max_decompressed_bytes, durable=not last, **seg_kw)
+                names_changed = names_changed or not last
                 loaded.append(_Loaded(info, len(build.offsets), len(build.times),
                                       build.bytes_since_last_entry))
                 if progress is not None:
@@ -213,6 +221,7 @@ class PartitionLog:
                     for b in bases[i + 1:]:
                         delete_segment_files(directory, b)
                     del bases[i + 1:]
+                    names_changed = True
             i += 1
         log_end = loaded[-1].info.next_offset if loaded else lso
         if loaded and log_end < lso:
@@ -221,6 +230,7 @@ class PartitionLog:
                 delete_segment_files(directory, item.info.base_offset)
             loaded = []
             rebuild_from = None
+            names_changed = True
         if rebuild_from is not None:
             # Every aborted-index file from the first recovered segment on is rebuilt from the
             # log by the caller; one kept there would get its entries a second time.
@@ -230,9 +240,16 @@ class PartitionLog:
                         os.unlink(txnindex_path(directory, item.info.base_offset))
                     except FileNotFoundError:
                         pass
+        # A partition with nothing on disk yet (its first open): what it writes now, lost in a
+        # crash, the next open makes again the same.
+        fresh = not loaded and not clean and lso_missing and lso == 0
         if not loaded:
+            names_changed = True
             active = LogSegment.create(directory, lso, now_ms=now_ms, **seg_kw)
-            write_checkpoint(lso_path, lso)
+            # A checkpoint whose loss would read back as the same value (missing: the first
+            # segment's base, or 0) is written without an fsync: five fsyncs a new partition
+            # were most of the time of a CreateTopics of ten thousand.
+            write_checkpoint(lso_path, lso, sync=not (lso_missing and lso == 0))
         else:
             lso = max(lso, loaded[0].info.base_offset)
             last = loaded[-1]
@@ -250,9 +267,10 @@ class PartitionLog:
             loaded.pop()
         if clean:
             os.unlink(clean_path)
-        fsync_dir(directory)
+        if names_changed and not fresh:
+            fsync_dir(directory)
         if read_checkpoint(lso_path) != lso:
-            write_checkpoint(lso_path, lso)
+            write_checkpoint(lso_path, lso, sync=not (lso_missing and lso == lso_default))
         # Everything below the active segment is now sealed and fsynced (loaded as such, or just
         # recovered); the active one must always lie at or above the recovery point.
         # Sealed segments whose .txnindex is to be rebuilt keep the recovery point at the first
@@ -260,8 +278,9 @@ class PartitionLog:
         pending = rebuild_from is not None and rebuild_from < active.base_offset
         rp = rebuild_from if pending else active.base_offset
         rp_path = os.path.join(directory, RECOVERY_POINT_FILE)
-        if read_checkpoint(rp_path) != rp:
-            write_checkpoint(rp_path, rp)
+        have = read_checkpoint(rp_path)
+        if have != rp:
+            write_checkpoint(rp_path, rp, sync=not (have is None and rp == 0))  # missing reads 0
         return cls(directory, settings, [x.info for x in loaded], active, lso,
                    txn_index_rebuild_from=rebuild_from, rebuild_pending=pending)
 
