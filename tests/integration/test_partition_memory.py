@@ -10,7 +10,10 @@ whose smallest rings cannot be held exits with the runtime dir's status (7), say
 
 The runtime dir here is a tmpfs twice the size of the machine's memory (a tmpfs's size is a
 limit, not an allocation), so that memory, not the file system, is what runs out; the rings are
-256 MiB each, so the refused request allocates nothing and the accepted one 512 MiB.
+256 MiB each, so the refused request allocates nothing and the accepted one 512 MiB. Produce rings
+belong to writer processes (issue 32), not partitions: the first test gives every partition a
+process of its own (a writer-process budget above any partition count) so that partitions, each
+with its own rings, are what outgrow the memory.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def test_partitions_beyond_the_machines_memory_are_refused_not_oom_killed(big_tm
                                                                           appliance_factory):
     run_dir = os.path.join(big_tmpfs, "run")
     app = appliance_factory(server={"frontends": 1, "fetchers": 1, "runtime_dir": run_dir},
-                            shm={"produce_ring_bytes": RING})
+                            shm={"produce_ring_bytes": RING},
+                            topics={"writer_processes": 100000})
     admin = AdminClient({"bootstrap.servers": app.bootstrap})
     # More than the whole memory (not merely what is available now, which other processes
     # change): refused whatever the machine does meanwhile, and it fits the tmpfs.
