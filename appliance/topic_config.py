@@ -24,11 +24,13 @@ over server.properties.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Literal, Mapping
 
 import msgspec
 
+from .broker_dynamic_configs import STORED_DYNAMIC_BROKER_CONFIGS, check_typed
 from .config import Config, LogConfig
 from .errors import ErrorCode, KafkaError
 
@@ -59,10 +61,15 @@ class TopicConfigDef:
             return int(value)
         if self.type == "DOUBLE":
             return float(value)
+        if self.type == "BOOLEAN":
+            return value.strip().lower() == "true"
         return value
 
 
-def _int_check(lo: int, hi: int = 2**63 - 1) -> Callable[[str], str | None]:
+LONG_MAX = 2**63 - 1
+
+
+def _int_check(lo: int, hi: int = LONG_MAX) -> Callable[[str], str | None]:
     def check(v: str) -> str | None:
         try:
             n = int(v)
@@ -82,6 +89,28 @@ def _ratio_check(v: str) -> str | None:
     if not 0.0 <= x <= 1.0:
         return f"value {x} out of range [0.0, 1.0]"
     return None
+
+
+def _bool_check(v: str) -> str | None:
+    # Kafka's ConfigDef parses a BOOLEAN string case-insensitively.
+    return None if v.strip().lower() in ("true", "false") else f"value {v!r} is not true or false"
+
+
+def _gzip_level_check(v: str) -> str | None:
+    # KIP-390: Deflater's levels 1..9, or -1 for its default.
+    err = _int_check(-1, 9)(v)
+    if err is None and int(v) == 0:
+        err = "value 0 is not in [1,...,9] or -1"
+    return err
+
+
+def _throttled_replicas_check(v: str) -> str | None:
+    # Kafka's ThrottledReplicaListValidator: "*" or [partitionId]:[brokerId],...
+    items = [p.strip() for p in v.split(",")]
+    if "".join(items) == "*" or all(re.fullmatch(r"([0-9]+:[0-9]+)?", p) for p in items):
+        return None
+    return ("must be the literal '*' or a list of replicas in the following format: "
+            "[partitionId]:[brokerId],[partitionId]:[brokerId],...")
 
 
 CLEANUP_POLICIES = ("compact", "delete")
@@ -106,50 +135,140 @@ def _choice(*allowed: str) -> Callable[[str], str | None]:
     return check
 
 
+# Kafka's BrokerCompressionType names (KIP-390): "producer" keeps the producer's codec.
+COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
+
+# A tiered-storage config at a value that asks for no tiered storage is stored as Kafka stores it
+# (Kafka accepts remote.storage.enable=false on a broker without it); any other value is refused.
+TIERED_STORAGE_REFUSAL = ("Tiered Storage functionality is disabled in the broker. Topic cannot be "
+                          "configured with remote log storage: the appliance does not offer tiered "
+                          "storage (KIP-405)")
+
+
+def _tiered(*allowed: str) -> Callable[[str], str | None]:
+    def check(v: str) -> str | None:
+        return None if v.strip().lower() in allowed else TIERED_STORAGE_REFUSAL
+    return check
+
+
+def _const(value: str) -> Callable[[LogConfig], str]:
+    return lambda lg: value
+
+
+def _flush_messages_default(lg: LogConfig) -> str:
+    """[log.flush] as Kafka's log.flush.interval.messages: ``batch`` syncs every batch (1)."""
+    return "1" if lg.flush.policy.group_commit else str(LONG_MAX)
+
+
+_L = LONG_MAX
+_D = TopicConfigDef
 TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in [
-    TopicConfigDef("retention.ms", "LONG", lambda lg: str(lg.retention_ms), _int_check(-1),
-                   "Delete segments whose newest record is older than this; -1 keeps forever.",
-                   "log.retention.ms", setting="retention_ms"),
-    TopicConfigDef("retention.bytes", "LONG", lambda lg: str(lg.retention_bytes), _int_check(-1),
-                   "Delete the oldest segments beyond this many bytes per partition; -1 no limit.",
-                   "log.retention.bytes", setting="retention_bytes"),
-    TopicConfigDef("segment.bytes", "INT", lambda lg: str(lg.segment_bytes), _int_check(14, 2**31 - 1),
-                   "Roll a new segment at this size.", "log.segment.bytes", setting="segment_bytes"),
-    TopicConfigDef("segment.ms", "LONG", lambda lg: str(lg.segment_ms), _int_check(1),
-                   "Roll a new segment this long after the segment's first batch.", "log.roll.ms", setting="segment_ms"),
-    TopicConfigDef("segment.index.bytes", "INT", lambda lg: str(lg.segment_index_bytes),
-                   _int_check(4096, 2**31 - 1), "Size of a segment's offset and time index files.",
-                   "log.index.size.max.bytes", setting="segment_index_bytes"),
-    TopicConfigDef("index.interval.bytes", "INT", lambda lg: str(lg.index_interval_bytes),
-                   _int_check(0, 2**31 - 1), "One index entry per this many log bytes.",
-                   "log.index.interval.bytes", setting="index_interval_bytes"),
-    TopicConfigDef("max.message.bytes", "INT", lambda lg: str(lg.message_max_bytes),
-                   _int_check(0, 2**31 - 1), "Largest record batch accepted.", "message.max.bytes", setting="max_message_bytes"),
-    TopicConfigDef("message.timestamp.type", "STRING", lambda lg: lg.message_timestamp_type,
-                   _choice("CreateTime", "LogAppendTime"), "CreateTime or LogAppendTime.",
-                   "log.message.timestamp.type", setting="message_timestamp_type"),
-    TopicConfigDef("cleanup.policy", "LIST", lambda lg: lg.cleanup_policy, _policy_check,
-                   "delete: segments go by retention.ms and retention.bytes; compact: the log "
-                   "cleaner keeps the last record of every key (no retention); both: compact,delete.",
-                   "log.cleanup.policy", setting="cleanup_policy"),
-    TopicConfigDef("min.cleanable.dirty.ratio", "DOUBLE",
-                   lambda lg: str(lg.cleaner.min_cleanable_ratio), _ratio_check,
-                   "Clean once the not yet cleaned bytes are more than this share of the log.",
-                   "log.cleaner.min.cleanable.ratio", setting="min_cleanable_ratio"),
-    TopicConfigDef("min.compaction.lag.ms", "LONG", lambda lg: str(lg.cleaner.min_compaction_lag_ms),
-                   _int_check(0), "A record stays uncompacted at least this long.",
-                   "log.cleaner.min.compaction.lag.ms", setting="min_compaction_lag_ms"),
-    TopicConfigDef("max.compaction.lag.ms", "LONG", lambda lg: str(lg.cleaner.max_compaction_lag_ms),
-                   _int_check(1), "A record is compacted at the latest this long after it was written.",
-                   "log.cleaner.max.compaction.lag.ms", setting="max_compaction_lag_ms"),
-    TopicConfigDef("delete.retention.ms", "LONG", lambda lg: str(lg.cleaner.delete_retention_ms),
-                   _int_check(0), "Tombstones and transaction markers stay this long once cleaned.",
-                   "log.cleaner.delete.retention.ms", setting="delete_retention_ms"),
-    TopicConfigDef("min.insync.replicas", "INT", lambda lg: "1", _int_check(1, 1),
-                   "Single node: always 1."),
-    TopicConfigDef("compression.type", "STRING", lambda lg: "producer", _choice("producer"),
-                   "Batches are stored as the producer compressed them."),
+    # -- the log's shape and retention ---------------------------------------------------------
+    _D("retention.ms", "LONG", lambda lg: str(lg.retention_ms), _int_check(-1),
+       "Delete segments whose newest record is older than this; -1 keeps forever.",
+       "log.retention.ms", setting="retention_ms"),
+    _D("retention.bytes", "LONG", lambda lg: str(lg.retention_bytes), _int_check(-(2**63)),
+       "Delete the oldest segments beyond this many bytes per partition; negative: no limit.",
+       "log.retention.bytes", setting="retention_bytes"),
+    _D("segment.bytes", "INT", lambda lg: str(lg.segment_bytes), _int_check(14, 2**31 - 1),
+       "Roll a new segment at this size.", "log.segment.bytes", setting="segment_bytes"),
+    _D("segment.ms", "LONG", lambda lg: str(lg.segment_ms), _int_check(1),
+       "Roll a new segment this long after the segment's first batch.", "log.roll.ms", setting="segment_ms"),
+    _D("segment.jitter.ms", "LONG", _const("0"), _int_check(0),
+       "A segment rolls up to this much earlier than segment.ms (a random share per segment), so "
+       "that the partitions of a topic do not all roll at once.", "log.roll.jitter.ms",
+       setting="segment_jitter_ms"),
+    _D("segment.index.bytes", "INT", lambda lg: str(lg.segment_index_bytes),
+       _int_check(4096, 2**31 - 1), "Size of a segment's offset and time index files.",
+       "log.index.size.max.bytes", setting="segment_index_bytes"),
+    _D("index.interval.bytes", "INT", lambda lg: str(lg.index_interval_bytes),
+       _int_check(0, 2**31 - 1), "One index entry per this many log bytes.",
+       "log.index.interval.bytes", setting="index_interval_bytes"),
+    _D("file.delete.delay.ms", "LONG", lambda lg: str(lg.segment_delete_delay_ms), _int_check(0),
+       "Segment files a compaction or retention replaced stay readable this long (renamed "
+       "*.deleted) for the fetches answered from them.", "log.segment.delete.delay.ms",
+       setting="file_delete_delay_ms"),
+    _D("preallocate", "BOOLEAN", _const("false"), _bool_check,
+       "Stored as Kafka stores it; segment files grow as they are written (no preallocation: a "
+       "preallocated file's zero tail would be recovered as torn).", "log.preallocate"),
+    # -- durability -------------------------------------------------------------------------------
+    _D("flush.messages", "LONG", _flush_messages_default, _int_check(1),
+       "fdatasync once this many records are not yet synced; 1: every batch, and acks=-1 "
+       "answers after the fdatasync covering it (the [log.flush] batch policy for this topic).",
+       "log.flush.interval.messages", setting="flush_messages"),
+    _D("flush.ms", "LONG", lambda lg: str(lg.flush.kafka_flush_interval_ms), _int_check(0),
+       "fdatasync every this many milliseconds, acks=-1 answering after the next one (the "
+       "[log.flush] interval policy for this topic); 0: every batch.", "log.flush.interval.ms",
+       setting="flush_ms"),
+    _D("min.insync.replicas", "INT", _const("1"), _int_check(1, 2**31 - 1),
+       "One node is the one in-sync replica: above 1, acks=-1 produce is refused with "
+       "NOT_ENOUGH_REPLICAS, as a one-broker Kafka refuses it.", "min.insync.replicas",
+       setting="min_insync_replicas"),
+    _D("unclean.leader.election.enable", "BOOLEAN", _const("false"), _bool_check,
+       "Stored as Kafka stores it; one node never elects another leader.",
+       "unclean.leader.election.enable"),
+    _D("leader.replication.throttled.replicas", "LIST", _const(""), _throttled_replicas_check,
+       "Stored as Kafka stores it; one node replicates nothing."),
+    _D("follower.replication.throttled.replicas", "LIST", _const(""), _throttled_replicas_check,
+       "Stored as Kafka stores it; one node replicates nothing."),
+    # -- records ----------------------------------------------------------------------------------
+    _D("max.message.bytes", "INT", lambda lg: str(lg.message_max_bytes),
+       _int_check(0, 2**31 - 1), "Largest record batch accepted.", "message.max.bytes", setting="max_message_bytes"),
+    _D("message.timestamp.type", "STRING", lambda lg: lg.message_timestamp_type,
+       _choice("CreateTime", "LogAppendTime"), "CreateTime or LogAppendTime.",
+       "log.message.timestamp.type", setting="message_timestamp_type"),
+    _D("message.timestamp.before.max.ms", "LONG", lambda lg: str(lg.message_timestamp_before_max_ms),
+       _int_check(0), "A CreateTime record older than now by more than this is refused with "
+       "INVALID_TIMESTAMP (KIP-937).", "log.message.timestamp.before.max.ms",
+       setting="message_timestamp_before_max_ms"),
+    _D("message.timestamp.after.max.ms", "LONG", lambda lg: str(lg.message_timestamp_after_max_ms),
+       _int_check(0), "A CreateTime record newer than now by more than this is refused with "
+       "INVALID_TIMESTAMP (KIP-937).", "log.message.timestamp.after.max.ms",
+       setting="message_timestamp_after_max_ms"),
+    _D("compression.type", "STRING", _const("producer"), _choice(*COMPRESSION_TYPES),
+       "producer: batches are stored as the producer compressed them; uncompressed, gzip, "
+       "snappy, lz4 or zstd: a batch in another codec is recompressed into this one.",
+       "compression.type", setting="compression_type"),
+    _D("compression.gzip.level", "INT", _const("-1"), _gzip_level_check,
+       "The gzip level of recompression (KIP-390): 1..9, or -1 for zlib's default.",
+       "compression.gzip.level", setting="compression_gzip_level"),
+    _D("compression.lz4.level", "INT", _const("9"), _int_check(1, 17),
+       "The lz4 level of recompression (KIP-390).", "compression.lz4.level",
+       setting="compression_lz4_level"),
+    _D("compression.zstd.level", "INT", _const("3"), _int_check(-131072, 22),
+       "The zstd level of recompression (KIP-390).", "compression.zstd.level",
+       setting="compression_zstd_level"),
+    # -- compaction -------------------------------------------------------------------------------
+    _D("cleanup.policy", "LIST", lambda lg: lg.cleanup_policy, _policy_check,
+       "delete: segments go by retention.ms and retention.bytes; compact: the log "
+       "cleaner keeps the last record of every key (no retention); both: compact,delete.",
+       "log.cleanup.policy", setting="cleanup_policy"),
+    _D("min.cleanable.dirty.ratio", "DOUBLE",
+       lambda lg: str(lg.cleaner.min_cleanable_ratio), _ratio_check,
+       "Clean once the not yet cleaned bytes are more than this share of the log.",
+       "log.cleaner.min.cleanable.ratio", setting="min_cleanable_ratio"),
+    _D("min.compaction.lag.ms", "LONG", lambda lg: str(lg.cleaner.min_compaction_lag_ms),
+       _int_check(0), "A record stays uncompacted at least this long.",
+       "log.cleaner.min.compaction.lag.ms", setting="min_compaction_lag_ms"),
+    _D("max.compaction.lag.ms", "LONG", lambda lg: str(lg.cleaner.max_compaction_lag_ms),
+       _int_check(1), "A record is compacted at the latest this long after it was written.",
+       "log.cleaner.max.compaction.lag.ms", setting="max_compaction_lag_ms"),
+    _D("delete.retention.ms", "LONG", lambda lg: str(lg.cleaner.delete_retention_ms),
+       _int_check(0), "Tombstones and transaction markers stay this long once cleaned.",
+       "log.cleaner.delete.retention.ms", setting="delete_retention_ms"),
+    # -- tiered storage (KIP-405): not offered ----------------------------------------------------
+    _D("remote.storage.enable", "BOOLEAN", _const("false"), _tiered("false"),
+       "Tiered storage is not offered: only false."),
+    _D("local.retention.ms", "LONG", _const("-2"), _tiered("-2"),
+       "Tiered storage is not offered: only -2 (the local log is the whole log).", "log.local.retention.ms"),
+    _D("local.retention.bytes", "LONG", _const("-2"), _tiered("-2"),
+       "Tiered storage is not offered: only -2 (the local log is the whole log).", "log.local.retention.bytes"),
+    _D("remote.log.copy.disable", "BOOLEAN", _const("false"), _tiered("false"),
+       "Tiered storage is not offered: only false."),
+    _D("remote.log.delete.on.disable", "BOOLEAN", _const("false"), _tiered("false"),
+       "Tiered storage is not offered: only false."),
 ]}
+del _D
 
 class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     """A topic's effective settings (Kafka's LogConfig values): ``TOPIC_CONFIGS``' fields with the
@@ -172,6 +291,17 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = 2**63 - 1
     delete_retention_ms: int = 86400000
+    segment_jitter_ms: int = 0
+    file_delete_delay_ms: int = 60000
+    flush_messages: int = 2**63 - 1
+    flush_ms: int = 2**63 - 1
+    min_insync_replicas: int = 1
+    message_timestamp_before_max_ms: int = 2**63 - 1
+    message_timestamp_after_max_ms: int = 2**63 - 1
+    compression_type: str = "producer"
+    compression_gzip_level: int = -1
+    compression_lz4_level: int = 9
+    compression_zstd_level: int = 3
 
     @classmethod
     def from_config(cls, log_cfg: LogConfig, overrides: Mapping[str, str] | None = None) -> "LogSettings":
@@ -360,18 +490,26 @@ def alter_topic_configs(cfg: Config, catalog, topic: str, ops, incremental: bool
 
 
 def alter_broker_configs(current: dict[str, str], ops, incremental: bool) -> dict[str, str]:
-    """A broker resource's new dynamic config set. Only the log defaults the writers re-read
-    can change live; any other name is refused for the whole resource with Kafka's
-    INVALID_REQUEST "Cannot update these configs dynamically" (a bad value too, as Kafka's
-    broker-side validation answers it)."""
+    """A broker resource's new dynamic config set: the log defaults the writers re-read (applied
+    live), and the Kafka dynamic names the appliance only stores and reports
+    (``STORED_DYNAMIC_BROKER_CONFIGS``). Any other name is refused for the whole resource with
+    Kafka's INVALID_REQUEST "Cannot update these configs dynamically" (a bad value too, as
+    Kafka's broker-side validation answers it)."""
     def unknown(bad: list[str]) -> KafkaError:
         return KafkaError(ErrorCode.invalid_request,
                           f"Cannot update these configs dynamically: Set({', '.join(bad)}) "
-                          f"(the appliance changes only {', '.join(sorted(DYNAMIC_BROKER_CONFIGS))} "
-                          "live; the rest are set in its TOML file)")
+                          "(the appliance changes the log defaults live; the rest are set in its "
+                          "TOML file)")
 
-    new = _apply_ops(current, ops, incremental, lambda n: n in DYNAMIC_BROKER_CONFIGS,
+    new = _apply_ops(current, ops, incremental,
+                     lambda n: n in DYNAMIC_BROKER_CONFIGS or n in STORED_DYNAMIC_BROKER_CONFIGS,
                      lambda n: "", lambda n: False, unknown)
     for name, value in new.items():
-        _check_value(TOPIC_CONFIGS[DYNAMIC_BROKER_CONFIGS[name]], name, value, ErrorCode.invalid_request)
+        if name in DYNAMIC_BROKER_CONFIGS:
+            _check_value(TOPIC_CONFIGS[DYNAMIC_BROKER_CONFIGS[name]], name, value, ErrorCode.invalid_request)
+        else:
+            err = check_typed(STORED_DYNAMIC_BROKER_CONFIGS[name], value)
+            if err:
+                raise KafkaError(ErrorCode.invalid_request,
+                                 f"Invalid value {value} for configuration {name}: {err}")
     return new

@@ -55,7 +55,7 @@ from appliance.errors import ErrorCode, KafkaError
 from appliance import testhooks
 from appliance.log.cleaner import messages as cm
 from appliance.log.flusher import Flusher
-from appliance.log.group_commit import GroupCommit
+from appliance.log.group_commit import GroupCommit, policy_of
 from appliance.log.markers import MarkerWriter
 from appliance.log.partition import Partition, load_producer_state
 from appliance.log.partition_log import LogSettings, PartitionLog
@@ -95,10 +95,11 @@ class PartitionWriter:
         self.log: PartitionLog | None = None
         self.page = StatePage.open(proc.topo.page_path(self.name), PARTITION_PAGE_FIELDS)
         cfg = proc.cfg
-        flush = cfg.log.flush
-        self.commit = GroupCommit(flush.policy, flush.interval_ms / 1000, time.monotonic())
         # The topic's configs over the broker defaults (Catalog.overrides), as the catalog has them.
         self.overrides: dict[str, str] = dict(overrides)
+        # The topic's flush.messages / flush.ms, defaulting to [log.flush].
+        policy, interval_s, messages = policy_of(self.log_settings())
+        self.commit = GroupCommit(policy, interval_s, time.monotonic(), messages)
         # Metrics (appliance.metrics), in the partition's own table (made by the supervisor with
         # its page, outliving the process's restarts): per batch two adds, per publish a few
         # stores; the per-topic series of every partition of a topic sum up.
@@ -189,10 +190,10 @@ class PartitionWriter:
     def reload(self, old: Config, new: Config) -> bool:
         """The process's reload, for this partition; True when its log was flushed at once (the
         flush policy stopped waiting for fsyncs) or its settings changed."""
-        force_flush = self.commit.configure(new.log.flush.policy, new.log.flush.interval_ms / 1000)
+        settings = self.log_settings()
+        force_flush = self.commit.configure(*policy_of(settings))
         self.verifier.configure(new)
         self.psm.expiration_ms = new.transactions.producer_id_expiration_ms
-        settings = self.log_settings()
         changed = settings != self.log.settings
         if changed:
             self.log.update_settings(settings)
@@ -205,7 +206,10 @@ class PartitionWriter:
         """Apply the topic's effective configs (``[log]`` under ``overrides``) now:
         ``Partition.update_settings``, and retention at once when it changed."""
         self.overrides = overrides
-        if self.partition.update_settings(self.log_settings()):
+        settings = self.log_settings()
+        if self.commit.configure(*policy_of(settings)):
+            self.flush_and_reply(force=True)   # answers promised an fdatasync get it
+        if self.partition.update_settings(settings):
             self.tick()
 
     def close(self) -> None:
@@ -338,7 +342,7 @@ class PartitionWriter:
 
     def cleaner_swap(self, req: cm.CleanerSwapRequest) -> cm.CleanerSwapResult:
         result, swapped = self.partition.cleaner_swap(
-            req, self.proc.cfg.log.segment_delete_delay_ms / 1000)
+            req, self.log.settings.file_delete_delay_ms / 1000)
         if swapped:
             self.commit.publish_due = True       # readers re-list at the new segments_version
         return result

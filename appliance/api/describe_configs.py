@@ -19,6 +19,7 @@ from typing import Any
 
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
+from appliance.broker_dynamic_configs import STORED_DYNAMIC_BROKER_CONFIGS
 from appliance.config import Config
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build, encode_response_items
@@ -45,8 +46,6 @@ def broker_configs(cfg, advertised: dict[str, tuple[str, int]]) -> dict[str, tup
         # The broker configs topic configs default to, from the topic-config table.
         **{d.broker: (d.default(lg), d.type) for d in TOPIC_CONFIGS.values() if d.broker},
         "log.retention.check.interval.ms": (str(lg.retention_check_interval_ms), "LONG"),
-        "log.flush.interval.ms": (str(lg.flush.kafka_flush_interval_ms), "LONG"),
-        "log.segment.delete.delay.ms": (str(lg.segment_delete_delay_ms), "LONG"),
         "log.cleaner.enable": (b(cl.enable), "BOOLEAN"),
         "log.cleaner.threads": (str(cl.processes), "INT"),
         # Kafka's default (no limit) is Double.MAX_VALUE; 0 is ours for the same.
@@ -58,7 +57,6 @@ def broker_configs(cfg, advertised: dict[str, tuple[str, int]]) -> dict[str, tup
         "auto.create.topics.enable": (b(cfg.topics.auto_create), "BOOLEAN"),
         "num.partitions": (str(cfg.topics.default_partitions), "INT"),
         "default.replication.factor": ("1", "INT"),
-        "min.insync.replicas": ("1", "INT"),
         "offsets.topic.replication.factor": ("1", "SHORT"),
         "transaction.state.log.replication.factor": ("1", "SHORT"),
         "transaction.state.log.min.isr": ("1", "INT"),
@@ -99,6 +97,16 @@ def broker_entries(cfg, catalog, endpoints: dict[str, tuple[str, int]], default_
             syn.append((name, value, STATIC_BROKER_CONFIG))
         syn.append((name, builtin[name][0], DEFAULT_CONFIG))
         out[name] = (syn[0][1], syn[0][2], ctype, syn)
+    # Kafka's dynamic names the appliance only stores (appliance.broker_dynamic_configs): shown
+    # once set, as Kafka shows a dynamic config over its static default.
+    for name, ctype in STORED_DYNAMIC_BROKER_CONFIGS.items():
+        syn = []
+        if not default_resource and name in catalog.broker_node:
+            syn.append((name, catalog.broker_node[name], DYNAMIC_BROKER_CONFIG))
+        if name in catalog.broker_default:
+            syn.append((name, catalog.broker_default[name], DYNAMIC_DEFAULT_BROKER_CONFIG))
+        if syn:
+            out[name] = (syn[0][1], syn[0][2], ctype, syn)
     return out
 
 
@@ -154,7 +162,8 @@ def handle(ctx, req):
                 for name, (value, source, ctype, syn) in found.items():
                     if keys is None or name in keys:
                         entries.append(_entry(name, value, source, ctype, None, syn, req,
-                                              name not in DYNAMIC_BROKER_CONFIGS))
+                                              name not in DYNAMIC_BROKER_CONFIGS
+                                              and name not in STORED_DYNAMIC_BROKER_CONFIGS))
         else:
             err, msg = ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
         seen[key] = build(m.DescribeConfigsResult, dict(

@@ -45,6 +45,7 @@ from appliance.protocol.produce_request import PartitionData, ProduceRequestView
 from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
 from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValidationError,
                                                 validate_records)
+from appliance.protocol.recompress import level_for, recompress, target_codec
 from appliance.protocol.records import ATTRIBUTES_OFFSET, validate_batch
 
 
@@ -96,15 +97,24 @@ def _validate_records(cfg, settings, topic: str, pd, header, now_ms: int) -> Non
     """Kafka's LogValidator per-record rules (``record_contents``): framing, offset deltas,
     timestamps, compressed data inflated within ``decompressed_batch_max_factor`` times the
     topic's max.message.bytes. Raises the KafkaError the partition answers."""
-    log = cfg.log
     # On a LogAppendTime topic the writer stamps the broker's clock: the producer's timestamps
-    # are never checked (Kafka's validateTimestamp only looks at CreateTime).
+    # are never checked (Kafka's validateTimestamp only looks at CreateTime). The limits are the
+    # topic's message.timestamp.before/after.max.ms (KIP-937) over the broker's.
     create_time = not settings.log_append_time
-    limit = log.message_timestamp_before_max_ms if create_time else NO_TIMESTAMP_LIMIT
-    after = log.message_timestamp_after_max_ms if create_time else NO_TIMESTAMP_LIMIT
+    limit = settings.message_timestamp_before_max_ms if create_time else NO_TIMESTAMP_LIMIT
+    after = settings.message_timestamp_after_max_ms if create_time else NO_TIMESTAMP_LIMIT
     validate_records(pd.records, header, max_bytes=settings.max_decompressed_bytes,
                      now_ms=now_ms, before_ms=limit, after_ms=after, compacted=settings.compact,
                      topic_partition=f"{topic}-{pd.index}")
+
+
+def _not_enough_replicas(settings, topic: str, index: int, node_id: int) -> None:
+    """Kafka's Partition.appendRecordsToLeader on a one-broker cluster: acks=-1 to a topic whose
+    min.insync.replicas is above the one in-sync replica is refused, nothing appended."""
+    raise KafkaError(ErrorCode.not_enough_replicas,
+                     f"The size of the current ISR : 1 is insufficient to satisfy the min.isr "
+                     f"requirement of {settings.min_insync_replicas} for partition {topic}-{index}, "
+                     f"live replica(s) broker.id are : Set({node_id})")
 
 
 @handles(0, "Produce", 3, 12)
@@ -315,6 +325,17 @@ async def _validate(ctx, req, pace: "_Pace", checked: list):
                     what = validate_batch(pd.records or b"", settings.max_message_bytes,
                                           produce_version=ctx.version)
                     _validate_records(broker.cfg, settings, td.name, pd, what, now_ms)
+                    if acks == -1 and settings.min_insync_replicas > 1:
+                        _not_enough_replicas(settings, td.name, pd.index, broker.node_id)
+                    codec = target_codec(settings)
+                    if codec is not None and codec != what.compression:
+                        # compression.type other than producer: the writer gets the batch in
+                        # the topic's codec, checked again against max.message.bytes.
+                        pd = parts[j] = PartitionData(pd.index, recompress(
+                            pd.records, what, codec, level_for(settings, codec),
+                            settings.max_decompressed_bytes))
+                        what = validate_batch(pd.records, settings.max_message_bytes,
+                                              produce_version=ctx.version)
                     transactional = transactional or what.is_transactional
                 except KafkaError as e:
                     what = ProduceResult(int(e.code), error_message=e.message)

@@ -23,6 +23,12 @@ The group commit: a flush starts when answers wait for one (``batch``) or the in
 (``interval``, also without waiting answers), never while one is running; the appends of its
 fdatasync's time gather for the next one.
 
+The policy is the partition's topic's (``policy_of``): its flush.messages and flush.ms, whose
+defaults are ``[log.flush]``'s, so that one topic can ask for an fdatasync per batch while the
+rest run on the OS's write-back. flush.messages=1 (or flush.ms=0) is ``batch``; a finite
+flush.ms is ``interval``; a flush.messages above 1 also starts a flush once that many records
+are not yet durable (Kafka's unflushedMessages check), without holding answers for it.
+
 Per appended batch ``appended`` is the only call (the writer's fast path), with no allocation
 beyond the held entry.
 """
@@ -31,27 +37,45 @@ from __future__ import annotations
 
 from appliance.config import FlushPolicy
 
-__all__ = ["GroupCommit"]
+__all__ = ["GroupCommit", "policy_of"]
+
+NEVER = 2**63 - 1
+
+
+def policy_of(settings) -> tuple[FlushPolicy, float, int]:
+    """(policy, interval in s, records threshold) of a topic's flush.messages and flush.ms
+    (``LogSettings``; their defaults say what ``[log.flush]`` says)."""
+    messages, ms = settings.flush_messages, settings.flush_ms
+    if messages <= 1 or ms == 0:
+        return FlushPolicy.BATCH, 1.0, NEVER
+    if ms < NEVER:
+        return FlushPolicy.INTERVAL, ms / 1000, messages
+    return FlushPolicy.OS, 1.0, messages
 
 
 class GroupCommit:
-    __slots__ = ("flusher", "policy", "interval_s", "last_flush", "publish_due", "held", "waiting")
+    __slots__ = ("flusher", "policy", "interval_s", "messages", "last_flush", "publish_due",
+                 "held", "waiting")
 
-    def __init__(self, policy: FlushPolicy, interval_s: float, now: float) -> None:
+    def __init__(self, policy: FlushPolicy, interval_s: float, now: float,
+                 messages: int = NEVER) -> None:
         self.flusher = None          # the writer's Flusher, once its log is open
         self.policy = policy
         self.interval_s = interval_s
+        self.messages = messages     # flush once this many records are not durable (NEVER: no)
         self.last_flush = now        # when the last flush started (monotonic s)
         self.publish_due = False     # something appended or changed that the page does not show
         self.held: list[tuple[str, bytes]] = []             # (peer, answer) after the publish
         self.waiting: list[tuple[int, str, bytes]] = []     # (end offset, peer, answer)
 
-    def configure(self, policy: FlushPolicy, interval_s: float) -> bool:
-        """A reload's flush settings. True: answers were promised an fdatasync that the new
-        policy would no longer give them, flush now (synchronously)."""
+    def configure(self, policy: FlushPolicy, interval_s: float, messages: int = NEVER) -> bool:
+        """New flush settings (a reload, the topic's flush configs changed). True: answers were
+        promised an fdatasync that the new policy would no longer give them, flush now
+        (synchronously)."""
         waited = self.policy.ack_waits_for_sync
         self.policy = policy
         self.interval_s = interval_s
+        self.messages = messages
         return waited and not policy.ack_waits_for_sync and bool(self.waiting)
 
     # -- answers --------------------------------------------------------------------------------
@@ -107,13 +131,17 @@ class GroupCommit:
         policy = self.policy
         if not fl.busy and fl.durable < end and (
                 (policy.group_commit and self.waiting)
-                or (policy.periodic and now - self.last_flush >= self.interval_s)):
+                or (policy.periodic and now - self.last_flush >= self.interval_s)
+                or end - fl.durable >= self.messages):
             self.last_flush = now
             return True
         return False
 
     def flush_wait(self, now: float, end: int) -> float | None:
-        """How long until the interval's flush is due (None: none is)."""
+        """How long until the interval's flush is due (None: none is); 0 once flush.messages
+        records are not durable (a flush is due as soon as the running one ends)."""
+        if end - self.flusher.durable >= self.messages:
+            return 0.0
         if self.policy.periodic and self.flusher.durable < end:
             return max(0.0, self.last_flush + self.interval_s - now)
         return None

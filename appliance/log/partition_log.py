@@ -65,6 +65,7 @@ import bisect
 import logging
 import mmap
 import os
+import random
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
@@ -126,6 +127,9 @@ class PartitionLog:
         self.settings = settings
         self._sealed = sealed
         self._active = active
+        # segment.jitter.ms: a random draw per active segment; the jitter is it modulo
+        # min(segment.jitter.ms, the roll time), as Kafka's LogSegment.rollJitterMs.
+        self._jitter_draw = random.getrandbits(31)
         self._log_start_offset = log_start_offset
         # Starts at the wall clock so that a restarted writer never republishes a version its
         # predecessor used for a different segment list.
@@ -446,7 +450,14 @@ class PartitionLog:
             return False
         first = seg.rolling_base_timestamp()
         waited = batch_max_ts - first if first >= 0 else now_ms - seg.created_ms
-        return waited > self.settings.roll_ms
+        return waited > self.settings.roll_ms - self.roll_jitter_ms
+
+    @property
+    def roll_jitter_ms(self) -> int:
+        """How much earlier than the roll time the active segment rolls (Kafka's rollJitterMs:
+        segment.jitter.ms spreads the rolls of a topic's partitions)."""
+        jitter, roll = self.settings.segment_jitter_ms, self.settings.roll_ms
+        return self._jitter_draw % min(jitter, roll) if jitter > 0 and roll > 0 else 0
 
     def maybe_roll(self, now_ms: int) -> bool:
         """Periodic time-based roll (no batch at hand: the clock stands in for its timestamp)."""
@@ -481,6 +492,7 @@ class PartitionLog:
             raise
         self._sealed.append(info)
         self._active = new
+        self._jitter_draw = random.getrandbits(31)
         if self.roll_listener is not None:
             try:
                 self.roll_listener(new.base_offset)

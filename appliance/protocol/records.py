@@ -410,12 +410,14 @@ _LZ4_DESCRIPTOR = bytes([0x60, 0x40])
 _LZ4_FRAME_HEADER = _LZ4_MAGIC + _LZ4_DESCRIPTOR + bytes([(_xxh32(_LZ4_DESCRIPTOR) >> 8) & 0xFF])
 
 
-def _lz4_frame(data) -> bytes:
+def _lz4_frame(data, level: int | None = None) -> bytes:
     out = bytearray(_LZ4_FRAME_HEADER)
     mv = memoryview(data)
+    # A level is LZ4 HC's (Kafka's compression.lz4.level, KIP-390); without one, fast LZ4.
+    kw = {} if level is None else {"mode": "high_compression", "compression": level}
     for off in range(0, len(mv), _LZ4_BLOCK):
         chunk = mv[off:off + _LZ4_BLOCK]
-        comp = bytes(cramjam.lz4.compress_block(chunk, store_size=False))
+        comp = bytes(cramjam.lz4.compress_block(chunk, store_size=False, **kw))
         if len(comp) >= len(chunk):
             out += (len(chunk) | 0x80000000).to_bytes(4, "little")   # stored: high bit set
             out += chunk
@@ -467,19 +469,21 @@ def _snappy_decode(data) -> bytes:
     return bytes(out)
 
 
-def compress(codec: int, data) -> bytes:
-    """Compress a record body the way Kafka's Java client does for ``codec``."""
+def compress(codec: int, data, level: int | None = None) -> bytes:
+    """Compress a record body the way Kafka's Java client does for ``codec``, at ``level``
+    (KIP-390's compression.gzip/lz4/zstd.level; None: the codec's default)."""
     if codec == COMPRESSION_NONE:
         return bytes(data)
     if codec == COMPRESSION_GZIP:
-        c = zlib.compressobj(6, zlib.DEFLATED, 31)      # gzip container, Deflater default level
+        # gzip container; -1 is Deflater's default level (6)
+        c = zlib.compressobj(6 if level is None or level < 0 else level, zlib.DEFLATED, 31)
         return c.compress(data) + c.flush()
     if codec == COMPRESSION_SNAPPY:
         return _snappy_xerial(data)
     if codec == COMPRESSION_LZ4:
-        return _lz4_frame(data)
+        return _lz4_frame(data, level)
     if codec == COMPRESSION_ZSTD:
-        return zstandard.ZstdCompressor(level=3).compress(bytes(data))
+        return zstandard.ZstdCompressor(level=3 if level is None else level).compress(bytes(data))
     raise ValueError(f"unknown compression codec {codec}")
 
 
