@@ -420,8 +420,10 @@ def describe_topic_configs(cfg: Config, catalog, topic_configs: dict[str, str]
             if static != builtin:
                 syn.append((b, static, STATIC_BROKER_CONFIG))
             syn.append((b, builtin, DEFAULT_CONFIG))
-        else:
-            syn.append((name, d.default(cfg.log), DEFAULT_CONFIG))
+        elif not syn:
+            # No broker config behind it: Kafka's ConfigHelper lists no synonym for the default.
+            out[name] = (d.default(cfg.log), DEFAULT_CONFIG, syn)
+            continue
         out[name] = (syn[0][1], syn[0][2], syn)
     return out
 

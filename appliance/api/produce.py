@@ -334,8 +334,8 @@ async def _validate(ctx, req, pace: "_Pace", checked: list):
                         pd = parts[j] = PartitionData(pd.index, recompress(
                             pd.records, what, codec, level_for(settings, codec),
                             settings.max_decompressed_bytes))
-                        what = validate_batch(pd.records, settings.max_message_bytes,
-                                              produce_version=ctx.version)
+                        # (no produce version: zstd from the topic is no client's choice)
+                        what = validate_batch(pd.records, settings.max_message_bytes)
                     transactional = transactional or what.is_transactional
                 except KafkaError as e:
                     what = ProduceResult(int(e.code), error_message=e.message)
