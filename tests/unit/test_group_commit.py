@@ -93,3 +93,36 @@ def test_a_reload_that_stops_syncing_flushes_what_was_promised_once():
     c.appended("fe0", -1, 10, b"a")
     assert c.configure(FlushPolicy.OS, 2.0) is True             # answers promised a sync
     assert c.configure(FlushPolicy.OS, 2.0) is False
+
+
+def _settings(**kw):
+    from appliance.topic_config import LogSettings
+    return LogSettings(**kw)
+
+
+def test_a_topics_flush_configs_choose_its_policy():
+    from appliance.log.group_commit import NEVER, policy_of
+    assert policy_of(_settings()) == (FlushPolicy.OS, 1.0, NEVER)
+    assert policy_of(_settings(flush_messages=1))[0] is FlushPolicy.BATCH
+    assert policy_of(_settings(flush_ms=0))[0] is FlushPolicy.BATCH
+    assert policy_of(_settings(flush_ms=250)) == (FlushPolicy.INTERVAL, 0.25, NEVER)
+    assert policy_of(_settings(flush_messages=100)) == (FlushPolicy.OS, 1.0, 100)
+
+
+def test_flush_messages_starts_a_flush_once_that_many_records_wait_without_holding_acks():
+    c = GroupCommit(FlushPolicy.OS, 1.0, T, messages=100)
+    c.flusher = SimpleNamespace(durable=0, busy=False)
+    c.appended("fe0", -1, 99, b"a")
+    assert c.waiting == [] and c.held == [("fe0", b"a")]      # acks=-1 does not wait for it
+    assert not c.flush_due(T, 99) and c.flush_wait(T, 99) is None
+    assert c.flush_wait(T, 100) == 0.0 and c.flush_due(T, 100)
+    c.flusher.busy = True
+    assert not c.flush_due(T, 250)                            # one flush at a time
+
+
+def test_a_changed_policy_flushes_what_was_promised_an_fdatasync():
+    c = commit(FlushPolicy.BATCH)
+    c.appended("fe0", -1, 10, b"all")
+    assert c.configure(FlushPolicy.OS, 1.0) is True
+    c = commit(FlushPolicy.OS)
+    assert c.configure(FlushPolicy.BATCH, 1.0, 5) is False and c.messages == 5

@@ -121,3 +121,71 @@ def test_one_table_carries_every_setting_and_the_catalog_caches_each_topics():
     assert c.settings(c.topics["t"], log_cfg) is s                     # cached
     reloaded = LogConfig(segment_bytes=4096)
     assert c.settings(c.topics["t"], reloaded).segment_bytes == 4096   # a reload's [log]
+
+
+# Kafka 4.3's TopicConfig names (message.format.version, message.timestamp.difference.max.ms and
+# message.downconversion.enable went in 4.0) and the two replication throttles LogConfig defines.
+KAFKA_TOPIC_CONFIGS = {
+    "segment.bytes", "segment.ms", "segment.jitter.ms", "segment.index.bytes", "flush.messages",
+    "flush.ms", "retention.bytes", "retention.ms", "remote.storage.enable", "local.retention.ms",
+    "local.retention.bytes", "remote.log.copy.disable", "remote.log.delete.on.disable",
+    "max.message.bytes", "index.interval.bytes", "file.delete.delay.ms", "delete.retention.ms",
+    "min.compaction.lag.ms", "max.compaction.lag.ms", "min.cleanable.dirty.ratio", "cleanup.policy",
+    "unclean.leader.election.enable", "min.insync.replicas", "compression.type",
+    "compression.gzip.level", "compression.lz4.level", "compression.zstd.level", "preallocate",
+    "message.timestamp.type", "message.timestamp.before.max.ms", "message.timestamp.after.max.ms",
+    "leader.replication.throttled.replicas", "follower.replication.throttled.replicas",
+}
+
+
+def test_the_table_holds_kafkas_whole_topic_config_set():
+    from appliance.topic_config import TOPIC_CONFIGS
+    assert set(TOPIC_CONFIGS) == KAFKA_TOPIC_CONFIGS
+
+
+@pytest.mark.parametrize("name,good,bad", [
+    ("compression.type", ["uncompressed", "gzip", "snappy", "lz4", "zstd", "producer"], ["none", "LZ4"]),
+    ("compression.gzip.level", ["-1", "1", "9"], ["0", "10", "-2"]),
+    ("compression.lz4.level", ["1", "17"], ["0", "18"]),
+    ("compression.zstd.level", ["-131072", "22"], ["-131073", "23"]),
+    ("preallocate", ["true", "FALSE"], ["1", "yes"]),
+    ("leader.replication.throttled.replicas", ["", "*", "0:1", "0:1, 1:1"], ["0", "*,0:1", "a:1"]),
+    ("min.insync.replicas", ["1", "3"], ["0"]),
+    ("flush.messages", ["1", str(2**63 - 1)], ["0", str(2**63)]),
+    ("remote.storage.enable", ["false"], ["true"]),
+    ("local.retention.bytes", ["-2"], ["-1", "100"]),
+])
+def test_values_checked_as_kafkas_logconfig_checks_them(name, good, bad):
+    from appliance.topic_config import validate_topic_configs
+    for v in good:
+        assert validate_topic_configs({name: v}) == {name: v}
+    for v in bad:
+        with pytest.raises(KafkaError) as ei:
+            validate_topic_configs({name: v})
+        assert ei.value.code == ErrorCode.invalid_config and name in ei.value.message
+        if name.startswith(("remote.", "local.")):
+            assert "does not offer tiered storage" in ei.value.message
+
+
+def test_topic_settings_carry_what_is_honoured():
+    from appliance.topic_config import LogSettings
+    s = LogSettings.from_config(LogConfig(), {"compression.type": "zstd", "flush.messages": "1",
+                                              "file.delete.delay.ms": "0", "min.insync.replicas": "2",
+                                              "message.timestamp.after.max.ms": "10"})
+    assert (s.compression_type, s.flush_messages, s.file_delete_delay_ms, s.min_insync_replicas,
+            s.message_timestamp_after_max_ms) == ("zstd", 1, 0, 2, 10)
+    # [log.flush] is the default of flush.messages / flush.ms
+    from appliance.config import FlushConfig, FlushPolicy
+    batch = LogSettings.from_config(LogConfig(flush=FlushConfig(policy=FlushPolicy.BATCH)))
+    interval = LogSettings.from_config(LogConfig(flush=FlushConfig(policy=FlushPolicy.INTERVAL, interval_ms=200)))
+    assert batch.flush_messages == 1 and interval.flush_ms == 200
+
+
+def test_kafkas_dynamic_broker_names_without_a_counterpart_are_stored():
+    new = alter_broker_configs({}, [(OP_SET, "sasl.kerberos.min.time.before.relogin", "60000"),
+                                    (OP_SET, "num.io.threads", "8")], True)
+    assert new == {"sasl.kerberos.min.time.before.relogin": "60000", "num.io.threads": "8"}
+    for ops in ([(OP_SET, "num.io.threads", "eight")], [(OP_SET, "sasl.enabled.mechanisms", "PLAIN")]):
+        with pytest.raises(KafkaError) as ei:
+            alter_broker_configs({}, ops, True)
+        assert ei.value.code == ErrorCode.invalid_request
