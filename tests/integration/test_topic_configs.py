@@ -253,3 +253,37 @@ def test_topic_timestamp_bounds_refuse_old_records(admin, shared_appliance):
     p.flush(TIMEOUT)
     assert errors[0] is not None and errors[0].name() == "INVALID_TIMESTAMP", errors
     assert errors[1] is None
+
+
+def test_flush_messages_one_syncs_that_topic_only_and_a_killed_writer_loses_nothing(appliance_factory):
+    """[log.flush] is "os" (no fsync); the topic "synced" asks for one per batch
+    (flush.messages=1): its acks=all answers wait for an fdatasync, the other topic's never
+    cause one. Then kill -9 of its writer right after an acknowledged produce loses nothing."""
+    import os
+    import signal
+
+    from appliance_harness import free_port
+    from test_operating import scrape, total
+
+    port = free_port()
+    app = appliance_factory(metrics={"listen": f"127.0.0.1:{port}"})
+    admin = AdminClient({"bootstrap.servers": app.bootstrap})
+    for f in admin.create_topics([NewTopic("plain", 1, 1), NewTopic("synced", 1, 1, config={
+            "flush.messages": "1"})], request_timeout=TIMEOUT).values():
+        f.result(TIMEOUT)
+    flushes = "kafka_log_logflushstats_logflushrateandtimems_count"
+    p = Producer({"bootstrap.servers": app.bootstrap, "acks": "all", "linger.ms": 0})
+    for i in range(5):
+        p.produce("plain", b"p%d" % i, partition=0)
+        assert p.flush(TIMEOUT) == 0
+    assert total(scrape(port), flushes) == 0
+    for i in range(5):
+        p.produce("synced", b"s%d" % i, partition=0)
+        assert p.flush(TIMEOUT) == 0
+    assert total(scrape(port), flushes) >= 5         # one fdatasync before each answer
+    w = app.writer("synced", 0)
+    os.kill(w["pid"], signal.SIGKILL)
+    app.wait_for(lambda: app.writer("synced", 0)["pid"] != w["pid"] and
+                 app.partition_state("synced", 0).high_watermark == 5, what="the writer restarted")
+    got = _consume(app.bootstrap, "synced", 5)
+    assert [m.value() for m in got] == [b"s%d" % i for i in range(5)]
