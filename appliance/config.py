@@ -236,7 +236,7 @@ class LogConfig(_Section):
     message_timestamp_type: Literal["CreateTime", "LogAppendTime"] = "CreateTime"
     # A CreateTime record older / newer than now by more than this is refused with
     # INVALID_TIMESTAMP (log.message.timestamp.before.max.ms / after.max.ms; Kafka's default:
-    # no limit).
+    # no limit). Defaults of the topic configs message.timestamp.before/after.max.ms.
     message_timestamp_before_max_ms: NonNegative = (1 << 63) - 1
     message_timestamp_after_max_ms: NonNegative = (1 << 63) - 1
     # A compressed batch may decompress to at most this many times message_max_bytes (topic
@@ -248,7 +248,8 @@ class LogConfig(_Section):
     # (log.cleanup.policy, topic cleanup.policy).
     cleanup_policy: Literal["delete", "compact", "compact,delete", "delete,compact"] = "delete"
     # Segment files a cleaner swap replaced stay readable (renamed *.deleted) this long, for the
-    # fetches that were answered from them (log.segment.delete.delay.ms).
+    # fetches that were answered from them (log.segment.delete.delay.ms; the default of the
+    # topic config file.delete.delay.ms).
     segment_delete_delay_ms: NonNegative = 60000
     flush: FlushConfig = msgspec.field(default_factory=FlushConfig)
     cleaner: LogCleanerConfig = msgspec.field(default_factory=LogCleanerConfig)

@@ -89,6 +89,8 @@ class ProducerConfig:
     settings: dict[str, Any] = field(default_factory=dict)
     # Transactional columns: commit (and begin the next transaction) this often while producing.
     commit_every_s: float | None = None
+    # Configs of the column's topic (CreateTopics), e.g. compression.type for recompression.
+    topic_configs: dict[str, str] = field(default_factory=dict)
 
 
 # One entry = one column group. Run a subset with --configs.
@@ -100,6 +102,13 @@ PRODUCER_CONFIGS: dict[str, ProducerConfig] = {
         # Compressed batches: the broker inflates each one to check its records (never recompresses).
         ProducerConfig("zstd", {"enable.idempotence": False, "compression.type": "zstd"}),
         ProducerConfig("lz4", {"enable.idempotence": False, "compression.type": "lz4"}),
+        # Broker-side recompression (topic compression.type): the frontend rewrites each batch.
+        ProducerConfig("none-to-zstd", {"enable.idempotence": False},
+                       topic_configs={"compression.type": "zstd"}),
+        ProducerConfig("none-to-lz4", {"enable.idempotence": False},
+                       topic_configs={"compression.type": "lz4"}),
+        ProducerConfig("lz4-to-zstd", {"enable.idempotence": False, "compression.type": "lz4"},
+                       topic_configs={"compression.type": "zstd"}),
     )
 }
 DEFAULT_CONFIGS = ["plain"]
@@ -442,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                         for size in args.sizes:
                             for cfg in configs:
                                 topic = f"bench-{run}-{rnd}-{proto.lower()}-{cfg.name}-{size}"
-                                err = create_topic(bootstrap, topic, args.partitions, security)
+                                err = create_topic(bootstrap, topic, args.partitions, security,
+                                                   cfg.topic_configs if target == "appliance" else None)
                                 if err:
                                     warnings.append(f"CreateTopics of {topic} on the {name} failed ({err}); "
                                                     "the producer's Metadata request auto-creates it where "

@@ -252,7 +252,8 @@ def sink_process(partitions: int, workdir: str) -> Iterator[tuple[str, subproces
 # ---------------------------------------------------------------------------------------------
 
 def create_topic(bootstrap: str, name: str, partitions: int,
-                 security: dict[str, Any] | None = None) -> str | None:
+                 security: dict[str, Any] | None = None,
+                 configs: dict[str, str] | None = None) -> str | None:
     """CreateTopics through the AdminClient; returns None, or the error it failed with.
 
     A failure is not fatal: the appliance's temporary config has auto-creation on with
@@ -261,7 +262,7 @@ def create_topic(bootstrap: str, name: str, partitions: int,
     """
     admin = AdminClient({**_quiet(bootstrap), **(security or {})})
     try:
-        for fut in admin.create_topics([NewTopic(name, partitions, 1)],
+        for fut in admin.create_topics([NewTopic(name, partitions, 1, config=configs or {})],
                                        operation_timeout=30, request_timeout=60).values():
             fut.result(timeout=90)
     except KafkaException as e:

@@ -38,7 +38,8 @@ Readers in other processes (fetchers, frontends) keep what they hold: a map of a
 over or retired stays valid, and they see the new files after their next refresh (the writer
 bumps ``segments_version`` after the swap). A fetch answered from a replaced ``<base>.log`` is
 copied from its retired name (``<base>.log.<inode>.deleted``), kept for
-``log.segment_delete_delay_ms`` as Kafka keeps ``.deleted`` files for file.delete.delay.ms. For
+the topic's file.delete.delay.ms (default ``log.segment_delete_delay_ms``), as Kafka keeps
+``.deleted`` files. For
 the moment between the renames and the removals, readers may list the new segment beside the
 old ones it replaces: ``reader.LogReader`` skips what it has read already, and treats index
 entries as hints checked against the log.
