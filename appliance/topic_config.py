@@ -503,9 +503,20 @@ def alter_broker_configs(current: dict[str, str], ops, incremental: bool) -> dic
                           "(the appliance changes the log defaults live; the rest are set in its "
                           "TOML file)")
 
+    def broker_type(n: str) -> str:
+        topic_name = DYNAMIC_BROKER_CONFIGS.get(n)
+        return TOPIC_CONFIGS[topic_name].type if topic_name else STORED_DYNAMIC_BROKER_CONFIGS[n]
+
+    def default(n: str) -> str:
+        # Kafka's ConfigAdminManager: a list op on a broker config starts from the resource's
+        # own value, else the config's built-in default (log.cleanup.policy APPEND compact ->
+        # "delete,compact").
+        topic_name = DYNAMIC_BROKER_CONFIGS.get(n)
+        return TOPIC_CONFIGS[topic_name].default(_BUILTIN.log) if topic_name else ""
+
     new = _apply_ops(current, ops, incremental,
                      lambda n: n in DYNAMIC_BROKER_CONFIGS or n in STORED_DYNAMIC_BROKER_CONFIGS,
-                     lambda n: "", lambda n: False, unknown)
+                     default, lambda n: broker_type(n) == "LIST", unknown)
     for name, value in new.items():
         if name in DYNAMIC_BROKER_CONFIGS:
             _check_value(TOPIC_CONFIGS[DYNAMIC_BROKER_CONFIGS[name]], name, value, ErrorCode.invalid_request)

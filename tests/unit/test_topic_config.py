@@ -189,3 +189,16 @@ def test_kafkas_dynamic_broker_names_without_a_counterpart_are_stored():
         with pytest.raises(KafkaError) as ei:
             alter_broker_configs({}, ops, True)
         assert ei.value.code == ErrorCode.invalid_request
+
+
+def test_list_ops_on_a_broker_config_start_from_its_default():
+    # librdkafka's 0081: log.cleanup.policy APPEND compact, then SUBTRACT compact
+    new = alter_broker_configs({}, [(OP_APPEND, "log.cleanup.policy", "compact"),
+                                    (OP_SET, "background.threads", "9")], True)
+    assert new == {"log.cleanup.policy": "delete,compact", "background.threads": "9"}
+    assert alter_broker_configs(new, [(OP_SUBTRACT, "log.cleanup.policy", "compact"),
+                                      (OP_DELETE, "background.threads", None)], True) == \
+        {"log.cleanup.policy": "delete"}
+    with pytest.raises(KafkaError) as ei:
+        alter_broker_configs({}, [(OP_APPEND, "log.retention.ms", "1")], True)
+    assert ei.value.code == ErrorCode.invalid_config
