@@ -1,8 +1,11 @@
 """Topic-level configuration and the dynamic broker configs that topic configs default to: the one
-table of the Kafka topic configs the appliance knows (``TOPIC_CONFIGS``: name, type, default,
-check, broker synonym, the setting it carries), the effective settings a topic's processes apply
+table of the Kafka topic configs (``TOPIC_CONFIGS``: Kafka 4.3's whole TopicConfig set, each with
+its type, default, check as Kafka's LogConfig checks it, broker synonym and the setting it
+carries; names that mean nothing on one node are stored as Kafka stores them, tiered-storage names
+accept only the values that ask for none), the effective settings a topic's processes apply
 (``LogSettings``, Kafka's LogConfig values), their layers and sources, and the checks of
-CreateTopics, AlterConfigs and IncrementalAlterConfigs.
+CreateTopics, AlterConfigs and IncrementalAlterConfigs (with the dynamic broker names that are
+only stored, ``appliance.broker_dynamic_configs``).
 
 Owns nothing; used by the supervisor (validation of CreateTopics and of config changes, which it
 applies to the catalog it owns), the frontends (DescribeConfigs, the produce checks) and the
