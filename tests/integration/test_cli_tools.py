@@ -131,9 +131,9 @@ def test_configs_describe_and_alter_topics_and_brokers(appliance_factory):
     topic_cfg = {c["name"]: c for c in json.loads(tool(app, "configs", "describe", "--topic", "cfg-t", "--all", "--json").stdout)}
     assert (topic_cfg["retention.bytes"]["value"], topic_cfg["retention.bytes"]["source"]) == ("99999999", "DYNAMIC_BROKER_CONFIG")
     assert topic_cfg["retention.bytes"]["synonyms"][0] == "DYNAMIC_BROKER_CONFIG:log.retention.bytes=99999999"
-    static = tool(app, "configs", "alter", "--broker", "1", "--add-config", "num.io.threads=8", ok=False)
+    static = tool(app, "configs", "alter", "--broker", "1", "--add-config", "log.dirs=/elsewhere", ok=False)
     assert static.returncode == 1 and "INVALID_REQUEST" in static.stderr
-    assert "Cannot update these configs dynamically: Set(num.io.threads)" in static.stderr
+    assert "Cannot update these configs dynamically: Set(log.dirs)" in static.stderr
     unknown = tool(app, "configs", "alter", "--topic", "cfg-t", "--add-config", "no.such=1", ok=False)
     assert unknown.returncode == 1 and "INVALID_CONFIG" in unknown.stderr
     tool(app, "configs", "alter", "--topic", "cfg-t", "--delete-config", "retention.ms,cleanup.policy")
