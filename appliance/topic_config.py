@@ -472,6 +472,10 @@ def _apply_ops(current: dict[str, str], ops, incremental: bool, known: Callable[
     return new
 
 
+# The shared op semantics, for the group configs too (appliance.group_config).
+apply_config_ops = _apply_ops
+
+
 def alter_topic_configs(cfg: Config, catalog, topic: str, ops, incremental: bool) -> dict[str, str]:
     """The topic's new override set after ``ops`` ((op, name, value); every op SET and the whole
     set replaced when not ``incremental``), checked as Kafka's LogConfig.validate checks it:

@@ -4,8 +4,9 @@ supervisor (it owns the catalog: topic overrides and dynamic broker configs), bu
 Runs in frontends. Broker-logger resources (KIP-412 log levels) are refused as an unknown
 resource type: the appliance's log levels are not set over the protocol.
 
-Authorization (Kafka's KafkaApis): AlterConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED) or,
-for broker resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED); a refused resource is
+Authorization (Kafka's KafkaApis): AlterConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED), on
+the group for a GROUP resource (KIP-848 group configs; else GROUP_AUTHORIZATION_FAILED) or, for
+broker resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED); a refused resource is
 never sent to the supervisor, the others are applied as usual.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import datetime
 
 from appliance.acl.model import AclOperation, ResourceType
-from appliance.catalog.messages import RESOURCE_TOPIC, AlterConfigsRequest, ConfigChange
+from appliance.catalog.messages import RESOURCE_GROUP, RESOURCE_TOPIC, AlterConfigsRequest, ConfigChange
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
 
@@ -24,6 +25,9 @@ def refusal(ctx, resource_type: int, name: str) -> ErrorCode | None:
     if resource_type == RESOURCE_TOPIC:
         if not ctx.authorize(AclOperation.ALTER_CONFIGS, ResourceType.TOPIC, name):
             return ErrorCode.topic_authorization_failed
+    elif resource_type == RESOURCE_GROUP:
+        if not ctx.authorize(AclOperation.ALTER_CONFIGS, ResourceType.GROUP, name):
+            return ErrorCode.group_authorization_failed
     elif not ctx.authorize_cluster(AclOperation.ALTER_CONFIGS):
         return ErrorCode.cluster_authorization_failed
     return None

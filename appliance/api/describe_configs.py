@@ -6,6 +6,7 @@ dynamic broker config, the TOML file, the built-in default). Broker entries map 
 ``config.toml`` keys onto the Kafka names a Kafka user looks for; the ones that can change live
 (dynamic broker configs) are not read-only and show their dynamic value first. The cluster-wide
 default broker resource (empty name) lists only its dynamic configs, as Kafka does.
+GROUP resources (KIP-848 group configs, ``appliance.group_config``) list every group config.
 Broker-logger resources are not supported.
 
 Authorization (Kafka's ConfigHelper): DescribeConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED)
@@ -22,12 +23,13 @@ from appliance.api import handles
 from appliance.broker_dynamic_configs import STORED_DYNAMIC_BROKER_CONFIGS
 from appliance.config import Config
 from appliance.errors import ErrorCode
+from appliance.group_config import describe_group_configs
 from appliance.protocol.messages import build, encode_response_items
 from appliance.topic_config import (DEFAULT_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_BROKER_CONFIGS,
                                     DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG,
                                     TOPIC_CONFIGS, describe_topic_configs)
 
-TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
+TOPIC, BROKER, BROKER_LOGGER, GROUP = 2, 4, 8, 32
 CONFIG_TYPES = {"BOOLEAN": 1, "STRING": 2, "INT": 3, "SHORT": 4, "LONG": 5, "DOUBLE": 6, "LIST": 7,
                 "CLASS": 8, "PASSWORD": 9}
 _BUILTIN = Config()
@@ -140,6 +142,9 @@ def handle(ctx, req):
         if res.resource_type == TOPIC and not ctx.authorize(
                 AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, res.resource_name):
             err, msg = ErrorCode.topic_authorization_failed, "Topic authorization failed."
+        elif res.resource_type == GROUP and not ctx.authorize(
+                AclOperation.DESCRIBE_CONFIGS, ResourceType.GROUP, res.resource_name):
+            err, msg = ErrorCode.group_authorization_failed, "Group authorization failed."
         elif res.resource_type in (BROKER, BROKER_LOGGER) and not ctx.authorize_cluster(
                 AclOperation.DESCRIBE_CONFIGS):
             err, msg = ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
@@ -152,6 +157,13 @@ def handle(ctx, req):
                     if keys is None or name in keys:
                         d = TOPIC_CONFIGS[name]
                         entries.append(_entry(name, value, source, d.type, d.doc, syn, req, False))
+        elif res.resource_type == GROUP:
+            # KIP-848 group configs: every name, set on the group or the broker's default; a
+            # group that does not exist (yet) has the defaults, as in Kafka.
+            found = describe_group_configs(catalog.group_configs.get(res.resource_name, {}))
+            for name, (value, source, ctype, syn) in found.items():
+                if keys is None or name in keys:
+                    entries.append(_entry(name, value, source, ctype, None, syn, req, False))
         elif res.resource_type == BROKER:
             if res.resource_name not in ("", str(ctx.broker.node_id)):
                 err, msg = ErrorCode.invalid_request, (

@@ -45,7 +45,8 @@ class CatalogStore:
             broker = raw.get("broker_configs", {})
             self.catalog = Catalog(version=int(raw.get("version", 0)), topics=topics,
                                    broker_default=dict(broker.get("default", {})),
-                                   broker_node=dict(broker.get("node", {})))
+                                   broker_node=dict(broker.get("node", {})),
+                                   group_configs={g: dict(c) for g, c in raw.get("group_configs", {}).items()})
         self._sweep()
         return self.catalog
 
@@ -67,6 +68,7 @@ class CatalogStore:
             "topics": {t.name: {"id": uuid_to_kafka_str(t.topic_id), "partitions": t.partitions,
                                 "configs": t.configs} for t in catalog.topics.values()},
             "broker_configs": {"default": catalog.broker_default, "node": catalog.broker_node},
+            "group_configs": catalog.group_configs,
         }
         data = json.dumps(raw, indent=1, sort_keys=True).encode()
         path = os.path.join(self.data_dir, CATALOG_FILE)
@@ -86,11 +88,12 @@ class CatalogStore:
         self.catalog = catalog
 
     def _next(self, topics: dict[str, TopicInfo] | None = None, broker_default=None,
-              broker_node=None) -> Catalog:
+              broker_node=None, group_configs=None) -> Catalog:
         c = self.catalog
         return Catalog(version=c.version + 1, topics=c.topics if topics is None else topics,
                        broker_default=c.broker_default if broker_default is None else broker_default,
-                       broker_node=c.broker_node if broker_node is None else broker_node)
+                       broker_node=c.broker_node if broker_node is None else broker_node,
+                       group_configs=c.group_configs if group_configs is None else group_configs)
 
     def _make_dirs(self, t: TopicInfo, partitions: Iterable[int]) -> list[str]:
         """The partitions' directories with their partition.metadata; returns the directories."""
@@ -144,12 +147,22 @@ class CatalogStore:
 
     def set_configs(self, topic_configs: dict[str, dict[str, str]],
                     broker_default: dict[str, str] | None = None,
-                    broker_node: dict[str, str] | None = None) -> Catalog:
-        """AlterConfigs: commit new override sets (whole sets: name -> configs; None = unchanged)."""
+                    broker_node: dict[str, str] | None = None,
+                    group_configs: dict[str, dict[str, str]] | None = None) -> Catalog:
+        """AlterConfigs: commit new override sets (whole sets: name -> configs; None = unchanged;
+        a group whose set is empty is dropped)."""
         new = dict(self.catalog.topics)
         for name, configs in topic_configs.items():
             new[name] = msgspec.structs.replace(new[name], configs=dict(configs))
-        self._save(self._next(new, broker_default, broker_node))
+        groups = None
+        if group_configs:
+            groups = dict(self.catalog.group_configs)
+            for g, configs in group_configs.items():
+                if configs:
+                    groups[g] = dict(configs)
+                else:
+                    groups.pop(g, None)
+        self._save(self._next(new, broker_default, broker_node, groups))
         return self.catalog
 
     def remove_topics(self, names: Iterable[str]) -> list[TopicInfo]:

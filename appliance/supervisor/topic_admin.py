@@ -26,7 +26,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from appliance.catalog.messages import (RESOURCE_BROKER, RESOURCE_TOPIC, AlterConfigsRequest,
+from appliance.catalog.messages import (RESOURCE_BROKER, RESOURCE_GROUP, RESOURCE_TOPIC, AlterConfigsRequest,
                                         AlterConfigsResult, ConfigResult, CreatePartitionsRequest,
                                         CreateTopicsRequest, DeleteTopicsRequest, TopicResult,
                                         TopicsResult)
@@ -35,7 +35,8 @@ from appliance.catalog.model import INTERNAL_TOPICS, TopicInfo, check_topic_name
 from appliance.errors import ErrorCode, KafkaError
 from appliance.durable import NO_SPACE
 from appliance.service import Responder, serves
-from appliance.topic_config import (alter_broker_configs, alter_topic_configs,
+from appliance.group_config import alter_group_configs
+from appliance.topic_config import (alter_broker_configs, alter_topic_configs, apply_config_ops,
                                     validate_topic_configs)
 
 from .process_table import ProcessTable
@@ -238,6 +239,7 @@ class TopicAdmin:
         results: list[ConfigResult] = []
         topics: dict[str, dict[str, str]] = {}
         broker: dict[str, dict[str, str]] = {}          # "" (default) or the node id -> set
+        groups: dict[str, dict[str, str]] = {}          # KIP-848 group configs: group -> set
         for change, key in zip(req.changes, keys):
             try:
                 if keys.count(key) > 1:
@@ -260,16 +262,21 @@ class TopicAdmin:
                                          f"Unexpected broker id, expected {node}, but received {name}")
                     have = current.broker_node if name else current.broker_default
                     broker[name] = alter_broker_configs(have, change.ops, req.incremental)
+                elif change.resource_type == RESOURCE_GROUP:
+                    if not name:
+                        raise KafkaError(ErrorCode.invalid_request, "Group name must not be empty.")
+                    groups[name] = alter_group_configs(current.group_configs.get(name, {}), change.ops,
+                                                       req.incremental, apply_config_ops)
                 else:
                     raise KafkaError(ErrorCode.invalid_request,
                                      f"Unknown resource type {change.resource_type}")
                 results.append(ConfigResult(0))
             except KafkaError as e:
                 results.append(ConfigResult(int(e.code), e.message))
-        if req.validate_only or not (topics or broker):
+        if req.validate_only or not (topics or broker or groups):
             return AlterConfigsResult(results)
         try:
-            self.store.set_configs(topics, broker.get(""), broker.get(node))
+            self.store.set_configs(topics, broker.get(""), broker.get(node), groups)
         except OSError as e:
             if e.errno not in NO_SPACE:
                 raise
@@ -280,6 +287,8 @@ class TopicAdmin:
         for name, configs in broker.items():
             log.info("dynamic broker configs of %s now %s", f"node {name}" if name else "the cluster default",
                      configs or "none")
+        for name, configs in groups.items():
+            log.info("group %s configs now %s", name, configs or "the defaults")
         self.publish()
         return AlterConfigsResult(results)
 

@@ -287,3 +287,19 @@ def test_flush_messages_one_syncs_that_topic_only_and_a_killed_writer_loses_noth
                  app.partition_state("synced", 0).high_watermark == 5, what="the writer restarted")
     got = _consume(app.bootstrap, "synced", 5)
     assert [m.value() for m in got] == [b"s%d" % i for i in range(5)]
+
+
+def test_group_configs_set_and_described_before_the_group_exists(admin):
+    """KIP-848 GROUP config resources, as a 4.x broker answers them (librdkafka's 0081)."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    _alter(admin, ResourceType.GROUP, group,
+           [("consumer.session.timeout.ms", "50000", AlterConfigOpType.SET)])
+    got = _describe(admin, ResourceType.GROUP, group)
+    e = got["consumer.session.timeout.ms"]
+    assert (e.value, e.source) == ("50000", ConfigSource.GROUP_CONFIG.value)
+    assert got["consumer.heartbeat.interval.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+    err = _kafka_error(lambda: _alter(admin, ResourceType.GROUP, group, [
+        ("consumer.session.timeout.ms", "1000", AlterConfigOpType.SET)]))
+    assert err.name() == "INVALID_CONFIG"
+    _alter(admin, ResourceType.GROUP, group, [("consumer.session.timeout.ms", None, AlterConfigOpType.DELETE)])
+    assert _describe(admin, ResourceType.GROUP, group)["consumer.session.timeout.ms"].value == "45000"

@@ -119,3 +119,16 @@ def test_configs_and_dynamic_broker_configs_persist_and_publish(tmp_path):
     publish(c, path)
     back = read_published(path)
     assert (back.broker_default, back.broker_node) == (c.broker_default, c.broker_node)
+
+
+def test_group_configs_persist_and_publish_and_an_emptied_group_goes(tmp_path):
+    store = CatalogStore(str(tmp_path))
+    store.load()
+    store.set_configs({}, group_configs={"g1": {"consumer.session.timeout.ms": "50000"},
+                                         "g2": {"share.isolation.level": "read_committed"}})
+    store.set_configs({}, group_configs={"g2": {}})
+    c = CatalogStore(str(tmp_path)).load()
+    assert c.group_configs == {"g1": {"consumer.session.timeout.ms": "50000"}}
+    path = str(tmp_path / "g.mp")
+    publish(c, path)
+    assert read_published(path).group_configs == c.group_configs
