@@ -134,7 +134,7 @@ def test_partitions_share_writer_processes_with_every_guarantee_kept(app):
     # DeleteTopics: the partitions are closed live; the processes go on with the other topic.
     admin.delete_topics([TOPIC])[TOPIC].result(60)
     assert set(hosts(app, "second")) <= pids and all(_alive(pid) for pid in pids)
-    assert app.log_text().count("no longer assigned") == 9
+    assert app.log_text().count("closed (its topic deleted)") == 9
     produce_idempotent(app, "second", 3, 5, tag=b"s2")
     # ... and a process left with no partition exits.
     admin.delete_topics(["second"])["second"].result(60)
