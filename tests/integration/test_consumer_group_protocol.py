@@ -1,0 +1,152 @@
+"""KIP-848 consumer groups with real clients: confluent-kafka with ``group.protocol=consumer``
+(the default assignor, uniform, and ``group.remote.assignor=range``),
+each member its own process (``programs/group_member.py confluent-consumer``), on a topic of 4
+partitions; and the new APIs at the wire (ConsumerGroupDescribe, ListGroups v5's type filter,
+DescribeGroups of a consumer group, OffsetCommit/OffsetFetch v9's member epoch).
+
+- two members split the partitions and read every record once;
+- a third joins: partitions move to it (incrementally, revoked before assigned: no partition is
+  ever held by two members at once in what they print), still every record once;
+- one leaves (close: epoch -1): its partitions go to the others; the commits hold (the group's
+  committed offsets end at the topic's end).
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+
+import pytest
+
+from client_drivers import driver
+from raw_wire import RawClient
+from test_groups import Member, committed_offsets, consumed, produce, wait_until
+
+import test_groups
+
+PARTITIONS = 4
+GROUP_CONFIG = {"groups": {"consumer_heartbeat_interval_ms": 500,
+                           "consumer_session_timeout_ms": 6000}}
+E_GROUP_ID_NOT_FOUND = 69
+E_UNKNOWN_MEMBER_ID = 25
+E_STALE_MEMBER_EPOCH = 113
+
+
+def uid(*parts) -> str:
+    return "-".join(str(p) for p in parts) + "-" + uuid.uuid4().hex[:6]
+
+
+def settled(members, sizes) -> bool:
+    """Every partition owned, by exactly one member, in the given shares."""
+    owned = [m.current() for m in members]
+    every = sorted(p for o in owned for p in o)
+    return every == list(range(PARTITIONS)) and sorted(len(o) for o in owned) == sorted(sizes)
+
+
+def describe(bootstrap, group):
+    with RawClient(bootstrap) as c:
+        r = c.request(69, 1, {"group_ids": [group], "include_authorized_operations": False})
+    (g,) = r.groups
+    return g
+
+
+@pytest.mark.parametrize("assignor", [None, "range"])
+def test_consumer_protocol_members_share_rebalance_and_commit(appliance_factory, monkeypatch,
+                                                              assignor):
+    monkeypatch.setattr(test_groups, "PARTITIONS", PARTITIONS)   # produce()'s partitioning
+    a = appliance_factory(**GROUP_CONFIG)
+    b = a.bootstrap
+    topic, group = uid("kip848"), uid("g")
+    driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
+    client = "confluent-consumer" + (f":{assignor}" if assignor else "")
+    members = [Member(client, b, group, topic) for _ in range(2)]
+    try:
+        wait_until(lambda: settled(members, [2, 2]), 60, "two members with two partitions each")
+        wait_until(lambda: describe(b, group).group_state == "Stable", 30, "the group Stable")
+        g = describe(b, group)
+        assert (g.error_code, g.group_state, g.assignor_name) == (0, "Stable",
+                                                                  assignor or "uniform"), g
+        assert len(g.members) == 2
+        assert all(m.member_epoch == g.assignment_epoch == g.group_epoch for m in g.members), g
+        sent = produce(b, topic, 0, 400)
+        wait_until(lambda: set(consumed(members)) >= sent, 60, "every record consumed")
+        got = consumed(members)
+        assert len(got) == len(set(got)) == 400, "a record was read twice in a stable group"
+
+        # A third member joins: it takes partitions from the others.
+        members.append(Member(client, b, group, topic))
+        wait_until(lambda: settled(members, [1, 1, 2]), 60, "three members sharing four partitions")
+        sent |= produce(b, topic, 400, 400)
+        wait_until(lambda: set(consumed(members)) >= sent, 60, "records after the join")
+
+        # One leaves (close: ConsumerGroupHeartbeat with epoch -1).
+        members[0].stop(signal.SIGTERM)
+        rest = members[1:]
+        wait_until(lambda: settled(rest, [2, 2]), 60, "two members after the leave")
+        sent |= produce(b, topic, 800, 400)
+        wait_until(lambda: set(consumed(members)) >= sent, 60, "records after the leave")
+        got = consumed(members)
+        assert set(got) == sent
+        # Each member commits what it printed before its next poll, so a partition that moves
+        # is picked up at the committed offset: nothing is read twice.
+        assert len(got) == len(set(got)), "a record was read twice across the rebalances"
+        wait_until(lambda: committed_offsets(b, group, topic) == {p: 300 for p in range(PARTITIONS)},
+                   30, "the commits at the end of every partition")
+
+        # ListGroups v5 with the type filter, DescribeGroups (not a classic group). The members
+        # own their partitions before their last heartbeat reports it: wait for Stable.
+        wait_until(lambda: describe(b, group).group_state == "Stable", 30, "the group Stable")
+        with RawClient(b) as c:
+            lg = c.request(16, 5, {"states_filter": [], "types_filter": ["consumer"]})
+            listed = {x.group_id: (x.group_type, x.protocol_type, x.group_state) for x in lg.groups}
+            assert listed.get(group) == ("consumer", "consumer", "Stable"), listed
+            lg = c.request(16, 5, {"states_filter": [], "types_filter": ["classic"]})
+            assert group not in {x.group_id for x in lg.groups}
+            dg = c.request(15, 5, {"groups": [group], "include_authorized_operations": False})
+            assert dg.groups[0].error_code == E_GROUP_ID_NOT_FOUND, dg
+            # OffsetCommit v9 from someone who is not a member, and with a stale epoch
+            g = describe(b, group)
+            member = g.members[0]
+            base = {"group_id": group, "group_instance_id": None, "topics": [
+                {"name": topic, "partitions": [{"partition_index": 0, "committed_offset": 1,
+                                                "committed_leader_epoch": -1,
+                                                "committed_metadata": ""}]}]}
+            r = c.request(8, 9, {**base, "generation_id_or_member_epoch": 1, "member_id": "nobody"})
+            assert r.topics[0].partitions[0].error_code == E_UNKNOWN_MEMBER_ID, r
+            r = c.request(8, 9, {**base, "generation_id_or_member_epoch": member.member_epoch - 1,
+                                 "member_id": member.member_id})
+            assert r.topics[0].partitions[0].error_code == E_STALE_MEMBER_EPOCH, r
+            f = c.request(9, 9, {"groups": [{"group_id": group, "member_id": member.member_id,
+                                             "member_epoch": member.member_epoch + 5,
+                                             "topics": None}], "require_stable": False})
+            assert f.groups[0].error_code == E_STALE_MEMBER_EPOCH, f
+        for m in rest:
+            m.stop(signal.SIGTERM)
+        wait_until(lambda: describe(b, group).group_state == "Empty", 30, "the group empty")
+    finally:
+        for m in members:
+            m.stop(signal.SIGKILL)
+    assert committed_offsets(b, group, topic) == {p: 300 for p in range(PARTITIONS)}
+
+
+def test_consumer_group_describe_of_a_classic_or_unknown_group(appliance_factory):
+    a = appliance_factory()
+    b = a.bootstrap
+    with RawClient(b) as c:
+        # a standalone commit makes an (empty, classic) group
+        topic = uid("t")
+        driver("confluent").create_topics(b, {topic: (1, {})})
+        r = c.request(8, 8, {"group_id": "classic-one", "generation_id_or_member_epoch": -1,
+                             "member_id": "", "group_instance_id": None, "topics": [
+                                 {"name": topic, "partitions": [{"partition_index": 0,
+                                                                 "committed_offset": 3,
+                                                                 "committed_leader_epoch": -1,
+                                                                 "committed_metadata": ""}]}]})
+        assert r.topics[0].partitions[0].error_code == 0, r
+    for gid in ("classic-one", "never-seen"):
+        assert describe(b, gid).error_code == E_GROUP_ID_NOT_FOUND
+    with RawClient(b) as c:
+        av = c.request(18, 4, {"client_software_name": "t", "client_software_version": "1"})
+    finalized = {f.name: f.max_version_level for f in av.finalized_features}
+    assert finalized.get("group.version") == 1, av
+    assert {k.api_key: (k.min_version, k.max_version) for k in av.api_keys}[68] == (0, 1)
