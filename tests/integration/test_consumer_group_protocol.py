@@ -19,6 +19,7 @@ import uuid
 import pytest
 
 from client_drivers import driver
+from java_programs import java4_program  # noqa: F401 (fixture)
 from raw_wire import RawClient
 from test_groups import Member, committed_offsets, consumed, produce, wait_until
 
@@ -150,3 +151,46 @@ def test_consumer_group_describe_of_a_classic_or_unknown_group(appliance_factory
     finalized = {f.name: f.max_version_level for f in av.finalized_features}
     assert finalized.get("group.version") == 1, av
     assert {k.api_key: (k.min_version, k.max_version) for k in av.api_keys}[68] == (0, 1)
+
+
+# -- Kafka's Java client 4.3 -----------------------------------------------------------------------
+
+def test_java_4_consumer_protocol_reads_commits_and_the_admin_describes(appliance_factory,
+                                                                       java4_program,
+                                                                       monkeypatch):
+    """kafka-clients 4.3.0 with group.protocol=consumer (it refuses to start unless the broker
+    finalizes group.version >= 1): it reads every record once and commits (OffsetCommit v9+ with
+    its member epoch); its Admin describes the group through ConsumerGroupDescribe (type
+    CONSUMER, Stable, one member with its epoch and four partitions) and lists it with its type.
+    Then a confluent-kafka member joins the same group beside a second Java run: the broker
+    assigns across the two client implementations."""
+    monkeypatch.setattr(test_groups, "PARTITIONS", PARTITIONS)
+    a = appliance_factory(**GROUP_CONFIG)
+    b = a.bootstrap
+    topic, group = uid("kip848j"), uid("gj")
+    driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
+    produce(b, topic, 0, 400)
+    out = java4_program("Kip848Consumer", b, group, topic, "400")
+    assert (out["read"], out["duplicates"], out["assigned"]) == ("400", "0", "0,1,2,3"), out
+    assert (out["type"], out["state"], out["members"]) == ("Consumer", "Stable", "1"), out
+    assert int(out["member_epoch"]) >= 1 and out["member_partitions"] == "4", out
+    assert out["listed"] == "Consumer", out
+    assert committed_offsets(b, group, topic) == {p: 100 for p in range(PARTITIONS)}
+
+    # A confluent-kafka member and the Java client in one KIP-848 group.
+    produce(b, topic, 400, 400)
+    other = Member("confluent-consumer", b, group, topic)
+    try:
+        wait_until(lambda: other.current(), 60, "the confluent member assigned")
+        wait_until(lambda: committed_offsets(b, group, topic) == {p: 200 for p in range(PARTITIONS)},
+                   60, "the confluent member read and committed the second batch")
+        out = java4_program("Kip848Consumer", b, group, topic, "0")
+        assert out["members"] == "2" and out["type"] == "Consumer", out
+        assert out["assigned"] and len(out["assigned"].split(",")) < PARTITIONS, out
+        # the Java member left: the confluent one ends up with every partition and reads on
+        wait_until(lambda: settled([other], [PARTITIONS]), 60, "the confluent member alone")
+        produce(b, topic, 800, 400)
+        wait_until(lambda: committed_offsets(b, group, topic) == {p: 300 for p in range(PARTITIONS)},
+                   60, "the third batch read and committed by the confluent member")
+    finally:
+        other.stop(signal.SIGKILL)
