@@ -153,6 +153,8 @@ class ConsumerGroup:
         self.assignor = ""                               # the assignor of the last target
         self.state_timestamp: int | None = now_ms
         self.dead = False
+        # the records last written for it (``GroupTable.store_consumer_group`` diffs against it)
+        self.stored: dict = {}
         # admin compatibility with classic groups (GroupAdmin._drop clears these)
         self.pending_members: dict[str, int] = {}
         self.join_token = self.sync_token = None

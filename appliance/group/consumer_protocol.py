@@ -170,6 +170,7 @@ class ConsumerGroupProtocol:
         owned = _assignment(req.topic_partitions)
         mid = req.member_id or self.new_member_id()
         member = group.members.get(mid)
+        seen = None if member is None else _snapshot(member)
         bump = False
         if member is None:
             if req.member_epoch != 0:
@@ -243,6 +244,11 @@ class ConsumerGroupProtocol:
             member.rebalance_seq = t.push(now + member.rebalance_timeout_ms, REBALANCE, member,
                                           group)
         member.session_seq = t.push(now + cfg.consumer_session_timeout_ms, SESSION, member, group)
+        if _snapshot(member) != seen or bump:
+            # Kafka answers once the records are written: a restart keeps what members were told
+            err = t.store_consumer_group(group)
+            if err != E.none:
+                raise _Invalid(err, "The group's records could not be written.")
         full = (req.rebalance_timeout_ms != -1 and req.subscribed_topic_names is not None
                 and req.topic_partitions is not None)
         send = req.member_epoch == 0 or full or member.assigned != before
@@ -270,6 +276,9 @@ class ConsumerGroupProtocol:
                      member.member_id, member.instance_id)
         else:
             self._fence(group, member, "left the group")
+        err = t.store_consumer_group(group)
+        if err != E.none:
+            raise _Invalid(err, "The group's records could not be written.")
         return ConsumerGroupHeartbeatResult(E.none, None, member.member_id, req.member_epoch, 0)
 
     # -- group epoch and target -------------------------------------------------------------------
@@ -280,7 +289,8 @@ class ConsumerGroupProtocol:
             if not (group.group_type == CLASSIC_GROUP_TYPE and create and group.is_(GroupState.Empty)):
                 raise _Invalid(E.group_id_not_found, f"Group {group_id} is not a consumer group.")
             # Kafka's maybeDeleteEmptyClassicGroup: an empty classic group (offsets only, or
-            # members gone) becomes a consumer group; its offsets stay.
+            # members gone) becomes a consumer group; its offsets stay. (The consumer group's
+            # records are written by the heartbeat that made it.)
             err = t.store(group_id, None)
             if err != E.none:
                 raise _Invalid(err, f"Converting the empty classic group {group_id} failed.")
@@ -338,6 +348,12 @@ class ConsumerGroupProtocol:
                   and member.state is MemberState.UNREVOKED_PARTITIONS):
                 self._fence(group, member, "did not revoke its partitions within its rebalance "
                                            "timeout")
+            else:
+                return
+            if self.table.store_consumer_group(group) != E.none:
+                log.error("group %r: the fence of %r is not stored; a restart may bring the "
+                          "member back until its session times out again", group.group_id,
+                          member.member_id)
 
     # -- ConsumerGroupDescribe --------------------------------------------------------------------
     def describe(self, group_ids: list[str]) -> list[DescribedConsumerGroup]:
@@ -362,6 +378,24 @@ class ConsumerGroupProtocol:
                 E.none, gid, None, group.state.value, group.group_epoch, group.assignment_epoch,
                 group.assignor or self.table.config.consumer_assignors[0], members))
         return out
+
+
+def _snapshot(m: ConsumerMember) -> tuple:
+    """What of a member its records hold, to tell whether a heartbeat changed it."""
+    return (m.member_epoch, m.previous_member_epoch, m.state, m.assigned, m.pending_revocation,
+            m.rebalance_timeout_ms, m.client_id, m.client_host, m.rack_id, m.instance_id,
+            m.subscribed_topic_names, m.server_assignor)
+
+
+def restore_timers(table: GroupTable, group: ConsumerGroup) -> None:
+    """After a load: every member gets a fresh session (and, mid-revocation, rebalance)
+    timeout, as Kafka's onLoaded schedules them."""
+    now = table.now()
+    for m in group.members.values():
+        m.session_seq = table.push(now + table.config.consumer_session_timeout_ms, SESSION, m,
+                                   group)
+        if m.state is MemberState.UNREVOKED_PARTITIONS:
+            m.rebalance_seq = table.push(now + m.rebalance_timeout_ms, REBALANCE, m, group)
 
 
 def t_live(table: GroupTable, group: ConsumerGroup) -> bool:

@@ -83,7 +83,8 @@ from typing import Any, Callable, Iterable, Protocol
 from appliance.errors import ErrorCode
 from appliance.group.classic_group import ClassicGroup, GroupState, Member
 from appliance.group.consumer_protocol import SESSION as CONSUMER_SESSION
-from appliance.group.consumer_protocol import ConsumerGroupProtocol
+from appliance.group import consumer_records
+from appliance.group.consumer_protocol import ConsumerGroupProtocol, restore_timers
 from appliance.group.membership_admin import GroupAdmin, GroupInfo
 from appliance.group.membership_join import NEW_MEMBER_JOIN_TIMEOUT_MS, RebalanceProtocol
 from appliance.group.membership_sync import MemberRequests
@@ -133,8 +134,10 @@ class GroupCoordinator:
                  on_empty: Callable[[str, int], None] | None = None,
                  new_member_join_timeout_ms: int = NEW_MEMBER_JOIN_TIMEOUT_MS,
                  new_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
-                 topics: Callable[[], dict[str, tuple[bytes, int]]] = dict) -> None:
-        self.table = GroupTable(config, persist, now_ms, on_empty=on_empty)
+                 topics: Callable[[], dict[str, tuple[bytes, int]]] = dict,
+                 persist_consumer: Callable[[str, list], Any] | None = None) -> None:
+        self.table = GroupTable(config, persist, now_ms, on_empty=on_empty,
+                                persist_consumer=persist_consumer)
         self.consumer = ConsumerGroupProtocol(self.table, topics)
         self.rebalance = RebalanceProtocol(self.table,
                                            new_member_join_timeout_ms=new_member_join_timeout_ms,
@@ -161,12 +164,15 @@ class GroupCoordinator:
     def loaded(self) -> bool:
         return self.table.loaded
 
-    def load(self, records: dict[str, GroupRecord | None], offset_groups: Iterable[str] = ()) -> None:
+    def load(self, records: dict[str, GroupRecord | None], offset_groups: Iterable[str] = (),
+             consumer: dict[str, dict] | None = None) -> None:
         """Restore the groups of the group log (Kafka's loadGroupsAndOffsets + onGroupLoaded).
         ``offset_groups``: groups that have offsets but no stored metadata (standalone
         consumers); they come back Empty without protocol type. Until this is called every
         request answers COORDINATOR_LOAD_IN_PROGRESS (SyncGroup: REBALANCE_IN_PROGRESS,
-        Heartbeat: NONE, as Kafka); call ``load({})`` for a fresh log."""
+        Heartbeat: NONE, as Kafka); call ``load({})`` for a fresh log. ``consumer``: the
+        records of the KIP-848 consumer groups (group -> {ConsumerKey: value}), restored with
+        their epochs and assignments; every member gets a fresh session timeout."""
         table = self.table
         if table.loaded:
             log.warning("group coordinator already loaded; load() ignored")
@@ -174,7 +180,23 @@ class GroupCoordinator:
         table.enter()
         try:
             now = table.now()
+            for gid, recs in (consumer or {}).items():
+                try:
+                    cgroup = consumer_records.restore(gid, recs, now)
+                except Exception:
+                    log.exception("consumer group %r: stored records not loadable; group "
+                                  "dropped", gid)
+                    continue
+                if cgroup is None:
+                    continue
+                cgroup.stored = dict(recs)
+                table.groups[gid] = cgroup
+                restore_timers(table, cgroup)
             for gid, rec in records.items():
+                if gid in table.groups:
+                    log.error("group %r: both classic and consumer records; the consumer "
+                              "group is kept", gid)
+                    continue
                 if rec is None:
                     continue
                 try:

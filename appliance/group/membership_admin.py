@@ -115,6 +115,10 @@ class GroupAdmin:
         return E.none
 
     def _drop(self, group: ClassicGroup) -> None:
+        if group.group_type == CONSUMER_GROUP_TYPE and group.stored:
+            if self.table.store_consumer_group(group, drop=True) != E.none:
+                log.error("consumer group %r: its tombstones are not stored; a restart brings "
+                          "it back empty", group.group_id)
         group.transition_to(S.Dead, self.table.now())
         group.join_token = group.sync_token = None
         group.pending_members.clear()

@@ -161,6 +161,9 @@ class RebalanceProtocol:
                 return self.table.reply(once, JoinGroupResult(E.inconsistent_group_protocol,
                                                               member_id=mid))
             # Kafka's maybeDeleteEmptyConsumerGroup: an empty consumer group gives way
+            err = self.table.store_consumer_group(other, drop=True)
+            if err != E.none:
+                return self.table.reply(once, JoinGroupResult(err, member_id=mid))
             other.transition_to(S.Dead, self.table.now())
             del self.table.groups[req.group_id]
         group = self.table.classic(req.group_id)

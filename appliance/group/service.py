@@ -70,7 +70,8 @@ class GroupService:
         self.groups = GroupCoordinator(
             _membership_config(groups_cfg),
             persist=lambda g, r: self.offsets.store_group(g, r, self.now()), now_ms=now_ms,
-            topics=topics)
+            topics=topics,
+            persist_consumer=lambda g, c: self.offsets.store_consumer_group(g, c, self.now()))
         self._next_expiry = 0
 
     def reconfigure(self, groups_cfg, flush_policy) -> None:
@@ -82,7 +83,8 @@ class GroupService:
 
     def load(self) -> None:
         records = self.offsets.load()
-        self.groups.load(records, offset_groups=self.offsets.groups_with_offsets())
+        self.groups.load(records, offset_groups=self.offsets.groups_with_offsets(),
+                         consumer=self.offsets.consumer_group_records())
         log.info("group coordinator loaded %d groups (%d with offsets)", len(self.groups.group_ids()),
                  len(self.offsets.groups_with_offsets()))
 

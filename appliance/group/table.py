@@ -37,6 +37,7 @@ from collections import deque
 from typing import Any, Callable
 
 from appliance.errors import ErrorCode
+from appliance.group import consumer_records
 from appliance.group.classic_group import CLASSIC_GROUP_TYPE, ClassicGroup, GroupState
 from appliance.group.records import GroupRecord, store_group_error
 
@@ -67,9 +68,11 @@ class GroupTable:
 
     def __init__(self, config: Any, persist: Callable[[str, GroupRecord | None], Any],
                  now_ms: Callable[[], int], *,
-                 on_empty: Callable[[str, int], None] | None = None) -> None:
+                 on_empty: Callable[[str, int], None] | None = None,
+                 persist_consumer: Callable[[str, list], Any] | None = None) -> None:
         self.config = config
         self.persist = persist
+        self.persist_consumer = persist_consumer
         self.now_fn = now_ms
         self.on_empty = on_empty
         # one namespace for every group type (ClassicGroup, consumer_group.ConsumerGroup)
@@ -161,6 +164,28 @@ class GroupTable:
         if r is None or r is True or (not isinstance(r, bool) and r == E.none):
             return E.none
         log.error("storing group %r failed: %s", group_id, getattr(r, "name", r))
+        return store_group_error(r)
+
+    def store_consumer_group(self, group: Any, *, drop: bool = False) -> ErrorCode:
+        """Persist what changed in a KIP-848 consumer group since its last store (its records,
+        ``consumer_records.group_records``, against ``group.stored``); ``drop``: tombstones for
+        every stored record (the group is deleted or gives way to a classic one). Mapped like
+        ``store``. Without ``persist_consumer`` (unit tests of other parts) nothing is written."""
+        now_records = {} if drop else consumer_records.group_records(group)
+        changes = [(k, v) for k, v in now_records.items() if group.stored.get(k) != v]
+        changes += [(k, None) for k in group.stored if k not in now_records]
+        if not changes or self.persist_consumer is None:
+            group.stored = now_records
+            return E.none
+        try:
+            r = self.persist_consumer(group.group_id, changes)
+        except Exception as e:
+            log.error("storing consumer group %r failed: %r", group.group_id, e)
+            return store_group_error(getattr(e, "code", None))
+        if r is None or r is True or (not isinstance(r, bool) and r == E.none):
+            group.stored = now_records
+            return E.none
+        log.error("storing consumer group %r failed: %s", group.group_id, getattr(r, "name", r))
         return store_group_error(r)
 
     def notify_empty(self, group: ClassicGroup) -> None:

@@ -288,3 +288,63 @@ def test_uniform_heterogeneous_subscriptions():
     every = [(t, p) for a in res.values() for t, ps in a.items() for p in ps]
     assert len(every) == len(set(every)) == 8
     assert sorted(_count(res).values()) == [2, 3, 3]
+
+
+# -- durability: the records in the group log ----------------------------------------------------
+
+def _service(path, clock, topics):
+    from appliance.config import GroupsConfig
+    from appliance.group.service import GroupService
+    gs = GroupService(str(path), GroupsConfig(), "os", None, lambda: clock[0],
+                      topics=lambda: topics)
+    gs.load()
+    return gs
+
+
+def _hb(gs, member, epoch, owned=None, topics=("t1",)):
+    if epoch == 0:
+        owned = {}
+    tps = None if owned is None else [TopicPartitions(t, sorted(ps)) for t, ps in owned.items()]
+    return gs.consumer_group_heartbeat(ConsumerGroupHeartbeatRequest(
+        "g", member, epoch, None, None, 60000 if epoch == 0 else -1,
+        list(topics) if epoch == 0 else None, None, None, tps, "c", "/h", 1))
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_restart_keeps_epochs_and_assignments(tmp_path, clean):
+    """ConsumerGroupMetadata, PartitionMetadata, MemberMetadata, TargetAssignment and
+    CurrentMemberAssignment records: a coordinator restarted (closed, or not: a kill -9) gives
+    every member back its epoch, assignment and pending revocation, so members heartbeat on
+    without rejoining; the group's records also survive a compaction."""
+    clock = [T0]
+    topics = {"t1": (T1, 4)}
+    gs = _service(tmp_path, clock, topics)
+    _hb(gs, "m1", 0)
+    _hb(gs, "m2", 0)
+    kept = parts(_hb(gs, "m1", 1))                      # m1 asked to revoke two
+    before = gs.groups.consumer_group_describe(["g"])[0]
+    gs.close(clean)
+    gs = _service(tmp_path, clock, topics)
+    after = gs.groups.consumer_group_describe(["g"])[0]
+    assert after == before
+    g = gs.groups.table.groups["g"]
+    assert g.members["m1"].state.value == "unrevoked_partitions"
+    # m1 goes on from where it was: revokes, moves to epoch 2; m2 gets the released half
+    r = _hb(gs, "m1", 1, owned={T1: kept})
+    assert (r.error, r.member_epoch) == (E.none, 2)
+    r = _hb(gs, "m2", 2, owned={})
+    assert parts(r) == {0, 1, 2, 3} - kept
+    gs.offsets.store.compact(clock[0])
+    gs.close(True)
+    gs = _service(tmp_path, clock, topics)
+    g = gs.groups.table.groups["g"]
+    assert {m: (x.member_epoch, dict(x.assigned)) for m, x in g.members.items()} == {
+        "m1": (2, {T1: frozenset(kept)}), "m2": (2, {T1: frozenset({0, 1, 2, 3} - kept)})}
+    # a leave and a delete leave nothing behind
+    _hb(gs, "m1", -1)
+    _hb(gs, "m2", -1)
+    assert gs.groups.delete_groups(["g"], lambda _g: E.none) == {"g": E.none}
+    gs.close(True)
+    gs = _service(tmp_path, clock, topics)
+    assert "g" not in gs.groups.table.groups and gs.offsets.consumer_group_records() == {}
+    gs.close(True)
