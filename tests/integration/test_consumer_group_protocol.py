@@ -194,3 +194,46 @@ def test_java_4_consumer_protocol_reads_commits_and_the_admin_describes(applianc
                    60, "the third batch read and committed by the confluent member")
     finally:
         other.stop(signal.SIGKILL)
+
+
+def test_coordinator_kill9_keeps_the_consumer_group(appliance_factory, monkeypatch):
+    """The group's records are in the group log before a heartbeat is answered: a kill -9 of the
+    coordinator worker (the supervisor restarts it) brings back every member with its epoch and
+    assignment, so the members heartbeat on without losing a partition (no revoke or assign
+    callback after the kill), the group epoch does not move (no rebalance), and nothing is read
+    twice."""
+    import os
+
+    from appliance_harness import coordinator_pid
+
+    monkeypatch.setattr(test_groups, "PARTITIONS", PARTITIONS)
+    a = appliance_factory(**GROUP_CONFIG)
+    b = a.bootstrap
+    topic, group = uid("kip848k"), uid("gk")
+    driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
+    members = [Member("confluent-consumer", b, group, topic) for _ in range(2)]
+    try:
+        wait_until(lambda: settled(members, [2, 2]), 60, "two members with two partitions each")
+        wait_until(lambda: describe(b, group).group_state == "Stable", 30, "the group Stable")
+        sent = produce(b, topic, 0, 400)
+        wait_until(lambda: set(consumed(members)) >= sent, 60, "every record consumed")
+        before = describe(b, group)
+        callbacks = [len(m.assignments) for m in members]
+        old = coordinator_pid(a)
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: (a.workers("coordinator") or [{"pid": old}])[0]["pid"] != old, 30,
+                   "a new coordinator")
+        sent |= produce(b, topic, 400, 400)
+        wait_until(lambda: set(consumed(members)) >= sent, 60, "records after the kill")
+        after = describe(b, group)
+        assert after.group_epoch == before.group_epoch, (before, after)
+        assert sorted((m.member_id, m.member_epoch) for m in after.members) == sorted(
+            (m.member_id, m.member_epoch) for m in before.members)
+        assert [len(m.assignments) for m in members] == callbacks, "a member lost partitions"
+        got = consumed(members)
+        assert len(got) == len(set(got)) == 800
+        wait_until(lambda: committed_offsets(b, group, topic) == {p: 200 for p in range(PARTITIONS)},
+                   30, "the commits after the kill")
+    finally:
+        for m in members:
+            m.stop(signal.SIGKILL)
