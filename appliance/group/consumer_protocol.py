@@ -286,7 +286,13 @@ class ConsumerGroupProtocol:
         t = self.table
         group = t.groups.get(group_id)
         if group is not None and group.group_type != CONSUMER_GROUP_TYPE:
-            if not (group.group_type == CLASSIC_GROUP_TYPE and create and group.is_(GroupState.Empty)):
+            empty_classic = group.group_type == CLASSIC_GROUP_TYPE and group.is_(GroupState.Empty)
+            if empty_classic and not create:
+                # (ours) a member of a consumer group this coordinator lost (only offsets are
+                # left, loaded as an empty classic group): UNKNOWN_MEMBER_ID makes it rejoin,
+                # where Kafka's GROUP_ID_NOT_FOUND would stop librdkafka's consumer
+                return None
+            if not (empty_classic and create):
                 raise _Invalid(E.group_id_not_found, f"Group {group_id} is not a consumer group.")
             # Kafka's maybeDeleteEmptyClassicGroup: an empty classic group (offsets only, or
             # members gone) becomes a consumer group; its offsets stay. (The consumer group's
