@@ -46,9 +46,8 @@ async def handle(ctx, req):
     tps = None if req.topic_partitions is None else [
         TopicPartitions(t.topic_id.bytes if t.topic_id is not None else bytes(16), list(t.partitions))
         for t in req.topic_partitions]
-    # An empty regex is no regex (librdkafka sends "" when it subscribes by names; Kafka's
-    # coordinator reads "" as "none", the way a member drops a regex subscription).
-    regex = getattr(req, "subscribed_topic_regex", None) or None
+    # v1's regex; "" means no regex (librdkafka sends it when it subscribes by names)
+    regex = getattr(req, "subscribed_topic_regex", None)
     host = ctx.connection.peer.rsplit(":", 1)[0]
     r = await ctx.broker.call_coordinator(ConsumerGroupHeartbeatRequest(
         req.group_id, req.member_id, req.member_epoch, req.instance_id, req.rack_id,

@@ -7,7 +7,8 @@ of ``appliance.group.membership.GroupCoordinator`` over its ``appliance.group.ta
 ``membership_join.RebalanceProtocol``. Owns no state of its own: the groups
 (``consumer_group.ConsumerGroup``) are in the table, their timers in the table's heap
 (kinds ``SESSION`` and ``REBALANCE``). Topic metadata comes from ``topics()``: name ->
-(topic id, partition count), the coordinator's view of the catalog.
+(topic id, partition count), the coordinator's view of the catalog, a new dict whenever the
+catalog changes (the regex matches are cached per dict).
 
 Behaviour is Kafka's GroupMetadataManager.consumerGroupHeartbeat (group-coordinator module):
 
@@ -35,12 +36,19 @@ Behaviour is Kafka's GroupMetadataManager.consumerGroupHeartbeat (group-coordina
 - an empty classic group of the same id becomes a consumer group; a non-empty one answers
   GROUP_ID_NOT_FOUND ("not a consumer group"; the online upgrade of KIP-848 is not done here).
 
-Departure (ours): consumer groups are not yet written to ``__consumer_offsets`` (Kafka's
-ConsumerGroupMetadata/TargetAssignment/CurrentMemberAssignment records), so after a coordinator
-restart the group is gone; a member heartbeating with its old epoch to a group this coordinator
-does not know gets UNKNOWN_MEMBER_ID, on which every client rejoins with epoch 0 (Kafka, which
-never loses the group, says GROUP_ID_NOT_FOUND there). Regex subscriptions (v1
-SubscribedTopicRegex) are refused with INVALID_REGULAR_EXPRESSION for now.
+Durability: every change is written to the group log (``consumer_records``, Kafka's record
+types) before the heartbeat is answered (``GroupTable.store_consumer_group``); a restart restores
+the groups and gives every member a fresh session timeout. Departure (ours): a member
+heartbeating with its old epoch to a group this coordinator does not have (records lost, only
+offsets left) gets UNKNOWN_MEMBER_ID, on which every client rejoins with epoch 0 (Kafka, which
+never loses the group, says GROUP_ID_NOT_FOUND there, which stops librdkafka's consumer).
+
+Regex subscriptions (v1 SubscribedTopicRegex, KIP-848): evaluated here with RE2 (google-re2)
+full-match semantics, as Kafka's RE2/J; a pattern RE2 refuses is INVALID_REGULAR_EXPRESSION; the
+matches are re-evaluated whenever the catalog changes (a created or deleted topic bumps the group
+epoch through the subscription metadata). "" clears a member's regex (librdkafka sends it when
+it subscribes by names). Departure (ours): the matches are not filtered by the member's topic
+Describe ACLs.
 """
 
 from __future__ import annotations
@@ -50,6 +58,8 @@ import logging
 import os
 from collections import Counter
 from typing import Any, Callable
+
+import re2
 
 from appliance.errors import ErrorCode
 from appliance.group.assignors import ASSIGNORS
@@ -69,6 +79,15 @@ log = logging.getLogger("appliance.group.consumer")
 
 E = ErrorCode
 SESSION, REBALANCE = 10, 11           # timer kinds in the table's heap (classic ones are 0-3)
+
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False          # a bad pattern is the client's error, not ours to log
+
+
+def _text(e: Exception) -> str:
+    a = e.args[0] if e.args else e
+    return a.decode(errors="replace") if isinstance(a, bytes) else str(a)
 
 
 def new_member_id() -> str:
@@ -105,6 +124,8 @@ class ConsumerGroupProtocol:
         self.table = table
         self.topics = topics
         self.new_member_id = new_member_id
+        self._compiled: dict[str, Any] = {}
+        self._regex_hits: dict[str, tuple[dict, frozenset[str]]] = {}
 
     # -- ConsumerGroupHeartbeat -------------------------------------------------------------------
     def heartbeat(self, req: ConsumerGroupHeartbeatRequest) -> ConsumerGroupHeartbeatResult:
@@ -144,10 +165,13 @@ class ConsumerGroupProtocol:
                 bad("InstanceId can't be null.")
         elif req.member_epoch < LEAVE_GROUP_STATIC_MEMBER_EPOCH:
             bad(f"MemberEpoch {req.member_epoch} is invalid.")
-        if req.subscribed_topic_regex is not None:
-            # (ours) regex subscriptions are not evaluated yet
-            raise _Invalid(E.invalid_regular_expression,
-                           "SubscribedTopicRegex is not supported by this broker yet.")
+        if req.subscribed_topic_regex:
+            try:
+                self._regex(req.subscribed_topic_regex)
+            except re2.error as e:
+                raise _Invalid(E.invalid_regular_expression,
+                               f"SubscribedTopicRegex `{req.subscribed_topic_regex}` is not a "
+                               f"valid regular expression: {_text(e)}.") from None
         if (req.server_assignor is not None
                 and req.server_assignor not in self.table.config.consumer_assignors):
             raise _Invalid(E.unsupported_assignor,
@@ -230,6 +254,11 @@ class ConsumerGroupProtocol:
             if names != member.subscribed_topic_names:
                 member.subscribed_topic_names = names
                 bump = True
+        if req.subscribed_topic_regex is not None:
+            regex = req.subscribed_topic_regex or None       # "": no regex (any more)
+            if regex != member.subscribed_topic_regex:
+                member.subscribed_topic_regex = regex
+                bump = True
         if req.server_assignor is not None and req.server_assignor != member.server_assignor:
             member.server_assignor = req.server_assignor
             bump = True
@@ -309,11 +338,41 @@ class ConsumerGroupProtocol:
             log.info("consumer group %r created", group_id)
         return group
 
+    def _regex(self, pattern: str):
+        r = self._compiled.get(pattern)
+        if r is None:
+            r = re2.compile(pattern, _RE2_OPTIONS)
+            if len(self._compiled) > 1024:
+                self._compiled.clear()
+            self._compiled[pattern] = r
+        return r
+
+    def _matches(self, pattern: str, topics: dict) -> frozenset[str]:
+        """The topics a regex subscription names: RE2 full-match semantics, as Kafka's RE2/J
+        (KIP-848); internal topics (``__``) are left out. Cached per catalog snapshot."""
+        hit = self._regex_hits.get(pattern)
+        if hit is not None and hit[0] is topics:
+            return hit[1]
+        r = self._regex(pattern)
+        got = frozenset(n for n in topics if not n.startswith("__") and r.fullmatch(n))
+        if len(self._regex_hits) > 1024:
+            self._regex_hits.clear()
+        self._regex_hits[pattern] = (topics, got)
+        return got
+
+    def member_topics(self, m: ConsumerMember, topics: dict) -> frozenset[str]:
+        """A member's subscription: its topic names and its regex's matches."""
+        if m.subscribed_topic_regex is None:
+            return frozenset(m.subscribed_topic_names)
+        return frozenset(m.subscribed_topic_names) | self._matches(m.subscribed_topic_regex, topics)
+
     def _subscription_metadata(self, group: ConsumerGroup) -> dict[str, tuple[bytes, int]]:
-        names = {n for m in group.members.values() for n in m.subscribed_topic_names}
-        if not names:
+        if not group.members:
             return {}
         topics = self.topics()
+        names = set()
+        for m in group.members.values():
+            names |= self.member_topics(m, topics)
         return {n: topics[n] for n in names if n in topics}
 
     def _bump(self, group: ConsumerGroup) -> None:
@@ -323,7 +382,8 @@ class ConsumerGroupProtocol:
         if group.members:
             votes = Counter(m.server_assignor for m in group.members.values() if m.server_assignor)
             name = votes.most_common(1)[0][0] if votes else cfg.consumer_assignors[0]
-            specs = {mid: (frozenset(m.subscribed_topic_names), group.target.get(mid, {}))
+            topics = self.topics()
+            specs = {mid: (self.member_topics(m, topics), group.target.get(mid, {}))
                      for mid, m in group.members.items()}
             group.target = ASSIGNORS[name](specs, group.subscription_metadata)
             group.assignor = name

@@ -237,3 +237,32 @@ def test_coordinator_kill9_keeps_the_consumer_group(appliance_factory, monkeypat
     finally:
         for m in members:
             m.stop(signal.SIGKILL)
+
+
+def test_regex_subscription_evaluated_by_the_broker_follows_new_topics(appliance_factory):
+    """librdkafka sends a ``^``-pattern as SubscribedTopicRegex; the broker evaluates it (RE2,
+    full match) and re-evaluates it when a topic is created: the new topic's partitions are
+    assigned without the client re-subscribing."""
+    from confluent_kafka import Consumer
+
+    a = appliance_factory(**GROUP_CONFIG)
+    b = a.bootstrap
+    prefix = uid("rx")
+    driver("confluent").create_topics(b, {f"{prefix}-a": (2, {}), f"other-{prefix}": (1, {})})
+    owned: set = set()
+    c = Consumer({"bootstrap.servers": b, "group.id": uid("grx"), "group.protocol": "consumer",
+                  "topic.metadata.refresh.interval.ms": 1000})
+    c.subscribe([f"^{prefix}-.*"],
+                on_assign=lambda _c, ps: owned.update((p.topic, p.partition) for p in ps),
+                on_revoke=lambda _c, ps: owned.difference_update((p.topic, p.partition) for p in ps))
+    try:
+        def polled(want):
+            c.poll(0.1)
+            return owned == want
+        wait_until(lambda: polled({(f"{prefix}-a", 0), (f"{prefix}-a", 1)}), 60,
+                   "the regex's topic assigned, not the other")
+        driver("confluent").create_topics(b, {f"{prefix}-b": (1, {})})
+        wait_until(lambda: polled({(f"{prefix}-a", 0), (f"{prefix}-a", 1), (f"{prefix}-b", 0)}),
+                   60, "the new matching topic assigned")
+    finally:
+        c.close()

@@ -351,3 +351,24 @@ def test_a_restart_keeps_epochs_and_assignments(tmp_path, clean):
     gs = _service(tmp_path, clock, topics)
     assert "g" not in gs.groups.table.groups and gs.offsets.consumer_group_records() == {}
     gs.close(True)
+
+
+def test_regex_subscriptions_use_re2_full_match_and_follow_the_catalog():
+    env = Env(topics={"orders-eu": (T1, 2), "orders": (T2, 1), "xorders-us": (b"\x03" * 16, 1)})
+
+    def hb(member, epoch, regex, owned=None):
+        if epoch == 0:
+            owned = {}
+        tps = None if owned is None else [TopicPartitions(t, sorted(ps)) for t, ps in owned.items()]
+        return env.gc.consumer_group_heartbeat(ConsumerGroupHeartbeatRequest(
+            "g", member, epoch, None, None, 60000 if epoch == 0 else -1,
+            [] if epoch == 0 else None, regex, None, tps, "c", "/h", 1))
+
+    r = hb("m1", 0, "orders-.*")            # full match: not "xorders-us", not "orders"
+    assert parts(r, T1) == {0, 1} and parts(r, T2) == set()
+    env.topics = {**env.topics, "orders-us": (b"\x04" * 16, 1)}   # created: re-evaluated
+    r = hb("m1", r.member_epoch, None, owned={T1: {0, 1}})
+    assert parts(r, b"\x04" * 16) == {0}
+    assert hb("m2", 0, "(?<=a)b").error == E.invalid_regular_expression     # RE2 refuses it
+    r = hb("m1", r.member_epoch, "", owned={T1: {0, 1}, b"\x04" * 16: {0}})  # "" clears it
+    assert r.error == E.none and env.group().members["m1"].subscribed_topic_regex is None
