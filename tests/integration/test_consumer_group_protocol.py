@@ -266,3 +266,52 @@ def test_regex_subscription_evaluated_by_the_broker_follows_new_topics(appliance
                    60, "the new matching topic assigned")
     finally:
         c.close()
+
+
+def test_static_member_restart_keeps_its_partitions(appliance_factory):
+    """group.instance.id with the consumer protocol: closing sends epoch -2 (a temporary leave),
+    the group keeps the member's partitions (the other member gets none of them), and a new
+    process with the same instance id takes them back without a rebalance (same group epoch)."""
+    from confluent_kafka import Consumer
+
+    a = appliance_factory(**GROUP_CONFIG)
+    b = a.bootstrap
+    topic, group = uid("kip848s"), uid("gs")
+    driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
+
+    def consumer(instance):
+        owned: set = set()
+        c = Consumer({"bootstrap.servers": b, "group.id": group, "group.protocol": "consumer",
+                      "group.instance.id": instance})
+        c.subscribe([topic], on_assign=lambda _c, ps: owned.update(p.partition for p in ps),
+                    on_revoke=lambda _c, ps: owned.difference_update(p.partition for p in ps))
+        return c, owned
+
+    def poll_until(pred, what, *cs):
+        def step():
+            for c in cs:
+                c.poll(0.05)
+            return pred()
+        wait_until(step, 60, what)
+
+    c1, o1 = consumer("static-1")
+    c2, o2 = consumer("static-2")
+    try:
+        poll_until(lambda: len(o1) == len(o2) == 2 and not o1 & o2, "two static members", c1, c2)
+        poll_until(lambda: describe(b, group).group_state == "Stable", "Stable", c1, c2)
+        epoch = describe(b, group).group_epoch
+        mine = set(o1)
+        c1.close()
+        g = describe(b, group)
+        epochs = {m.instance_id: m.member_epoch for m in g.members}
+        assert epochs["static-1"] == -2 and g.group_epoch == epoch, g
+        for _ in range(20):                  # the other member is not given them meanwhile
+            c2.poll(0.1)
+        assert len(o2) == 2 and not o2 & mine
+        c1, o1 = consumer("static-1")
+        poll_until(lambda: o1 == mine, "the restarted static member's partitions back", c1, c2)
+        g = describe(b, group)
+        assert g.group_epoch == epoch and len(g.members) == 2, g
+    finally:
+        c1.close()
+        c2.close()
