@@ -13,6 +13,7 @@ DescribeGroups of a consumer group, OffsetCommit/OffsetFetch v9's member epoch).
 
 from __future__ import annotations
 
+import os
 import signal
 import uuid
 
@@ -300,6 +301,15 @@ def test_static_member_restart_keeps_its_partitions(appliance_factory):
         poll_until(lambda: len(o1) == len(o2) == 2 and not o1 & o2, "two static members", c1, c2)
         poll_until(lambda: describe(b, group).group_state == "Stable", "Stable", c1, c2)
         epoch = describe(b, group).group_epoch
+        # `appliance groups describe` reads it through ConsumerGroupDescribe, as Kafka's Admin
+        import json
+        import subprocess
+        import sys
+        cli = [os.path.join(os.path.dirname(sys.executable), "appliance"), "groups", "describe",
+               "--group", group, "--json", "--members", "--bootstrap-server", b]
+        shown = json.loads(subprocess.run(cli, capture_output=True, text=True, timeout=60,
+                                          check=True).stdout)
+        assert sorted(r["instance_id"] for r in shown) == ["static-1", "static-2"], shown
         mine = set(o1)
         c1.close()
         g = describe(b, group)
