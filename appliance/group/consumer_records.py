@@ -6,20 +6,16 @@ decoding, so that replay and compaction keep these records) and by
 ``appliance.group.consumer_protocol`` (``group_records`` when a group changes, ``restore`` at
 load). The records are Kafka's group-coordinator ones (common/message/ConsumerGroup*.json):
 
-    key version  record                                        key fields       value (v0, flexible)
-    3            ConsumerGroupMetadata                          group            epoch int32
-    4            ConsumerGroupPartitionMetadata                 group            topics [id, name, partitions, []]
-    5            ConsumerGroupMemberMetadata                    group, member    instance id, rack id,
-                                                                                 client id, client host,
-                                                                                 subscribed names,
-                                                                                 regex, rebalance
-                                                                                 timeout, assignor
-    6            ConsumerGroupTargetAssignmentMetadata          group            assignment epoch int32
-    7            ConsumerGroupTargetAssignmentMember            group, member    [topic id, [partitions]]
-    8            ConsumerGroupCurrentMemberAssignment           group, member    member epoch, previous
-                                                                                 epoch, state int8,
-                                                                                 assigned, pending
-                                                                                 revocation
+    key version  record (value fields)
+    3   ConsumerGroupMetadata             group: epoch int32
+    4   ConsumerGroupPartitionMetadata    group: topics [topic id, name, partitions, racks []]
+    5   ConsumerGroupMemberMetadata       group, member: instance id, rack id, client id, client
+                                          host, subscribed topic names, regex, rebalance timeout,
+                                          server assignor
+    6   ConsumerGroupTargetAssignmentMetadata  group: assignment epoch int32
+    7   ConsumerGroupTargetAssignmentMember    group, member: [topic id, [partitions]]
+    8   ConsumerGroupCurrentMemberAssignment   group, member: member epoch, previous epoch,
+                                          state int8, assigned, pending revocation
 
 Keys are not flexible (int16 version, then int16-length strings); values start with int16
 version 0 and are flexible (compact strings and arrays, uuid as 16 bytes, an empty tagged-field
