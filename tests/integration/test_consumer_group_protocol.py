@@ -208,7 +208,10 @@ def test_coordinator_kill9_keeps_the_consumer_group(appliance_factory, monkeypat
     from appliance_harness import coordinator_pid
 
     monkeypatch.setattr(test_groups, "PARTITIONS", PARTITIONS)
-    a = appliance_factory(**GROUP_CONFIG)
+    # Kafka's default session timeout: librdkafka's reconnect backoff after losing its
+    # coordinator may exceed the short one of the other tests on a loaded machine.
+    a = appliance_factory(groups={"consumer_heartbeat_interval_ms": 500,
+                                  "consumer_session_timeout_ms": 45000})
     b = a.bootstrap
     topic, group = uid("kip848k"), uid("gk")
     driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
