@@ -138,3 +138,37 @@ def test_a_byte_changed_in_a_sealed_segment_is_never_served_as_a_valid_record(ap
         served = [h.base_offset for _, h in iter_batch_headers(before.records)]
         assert served and max(served) < bad_base
     assert f"position {pos} of {path}" in app.log_text()
+
+
+def test_the_scrub_finds_a_byte_changed_under_a_running_appliance_that_nobody_reads(
+        appliance_factory, tmp_path):
+    data = str(tmp_path / "scrub")
+    app = appliance_factory(data_dir=data, log={"scrub": {"bytes_per_second": 64 << 20,
+                                                          "pass_interval_ms": 200}})
+    create(app, "cold", partitions=1)
+    produce(app, "cold", 0, 1500)
+    cleaners = [w["pid"] for w in app.workers("cleaner")]
+    app.wait_for(lambda: scrub_passes(app) >= 1, what="a first scrub pass")
+    assert scrub_found(app, "cold") == 0
+    path, pos, base = flip_value_byte(data, "cold", 0, 77)     # the page cache has it at once
+    app.wait_for(lambda: scrub_found(app, "cold") == 1, what="the scrub to find the damage")
+    line = [ln for ln in app.log_text().splitlines() if "scrub:" in ln]
+    assert len(line) == 1 and f"position {pos} of {path}" in line[0] and f"offset {base}" in line[0]
+    passes = scrub_passes(app)
+    app.wait_for(lambda: scrub_passes(app) >= passes + 2, what="two more passes")
+    assert scrub_found(app, "cold") == 1                        # counted once, not every pass
+    assert [w["pid"] for w in app.workers("cleaner")] == cleaners
+    with RawClient(app.bootstrap) as raw:
+        assert fetch(raw, "cold", [(0, base)])[0].error_code == KAFKA_STORAGE_ERROR
+
+
+def scrub_found(app, topic: str) -> int:
+    return fetcher_count(app, topic, 0, "appliance_log_scrub_corrupt_batches")
+
+
+def scrub_passes(app) -> int:
+    total = 0
+    for path in glob.glob(os.path.join(app.run_dir, "metrics.cl*")):
+        with MetricsTable.open(path, readonly=True) as t:
+            total += t.get(key("appliance_log_scrub_passes", [("cleaner", 0)]), 0) or 0
+    return total
