@@ -197,7 +197,8 @@ class PartitionLog:
             next_base = None if last else bases[i + 1]
             got = None
             if clean or base < recovery_point:
-                got = load_segment(directory, base, next_base=next_base, allow_empty=last)
+                got = load_segment(directory, base, next_base=next_base, allow_empty=last,
+                                   rebuild_interval=s.index_interval_bytes)
                 if got is not None and not txn_index_sane(txnindex_path(directory, base), base,
                                                           got[0].next_offset):
                     got = None           # Kafka's LogLoader: a failed index check -> recover
