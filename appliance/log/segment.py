@@ -68,7 +68,8 @@ from appliance.protocol.record_contents import records_ok
 from appliance.protocol.records import BatchHeader, iter_batch_headers, scan_valid
 
 __all__ = ["SegmentInfo", "LogSegment", "LogDirFailure", "SegmentMark", "IndexBuild",
-           "build_index_entries", "recover_segment", "load_segment", "delete_segment_files"]
+           "build_index_entries", "recover_segment", "load_segment", "delete_segment_files",
+           "aborted_index_matches"]
 
 log = logging.getLogger("appliance.log")
 
@@ -325,6 +326,75 @@ def load_segment(directory: str, base_offset: int, *, next_base: int | None,
         for ix in (oidx, tidx):
             if ix is not None:
                 ix.close()
+        m.close()
+
+
+def aborted_index_matches(directory: str, base_offset: int) -> bool:
+    """Whether every entry of the segment's ``.txnindex`` names an ABORT marker of its producer
+    at its last offset (and, when it lies in this segment, a batch of that producer at its first
+    offset): the sanity check (``txn_index.sane``) sees order and range only, and a flipped
+    producer id or offset would hand read_committed consumers an aborted transaction's records
+    as committed (bit rot, issue 34). One short header walk per entry; aborts are rare."""
+    from appliance.errors import KafkaError
+    from appliance.log.txn_index import read_entries
+    from appliance.protocol.records import parse_control_record
+    try:
+        entries = read_entries(txnindex_path(directory, base_offset))
+    except ValueError:
+        return False
+    if not entries:
+        return True
+    fd = os.open(log_path(directory, base_offset), os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        m = _map_read(fd, size)
+    finally:
+        os.close(fd)
+    if m is None:
+        return False
+    try:
+        with OffsetIndex(index_path(directory, base_offset), base_offset) as oidx:
+            def batch_at(offset: int):
+                _, pos = oidx.lookup(offset)
+                for p, h in iter_batch_headers(m, pos, size):
+                    if h.last_offset >= offset:
+                        return (p, h) if h.base_offset <= offset else None
+                return None
+            def first_batch_of(offset: int, pid: int) -> bool:
+                # The transaction's first batch starts there, and no batch of its producer
+                # other than a marker comes just before it (within the index entry's window:
+                # a walk of at most an index interval).
+                _, pos = oidx.lookup(offset - 1)
+                open_before = False         # a data batch of pid not followed by its marker
+                for _, h in iter_batch_headers(m, pos, size):
+                    if h.base_offset >= offset:
+                        return (h.base_offset == offset and h.producer_id == pid
+                                and h.is_transactional and not h.is_control and not open_before)
+                    if h.producer_id == pid:
+                        open_before = not h.is_control
+                return False
+
+            for e in entries:
+                got = batch_at(e.last_offset)
+                if got is None:
+                    return False
+                p, h = got
+                if not h.is_control or h.producer_id != e.producer_id or h.base_offset != e.last_offset:
+                    return False
+                try:
+                    if parse_control_record(m[p:p + h.size])[0] != 0:      # ABORT
+                        return False
+                except KafkaError:
+                    return False
+                if e.last_stable_offset > e.last_offset + 1:
+                    return False        # a later LSO would end read_committed's search early
+                if e.first_offset >= base_offset and not first_batch_of(e.first_offset,
+                                                                        e.producer_id):
+                    return False
+        return True
+    except (FileNotFoundError, CorruptIndex):
+        return False
+    finally:
         m.close()
 
 

@@ -130,3 +130,44 @@ def test_check_all_finds_an_entry_out_of_order_that_the_sanity_check_passes(tmp_
             ix.check_all(os.path.getsize(log_path(d, b)), 1 << 40)
     finally:
         ix.close()
+
+
+def aborts(d: str, segments: int):
+    """One aborted transaction (data + ABORT marker) in each of ``segments`` segments."""
+    from appliance.log.txn_index import AbortedTxn
+    lg = PartitionLog.open(d, S, T0)
+    entries = []
+    for pid in range(1, segments + 1):
+        b = bytearray(build_batch([Record(b"k", b"v" * 50)], producer_id=pid, producer_epoch=0,
+                                  base_sequence=0, transactional=True, base_timestamp=T0))
+        first = lg.append(b, T0).base_offset
+        m = lg.append_control(pid, 0, False, 0, T0)
+        e = AbortedTxn(pid, first, m.base_offset, m.base_offset + 1)
+        lg.append_aborted(e)
+        entries.append(e)
+        while pid < segments and len(lg.segment_bases()) == pid:
+            lg.append(bytearray(build_batch([Record(b"k", b"x" * 300)], base_timestamp=T0)), T0)
+    return lg, entries
+
+
+@pytest.mark.parametrize("field,at", [("producer id", 2 + 7), ("first offset", 10 + 7),
+                                      ("marker offset", 18 + 7), ("last stable offset", 26 + 6)])
+def test_an_aborted_index_entry_that_names_no_abort_of_its_producer_is_rebuilt(tmp_path, field, at):
+    """A flipped producer id passes the sanity check (order and range) but would hand a
+    read_committed consumer the aborted records as committed."""
+    from appliance.log.files import txnindex_path
+    from appliance.log.txn_index import read_entries, sane
+    d = str(tmp_path / "p")
+    lg, entries = aborts(d, 3)
+    bases = lg.segment_bases()
+    lg.close()
+    path = txnindex_path(d, bases[1])
+    flip(path, at, 0x01)
+    damaged = read_entries(path)
+    assert damaged != [entries[1]]
+    lg = PartitionLog.open(d, S, T0)
+    try:
+        assert lg.txn_index_rebuild_from == bases[1]     # the caller replays from there
+        assert all(e not in lg.aborted_entries() for e in damaged)
+    finally:
+        lg.close(clean=False)
