@@ -30,7 +30,7 @@ import msgspec
 
 from appliance.errors import ErrorCode
 from appliance.security.messages import AlterScramCredentialsRequest, Deletion, Upsertion, UserResult
-from appliance.durable import atomic_write
+from appliance.durable import atomic_write, verify_checksum, with_checksum
 from appliance.security.scram import (BY_TYPE, MAX_ITERATIONS, MIN_ITERATIONS, ScramCredential,
                                       from_salted_password)
 
@@ -131,7 +131,7 @@ class CredentialStore:
     def load(self) -> Users:
         try:
             with open(self.path, "rb") as f:
-                raw = json.load(f)
+                raw = verify_checksum(json.load(f))
         except FileNotFoundError:
             return self.users
         self.version = int(raw.get("version", 0))
@@ -151,7 +151,7 @@ class CredentialStore:
                                        "iterations": c.iterations}
                                 for mech, c in sorted(creds.items())}
                          for name, creds in sorted(users.items())}}
-        atomic_write(self.path, json.dumps(raw, indent=1).encode(), mode=0o600)
+        atomic_write(self.path, json.dumps(with_checksum(raw), indent=1).encode(), mode=0o600)
         self.version += 1
         self.users = users
 
