@@ -249,3 +249,34 @@ def test_a_damaged_index_txnindex_or_producer_snapshot_is_rebuilt_from_the_log(
     p.produce("tx", value=b"after", partition=0)
     p.commit_transaction(30)
     assert "Traceback" not in app.log_text()
+
+
+def test_dump_log_verify_reports_each_damaged_file_with_position_and_offset(appliance_factory,
+                                                                             tmp_path):
+    data = str(tmp_path / "verify")
+    app = appliance_factory(data_dir=data)
+    create(app, "v", partitions=1)
+    produce(app, "v", 0, 1500)
+    d = partition_dir(data, "v", 0)
+    clean = subprocess.run([os.path.join(os.path.dirname(sys.executable), "appliance"), "dump-log",
+                            "--verify", data], capture_output=True, text=True, timeout=120)
+    assert clean.returncode == 0, clean.stdout + clean.stderr        # beside a running appliance
+    assert "no damage found" in clean.stdout
+    assert app.terminate() == 0
+    path, pos, base = flip_value_byte(data, "v", 0, 42)
+    index = log_path(d, 0)[:-len(".log")] + ".index"
+    with open(index, "r+b") as f:
+        f.truncate(os.path.getsize(index) - 3)
+    with open(os.path.join(data, "catalog.json"), "r+b") as f:
+        c = f.read()
+        at = c.index(b'"v"') + 1
+        f.seek(at)
+        f.write(b"w")
+    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "appliance"), "dump-log",
+                        "--verify", data], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert f"{path}: position {pos}: offset {base}: the batch fails its CRC" in lines
+    assert any(ln.startswith(index + ": ") for ln in lines)
+    assert any(ln.startswith(os.path.join(data, "catalog.json") + ": ") for ln in lines)
+    assert lines[-1].endswith(": 3 problems"), lines
