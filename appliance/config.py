@@ -223,7 +223,7 @@ class LogScrubConfig(_Section):
     bytes_per_second: NonNegative = 8388608
     # Pause between two passes over every partition, in ms.
     pass_interval_ms: NonNegative = 3600000
-    # Fetchers check the CRC of every batch they hand out (once per byte range they read): a
+    # Fetchers check the CRC of every batch they hand out (a range that passed is trusted 30 s): a
     # batch that fails is never served, its partition answers KAFKA_STORAGE_ERROR from there.
     verify_fetches: bool = True
 

@@ -36,9 +36,12 @@ Rules that keep a reader safe while the writer appends, rolls, deletes and resta
 
 Bit rot (issue 34): a batch whose CRC-32C fails is never handed out. ``read`` checks the CRC of
 every batch it returns (``verify_crc``, ``[log.scrub] verify_fetches``) unless this reader has
-already checked that byte range of that file: each segment remembers one checked range of
+already checked that byte range of that file lately: each segment remembers one checked range of
 positions, which a consumer reading forwards extends batch by batch, so that a second consumer,
-or a fetch that hands the same batches out again, costs no second pass. A bad batch after
+or a fetch that hands the same batches out again, costs no second pass. The range is trusted for
+``crc_trust_s`` (30 s) from its first check only: a page the kernel evicted and read back from a
+disk that rotted meanwhile shows the reader's map other bytes, and a consumer group that reads
+the same data an hour later gets them checked again. A bad batch after
 good ones ends the read there (the good ones are served); a bad batch first is ``CorruptBatch``:
 KAFKA_STORAGE_ERROR for that partition only, as Kafka answers for a log it cannot read. The
 check is stateless across processes: each fetcher finds it again, so nothing has to be told to
@@ -61,6 +64,7 @@ import bisect
 import mmap
 import os
 import struct
+import time
 from collections import OrderedDict
 from typing import Iterable, NamedTuple
 
@@ -112,7 +116,7 @@ class _Stale(Exception):
 
 class _Segment:
     __slots__ = ("directory", "base", "known_end", "_log", "_log_len", "_oidx", "_tidx",
-                 "txn_cache", "ino", "end", "crc_lo", "crc_hi")
+                 "txn_cache", "ino", "end", "crc_lo", "crc_hi", "crc_since")
 
     def __init__(self, directory: str, base: int) -> None:
         self.directory = directory
@@ -125,21 +129,26 @@ class _Segment:
         self._oidx: OffsetIndex | None = None
         self._tidx: TimeIndex | None = None
         self.txn_cache: list[AbortedTxn] | None = None   # .txnindex entries, sealed segments only
-        # Positions [crc_lo, crc_hi) of the mapped file hold batches whose CRC this reader checked.
+        # Positions [crc_lo, crc_hi) of the mapped file hold batches whose CRC this reader checked,
+        # the first of them at crc_since (monotonic s).
         self.crc_lo = self.crc_hi = 0
+        self.crc_since = 0.0
 
-    def crc_ok(self, pos: int, size: int, crc: int) -> bool:
-        """Whether the batch at ``pos`` (``size`` bytes) matches its stored CRC."""
+    def crc_ok(self, pos: int, size: int, crc: int, now: float, trust_s: float) -> bool:
+        """Whether the batch at ``pos`` (``size`` bytes) matches its stored CRC (taken on trust
+        inside the range checked in the last ``trust_s`` seconds)."""
         end = pos + size
+        if now - self.crc_since > trust_s:
+            self.crc_lo = self.crc_hi = 0
         if self.crc_lo <= pos and end <= self.crc_hi:
             return True
         with memoryview(self.log(end)) as mv, mv[pos + ATTRIBUTES_OFFSET:end] as body:
             if crc32c(body) != crc:
                 return False
-        if self.crc_lo <= pos <= self.crc_hi:
+        if self.crc_hi > self.crc_lo and self.crc_lo <= pos <= self.crc_hi:
             self.crc_hi = max(self.crc_hi, end)
         else:
-            self.crc_lo, self.crc_hi = pos, end
+            self.crc_lo, self.crc_hi, self.crc_since = pos, end, now
         return True
 
     def log(self, need_end: int) -> mmap.mmap:
@@ -270,6 +279,8 @@ def _sealed_max_timestamp(directory: str, base: int) -> int:
 # consumer read across swaps). Only a log that stays inconsistent after these retries is
 # reported corrupt.
 STALE_RETRIES = 8
+# How long a byte range whose batches passed their CRC is taken on trust (see the docstring).
+CRC_TRUST_S = 30.0
 
 
 def _out_of_range(offset: int, lso: int, hw: int) -> KafkaError:
@@ -289,8 +300,9 @@ class LogReader:
                  max_decompressed_bytes: int = DEFAULT_DECOMPRESSED_FACTOR * 1048588,
                  verify_crc: bool = True) -> None:
         self.directory = directory
-        # Check the CRC of every batch ``read`` hands out (once per byte range and file).
+        # Check the CRC of every batch ``read`` hands out (each byte range once per crc_trust_s).
         self.verify_crc = verify_crc
+        self.crc_trust_s = CRC_TRUST_S
         # Timestamp lookups walk a compressed batch's records: never inflating more than this.
         self.max_decompressed_bytes = max_decompressed_bytes
         self._segs: list[_Segment] = []
@@ -486,6 +498,7 @@ class LogReader:
         first = -1
         nxt = fetch_offset
         got = self._locate(i, fetch_offset, hw)
+        now = time.monotonic() if self.verify_crc else 0.0
         while got is not None:
             i, pos, h = got
             size = h.batch_length + 12
@@ -494,7 +507,7 @@ class LogReader:
             if total + size > max_bytes and not (total == 0 and min_one):
                 break
             seg = self._segs[i]
-            if self.verify_crc and not seg.crc_ok(pos, size, h.crc):
+            if self.verify_crc and not seg.crc_ok(pos, size, h.crc, now, self.crc_trust_s):
                 if slices:
                     break              # serve the good batches before it; the next read fails
                 raise CorruptBatch(log_path(self.directory, seg.base), pos, h.base_offset,

@@ -568,3 +568,24 @@ def test_a_batch_that_fails_its_crc_is_never_handed_out(filled):
     assert res.first_batch_offset == h.base_offset
     r.close()
     assert base == log.segment_bases()
+
+
+def test_a_batch_damaged_after_it_was_read_is_caught_once_the_checked_range_expires(filled):
+    """A range checked once is trusted for crc_trust_s only: a page read back from a disk that
+    rotted meanwhile (here: bytes changed under the reader's map) is checked again."""
+    from appliance.log.reader import CorruptBatch
+    d, log, sent = filled
+    hw = log.log_end_offset
+    r = LogReader(d)
+    res = r.read(0, 1, high_watermark=hw, log_start_offset=0, min_one_batch=True)   # one batch
+    s = res.slices[0]
+    with open(log_path(d, s.segment_base), "r+b") as f:
+        f.seek(s.position + 70)
+        c = f.read(1)
+        f.seek(s.position + 70)
+        f.write(bytes([c[0] ^ 0x01]))
+    assert r.read(0, 1, high_watermark=hw, log_start_offset=0, min_one_batch=True) == res  # trusted
+    r.crc_trust_s = 0.0
+    with pytest.raises(CorruptBatch):
+        r.read(0, 1, high_watermark=hw, log_start_offset=0, min_one_batch=True)
+    r.close()
