@@ -388,9 +388,9 @@ def aborted_index_matches(directory: str, base_offset: int) -> bool:
                     return False
                 if e.last_stable_offset > e.last_offset + 1:
                     return False        # a later LSO would end read_committed's search early
-                if e.first_offset >= base_offset and not first_batch_of(e.first_offset,
-                                                                        e.producer_id):
-                    return False
+                if (base_offset <= e.first_offset < e.last_offset
+                        and not first_batch_of(e.first_offset, e.producer_id)):
+                    return False        # (first = last: an abort with no data here)
         return True
     except (FileNotFoundError, CorruptIndex):
         return False
