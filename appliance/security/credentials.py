@@ -205,6 +205,10 @@ class DataDirInUse(Exception):
     """A running appliance holds the data dir's lock."""
 
 
+class DamagedStore(Exception):
+    """The credential file does not parse or match its checksum (the message names it)."""
+
+
 @contextlib.contextmanager
 def offline_store(data_dir: str) -> Iterator[CredentialStore]:
     """The store of a data dir no appliance is running on, under its lock (made if missing)."""
@@ -217,7 +221,12 @@ def offline_store(data_dir: str) -> Iterator[CredentialStore]:
             raise DataDirInUse(f"an appliance is running on {data_dir} (it holds {LOCK_FILE}): "
                                f"manage users online with --bootstrap-server") from None
         store = CredentialStore(data_dir)
-        store.load()
+        try:
+            store.load()
+        except (ValueError, KeyError, TypeError) as e:
+            # A damaged file (issue 34) is never written over: the operator restores it.
+            raise DamagedStore(f"the SCRAM credentials {store.path} cannot be read: {e}; restore "
+                               "the file from a backup") from None
         yield store
     finally:
         os.close(fd)

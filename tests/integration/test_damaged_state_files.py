@@ -100,3 +100,15 @@ def test_the_files_as_written_start(seeded, tmp_path):
         assert a.high_watermark("orders", 0) == 50
     finally:
         assert a.terminate() == 0
+
+
+def test_the_offline_users_tool_refuses_a_damaged_credential_file_naming_it(seeded, tmp_path):
+    import shutil
+    data = str(tmp_path / "data")
+    shutil.copytree(seeded, data)
+    path = os.path.join(data, CREDENTIALS_FILE)
+    damage(path, "flipped", b'"alice"')
+    before = tree(data)
+    r = users_add(data, "bob", "bob-secret")
+    assert r.returncode == 1 and path in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert tree(data) == before                 # not written over
