@@ -202,7 +202,7 @@ class PartitionLog:
                                    rebuild_interval=s.index_interval_bytes)
                 if got is not None and not (
                         txn_index_sane(txnindex_path(directory, base), base, got[0].next_offset)
-                        and aborted_index_matches(directory, base)):
+                        and aborted_index_matches(directory, base, compacted=s.compact)):
                     # Kafka's LogLoader: a failed index check -> recover (which drops the file,
                     # and the producer-state replay writes it again from the log's markers).
                     log.warning("%s: the aborted-transaction index of segment %d does not match "

@@ -329,12 +329,15 @@ def load_segment(directory: str, base_offset: int, *, next_base: int | None,
         m.close()
 
 
-def aborted_index_matches(directory: str, base_offset: int) -> bool:
+def aborted_index_matches(directory: str, base_offset: int, *, compacted: bool = False) -> bool:
     """Whether every entry of the segment's ``.txnindex`` names an ABORT marker of its producer
-    at its last offset (and, when it lies in this segment, a batch of that producer at its first
-    offset): the sanity check (``txn_index.sane``) sees order and range only, and a flipped
-    producer id or offset would hand read_committed consumers an aborted transaction's records
-    as committed (bit rot, issue 34). One short header walk per entry; aborts are rare."""
+    at its last offset (and, when it lies in this segment, the first batch of that producer's
+    transaction at its first offset): the sanity check (``txn_index.sane``) sees order and range
+    only, and a flipped producer id or offset would hand read_committed consumers an aborted
+    transaction's records as committed (bit rot, issue 34). One short header walk per entry;
+    aborts are rare. ``compacted``: a cleaner removes aborted data, and markers past their
+    delete horizon, so an offset that names no batch is no damage there; a batch that holds it
+    must still be the producer's."""
     from appliance.errors import KafkaError
     from appliance.log.txn_index import read_entries
     from appliance.protocol.records import parse_control_record
@@ -375,8 +378,12 @@ def aborted_index_matches(directory: str, base_offset: int) -> bool:
                 return False
 
             for e in entries:
+                if e.last_stable_offset > e.last_offset + 1:
+                    return False        # a later LSO would end read_committed's search early
                 got = batch_at(e.last_offset)
                 if got is None:
+                    if compacted:
+                        continue        # the marker went past its delete horizon
                     return False
                 p, h = got
                 if not h.is_control or h.producer_id != e.producer_id or h.base_offset != e.last_offset:
@@ -385,12 +392,16 @@ def aborted_index_matches(directory: str, base_offset: int) -> bool:
                     if parse_control_record(m[p:p + h.size])[0] != 0:      # ABORT
                         return False
                 except KafkaError:
+                    if not compacted:   # a cleaner may leave a marker's batch emptied
+                        return False
+                if not base_offset <= e.first_offset < e.last_offset:
+                    continue            # (first = last: an abort with no data here)
+                if compacted:
+                    first = batch_at(e.first_offset)
+                    if first is not None and first[1].producer_id != e.producer_id:
+                        return False
+                elif not first_batch_of(e.first_offset, e.producer_id):
                     return False
-                if e.last_stable_offset > e.last_offset + 1:
-                    return False        # a later LSO would end read_committed's search early
-                if (base_offset <= e.first_offset < e.last_offset
-                        and not first_batch_of(e.first_offset, e.producer_id)):
-                    return False        # (first = last: an abort with no data here)
         return True
     except (FileNotFoundError, CorruptIndex):
         return False
