@@ -37,6 +37,7 @@ from appliance.protocol.records import ATTRIBUTES_OFFSET, HEADER_SIZE, MAGIC
 __all__ = ["ScrubTarget", "Damage", "Scrubber", "scan_segment"]
 
 WINDOW = 1 << 20          # bytes read by one pread (more for a larger batch)
+MAX_TARGETS_A_STEP = 256  # partitions one step looks at, at most (a page and a listing each)
 
 
 class ScrubTarget(NamedTuple):
@@ -139,13 +140,15 @@ class Scrubber:
         partition is skipped this pass). Returns (bytes read, new damage)."""
         out: list[tuple[ScrubTarget, Damage]] = []
         read = 0
-        while read < budget and self.targets:
+        looked = 0                     # partitions looked at: a step stays short at 10,000 of them
+        while read < budget and self.targets and looked < MAX_TARGETS_A_STEP:
             if self._i >= len(self.targets):
                 self._i, self._segment, self._pos = 0, -1, 0
                 self.passes += 1
                 self.next_pass_at = now + self.pass_interval_s
                 break
             t = self.targets[self._i]
+            looked += 1
             active = active_base(t)
             seg = self._next_segment(t, active) if active is not None else None
             if seg is None:

@@ -107,3 +107,15 @@ def test_scrubber_skips_a_partition_whose_writer_is_not_ready(tmp_path):
     assert sc.passes == 1
     read, damage = sc.step(0.0, 1 << 20, lambda _: 20)
     assert read == os.path.getsize(log_path(d, 0)) and len(damage) == 1
+
+
+def test_a_step_looks_at_a_bounded_number_of_partitions(tmp_path):
+    from appliance.log.scrub import MAX_TARGETS_A_STEP
+    targets = [ScrubTarget(f"w.{i}", "t", i, str(tmp_path / f"t-{i}")) for i in range(MAX_TARGETS_A_STEP + 10)]
+    sc = Scrubber(pass_interval_s=0.0)
+    sc.set_targets(targets)
+    seen = []
+    sc.step(0.0, 1 << 20, lambda t: seen.append(t) or None)
+    assert len(seen) == MAX_TARGETS_A_STEP and sc.passes == 0
+    sc.step(0.0, 1 << 20, lambda t: seen.append(t) or None)
+    assert sc.passes == 1 and seen[MAX_TARGETS_A_STEP:] == targets[MAX_TARGETS_A_STEP:]
