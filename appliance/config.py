@@ -215,6 +215,19 @@ class LogCleanerConfig(_Section):
     delete_retention_ms: NonNegative = 86400000
 
 
+class LogScrubConfig(_Section):
+    # Bit rot (issue 34). Bytes per second the cleaner processes read, in all, to check the CRC
+    # of every batch of every sealed segment, one pass after another, at idle priority; a batch
+    # that fails is logged with its file, position and offset and counted
+    # (appliance_log_scrub_corrupt_batches_total). 0 = no scrub.
+    bytes_per_second: NonNegative = 8388608
+    # Pause between two passes over every partition, in ms.
+    pass_interval_ms: NonNegative = 3600000
+    # Fetchers check the CRC of every batch they hand out (a range that passed is trusted 30 s): a
+    # batch that fails is never served, its partition answers KAFKA_STORAGE_ERROR from there.
+    verify_fetches: bool = True
+
+
 class LogConfig(_Section):
     # Roll a segment at this size (Kafka's log.segment.bytes).
     segment_bytes: Annotated[int, msgspec.Meta(ge=14, le=2**31 - 1)] = 1073741824
@@ -252,6 +265,7 @@ class LogConfig(_Section):
     segment_delete_delay_ms: NonNegative = 60000
     flush: FlushConfig = msgspec.field(default_factory=FlushConfig)
     cleaner: LogCleanerConfig = msgspec.field(default_factory=LogCleanerConfig)
+    scrub: LogScrubConfig = msgspec.field(default_factory=LogScrubConfig)
 
 
 class TopicsConfig(_Section):
