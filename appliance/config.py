@@ -215,6 +215,19 @@ class LogCleanerConfig(_Section):
     delete_retention_ms: NonNegative = 86400000
 
 
+class LogScrubConfig(_Section):
+    # Bit rot (issue 34). Bytes per second the cleaner processes read, in all, to check the CRC
+    # of every batch of every sealed segment, one pass after another, at idle priority; a batch
+    # that fails is logged with its file, position and offset and counted
+    # (appliance_log_scrub_corrupt_batches_total). 0 = no scrub.
+    bytes_per_second: NonNegative = 8388608
+    # Pause between two passes over every partition, in ms.
+    pass_interval_ms: NonNegative = 3600000
+    # Fetchers check the CRC of every batch they hand out (a range that passed is trusted 30 s): a
+    # batch that fails is never served, its partition answers KAFKA_STORAGE_ERROR from there.
+    verify_fetches: bool = True
+
+
 class LogConfig(_Section):
     # Roll a segment at this size (Kafka's log.segment.bytes).
     segment_bytes: Annotated[int, msgspec.Meta(ge=14, le=2**31 - 1)] = 1073741824
@@ -253,6 +266,7 @@ class LogConfig(_Section):
     segment_delete_delay_ms: NonNegative = 60000
     flush: FlushConfig = msgspec.field(default_factory=FlushConfig)
     cleaner: LogCleanerConfig = msgspec.field(default_factory=LogCleanerConfig)
+    scrub: LogScrubConfig = msgspec.field(default_factory=LogScrubConfig)
 
 
 class TopicsConfig(_Section):
@@ -344,6 +358,16 @@ class GroupsConfig(_Section):
     offsets_retention_check_interval_ms: Positive = 600000
     # Longest metadata string an offset commit may carry (offset.metadata.max.bytes).
     offset_metadata_max_bytes: Positive = 4096
+    # KIP-848 consumer groups (group.protocol=consumer): the heartbeat interval the broker tells
+    # members (group.consumer.heartbeat.interval.ms), the session timeout it enforces
+    # (group.consumer.session.timeout.ms), the server-side assignors, the first the default
+    # (group.consumer.assignors: uniform, range), and the most members one group may have
+    # (group.consumer.max.size). Reloadable.
+    consumer_heartbeat_interval_ms: Positive = 5000
+    consumer_session_timeout_ms: Positive = 45000
+    consumer_assignors: list[Literal["uniform", "range"]] = msgspec.field(
+        default_factory=lambda: ["uniform", "range"])
+    consumer_max_size: Positive = 2147483647
 
 
 class AuthorizerConfig(_Section):
@@ -614,6 +638,13 @@ def check_consistency(cfg: Config) -> None:
                               f"neither an IP address nor a host name")
     if cfg.supervisor.restart_backoff_max_ms < cfg.supervisor.restart_backoff_initial_ms:
         raise ConfigError("config: supervisor.restart_backoff_max_ms: must be >= restart_backoff_initial_ms")
+    # Kafka's GroupCoordinatorConfig: an empty assignor list leaves no default, and the interval
+    # must be below the session timeout (a member would time out between two heartbeats).
+    if not cfg.groups.consumer_assignors:
+        raise ConfigError("config: groups.consumer_assignors: must name at least one assignor")
+    if cfg.groups.consumer_heartbeat_interval_ms >= cfg.groups.consumer_session_timeout_ms:
+        raise ConfigError(
+            "config: groups.consumer_heartbeat_interval_ms: must be < groups.consumer_session_timeout_ms")
     # Kafka refuses group.min.session.timeout.ms > group.max.session.timeout.ms the same way:
     # no session timeout could ever be accepted.
     if cfg.groups.min_session_timeout_ms > cfg.groups.max_session_timeout_ms:

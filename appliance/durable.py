@@ -21,9 +21,14 @@ import os
 from shm.region import allocate
 
 __all__ = ["TMP_SUFFIX", "NO_SPACE", "is_no_space", "grow_file", "fsync_dir", "write_tmp_copies",
-           "atomic_write", "read_checkpoint", "write_checkpoint"]
+           "atomic_write", "read_checkpoint", "write_checkpoint", "CHECKSUM_KEY", "with_checksum",
+           "verify_checksum"]
 
 TMP_SUFFIX = ".tmp"
+# The JSON files of the data dir (catalog, credentials, ACLs) carry the CRC-32C of their content
+# under this key (issue 34: a flipped byte that leaves valid JSON - a topic name, a partition
+# count, a principal - must stop the start, not be believed).
+CHECKSUM_KEY = "crc32c"
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _CHECKPOINT_VERSION = 0
 
@@ -146,3 +151,29 @@ def write_checkpoint(path: str, offset: int, *, sync: bool = True) -> None:
     """Replace the checkpoint with ``offset`` (``sync=False``: without the fsyncs, for a value
     whose loss would read back the same)."""
     atomic_write(path, f"{_CHECKPOINT_VERSION}\n{offset}\n".encode("ascii"), sync=sync)
+
+
+def _canonical(raw: dict) -> bytes:
+    import json
+    return json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
+
+
+def with_checksum(raw: dict) -> dict:
+    """``raw`` with ``CHECKSUM_KEY`` set to the CRC-32C of its canonical JSON (sorted keys, no
+    spaces): whatever layout the file is written in, ``verify_checksum`` finds the same."""
+    from crc32c import crc32c
+    body = {k: v for k, v in raw.items() if k != CHECKSUM_KEY}
+    return {**body, CHECKSUM_KEY: crc32c(_canonical(body))}
+
+
+def verify_checksum(raw: dict) -> dict:
+    """``raw`` (a parsed JSON file) without its checksum; ValueError if the checksum does not
+    match (the caller names the file). A file without one (written before issue 34) is taken as
+    it is."""
+    from crc32c import crc32c
+    if not isinstance(raw, dict):
+        raise ValueError("not a JSON object")
+    body = {k: v for k, v in raw.items() if k != CHECKSUM_KEY}
+    if CHECKSUM_KEY in raw and raw[CHECKSUM_KEY] != crc32c(_canonical(body)):
+        raise ValueError("its content does not match its checksum (a damaged file)")
+    return body

@@ -45,6 +45,7 @@ LIVE: dict[str, str] = {
     "log.flush.*": "partition writers and the coordinator's logs",
     "log.cleaner.*": "cleaner processes, from their next round (the topic defaults also partition "
                      "writers: retention and rolls of compacted topics)",
+    "log.scrub.*": "cleaner processes (the scrub's rate and pauses) and fetchers (verify_fetches)",
     "topics.*": "supervisor (CreateTopics) and frontends (auto-creation)",
     "supervisor.*": "supervisor",
     "transactions.max_timeout_ms": "coordinator",

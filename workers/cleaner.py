@@ -28,6 +28,14 @@ SIGTERM between batches):
 4. metrics (Kafka's ``kafka.log:type=LogCleaner`` and ``LogCleanerManager`` gauges, one series
    per cleaner process). Nothing due: the next look is ``backoff_ms`` later.
 
+The scrub (issue 34, bit rot; ``appliance.log.scrub``): between rounds the cleaner reads every
+sealed segment of every partition of its writer processes (compacted or not), at
+``[log.scrub] bytes_per_second`` shared by the cleaners, and checks each batch's CRC. A batch
+that fails is logged once with its file, position and offset and counted
+(``appliance_log_scrub_corrupt_batches_total{topic,partition}``); the fetchers refuse to serve it
+by themselves (they check what they serve), so nothing else needs telling. A pass over every
+partition is followed by a pause of ``pass_interval_ms``.
+
 A round that fails on something other than a stop, a changed segment, a refused swap or a full
 disk marks the partition uncleanable until the process restarts (Kafka's
 markPartitionUncleanable) and is logged; the other partitions go on. A full disk (ENOSPC writing a
@@ -54,9 +62,10 @@ from appliance.log.cleaner.plan import NoSuchSegment, cleanable, sealed_segments
 from appliance.log.files import CLEANER_CHECKPOINT_FILE
 from appliance.durable import is_no_space, read_checkpoint
 from appliance.log.partition_log import LogSettings
+from appliance.log.scrub import Scrubber, ScrubTarget
 from appliance.metrics import key
 from appliance.runtime import PARTITION_PAGE_FIELDS, READY, WorkerContext, cleaner_of, writer_name
-from shm.statepage import StatePage
+from shm.statepage import StalePage, StatePage
 from shm.topology import Outbox
 from workers.base import IDLE_WAIT_S, Worker
 
@@ -139,6 +148,9 @@ class CleanerWorker(Worker):
         self.uncleanable: set[str] = set()
         self.no_space: set[str] = set()         # partitions whose last round met a full disk
         self._ids = itertools.count(((self.generation & 0xFFFF) << 40) | 1)
+        self.scrubber = Scrubber(0.0)
+        self.next_scrub = 0.0
+        self._scrub_seen = (-1, -1)        # (catalog, assignment) versions of the targets
         self._apply(self.cfg)
         m = self.metrics
         who = [("cleaner", ctx.index)]
@@ -153,6 +165,8 @@ class CleanerWorker(Worker):
         self.k_read = m.slot(key("appliance_log_cleaner_bytes_read", who))
         self.k_written = m.slot(key("appliance_log_cleaner_bytes_written", who))
         self.k_rounds = m.slot(key("appliance_log_cleaner_rounds", who))
+        self.k_scrub_bytes = m.slot(key("appliance_log_scrub_bytes", who))
+        self.k_scrub_passes = m.slot(key("appliance_log_scrub_passes", who))
 
     def inputs(self) -> list[str]:
         return []            # writer processes' rings are attached as the assignment names them
@@ -165,6 +179,8 @@ class CleanerWorker(Worker):
         self.backoff_s = cl.backoff_ms / 1000
         self.map_bytes = cl.dedupe_buffer_size // cl.processes
         self.throttler = Throttler(cl.io_max_bytes_per_second // cl.processes, self._beat)
+        self.scrub_rate = cfg.log.scrub.bytes_per_second // cl.processes
+        self.scrubber.pass_interval_s = cfg.log.scrub.pass_interval_ms / 1000
 
     def setup(self) -> int | None:
         # Spare cycles only: produce and fetch come first (Linux SCHED_IDLE: the scheduler runs
@@ -182,6 +198,10 @@ class CleanerWorker(Worker):
 
     def reload(self, old, new) -> None:
         self._apply(new)
+        if new.log.scrub != old.log.scrub:
+            self.next_scrub = 0.0
+            self.scrubber.next_pass_at = min(self.scrubber.next_pass_at, time.monotonic() +
+                                             self.scrubber.pass_interval_s)
         if new.log.cleaner != old.log.cleaner:
             self.next_round = 0.0      # look again under the new settings
 
@@ -198,9 +218,14 @@ class CleanerWorker(Worker):
         self.mv[self.k_since] = int((now - self.last_run) * 1000)
 
     def wait_timeout(self, now: float) -> float:
-        return max(0.0, min(IDLE_WAIT_S, self.next_round - now))
+        nxt = self.next_round
+        if self.scrub_rate > 0:
+            nxt = min(nxt, max(self.next_scrub, self.scrubber.next_pass_at))
+        return max(0.0, min(IDLE_WAIT_S, nxt - now))
 
     def on_turn(self, now: float) -> None:
+        if not self.stop:
+            self._scrub(now)
         if now < self.next_round or self.stop:
             return
         self.next_round = now + self.backoff_s
@@ -253,6 +278,63 @@ class CleanerWorker(Worker):
                        self.cfg.server.internal_request_timeout_ms / 1000)
         except CleaningAborted:
             pass
+
+    # -- the scrub ------------------------------------------------------------------------------
+    def _scrub(self, now: float) -> None:
+        """One step of the scrub when one is due: about a quarter of a second's worth of the
+        rate, then the next step as much later as the bytes read take at that rate."""
+        if self.scrub_rate <= 0 or now < self.next_scrub:
+            return
+        self._scrub_targets()
+        sc = self.scrubber
+        if not sc.due(now):
+            return
+        budget = max(65536, min(4 << 20, self.scrub_rate // 4))
+        read, damage = sc.step(now, budget, self._active_base)
+        self.mv[self.k_scrub_bytes] += read
+        self.mv[self.k_scrub_passes] = sc.passes
+        self.next_scrub = now + read / self.scrub_rate
+        for t, d in damage:
+            self.metrics.add(key("appliance_log_scrub_corrupt_batches",
+                                 [("topic", t.topic), ("partition", t.partition)]))
+            log.error("%s-%d: scrub: %s at position %d of %s (batch offset %d); fetches from "
+                      "there answer KAFKA_STORAGE_ERROR (`appliance dump-log --verify` lists "
+                      "every damaged batch)", t.topic, t.partition, d.reason, d.position, d.path,
+                      d.offset)
+
+    def _scrub_targets(self) -> None:
+        """Every partition of the writer processes this cleaner serves, compacted or not."""
+        cat = self.catalog.get()
+        seen = (cat.version, self.sup_page.read().assignment_version)
+        if seen == self._scrub_seen:
+            return
+        self._scrub_seen = seen
+        asg = self.assignment.get()
+        procs = self.cfg.log.cleaner.processes
+        targets = []
+        for t in cat.topics.values():
+            for p in range(t.partitions):
+                proc = asg.process_of(t.topic_id, p)
+                if proc is not None and cleaner_of(proc, procs) == self.name:
+                    targets.append(ScrubTarget(writer_name(t.topic_id, p), t.name, p,
+                                               partition_dir(self.ctx.data_dir, t.name, p)))
+        self.scrubber.set_targets(targets)
+
+    def _active_base(self, t: ScrubTarget) -> int | None:
+        """The partition's active segment base while its writer is READY, else None."""
+        link = self.links.get(t.name)
+        try:
+            if link is not None:
+                st = link.page.read()
+            else:
+                with StatePage.open(self.topo.page_path(t.name), PARTITION_PAGE_FIELDS,
+                                    readonly=True) as page:
+                    st = page.read()
+        except (FileNotFoundError, ValueError, StalePage):
+            return None
+        if st.status != READY or st.generation == 0:
+            return None
+        return st.active_base_offset
 
     # -- partitions -----------------------------------------------------------------------------
     def _sync_links(self) -> None:

@@ -112,6 +112,8 @@ class Coordinator(Worker):
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
         self.catalog_seen = -1
+        self._topics_version = -1
+        self._topics_map: dict[str, tuple[bytes, int]] = {}
         self.writers: dict[tuple[str, int], WriterLink] = {}     # (topic, partition) -> link
         self.processes: dict[str, ProcessLink] = {}              # writer process -> link
         self.assignment = AssignmentView(self.topo.file_path(ASSIGNMENT_FILE),
@@ -174,7 +176,7 @@ class Coordinator(Worker):
         # Between the loads: the supervisor holds a starting coordinator to its heartbeat.
         self.hb.beat(self.ctx.heartbeat_slot)
         self.gs = GroupService(os.path.join(self.dir, GROUP_LOG_DIR), self.cfg.groups,
-                               self.cfg.log.flush.policy, self.tc, _now_ms)
+                               self.cfg.log.flush.policy, self.tc, _now_ms, topics=self._topics)
         opened.append(self.gs)
         self.gs.load()
         # Counters continue from what the predecessor left in the table.
@@ -278,6 +280,15 @@ class Coordinator(Worker):
         if self._metrics_error is not None:
             log.info("group metrics published again")
             self._metrics_error = None
+
+    def _topics(self) -> dict[str, tuple[bytes, int]]:
+        """name -> (topic id, partitions) of the published catalog, for KIP-848's assignors;
+        rebuilt only when the catalog's version changes."""
+        cat = self.catalog.get()
+        if self._topics_version != cat.version:
+            self._topics_map = {t.name: (t.topic_id, t.partitions) for t in cat.topics.values()}
+            self._topics_version = cat.version
+        return self._topics_map
 
     # -- writers ---------------------------------------------------------------------------------
     def _sync_writers(self) -> None:

@@ -10,6 +10,13 @@ A Fetch that cannot yet satisfy ``min_bytes`` is parked until ``max_wait_ms``: t
 flag byte on each involved partition's state page (the writer rings this fetcher's bell after it
 publishes while the flag is set) and re-evaluates parked fetches on every wake-up. Replies carry
 byte ranges (segment, position, length); the frontend copies them from its own read-only maps.
+
+Bit rot (issue 34): the reader checks the CRC of every batch it hands out (``[log.scrub]
+verify_fetches``); a batch that fails ends the read before it, and a read that starts there
+answers KAFKA_STORAGE_ERROR for that partition alone (the others of the request are served). The
+fetcher logs each such batch once (file, position, offset) and counts every refused read in its
+metrics table (``appliance_log_fetch_corrupt_batches_total{topic,partition}``). It keeps no
+state about corrupt ranges beyond that: the next read of the range finds it again.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from dataclasses import dataclass
 from appliance import ipc
 from appliance.data_layout import partition_dir
 from appliance.errors import ErrorCode, KafkaError
-from appliance.log.reader import LogReader
+from appliance.log.reader import CorruptBatch, LogReader
+from appliance.metrics import key
 from appliance.runtime import (PARTITION_PAGE_FIELDS, RECOVERING, STARTING, WorkerContext,
                                writer_name)
 from appliance.service import Responder, serves
@@ -46,11 +54,13 @@ class PartitionHandle:
     """Read-only access to one partition: its state page and its log reader."""
 
     def __init__(self, topo: Topology, data_dir: str, topic: str, topic_id: bytes, partition: int,
-                 max_decompressed_bytes: int) -> None:
+                 max_decompressed_bytes: int, verify_crc: bool = True) -> None:
         self.name = writer_name(topic_id, partition)
+        self.topic, self.partition = topic, partition
         self.page = StatePage.open(topo.page_path(self.name), PARTITION_PAGE_FIELDS, readonly=False)
         self.reader = LogReader(partition_dir(data_dir, topic, partition),
-                                max_decompressed_bytes=max_decompressed_bytes)
+                                max_decompressed_bytes=max_decompressed_bytes,
+                                verify_crc=verify_crc)
         self.seen_segments = -1
         self.waiters = 0
 
@@ -84,6 +94,7 @@ class Fetcher(Worker):
             collections.OrderedDict()
         self.parked: list[Parked] = []
         self._bounds_version = -1      # catalog version the handles' inflation bounds follow
+        self._corrupt_logged: set[tuple[str, int]] = set()    # (file, position) logged once
         self.serve(self)
 
     # Frontends compare the generation in our state page with the one they sent to: a restart
@@ -100,6 +111,8 @@ class Fetcher(Worker):
     def reload(self, old, new) -> None:
         # The bound on inflating a batch (ListOffsets by timestamp) follows the new defaults.
         self._refresh_bounds(self.catalog.get(), new.log)
+        for h in self.handles.values():
+            h.reader.verify_crc = new.log.scrub.verify_fetches
 
     def _refresh_bounds(self, cat, log_cfg) -> None:
         """Every open partition's inflation bound from the topic's current max.message.bytes
@@ -142,7 +155,8 @@ class Fetcher(Worker):
         if h is None:
             try:
                 h = PartitionHandle(self.topo, self.ctx.data_dir, t.name, topic_id, partition,
-                                    cat.settings(t, self.cfg.log).max_decompressed_bytes)
+                                    cat.settings(t, self.cfg.log).max_decompressed_bytes,
+                                    self.cfg.log.scrub.verify_fetches)
             except FileNotFoundError:
                 return None
             self.handles[key] = h
@@ -202,6 +216,8 @@ class Fetcher(Worker):
                     aborted = (h.reader.collect_aborted(part.fetch_offset, rr.next_offset, st.high_watermark)
                                if slices else [])
             except KafkaError as e:
+                if isinstance(e, CorruptBatch):
+                    self._corrupt(h, e)
                 out.append(ipc.FetchPartResult(int(e.code), st.high_watermark, st.last_stable_offset,
                                                st.log_start_offset))
                 final = True
@@ -209,6 +225,18 @@ class Fetcher(Worker):
             out.append(ipc.FetchPartResult(0, st.high_watermark, st.last_stable_offset,
                                            st.log_start_offset, aborted, slices))
         return ipc.FetchResult(out), total, final
+
+    def _corrupt(self, h: PartitionHandle, e: CorruptBatch) -> None:
+        """A read refused at a batch that fails its CRC: counted every time, logged once."""
+        self.metrics.add(key("appliance_log_fetch_corrupt_batches",
+                             [("topic", h.topic), ("partition", h.partition)]))
+        where = (e.path, e.position)
+        if where not in self._corrupt_logged:
+            if len(self._corrupt_logged) < 10000:
+                self._corrupt_logged.add(where)
+            log.error("%s-%d: %s; fetches from offset %d answer KAFKA_STORAGE_ERROR (the "
+                      "records up to offset %d cannot be served; `appliance dump-log --verify` "
+                      "lists every damaged batch)", h.topic, h.partition, e, e.offset, e.last_offset)
 
     def _park(self, respond: Responder, req: ipc.FetchRequest) -> None:
         handles = []

@@ -103,7 +103,11 @@ class PartitionWriter:
         # Metrics (appliance.metrics), in the partition's own table (made by the supervisor with
         # its page, outliving the process's restarts): per batch two adds, per publish a few
         # stores; the per-topic series of every partition of a topic sum up.
-        m = self.metrics = open_metrics(proc.topo, self.name)
+        try:
+            m = self.metrics = open_metrics(proc.topo, self.name)
+        except FileNotFoundError:
+            self.page.close()       # deleted between the two opens (WriterProcess skips it)
+            raise
         topic_l = [("topic", topic)]
         tp = topic_l + [("partition", index)]
         self.mv = m.values
@@ -212,12 +216,14 @@ class PartitionWriter:
         if self.partition.update_settings(settings):
             self.tick()
 
-    def close(self) -> None:
-        """A clean close (the process stops, or the partition left it: DeleteTopics)."""
+    def close(self, deleted: bool = False) -> None:
+        """A clean close (the process stops, or the partition left it), or, for a partition
+        whose topic was deleted (``deleted``), a close that syncs nothing: its files go."""
         if self.log is None:
             return
-        self.log.flush()
-        self.partition.close()
+        if not deleted:
+            self.log.flush()
+        self.partition.close(deleted=deleted)
         self.log = None
 
     def stopped(self) -> None:

@@ -318,24 +318,37 @@ class WriterProcess(Worker):
             return
         self.assignment_seen = asg.version
         wanted = {(tid, p): topic for tid, topic, p in asg.partitions_of(self.name)}
+        cat = self.catalog.get()
         for key in [k for k in self.partitions if k not in wanted]:
             w = self.partitions.pop(key)
             self.busy.discard(w)
             self.waiting_space.pop(key, None)
             for req_id in [r for r, o in self.questions.items() if o is w]:
                 del self.questions[req_id]
+            t = cat.topics.get(w.topic)
+            deleted = t is None or t.topic_id != w.topic_id
             try:
-                if w.log is not None:
+                if w.log is not None and not deleted:
                     w.flush_and_reply(force=True)
-                w.close()
+                w.close(deleted=deleted)
             finally:
                 w.stopped()
-            log.info("%s-%d: closed (no longer assigned to %s)", w.topic, w.index, self.name)
-        cat = self.catalog.get()
+            # Each close is a beat: a DeleteTopics of thousands of partitions in one turn had
+            # this process killed for a missed heartbeat (392 s at 1,250 partitions).
+            self.hb.beat(self.ctx.heartbeat_slot)
+            log.info("%s-%d: closed (%s)", w.topic, w.index,
+                     "its topic deleted" if deleted else f"no longer assigned to {self.name}")
         for (tid, p), topic in wanted.items():
             if (tid, p) in self.partitions:
                 continue
-            w = self._member(tid, topic, p, cat)
+            try:
+                w = self._member(tid, topic, p, cat)
+            except FileNotFoundError:
+                # Its page is gone: the partition was deleted after the assignment we read was
+                # published (a DeleteTopics right after the CreateTopics); the next assignment
+                # no longer has it. Crashing here took the whole writer process down.
+                log.info("%s-%d: deleted before it opened here", topic, p)
+                continue
             problem = w.open()
             self.hb.beat(self.ctx.heartbeat_slot)
             if problem is not None:

@@ -35,7 +35,7 @@ from typing import Callable, Iterable
 import msgspec
 
 from appliance.errors import ErrorCode
-from appliance.durable import atomic_write
+from appliance.durable import atomic_write, verify_checksum, with_checksum
 from appliance.service import serves
 from appliance.runtime import DataDirUnusable
 
@@ -86,7 +86,7 @@ class AclStore:
             return self.snapshot
         try:
             with open(self.path, "rb") as f:
-                raw = json.load(f)
+                raw = verify_checksum(json.load(f))
             acls = [_from_json(d) for d in raw["acls"]]
             version = int(raw["version"])
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -97,7 +97,7 @@ class AclStore:
     def _commit(self, acls: Iterable[AclBinding]) -> AclSnapshot:
         new = AclSnapshot(self.snapshot.version + 1, acls)
         raw = {"version": new.version, "acls": [_to_json(a) for a in new.acls]}
-        atomic_write(self.path, json.dumps(raw, indent=1).encode())
+        atomic_write(self.path, json.dumps(with_checksum(raw), indent=1).encode())
         self.snapshot = new
         return new
 

@@ -8,6 +8,8 @@ Features (v3+): ``transaction.version`` supported 0-2 and finalized at
 ``transactions.transaction_version`` (default 2). A Java 4.x client uses transaction version 2
 (KIP-890 part 2: epoch bump on every EndTxn v5, implicit partition adds through Produce v12 and
 TxnOffsetCommit v5) only when the finalized level is 2; at 1 it keeps the KIP-98 protocol.
+``group.version`` supported 0-1 and finalized at 1: the KIP-848 consumer group protocol
+(ConsumerGroupHeartbeat / ConsumerGroupDescribe) is on, as in Kafka 4.x.
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ def handle(ctx, req):
     tv = ctx.broker.cfg.transactions.transaction_version
     return messages.build_api_versions_response(
         ctx.version, api_ranges(), error_code=error,
-        supported_features={"transaction.version": (0, 2)},
-        finalized_features={"transaction.version": tv}, finalized_features_epoch=FEATURES_EPOCH)
+        supported_features={"transaction.version": (0, 2), "group.version": (0, 1)},
+        finalized_features={"transaction.version": tv, "group.version": GROUP_VERSION},
+        finalized_features_epoch=FEATURES_EPOCH)
+
+
+# KIP-848: group.version 1 enables the consumer group protocol (ConsumerGroupHeartbeat); Kafka
+# 4.x finalizes it by default and clients use group.protocol=consumer only when it is.
+GROUP_VERSION = 1
 
 
 # Kafka sends the metadata offset of the last feature change; a fixed value is enough for one node

@@ -5,6 +5,10 @@ generation -1 and no member only to a group without members) and answers once th
 the group log. The v2-4 retention time is ignored: offsets expire by ``groups.offsets_retention_ms``
 (KIP-211, as Kafka since 2.1 does for v5+). Needs Read on the group (else every partition gets
 GROUP_AUTHORIZATION_FAILED) and Read on each topic (``_offsets``).
+
+v9 (KIP-848) sends the member epoch in place of the generation: to a consumer group, a member's
+commit must carry its current epoch (STALE_MEMBER_EPOCH otherwise, UNKNOWN_MEMBER_ID for a
+member the group does not have), and a consumer-protocol member must commit with v9+.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ Authorization (Kafka's KafkaApis.handleOffsetFetchRequest): Describe on each gro
 GROUP_AUTHORIZATION_FAILED for it) and Describe on each topic: asked by name, a topic without it
 gets offset -1 and TOPIC_AUTHORIZATION_FAILED for its partitions (the coordinator is not asked);
 asked for everything, such topics are left out of the answer.
+
+v9 (KIP-848) carries the member id and epoch: for a consumer group the member must exist
+(UNKNOWN_MEMBER_ID) and the epoch be its current one (STALE_MEMBER_EPOCH), the group's error;
+an admin client's fetch (no member id, epoch -1) is not checked.
 """
 
 from __future__ import annotations
@@ -42,7 +46,10 @@ def _topics(parts: list[OffsetPartition], group_error: int) -> tuple:
 @handles(9, "OffsetFetch", 1, 9)
 async def handle(ctx, req):
     if ctx.version >= 8:
-        asked = [OffsetFetchGroup(g.group_id, _wanted(g.topics)) for g in req.groups]
+        asked = [OffsetFetchGroup(g.group_id, _wanted(g.topics),
+                                  member_id=getattr(g, "member_id", None),
+                                  member_epoch=getattr(g, "member_epoch", -1))
+                 for g in req.groups]
     else:
         asked = [OffsetFetchGroup(req.group_id, _wanted(req.topics))]
     require_stable = bool(getattr(req, "require_stable", False))
@@ -61,7 +68,8 @@ async def handle(ctx, req):
                 (ok if _describable(ctx, e.topic) else no).append(e)
             denied_parts[i] = [OffsetPartition(e.topic, e.partition, -1, -1, "",
                                                ErrorCode.topic_authorization_failed) for e in no]
-            g = OffsetFetchGroup(g.group_id, ok)
+            g = OffsetFetchGroup(g.group_id, ok, member_id=g.member_id,
+                                 member_epoch=g.member_epoch)
         send.append(g)
     answered = iter([])
     if send:

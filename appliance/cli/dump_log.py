@@ -248,7 +248,7 @@ def dump_txn_index(path: str, out: Out, *, sanity_only: bool) -> bool:
 
 
 @main.command("dump-log")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--print-data-log", is_flag=True, help="Print every record with its key and payload.")
 @click.option("--deep-iteration", is_flag=True, help="Print every record (without key and payload).")
 @click.option("--index-sanity-check", is_flag=True,
@@ -257,12 +257,30 @@ def dump_txn_index(path: str, out: Out, *, sanity_only: bool) -> bool:
 @click.option("--verify-index-only", is_flag=True,
               help=".index/.timeindex: check every entry against the segment's .log, print only mismatches.")
 @click.option("--max-bytes", type=int, default=0, help=".log: stop after this many bytes (0: whole file).")
+@click.option("--verify", is_flag=True,
+              help="Only look for damage (bit rot, torn files) in the FILES or directories (a "
+                   "partition's, or the whole data dir): every batch's CRC, every index entry, "
+                   "aborted-transaction indexes, producer snapshots, catalog, credentials and "
+                   "ACL files. One line per damaged place (file, position, offset); exit 1 if any.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def dump_log(files, print_data_log, deep_iteration, index_sanity_check, verify_index_only, max_bytes,
-             as_json) -> None:
+             verify, as_json) -> None:
     """Print the contents of segment and index files of a data dir (Kafka's kafka-dump-log.sh),
     offline. Exits 1 when a batch fails its CRC or an index fails its check."""
     out = Out(as_json)
+    if verify:
+        from appliance.cli.verify_log import verify_paths
+        n, problems = verify_paths(list(files))
+        for p in problems:
+            out.line(p.line(), {"file": p.path, "position": p.position, "offset": p.offset,
+                                "problem": p.reason})
+        out.line(f"Verified {n} files: {len(problems)} problems" if problems else
+                 f"Verified {n} files: no damage found", {"files": n, "problems": len(problems)})
+        sys.exit(1 if problems else 0)
+    for path in files:
+        if os.path.isdir(path):
+            raise click.BadParameter(f"{path} is a directory (only --verify takes directories)",
+                                     param_hint="FILES")
     ok = True
     for path in files:
         out.line(f"Dumping {path}", {"dumping": path})

@@ -37,7 +37,7 @@ def _users_run(config, data_dir, bootstrap_server, command_config, offline, onli
     """Run ``online(conn)`` with --bootstrap-server, else ``offline(data_dir)``; errors exit 1."""
     from appliance.cli import user_admin as u
     from appliance.client.errors import KafkaError
-    from appliance.security.credentials import DataDirInUse
+    from appliance.security.credentials import DamagedStore, DataDirInUse
     try:
         if bootstrap_server:
             if data_dir:
@@ -54,7 +54,7 @@ def _users_run(config, data_dir, bootstrap_server, command_config, offline, onli
         if command_config:
             raise click.UsageError("--command-config needs --bootstrap-server")
         return offline(data_dir or _load(config).server.data_dir)
-    except DataDirInUse as e:
+    except (DataDirInUse, DamagedStore) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     except KafkaError as e:

@@ -29,6 +29,7 @@ __all__ = ["AdminClient", "TOPIC", "BROKER", "EARLIEST", "LATEST", "MAX_TIMESTAM
 
 METADATA, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH = 3, 2, 8, 9
 DESCRIBE_GROUPS, LIST_GROUPS, CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 15, 16, 19, 20, 21
+CONSUMER_GROUP_DESCRIBE = 69
 DESCRIBE_CONFIGS, CREATE_PARTITIONS, DELETE_GROUPS, INCREMENTAL_ALTER_CONFIGS = 32, 37, 42, 44
 TOPIC, BROKER = 2, 4
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
@@ -249,10 +250,38 @@ class AdminClient:
         return self.cluster.coordinator(group, COORDINATOR_GROUP)
 
     def describe_group(self, group: str) -> dict:
-        r = self._coordinator(group).request(DESCRIBE_GROUPS, {"groups": [group],
+        """A group as Kafka's Admin describes it: ConsumerGroupDescribe first (KIP-848 consumer
+        groups, with ``type`` "consumer", epochs and assignments), DescribeGroups when the broker
+        lacks it or answers GROUP_ID_NOT_FOUND (a classic group)."""
+        conn = self._coordinator(group)
+        if conn.supports(CONSUMER_GROUP_DESCRIBE, 0):
+            r = conn.request(CONSUMER_GROUP_DESCRIBE, {"group_ids": [group],
+                                                       "include_authorized_operations": False})
+            (g,) = r.groups
+            if g.error_code != ErrorCode.group_id_not_found:
+                names = {}
+                if g.members:
+                    md = conn.request(3, {"topics": None, "allow_auto_topic_creation": False,
+                                          "include_topic_authorized_operations": False})
+                    names = {t.topic_id: t.name for t in md.topics}
+                return {"group": g.group_id, "type": "consumer",
+                        "error": _err(g.error_code, g.error_message), "state": g.group_state,
+                        "protocol_type": "consumer", "protocol": g.assignor_name,
+                        "group_epoch": g.group_epoch, "assignment_epoch": g.assignment_epoch,
+                        "coordinator": conn.node_id,
+                        "members": [{"member_id": m.member_id, "instance_id": m.instance_id,
+                                     "client_id": m.client_id, "host": m.client_host,
+                                     "member_epoch": m.member_epoch,
+                                     "assignment": sorted(
+                                         (t.topic_name or names.get(t.topic_id, ""), p)
+                                         for t in m.assignment.topic_partitions
+                                         for p in t.partitions)}
+                                    for m in g.members]}
+        r = conn.request(DESCRIBE_GROUPS, {"groups": [group],
                                                                "include_authorized_operations": False})
         (g,) = r.groups
-        return {"group": g.group_id, "error": _err(g.error_code, getattr(g, "error_message", None)),
+        return {"group": g.group_id, "type": "classic",
+                "error": _err(g.error_code, getattr(g, "error_message", None)),
                 "state": g.group_state, "protocol_type": g.protocol_type, "protocol": g.protocol_data,
                 "coordinator": self._coordinator(group).node_id,
                 "members": [{"member_id": m.member_id, "instance_id": getattr(m, "group_instance_id", None),

@@ -6,7 +6,9 @@ groups of every type by id, the store, the timers, the deferred answers, the clo
 collaborators over it (``membership_join.RebalanceProtocol``, ``membership_sync.MemberRequests``,
 ``membership_admin.GroupAdmin``); ``classic_group`` is one classic group. Offsets:
 ``offsets.OffsetManager`` over the group log ``store.GroupStateStore``; ``records`` is their
-contract. Consumer groups (KIP-848) and share groups (KIP-932) will plug in as group types of
-their own in the same table, with their protocols as further collaborators (see
-``membership``).
+contract. KIP-848 consumer groups are a group type of their own in the same table
+(``consumer_group``), with their protocol as a further collaborator
+(``consumer_protocol.ConsumerGroupProtocol``), the server-side assignors (``assignors``) and
+their records in the group log (``consumer_records``); share groups (KIP-932) would plug in the
+same way (see ``membership``).
 """

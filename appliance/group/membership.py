@@ -30,13 +30,13 @@ store, a commit that counts as a heartbeat) receive the RebalanceProtocol at con
 class builds them, restores the groups (``load``) and delegates every public method. The requests
 and results are the ring types of ``appliance.group.messages``, taken and returned as they are.
 
-Consumer groups (KIP-848, ``ConsumerGroup``) and share groups (KIP-932, ``ShareGroup``) plug in
-here: their groups go into the same ``GroupTable.groups`` with their own ``group_type``, their
-heartbeat protocols (ConsumerGroupHeartbeat, ShareGroupHeartbeat) become collaborators built
-over the table beside ``RebalanceProtocol``, each with its own timer kinds in the table's heap,
-``load`` restores their records by type, and ``GroupAdmin`` (which already looks every group up
-in the one table and reports its type) describes, lists and deletes them; this class delegates
-their requests like the others. No code for them exists yet.
+Consumer groups (KIP-848, ``consumer_group.ConsumerGroup``) live in the same
+``GroupTable.groups`` with ``group_type`` "consumer"; their protocol (ConsumerGroupHeartbeat,
+ConsumerGroupDescribe) is the collaborator ``consumer_protocol.ConsumerGroupProtocol``, whose
+timer kinds (``SESSION``, ``REBALANCE``) share the table's heap (``_fire`` routes them);
+``GroupAdmin`` lists, describes (DescribeGroups: GROUP_ID_NOT_FOUND, as Kafka 4), deletes them
+and checks their OffsetCommit/OffsetFetch member epochs; the classic requests find only classic
+groups (``GroupTable.classic``). Share groups (KIP-932) would plug in the same way.
 
 Group states (``appliance.group.classic_group.GroupState``; transitions checked there)::
 
@@ -82,10 +82,15 @@ from typing import Any, Callable, Iterable, Protocol
 
 from appliance.errors import ErrorCode
 from appliance.group.classic_group import ClassicGroup, GroupState, Member
+from appliance.group.consumer_protocol import SESSION as CONSUMER_SESSION
+from appliance.group import consumer_records
+from appliance.group.consumer_protocol import ConsumerGroupProtocol, restore_timers
 from appliance.group.membership_admin import GroupAdmin, GroupInfo
 from appliance.group.membership_join import NEW_MEMBER_JOIN_TIMEOUT_MS, RebalanceProtocol
 from appliance.group.membership_sync import MemberRequests
-from appliance.group.messages import (DescribedGroup, HeartbeatRequest, JoinGroupRequest,
+from appliance.group.messages import (ConsumerGroupHeartbeatRequest,
+                                      ConsumerGroupHeartbeatResult, DescribedConsumerGroup,
+                                      DescribedGroup, HeartbeatRequest, JoinGroupRequest,
                                       JoinGroupResult, LeaveGroupResult, LeaveMember,
                                       ListGroupsResult, SyncGroupRequest, SyncGroupResult)
 from appliance.group.records import GroupRecord
@@ -114,6 +119,11 @@ class MembershipConfig:
     group_max_session_timeout_ms: int = 1800000
     group_initial_rebalance_delay_ms: int = 3000
     group_max_size: int = 2**31 - 1
+    # KIP-848 consumer groups (group.consumer.*)
+    consumer_heartbeat_interval_ms: int = 5000
+    consumer_session_timeout_ms: int = 45000
+    consumer_assignors: tuple[str, ...] = ("uniform", "range")
+    consumer_max_size: int = 2**31 - 1
 
 
 class GroupCoordinator:
@@ -123,8 +133,12 @@ class GroupCoordinator:
                  now_ms: Callable[[], int], *,
                  on_empty: Callable[[str, int], None] | None = None,
                  new_member_join_timeout_ms: int = NEW_MEMBER_JOIN_TIMEOUT_MS,
-                 new_uuid: Callable[[], str] = lambda: str(uuid.uuid4())) -> None:
-        self.table = GroupTable(config, persist, now_ms, on_empty=on_empty)
+                 new_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
+                 topics: Callable[[], dict[str, tuple[bytes, int]]] = dict,
+                 persist_consumer: Callable[[str, list], Any] | None = None) -> None:
+        self.table = GroupTable(config, persist, now_ms, on_empty=on_empty,
+                                persist_consumer=persist_consumer)
+        self.consumer = ConsumerGroupProtocol(self.table, topics)
         self.rebalance = RebalanceProtocol(self.table,
                                            new_member_join_timeout_ms=new_member_join_timeout_ms,
                                            new_uuid=new_uuid)
@@ -150,12 +164,15 @@ class GroupCoordinator:
     def loaded(self) -> bool:
         return self.table.loaded
 
-    def load(self, records: dict[str, GroupRecord | None], offset_groups: Iterable[str] = ()) -> None:
+    def load(self, records: dict[str, GroupRecord | None], offset_groups: Iterable[str] = (),
+             consumer: dict[str, dict] | None = None) -> None:
         """Restore the groups of the group log (Kafka's loadGroupsAndOffsets + onGroupLoaded).
         ``offset_groups``: groups that have offsets but no stored metadata (standalone
         consumers); they come back Empty without protocol type. Until this is called every
         request answers COORDINATOR_LOAD_IN_PROGRESS (SyncGroup: REBALANCE_IN_PROGRESS,
-        Heartbeat: NONE, as Kafka); call ``load({})`` for a fresh log."""
+        Heartbeat: NONE, as Kafka); call ``load({})`` for a fresh log. ``consumer``: the
+        records of the KIP-848 consumer groups (group -> {ConsumerKey: value}), restored with
+        their epochs and assignments; every member gets a fresh session timeout."""
         table = self.table
         if table.loaded:
             log.warning("group coordinator already loaded; load() ignored")
@@ -163,7 +180,23 @@ class GroupCoordinator:
         table.enter()
         try:
             now = table.now()
+            for gid, recs in (consumer or {}).items():
+                try:
+                    cgroup = consumer_records.restore(gid, recs, now)
+                except Exception:
+                    log.exception("consumer group %r: stored records not loadable; group "
+                                  "dropped", gid)
+                    continue
+                if cgroup is None:
+                    continue
+                cgroup.stored = dict(recs)
+                table.groups[gid] = cgroup
+                restore_timers(table, cgroup)
             for gid, rec in records.items():
+                if gid in table.groups:
+                    log.error("group %r: both classic and consumer records; the consumer "
+                              "group is kept", gid)
+                    continue
                 if rec is None:
                     continue
                 try:
@@ -220,7 +253,13 @@ class GroupCoordinator:
     def tick(self, now_ms: int | None = None) -> None:
         """Fire every timer due at ``now_ms``. Timers a fired one starts are left for the next
         call, so a zero timeout cannot spin."""
-        self.table.tick(now_ms, self.rebalance.fire)
+        self.table.tick(now_ms, self._fire)
+
+    def _fire(self, kind: int, seq: int, obj: Any, extra: Any, now: int) -> None:
+        if kind >= CONSUMER_SESSION:
+            self.consumer.fire(kind, seq, obj, extra, now)
+        else:
+            self.rebalance.fire(kind, seq, obj, extra, now)
 
     # -- member requests --------------------------------------------------------------------------
     def join_group(self, req: JoinGroupRequest, respond: Callable[[JoinGroupResult], None]) -> None:
@@ -237,6 +276,14 @@ class GroupCoordinator:
         """LeaveGroup: v0-2 pass ``[(member_id, None)]`` and answer ``legacy_error``; v3+ the
         batch. An empty member id with a group.instance.id removes that static member (admin)."""
         return self.member_requests.leave_group(group_id, members)
+
+    # -- KIP-848 consumer groups -----------------------------------------------------------------
+    def consumer_group_heartbeat(self, req: ConsumerGroupHeartbeatRequest
+                                 ) -> ConsumerGroupHeartbeatResult:
+        return self.consumer.heartbeat(req)
+
+    def consumer_group_describe(self, group_ids: list[str]) -> list[DescribedConsumerGroup]:
+        return self.consumer.describe(group_ids)
 
     # -- admin ------------------------------------------------------------------------------------
     def describe_groups(self, group_ids: Iterable[str]) -> list[DescribedGroup]:
@@ -268,6 +315,10 @@ class GroupCoordinator:
                                    group_instance_id: str | None) -> ErrorCode:
         return self.admin.validate_txn_offset_commit(group_id, generation_id, member_id,
                                                      group_instance_id)
+
+    def validate_offset_fetch(self, group_id: str, member_id: str | None,
+                              member_epoch: int) -> ErrorCode:
+        return self.admin.validate_offset_fetch(group_id, member_id, member_epoch)
 
     def group_state(self, group_id: str) -> str | None:
         return self.admin.group_state(group_id)

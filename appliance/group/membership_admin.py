@@ -4,7 +4,8 @@ and what the offsets side asks of the membership (``GroupAdmin``), sans-IO.
 Runs in the coordinator worker (``workers/coordinator.py``), single-threaded, as a collaborator
 of ``appliance.group.membership.GroupCoordinator`` over its ``appliance.group.table.GroupTable``;
 owns no state of its own. These are the requests that look a group up by id whatever its type
-(the table's one namespace, ``group_type`` on each group: "classic" for all of them today); it
+(the table's one namespace, ``group_type`` on each group: "classic" or KIP-848's "consumer",
+whose commits and fetches are checked by member epoch, ``_consumer_check``); it
 gets the ``membership_join.RebalanceProtocol`` at construction for the one rebalance operation it
 needs (a member's OffsetCommit counts as a heartbeat, ``schedule_hb``). See
 ``appliance.group.membership`` for the design; behaviour is Kafka's GroupCoordinator
@@ -19,6 +20,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 from appliance.errors import ErrorCode
 from appliance.group.classic_group import CLASSIC_GROUP_TYPE, ClassicGroup, GroupState
+from appliance.group.consumer_group import CONSUMER_GROUP_TYPE, ConsumerGroup
 from appliance.group.membership_join import RebalanceProtocol
 from appliance.group.messages import DescribedGroup, ListedGroup, ListGroupsResult
 from appliance.group.records import store_group_error
@@ -65,7 +67,7 @@ class GroupAdmin:
 
     def list_groups(self, states: Iterable[str] = (), types: Iterable[str] = ()) -> ListGroupsResult:
         """ListGroups: states (v4) match case-insensitively; types (v5) match the group's type
-        (every group here is "classic" today, so a types filter without it lists nothing)."""
+        ("classic" or "consumer"), case-insensitively."""
         err = E.none if self.table.loaded else E.coordinator_load_in_progress
         wanted = {s.lower() for s in states}
         kinds = {t.lower() for t in types}
@@ -113,6 +115,10 @@ class GroupAdmin:
         return E.none
 
     def _drop(self, group: ClassicGroup) -> None:
+        if group.group_type == CONSUMER_GROUP_TYPE and group.stored:
+            if self.table.store_consumer_group(group, drop=True) != E.none:
+                log.error("consumer group %r: its tombstones are not stored; a restart brings "
+                          "it back empty", group.group_id)
         group.transition_to(S.Dead, self.table.now())
         group.join_token = group.sync_token = None
         group.pending_members.clear()
@@ -167,6 +173,9 @@ class GroupAdmin:
                     self.table.create_classic_group(group_id)
                     return E.none
                 return E.group_id_not_found if api_version >= 9 else E.illegal_generation
+            if group.group_type == CONSUMER_GROUP_TYPE:
+                return _consumer_check(group, generation_id, member_id, transactional=False,
+                                       api_version=api_version)
             err = group.validate_offset_commit(generation_id, member_id or "",
                                                group_instance_id, transactional=False)
             if err is not None:
@@ -199,6 +208,9 @@ class GroupAdmin:
                     self.table.create_classic_group(group_id)
                     return E.none
                 return E.illegal_generation
+            if group.group_type == CONSUMER_GROUP_TYPE:
+                # KIP-848 carries KIP-447 over: the member epoch fences a zombie's commit
+                return _consumer_check(group, generation_id, member_id, transactional=True)
             err = group.validate_offset_commit(generation_id, member_id or "",
                                                group_instance_id, transactional=True)
             return E.none if err is None else err
@@ -207,6 +219,20 @@ class GroupAdmin:
             return E.unknown_server_error
         finally:
             self.table.leave()
+
+    def validate_offset_fetch(self, group_id: str, member_id: str | None,
+                              member_epoch: int) -> ErrorCode:
+        """OffsetFetch v9+'s member checks (Kafka's validateOffsetFetch): only a consumer group
+        checks them; no member id with epoch < 0 (an admin client) always passes."""
+        group = self.table.groups.get(group_id)
+        if group is None or group.group_type != CONSUMER_GROUP_TYPE:
+            return E.none
+        if member_id is None and member_epoch < 0:
+            return E.none
+        member = group.members.get(member_id or "")
+        if member is None:
+            return E.unknown_member_id
+        return E.none if member_epoch == member.member_epoch else E.stale_member_epoch
 
     def group_state(self, group_id: str) -> str | None:
         """Kafka's state name, or None for an unknown group."""
@@ -230,6 +256,9 @@ class GroupAdmin:
     def subscribed_topics(self, group_id: str) -> set[str] | None:
         """The topics a Stable "consumer" group subscribes to (KIP-496), else None."""
         group = self.table.groups.get(group_id)
+        if group is not None and group.group_type == CONSUMER_GROUP_TYPE:
+            topics = group.subscribed_topics          # Kafka: any non-empty consumer group
+            return None if topics is None else set(topics)
         if group is None or not group.is_(S.Stable) or group.subscribed_topics is None:
             return None
         return set(group.subscribed_topics)
@@ -248,3 +277,18 @@ class GroupAdmin:
     def group_ids(self) -> list[str]:
         return list(self.table.groups)
 
+
+def _consumer_check(group: ConsumerGroup, member_epoch: int, member_id: str | None, *,
+                    transactional: bool, api_version: int = 9) -> ErrorCode:
+    """Kafka's ConsumerGroup.validateOffsetCommit: epoch < 0 commits (admin clients, consumers
+    without group management) only to an empty group; otherwise the member must exist
+    (UNKNOWN_MEMBER_ID), commit with OffsetCommit v9+ (UNSUPPORTED_VERSION) unless it is
+    transactional, and carry its current member epoch (STALE_MEMBER_EPOCH)."""
+    if member_epoch < 0 and not group.members:
+        return E.none
+    member = group.members.get(member_id or "")
+    if member is None:
+        return E.unknown_member_id
+    if not transactional and api_version < 9:
+        return E.unsupported_version
+    return E.none if member_epoch == member.member_epoch else E.stale_member_epoch

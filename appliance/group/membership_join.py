@@ -43,8 +43,8 @@ import uuid
 from typing import Any, Callable
 
 from appliance.errors import ErrorCode
-from appliance.group.classic_group import (ClassicGroup, GroupState, Member, dedupe_protocols,
-                                           group_record)
+from appliance.group.classic_group import (CLASSIC_GROUP_TYPE, ClassicGroup, GroupState, Member,
+                                           dedupe_protocols, group_record)
 from appliance.group.messages import (JoinGroupMember, JoinGroupRequest, JoinGroupResult,
                                       SyncGroupResult)
 from appliance.group.table import SUPERSEDED, GroupTable, Once
@@ -153,7 +153,20 @@ class RebalanceProtocol:
         if not (cfg.group_min_session_timeout_ms <= req.session_timeout_ms
                 <= cfg.group_max_session_timeout_ms):
             return self.table.reply(once, JoinGroupResult(E.invalid_session_timeout, member_id=mid))
-        group = self.table.groups.get(req.group_id)
+        other = self.table.groups.get(req.group_id)
+        if other is not None and other.group_type != CLASSIC_GROUP_TYPE:
+            if not other.is_(S.Empty):
+                # KIP-848: a classic member cannot join a live consumer group (the online
+                # migration is not done here; Kafka without it answers this)
+                return self.table.reply(once, JoinGroupResult(E.inconsistent_group_protocol,
+                                                              member_id=mid))
+            # Kafka's maybeDeleteEmptyConsumerGroup: an empty consumer group gives way
+            err = self.table.store_consumer_group(other, drop=True)
+            if err != E.none:
+                return self.table.reply(once, JoinGroupResult(err, member_id=mid))
+            other.transition_to(S.Dead, self.table.now())
+            del self.table.groups[req.group_id]
+        group = self.table.classic(req.group_id)
         if group is None:
             if mid:
                 return self.table.reply(once, JoinGroupResult(E.unknown_member_id, member_id=mid))

@@ -61,7 +61,7 @@ class MemberRequests:
             return fail(E.rebalance_in_progress)
         if req.api_version >= 5 and (req.protocol_type is None or req.protocol_name is None):
             return fail(E.inconsistent_group_protocol)      # KafkaApis: mandatory from v5
-        group = self.table.groups.get(req.group_id)
+        group = self.table.classic(req.group_id)
         if group is None:
             return fail(E.unknown_member_id)
         if group.is_(S.Dead):
@@ -128,7 +128,7 @@ class MemberRequests:
             return E.invalid_group_id
         if not self.table.loaded:
             return E.none                               # Kafka: answered blindly while loading
-        group = self.table.groups.get(req.group_id)
+        group = self.table.classic(req.group_id)
         if group is None:
             return E.unknown_member_id
         if group.is_(S.Dead):
@@ -164,7 +164,7 @@ class MemberRequests:
             return LeaveGroupResult(E.invalid_group_id, [])
         if not self.table.loaded:
             return LeaveGroupResult(E.coordinator_load_in_progress, [])
-        group = self.table.groups.get(group_id)
+        group = self.table.classic(group_id)
         if group is None:
             return LeaveGroupResult(E.none, [
                 LeaveMemberResult(m.member_id, m.group_instance_id, E.unknown_member_id)

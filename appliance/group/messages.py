@@ -5,7 +5,8 @@ coordinator worker, where ``appliance.group.service`` serves them with the membe
 (``appliance.group.membership.GroupCoordinator``, which takes and returns these types) and the
 offsets side (``appliance.group.offsets.OffsetManager``). Fields are Kafka's (JoinGroup,
 SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups, DeleteGroups, OffsetCommit,
-TxnOffsetCommit, OffsetFetch, OffsetDelete); version-dependent wire details stay with the
+TxnOffsetCommit, OffsetFetch, OffsetDelete, and KIP-848's ConsumerGroupHeartbeat and
+ConsumerGroupDescribe); version-dependent wire details stay with the
 handlers, which pass the request version on as ``api_version`` where the answer depends on it.
 """
 
@@ -254,6 +255,8 @@ class OffsetFetchGroup(msgspec.Struct, array_like=True, frozen=True):
     group_id: str
     partitions: list[OffsetPartition] | None   # None: every partition with a committed offset
     error: ErrorCode = E.none
+    member_id: str | None = None               # v9+ (KIP-848): checked for consumer groups
+    member_epoch: int = -1
 
 
 class OffsetFetchResult(Message):
@@ -266,3 +269,75 @@ class OffsetFetchRequest(Request):
 
     def error_reply(self, code: ErrorCode) -> OffsetFetchResult:
         return OffsetFetchResult([OffsetFetchGroup(g.group_id, [], code) for g in self.groups])
+
+
+# -- ConsumerGroupHeartbeat, ConsumerGroupDescribe (KIP-848) ----------------------------------------
+
+class TopicPartitions(msgspec.Struct, array_like=True, frozen=True):
+    """One topic of a KIP-848 assignment: its id (16 bytes) and partitions."""
+    topic_id: bytes
+    partitions: list[int]
+
+
+class ConsumerGroupHeartbeatResult(Message):
+    error: ErrorCode
+    error_message: str | None = None
+    member_id: str | None = None
+    member_epoch: int = 0
+    heartbeat_interval_ms: int = 0
+    assignment: list[TopicPartitions] | None = None     # None: unchanged (not sent)
+
+
+class ConsumerGroupHeartbeatRequest(Request):
+    """Fields are the request's; None where the client sent null (= unchanged)."""
+    group_id: str
+    member_id: str
+    member_epoch: int
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    subscribed_topic_names: list[str] | None = None
+    subscribed_topic_regex: str | None = None           # v1+
+    server_assignor: str | None = None
+    topic_partitions: list[TopicPartitions] | None = None
+    client_id: str = ""
+    client_host: str = ""
+    api_version: int = 1
+
+    def error_reply(self, code: ErrorCode) -> ConsumerGroupHeartbeatResult:
+        return ConsumerGroupHeartbeatResult(code)
+
+
+class DescribedConsumerMember(msgspec.Struct, array_like=True, frozen=True):
+    member_id: str
+    instance_id: str | None
+    rack_id: str | None
+    member_epoch: int
+    client_id: str
+    client_host: str
+    subscribed_topic_names: list[str]
+    subscribed_topic_regex: str | None
+    assignment: list[TopicPartitions]
+    target_assignment: list[TopicPartitions]
+
+
+class DescribedConsumerGroup(msgspec.Struct, array_like=True, frozen=True):
+    error: ErrorCode
+    group_id: str
+    error_message: str | None = None
+    group_state: str = ""
+    group_epoch: int = 0
+    assignment_epoch: int = 0
+    assignor_name: str = ""
+    members: list[DescribedConsumerMember] = []
+
+
+class ConsumerGroupDescribeResult(Message):
+    groups: list[DescribedConsumerGroup]
+
+
+class ConsumerGroupDescribeRequest(Request):
+    group_ids: list[str]
+
+    def error_reply(self, code: ErrorCode) -> ConsumerGroupDescribeResult:
+        return ConsumerGroupDescribeResult([DescribedConsumerGroup(code, g) for g in self.group_ids])

@@ -350,6 +350,27 @@ class OffsetManager:
             return E.unknown_server_error
         return E.none
 
+    def store_consumer_group(self, group_id: str, changes: list, now_ms: int) -> ErrorCode:
+        """Persist a KIP-848 consumer group's changed records (``consumer_records``; None values
+        are tombstones) in one batch. Durable on NONE; failures map as ``store_group``'s."""
+        gate = self._gate()
+        if gate is not None:
+            return gate
+        try:
+            self.store.store_consumer(group_id, changes, now_ms)
+        except GroupLogWriteError as e:
+            self._failed(e, f"records of consumer group {group_id!r}")
+            return store_group_error(e.code)
+        except ValueError as e:                      # a string longer than a record can hold
+            log.error("consumer group %r: records cannot be encoded: %s", group_id, e)
+            return E.unknown_server_error
+        return E.none
+
+    def consumer_group_records(self) -> dict:
+        """group -> {ConsumerKey: value} of every stored KIP-848 consumer group (for load)."""
+        return {g: {k: e.value for k, e in by_key.items()}
+                for g, by_key in self.store.consumer.items()}
+
     # -- deletion ---------------------------------------------------------------------------------
     def delete_group(self, group_id: str, now_ms: int) -> ErrorCode:
         """DeleteGroups (after the caller's checks: the group is empty): tombstones for every

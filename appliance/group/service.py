@@ -6,7 +6,9 @@ its ``appliance.service.Registry``; single-threaded, sans-IO apart from the grou
 (``appliance.group.membership.GroupCoordinator``), the offsets side
 (``appliance.group.offsets.OffsetManager`` over ``appliance.group.store.GroupStateStore``) and the
 transaction coordinator (KIP-98 transactional offsets, KIP-447 fencing, KIP-890 verification).
-Each method serves one request type of ``appliance.group.messages``; JoinGroup and SyncGroup are
+``topics()`` is the coordinator's view of the catalog (name -> topic id, partition count), which
+KIP-848's server-side assignors need. Each method serves one request type of
+``appliance.group.messages``; JoinGroup and SyncGroup are
 answered late, when their rebalance completes (another member's request, or ``tick``), through
 the responder the registry hands them.
 
@@ -34,7 +36,9 @@ from appliance.catalog.model import OFFSETS_TOPIC
 from appliance.config import FlushPolicy
 from appliance.errors import ErrorCode
 from appliance.group.membership import GroupCoordinator, MembershipConfig
-from appliance.group.messages import (DeleteGroupsRequest, DeleteGroupsResult,
+from appliance.group.messages import (ConsumerGroupDescribeRequest, ConsumerGroupDescribeResult,
+                                      ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResult,
+                                      DeleteGroupsRequest, DeleteGroupsResult,
                                       DescribeGroupsRequest, DescribeGroupsResult, GroupError,
                                       HeartbeatRequest, HeartbeatResult, JoinGroupRequest,
                                       LeaveGroupRequest, LeaveGroupResult, ListGroupsRequest,
@@ -56,30 +60,31 @@ _RETRIABLE_TO_NOT_AVAILABLE = {E.concurrent_transactions, E.coordinator_load_in_
 
 
 class GroupService:
-    def __init__(self, directory: str, groups_cfg, flush_policy: str, tc, now_ms: Callable[[], int]) -> None:
+    def __init__(self, directory: str, groups_cfg, flush_policy: str, tc, now_ms: Callable[[], int],
+                 topics: Callable[[], dict[str, tuple[bytes, int]]] = dict) -> None:
         self.cfg = groups_cfg
         self.tc = tc
         self.now = now_ms
         self.store = GroupStateStore(directory, flush_policy, now_ms())
         self.offsets = OffsetManager(self.store, offset_metadata_max_bytes=groups_cfg.offset_metadata_max_bytes)
         self.groups = GroupCoordinator(
-            MembershipConfig(groups_cfg.min_session_timeout_ms, groups_cfg.max_session_timeout_ms,
-                             groups_cfg.initial_rebalance_delay_ms, groups_cfg.max_size),
-            persist=lambda g, r: self.offsets.store_group(g, r, self.now()), now_ms=now_ms)
+            _membership_config(groups_cfg),
+            persist=lambda g, r: self.offsets.store_group(g, r, self.now()), now_ms=now_ms,
+            topics=topics,
+            persist_consumer=lambda g, c: self.offsets.store_consumer_group(g, c, self.now()))
         self._next_expiry = 0
 
     def reconfigure(self, groups_cfg, flush_policy) -> None:
         """A configuration reload: the new ``[groups]`` section and flush policy."""
         self.cfg = groups_cfg
-        self.groups.config = MembershipConfig(
-            groups_cfg.min_session_timeout_ms, groups_cfg.max_session_timeout_ms,
-            groups_cfg.initial_rebalance_delay_ms, groups_cfg.max_size)
+        self.groups.config = _membership_config(groups_cfg)
         self.offsets.offset_metadata_max_bytes = groups_cfg.offset_metadata_max_bytes
         self.store.flush_policy = FlushPolicy(flush_policy)
 
     def load(self) -> None:
         records = self.offsets.load()
-        self.groups.load(records, offset_groups=self.offsets.groups_with_offsets())
+        self.groups.load(records, offset_groups=self.offsets.groups_with_offsets(),
+                         consumer=self.offsets.consumer_group_records())
         log.info("group coordinator loaded %d groups (%d with offsets)", len(self.groups.group_ids()),
                  len(self.offsets.groups_with_offsets()))
 
@@ -151,6 +156,17 @@ class GroupService:
                                         lambda g: self.offsets.delete_group(g, self.now()))
         return DeleteGroupsResult([GroupError(g, res.get(g, E.none)) for g in req.group_ids])
 
+    # -- KIP-848 consumer groups ------------------------------------------------------------------
+    @serves(ConsumerGroupHeartbeatRequest)
+    def consumer_group_heartbeat(self, req: ConsumerGroupHeartbeatRequest
+                                 ) -> ConsumerGroupHeartbeatResult:
+        return self.groups.consumer_group_heartbeat(req)
+
+    @serves(ConsumerGroupDescribeRequest)
+    def consumer_group_describe(self, req: ConsumerGroupDescribeRequest
+                                ) -> ConsumerGroupDescribeResult:
+        return ConsumerGroupDescribeResult(self.groups.consumer_group_describe(req.group_ids))
+
     # -- offsets ----------------------------------------------------------------------------------
     @serves(OffsetCommitRequest)
     def offset_commit(self, req: OffsetCommitRequest) -> OffsetsResult:
@@ -191,6 +207,10 @@ class GroupService:
             if gate is not None:
                 out.append(OffsetFetchGroup(g.group_id, [], gate))
                 continue
+            err = self.groups.validate_offset_fetch(g.group_id, g.member_id, g.member_epoch)
+            if err != E.none:
+                out.append(OffsetFetchGroup(g.group_id, [], err))
+                continue
             wanted = None if g.partitions is None else [(e.topic, e.partition) for e in g.partitions]
             out.append(OffsetFetchGroup(g.group_id, self.offsets.fetch_offsets(
                 g.group_id, wanted, req.require_stable)))
@@ -213,6 +233,14 @@ class GroupService:
         if doomed:
             results.update(self.offsets.delete_offsets(req.group_id, doomed, self.now()))
         return OffsetsResult(E.none, _entries(req.partitions, results))
+
+
+def _membership_config(cfg) -> MembershipConfig:
+    """The membership side's configs from the ``[groups]`` section."""
+    return MembershipConfig(cfg.min_session_timeout_ms, cfg.max_session_timeout_ms,
+                            cfg.initial_rebalance_delay_ms, cfg.max_size,
+                            cfg.consumer_heartbeat_interval_ms, cfg.consumer_session_timeout_ms,
+                            tuple(cfg.consumer_assignors), cfg.consumer_max_size)
 
 
 def _items(offsets: list[OffsetPartition]) -> list[tuple]:

@@ -105,8 +105,10 @@ with the tombstone rule of the newer OffsetMetadataManager.replay:
   drops them. One marker completes the producer's pending offsets of *every* group: a producer
   has at most one open transaction, and all of its groups' offsets partitions are in it;
 * a group record replaces the group's metadata; its tombstone deletes it (offsets stay);
+* a KIP-848 consumer group record (key versions 3-8, ``consumer_records``) replaces its key's
+  value; its tombstone deletes it (the records are decoded by the membership side at load);
 * a key with an unknown version is skipped and kept in ``anomalies`` (Kafka: "a left-over from
-  an aborted upgrade"; e.g. records of the KIP-848 consumer groups); a value that cannot be
+  an aborted upgrade"); a value that cannot be
   decoded raises ``GroupLogCorrupt`` (we refuse to start rather than run without the records
   after it).
 
@@ -114,7 +116,8 @@ Durability: every write returns only after its batch is in the log and, unless
 ``log.flush.policy`` is ``os``, fdatasynced: persisted before the caller answers the client.
 
 Live records (what a compaction rewrite keeps, estimated at ``RECORD_OVERHEAD`` bytes a record
-besides key and value for the trigger): the committed offset and group record of each key, and
+besides key and value for the trigger): the committed offset and group record of each key, the
+last value of each consumer group record, and
 every pending transactional offset, which must survive because its transaction is still open. The
 rewrite keeps their original log order - committed offsets and group records as plain batches,
 pending ones as transactional batches of their producer id and epoch - so replaying the new log
@@ -135,6 +138,8 @@ from typing import Callable, Iterable, Mapping, NamedTuple
 
 from appliance.config import FlushPolicy
 from appliance.errors import KafkaError
+from appliance.group import consumer_records
+from appliance.group.consumer_records import ConsumerKey
 from appliance.group.records import GroupMemberRecord, GroupRecord
 from appliance.log.compacted_log import (COMPLETE_MARKER, NO_PRODUCER_EPOCH, NO_PRODUCER_ID,
                                          CompactedLog, CompactedLogCorrupt, CompactedLogWriteError,
@@ -226,12 +231,22 @@ class GroupEntry:
     size: int = 0
 
 
+@dataclass(slots=True, eq=False)
+class ConsumerEntry:
+    """The last stored value of one KIP-848 consumer group record (``consumer_records``)."""
+
+    value: bytes
+    record_offset: int = -1
+    size: int = 0
+
+
 class LoadedState(NamedTuple):
     """What ``load`` rebuilt (the same objects the store keeps; treat them as read-only)."""
 
     groups: dict[str, GroupRecord]
     offsets: dict[str, dict[TopicPartition, OffsetEntry]]               # group -> committed
     pending: dict[int, dict[str, dict[TopicPartition, OffsetEntry]]]   # producer -> group -> ...
+    consumer: dict[str, dict[ConsumerKey, bytes]] = {}                  # group -> KIP-848 records
 
 
 # -- keys -----------------------------------------------------------------------------------------
@@ -260,9 +275,9 @@ def encode_group_key(group: str) -> bytes:
     return bytes(out)
 
 
-def decode_key(data) -> OffsetKey | GroupKey:
-    """Kafka's readMessageKey: versions 0-1 are offset keys, 2 a group key; UnknownKeyVersion
-    for anything else."""
+def decode_key(data) -> OffsetKey | GroupKey | ConsumerKey:
+    """Kafka's readMessageKey: versions 0-1 are offset keys, 2 a group key, 3-8 the KIP-848
+    consumer group records (``consumer_records``); UnknownKeyVersion for anything else."""
     buf = memoryview(data)
     version = _version(buf)
     if version in (0, 1):
@@ -273,6 +288,8 @@ def decode_key(data) -> OffsetKey | GroupKey:
     if version == GROUP_KEY_VERSION:
         group, _ = _get_string(buf, 2)
         return GroupKey(group)                                         # type: ignore[arg-type]
+    if version in consumer_records.KEY_VERSIONS:
+        return consumer_records.decode_key(buf, version)
     raise UnknownKeyVersion("group log", version)
 
 
@@ -461,6 +478,7 @@ class GroupStateStore(CompactedLog):
         self.pending: dict[int, dict[str, dict[TopicPartition, OffsetEntry]]] = {}
         self.open_producers: dict[str, set[int]] = {}
         self.groups: dict[str, GroupEntry] = {}
+        self.consumer: dict[str, dict[ConsumerKey, ConsumerEntry]] = {}
         super().__init__(directory, flush_policy, now_ms, segment_bytes=segment_bytes,
                          compact_bytes=compact_bytes, crash_hook=crash_hook)
 
@@ -557,9 +575,21 @@ class GroupStateStore(CompactedLog):
             self.groups[group] = entry
             self._live_bytes += entry.size
 
+    def _apply_consumer(self, key: ConsumerKey, entry: ConsumerEntry | None) -> None:
+        by_key = self.consumer.setdefault(key.group, {})
+        old = by_key.pop(key, None)
+        if old is not None:
+            self._live_bytes -= old.size
+        if entry is not None:
+            by_key[key] = entry
+            self._live_bytes += entry.size
+        elif not by_key:
+            del self.consumer[key.group]
+
     # -- loading ----------------------------------------------------------------------------------
     def load(self) -> LoadedState:
         """Replay the log (see the module doc)."""
+        self.consumer.clear()
         self.offsets.clear()
         self.pending.clear()
         self.open_producers.clear()
@@ -587,6 +617,10 @@ class GroupStateStore(CompactedLog):
         k = self._replay_key(key, decode_key, f" at offset {offset}")
         if k is None:
             return
+        if isinstance(k, ConsumerKey):
+            self._apply_consumer(k, None if value is None else ConsumerEntry(
+                bytes(value), offset, len(key) + len(value) + RECORD_OVERHEAD))
+            return
         if isinstance(k, OffsetKey):
             entry = None
             if value is not None:
@@ -611,7 +645,9 @@ class GroupStateStore(CompactedLog):
             self._apply_group(k.group, gentry)
 
     def state(self) -> LoadedState:
-        return LoadedState({g: e.record for g, e in self.groups.items()}, self.offsets, self.pending)
+        return LoadedState({g: e.record for g, e in self.groups.items()}, self.offsets, self.pending,
+                           {g: {k: e.value for k, e in by_key.items()}
+                            for g, by_key in self.consumer.items()})
 
     # -- writing ----------------------------------------------------------------------------------
     def commit_offsets(self, group: str, offsets: Mapping[TopicPartition, OffsetEntry], now_ms: int,
@@ -661,6 +697,18 @@ class GroupStateStore(CompactedLog):
         self._apply_group(group, entry)
         self._maybe_compact(now_ms)
 
+    def store_consumer(self, group: str, changes: list[tuple[ConsumerKey, bytes | None]],
+                       now_ms: int) -> None:
+        """Write a KIP-848 consumer group's changed records (None: a tombstone) as one batch."""
+        if not changes:
+            return
+        records = [(consumer_records.encode_key(k), v) for k, v in changes]
+        base = self._append(records, now_ms).base_offset
+        for i, ((k, v), (kb, _)) in enumerate(zip(changes, records)):
+            self._apply_consumer(k, None if v is None else ConsumerEntry(
+                v, base + i, len(kb) + len(v) + RECORD_OVERHEAD))
+        self._maybe_compact(now_ms)
+
     def delete(self, deletions: Mapping[str, tuple[Iterable[TopicPartition], bool]], now_ms: int) -> None:
         """Tombstones: for each group, one batch with a tombstone per given partition (which
         removes its committed and pending offsets) and, if the flag is set, one for the group
@@ -708,6 +756,9 @@ class GroupStateStore(CompactedLog):
                                           pid, e.producer_epoch, e))
         for group, ge in self.groups.items():
             out.append(LiveRecord(encode_group_key(group), ge.value, entry=ge))
+        for by_key in self.consumer.values():
+            for k, ce in by_key.items():
+                out.append(LiveRecord(consumer_records.encode_key(k), ce.value, entry=ce))
         # A transaction's pending offset that was also materialized is the same object in
         # both maps only after its marker, when it is no longer pending: no duplicates.
         out.sort(key=lambda r: r.entry.record_offset)       # type: ignore[union-attr]

@@ -8,8 +8,10 @@ collaborators that decide the requests (``membership_join.RebalanceProtocol``,
 
 - the groups by id, of every type. The group-id namespace is shared across group types, as
   Kafka's GroupMetadataManager keeps one map for all of them: ListGroups, DescribeGroups,
-  DeleteGroups and OffsetCommit look a group up here and read its ``group_type``. Today every
-  group is a classic one (``classic_group.ClassicGroup``, type ``"classic"``).
+  DeleteGroups and OffsetCommit look a group up here and read its ``group_type``: classic
+  groups (``classic_group.ClassicGroup``, type ``"classic"``) and KIP-848 consumer groups
+  (``consumer_group.ConsumerGroup``, type ``"consumer"``). The classic requests look up with
+  ``classic`` (a group of another type is not theirs).
 - the store: ``persist(group_id, record)`` and ``store``, which maps its failures with
   ``records.store_group_error`` (Kafka's storeGroup), the one mapping the offsets side uses too;
 - the timers (Kafka's purgatories / CoordinatorTimer): one heap of ``(deadline, seq, kind, obj,
@@ -20,13 +22,10 @@ collaborators that decide the requests (``membership_join.RebalanceProtocol``,
 - the clock: ``now()`` is the time of the ``tick`` being run, else ``now_ms()``;
 - the broker's group.* configs (``config``), the loaded flag and the on_empty hook.
 
-Where consumer groups (KIP-848, ``ConsumerGroup``) and share groups (KIP-932, ``ShareGroup``)
-plug in: they will live in ``groups`` beside the classic ones, each with its ``group_type``
-("consumer", "share"); their protocols (ConsumerGroupHeartbeat, ShareGroupHeartbeat) will be
-collaborators of their own built over this table like ``RebalanceProtocol``, with timers of
-their own kinds in the same heap; the admin requests already find every group here, and a
-lookup for a classic request must then check the type (Kafka answers GROUP_ID_NOT_FOUND /
-INCONSISTENT_GROUP_PROTOCOL for a group of another type).
+Consumer groups (KIP-848) live in ``groups`` beside the classic ones; their protocol
+(``consumer_protocol.ConsumerGroupProtocol``) is a collaborator over this table like
+``RebalanceProtocol``, with timer kinds of its own in the same heap. Share groups (KIP-932) would
+plug in the same way.
 """
 
 from __future__ import annotations
@@ -38,7 +37,8 @@ from collections import deque
 from typing import Any, Callable
 
 from appliance.errors import ErrorCode
-from appliance.group.classic_group import ClassicGroup, GroupState
+from appliance.group import consumer_records
+from appliance.group.classic_group import CLASSIC_GROUP_TYPE, ClassicGroup, GroupState
 from appliance.group.records import GroupRecord, store_group_error
 
 __all__ = ["GroupTable", "Once", "SUPERSEDED"]
@@ -68,13 +68,15 @@ class GroupTable:
 
     def __init__(self, config: Any, persist: Callable[[str, GroupRecord | None], Any],
                  now_ms: Callable[[], int], *,
-                 on_empty: Callable[[str, int], None] | None = None) -> None:
+                 on_empty: Callable[[str, int], None] | None = None,
+                 persist_consumer: Callable[[str, list], Any] | None = None) -> None:
         self.config = config
         self.persist = persist
+        self.persist_consumer = persist_consumer
         self.now_fn = now_ms
         self.on_empty = on_empty
-        # one namespace for every group type; classic groups only, today
-        self.groups: dict[str, ClassicGroup] = {}
+        # one namespace for every group type (ClassicGroup, consumer_group.ConsumerGroup)
+        self.groups: dict[str, Any] = {}
         self.heap: list[tuple[int, int, int, Any, Any]] = []
         self.seq = itertools.count(1)
         self.out: deque[tuple[Once, Any]] = deque()
@@ -143,6 +145,11 @@ class GroupTable:
     def live(self, group: ClassicGroup) -> bool:
         return group.state is not S.Dead and self.groups.get(group.group_id) is group
 
+    def classic(self, group_id: str) -> ClassicGroup | None:
+        """The classic group of this id, or None (none, or a group of another type)."""
+        group = self.groups.get(group_id)
+        return group if group is not None and group.group_type == CLASSIC_GROUP_TYPE else None
+
     def create_classic_group(self, group_id: str) -> ClassicGroup:
         group = ClassicGroup(group_id, S.Empty, self.now())
         self.groups[group_id] = group
@@ -157,6 +164,28 @@ class GroupTable:
         if r is None or r is True or (not isinstance(r, bool) and r == E.none):
             return E.none
         log.error("storing group %r failed: %s", group_id, getattr(r, "name", r))
+        return store_group_error(r)
+
+    def store_consumer_group(self, group: Any, *, drop: bool = False) -> ErrorCode:
+        """Persist what changed in a KIP-848 consumer group since its last store (its records,
+        ``consumer_records.group_records``, against ``group.stored``); ``drop``: tombstones for
+        every stored record (the group is deleted or gives way to a classic one). Mapped like
+        ``store``. Without ``persist_consumer`` (unit tests of other parts) nothing is written."""
+        now_records = {} if drop else consumer_records.group_records(group)
+        changes = [(k, v) for k, v in now_records.items() if group.stored.get(k) != v]
+        changes += [(k, None) for k in group.stored if k not in now_records]
+        if not changes or self.persist_consumer is None:
+            group.stored = now_records
+            return E.none
+        try:
+            r = self.persist_consumer(group.group_id, changes)
+        except Exception as e:
+            log.error("storing consumer group %r failed: %r", group.group_id, e)
+            return store_group_error(getattr(e, "code", None))
+        if r is None or r is True or (not isinstance(r, bool) and r == E.none):
+            group.stored = now_records
+            return E.none
+        log.error("storing consumer group %r failed: %s", group.group_id, getattr(r, "name", r))
         return store_group_error(r)
 
     def notify_empty(self, group: ClassicGroup) -> None:

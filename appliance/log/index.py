@@ -342,6 +342,20 @@ class OffsetIndex(_Index):
         if log_size is not None and last_pos >= log_size:
             raise CorruptIndex(f"index {self.path}: position {last_pos} is past the log end {log_size}")
 
+    def check_all(self, log_size: int, next_offset: int) -> None:
+        """Every entry, not just the last two (bit rot, issue 34): offsets and positions
+        strictly increasing, positions inside the log, offsets below ``next_offset``. In C
+        loops (sorted, set): a few ms for the index of a 1 GiB segment."""
+        words = _u32_words(self.valid_bytes())
+        offs, poss = words[0::2], words[1::2]
+        if not offs:
+            return
+        if (offs != sorted(offs) or poss != sorted(poss) or len(set(offs)) != len(offs)
+                or len(set(poss)) != len(poss)):
+            raise CorruptIndex(f"index {self.path}: entries are not increasing")
+        if poss[0] <= 0 or poss[-1] >= log_size or self.base_offset + offs[-1] >= next_offset:
+            raise CorruptIndex(f"index {self.path}: an entry lies outside the segment")
+
 
 class TimeIndex(_Index):
     """Timestamp -> offset: (t, o) = the largest timestamp up to offset o is t."""
@@ -447,6 +461,29 @@ class TimeIndex(_Index):
             raise CorruptIndex(f"time index {self.path}: last timestamp {last_ts} < first {first_ts}")
         if last_off < self.base_offset:
             raise CorruptIndex(f"time index {self.path}: last offset {last_off} < base {self.base_offset}")
+
+    def check_all(self, next_offset: int) -> None:
+        """Every entry (bit rot, issue 34): timestamps never decreasing, offsets strictly
+        increasing and below ``next_offset``."""
+        raw = self.valid_bytes()
+        if not raw:
+            return
+        ts = [t for t, _ in _TIME_ENTRY.iter_unpack(raw)]
+        offs = [o for _, o in _TIME_ENTRY.iter_unpack(raw)]
+        if ts != sorted(ts) or offs != sorted(offs) or len(set(offs)) != len(offs):
+            raise CorruptIndex(f"time index {self.path}: entries are not increasing")
+        if self.base_offset + offs[-1] >= next_offset:
+            raise CorruptIndex(f"time index {self.path}: an entry lies outside the segment")
+
+
+def _u32_words(raw: bytes) -> list[int]:
+    """Big-endian u32 words of ``raw`` as a list (array's C loops, then one byte swap)."""
+    import array
+    a = array.array("I")
+    a.frombytes(raw)
+    if _LITTLE:
+        a.byteswap()
+    return a.tolist()
 
 
 def encode_offset_entries(base_offset: int, entries: list[tuple[int, int]]) -> bytes:

@@ -80,7 +80,8 @@ from appliance.durable import TMP_SUFFIX, fsync_dir, is_no_space, read_checkpoin
 from appliance.log.index import OffsetIndex
 from appliance.log import swap
 from appliance.log.segment import (LogDirFailure, LogSegment, SegmentInfo, SegmentMark,
-                                   delete_segment_files, load_segment, recover_segment)
+                                   aborted_index_matches, delete_segment_files, load_segment,
+                                   recover_segment)
 from appliance.topic_config import LogSettings
 from appliance.log.txn_index import AbortedTxn, TransactionIndex
 from appliance.log.txn_index import sane as txn_index_sane
@@ -201,10 +202,16 @@ class PartitionLog:
             next_base = None if last else bases[i + 1]
             got = None
             if clean or base < recovery_point:
-                got = load_segment(directory, base, next_base=next_base, allow_empty=last)
-                if got is not None and not txn_index_sane(txnindex_path(directory, base), base,
-                                                          got[0].next_offset):
-                    got = None           # Kafka's LogLoader: a failed index check -> recover
+                got = load_segment(directory, base, next_base=next_base, allow_empty=last,
+                                   rebuild_interval=s.index_interval_bytes)
+                if got is not None and not (
+                        txn_index_sane(txnindex_path(directory, base), base, got[0].next_offset)
+                        and aborted_index_matches(directory, base, compacted=s.compact)):
+                    # Kafka's LogLoader: a failed index check -> recover (which drops the file,
+                    # and the producer-state replay writes it again from the log's markers).
+                    log.warning("%s: the aborted-transaction index of segment %d does not match "
+                                "its log; recovering the segment", directory, base)
+                    got = None
             if got is not None:
                 info, n_off, n_time = got
                 loaded.append(_Loaded(info, n_off, n_time, 0))

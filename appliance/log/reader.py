@@ -34,6 +34,19 @@ Rules that keep a reader safe while the writer appends, rolls, deletes and resta
 * Maps are cached per segment, at most ``max_open_segments`` of them (LRU), so a consumer reading
   a long log from the start does not exhaust ``vm.max_map_count``.
 
+Bit rot (issue 34): a batch whose CRC-32C fails is never handed out. ``read`` checks the CRC of
+every batch it returns (``verify_crc``, ``[log.scrub] verify_fetches``) unless this reader has
+already checked that byte range of that file lately: each segment remembers one checked range of
+positions, which a consumer reading forwards extends batch by batch, so that a second consumer,
+or a fetch that hands the same batches out again, costs no second pass. The range is trusted for
+``crc_trust_s`` (30 s) from its first check only: a page the kernel evicted and read back from a
+disk that rotted meanwhile shows the reader's map other bytes, and a consumer group that reads
+the same data an hour later gets them checked again. A bad batch after
+good ones ends the read there (the good ones are served); a bad batch first is ``CorruptBatch``:
+KAFKA_STORAGE_ERROR for that partition only, as Kafka answers for a log it cannot read. The
+check is stateless across processes: each fetcher finds it again, so nothing has to be told to
+anyone (the cleaner's scrub finds it without a reader; see docs/architecture.md, "Bit rot").
+
 ListOffsets by timestamp reads the (offset, timestamp) of a batch's records without building
 keys or values, inflating a compressed batch no further than ``max_decompressed_bytes``.
 
@@ -51,6 +64,7 @@ import bisect
 import mmap
 import os
 import struct
+import time
 from collections import OrderedDict
 from typing import Iterable, NamedTuple
 
@@ -60,9 +74,25 @@ from appliance.log.files import (index_path, list_segment_bases, log_path, retir
 from appliance.log.index import OffsetIndex, TimeIndex
 from appliance.log.txn_index import AbortedTxn, collect_entries, read_entries
 from appliance.protocol.record_contents import DEFAULT_DECOMPRESSED_FACTOR, offsets_and_timestamps
-from appliance.protocol.records import HEADER_SIZE, MAGIC, BatchHeader, read_header
+from appliance.protocol.records import (ATTRIBUTES_OFFSET, HEADER_SIZE, MAGIC, BatchHeader,
+                                        read_header)
+from crc32c import crc32c
 
-__all__ = ["Slice", "ReadResult", "LogReader", "SegmentViews"]
+__all__ = ["Slice", "ReadResult", "LogReader", "SegmentViews", "CorruptBatch"]
+
+
+class CorruptBatch(KafkaError):
+    """A stored batch failed its CRC-32C (bit rot, a damaged disk): KAFKA_STORAGE_ERROR for its
+    partition. ``path``, ``position`` and ``offset`` (the batch's base offset) say where."""
+
+    def __init__(self, path: str, position: int, offset: int, last_offset: int) -> None:
+        super().__init__(ErrorCode.kafka_storage_error,
+                         f"record batch at offset {offset} (position {position} of {path}) "
+                         "fails its CRC: the log cannot be read there")
+        self.path = path
+        self.position = position
+        self.offset = offset
+        self.last_offset = last_offset
 
 
 class Slice(NamedTuple):
@@ -86,7 +116,7 @@ class _Stale(Exception):
 
 class _Segment:
     __slots__ = ("directory", "base", "known_end", "_log", "_log_len", "_oidx", "_tidx",
-                 "txn_cache", "ino", "end")
+                 "txn_cache", "ino", "end", "crc_lo", "crc_hi", "crc_since")
 
     def __init__(self, directory: str, base: int) -> None:
         self.directory = directory
@@ -99,6 +129,27 @@ class _Segment:
         self._oidx: OffsetIndex | None = None
         self._tidx: TimeIndex | None = None
         self.txn_cache: list[AbortedTxn] | None = None   # .txnindex entries, sealed segments only
+        # Positions [crc_lo, crc_hi) of the mapped file hold batches whose CRC this reader checked,
+        # the first of them at crc_since (monotonic s).
+        self.crc_lo = self.crc_hi = 0
+        self.crc_since = 0.0
+
+    def crc_ok(self, pos: int, size: int, crc: int, now: float, trust_s: float) -> bool:
+        """Whether the batch at ``pos`` (``size`` bytes) matches its stored CRC (taken on trust
+        inside the range checked in the last ``trust_s`` seconds)."""
+        end = pos + size
+        if now - self.crc_since > trust_s:
+            self.crc_lo = self.crc_hi = 0
+        if self.crc_lo <= pos and end <= self.crc_hi:
+            return True
+        with memoryview(self.log(end)) as mv, mv[pos + ATTRIBUTES_OFFSET:end] as body:
+            if crc32c(body) != crc:
+                return False
+        if self.crc_hi > self.crc_lo and self.crc_lo <= pos <= self.crc_hi:
+            self.crc_hi = max(self.crc_hi, end)
+        else:
+            self.crc_lo, self.crc_hi, self.crc_since = pos, end, now
+        return True
 
     def log(self, need_end: int) -> mmap.mmap:
         """A map of the .log covering [0, need_end); remaps when the file has grown."""
@@ -120,6 +171,8 @@ class _Segment:
             os.close(fd)
         if self._log is not None:
             self._log.close()
+        if self.ino != st.st_ino:
+            self.crc_lo = self.crc_hi = 0
         self._log, self._log_len, self.ino = m, size, st.st_ino
         return m
 
@@ -183,6 +236,7 @@ class _Segment:
             self._log = None
             self._log_len = 0
         self.ino = 0
+        self.crc_lo = self.crc_hi = 0
 
 
 def _map_whole(fd: int) -> tuple[mmap.mmap, os.stat_result]:
@@ -225,6 +279,8 @@ def _sealed_max_timestamp(directory: str, base: int) -> int:
 # consumer read across swaps). Only a log that stays inconsistent after these retries is
 # reported corrupt.
 STALE_RETRIES = 8
+# How long a byte range whose batches passed their CRC is taken on trust (see the docstring).
+CRC_TRUST_S = 30.0
 
 
 def _out_of_range(offset: int, lso: int, hw: int) -> KafkaError:
@@ -241,8 +297,12 @@ class LogReader:
     """
 
     def __init__(self, directory: str, *, max_open_segments: int = 8,
-                 max_decompressed_bytes: int = DEFAULT_DECOMPRESSED_FACTOR * 1048588) -> None:
+                 max_decompressed_bytes: int = DEFAULT_DECOMPRESSED_FACTOR * 1048588,
+                 verify_crc: bool = True) -> None:
         self.directory = directory
+        # Check the CRC of every batch ``read`` hands out (each byte range once per crc_trust_s).
+        self.verify_crc = verify_crc
+        self.crc_trust_s = CRC_TRUST_S
         # Timestamp lookups walk a compressed batch's records: never inflating more than this.
         self.max_decompressed_bytes = max_decompressed_bytes
         self._segs: list[_Segment] = []
@@ -438,6 +498,7 @@ class LogReader:
         first = -1
         nxt = fetch_offset
         got = self._locate(i, fetch_offset, hw)
+        now = time.monotonic() if self.verify_crc else 0.0
         while got is not None:
             i, pos, h = got
             size = h.batch_length + 12
@@ -445,7 +506,13 @@ class LogReader:
                 break
             if total + size > max_bytes and not (total == 0 and min_one):
                 break
-            ino = self._segs[i].ino
+            seg = self._segs[i]
+            if self.verify_crc and not seg.crc_ok(pos, size, h.crc, now, self.crc_trust_s):
+                if slices:
+                    break              # serve the good batches before it; the next read fails
+                raise CorruptBatch(log_path(self.directory, seg.base), pos, h.base_offset,
+                                   h.last_offset)
+            ino = seg.ino
             if slices and slices[-1].segment_base == self._bases[i] and \
                     slices[-1].position + slices[-1].length == pos and slices[-1].inode == ino:
                 s = slices[-1]

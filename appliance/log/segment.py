@@ -53,6 +53,7 @@ sanity check plus a header walk from the last index entry to the end of the file
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 from dataclasses import dataclass
@@ -67,7 +68,10 @@ from appliance.protocol.record_contents import records_ok
 from appliance.protocol.records import BatchHeader, iter_batch_headers, scan_valid
 
 __all__ = ["SegmentInfo", "LogSegment", "LogDirFailure", "SegmentMark", "IndexBuild",
-           "build_index_entries", "recover_segment", "load_segment", "delete_segment_files"]
+           "build_index_entries", "recover_segment", "load_segment", "delete_segment_files",
+           "aborted_index_matches"]
+
+log = logging.getLogger("appliance.log")
 
 MAX_RELATIVE_OFFSET = 0x7FFFFFFF
 SEGMENT_GROW_BYTES = 1 << 20      # how far ahead of the appends the active .log gets its blocks
@@ -210,11 +214,20 @@ def recover_segment(directory: str, base_offset: int, *, segment_bytes: int,
 
 
 def load_segment(directory: str, base_offset: int, *, next_base: int | None,
-                 allow_empty: bool = False, suffix: str = "") -> tuple[SegmentInfo, int, int] | None:
+                 allow_empty: bool = False, suffix: str = "",
+                 rebuild_interval: int | None = None) -> tuple[SegmentInfo, int, int] | None:
     """Load a segment that needs no scan (sealed, or closed cleanly): Kafka's index sanity
     checks, then a header walk from the last offset-index entry that must end exactly at the end
-    of the file (and, when known, at or below ``next_base``). Returns (info, offset entries,
-    time entries), or None when anything is off - the caller then recovers the segment.
+    of the file (and, when known, at or below ``next_base``); then every entry of both indexes
+    (order and range, ``check_all``) and the time index's last entry against the batch it names.
+    Returns (info, offset entries, time entries), or None when the log itself is off - the
+    caller then recovers the segment.
+
+    An index that is missing, torn, or does not match the log (bit rot, issue 34) is rebuilt
+    from the batch headers when ``rebuild_interval`` is given (the index interval), as Kafka
+    rebuilds an index that fails its sanity check, but without the CRC scan and truncation of a
+    recovery: the log of a sealed segment is not what is wrong (the scrub and the fetch path
+    check its batches). Without it such a segment is None too.
     ``suffix``: after each file's name (a cleaner's ``.cleaned`` copy, checked before a swap)."""
     path = log_path(directory, base_offset) + suffix
     try:
@@ -245,48 +258,166 @@ def load_segment(directory: str, base_offset: int, *, next_base: int | None,
     finally:
         os.close(fd)
     assert m is not None
+    oidx = tidx = None
+    problem: str | None = None
     try:
         try:
             oidx = OffsetIndex(index_path(directory, base_offset) + suffix, base_offset)
-        except FileNotFoundError:
-            return None
-        try:
             tidx = TimeIndex(timeindex_path(directory, base_offset) + suffix, base_offset)
-        except FileNotFoundError:
-            oidx.close()
-            return None
-        try:
             oidx.sanity_check(size)
             tidx.sanity_check(size)
             n_off, n_time = oidx.entries, tidx.entries
             if oidx.file_size != n_off * 8 or tidx.file_size != n_time * 12:
-                return None               # not trimmed: not a cleanly sealed segment
+                raise CorruptIndex("not trimmed to its entries (torn, or not cleanly sealed)")
             start = oidx.entry(n_off - 1)[1] if n_off else 0
             max_ts, max_ts_off = tidx.last_entry
-        except CorruptIndex:
-            return None
-        finally:
-            oidx.close()
-            tidx.close()
+        except (FileNotFoundError, CorruptIndex) as e:
+            problem = str(e) if isinstance(e, CorruptIndex) else f"{e.filename} is missing"
+            start, n_off, n_time, max_ts, max_ts_off = 0, 0, 0, -1, -1
         first = next(iter_batch_headers(m, 0, size), None)
         if first is None or first[1].base_offset < base_offset:
             return None
         end, last_h = start, None
+        walked: list[tuple[int, BatchHeader]] = []
         for pos, h in iter_batch_headers(m, start, size):
             # Increasing offsets; gaps are where a cleaner removed records.
             if h.magic != 2 or (last_h is not None and h.base_offset <= last_h.last_offset):
                 return None
             end, last_h = pos + h.size, h
+            if problem is not None:
+                walked.append((pos, h))
         if last_h is None or end != size:
             return None
         next_offset = last_h.last_offset + 1
         if next_base is not None and next_offset > next_base:
             return None
+        if problem is None:
+            try:
+                oidx.check_all(size, next_offset)
+                tidx.check_all(next_offset)
+                if n_time and not _names_its_batch(m, size, oidx, max_ts, max_ts_off):
+                    raise CorruptIndex(f"time index {tidx.path}: its last entry ({max_ts}, "
+                                       f"{max_ts_off}) does not match the batch at that offset")
+            except CorruptIndex as e:
+                problem = str(e)
+                walked = list(iter_batch_headers(m, 0, size))
+        if problem is not None:
+            if rebuild_interval is None or suffix:
+                return None
+            for ix in (oidx, tidx):
+                if ix is not None:
+                    ix.close()
+            oidx = tidx = None
+            log.warning("%s: segment %d: %s; rebuilding its offset and time indexes from the log",
+                        directory, base_offset, problem)
+            build = build_index_entries(walked, rebuild_interval)
+            if build.max_timestamp >= 0 and (not build.times or build.max_timestamp > build.times[-1][0]):
+                build.times.append((build.max_timestamp, build.offset_of_max_timestamp))
+            atomic_write(index_path(directory, base_offset),
+                         encode_offset_entries(base_offset, build.offsets))
+            atomic_write(timeindex_path(directory, base_offset),
+                         encode_time_entries(base_offset, build.times))
+            n_off, n_time = len(build.offsets), len(build.times)
+            max_ts, max_ts_off = build.max_timestamp, build.offset_of_max_timestamp
         info = SegmentInfo(base_offset, size, next_offset, max_ts, max_ts_off if max_ts >= 0 else -1,
                            first[1].max_timestamp, int(st.st_mtime * 1000))
         return info, n_off, n_time
     finally:
+        for ix in (oidx, tidx):
+            if ix is not None:
+                ix.close()
         m.close()
+
+
+def aborted_index_matches(directory: str, base_offset: int, *, compacted: bool = False) -> bool:
+    """Whether every entry of the segment's ``.txnindex`` names an ABORT marker of its producer
+    at its last offset (and, when it lies in this segment, the first batch of that producer's
+    transaction at its first offset): the sanity check (``txn_index.sane``) sees order and range
+    only, and a flipped producer id or offset would hand read_committed consumers an aborted
+    transaction's records as committed (bit rot, issue 34). One short header walk per entry;
+    aborts are rare. ``compacted``: a cleaner removes aborted data, and markers past their
+    delete horizon, so an offset that names no batch is no damage there; a batch that holds it
+    must still be the producer's."""
+    from appliance.errors import KafkaError
+    from appliance.log.txn_index import read_entries
+    from appliance.protocol.records import parse_control_record
+    try:
+        entries = read_entries(txnindex_path(directory, base_offset))
+    except ValueError:
+        return False
+    if not entries:
+        return True
+    fd = os.open(log_path(directory, base_offset), os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        m = _map_read(fd, size)
+    finally:
+        os.close(fd)
+    if m is None:
+        return False
+    try:
+        with OffsetIndex(index_path(directory, base_offset), base_offset) as oidx:
+            def batch_at(offset: int):
+                _, pos = oidx.lookup(offset)
+                for p, h in iter_batch_headers(m, pos, size):
+                    if h.last_offset >= offset:
+                        return (p, h) if h.base_offset <= offset else None
+                return None
+            def first_batch_of(offset: int, pid: int) -> bool:
+                # The transaction's first batch starts there, and no batch of its producer
+                # other than a marker comes just before it (within the index entry's window:
+                # a walk of at most an index interval).
+                _, pos = oidx.lookup(offset - 1)
+                open_before = False         # a data batch of pid not followed by its marker
+                for _, h in iter_batch_headers(m, pos, size):
+                    if h.base_offset >= offset:
+                        return (h.base_offset == offset and h.producer_id == pid
+                                and h.is_transactional and not h.is_control and not open_before)
+                    if h.producer_id == pid:
+                        open_before = not h.is_control
+                return False
+
+            for e in entries:
+                if e.last_stable_offset > e.last_offset + 1:
+                    return False        # a later LSO would end read_committed's search early
+                got = batch_at(e.last_offset)
+                if got is None:
+                    if compacted:
+                        continue        # the marker went past its delete horizon
+                    return False
+                p, h = got
+                if not h.is_control or h.producer_id != e.producer_id or h.base_offset != e.last_offset:
+                    return False
+                try:
+                    if parse_control_record(m[p:p + h.size])[0] != 0:      # ABORT
+                        return False
+                except KafkaError:
+                    if not compacted:   # a cleaner may leave a marker's batch emptied
+                        return False
+                if not base_offset <= e.first_offset < e.last_offset:
+                    continue            # (first = last: an abort with no data here)
+                if compacted:
+                    first = batch_at(e.first_offset)
+                    if first is not None and first[1].producer_id != e.producer_id:
+                        return False
+                elif not first_batch_of(e.first_offset, e.producer_id):
+                    return False
+        return True
+    except (FileNotFoundError, CorruptIndex):
+        return False
+    finally:
+        m.close()
+
+
+def _names_its_batch(m, size: int, oidx: OffsetIndex, ts: int, offset: int) -> bool:
+    """Whether the batch whose last offset is ``offset`` has max timestamp ``ts`` (the time
+    index's last entry: the segment's largest timestamp, which retention reads back). A walk
+    from the offset index's entry below it: at most an index interval of headers."""
+    _, pos = oidx.lookup(offset)
+    for _, h in iter_batch_headers(m, pos, size):
+        if h.last_offset >= offset:
+            return h.last_offset == offset and h.max_timestamp == ts
+    return False
 
 
 def delete_segment_files(directory: str, base_offset: int) -> None:

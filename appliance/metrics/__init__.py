@@ -163,6 +163,15 @@ CATALOG: dict[str, Metric] = {m.name: m for m in [
            "Time the last start took to recover every partition log", scale=1e-6),
     Metric("appliance_log_recovery_bytes", GAUGE,
            "Bytes of segments the partition's last recovery checked or scanned", _TP),
+    Metric("appliance_log_fetch_corrupt_batches", COUNTER,
+           "Fetches of the partition refused with KAFKA_STORAGE_ERROR at a batch whose CRC fails "
+           "(bit rot)", _TP),
+    Metric("appliance_log_scrub_corrupt_batches", COUNTER,
+           "Batches of sealed segments whose CRC failed, found by the background scrub", _TP),
+    Metric("appliance_log_scrub_bytes", COUNTER,
+           "Bytes of sealed segments the background scrub checked", ("cleaner",)),
+    Metric("appliance_log_scrub_passes", COUNTER,
+           "Passes of the background scrub over every partition it scrubs", ("cleaner",)),
     Metric("appliance_config_reloads", COUNTER,
            "SIGHUP reloads of the configuration file, by result", ("result",)),
 ]}

@@ -30,7 +30,7 @@ import msgspec
 
 from appliance.errors import ErrorCode
 from appliance.security.messages import AlterScramCredentialsRequest, Deletion, Upsertion, UserResult
-from appliance.durable import atomic_write
+from appliance.durable import atomic_write, verify_checksum, with_checksum
 from appliance.security.scram import (BY_TYPE, MAX_ITERATIONS, MIN_ITERATIONS, ScramCredential,
                                       from_salted_password)
 
@@ -131,7 +131,7 @@ class CredentialStore:
     def load(self) -> Users:
         try:
             with open(self.path, "rb") as f:
-                raw = json.load(f)
+                raw = verify_checksum(json.load(f))
         except FileNotFoundError:
             return self.users
         self.version = int(raw.get("version", 0))
@@ -151,7 +151,7 @@ class CredentialStore:
                                        "iterations": c.iterations}
                                 for mech, c in sorted(creds.items())}
                          for name, creds in sorted(users.items())}}
-        atomic_write(self.path, json.dumps(raw, indent=1).encode(), mode=0o600)
+        atomic_write(self.path, json.dumps(with_checksum(raw), indent=1).encode(), mode=0o600)
         self.version += 1
         self.users = users
 
@@ -205,6 +205,10 @@ class DataDirInUse(Exception):
     """A running appliance holds the data dir's lock."""
 
 
+class DamagedStore(Exception):
+    """The credential file does not parse or match its checksum (the message names it)."""
+
+
 @contextlib.contextmanager
 def offline_store(data_dir: str) -> Iterator[CredentialStore]:
     """The store of a data dir no appliance is running on, under its lock (made if missing)."""
@@ -217,7 +221,12 @@ def offline_store(data_dir: str) -> Iterator[CredentialStore]:
             raise DataDirInUse(f"an appliance is running on {data_dir} (it holds {LOCK_FILE}): "
                                f"manage users online with --bootstrap-server") from None
         store = CredentialStore(data_dir)
-        store.load()
+        try:
+            store.load()
+        except (ValueError, KeyError, TypeError) as e:
+            # A damaged file (issue 34) is never written over: the operator restores it.
+            raise DamagedStore(f"the SCRAM credentials {store.path} cannot be read: {e}; restore "
+                               "the file from a backup") from None
         yield store
     finally:
         os.close(fd)

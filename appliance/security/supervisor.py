@@ -37,8 +37,9 @@ class SecurityService:
         try:
             self.store.load()
         except (OSError, ValueError, KeyError) as e:
-            raise DataDirUnusable(f"data dir {self.data_dir}: {credentials.CREDENTIALS_FILE} "
-                                  f"cannot be read: {e}") from None
+            raise DataDirUnusable(f"the SCRAM credentials {self.store.path} cannot be read: {e}; "
+                                  "restore the file from a backup (nothing in the data dir was "
+                                  "changed)") from None
         credentials.publish(self.store.users, self.published)
         self.page.publish(credentials_version=self.store.version)
         if self.tls_listeners:

@@ -20,7 +20,8 @@ import msgspec
 from appliance.catalog.model import (Catalog, TopicInfo, kafka_str_to_uuid, partition_metadata,
                                      uuid_to_kafka_str)
 from appliance.data_layout import CATALOG_FILE, PARTITION_METADATA_FILE, partition_dir
-from appliance.durable import atomic_write
+from appliance.durable import atomic_write, verify_checksum, with_checksum
+from appliance.runtime import DataDirUnusable
 
 __all__ = ["CatalogStore"]
 
@@ -33,20 +34,30 @@ class CatalogStore:
         self.catalog = Catalog()
 
     def load(self) -> Catalog:
+        """The committed catalog. A file that cannot be read, does not parse or does not match
+        its checksum stops the start (DataDirUnusable, exit 3) before anything acts on it: the
+        sweep below removes partition directories the catalog does not name, so a topic name
+        with a flipped bit would delete that topic's data."""
         path = os.path.join(self.data_dir, CATALOG_FILE)
         if os.path.exists(path):
-            with open(path, "rb") as f:
-                raw = json.load(f)
-            topics = {
-                name: TopicInfo(name=name, topic_id=kafka_str_to_uuid(t["id"]),
-                                partitions=int(t["partitions"]), configs=dict(t.get("configs", {})))
-                for name, t in raw.get("topics", {}).items()
-            }
-            broker = raw.get("broker_configs", {})
-            self.catalog = Catalog(version=int(raw.get("version", 0)), topics=topics,
-                                   broker_default=dict(broker.get("default", {})),
-                                   broker_node=dict(broker.get("node", {})),
-                                   group_configs={g: dict(c) for g, c in raw.get("group_configs", {}).items()})
+            try:
+                with open(path, "rb") as f:
+                    raw = verify_checksum(json.load(f))
+                topics = {
+                    name: TopicInfo(name=name, topic_id=kafka_str_to_uuid(t["id"]),
+                                    partitions=int(t["partitions"]),
+                                    configs=dict(t.get("configs", {})))
+                    for name, t in raw.get("topics", {}).items()
+                }
+                broker = raw.get("broker_configs", {})
+                self.catalog = Catalog(version=int(raw.get("version", 0)), topics=topics,
+                                       broker_default=dict(broker.get("default", {})),
+                                       broker_node=dict(broker.get("node", {})),
+                                       group_configs={g: dict(c) for g, c
+                                                      in raw.get("group_configs", {}).items()})
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                raise DataDirUnusable(f"the topic catalog {path} cannot be read: {e}; restore it "
+                                      "from a backup (nothing in the data dir was changed)") from None
         self._sweep()
         return self.catalog
 
@@ -70,7 +81,7 @@ class CatalogStore:
             "broker_configs": {"default": catalog.broker_default, "node": catalog.broker_node},
             "group_configs": catalog.group_configs,
         }
-        data = json.dumps(raw, indent=1, sort_keys=True).encode()
+        data = json.dumps(with_checksum(raw), indent=1, sort_keys=True).encode()
         path = os.path.join(self.data_dir, CATALOG_FILE)
         try:
             atomic_write(path, data)

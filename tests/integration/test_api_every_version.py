@@ -380,7 +380,7 @@ def _txn_check(env: Env, key, v, resp):
 # so a request never depends on what another version left behind, except ListGroups, which lists
 # the groups DescribeGroups (key 15, run before it) made.
 
-GROUP_APIS = {8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47}
+GROUP_APIS = {8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47, 68, 69}
 PROTOCOL = [{"name": "range", "metadata": b"\x00\x01meta"}]
 
 
@@ -501,6 +501,19 @@ def _group_request_for(env: Env, key, v):
         _commit(env, group, 5)
         env.pending = {"group": group}
         return {"group_id": group, "topics": [{"name": topic, "partitions": [{"partition_index": 0}]}]}
+    if key in (68, 69):
+        # KIP-848: a first ConsumerGroupHeartbeat (v0 may leave the member id to the broker)
+        group = f"every-cg{key}-{v}"
+        member = uuid.uuid4().hex[:22] if key == 69 or v >= 1 else ""
+        join = {"group_id": group, "member_id": member, "member_epoch": 0, "instance_id": None,
+                "rack_id": None, "rebalance_timeout": 30000, "subscribed_topic_names": [topic],
+                "subscribed_topic_regex": None, "server_assignor": None, "topic_partitions": []}
+        env.pending = {"group": group, "member": member}
+        if key == 68:
+            return join
+        r = env.raw.request(68, 1, join)
+        assert r.error_code == 0 and r.member_epoch == 1, r
+        return {"group_ids": [group, f"every-cg-missing-{v}"], "include_authorized_operations": False}
     raise AssertionError(key)
 
 
@@ -578,3 +591,20 @@ def _group_check(env: Env, key, v, resp):
         assert resp.error_code == 0, (v, resp)
         assert [p.error_code for t in resp.topics for p in t.partitions] == [0], (v, resp)
         assert _fetched(env, env.pending["group"])[0] == -1, v
+    elif key == 68:
+        assert (resp.error_code, resp.member_epoch) == (0, 1), (v, resp)
+        assert resp.heartbeat_interval == datetime.timedelta(milliseconds=5000), (v, resp)
+        assert resp.member_id and (v == 0 or resp.member_id == env.pending["member"]), (v, resp)
+        assert [(t.topic_id, sorted(t.partitions)) for t in resp.assignment.topic_partitions] == \
+            [(env.topic_id, [0, 1])], (v, resp)
+    elif key == 69:
+        found, missing = resp.groups
+        assert (found.error_code, found.group_state, found.group_epoch, found.assignment_epoch,
+                found.assignor_name) == (0, "Stable", 1, 1, "uniform"), (v, resp)
+        (m,) = found.members
+        assert (m.member_id, m.member_epoch) == (env.pending["member"], 1), (v, resp)
+        assert [(t.topic_name, sorted(t.partitions)) for t in m.assignment.topic_partitions] == \
+            [(env.topic, [0, 1])], (v, resp)
+        if v >= 1:
+            assert m.member_type == 1, (v, resp)
+        assert missing.error_code == 69, (v, resp)           # GROUP_ID_NOT_FOUND

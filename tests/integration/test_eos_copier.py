@@ -88,8 +88,10 @@ def output_end(bootstrap: str, topic: str) -> int:
 
 
 class Copier:
-    def __init__(self, slot: int, bootstrap: str, group: str, src: str, dst: str, logdir: str) -> None:
+    def __init__(self, slot: int, bootstrap: str, group: str, src: str, dst: str, logdir: str,
+                 group_protocol: str = "classic") -> None:
         self.slot, self.args = slot, (bootstrap, group, src, dst, f"copier-{group}-{slot}")
+        self.env = {**os.environ, "EOS_COPIER_GROUP_PROTOCOL": group_protocol}
         self.logdir = logdir
         self.starts = 0
         self.proc: subprocess.Popen | None = None
@@ -99,7 +101,7 @@ class Copier:
         self.starts += 1
         log = open(os.path.join(self.logdir, f"copier-{self.slot}-{self.starts}.log"), "w")
         self.proc = subprocess.Popen([sys.executable, COPIER, *self.args, str(idle_exit), "50", "0.05"],
-                                     stdout=log, stderr=subprocess.STDOUT)
+                                     stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
 
     def kill(self) -> None:
@@ -109,10 +111,16 @@ class Copier:
 
 
 @pytest.mark.soak
-def test_exactly_once_copy_with_copiers_and_workers_killed_at_random(appliance_factory, tmp_path, request):
+@pytest.mark.parametrize("group_protocol", ["classic", "consumer"])
+def test_exactly_once_copy_with_copiers_and_workers_killed_at_random(appliance_factory, tmp_path, request,
+                                                                     group_protocol):
     soak = request.config.getoption("--soak")
     records, chaos_s = (SOAK_RECORDS, SOAK_CHAOS_S) if soak else (RECORDS, CHAOS_S)
-    a = appliance_factory(groups={"initial_rebalance_delay_ms": 0},
+    # KIP-848 (group.protocol=consumer): the broker's session timeout, as short as the classic
+    # copiers' own, so that a killed copier's partitions move on within the run.
+    a = appliance_factory(groups={"initial_rebalance_delay_ms": 0,
+                                  "consumer_heartbeat_interval_ms": 500,
+                                  "consumer_session_timeout_ms": 6000},
                           transactions={"abort_timed_out_interval_ms": 500})
     b = a.bootstrap
     tag = uuid.uuid4().hex[:6]
@@ -121,7 +129,7 @@ def test_exactly_once_copy_with_copiers_and_workers_killed_at_random(appliance_f
     want = seed_input(b, src, records)
 
     rng = random.Random(int(os.environ.get("EOS_SEED", "447")))
-    copiers = [Copier(i, b, group, src, dst, str(tmp_path)) for i in range(COPIERS)]
+    copiers = [Copier(i, b, group, src, dst, str(tmp_path), group_protocol) for i in range(COPIERS)]
     events = []
     kills: dict[str, list[float]] = {}
     try:

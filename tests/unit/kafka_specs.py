@@ -6,7 +6,10 @@ Where they come from, first found wins:
 1. ``KAFKA_MESSAGE_SPECS``: a folder holding the definitions, directly or under ``protocol/``
    (a checkout of Kafka's, or any fuller copy);
 2. the installed kafka-python (a test dependency, its range pinned in pyproject.toml), which ships
-   Kafka 4.3's definitions in ``kafka/protocol/schemas/resources/``.
+   Kafka 4.3's definitions in ``kafka/protocol/schemas/resources/``;
+
+and, for the APIs neither has (kafka-python lacks KIP-848's), the copies of Kafka's definitions in
+``tests/unit/kafka_message_specs/``.
 
 Nothing outside the clone and its virtual environment is read unless the variable says so. A
 missing source fails the test (``pytest.fail``), never a skip: a skip would let CI pass without
@@ -54,12 +57,22 @@ def spec_dir() -> Path:
     return path
 
 
+# Kafka's definitions of the APIs kafka-python does not ship (3.0.12 has no KIP-848
+# ConsumerGroupHeartbeat / ConsumerGroupDescribe), copied from Kafka's
+# clients/src/main/resources/common/message/ with their Apache license headers.
+VENDORED = Path(__file__).parent / "kafka_message_specs"
+
+
 def request_specs() -> dict[int, dict]:
-    """{api key: the parsed request definition} (Kafka's JSON allows // comments)."""
+    """{api key: the parsed request definition} (Kafka's JSON allows // comments); the
+    vendored definitions fill in only APIs the source found lacks."""
     specs = {}
     for path in spec_dir().glob("*Request.json"):
         spec = json.loads(re.sub(r"//.*", "", path.read_text()))
         specs[spec["apiKey"]] = spec
+    for path in VENDORED.glob("*Request.json"):
+        spec = json.loads(re.sub(r"//.*", "", path.read_text()))
+        specs.setdefault(spec["apiKey"], spec)
     return specs
 
 

@@ -136,6 +136,26 @@ def test_undecodable_record_raises_the_stores_corrupt(tmp_path):
     kv.close()
 
 
+def test_a_flipped_value_byte_in_a_closed_log_is_the_stores_corrupt_naming_the_file(tmp_path):
+    """Bit rot (issue 34): a clean close leaves the segment loaded without a scan; its replay
+    checks every batch's CRC instead of loading a changed value as state."""
+    import glob
+    kv = loaded(tmp_path)
+    kv.put(b"a", b"value-one")
+    kv.close()
+    (path,) = glob.glob(os.path.join(str(tmp_path), "kv", "*.log"))
+    with open(path, "r+b") as f:
+        data = f.read()
+        at = data.index(b"value-one")
+        f.seek(at)
+        f.write(b"valuE")
+    kv = KV(tmp_path)
+    with pytest.raises(KVCorrupt, match="fails its CRC") as e:
+        kv.load()
+    assert path in str(e.value)
+    kv.close()
+
+
 def test_anomaly_is_logged_and_kept(tmp_path, caplog):
     kv = KV(tmp_path)
     kv._anomaly("odd record skipped")

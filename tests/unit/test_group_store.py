@@ -7,6 +7,7 @@ import struct
 import pytest
 
 from appliance.group import store as smod
+from appliance.group.consumer_records import ConsumerKey
 from appliance.group.records import GroupMemberRecord, GroupRecord
 from appliance.group.store import (COMPACTING_DIR, COMPLETE_MARKER, LOG_DIR, OLD_DIR, GroupKey,
                                    GroupLogCorrupt, GroupLogWriteError, GroupStateStore,
@@ -82,8 +83,11 @@ def test_key_layouts_are_kafkas():
     assert decode_key(encode_offset_key("g", "tp", 7)) == OffsetKey("g", "tp", 7)
     assert decode_key(b"\x00\x00\x00\x01g\x00\x01t\x00\x00\x00\x01") == OffsetKey("g", "t", 1)   # v0
     assert decode_key(encode_group_key("grp")) == GroupKey("grp")
+    # KIP-848's consumer group records (key versions 3-8) are known; 15 is not
+    assert decode_key(b"\x00\x03\x00\x01g") == ConsumerKey(3, "g", None)
+    assert decode_key(b"\x00\x08\x00\x01g\x00\x02m1") == ConsumerKey(8, "g", "m1")
     with pytest.raises(UnknownKeyVersion):
-        decode_key(b"\x00\x03\x00\x01g")
+        decode_key(b"\x00\x0f\x00\x01g")
     with pytest.raises(RecordDecodeError):
         decode_key(b"\x00\x01\x00\x05g")
 
@@ -268,7 +272,7 @@ def test_unknown_key_version_skipped_undecodable_value_refused(tmp_path):
     st = loaded(tmp_path)
     st.commit_offsets("g", {("t", 0): entry(1)}, 1)
     st.close()
-    _raw_append(tmp_path, [(b"\x00\x07\x00\x01x", b"whatever"), (None, b"x")])
+    _raw_append(tmp_path, [(b"\x00\x0f\x00\x01x", b"whatever"), (None, b"x")])
     st = loaded(tmp_path)
     assert committed(st, "g") == {("t", 0): (1, -1, "")}
     assert len(st.anomalies) == 2

@@ -532,3 +532,60 @@ def test_regression_mmap_of_a_segment_cut_by_a_roll_between_fstat_and_mmap(tmp_p
     assert lied
     r.close()
     log.close()
+
+
+def test_a_batch_that_fails_its_crc_is_never_handed_out(filled):
+    """Bit rot (issue 34): the read stops before the damaged batch; a read starting at it is
+    CorruptBatch (KAFKA_STORAGE_ERROR) naming the file, position and offset; the batches after
+    it are still read from past it; with verify_crc off it is served (the old behaviour)."""
+    from appliance.log.reader import CorruptBatch
+    d, log, sent = filled
+    hw = log.log_end_offset
+    h = read_header(sent[5])
+    base = log.segment_bases()
+    r = LogReader(d)
+    res = r.read(h.base_offset, 1, high_watermark=hw, log_start_offset=0, min_one_batch=True)
+    seg, pos = res.slices[0].segment_base, res.slices[0].position
+    r.close()
+    with open(log_path(d, seg), "r+b") as f:
+        f.seek(pos + h.batch_length + 12 - 1)
+        c = f.read(1)
+        f.seek(pos + h.batch_length + 12 - 1)
+        f.write(bytes([c[0] ^ 0x10]))
+    r = LogReader(d)
+    res = r.read(0, 1 << 30, high_watermark=hw, log_start_offset=0, min_one_batch=True)
+    assert res.next_offset == h.base_offset                 # everything before it, nothing after
+    for _ in range(2):                                      # the checked ranges do not hide it
+        with pytest.raises(CorruptBatch) as e:
+            r.read(h.base_offset, 1 << 30, high_watermark=hw, log_start_offset=0, min_one_batch=True)
+        assert e.value.code == ErrorCode.kafka_storage_error
+        assert (e.value.path, e.value.position, e.value.offset) == (log_path(d, seg), pos, h.base_offset)
+    after = r.read(h.last_offset + 1, 1 << 30, high_watermark=hw, log_start_offset=0,
+                   min_one_batch=True)
+    assert after.first_batch_offset == h.last_offset + 1 and after.next_offset == hw
+    r.verify_crc = False
+    res = r.read(h.base_offset, 1, high_watermark=hw, log_start_offset=0, min_one_batch=True)
+    assert res.first_batch_offset == h.base_offset
+    r.close()
+    assert base == log.segment_bases()
+
+
+def test_a_batch_damaged_after_it_was_read_is_caught_once_the_checked_range_expires(filled):
+    """A range checked once is trusted for crc_trust_s only: a page read back from a disk that
+    rotted meanwhile (here: bytes changed under the reader's map) is checked again."""
+    from appliance.log.reader import CorruptBatch
+    d, log, sent = filled
+    hw = log.log_end_offset
+    r = LogReader(d)
+    res = r.read(0, 1, high_watermark=hw, log_start_offset=0, min_one_batch=True)   # one batch
+    s = res.slices[0]
+    with open(log_path(d, s.segment_base), "r+b") as f:
+        f.seek(s.position + 70)
+        c = f.read(1)
+        f.seek(s.position + 70)
+        f.write(bytes([c[0] ^ 0x01]))
+    assert r.read(0, 1, high_watermark=hw, log_start_offset=0, min_one_batch=True) == res  # trusted
+    r.crc_trust_s = 0.0
+    with pytest.raises(CorruptBatch):
+        r.read(0, 1, high_watermark=hw, log_start_offset=0, min_one_batch=True)
+    r.close()

@@ -10,13 +10,15 @@ the consumer's group metadata (generation, member id: KIP-447 fencing), and comm
 abortable error it aborts and rewinds to the last committed offsets; on a fatal one (fenced) it
 exits 3. It exits 0 after IDLE_EXIT_S seconds without input (default 0: never). BATCH (500)
 caps the records per transaction and PAUSE_S (0) sleeps after each commit, so that a test can
-stretch the copy over its failure injections.
+stretch the copy over its failure injections. With ``EOS_COPIER_GROUP_PROTOCOL=consumer`` in
+the environment the consumer uses the KIP-848 protocol (``group.protocol=consumer``).
 
 The shape of Kafka's own TransactionalMessageCopier (the tool of its transactions system test).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -28,11 +30,16 @@ def main() -> int:
     idle_exit = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
     batch = int(sys.argv[7]) if len(sys.argv) > 7 else 500
     pause = float(sys.argv[8]) if len(sys.argv) > 8 else 0.0
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
-                         "heartbeat.interval.ms": 500, "max.poll.interval.ms": 60000,
-                         "partition.assignment.strategy": "roundrobin"})
+    conf = {"bootstrap.servers": bootstrap, "group.id": group,
+            "isolation.level": "read_committed", "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "max.poll.interval.ms": 60000}
+    if os.environ.get("EOS_COPIER_GROUP_PROTOCOL") == "consumer":
+        # KIP-848: the broker assigns and times sessions out; the member epoch fences zombies
+        conf["group.protocol"] = "consumer"
+    else:
+        conf.update({"session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+                     "partition.assignment.strategy": "roundrobin"})
+    consumer = Consumer(conf)
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid,
                          "linger.ms": 5, "transaction.timeout.ms": 10000,
                          "message.timeout.ms": 10000})

@@ -2,11 +2,13 @@
 
     python group_member.py CLIENT BOOTSTRAP GROUP TOPIC
 
-CLIENT is confluent, kafka-python or aiokafka. The member subscribes to TOPIC in GROUP (round-robin
+CLIENT is confluent, kafka-python or aiokafka (classic groups), or confluent-consumer[:ASSIGNOR]
+(confluent-kafka with group.protocol=consumer, KIP-848; ASSIGNOR its group.remote.assignor). The
+member subscribes to TOPIC in GROUP (round-robin
 assignment, which all three clients speak, so that they can share one group), prints one line per
 record it processes, ``rec <partition> <offset> <value>``, and commits the offsets of what it
 printed synchronously after each poll (at-least-once). It also prints ``assigned <partitions>``
-after every rebalance. It leaves the group cleanly on SIGTERM (close), and not at all on SIGKILL.
+after every rebalance (``commit-error <name>`` for a commit the group refused). It leaves the group cleanly on SIGTERM (close), and not at all on SIGKILL.
 """
 
 from __future__ import annotations
@@ -40,6 +42,41 @@ def confluent(bootstrap, group, topic):
             out(f"rec {m.partition()} {m.offset()} {m.value().decode()}")
         if msgs:
             c.commit(asynchronous=False)
+    c.close()
+
+
+def confluent_consumer_protocol(bootstrap, group, topic, assignor=None):
+    """KIP-848 (group.protocol=consumer): the broker assigns; the callbacks get the partitions
+    added or revoked (incremental), so the full assignment is printed from them."""
+    from confluent_kafka import Consumer, KafkaException
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "group.protocol": "consumer"}
+    if assignor:
+        conf["group.remote.assignor"] = assignor
+    c = Consumer(conf)
+    owned: set[int] = set()
+
+    def show():
+        out("assigned " + ",".join(str(p) for p in sorted(owned)))
+
+    def on_assign(_c, ps):
+        owned.update(p.partition for p in ps)
+        show()
+
+    def on_revoke(_c, ps):
+        owned.difference_update(p.partition for p in ps)
+        show()
+
+    c.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
+    while not stop:
+        msgs = [m for m in c.consume(200, 0.2) if m.error() is None]
+        for m in msgs:
+            out(f"rec {m.partition()} {m.offset()} {m.value().decode()}")
+        if msgs:
+            try:
+                c.commit(asynchronous=False)
+            except KafkaException as e:
+                out(f"commit-error {e.args[0].name()}")
     c.close()
 
 
@@ -103,8 +140,12 @@ def aiokafka(bootstrap, group, topic):
 def main() -> int:
     client, bootstrap, group, topic = sys.argv[1:5]
     signal.signal(signal.SIGTERM, _term)
-    {"confluent": confluent, "kafka-python": kafka_python, "aiokafka": aiokafka}[client](
-        bootstrap, group, topic)
+    if client.startswith("confluent-consumer"):
+        # confluent-consumer[:assignor]: the KIP-848 protocol, optionally naming the assignor
+        confluent_consumer_protocol(bootstrap, group, topic, client.partition(":")[2] or None)
+    else:
+        {"confluent": confluent, "kafka-python": kafka_python, "aiokafka": aiokafka}[client](
+            bootstrap, group, topic)
     out("closed")
     return 0
 
