@@ -5,8 +5,9 @@ GROUP resource and the entries of its DescribeConfigs.
 Owns nothing; used by the supervisor (it validates a change and commits it to the catalog it
 owns, ``Catalog.group_configs``: group name -> the configs set on it) and the frontends
 (DescribeConfigs). A group config may be set before the group exists, as in Kafka. The values are
-stored and shown; the consumer, share and streams group protocols they tune are not served here
-yet, so nothing applies them.
+stored and shown; nothing applies them yet: the consumer group protocol (KIP-848) takes its
+session timeout and heartbeat interval from ``[groups]`` for every group, and the share and
+streams protocols are not served.
 
 Each default is the broker config Kafka names as its synonym (group.consumer.session.timeout.ms
 for consumer.session.timeout.ms ...), with Kafka's default, and a value must lie within the
@@ -99,14 +100,19 @@ def alter_group_configs(current: dict[str, str], ops, incremental: bool, apply_o
     return new
 
 
-def describe_group_configs(configs: dict[str, str]) -> dict[str, tuple[str, int, str, list]]:
+def describe_group_configs(configs: dict[str, str], groups_cfg=None) -> dict[str, tuple[str, int, str, list]]:
     """name -> (value, source, type, synonyms) of every group config of a group whose own configs
-    are ``configs`` (GROUP_CONFIG when set, else the broker default)."""
+    are ``configs`` (GROUP_CONFIG when set, else the broker default: ``[groups]``'s consumer
+    session timeout and heartbeat interval when ``groups_cfg`` is given, Kafka's otherwise)."""
+    defaults = {}
+    if groups_cfg is not None:
+        defaults = {"consumer.session.timeout.ms": str(groups_cfg.consumer_session_timeout_ms),
+                    "consumer.heartbeat.interval.ms": str(groups_cfg.consumer_heartbeat_interval_ms)}
     out = {}
     for name, d in GROUP_CONFIGS.items():
         syn = []
         if name in configs:
             syn.append((name, configs[name], GROUP_CONFIG))
-        syn.append((d.broker, d.default, DEFAULT_CONFIG))
+        syn.append((d.broker, defaults.get(name, d.default), DEFAULT_CONFIG))
         out[name] = (syn[0][1], syn[0][2], d.type, syn)
     return out

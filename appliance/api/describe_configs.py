@@ -160,7 +160,7 @@ def handle(ctx, req):
         elif res.resource_type == GROUP:
             # KIP-848 group configs: every name, set on the group or the broker's default; a
             # group that does not exist (yet) has the defaults, as in Kafka.
-            found = describe_group_configs(catalog.group_configs.get(res.resource_name, {}))
+            found = describe_group_configs(catalog.group_configs.get(res.resource_name, {}), cfg.groups)
             for name, (value, source, ctype, syn) in found.items():
                 if keys is None or name in keys:
                     entries.append(_entry(name, value, source, ctype, None, syn, req, False))
