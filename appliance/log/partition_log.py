@@ -148,6 +148,9 @@ class PartitionLog:
         self.crash_hook: Callable[[str], None] | None = None
         self._control_mark: tuple[AppendInfo, SegmentMark] | None = None
         self._unsaved_start = False     # log-start-offset checkpoint not written (full disk)
+        # A fresh partition's names (its segment files, its directory in the data dir) are not
+        # synced at open (see ``open``): the first flush syncs them before any batch is durable.
+        self._names_unsynced = False
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
@@ -281,8 +284,10 @@ class PartitionLog:
         have = read_checkpoint(rp_path)
         if have != rp:
             write_checkpoint(rp_path, rp, sync=not (have is None and rp == 0))  # missing reads 0
-        return cls(directory, settings, [x.info for x in loaded], active, lso,
-                   txn_index_rebuild_from=rebuild_from, rebuild_pending=pending)
+        opened = cls(directory, settings, [x.info for x in loaded], active, lso,
+                     txn_index_rebuild_from=rebuild_from, rebuild_pending=pending)
+        opened._names_unsynced = fresh
+        return opened
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -513,13 +518,28 @@ class PartitionLog:
         """msync everything appended since the last flush (group commit point)."""
         if self._rebuild_pending or self._rebuild_ix is not None:
             self.finish_txn_index_rebuild()
+        self._sync_names()
         self._active.flush()
 
     def flush_target(self) -> tuple[int, int]:
         """(a new descriptor of the active segment's file, the log end offset now): an
         fdatasync of that descriptor makes every batch below that offset durable (segments
         before the active one were fsynced when they rolled). The caller closes the fd."""
+        self._sync_names()
         return self._active.dup_fd(), self.log_end_offset
+
+    def _sync_names(self) -> None:
+        # A fresh partition's first open syncs no directory (ten thousand CreateTopics), which
+        # is safe only while nothing in it is durable: an fdatasync of the segment makes its
+        # bytes durable, not its name nor the partition directory's, so after a power loss an
+        # acknowledged batch (flush policy batch or interval) was gone with the whole directory.
+        # Kafka's LocalLog.flush fsyncs the partition directory when a flush covers a new
+        # segment ("for crash consistency"); here, once, on the first flush, with the parent
+        # (the partition directory's own name, which the supervisor writes unsynced).
+        if self._names_unsynced:
+            fsync_dir(self.directory)
+            fsync_dir(os.path.dirname(os.path.abspath(self.directory)))
+            self._names_unsynced = False
 
     # -- retention ---------------------------------------------------------------------------
     def enforce_retention(self, now_ms: int) -> bool:
