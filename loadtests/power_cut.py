@@ -49,6 +49,7 @@ class Stream:
         self.acked: dict[int, list[tuple[int, str, float]]] = {p: [] for p in range(PARTITIONS)}
         self.out_of_order = 0
         self.errors = 0
+        self.lost: set[str] = set()
         self.stop = threading.Event()
         self.p = Producer({"bootstrap.servers": bootstrap, "acks": acks,
                            "enable.idempotence": acks == "all", "linger.ms": 1,
@@ -112,23 +113,31 @@ def read_log(bootstrap: str, topic: str) -> dict[int, list[tuple[int, str]]]:
     return out
 
 
-def judge(stream: Stream, log: dict, cut_at: float) -> dict:
-    lost, worst_ms, gaps = 0, 0.0, 0
+def judge(stream: Stream, log: dict, cut_at: float, prev_cut: float) -> dict:
+    """This cut's loss: the records acknowledged since the previous cut and missing now (those
+    an earlier cut took are ``stream.lost`` already); a gap: an acknowledged record missing while
+    a later one of its partition survived."""
+    lost, worst_ms, gaps = 0, 0.0, []
     for part in range(PARTITIONS):
         have = {v for _, v in log[part]}
-        acked = [a for a in stream.acked[part] if a[2] <= cut_at]
+        acked = [a for a in stream.acked[part] if a[2] <= cut_at and a[1] not in stream.lost]
         missing = [a for a in acked if a[1] not in have]
-        lost += len(missing)
+        lost += sum(a[2] > prev_cut for a in missing)
         if missing:
             worst_ms = max(worst_ms, (cut_at - min(a[2] for a in missing)) * 1000)
-        # A consistent prefix: what survived of the acknowledged records is their first k.
         present = [a[1] in have for a in acked]
         if False in present and True in present[present.index(False):]:
-            gaps += 1
+            first = present.index(False)
+            later = acked[first + present[first:].index(True)]
+            at = dict(log[part])
+            gaps.append({"partition": part, "missing": acked[first][:2],
+                         "acked_ms_before_cut": round((cut_at - acked[first][2]) * 1000, 1),
+                         "later_present": later[:2], "now_at_its_offset": at.get(acked[first][0])})
+        stream.lost.update(a[1] for a in missing)
         # Offsets in the recovered log are contiguous from its start.
         offs = [o for o, _ in log[part]]
         if offs and offs != list(range(offs[0], offs[0] + len(offs))):
-            gaps += 1
+            gaps.append({"partition": part, "offsets_not_contiguous": True})
     return {"lost": lost, "worst_loss_ms": round(worst_ms, 1), "gaps": gaps}
 
 
@@ -164,6 +173,7 @@ def main() -> None:
         streams = {t: Stream(app.bootstrap, t, acks, args.rate) for t, acks in ACKS.items()}
         for s in streams.values():
             s.t.start()
+        prev_cut = 0.0
         for i in range(args.cuts):
             before = {t: s.count() for t, s in streams.items()}
             time.sleep(rng.uniform(1.0, 4.0))      # the random moment of the cut
@@ -183,9 +193,10 @@ def main() -> None:
             row = {"round": i, "policy": args.policy, "interval_ms": args.interval_ms}
             for t, s in streams.items():
                 log = read_log(app.bootstrap, t)
-                row[t] = {**judge(s, log, cut_at), "crc_errors": log["crc_errors"],
+                row[t] = {**judge(s, log, cut_at, prev_cut), "crc_errors": log["crc_errors"],
                           "resumed": resumed[t], "out_of_order": s.out_of_order,
                           "acked_since_last_cut": s.count() - before[t]}
+            prev_cut = cut_at
             rounds.append(row)
             print(json.dumps(row), flush=True)
         for s in streams.values():
@@ -200,7 +211,7 @@ def main() -> None:
         summary[t] = {"lost_total": sum(r[t]["lost"] for r in rounds),
                       "worst_lost_in_a_cut": max((r[t]["lost"] for r in rounds), default=0),
                       "worst_loss_ms": max((r[t]["worst_loss_ms"] for r in rounds), default=0),
-                      "gaps": sum(r[t]["gaps"] for r in rounds),
+                      "gaps": sum(len(r[t]["gaps"]) for r in rounds),
                       "crc_errors": sum(r[t]["crc_errors"] for r in rounds),
                       "never_resumed": sum(not r[t]["resumed"] for r in rounds),
                       "out_of_order": max((r[t]["out_of_order"] for r in rounds), default=0)}
