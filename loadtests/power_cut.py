@@ -113,32 +113,36 @@ def read_log(bootstrap: str, topic: str) -> dict[int, list[tuple[int, str]]]:
     return out
 
 
-def judge(stream: Stream, log: dict, cut_at: float, prev_cut: float) -> dict:
-    """This cut's loss: the records acknowledged since the previous cut and missing now (those
-    an earlier cut took are ``stream.lost`` already); a gap: an acknowledged record missing while
-    a later one of its partition survived."""
-    lost, worst_ms, gaps = 0, 0.0, []
+def judge(stream: Stream, log: dict, cut_at: float, killed_at: float, ready_at: float) -> dict:
+    """This cut's loss: the records acknowledged before the appliance was dead (``killed_at``:
+    an ack can leave in the moment between the cut's start and the group's death) and missing
+    now, less those an earlier cut took (``stream.lost``); the loss in ms counts from the cut. A
+    gap: an acknowledged record missing while a later one of its partition survived."""
+    lost, worst_ms, gaps, since_start = 0, 0.0, [], None
     for part in range(PARTITIONS):
-        have = {v for _, v in log[part]}
-        acked = [a for a in stream.acked[part] if a[2] <= cut_at and a[1] not in stream.lost]
+        at = dict(log[part])
+        have = set(at.values())
+        acked = [a for a in stream.acked[part] if a[2] <= killed_at and a[1] not in stream.lost]
         missing = [a for a in acked if a[1] not in have]
-        lost += sum(a[2] > prev_cut for a in missing)
+        lost += len(missing)
         if missing:
-            worst_ms = max(worst_ms, (cut_at - min(a[2] for a in missing)) * 1000)
+            oldest = min(a[2] for a in missing)
+            if (cut_at - oldest) * 1000 > worst_ms:
+                worst_ms = (cut_at - oldest) * 1000
+                since_start = (oldest - ready_at) * 1000
         present = [a[1] in have for a in acked]
         if False in present and True in present[present.index(False):]:
             first = present.index(False)
             later = acked[first + present[first:].index(True)]
-            at = dict(log[part])
             gaps.append({"partition": part, "missing": acked[first][:2],
                          "acked_ms_before_cut": round((cut_at - acked[first][2]) * 1000, 1),
                          "later_present": later[:2], "now_at_its_offset": at.get(acked[first][0])})
         stream.lost.update(a[1] for a in missing)
-        # Offsets in the recovered log are contiguous from its start.
-        offs = [o for o, _ in log[part]]
+        offs = sorted(at)
         if offs and offs != list(range(offs[0], offs[0] + len(offs))):
             gaps.append({"partition": part, "offsets_not_contiguous": True})
-    return {"lost": lost, "worst_loss_ms": round(worst_ms, 1), "gaps": gaps}
+    return {"lost": lost, "worst_loss_ms": round(max(worst_ms, 0.0), 1), "gaps": gaps,
+            "worst_acked_ms_after_start": None if since_start is None else round(since_start, 1)}
 
 
 def main() -> None:
@@ -173,15 +177,17 @@ def main() -> None:
         streams = {t: Stream(app.bootstrap, t, acks, args.rate) for t, acks in ACKS.items()}
         for s in streams.values():
             s.t.start()
-        prev_cut = 0.0
+        ready_at = time.monotonic()
         for i in range(args.cuts):
             before = {t: s.count() for t, s in streams.items()}
             time.sleep(rng.uniform(1.0, 4.0))      # the random moment of the cut
             cut_at = time.monotonic()
             app.kill9_all()
+            killed_at = time.monotonic()
             mount.cut()
             mount.mount()
             app.start(timeout=120)
+            new_ready = time.monotonic()
             # The same producers resume: wait until each has new acks (not stuck).
             resumed = {}
             t0 = time.monotonic()
@@ -193,10 +199,10 @@ def main() -> None:
             row = {"round": i, "policy": args.policy, "interval_ms": args.interval_ms}
             for t, s in streams.items():
                 log = read_log(app.bootstrap, t)
-                row[t] = {**judge(s, log, cut_at, prev_cut), "crc_errors": log["crc_errors"],
+                row[t] = {**judge(s, log, cut_at, killed_at, ready_at), "crc_errors": log["crc_errors"],
                           "resumed": resumed[t], "out_of_order": s.out_of_order,
                           "acked_since_last_cut": s.count() - before[t]}
-            prev_cut = cut_at
+            ready_at = new_ready
             rounds.append(row)
             print(json.dumps(row), flush=True)
         for s in streams.values():
