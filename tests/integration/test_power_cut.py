@@ -34,6 +34,15 @@ def lazy_mount(tmp_path):
     m.cut()
 
 
+@pytest.fixture
+def batch_appliance(appliance_factory, lazy_mount):
+    """An appliance with policy batch whose data dir is on lazyfs; stopped before the mount goes
+    (a mount gone under a running appliance is an I/O error in every worker)."""
+    app = appliance_factory(data_dir=durable_data_dir(lazy_mount), **BATCH)
+    yield app
+    app.terminate()
+
+
 def durable_data_dir(mount: LazyMount) -> str:
     """The operator's part: the data dir exists, and its name is durable, before the start."""
     d = os.path.join(mount.mountpoint, "data")
@@ -76,23 +85,22 @@ def run_cuts(app, mount, cuts: int, seed: int) -> dict:
 
 
 @pytest.mark.soak
-def test_batch_policy_loses_nothing_acknowledged_across_power_cuts(appliance_factory, lazy_mount,
+def test_batch_policy_loses_nothing_acknowledged_across_power_cuts(batch_appliance, lazy_mount,
                                                                    request):
     cuts = request.config.getoption("--power-cuts") or (
         200 if request.config.getoption("--soak") else 3)
-    app = appliance_factory(data_dir=durable_data_dir(lazy_mount), **BATCH)
-    found = run_cuts(app, lazy_mount, cuts, seed=34)
+    found = run_cuts(batch_appliance, lazy_mount, cuts, seed=34)
     assert found == {k: [] for k in found}, found
 
 
-def test_a_new_partitions_acknowledged_records_survive_a_power_cut(appliance_factory, lazy_mount):
+def test_a_new_partitions_acknowledged_records_survive_a_power_cut(batch_appliance, lazy_mount):
     """The bug: a fresh partition's first open synced no directory (fast CreateTopics), and the
     flusher's fdatasync made the segment's bytes durable but not its name nor the partition
     directory's: after a power cut every record acknowledged under policy batch was gone."""
     from confluent_kafka import Producer
     from power_cut_workload import EVENTS, PARTITIONS, read_values
 
-    app = appliance_factory(data_dir=durable_data_dir(lazy_mount), **BATCH)
+    app = batch_appliance
     create_topics(app.bootstrap)
     acked = {}
     p = Producer({"bootstrap.servers": app.bootstrap, "acks": "all", "enable.idempotence": True})
