@@ -148,9 +148,9 @@ class PartitionLog:
         self.crash_hook: Callable[[str], None] | None = None
         self._control_mark: tuple[AppendInfo, SegmentMark] | None = None
         self._unsaved_start = False     # log-start-offset checkpoint not written (full disk)
-        # A fresh partition's names (its segment files, its directory in the data dir) are not
-        # synced at open (see ``open``): the first flush syncs them before any batch is durable.
-        self._names_unsynced = False
+        # Whether the names (the segment files, the partition directory in the data dir) may
+        # not be durable: the first flush_target syncs them before any batch can be (see there).
+        self._names_unsynced = True
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
@@ -284,10 +284,8 @@ class PartitionLog:
         have = read_checkpoint(rp_path)
         if have != rp:
             write_checkpoint(rp_path, rp, sync=not (have is None and rp == 0))  # missing reads 0
-        opened = cls(directory, settings, [x.info for x in loaded], active, lso,
-                     txn_index_rebuild_from=rebuild_from, rebuild_pending=pending)
-        opened._names_unsynced = fresh
-        return opened
+        return cls(directory, settings, [x.info for x in loaded], active, lso,
+                   txn_index_rebuild_from=rebuild_from, rebuild_pending=pending)
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -518,7 +516,6 @@ class PartitionLog:
         """msync everything appended since the last flush (group commit point)."""
         if self._rebuild_pending or self._rebuild_ix is not None:
             self.finish_txn_index_rebuild()
-        self._sync_names()
         self._active.flush()
 
     def flush_target(self) -> tuple[int, int]:
@@ -529,13 +526,15 @@ class PartitionLog:
         return self._active.dup_fd(), self.log_end_offset
 
     def _sync_names(self) -> None:
-        # A fresh partition's first open syncs no directory (ten thousand CreateTopics), which
-        # is safe only while nothing in it is durable: an fdatasync of the segment makes its
-        # bytes durable, not its name nor the partition directory's, so after a power loss an
-        # acknowledged batch (flush policy batch or interval) was gone with the whole directory.
-        # Kafka's LocalLog.flush fsyncs the partition directory when a flush covers a new
-        # segment ("for crash consistency"); here, once, on the first flush, with the parent
-        # (the partition directory's own name, which the supervisor writes unsynced).
+        # An fdatasync of the segment makes its bytes durable, not its name nor the partition
+        # directory's. Nothing at open syncs them all: a fresh partition's first open syncs no
+        # directory (CreateTopics of ten thousand), the supervisor makes the directory unsynced,
+        # and an open after a kill -9 before any flush finds the files and syncs nothing. After
+        # a power loss an acknowledged batch (flush policy batch or interval) was then gone with
+        # the whole directory. Kafka's LocalLog.flush fsyncs the partition directory when a
+        # flush covers a new segment ("for crash consistency"); here, once per open, on the
+        # first flush that can make a batch durable, with the parent (the directory's own name).
+        # A clean close needs neither: what it makes durable no ack waited for.
         if self._names_unsynced:
             fsync_dir(self.directory)
             fsync_dir(os.path.dirname(os.path.abspath(self.directory)))

@@ -113,3 +113,29 @@ def test_a_new_partitions_acknowledged_records_survive_a_power_cut(batch_applian
     got = {v: (part, off) for part, rows in read_values(app.bootstrap, EVENTS, "read_committed").items()
            for off, v in rows}
     assert got == acked
+
+
+def test_a_partition_restarted_before_its_first_flush_keeps_acknowledged_records_at_a_power_cut(
+        batch_appliance, lazy_mount):
+    """The bug: only a partition's fresh first open marked its names for the first flush's sync.
+    Killed -9 (no power cut) before any flush, the next open found its files and synced nothing:
+    the partition directory's name in the data dir was never made durable, and a power cut after
+    records acknowledged under policy batch took the whole partition."""
+    from confluent_kafka import Producer
+    from power_cut_workload import EVENTS, PARTITIONS, read_values
+
+    app = batch_appliance
+    create_topics(app.bootstrap)
+    app.kill9_all()                    # a crash, not a power cut: the page cache keeps all
+    app.start(timeout=120)
+    acked = {}
+    p = Producer({"bootstrap.servers": app.bootstrap, "acks": "all", "enable.idempotence": True})
+    for i in range(30):
+        p.produce(EVENTS, value=f"v{i}".encode(), partition=i % PARTITIONS,
+                  on_delivery=lambda err, m: err or acked.__setitem__(m.value().decode(),
+                                                                      (m.partition(), m.offset())))
+    assert p.flush(30) == 0 and len(acked) == 30
+    power_cut(app, lazy_mount)
+    got = {v: (part, off) for part, rows in read_values(app.bootstrap, EVENTS, "read_committed").items()
+           for off, v in rows}
+    assert got == acked

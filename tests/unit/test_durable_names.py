@@ -14,7 +14,7 @@ S = LogSettings(segment_bytes=1 << 20, index_interval_bytes=100, segment_index_b
                 retention_ms=-1, retention_bytes=-1)
 
 
-def test_a_fresh_partitions_first_flush_syncs_its_directory_and_the_data_dir(tmp_path, monkeypatch):
+def test_the_first_flush_after_each_open_syncs_the_partition_directory_and_the_data_dir(tmp_path, monkeypatch):
     synced = []
     monkeypatch.setattr(PL, "fsync_dir", lambda d: synced.append(os.path.abspath(d)))
     part = tmp_path / "t-0"
@@ -27,12 +27,13 @@ def test_a_fresh_partitions_first_flush_syncs_its_directory_and_the_data_dir(tmp
     fd, _ = log.flush_target()                    # once only
     os.close(fd)
     assert synced == [str(part), str(tmp_path)]
-    log.close(clean=False)
+    log.close(clean=False)           # as a kill -9 would leave it, before any power cut
     synced.clear()
-    log = PartitionLog.open(str(part), S, T0)     # not fresh: its names were synced
-    fd, _ = log.flush_target()
-    os.close(fd)
+    log = PartitionLog.open(str(part), S, T0)     # it finds the files and syncs no name...
     assert str(tmp_path) not in synced
+    fd, _ = log.flush_target()                    # ...its first flush does
+    os.close(fd)
+    assert synced[-2:] == [str(part), str(tmp_path)]
     log.close(clean=False)
 
 
