@@ -80,7 +80,12 @@ def run_cuts(app, mount, cuts: int, seed: int) -> dict:
         work.finish()
     assert not work.seen.errors, work.seen.errors
     found = anomalies(app.bootstrap, work.seen)
-    assert work.seen.acked and work.seen.committed_txns and work.seen.offsets
+    s = work.seen
+    assert s.acked and s.committed_txns and s.offsets
+    print(f"POWER-CUTS {cuts}: {len(s.acked)} records acknowledged ({len(s.failed)} failed), "
+          f"{len(s.committed_txns)} transactions committed, {len(s.aborted_txns)} aborted, "
+          f"{len(s.unknown_txns)} unknown, {len(s.offsets)} partitions' offsets committed; "
+          f"anomalies: {sum(map(len, found.values()))}")
     return found
 
 
