@@ -19,9 +19,19 @@ $(VENV)/.installed: $(BUILD_INPUTS) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-test: $(BUILD_INPUTS) | $(BIN)/python
+$(VENV)/.installed-test: $(BUILD_INPUTS) | $(BIN)/python fuse3
 	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	touch $(VENV)/.installed $@
+
+# The power-cut tests mount a FUSE file system of their own (tests/integration/lazyfs.py):
+# Debian's fuse3 gives fusermount3 and libfuse3, which mfusepy loads. Installed when missing and
+# root (CI and the developers' machines); otherwise those tests fail naming it.
+.PHONY: fuse3
+fuse3:
+	@command -v fusermount3 >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	    && (apt-get install -y -qq fuse3 >/dev/null 2>&1 \
+	        || (apt-get update -qq && apt-get install -y -qq fuse3 >/dev/null)); } \
+	    || echo "fuse3 not installed: the power-cut tests will fail naming it"
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test

@@ -20,9 +20,9 @@ import os
 
 from shm.region import allocate
 
-__all__ = ["TMP_SUFFIX", "NO_SPACE", "is_no_space", "grow_file", "fsync_dir", "write_tmp_copies",
-           "atomic_write", "read_checkpoint", "write_checkpoint", "CHECKSUM_KEY", "with_checksum",
-           "verify_checksum"]
+__all__ = ["TMP_SUFFIX", "NO_SPACE", "is_no_space", "grow_file", "fsync_dir", "make_dirs",
+           "write_tmp_copies", "atomic_write", "read_checkpoint", "write_checkpoint",
+           "CHECKSUM_KEY", "with_checksum", "verify_checksum"]
 
 TMP_SUFFIX = ".tmp"
 # The JSON files of the data dir (catalog, credentials, ACLs) carry the CRC-32C of their content
@@ -71,6 +71,20 @@ def fsync_dir(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_dirs(directory: str) -> None:
+    """``os.makedirs(directory, exist_ok=True)`` whose new names are durable: the parent of each
+    level it creates is fsynced (a power loss would otherwise take the directory, and every file
+    synced in it, away; only kill -9 keeps an unsynced name). Nothing is synced when it exists."""
+    missing = []
+    d = os.path.abspath(directory)
+    while not os.path.isdir(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    os.makedirs(directory, exist_ok=True)
+    for d in reversed(missing):
+        fsync_dir(os.path.dirname(d))
 
 
 def _write_tmp(path: str, data: bytes, sync: bool, mode: int = 0o644) -> str:

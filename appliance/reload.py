@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 import msgspec
 
-from .config import HIDDEN, SECRET_KEYS, Config, ConfigError, check_consistency, to_toml_dict
+from .config import Config, ConfigError, check_consistency
+from .config_print import HIDDEN, SECRET_KEYS, to_toml_dict
 from appliance.durable import atomic_write
 
 log = logging.getLogger("appliance.supervisor")

@@ -192,8 +192,9 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in [
        "*.deleted) for the fetches answered from them.", "log.segment.delete.delay.ms",
        setting="file_delete_delay_ms"),
     _D("preallocate", "BOOLEAN", _const("false"), _bool_check,
-       "Stored as Kafka stores it; segment files grow as they are written (no preallocation: a "
-       "preallocated file's zero tail would be recovered as torn).", "log.preallocate"),
+       "Stored as Kafka stores it; whatever it says, the active segment's file is allocated "
+       "(posix_fallocate) 1 MiB ahead of the appends, so that a full disk is answered, not "
+       "faulted on.", "log.preallocate"),
     # -- durability -------------------------------------------------------------------------------
     _D("flush.messages", "LONG", _flush_messages_default, _int_check(1),
        "fdatasync once this many records are not yet synced; 1: every batch, and acks=-1 "

@@ -16,6 +16,8 @@ def pytest_addoption(parser):
                     help="mutated frames the fuzz test sends (default 4000; 100000 with --soak)")
     group.addoption("--fuzz-seed", type=int, default=None, metavar="S",
                     help="seed of the fuzz test's mutations (default: 17)")
+    group.addoption("--power-cuts", type=int, default=None, metavar="N",
+                    help="power cuts of the flush-policy tests (default 3; 200 with --soak)")
 
 
 def pytest_collection_modifyitems(config, items):

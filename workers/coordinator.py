@@ -30,7 +30,7 @@ import msgspec
 from appliance.data_layout import COORDINATOR_DIR, GROUP_LOG_DIR
 from appliance.config import Config
 from appliance.group.service import GroupService
-from appliance.durable import atomic_write
+from appliance.durable import atomic_write, make_dirs
 from appliance.metrics import COORDINATOR_SNAPSHOT, key as mkey
 from appliance.catalog.assignment import ASSIGNMENT_FILE, AssignmentView
 from appliance.runtime import COORDINATOR_PAGE_FIELDS, WRITER_PROCESS_PAGE_FIELDS, WorkerContext
@@ -120,7 +120,7 @@ class Coordinator(Worker):
                                          lambda: self.sup_page.read().assignment_version)
         self.assignment_seen = -1
         self.dir = os.path.join(ctx.data_dir, COORDINATOR_DIR)
-        os.makedirs(self.dir, exist_ok=True)
+        make_dirs(self.dir)     # durable: its logs and producer-id blocks are synced in it
         self.next_metrics = 0.0
         self._metrics_error: str | None = None    # the last "not published" reason logged
 

@@ -11,7 +11,7 @@ import sys
 import click
 
 from appliance.cli import _load, _read_config, main
-from appliance.config import dumps_toml
+from appliance.config_print import dumps_toml
 from appliance.runtime import LOG_FORMATS
 
 

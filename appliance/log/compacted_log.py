@@ -60,7 +60,7 @@ from typing import Callable, ClassVar, Iterable, Iterator, NamedTuple, Protocol,
 from appliance.config import FlushPolicy
 from appliance.errors import ErrorCode, KafkaError
 from appliance.log.files import log_path
-from appliance.durable import atomic_write, fsync_dir
+from appliance.durable import atomic_write, fsync_dir, make_dirs
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.protocol.internal_records import RecordDecodeError, UnknownKeyVersion
 from appliance.protocol.records import (BatchHeader, Record, batch_crc_ok, build_batch,
@@ -232,7 +232,7 @@ class CompactedLog:
         self._live_bytes = 0
         self._loaded = False
         self._swap = SwapDirs.under(directory, *self.DIRS)
-        os.makedirs(directory, exist_ok=True)
+        make_dirs(directory)    # its name durable: the first sync makes only the live dir's
         self._repair()
         self._log: PartitionLog | None = PartitionLog.open(self._swap.live, self._settings, open_ms)
 

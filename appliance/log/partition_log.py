@@ -153,6 +153,9 @@ class PartitionLog:
         self.crash_hook: Callable[[str], None] | None = None
         self._control_mark: tuple[AppendInfo, SegmentMark] | None = None
         self._unsaved_start = False     # log-start-offset checkpoint not written (full disk)
+        # Whether the names (the segment files, the partition directory in the data dir) may
+        # not be durable: the first flush_target syncs them before any batch can be (see there).
+        self._names_unsynced = True
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
@@ -538,7 +541,23 @@ class PartitionLog:
         """(a new descriptor of the active segment's file, the log end offset now): an
         fdatasync of that descriptor makes every batch below that offset durable (segments
         before the active one were fsynced when they rolled). The caller closes the fd."""
+        self._sync_names()
         return self._active.dup_fd(), self.log_end_offset
+
+    def _sync_names(self) -> None:
+        # An fdatasync of the segment makes its bytes durable, not its name nor the partition
+        # directory's. Nothing at open syncs them all: a fresh partition's first open syncs no
+        # directory (CreateTopics of ten thousand), the supervisor makes the directory unsynced,
+        # and an open after a kill -9 before any flush finds the files and syncs nothing. After
+        # a power loss an acknowledged batch (flush policy batch or interval) was then gone with
+        # the whole directory. Kafka's LocalLog.flush fsyncs the partition directory when a
+        # flush covers a new segment ("for crash consistency"); here, once per open, on the
+        # first flush that can make a batch durable, with the parent (the directory's own name).
+        # A clean close needs neither: what it makes durable no ack waited for.
+        if self._names_unsynced:
+            fsync_dir(self.directory)
+            fsync_dir(os.path.dirname(os.path.abspath(self.directory)))
+            self._names_unsynced = False
 
     # -- retention ---------------------------------------------------------------------------
     def enforce_retention(self, now_ms: int) -> bool:

@@ -20,7 +20,7 @@ import time
 import psutil
 
 from appliance.catalog.model import new_topic_id, uuid_to_kafka_str
-from appliance.durable import NO_SPACE, TMP_SUFFIX, atomic_write
+from appliance.durable import NO_SPACE, TMP_SUFFIX, atomic_write, make_dirs
 from appliance.runtime import (HEARTBEAT_FILE, RUNTIME_POINTER, DataDirUnusable,
                                RuntimeDirUnusable, pid_alive)
 
@@ -138,7 +138,7 @@ class SupervisorDirs:
             raise DataDirUnusable(f"data dir {self.data_dir} is unusable: it is a file, not a "
                                   "directory (server.data_dir)")
         try:
-            os.makedirs(self.data_dir, exist_ok=True)
+            make_dirs(self.data_dir)   # its name durable, when this start makes it
             if not os.access(self.data_dir, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
             self._lock_fd = os.open(os.path.join(self.data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)

@@ -60,7 +60,8 @@ from appliance.supervisor.catalog_store import CatalogStore
 from appliance.catalog.view import PUBLISHED_FILE, publish
 from appliance import ipc
 from appliance.acl import store as acl_store
-from appliance.config import Config, non_defaults
+from appliance.config import Config
+from appliance.config_print import non_defaults
 from appliance.errors import ErrorCode
 from appliance.listeners import Listener
 from appliance.durable import atomic_write

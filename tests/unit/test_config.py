@@ -6,7 +6,8 @@ import tomllib
 import msgspec
 import pytest
 
-from appliance.config import Config, ConfigError, dumps_toml, load
+from appliance.config import Config, ConfigError, load
+from appliance.config_print import dumps_toml
 from appliance.listeners import Listener
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))

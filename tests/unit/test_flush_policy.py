@@ -4,7 +4,8 @@ message for a bad value."""
 
 import pytest
 
-from appliance.config import ConfigError, FlushConfig, FlushPolicy, dumps_toml, load
+from appliance.config import ConfigError, FlushConfig, FlushPolicy, load
+from appliance.config_print import dumps_toml
 
 
 @pytest.mark.parametrize("value,member", [("os", FlushPolicy.OS), ("batch", FlushPolicy.BATCH),

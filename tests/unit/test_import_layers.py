@@ -19,8 +19,8 @@ PACKAGES = ("appliance", "workers", "shm")
 LAYERS = [
     {"shm", "appliance.errors", "appliance.durable", "appliance.testhooks",
      "appliance.principal_rules", "appliance.listeners"},
-    {"appliance.protocol", "appliance.config", "appliance.broker_dynamic_configs",
-     "appliance.group_config"},
+    {"appliance.protocol", "appliance.config", "appliance.config_print",
+     "appliance.broker_dynamic_configs", "appliance.group_config"},
     {"appliance.ipc", "appliance.service", "appliance.runtime", "appliance.topic_config",
      "appliance.data_layout", "appliance.reload"},
     {"appliance.catalog", "appliance.log", "appliance.acl", "appliance.security",

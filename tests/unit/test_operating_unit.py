@@ -113,7 +113,7 @@ def test_every_key_is_either_live_or_has_a_reason_to_need_a_restart():
     def walk(prefix, tree):
         for k, v in tree.items():
             yield from walk(f"{prefix}{k}.", v) if isinstance(v, dict) else [f"{prefix}{k}"]
-    from appliance.config import to_toml_dict
+    from appliance.config_print import to_toml_dict
     for k in walk("", to_toml_dict(Config())):
         assert reload.is_live(k) or reload._reason(k) != "it is read once, at start", k
 
