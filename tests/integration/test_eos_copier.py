@@ -133,12 +133,14 @@ def test_exactly_once_copy_with_copiers_and_workers_killed_at_random(appliance_f
     events = []
     kills: dict[str, list[float]] = {}
     try:
-        # Chaos while the copy runs: every 1.5-3 s kill -9 one copier (restarted with its
+        # Chaos while the copy runs: every 1-2.5 s kill -9 one copier (restarted with its
         # transactional id) or one appliance worker (the supervisor restarts it); at most 45 s
         # (90 with --soak).
         chaos_end = time.monotonic() + chaos_s
         while time.monotonic() < chaos_end:
-            time.sleep(rng.uniform(1.5, 3.0))
+            # (1.5-3 s let a KIP-848 copy, which never stops the world for a rebalance, pass
+            # half its records before the third fault in a CI run.)
+            time.sleep(rng.uniform(1.0, 2.5))
             progress = output_end(b, dst)
             if progress >= records:
                 break                  # data + markers: the copy may be complete
