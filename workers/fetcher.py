@@ -161,18 +161,21 @@ class Fetcher(Worker):
                 return None
             self.handles[key] = h
             if len(self.handles) > MAX_HANDLES:
-                self._evict()
+                self._evict(keep=key)
         else:
             self.handles.move_to_end(key)
         return h
 
-    def _evict(self) -> None:
-        """Close the least recently used handles no parked long-poll holds."""
+    def _evict(self, keep: tuple[bytes, int]) -> None:
+        """Close the least recently used handles no parked long-poll holds, never ``keep`` (the
+        one just opened for the caller: when every older handle was held by a long-poll, the walk
+        reached it and closed it under its caller, and every fetch and ListOffsets of a consumer
+        of more than MAX_HANDLES partitions failed with UNKNOWN_SERVER_ERROR)."""
         for key in list(self.handles):
             if len(self.handles) <= MAX_HANDLES * 3 // 4:
                 return
             h = self.handles[key]
-            if not h.waiters:
+            if not h.waiters and key != keep:
                 del self.handles[key]
                 h.close()
 
