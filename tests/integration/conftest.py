@@ -58,3 +58,17 @@ def appliance_factory(tmp_path, request):
 @pytest.fixture
 def appliance(appliance_factory):
     return appliance_factory()
+
+
+@pytest.fixture
+def lazy_mount(tmp_path):
+    """lazyfs (tests/integration/lazyfs.py) mounted over a backing dir under tmp_path: what is not
+    synced is lost at ``cut()``. Fails the test, naming what is missing, without FUSE."""
+    from lazyfs import LazyMount, available
+    why = available()
+    if why:
+        pytest.fail(why)
+    m = LazyMount(str(tmp_path / "backing"), str(tmp_path / "mnt"))
+    m.mount()
+    yield m
+    m.cut()

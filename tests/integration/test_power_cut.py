@@ -13,7 +13,8 @@ import random
 
 import pytest
 
-from lazyfs import LazyMount, available
+from appliance.durable import fsync_dir
+from lazyfs import LazyMount
 from power_cut_workload import Workload, anomalies, create_topics
 
 pytestmark = pytest.mark.timeout(1800)
@@ -21,17 +22,6 @@ pytestmark = pytest.mark.timeout(1800)
 BATCH = {"log": {"flush": {"policy": "batch"}},
          "transactions": {"abort_timed_out_interval_ms": 1000},
          "groups": {"initial_rebalance_delay_ms": 0}}
-
-
-@pytest.fixture
-def lazy_mount(tmp_path):
-    why = available()
-    if why:
-        pytest.fail(why)
-    m = LazyMount(str(tmp_path / "backing"), str(tmp_path / "mnt"))
-    m.mount()
-    yield m
-    m.cut()
 
 
 @pytest.fixture
@@ -47,11 +37,7 @@ def durable_data_dir(mount: LazyMount) -> str:
     """The operator's part: the data dir exists, and its name is durable, before the start."""
     d = os.path.join(mount.mountpoint, "data")
     os.mkdir(d)
-    fd = os.open(mount.mountpoint, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(mount.mountpoint)
     return d
 
 
@@ -102,22 +88,9 @@ def test_a_new_partitions_acknowledged_records_survive_a_power_cut(batch_applian
     """The bug: a fresh partition's first open synced no directory (fast CreateTopics), and the
     flusher's fdatasync made the segment's bytes durable but not its name nor the partition
     directory's: after a power cut every record acknowledged under policy batch was gone."""
-    from confluent_kafka import Producer
-    from power_cut_workload import EVENTS, PARTITIONS, read_values
-
     app = batch_appliance
     create_topics(app.bootstrap)
-    acked = {}
-    p = Producer({"bootstrap.servers": app.bootstrap, "acks": "all", "enable.idempotence": True})
-    for i in range(30):
-        p.produce(EVENTS, value=f"v{i}".encode(), partition=i % PARTITIONS,
-                  on_delivery=lambda err, m: err or acked.__setitem__(m.value().decode(),
-                                                                      (m.partition(), m.offset())))
-    assert p.flush(30) == 0 and len(acked) == 30
-    power_cut(app, lazy_mount)
-    got = {v: (part, off) for part, rows in read_values(app.bootstrap, EVENTS, "read_committed").items()
-           for off, v in rows}
-    assert got == acked
+    assert_acknowledged_records_survive_a_cut(app, lazy_mount)
 
 
 def test_a_partition_restarted_before_its_first_flush_keeps_acknowledged_records_at_a_power_cut(
@@ -126,13 +99,19 @@ def test_a_partition_restarted_before_its_first_flush_keeps_acknowledged_records
     Killed -9 (no power cut) before any flush, the next open found its files and synced nothing:
     the partition directory's name in the data dir was never made durable, and a power cut after
     records acknowledged under policy batch took the whole partition."""
-    from confluent_kafka import Producer
-    from power_cut_workload import EVENTS, PARTITIONS, read_values
-
     app = batch_appliance
     create_topics(app.bootstrap)
     app.kill9_all()                    # a crash, not a power cut: the page cache keeps all
     app.start(timeout=120)
+    assert_acknowledged_records_survive_a_cut(app, lazy_mount)
+
+
+def assert_acknowledged_records_survive_a_cut(app, mount: LazyMount) -> None:
+    """30 records acknowledged (idempotent, acks=all), a power cut, every one read back at the
+    partition and offset its acknowledgement named."""
+    from confluent_kafka import Producer
+    from power_cut_workload import EVENTS, PARTITIONS, read_values
+
     acked = {}
     p = Producer({"bootstrap.servers": app.bootstrap, "acks": "all", "enable.idempotence": True})
     for i in range(30):
@@ -140,7 +119,7 @@ def test_a_partition_restarted_before_its_first_flush_keeps_acknowledged_records
                   on_delivery=lambda err, m: err or acked.__setitem__(m.value().decode(),
                                                                       (m.partition(), m.offset())))
     assert p.flush(30) == 0 and len(acked) == 30
-    power_cut(app, lazy_mount)
+    power_cut(app, mount)
     got = {v: (part, off) for part, rows in read_values(app.bootstrap, EVENTS, "read_committed").items()
            for off, v in rows}
     assert got == acked

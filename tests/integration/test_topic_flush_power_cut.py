@@ -13,13 +13,13 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from power_cut_workload import PARTITIONS, read_values
-from test_power_cut import durable_data_dir, lazy_mount, power_cut  # noqa: F401 (fixture)
+from test_power_cut import durable_data_dir, power_cut
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def test_flush_messages_one_keeps_acknowledged_records_across_a_writer_kill_and_a_power_cut(
-        appliance_factory, lazy_mount):  # noqa: F811
+        appliance_factory, lazy_mount):
     app = appliance_factory(data_dir=durable_data_dir(lazy_mount))      # [log.flush] policy os
     try:
         admin = AdminClient({"bootstrap.servers": app.bootstrap})
