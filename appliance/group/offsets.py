@@ -340,15 +340,8 @@ class OffsetManager:
             return gate
         if record is None and group_id not in self.store.groups:
             return E.none
-        try:
-            self.store.store_group(group_id, record, now_ms)
-        except GroupLogWriteError as e:
-            self._failed(e, f"metadata of group {group_id!r}")
-            return store_group_error(e.code)
-        except ValueError as e:                      # a string longer than a record can hold
-            log.error("group %r: metadata cannot be encoded: %s", group_id, e)
-            return E.unknown_server_error
-        return E.none
+        return self._stored(lambda: self.store.store_group(group_id, record, now_ms),
+                            f"metadata of group {group_id!r}")
 
     def store_consumer_group(self, group_id: str, changes: list, now_ms: int) -> ErrorCode:
         """Persist a KIP-848 consumer group's changed records (``consumer_records``; None values
@@ -356,13 +349,18 @@ class OffsetManager:
         gate = self._gate()
         if gate is not None:
             return gate
+        return self._stored(lambda: self.store.store_consumer(group_id, changes, now_ms),
+                            f"records of consumer group {group_id!r}")
+
+    def _stored(self, write, what: str) -> ErrorCode:
+        """``write()`` of group records, its failure mapped as Kafka's storeGroup maps it."""
         try:
-            self.store.store_consumer(group_id, changes, now_ms)
+            write()
         except GroupLogWriteError as e:
-            self._failed(e, f"records of consumer group {group_id!r}")
+            self._failed(e, what)
             return store_group_error(e.code)
         except ValueError as e:                      # a string longer than a record can hold
-            log.error("consumer group %r: records cannot be encoded: %s", group_id, e)
+            log.error("%s cannot be encoded: %s", what, e)
             return E.unknown_server_error
         return E.none
 

