@@ -368,6 +368,20 @@ class GroupsConfig(_Section):
     consumer_assignors: list[Literal["uniform", "range"]] = msgspec.field(
         default_factory=lambda: ["uniform", "range"])
     consumer_max_size: Positive = 2147483647
+    # KIP-932 share groups: the heartbeat interval told to members
+    # (group.share.heartbeat.interval.ms), the session timeout enforced
+    # (group.share.session.timeout.ms), how long a delivered record stays locked to its consumer
+    # (group.share.record.lock.duration.ms), deliveries before a record is archived
+    # (group.share.delivery.count.limit), where a new share group starts
+    # (share.auto.offset.reset), the most members of one group (group.share.max.size) and the
+    # most share sessions (group.share.max.share.sessions).
+    share_heartbeat_interval_ms: Positive = 5000
+    share_session_timeout_ms: Positive = 45000
+    share_record_lock_duration_ms: Positive = 30000
+    share_delivery_count_limit: Positive = 5
+    share_auto_offset_reset: Literal["latest", "earliest"] = "latest"
+    share_max_size: Positive = 200
+    share_max_share_sessions: Positive = 2000
 
 
 class AuthorizerConfig(_Section):

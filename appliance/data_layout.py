@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CATALOG_FILE", "PARTITION_METADATA_FILE", "COORDINATOR_DIR", "GROUP_LOG_DIR",
+__all__ = ["CATALOG_FILE", "PARTITION_METADATA_FILE", "COORDINATOR_DIR", "GROUP_LOG_DIR", "SHARE_LOG_DIR",
            "partition_dir"]
 
 CATALOG_FILE = "catalog.json"                  # the supervisor's catalog, the topics' commit point
 PARTITION_METADATA_FILE = "partition.metadata"   # Kafka's: the topic id in each partition dir
 COORDINATOR_DIR = "__coordinator"        # <data_dir>/__coordinator/, the coordinator worker's
 GROUP_LOG_DIR = "group-log"              # __coordinator/group-log/: the group coordinator's store
+SHARE_LOG_DIR = "share-state-log"        # __coordinator/share-state-log/: share partitions' state
 
 
 def partition_dir(data_dir: str, topic: str, partition: int) -> str:

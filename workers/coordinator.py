@@ -27,13 +27,16 @@ import time
 
 import msgspec
 
-from appliance.data_layout import COORDINATOR_DIR, GROUP_LOG_DIR
-from appliance.config import Config
+from appliance.data_layout import COORDINATOR_DIR, GROUP_LOG_DIR, SHARE_LOG_DIR
+from appliance.config import Config, FlushPolicy
 from appliance.group.service import GroupService
+from appliance.group.share_group import ShareService, share_config
+from appliance.group.share_store import ShareStateStore
 from appliance.durable import atomic_write, make_dirs
 from appliance.metrics import COORDINATOR_SNAPSHOT, key as mkey
 from appliance.catalog.assignment import ASSIGNMENT_FILE, AssignmentView
-from appliance.runtime import COORDINATOR_PAGE_FIELDS, WRITER_PROCESS_PAGE_FIELDS, WorkerContext
+from appliance.runtime import (COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS,
+                              WRITER_PROCESS_PAGE_FIELDS, WorkerContext, writer_name)
 from appliance.txn.coordinator import TransactionCoordinator
 from appliance.txn.producer_ids import ProducerIdManager
 from appliance.txn.service import TransactionService
@@ -119,6 +122,7 @@ class Coordinator(Worker):
         self.assignment = AssignmentView(self.topo.file_path(ASSIGNMENT_FILE),
                                          lambda: self.sup_page.read().assignment_version)
         self.assignment_seen = -1
+        self._pages: dict[tuple[bytes, int], StatePage] = {}    # partition pages (share groups)
         self.dir = os.path.join(ctx.data_dir, COORDINATOR_DIR)
         make_dirs(self.dir)     # durable: its logs and producer-id blocks are synced in it
         self.next_metrics = 0.0
@@ -179,6 +183,14 @@ class Coordinator(Worker):
                                self.cfg.log.flush.policy, self.tc, _now_ms, topics=self._topics)
         opened.append(self.gs)
         self.gs.load()
+        self.hb.beat(self.ctx.heartbeat_slot)
+        store = ShareStateStore(os.path.join(self.dir, SHARE_LOG_DIR), self.cfg.log.flush.policy,
+                                _now_ms())
+        opened.append(store)
+        self.share = ShareService(store, share_config(self.cfg.groups), _now_ms, self._topics,
+                                  self._marks,
+                                  other_group=lambda g: self.gs.groups.group_state(g) is not None)
+        self.share.load()
         # Counters continue from what the predecessor left in the table.
         m = self.metrics
         self.counter_slots = {stat: m.slot(mkey(name)) for stat, name in COUNTERS.items()}
@@ -188,7 +200,7 @@ class Coordinator(Worker):
                             first_id=((self.generation & 0xFFFF) << 40) | 1)
         self.txns = TransactionService(self.tc, lambda: time.monotonic_ns() // 1_000_000,
                                        self.cfg.transactions.add_partitions_retry_backoff_max_ms)
-        self.serve(self.txns, self.gs, on_answer=self.markers.on_answer)
+        self.serve(self.txns, self.gs, self.share, on_answer=self.markers.on_answer)
         return epoch
 
     def drain_inputs(self) -> bool:
@@ -206,6 +218,7 @@ class Coordinator(Worker):
 
     def on_turn(self, now: float) -> None:
         self.gs.tick(_now_ms())
+        self.share.tick(_now_ms())
         markers = self.markers
         markers.send_marker_jobs()
         self.txns.retry_waiting()        # after this turn's marker answers
@@ -220,6 +233,9 @@ class Coordinator(Worker):
     def wait_timeout(self, now: float) -> float:
         wait = TICK_S
         due = self.gs.next_deadline_ms()
+        share_due = self.share.next_deadline_ms()
+        if share_due is not None:
+            due = share_due if due is None else min(due, share_due)
         if due is not None:
             wait = min(wait, max(0.0, (due - _now_ms()) / 1000))
         markers_wait = self.txns.wait_s()
@@ -232,6 +248,7 @@ class Coordinator(Worker):
         if not self.exit_code:
             try:
                 self.gs.close()
+                self.share.close()
             except OSError as e:
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
@@ -245,6 +262,8 @@ class Coordinator(Worker):
         self.tc.reconfigure(new.transactions, new.log.flush.policy)
         self.txns.wait_ms = new.transactions.add_partitions_retry_backoff_max_ms
         self.gs.reconfigure(new.groups, new.log.flush.policy)
+        self.share.cfg = share_config(new.groups)
+        self.share.store.flush_policy = FlushPolicy(new.log.flush.policy)
 
     def _publish_metrics(self) -> None:
         """Once a second: the gauges and counters into this worker's table, the per-group
@@ -289,6 +308,24 @@ class Coordinator(Worker):
             self._topics_map = {t.name: (t.topic_id, t.partitions) for t in cat.topics.values()}
             self._topics_version = cat.version
         return self._topics_map
+
+    def _marks(self, topic_id: bytes, partition: int) -> tuple[int, int] | None:
+        """(high watermark, log start offset) of a partition from its state page, for the share
+        partitions; None when the catalog has no such partition or its page is not there."""
+        info = self.catalog.get().by_id(topic_id)
+        if info is None or not 0 <= partition < info.partitions:
+            return None
+        key = (topic_id, partition)
+        page = self._pages.get(key)
+        if page is None:
+            try:
+                page = StatePage.open(self.topo.page_path(writer_name(topic_id, partition)),
+                                      PARTITION_PAGE_FIELDS, readonly=True)
+            except FileNotFoundError:
+                return None
+            self._pages[key] = page
+        st = page.read()
+        return st.high_watermark, st.log_start_offset
 
     # -- writers ---------------------------------------------------------------------------------
     def _sync_writers(self) -> None:

@@ -9,7 +9,9 @@ Features (v3+): ``transaction.version`` supported 0-2 and finalized at
 (KIP-890 part 2: epoch bump on every EndTxn v5, implicit partition adds through Produce v12 and
 TxnOffsetCommit v5) only when the finalized level is 2; at 1 it keeps the KIP-98 protocol.
 ``group.version`` supported 0-1 and finalized at 1: the KIP-848 consumer group protocol
-(ConsumerGroupHeartbeat / ConsumerGroupDescribe) is on, as in Kafka 4.x.
+(ConsumerGroupHeartbeat / ConsumerGroupDescribe) is on, as in Kafka 4.x. ``share.version``
+supported 0-1 and finalized at 1: KIP-932 share groups (ShareGroupHeartbeat, ShareFetch,
+ShareAcknowledge) are on; clients use share groups only when it is.
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ def handle(ctx, req):
     tv = ctx.broker.cfg.transactions.transaction_version
     return messages.build_api_versions_response(
         ctx.version, api_ranges(), error_code=error,
-        supported_features={"transaction.version": (0, 2), "group.version": (0, 1)},
-        finalized_features={"transaction.version": tv, "group.version": GROUP_VERSION},
+        supported_features={"transaction.version": (0, 2), "group.version": (0, 1),
+                            "share.version": (0, 1)},
+        finalized_features={"transaction.version": tv, "group.version": GROUP_VERSION,
+                            "share.version": SHARE_VERSION},
         finalized_features_epoch=FEATURES_EPOCH)
 
 
 # KIP-848: group.version 1 enables the consumer group protocol (ConsumerGroupHeartbeat); Kafka
 # 4.x finalizes it by default and clients use group.protocol=consumer only when it is.
 GROUP_VERSION = 1
+# KIP-932: share.version 1 enables share groups (Kafka 4.2 finalizes it by default).
+SHARE_VERSION = 1
 
 
 # Kafka sends the metadata offset of the last feature change; a fixed value is enough for one node

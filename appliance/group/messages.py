@@ -341,3 +341,109 @@ class ConsumerGroupDescribeRequest(Request):
 
     def error_reply(self, code: ErrorCode) -> ConsumerGroupDescribeResult:
         return ConsumerGroupDescribeResult([DescribedConsumerGroup(code, g) for g in self.group_ids])
+
+
+# -- KIP-932 share groups (appliance.group.share_group) ---------------------------------------------
+
+class ShareGroupHeartbeatResult(Message):
+    error: ErrorCode
+    error_message: str | None = None
+    member_id: str | None = None
+    member_epoch: int = 0
+    heartbeat_interval_ms: int = 0
+    assignment: list[TopicPartitions] | None = None     # None: unchanged (not sent)
+
+
+class ShareGroupHeartbeatRequest(Request):
+    """Fields are the request's; None where the client sent null (= unchanged)."""
+    group_id: str
+    member_id: str
+    member_epoch: int
+    rack_id: str | None = None
+    subscribed_topic_names: list[str] | None = None
+    client_id: str = ""
+    client_host: str = ""
+
+    def error_reply(self, code: ErrorCode) -> ShareGroupHeartbeatResult:
+        return ShareGroupHeartbeatResult(code)
+
+
+class DescribedShareMember(msgspec.Struct, array_like=True, frozen=True):
+    member_id: str
+    rack_id: str | None
+    member_epoch: int
+    client_id: str
+    client_host: str
+    subscribed_topic_names: list[str]
+    assignment: list[TopicPartitions]
+
+
+class DescribedShareGroup(msgspec.Struct, array_like=True, frozen=True):
+    group_id: str
+    error: ErrorCode
+    error_message: str | None = None
+    state: str = "Dead"
+    group_epoch: int = -1
+    assignment_epoch: int = -1
+    members: list[DescribedShareMember] = []
+
+
+class ShareGroupDescribeResult(Message):
+    groups: list[DescribedShareGroup]
+
+
+class ShareGroupDescribeRequest(Request):
+    group_ids: list[str]
+
+    def error_reply(self, code: ErrorCode) -> ShareGroupDescribeResult:
+        return ShareGroupDescribeResult([DescribedShareGroup(g, code) for g in self.group_ids])
+
+
+class ShareAckBatch(msgspec.Struct, array_like=True, frozen=True):
+    first_offset: int
+    last_offset: int
+    types: list[int]
+
+
+class ShareFetchPart(msgspec.Struct, array_like=True, frozen=True):
+    """A partition a ShareFetch/ShareAcknowledge names, with its acknowledgements."""
+    topic_id: bytes
+    partition: int
+    acks: list[ShareAckBatch] = []
+
+
+class SharePartResult(msgspec.Struct, array_like=True, frozen=True):
+    topic_id: bytes
+    partition: int
+    error: ErrorCode = E.none
+    ack_error: ErrorCode = E.none
+    acquired: list[tuple[int, int, int]] = []   # (first, last, delivery count)
+    next_offset: int = -1                       # where new records would come: the long poll's
+    acked: bool = False                         # the request acknowledged something here
+
+
+class ShareFetchResult(Message):
+    error: ErrorCode
+    error_message: str | None = None
+    parts: list[SharePartResult] = []
+    lock_ms: int = 0
+    # Session partitions the frontend may long-poll: (topic id, partition).
+    session: list[tuple[bytes, int]] = []
+
+
+class ShareFetchRequest(Request):
+    """ShareFetch (``acquire``: acquire records) or ShareAcknowledge. ``session_epoch`` as on
+    the wire; ``again``: the frontend's second try after a long poll, which neither checks nor
+    moves the session epoch and carries no acknowledgements. ``parts`` are what the request
+    named (a fetch acquires from every partition of the session)."""
+    group_id: str
+    member_id: str
+    session_epoch: int
+    parts: list[ShareFetchPart] = []
+    forgotten: list[tuple[bytes, int]] = []
+    acquire: bool = True
+    max_records: int = 500
+    again: bool = False
+
+    def error_reply(self, code: ErrorCode) -> ShareFetchResult:
+        return ShareFetchResult(code)

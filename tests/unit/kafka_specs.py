@@ -58,7 +58,7 @@ def spec_dir() -> Path:
 
 
 # Kafka's definitions of the APIs kafka-python does not ship (3.0.12 has no KIP-848
-# ConsumerGroupHeartbeat / ConsumerGroupDescribe), copied from Kafka's
+# ConsumerGroupHeartbeat / ConsumerGroupDescribe, nor KIP-932's Share* requests), copied from Kafka's
 # clients/src/main/resources/common/message/ with their Apache license headers.
 VENDORED = Path(__file__).parent / "kafka_message_specs"
 

@@ -1,0 +1,359 @@
+"""Share groups (KIP-932) in the coordinator worker: membership, share sessions, and the share
+partitions with their durable state.
+
+Runs in the coordinator worker (``workers/coordinator.py`` registers ``ShareService`` with its
+``appliance.service.Registry``); single-threaded and sans-IO apart from the share-state log
+(``appliance.group.share_store``) it appends to. Owns, for every share group: its members and
+epochs (ShareGroupHeartbeat, ShareGroupDescribe), the share sessions of its members (Kafka's
+ShareSessionCache), and one ``appliance.group.share_partition.SharePartition`` per partition it
+reads (ShareFetch, ShareAcknowledge). Where each lives and why: docs/architecture.md, "Share
+groups".
+
+Assignment: every member gets every partition of the topics it subscribes to (Kafka's
+``SimpleAssignor`` with fewer partitions than members; share partitions are read by many members
+at once, so there is no revocation step and a member's epoch simply follows the group epoch when
+its assignment changes). Membership is not persisted (Kafka writes it to ``__consumer_offsets``):
+after a restart members get UNKNOWN_MEMBER_ID and join again, which every client does; the share
+partitions' state is what must survive, and does.
+
+Sessions (KIP-932 "Share sessions"): a ShareFetch with epoch 0 opens the member's session (at most
+``groups.share_max_share_sessions``, else SHARE_SESSION_LIMIT_REACHED) with the partitions it
+names; each later request must carry the session's next epoch (INVALID_SHARE_SESSION_EPOCH
+otherwise; SHARE_SESSION_NOT_FOUND without a session) and may add partitions or forget them;
+epoch -1 closes the session after its acknowledgements, releasing what the member still holds.
+A member that leaves or whose heartbeats stop for ``share_session_timeout_ms`` loses its session
+and its records the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from appliance.errors import ErrorCode
+from appliance.group.messages import (DescribedShareGroup, DescribedShareMember,
+                                      ShareFetchRequest, ShareFetchResult, ShareGroupDescribeRequest,
+                                      ShareGroupDescribeResult, ShareGroupHeartbeatRequest,
+                                      ShareGroupHeartbeatResult, SharePartResult, TopicPartitions)
+from appliance.group.share_partition import SharePartition
+from appliance.group.share_store import ShareKey, ShareLogWriteError, ShareSnapshot, ShareStateStore
+from appliance.service import serves
+
+log = logging.getLogger("appliance.group.share")
+E = ErrorCode
+
+INITIAL_EPOCH, FINAL_EPOCH = 0, -1
+INT32_MAX = 2**31 - 1
+
+
+def next_epoch(epoch: int) -> int:
+    return 1 if epoch == INT32_MAX else epoch + 1
+
+
+@dataclass(frozen=True)
+class ShareConfig:
+    heartbeat_interval_ms: int = 5000          # group.share.heartbeat.interval.ms
+    session_timeout_ms: int = 45000            # group.share.session.timeout.ms
+    record_lock_duration_ms: int = 30000       # group.share.record.lock.duration.ms
+    delivery_count_limit: int = 5              # group.share.delivery.count.limit
+    auto_offset_reset: str = "latest"          # share.auto.offset.reset
+    max_size: int = 200                        # group.share.max.size
+    max_share_sessions: int = 2000             # group.share.max.share.sessions
+
+
+def share_config(groups_cfg) -> ShareConfig:
+    return ShareConfig(groups_cfg.share_heartbeat_interval_ms, groups_cfg.share_session_timeout_ms,
+                       groups_cfg.share_record_lock_duration_ms,
+                       groups_cfg.share_delivery_count_limit, groups_cfg.share_auto_offset_reset,
+                       groups_cfg.share_max_size, groups_cfg.share_max_share_sessions)
+
+
+@dataclass
+class ShareMember:
+    member_id: str
+    epoch: int = 0
+    rack_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    subscribed: list[str] = field(default_factory=list)
+    assignment: list[tuple[bytes, int]] = field(default_factory=list)
+    last_seen_ms: int = 0
+
+
+@dataclass
+class ShareGroup:
+    group_id: str
+    epoch: int = 0
+    members: dict[str, ShareMember] = field(default_factory=dict)
+
+
+@dataclass
+class ShareSession:
+    epoch: int
+    parts: dict[tuple[bytes, int], None] = field(default_factory=dict)    # ordered set
+
+
+class ShareService:
+    def __init__(self, store: ShareStateStore, cfg: ShareConfig, now_ms: Callable[[], int],
+                 topics: Callable[[], dict[str, tuple[bytes, int]]],
+                 marks: Callable[[bytes, int], tuple[int, int] | None],
+                 other_group: Callable[[str], bool] = lambda g: False) -> None:
+        """``topics``: name -> (topic id, partitions) of the catalog; ``marks(topic id,
+        partition)``: its (high watermark, log start offset), None when it does not exist;
+        ``other_group(id)``: a classic or consumer group has that id."""
+        self.store = store
+        self.cfg = cfg
+        self.now = now_ms
+        self.topics = topics
+        self.marks = marks
+        self.other_group = other_group
+        self.groups: dict[str, ShareGroup] = {}
+        self.sessions: dict[tuple[str, str], ShareSession] = {}
+        self.partitions: dict[ShareKey, SharePartition] = {}
+        self._snapshot_epochs: dict[ShareKey, tuple[int, int]] = {}   # (snapshot epoch, created)
+
+    def load(self) -> None:
+        for key, snap in self.store.load().items():
+            self.partitions[key] = SharePartition.restore(snap.start_offset, snap.state_epoch,
+                                                          snap.batches)
+            self._snapshot_epochs[key] = (snap.snapshot_epoch, snap.create_timestamp)
+        log.info("share coordinator loaded %d share partitions", len(self.partitions))
+
+    def close(self, clean: bool = True) -> None:
+        self.store.close(clean)
+
+    # -- membership -------------------------------------------------------------------------------
+    @serves(ShareGroupHeartbeatRequest)
+    def heartbeat(self, req: ShareGroupHeartbeatRequest) -> ShareGroupHeartbeatResult:
+        now = self.now()
+        if not req.group_id:
+            return ShareGroupHeartbeatResult(E.invalid_request, "GroupId can't be empty.")
+        if not req.member_id:
+            return ShareGroupHeartbeatResult(E.invalid_request, "MemberId can't be empty.")
+        if self.other_group(req.group_id):
+            return ShareGroupHeartbeatResult(E.group_id_not_found,
+                                             f"Group {req.group_id} is not a share group.")
+        g = self.groups.get(req.group_id)
+        if req.member_epoch == -1:
+            if g is not None and req.member_id in g.members:
+                self._remove_member(g, req.member_id)
+            return ShareGroupHeartbeatResult(E.none, member_id=req.member_id, member_epoch=-1)
+        m = g.members.get(req.member_id) if g is not None else None
+        if req.member_epoch == 0:
+            if m is None:
+                if not req.subscribed_topic_names:
+                    return ShareGroupHeartbeatResult(
+                        E.invalid_request, "SubscribedTopicNames must be set in first request.")
+                if g is None:
+                    g = self.groups[req.group_id] = ShareGroup(req.group_id)
+                if len(g.members) >= self.cfg.max_size:
+                    return ShareGroupHeartbeatResult(
+                        E.group_max_size_reached,
+                        f"The share group has reached its maximum capacity of {self.cfg.max_size} members.")
+                m = g.members[req.member_id] = ShareMember(req.member_id)
+        elif m is None:
+            return ShareGroupHeartbeatResult(
+                E.unknown_member_id, f"Member {req.member_id} is not a member of group {req.group_id}.")
+        elif req.member_epoch != m.epoch:
+            return ShareGroupHeartbeatResult(E.fenced_member_epoch,
+                                             "The share group member has a smaller member epoch "
+                                             f"({req.member_epoch}) than the one known by the "
+                                             f"group coordinator ({m.epoch}).")
+        assert g is not None
+        if req.subscribed_topic_names is not None:
+            m.subscribed = sorted(set(req.subscribed_topic_names))
+        m.rack_id = req.rack_id if req.rack_id is not None else m.rack_id
+        m.client_id, m.client_host, m.last_seen_ms = req.client_id, req.client_host, now
+        target = self._target(m)
+        send = req.member_epoch == 0
+        if target != m.assignment or m.epoch == 0:
+            g.epoch += 1
+            m.epoch = g.epoch
+            m.assignment = target
+            send = True
+        assignment = None
+        if send:
+            by_topic: dict[bytes, list[int]] = {}
+            for tid, p in m.assignment:
+                by_topic.setdefault(tid, []).append(p)
+            assignment = [TopicPartitions(t, ps) for t, ps in by_topic.items()]
+        return ShareGroupHeartbeatResult(E.none, None, m.member_id, m.epoch,
+                                         self.cfg.heartbeat_interval_ms, assignment)
+
+    def _target(self, m: ShareMember) -> list[tuple[bytes, int]]:
+        topics = self.topics()
+        out = []
+        for name in m.subscribed:
+            t = topics.get(name)
+            if t is not None:
+                out.extend((t[0], p) for p in range(t[1]))
+        return out
+
+    def _remove_member(self, g: ShareGroup, member_id: str) -> None:
+        g.members.pop(member_id, None)
+        g.epoch += 1
+        self.sessions.pop((g.group_id, member_id), None)
+        self._release(g.group_id, member_id)
+
+    def _release(self, group: str, member: str) -> None:
+        limit = self.cfg.delivery_count_limit
+        for (gid, _t, _p), sp in self.partitions.items():
+            if gid == group:
+                sp.release_member(member, limit)
+
+    @serves(ShareGroupDescribeRequest)
+    def describe(self, req: ShareGroupDescribeRequest) -> ShareGroupDescribeResult:
+        out = []
+        for gid in req.group_ids:
+            g = self.groups.get(gid)
+            if g is None:
+                if self.other_group(gid):
+                    out.append(DescribedShareGroup(gid, E.group_id_not_found,
+                                                   f"Group {gid} is not a share group."))
+                elif any(k[0] == gid for k in self.partitions):
+                    out.append(DescribedShareGroup(gid, E.none, None, "Empty", 0, 0, []))
+                else:
+                    out.append(DescribedShareGroup(gid, E.group_id_not_found,
+                                                   f"Group {gid} not found."))
+                continue
+            members = []
+            for m in g.members.values():
+                by_topic: dict[bytes, list[int]] = {}
+                for tid, p in m.assignment:
+                    by_topic.setdefault(tid, []).append(p)
+                members.append(DescribedShareMember(
+                    m.member_id, m.rack_id, m.epoch, m.client_id, m.client_host, list(m.subscribed),
+                    [TopicPartitions(t, ps) for t, ps in by_topic.items()]))
+            out.append(DescribedShareGroup(gid, E.none, None,
+                                           "Stable" if g.members else "Empty", g.epoch, g.epoch,
+                                           members))
+        return ShareGroupDescribeResult(out)
+
+    # -- timers -----------------------------------------------------------------------------------
+    def tick(self, now_ms: int) -> None:
+        """Members whose heartbeats stopped leave, giving their records back; expired locks make
+        their records available again."""
+        timeout = self.cfg.session_timeout_ms
+        for g in self.groups.values():
+            for m in [m for m in g.members.values() if m.last_seen_ms + timeout < now_ms]:
+                log.info("share group %s: member %s's session timed out", g.group_id, m.member_id)
+                self._remove_member(g, m.member_id)
+        limit = self.cfg.delivery_count_limit
+        for sp in self.partitions.values():
+            sp.expire(now_ms, limit)
+
+    # -- ShareFetch and ShareAcknowledge ----------------------------------------------------------
+    @serves(ShareFetchRequest)
+    def fetch(self, req: ShareFetchRequest) -> ShareFetchResult:
+        now = self.now()
+        key = (req.group_id, req.member_id)
+        epoch = req.session_epoch
+        session = self.sessions.get(key)
+        has_acks = any(p.acks for p in req.parts)
+        close = False
+        if req.again:
+            if session is None:
+                return ShareFetchResult(E.share_session_not_found)
+        elif req.acquire and epoch == INITIAL_EPOCH:
+            if has_acks:
+                return ShareFetchResult(E.invalid_request, "Acknowledge data present on initial "
+                                        "fetch for a share session.")
+            if session is None and len(self.sessions) >= self.cfg.max_share_sessions:
+                return ShareFetchResult(E.share_session_limit_reached)
+            if session is not None:
+                self._release(req.group_id, req.member_id)
+            session = self.sessions[key] = ShareSession(next_epoch(0))
+        elif epoch == INITIAL_EPOCH:          # ShareAcknowledge may not open a session
+            return ShareFetchResult(E.invalid_share_session_epoch)
+        elif session is None:
+            return ShareFetchResult(E.share_session_not_found)
+        elif epoch == FINAL_EPOCH:
+            close = True
+        elif epoch != session.epoch:
+            return ShareFetchResult(E.invalid_share_session_epoch)
+        else:
+            session.epoch = next_epoch(epoch)
+        if req.acquire and not req.again and not close:
+            for p in req.parts:
+                session.parts[(bytes(p.topic_id), p.partition)] = None
+            for tp in req.forgotten:
+                session.parts.pop((bytes(tp[0]), tp[1]), None)
+        results: dict[tuple[bytes, int], dict] = {}
+        dirty: dict[ShareKey, SharePartition] = {}
+        limit = self.cfg.delivery_count_limit
+        for p in req.parts:
+            tp = (bytes(p.topic_id), p.partition)
+            r = results.setdefault(tp, {})
+            if self.marks(*tp) is None:
+                r["error"] = E.unknown_topic_or_partition
+                continue
+            if not p.acks:
+                continue
+            r["acked"] = True
+            sk = (req.group_id, tp[0], tp[1])
+            sp = self.partitions.get(sk)
+            err = E.invalid_record_state if sp is None else sp.acknowledge(
+                req.member_id, [(b.first_offset, b.last_offset, b.types) for b in p.acks], limit)
+            if err != E.none:
+                r["ack_error"] = err
+            else:
+                dirty[sk] = sp
+        if close:
+            self.sessions.pop(key, None)
+            self._release(req.group_id, req.member_id)
+        elif req.acquire:
+            left = req.max_records if req.max_records > 0 else 500
+            for tp in session.parts:
+                if left <= 0:
+                    break
+                mk = self.marks(*tp)
+                if mk is None:
+                    continue
+                hw, log_start = mk
+                sk = (req.group_id, tp[0], tp[1])
+                sp = self.partitions.get(sk)
+                if sp is None:
+                    start = hw if self.cfg.auto_offset_reset == "latest" else log_start
+                    sp = self.partitions[sk] = SharePartition(start, state_epoch=1)
+                    dirty[sk] = sp
+                got = sp.acquire(req.member_id, left, hw, log_start, now,
+                                 self.cfg.record_lock_duration_ms, limit)
+                r = results.setdefault(tp, {})
+                r["next_offset"] = sp.end_offset
+                if got:
+                    r["acquired"] = got
+                    left -= sum(last - first + 1 for first, last, _ in got)
+        if dirty:
+            err = self._persist(dirty, now)
+            if err != E.none:
+                for (_g, t, p) in dirty:
+                    r = results.get((t, p))
+                    if r is not None and r.get("acked"):
+                        r["ack_error"] = err
+        parts = [SharePartResult(tp[0], tp[1], r.get("error", E.none), r.get("ack_error", E.none),
+                                 r.get("acquired", []), r.get("next_offset", -1),
+                                 r.get("acked", False))
+                 for tp, r in results.items()]
+        return ShareFetchResult(E.none, None, parts, self.cfg.record_lock_duration_ms,
+                                [] if close or session is None else list(session.parts))
+
+    def _persist(self, dirty: dict[ShareKey, SharePartition], now: int) -> ErrorCode:
+        """Write the snapshots of ``dirty`` (one batch) before the answer goes out."""
+        items = []
+        for sk, sp in dirty.items():
+            epoch, created = self._snapshot_epochs.get(sk, (-1, now))
+            items.append((sk, ShareSnapshot(epoch + 1, sp.state_epoch, sp.start_offset, created,
+                                            now, sp.snapshot())))
+        try:
+            self.store.write(items, now)
+        except ShareLogWriteError as e:
+            log.error("share-state log write failed: %s", e)
+            return E.coordinator_not_available
+        for sk, snap in items:
+            self._snapshot_epochs[sk] = (snap.snapshot_epoch, snap.create_timestamp)
+        return E.none
+
+    def next_deadline_ms(self) -> int | None:
+        ds = [d for sp in self.partitions.values() if (d := sp.next_deadline_ms()) is not None]
+        return min(ds) if ds else None
