@@ -1,0 +1,210 @@
+"""KIP-932 share groups with a real client: confluent-kafka's ShareConsumer (librdkafka's
+preview share consumer), each member its own process (``programs/share_member.py``), against the
+real appliance.
+
+- several members on one partition share its records: every record delivered, none twice;
+- RELEASE redelivers a record (delivery count 1, 2, ...) until
+  ``groups.share_delivery_count_limit``, then it is archived; REJECT archives at once: a member
+  that accepts gets none of them afterwards;
+- a member killed -9 with records acquired: they go to another member once their lock
+  (``groups.share_record_lock_duration_ms``) expires, with delivery count 2;
+- kill -9 of the coordinator worker (which owns the share partitions' state): what was accepted
+  is never delivered again, what was acquired but not acknowledged is.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+
+from client_drivers import driver
+from raw_wire import RawClient
+from test_groups import wait_until
+
+MEMBER = os.path.join(os.path.dirname(__file__), "programs", "share_member.py")
+LOCK_MS = 3000
+CONFIG = {"groups": {"share_record_lock_duration_ms": LOCK_MS, "share_heartbeat_interval_ms": 500,
+                     "share_session_timeout_ms": 6000, "share_auto_offset_reset": "earliest",
+                     "share_delivery_count_limit": 3}}
+
+
+def uid(*parts) -> str:
+    return "-".join(str(p) for p in parts) + "-" + uuid.uuid4().hex[:6]
+
+
+class ShareMember:
+    """A programs/share_member.py subprocess; its ``R`` lines collected by a thread."""
+
+    def __init__(self, mode: str, bootstrap: str, group: str, topic: str,
+                 max_poll_records: int | None = None) -> None:
+        args = [sys.executable, MEMBER, mode, bootstrap, group, topic]
+        if max_poll_records is not None:
+            args.append(str(max_poll_records))
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=None if os.environ.get("SHARE_MEMBER_STDERR") else subprocess.DEVNULL, text=True)
+        self.records: list[tuple[int, int, int, str]] = []     # partition, offset, count, value
+        self.lock = threading.Lock()
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("READY"):
+                self.ready.set()
+            elif line.startswith("R "):
+                _, p, o, n, v = line.split(maxsplit=4)
+                with self.lock:
+                    self.records.append((int(p), int(o), int(n), v.strip()))
+
+    def values(self) -> list[str]:
+        with self.lock:
+            return [v for _, _, _, v in self.records]
+
+    def got(self) -> list[tuple[int, int, int, str]]:
+        with self.lock:
+            return list(self.records)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+def produce(bootstrap: str, topic: str, start: int, n: int) -> list[str]:
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    values = [f"r{i}" for i in range(start, start + n)]
+    for v in values:
+        p.produce(topic, value=v.encode(), partition=0)
+    assert p.flush(30) == 0
+    return values
+
+
+def describe(bootstrap: str, group: str):
+    with RawClient(bootstrap) as c:
+        r = c.request(77, 1, {"group_ids": [group], "include_authorized_operations": False})
+    (g,) = r.groups
+    return g
+
+
+def members_in(bootstrap: str, group: str) -> int:
+    g = describe(bootstrap, group)
+    return len(g.members) if g.error_code == 0 else 0
+
+
+def test_share_members_split_one_partition_each_record_once(appliance_factory):
+    a = appliance_factory(**CONFIG)
+    b = a.bootstrap
+    topic, group = uid("share"), uid("sg")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    members = [ShareMember("implicit", b, group, topic, 10) for _ in range(3)]
+    try:
+        wait_until(lambda: members_in(b, group) == 3, 60, "three members in the share group")
+        g = describe(b, group)
+        assert (g.group_state, g.assignor_name) == ("Stable", "simple"), g
+        assert all(len(m.assignment.topic_partitions) == 1 for m in g.members), g
+        sent = produce(b, topic, 0, 300)
+        wait_until(lambda: sorted(v for m in members for v in m.values()) == sorted(sent), 60,
+                   "every record delivered")
+        got = [v for m in members for v in m.values()]
+        assert len(got) == len(set(got)) == 300, "a record was delivered twice"
+        assert sum(1 for m in members if m.values()) >= 2, "one member got every record"
+    finally:
+        for m in members:
+            m.kill()
+
+
+def test_share_release_redelivers_until_the_delivery_limit_and_reject_archives(appliance_factory):
+    a = appliance_factory(**CONFIG)
+    b = a.bootstrap
+    topic = uid("share")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    released, rejected = uid("release"), uid("reject")
+    sent = produce(b, topic, 0, 5)
+    rel = ShareMember("release", b, released, topic)
+    rej = ShareMember("reject", b, rejected, topic)
+    try:
+        limit = CONFIG["groups"]["share_delivery_count_limit"]
+        wait_until(lambda: len(rel.values()) == limit * len(sent), 60,
+                   "each released record delivered up to the limit")
+        wait_until(lambda: sorted(rej.values()) == sorted(sent), 60, "the rejected records")
+        counts: dict[str, list[int]] = {}
+        for _, _, n, v in rel.got():
+            counts.setdefault(v, []).append(n)
+        assert counts == {v: list(range(1, limit + 1)) for v in sent}, counts
+        assert all(n == 1 for _, _, n, _ in rej.got())
+    finally:
+        rel.kill()
+        rej.kill()
+    # Archived in both groups: members that accept get only what comes next.
+    more = produce(b, topic, 5, 3)
+    takers = [ShareMember("accept", b, g, topic) for g in (released, rejected)]
+    try:
+        for t in takers:
+            wait_until(lambda: sorted(t.values()) == sorted(more), 60, "only the new records")
+        assert all(n == 1 for t in takers for _, _, n, _ in t.got())
+    finally:
+        for t in takers:
+            t.kill()
+
+
+def test_share_member_killed_mid_batch_has_its_records_redelivered_after_the_lock(
+        appliance_factory):
+    a = appliance_factory(**CONFIG)
+    b = a.bootstrap
+    topic, group = uid("share"), uid("sg")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    sent = produce(b, topic, 0, 20)
+    holder = ShareMember("hold", b, group, topic)
+    try:
+        wait_until(lambda: holder.values(), 60, "the holder's batch")
+        held = holder.values()
+        holder.kill()
+        taker = ShareMember("accept", b, group, topic)
+        wait_until(lambda: sorted(taker.values()) == sorted(sent), 60,
+                   "every record, the held ones after their lock")
+        counts = {v: n for _, _, n, v in taker.got()}
+        assert all(counts[v] == 2 for v in held), counts
+        assert all(counts[v] == 1 for v in sent if v not in held), counts
+        assert len(taker.values()) == len(sent)
+    finally:
+        holder.kill()
+        taker.kill()
+
+
+def test_share_state_survives_kill9_of_the_coordinator(appliance_factory):
+    a = appliance_factory(**CONFIG)
+    b = a.bootstrap
+    topic, group = uid("share"), uid("sg")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    accepted = produce(b, topic, 0, 30)
+    first = ShareMember("accept", b, group, topic)
+    wait_until(lambda: sorted(first.values()) == sorted(accepted), 60, "the first 30 accepted")
+    first.kill()
+    unacked = produce(b, topic, 30, 10)
+    holder = ShareMember("hold", b, group, topic)
+    wait_until(lambda: sorted(holder.values()) == sorted(unacked), 60, "the next 10 acquired")
+    (co,) = a.workers("coordinator")
+    os.kill(co["pid"], signal.SIGKILL)
+    a.wait_for(lambda: [w for w in a.workers("coordinator") if w["pid"] != co["pid"]]
+               and a.all_workers_ready(), 60, "a new coordinator")
+    holder.kill()
+    later = produce(b, topic, 40, 5)
+    taker = ShareMember("accept", b, group, topic)
+    try:
+        wait_until(lambda: sorted(taker.values()) == sorted(unacked + later), 60,
+                   "the unacknowledged and the new records")
+        assert not set(taker.values()) & set(accepted), "an accepted record came back"
+        assert len(taker.values()) == len(unacked + later)
+    finally:
+        taker.kill()
