@@ -1,0 +1,147 @@
+"""The share partition state machine (appliance.group.share_partition), the share-state log
+(appliance.group.share_store) and the share coordinator's sessions and membership
+(appliance.group.share_group), sans-IO: KIP-932's acquisition, acknowledgement, delivery limit,
+lock expiry, start offset, session epochs, and the state a reopened log gives back."""
+
+from __future__ import annotations
+
+from appliance.errors import ErrorCode as E
+from appliance.group.messages import (ShareAckBatch, ShareFetchPart, ShareFetchRequest,
+                                      ShareGroupHeartbeatRequest)
+from appliance.group.share_group import ShareConfig, ShareService
+from appliance.group.share_partition import (ACCEPT, ACKNOWLEDGED, ARCHIVED, AVAILABLE, REJECT,
+                                             RELEASE, SharePartition)
+from appliance.group.share_store import ShareStateStore
+
+LOCK, LIMIT = 1000, 3
+
+
+def test_acquire_locks_records_for_one_member_up_to_max_records() -> None:
+    sp = SharePartition(0)
+    assert sp.acquire("a", 4, 10, 0, 0, LOCK, LIMIT) == [(0, 3, 1)]
+    assert sp.acquire("b", 100, 10, 0, 0, LOCK, LIMIT) == [(4, 9, 1)]
+    assert sp.acquire("c", 100, 10, 0, 0, LOCK, LIMIT) == []
+
+
+def test_accept_moves_the_start_offset_and_only_the_holder_may_acknowledge() -> None:
+    sp = SharePartition(0)
+    sp.acquire("a", 5, 5, 0, 0, LOCK, LIMIT)
+    assert sp.acknowledge("b", [(0, 0, [ACCEPT])], LIMIT) == E.invalid_record_state
+    assert sp.acknowledge("a", [(0, 1, [ACCEPT])], LIMIT) == E.none
+    assert sp.start_offset == 2
+    assert sp.acknowledge("a", [(0, 0, [ACCEPT])], LIMIT) == E.invalid_record_state
+    # per-offset types: 2 rejected, 3 accepted, 4 released
+    assert sp.acknowledge("a", [(2, 4, [REJECT, ACCEPT, RELEASE])], LIMIT) == E.none
+    assert sp.start_offset == 4
+    assert sp.acquire("b", 10, 5, 0, 0, LOCK, LIMIT) == [(4, 4, 2)]
+
+
+def test_a_bad_batch_applies_nothing() -> None:
+    sp = SharePartition(0)
+    sp.acquire("a", 3, 3, 0, 0, LOCK, LIMIT)
+    assert sp.acknowledge("a", [(0, 0, [ACCEPT]), (5, 5, [ACCEPT])], LIMIT) == E.invalid_record_state
+    assert sp.start_offset == 0
+    assert sp.acknowledge("a", [(0, 1, [ACCEPT, ACCEPT, ACCEPT])], LIMIT) == E.invalid_request
+    assert sp.acknowledge("a", [(0, 0, [4])], LIMIT) == E.invalid_request     # RENEW
+
+
+def test_expired_locks_redeliver_until_the_delivery_limit_then_archive() -> None:
+    sp = SharePartition(0)
+    for n in range(1, LIMIT + 1):
+        assert sp.acquire("a", 1, 1, 0, n * LOCK * 2, LOCK, LIMIT) == [(0, 0, n)]
+    assert sp.expire(100 * LOCK, LIMIT)
+    assert sp.start_offset == 1 and not sp.inflight
+
+
+def test_release_of_a_member_and_log_start_moves() -> None:
+    sp = SharePartition(0)
+    sp.acquire("a", 5, 5, 0, 0, LOCK, LIMIT)
+    assert sp.release_member("a", LIMIT)
+    assert sp.counts() == {AVAILABLE: 5}
+    assert sp.acquire("b", 10, 8, 3, 0, LOCK, LIMIT) == [(3, 4, 2), (5, 7, 1)]
+
+
+def test_snapshot_writes_acquired_as_available_and_restores() -> None:
+    sp = SharePartition(0)
+    sp.acquire("a", 6, 6, 0, 0, LOCK, LIMIT)
+    sp.acknowledge("a", [(0, 0, [ACCEPT]), (2, 2, [ACCEPT]), (3, 3, [REJECT])], LIMIT)
+    back = SharePartition.restore(sp.start_offset, 1, sp.snapshot())
+    assert back.start_offset == 1 and back.end_offset == 6
+    assert {o: (f.state, f.delivery_count) for o, f in back.inflight.items()} == {
+        1: (AVAILABLE, 1), 2: (ACKNOWLEDGED, 1), 3: (ARCHIVED, 1), 4: (AVAILABLE, 1),
+        5: (AVAILABLE, 1)}
+    assert back.acquire("b", 10, 6, 0, 0, LOCK, LIMIT) == [(1, 1, 2), (4, 5, 2)]
+
+
+def test_share_state_log_reopens_to_the_last_snapshot(tmp_path) -> None:
+    sp = SharePartition(0)
+    sp.acquire("a", 4, 4, 0, 0, LOCK, LIMIT)
+    sp.acknowledge("a", [(0, 1, [ACCEPT])], LIMIT)
+    store = ShareStateStore(str(tmp_path), "os", 0)
+    store.load()
+    from appliance.group.share_store import ShareSnapshot
+    key = ("g", b"\x01" * 16, 0)
+    store.write([(key, ShareSnapshot(0, 1, 0, 0, 0, []))], 1)
+    store.write([(key, ShareSnapshot(1, 1, sp.start_offset, 0, 2, sp.snapshot()))], 2)
+    store.close(clean=False)
+    again = ShareStateStore(str(tmp_path), "os", 3)
+    snaps = again.load()
+    assert list(snaps) == [key]
+    assert (snaps[key].snapshot_epoch, snaps[key].start_offset) == (1, 2)
+    assert snaps[key].batches == sp.snapshot()
+    again.close()
+
+
+class Env:
+    def __init__(self, tmp_path) -> None:
+        self.now = 0
+        self.hw = {(b"\x01" * 16, 0): 10}
+        self.store = ShareStateStore(str(tmp_path), "os", 0)
+        self.svc = ShareService(self.store, ShareConfig(record_lock_duration_ms=LOCK,
+                                                        auto_offset_reset="earliest",
+                                                        max_share_sessions=2),
+                                lambda: self.now, lambda: {"t": (b"\x01" * 16, 1)},
+                                lambda t, p: (self.hw[(t, p)], 0) if (t, p) in self.hw else None)
+        self.svc.load()
+
+    def fetch(self, member, epoch, acks=(), parts=True, acquire=True):
+        part = ShareFetchPart(b"\x01" * 16, 0, [ShareAckBatch(f, l, [t]) for f, l, t in acks])
+        return self.svc.fetch(ShareFetchRequest("g", member, epoch, [part] if parts else [], [],
+                                                acquire, 5))
+
+
+def test_heartbeat_assigns_every_partition_to_every_member(tmp_path) -> None:
+    env = Env(tmp_path)
+    r1 = env.svc.heartbeat(ShareGroupHeartbeatRequest("g", "m1", 0, None, ["t"]))
+    r2 = env.svc.heartbeat(ShareGroupHeartbeatRequest("g", "m2", 0, None, ["t"]))
+    assert r1.error == r2.error == E.none
+    assert [tuple(a.partitions) for a in r1.assignment] == [(0,)] == [
+        tuple(a.partitions) for a in r2.assignment]
+    again = env.svc.heartbeat(ShareGroupHeartbeatRequest("g", "m1", r1.member_epoch))
+    assert again.error == E.none and again.assignment is None
+    assert env.svc.heartbeat(ShareGroupHeartbeatRequest("g", "m1", 99)).error == E.fenced_member_epoch
+    assert env.svc.heartbeat(ShareGroupHeartbeatRequest("g", "mx", 3)).error == E.unknown_member_id
+
+
+def test_share_session_epochs_and_acknowledgement_in_fetch(tmp_path) -> None:
+    env = Env(tmp_path)
+    assert env.fetch("m", 1).error == E.share_session_not_found
+    r = env.fetch("m", 0)
+    assert r.error == E.none and r.parts[0].acquired == [(0, 4, 1)]
+    assert env.fetch("m", 5).error == E.invalid_share_session_epoch
+    r = env.fetch("m", 1, acks=[(0, 4, ACCEPT)], parts=True)
+    assert r.parts[0].ack_error == E.none and r.parts[0].acquired == [(5, 9, 1)]
+    # ShareAcknowledge may not open a session; -1 closes it and releases the rest
+    assert env.fetch("n", 0, acquire=False).error == E.invalid_share_session_epoch
+    r = env.fetch("m", -1, acks=[(5, 6, ACCEPT)], acquire=False)
+    assert r.parts[0].ack_error == E.none
+    r = env.fetch("o", 0)
+    assert r.parts[0].acquired == [(7, 9, 2)]
+    assert env.fetch("p", 0).error == E.none
+    assert env.fetch("q", 0).error == E.share_session_limit_reached
+    env.svc.close()
+    # reopened: what was accepted stays done, what was acquired is available again
+    env2 = Env(tmp_path)
+    r = env2.fetch("z", 0)
+    assert r.parts[0].acquired == [(7, 9, 2)]
+    env2.svc.close()
