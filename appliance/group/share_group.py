@@ -45,6 +45,7 @@ E = ErrorCode
 
 INITIAL_EPOCH, FINAL_EPOCH = 0, -1
 INT32_MAX = 2**31 - 1
+TICK_MS = 100
 
 
 def next_epoch(epoch: int) -> int:
@@ -112,6 +113,8 @@ class ShareService:
         self.sessions: dict[tuple[str, str], ShareSession] = {}
         self.partitions: dict[ShareKey, SharePartition] = {}
         self._snapshot_epochs: dict[ShareKey, tuple[int, int]] = {}   # (snapshot epoch, created)
+        self._next_tick = 0
+        self._due: int | None = None
 
     def load(self) -> None:
         for key, snap in self.store.load().items():
@@ -233,15 +236,25 @@ class ShareService:
     # -- timers -----------------------------------------------------------------------------------
     def tick(self, now_ms: int) -> None:
         """Members whose heartbeats stopped leave, giving their records back; expired locks make
-        their records available again."""
+        their records available again. At most every ``TICK_MS`` (the coordinator calls this
+        every turn; a walk over the in-flight records per request would cost the hot path):
+        a lock expires up to that late, and an acquisition always expires the locks it meets."""
+        if now_ms < self._next_tick:
+            return
+        self._next_tick = now_ms + TICK_MS
         timeout = self.cfg.session_timeout_ms
         for g in self.groups.values():
             for m in [m for m in g.members.values() if m.last_seen_ms + timeout < now_ms]:
                 log.info("share group %s: member %s's session timed out", g.group_id, m.member_id)
                 self._remove_member(g, m.member_id)
         limit = self.cfg.delivery_count_limit
+        due = None
         for sp in self.partitions.values():
             sp.expire(now_ms, limit)
+            d = sp.next_deadline_ms()
+            if d is not None and (due is None or d < due):
+                due = d
+        self._due = due
 
     # -- ShareFetch and ShareAcknowledge ----------------------------------------------------------
     @serves(ShareFetchRequest)
@@ -355,5 +368,6 @@ class ShareService:
         return E.none
 
     def next_deadline_ms(self) -> int | None:
-        ds = [d for sp in self.partitions.values() if (d := sp.next_deadline_ms()) is not None]
-        return min(ds) if ds else None
+        """The earliest lock deadline as the last tick saw it (later acquisitions are seen by
+        the next tick, which the coordinator runs at least every 200 ms anyway)."""
+        return None if self._due is None else max(self._due, self._next_tick)
