@@ -23,6 +23,7 @@ import threading
 import uuid
 
 from client_drivers import driver
+from java_programs import java4_program  # noqa: F401 (fixture)
 from raw_wire import RawClient
 from test_groups import wait_until
 
@@ -208,3 +209,20 @@ def test_share_state_survives_kill9_of_the_coordinator(appliance_factory):
         assert len(taker.values()) == len(unacked + later)
     finally:
         taker.kill()
+
+
+def test_java_share_consumer_explicit_acknowledgement(appliance_factory, java4_program):
+    """kafka-clients 4.3.0's KafkaShareConsumer in explicit mode: RELEASE of a record brings it
+    back (delivery count 2), ACCEPT and commitSync make the rest done: a second run of the same
+    group gets only the record produced after the first."""
+    a = appliance_factory(**CONFIG)
+    b = a.bootstrap
+    topic, group = uid("sharej"), uid("sgj")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    sent = produce(b, topic, 0, 100)
+    out = java4_program("ShareConsumerExplicit", b, group, topic, str(len(sent)), "60")
+    released = sum(1 for v in sent if v.endswith("7"))
+    assert (out["read"], out["duplicates"], out["redelivered"]) == ("100", "0", str(released)), out
+    (later,) = produce(b, topic, 100, 1)
+    out = java4_program("ShareConsumerExplicit", b, group, topic, "1", "60")
+    assert (out["read"], out["values"]) == ("1", later), out
