@@ -380,7 +380,7 @@ def _txn_check(env: Env, key, v, resp):
 # so a request never depends on what another version left behind, except ListGroups, which lists
 # the groups DescribeGroups (key 15, run before it) made.
 
-GROUP_APIS = {8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47, 68, 69}
+GROUP_APIS = {8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47, 68, 69, 76, 77, 78, 79}
 PROTOCOL = [{"name": "range", "metadata": b"\x00\x01meta"}]
 
 
@@ -514,6 +514,25 @@ def _group_request_for(env: Env, key, v):
         r = env.raw.request(68, 1, join)
         assert r.error_code == 0 and r.member_epoch == 1, r
         return {"group_ids": [group, f"every-cg-missing-{v}"], "include_authorized_operations": False}
+    if key in (76, 77, 78, 79):
+        group, member = f"every-sg{key}-{v}", uuid.uuid4().hex[:22]
+        join = {"group_id": group, "member_id": member, "member_epoch": 0, "rack_id": None,
+                "subscribed_topic_names": [topic]}
+        env.pending = {"group": group, "member": member}
+        if key == 76:
+            return join
+        r = env.raw.request(76, 1, join)
+        assert r.error_code == 0 and r.member_epoch == 1, r
+        if key == 77:
+            return {"group_ids": [group, f"every-sg-missing-{v}"],
+                    "include_authorized_operations": False}
+        parts = [{"topic_id": env.topic_id, "partitions": [
+            {"partition_index": 0, "acknowledgement_batches": []}]}]
+        if key == 78:
+            return {"group_id": group, "member_id": member, "share_session_epoch": 0,
+                    "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "max_records": 10,
+                    "batch_size": 10, "topics": parts, "forgotten_topics_data": []}
+        return {"group_id": group, "member_id": member, "share_session_epoch": 0, "topics": parts}
     raise AssertionError(key)
 
 
@@ -597,6 +616,24 @@ def _group_check(env: Env, key, v, resp):
         assert resp.member_id and (v == 0 or resp.member_id == env.pending["member"]), (v, resp)
         assert [(t.topic_id, sorted(t.partitions)) for t in resp.assignment.topic_partitions] == \
             [(env.topic_id, [0, 1])], (v, resp)
+    elif key == 76:
+        assert (resp.error_code, resp.member_epoch, resp.member_id) == (
+            0, 1, env.pending["member"]), (v, resp)
+        assert [(t.topic_id, sorted(t.partitions)) for t in resp.assignment.topic_partitions] == \
+            [(env.topic_id, [0, 1])], (v, resp)
+    elif key == 77:
+        found, missing = resp.groups
+        assert (found.error_code, found.group_state, found.assignor_name) == (
+            0, "Stable", "simple"), (v, resp)
+        assert [m.member_id for m in found.members] == [env.pending["member"]], (v, resp)
+        assert missing.error_code == 69, (v, resp)                 # GROUP_ID_NOT_FOUND
+    elif key == 78:
+        # a new share group starts at the end (share.auto.offset.reset latest): nothing yet
+        assert resp.error_code == 0 and resp.acquisition_lock_timeout.total_seconds() == 30, (v, resp)
+        assert [(p.partition_index, p.error_code, p.acquired_records)
+                for t in resp.responses for p in t.partitions] == [(0, 0, ())], (v, resp)
+    elif key == 79:
+        assert resp.error_code == 123, (v, resp)     # INVALID_SHARE_SESSION_EPOCH: no session opened
     elif key == 69:
         found, missing = resp.groups
         assert (found.error_code, found.group_state, found.group_epoch, found.assignment_epoch,
