@@ -226,3 +226,18 @@ def test_java_share_consumer_explicit_acknowledgement(appliance_factory, java4_p
     (later,) = produce(b, topic, 100, 1)
     out = java4_program("ShareConsumerExplicit", b, group, topic, "1", "60")
     assert (out["read"], out["values"]) == ("1", later), out
+
+
+def test_share_version_feature_and_find_coordinator_share_keys(appliance):
+    """ApiVersions finalizes share.version=1 (clients use share groups only then); FindCoordinator
+    v6 key type 2 (share) answers this node for a ``group:topicId:partition`` key and
+    INVALID_REQUEST for a malformed one."""
+    with RawClient(appliance.bootstrap) as c:
+        r = c.request(18, 4, {"client_software_name": "t", "client_software_version": "1"})
+        assert {f.name: f.max_version_level for f in r.finalized_features}["share.version"] == 1
+        assert {f.name: (f.min_version, f.max_version)
+                for f in r.supported_features}["share.version"] == (0, 1)
+        good = f"g:{uuid.uuid4()}:0"
+        r = c.request(10, 6, {"key_type": 2, "coordinator_keys": [good, "nope"]})
+        assert [(k.key, k.error_code, k.node_id >= 0) for k in r.coordinators] == [
+            (good, 0, True), ("nope", 42, False)], r
