@@ -37,6 +37,10 @@ E = ErrorCode
 AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED = 0, 1, 2, 4
 # AcknowledgeType on the wire (KIP-932): 0 is the GAP of an offset the batch did not hold.
 GAP, ACCEPT, RELEASE, REJECT = 0, 1, 2, 3
+# Most offsets in flight per share partition (Kafka's group.share.partition.max.record.locks,
+# 2000 by default): the window never grows past it, so that neither a huge max_records nor a
+# backlog makes the coordinator hold (or walk) millions of records.
+MAX_RECORD_LOCKS = 2000
 
 
 @dataclass(slots=True)
@@ -116,6 +120,8 @@ class SharePartition:
         while left > 0 and o < high_watermark:
             f = self.inflight.get(o)
             if o >= self.end_offset:
+                if o - self.start_offset >= MAX_RECORD_LOCKS:
+                    break
                 f = self.inflight[o] = InFlight(AVAILABLE, 0)
                 self.end_offset = o + 1
             elif f is None:

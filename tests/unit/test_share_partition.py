@@ -145,3 +145,13 @@ def test_share_session_epochs_and_acknowledgement_in_fetch(tmp_path) -> None:
     r = env2.fetch("z", 0)
     assert r.parts[0].acquired == [(7, 9, 2)]
     env2.svc.close()
+
+
+def test_regression_a_huge_max_records_is_held_to_the_record_lock_limit() -> None:
+    from appliance.group.share_partition import MAX_RECORD_LOCKS
+    sp = SharePartition(0)
+    assert sp.acquire("a", 2**31 - 1, 10**9, 0, 0, LOCK, LIMIT) == [(0, MAX_RECORD_LOCKS - 1, 1)]
+    assert sp.acquire("b", 10, 10**9, 0, 0, LOCK, LIMIT) == []
+    sp.acknowledge("a", [(0, 9, [ACCEPT])], LIMIT)
+    assert sp.acquire("b", 100, 10**9, 0, 0, LOCK, LIMIT) == [
+        (MAX_RECORD_LOCKS, MAX_RECORD_LOCKS + 9, 1)]
