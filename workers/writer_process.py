@@ -291,6 +291,8 @@ class WriterProcess(Worker):
     def on_tick(self, now: float) -> None:
         for w in self._open_members():
             w.tick()
+            if w.log.has_retired:
+                self.busy.add(w)     # segments retention renamed .deleted: removed by the turns
         self._ring_fetchers()
 
     def check_config(self) -> None:

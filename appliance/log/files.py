@@ -23,8 +23,9 @@ A partition directory, Kafka's layout plus three small files of our own::
                                     finishes it
     cleaner-offset-checkpoint       checkpoint: the cleaner's first dirty offset (Kafka's
                                     cleaner-offset-checkpoint, one partition's)
-    <base>.log.<inode>.deleted      a .log a swap replaced, kept for the fetches answered from
-                                    it (log.segment_delete_delay_ms); removed at open
+    <base>.log.<inode>.deleted      a .log a swap replaced (kept for the fetches answered from
+                                    it) or retention / DeleteRecords removed, kept for the
+                                    topic's file.delete.delay.ms; removed at open
 
 Offset and time index files are only ever shrunk by atomic replacement (write ``x.tmp``, fsync, rename), never
 by truncating in place, because readers in other processes may have the old file mapped and

@@ -75,7 +75,7 @@ from appliance.errors import CorruptRecord, ErrorCode, KafkaError
 from appliance.log.files import (CLEAN_SHUTDOWN_FILE, INDEX_SUFFIX, LOG_START_OFFSET_FILE,
                                  RECOVERY_POINT_FILE, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX,
                                  index_path, list_segment_bases, log_path, timeindex_path,
-                                 txnindex_path)
+                                 retired_log_path, txnindex_path)
 from appliance.durable import TMP_SUFFIX, fsync_dir, is_no_space, read_checkpoint, write_checkpoint
 from appliance.log.index import OffsetIndex
 from appliance.log import swap
@@ -597,11 +597,33 @@ class PartitionLog:
         self._log_start_offset = new_lso
         self._sealed = remaining
         self.segments_version += 1
-        for seg in doomed:
-            delete_segment_files(self.directory, seg.base_offset)
+        # On a full disk (the checkpoint could not be written) the files go at once: freeing
+        # the space is the point.
+        self._delete_segments(doomed, delay=saved)
         if not saved:
             self._checkpoint(LOG_START_OFFSET_FILE, new_lso)
         return True
+
+    def _delete_segments(self, doomed: list, delay: bool = True) -> None:
+        """Kafka's asyncDeleteSegment: a segment that retention or DeleteRecords removes is
+        renamed ``.deleted`` and its file removed ``file.delete.delay.ms`` later (0: at once).
+        Here the indexes go at once (only the writer reads them by name; readers have theirs
+        mapped) and the ``.log`` is kept under its retired name, the name a compaction swap
+        gives the files it replaces, so the same timer and the same clean-up at open remove
+        it. A crash meanwhile loses nothing: the log start offset was persisted first."""
+        delay_s = self.settings.file_delete_delay_ms / 1000 if delay else 0.0
+        until = time.monotonic() + delay_s
+        for seg in doomed:
+            if delay_s > 0:
+                src = log_path(self.directory, seg.base_offset)
+                try:
+                    dst = retired_log_path(self.directory, seg.base_offset, os.stat(src).st_ino)
+                    os.rename(src, dst)
+                except OSError:
+                    pass                  # gone already, or no room for the name: deleted below
+                else:
+                    self._retired.append((until, dst))
+            delete_segment_files(self.directory, seg.base_offset)
 
     def delete_records(self, offset: int) -> bool:
         """Kafka's DeleteRecords (UnifiedLog.maybeIncrementLogStartOffset, ClientRecordDeletion):
@@ -625,8 +647,7 @@ class PartitionLog:
         if n:
             doomed, self._sealed = self._sealed[:n], self._sealed[n:]
             self.segments_version += 1
-            for seg in doomed:
-                delete_segment_files(self.directory, seg.base_offset)
+            self._delete_segments(doomed)
         return True
 
     # -- compaction (appliance.log.swap) ----------------------------------------------------

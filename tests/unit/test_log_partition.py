@@ -249,6 +249,38 @@ def test_retention_by_size_advances_and_persists_log_start(tmp_path):
     log.close()
 
 
+@pytest.mark.parametrize("remove", ["retention", "delete_records"])
+def test_removed_segments_are_kept_as_deleted_files_for_file_delete_delay_ms(tmp_path, remove):
+    """Kafka's asyncDeleteSegment: retention and DeleteRecords rename a segment's log .deleted
+    and remove it file.delete.delay.ms later; 0 removes it at once."""
+    import time
+    d = str(tmp_path)
+    log = PartitionLog.open(d, settings(segment_bytes=1000, retention_bytes=2500,
+                                        file_delete_delay_ms=60_000), T0)
+    fill(log, 30)
+    bases = log.segment_bases()
+    if remove == "retention":
+        assert log.enforce_retention(T0)
+    else:
+        assert log.delete_records(bases[3])
+    gone = [b for b in bases if b not in log.segment_bases()]
+    deleted = sorted(n for n in os.listdir(d) if n.endswith(".deleted"))
+    assert len(deleted) == len(gone) > 0 and log.has_retired
+    assert [int(n[:20]) for n in deleted] == gone
+    assert not any(os.path.exists(index_path(d, b)) or os.path.exists(log_path(d, b))
+                   for b in gone)
+    assert log.delete_retired(time.monotonic()) == 0          # not yet
+    assert log.delete_retired(time.monotonic() + 61) == len(gone)
+    assert not [n for n in os.listdir(d) if n.endswith(".deleted")] and not log.has_retired
+    log.close()
+    log = PartitionLog.open(d, settings(segment_bytes=1000, retention_bytes=0,
+                                        file_delete_delay_ms=0), T0)
+    fill(log, 10)
+    assert log.enforce_retention(T0)
+    assert not [n for n in os.listdir(d) if n.endswith(".deleted")] and not log.has_retired
+    log.close()
+
+
 def test_delete_records_moves_the_log_start_and_deletes_whole_segments_below_it(tmp_path):
     d = str(tmp_path)
     log = PartitionLog.open(d, settings(segment_bytes=1000), T0)
