@@ -121,6 +121,10 @@ EXIT_RUNTIME_DIR = 7        # server.runtime_dir cannot be made, or holds files 
 # Workers: WORKER_BOOT_ERROR tells the supervisor not to restart (the arbiter's reserved code, as
 # in pre-fork servers); the supervisor then stops everything and exits EXIT_CRASH_LOOP.
 WORKER_BOOT_ERROR = 3
+# A worker found its own state in the data dir damaged beyond what it may repair (a sealed segment
+# of a coordinator log, issue 34): the supervisor stops everything and exits EXIT_DATA_DIR, as for
+# a damaged catalog, rather than restart it into the same damage until the crash-loop rule.
+WORKER_DATA_DIR_ERROR = 65        # sysexits' EX_DATAERR
 
 
 class StartFailure(Exception):

@@ -29,7 +29,8 @@ SIGTERM between batches):
    per cleaner process). Nothing due: the next look is ``backoff_ms`` later.
 
 The scrub (issue 34, bit rot; ``appliance.log.scrub``): between rounds the cleaner reads every
-sealed segment of every partition of its writer processes (compacted or not), at
+sealed segment of every partition of its writer processes (compacted or not; the cleaner that
+``cleaner_of`` gives the coordinator also the coordinator's two logs), at
 ``[log.scrub] bytes_per_second`` shared by the cleaners, and checks each batch's CRC. A batch
 that fails is logged once with its file, position and offset and counted
 (``appliance_log_scrub_corrupt_batches_total{topic,partition}``); the fetchers refuse to serve it
@@ -53,23 +54,32 @@ from dataclasses import dataclass
 
 from appliance import ipc, testhooks
 from appliance.catalog.assignment import ASSIGNMENT_FILE, AssignmentView
-from appliance.data_layout import partition_dir
+from appliance.data_layout import COORDINATOR_DIR, GROUP_LOG_DIR, partition_dir
+from appliance.group.store import LOG_DIR as GROUP_STORE_LOG_DIR
 from appliance.errors import ErrorCode
 from appliance.log.cleaner import messages as cm
 from appliance.log.cleaner.clean import Cleaner, CleaningAborted, LastRecord
 from appliance.log.cleaner.offset_map import OffsetMap
 from appliance.log.cleaner.plan import NoSuchSegment, cleanable, sealed_segments
-from appliance.log.files import CLEANER_CHECKPOINT_FILE
+from appliance.log.files import CLEANER_CHECKPOINT_FILE, list_segment_bases
 from appliance.durable import is_no_space, read_checkpoint
 from appliance.log.partition_log import LogSettings
 from appliance.log.scrub import Scrubber, ScrubTarget
+from appliance.txn.state_manager import LOG_DIR as TXN_STORE_LOG_DIR
 from appliance.metrics import key
-from appliance.runtime import PARTITION_PAGE_FIELDS, READY, WorkerContext, cleaner_of, writer_name
+from appliance.runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS, READY,
+                               WorkerContext, cleaner_of, writer_name)
 from shm.statepage import StalePage, StatePage
 from shm.topology import Outbox
 from workers.base import IDLE_WAIT_S, Worker
 
 log = logging.getLogger("appliance.cleaner")
+
+# The coordinator worker's two logs (``workers/coordinator.py``), scrubbed by one cleaner
+# (``cleaner_of`` the coordinator) and named in the metric and the log line by the internal
+# topics Kafka keeps them in (one partition each here).
+COORDINATOR_LOGS = (("__transaction_state", (COORDINATOR_DIR, TXN_STORE_LOG_DIR)),
+                    ("__consumer_offsets", (COORDINATOR_DIR, GROUP_LOG_DIR, GROUP_STORE_LOG_DIR)))
 
 
 def main(ctx: WorkerContext) -> int:
@@ -297,13 +307,16 @@ class CleanerWorker(Worker):
         for t, d in damage:
             self.metrics.add(key("appliance_log_scrub_corrupt_batches",
                                  [("topic", t.topic), ("partition", t.partition)]))
-            log.error("%s-%d: scrub: %s at position %d of %s (batch offset %d); fetches from "
-                      "there answer KAFKA_STORAGE_ERROR (`appliance dump-log --verify` lists "
-                      "every damaged batch)", t.topic, t.partition, d.reason, d.position, d.path,
-                      d.offset)
+            what = ("the coordinator runs on what it loaded, but will refuse to start on it: "
+                    "restore the file from a backup" if t.name == COORDINATOR
+                    else "fetches from there answer KAFKA_STORAGE_ERROR")
+            log.error("%s-%d: scrub: %s at position %d of %s (batch offset %d); %s "
+                      "(`appliance dump-log --verify` lists every damaged batch)", t.topic,
+                      t.partition, d.reason, d.position, d.path, d.offset, what)
 
     def _scrub_targets(self) -> None:
-        """Every partition of the writer processes this cleaner serves, compacted or not."""
+        """Every partition of the writer processes this cleaner serves, compacted or not, and
+        the coordinator's logs if it is the coordinator's cleaner."""
         cat = self.catalog.get()
         seen = (cat.version, self.sup_page.read().assignment_version)
         if seen == self._scrub_seen:
@@ -318,10 +331,19 @@ class CleanerWorker(Worker):
                 if proc is not None and cleaner_of(proc, procs) == self.name:
                     targets.append(ScrubTarget(writer_name(t.topic_id, p), t.name, p,
                                                partition_dir(self.ctx.data_dir, t.name, p)))
+        if cleaner_of(COORDINATOR, procs) == self.name:
+            for topic, parts in COORDINATOR_LOGS:
+                targets.append(ScrubTarget(COORDINATOR, topic, 0,
+                                           os.path.join(self.ctx.data_dir, *parts)))
         self.scrubber.set_targets(targets)
 
     def _active_base(self, t: ScrubTarget) -> int | None:
-        """The partition's active segment base while its writer is READY, else None."""
+        """The partition's active segment base while its writer is READY, else None. For a
+        coordinator log: the last segment's base while the coordinator is READY (its load and
+        recovery are over; a segment below the last one is sealed: a roll seals the old segment
+        before it makes the new one, and a compaction swaps in a log sealed whole)."""
+        if t.name == COORDINATOR:
+            return self._coordinator_active_base(t)
         link = self.links.get(t.name)
         try:
             if link is not None:
@@ -335,6 +357,18 @@ class CleanerWorker(Worker):
         if st.status != READY or st.generation == 0:
             return None
         return st.active_base_offset
+
+    def _coordinator_active_base(self, t: ScrubTarget) -> int | None:
+        try:
+            with StatePage.open(self.topo.page_path(COORDINATOR), COORDINATOR_PAGE_FIELDS,
+                                readonly=True) as page:
+                st = page.read()
+            if st.status != READY or st.generation == 0:
+                return None
+            bases = list_segment_bases(t.directory)
+        except (FileNotFoundError, ValueError, StalePage):
+            return None
+        return bases[-1] if bases else None
 
     # -- partitions -----------------------------------------------------------------------------
     def _sync_links(self) -> None:

@@ -35,7 +35,8 @@ from appliance.group.share_store import ShareStateStore
 from appliance.durable import atomic_write, make_dirs
 from appliance.metrics import COORDINATOR_SNAPSHOT, key as mkey
 from appliance.catalog.assignment import ASSIGNMENT_FILE, AssignmentView
-from appliance.runtime import (COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS,
+from appliance.log.compacted_log import CompactedLogCorrupt
+from appliance.runtime import (WORKER_DATA_DIR_ERROR, COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS,
                               WRITER_PROCESS_PAGE_FIELDS, WorkerContext, writer_name)
 from appliance.txn.coordinator import TransactionCoordinator
 from appliance.txn.producer_ids import ProducerIdManager
@@ -129,8 +130,9 @@ class Coordinator(Worker):
         self._metrics_error: str | None = None    # the last "not published" reason logged
 
     # -- life cycle -----------------------------------------------------------------------------
-    def setup(self) -> None:
-        """Start, waiting for space on a full disk.
+    def setup(self) -> int | None:
+        """Start, waiting for space on a full disk; WORKER_DATA_DIR_ERROR if a log is damaged
+        beyond what its load repairs (``CompactedLogCorrupt``).
 
         A start writes before it can serve: the new coordinator epoch (nothing may be served
         under an epoch that is not durable: a later start could hand it out again, and the
@@ -147,6 +149,14 @@ class Coordinator(Worker):
             try:
                 epoch = self._start(opened)
                 break
+            except CompactedLogCorrupt as e:
+                # A damaged log the load may not repair (issue 34: a sealed segment's batch
+                # fails its CRC; a record that cannot be decoded): a restart would meet the same
+                # bytes, so the appliance stops with exit 3 and this message names the file.
+                log.error("cannot start: %s", e)
+                for part in reversed(opened):
+                    part.close(clean=False)
+                return WORKER_DATA_DIR_ERROR
             except OSError as e:
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise

@@ -67,7 +67,7 @@ from appliance.protocol.records import (BatchHeader, Record, batch_crc_ok, build
                                         decode_records, iter_batch_headers)
 
 __all__ = [
-    "CompactedLog", "CompactedLogCorrupt", "CompactedLogWriteError", "LiveRecord", "Appended",
+    "CompactedLog", "CompactedLogCorrupt", "CompactedLogDamaged", "CompactedLogWriteError", "LiveRecord", "Appended",
     "SwapDirs", "COMPLETE_MARKER", "NO_PRODUCER_ID", "NO_PRODUCER_EPOCH", "rewrite_log_settings",
     "wall_clock_ms",
 ]
@@ -88,6 +88,18 @@ REWRITE_BATCH_BYTES = 1024 * 1024
 class CompactedLogCorrupt(Exception):
     """A record of the log cannot be decoded: the store refuses to load (Kafka aborts the load of
     the partition at that record) rather than run with a state that lacks what follows it."""
+
+
+class CompactedLogDamaged(CompactedLogCorrupt):
+    """A sealed segment holds a batch that fails its CRC or bytes that frame no batch (bit rot,
+    issue 34). ``path`` and ``offset`` name the file and where the damage starts; the message
+    says what to do about it."""
+
+    def __init__(self, path: str, offset: int, what: str) -> None:
+        super().__init__(f"{what}; the state that follows cannot be loaded without it: restore "
+                         f"{path} from a backup (the coordinator refuses to start until then)")
+        self.path = path
+        self.offset = offset
 
 
 class CompactedLogWriteError(Exception):
@@ -211,6 +223,7 @@ class CompactedLog:
     DIRS: ClassVar[tuple[str, str, str]]          # live, compacting, old (names under directory)
     LOGGER: ClassVar[logging.Logger] = log
     Corrupt: ClassVar[type[CompactedLogCorrupt]] = CompactedLogCorrupt
+    Damaged: ClassVar[type[CompactedLogDamaged]] = CompactedLogDamaged
     WriteError: ClassVar[type[CompactedLogWriteError]] = CompactedLogWriteError
     REWRITE_BATCH_RECORDS: ClassVar[int] = 1000
 
@@ -243,24 +256,57 @@ class CompactedLog:
 
     # -- replay -----------------------------------------------------------------------------------
     def _batches(self) -> Iterator[tuple[BatchHeader, memoryview]]:
-        """(header, batch bytes) of every batch in log order."""
+        """(header, batch bytes) of every batch in log order.
+
+        Sealed segments and a cleanly closed active one are loaded without a scan, so bit rot
+        (issue 34) is found here, by each batch's CRC and by bytes that frame no batch. Kafka's
+        rule for any log, its internal topics included: a bad batch in the tail is truncated
+        (LogLoader's recovery of the active segment), so a damaged batch in the active segment
+        ends the log there (``_truncate_tail``; the state replayed so far is exactly the
+        truncated log's). A damaged sealed segment is ``Damaged``: the coordinator refuses to
+        start naming the file and the offset (exit 3) instead of running without the state that
+        follows, or crash-looping on it."""
         lg = self._log
         assert lg is not None
         for base in lg.segment_bases():
             path = log_path(lg.directory, base)
-            size = lg.active_end_position if base == lg.active_segment_base else os.path.getsize(path)
+            active = base == lg.active_segment_base
+            size = lg.active_end_position if active else os.path.getsize(path)
             if size == 0:
                 continue
             with open(path, "rb") as f:
                 data = f.read(size)
             mv = memoryview(data)
+            end, offset, why = 0, base, ""
             for pos, h in iter_batch_headers(data, 0, len(data)):
-                # Sealed segments are loaded without a scan: bit rot (issue 34) is found here,
-                # and refused like an undecodable record, rather than replayed as state.
                 if not batch_crc_ok(data, pos, h.size, h.crc):
-                    raise self.Corrupt(f"the batch at offset {h.base_offset} (position {pos} of "
-                                       f"{path}) fails its CRC")
+                    why = "fails its CRC"
+                    break
                 yield h, mv[pos:pos + h.size]
+                end, offset = pos + h.size, h.base_offset + h.last_offset_delta + 1
+            else:
+                if any(mv[end:]):
+                    why = "is torn (its length frames no batch)"
+            if not why:
+                continue
+            where = f"the batch at offset {offset} (position {end} of {path})"
+            if not active:
+                raise self.Damaged(path, offset, f"{self.WHAT}: {where} {why}")
+            self._truncate_tail(path, offset, f"{where} {why}")
+            return
+
+    def _truncate_tail(self, path: str, offset: int, what: str) -> None:
+        """Cut the log before a damaged batch of its active segment: the reopen after an unclean
+        close recovers the active segment, which truncates after its last valid batch."""
+        self._anomaly(f"{what}: the log is truncated there (what followed it is lost)")
+        assert self._log is not None
+        self._log.close(clean=False)
+        self._log = None
+        self._log = PartitionLog.open(self._swap.live, self._settings, self._clock())
+        if self._log.log_end_offset != offset:
+            # Recovery judged an earlier batch bad: what was replayed is no longer the log.
+            raise self.Damaged(path, offset, f"{self.WHAT}: {what}; recovery truncated the log "
+                                             f"at offset {self._log.log_end_offset} instead")
 
     def _replay(self, apply: Callable[[BatchHeader, memoryview], None]) -> None:
         """Hand every batch of the log to ``apply``, in log order; the store has cleared its

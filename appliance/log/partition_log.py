@@ -231,7 +231,15 @@ class PartitionLog:
                                       build.bytes_since_last_entry))
                 if progress is not None:
                     progress(info.size)
-                if corrupt and not last:
+                if corrupt and not last and (clean or base < recovery_point):
+                    # A sealed segment that failed its load (bit rot in a length field, issue
+                    # 34) is not the log's tail: the later segments are acknowledged and intact,
+                    # so only this one is cut (Kafka's LogLoader recovers just the segment whose
+                    # sanity check failed); a gap is left, as compaction leaves them.
+                    log.error("%s: sealed segment %d is damaged: truncated after its last valid "
+                              "batch (offset %d); the later segments are kept",
+                              directory, base, info.next_offset)
+                elif corrupt and not last:
                     for b in bases[i + 1:]:
                         delete_segment_files(directory, b)
                     del bases[i + 1:]

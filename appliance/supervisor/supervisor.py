@@ -13,7 +13,9 @@ interface this class implements; AlterUserScramCredentials, ``appliance.security
 CreateAcls/DeleteAcls, ``appliance.acl.store``), reaps dead children, kills workers whose heartbeat
 went stale, and respawns with backoff. A worker that restarts more than ``crash_loop_restarts``
 times in ``crash_loop_window_ms``, or exits with the reserved WORKER_BOOT_ERROR code, stops the
-appliance (exit 4) rather than loop forever.
+appliance (exit 4) rather than loop forever; one that exits WORKER_DATA_DIR_ERROR (its state in the
+data dir is damaged: a sealed segment of a coordinator log) stops it with exit 3, as a damaged
+catalog does.
 
 I/O errors never stop the supervisor: a catalog commit that fails answers the topic request
 KAFKA_STORAGE_ERROR with the old catalog in place, a runtime dir (tmpfs) without room for a new
@@ -66,9 +68,10 @@ from appliance.errors import ErrorCode
 from appliance.listeners import Listener
 from appliance.durable import atomic_write
 from appliance.reload import file_path as config_file, publish as publish_config
-from appliance.runtime import (COORDINATOR, EXIT_CRASH_LOOP, EXIT_OK, HEARTBEAT_FILE,
+from appliance.runtime import (COORDINATOR, EXIT_CRASH_LOOP, EXIT_DATA_DIR, EXIT_OK, HEARTBEAT_FILE,
                                HEARTBEAT_SLOTS, METRICS_SERVER, PROCESSES_FILE, READY, RECOVERING,
                                STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
+                               WORKER_DATA_DIR_ERROR,
                                BoundListener, StartFailure, WorkerContext, cleaner_name,
                                cleaner_of, default_run_dir, fetcher_name, frontend_name,
                                page_fields, set_process_title, setup_logging,
@@ -628,6 +631,12 @@ class Supervisor:
 
     def _on_unexpected_death(self, spec: WorkerSpec, code: int) -> None:
         how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        if code == WORKER_DATA_DIR_ERROR:
+            log.error("%s %s (its state in the data dir is damaged, see its message above): "
+                      "stopping the appliance", spec.name, how)
+            self.exit_code = EXIT_DATA_DIR
+            self._begin_stop()
+            return
         if code == WORKER_BOOT_ERROR:
             log.error("%s %s (boot error): stopping the appliance", spec.name, how)
             self.exit_code = EXIT_CRASH_LOOP

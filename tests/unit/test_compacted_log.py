@@ -9,6 +9,7 @@ import pytest
 from appliance.config import FlushPolicy
 from appliance.errors import ErrorCode
 from appliance.log.compacted_log import (COMPLETE_MARKER, CompactedLog, CompactedLogCorrupt,
+                                         CompactedLogDamaged,
                                          CompactedLogWriteError, LiveRecord)
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.protocol.records import Record, build_batch
@@ -136,24 +137,66 @@ def test_undecodable_record_raises_the_stores_corrupt(tmp_path):
     kv.close()
 
 
-def test_a_flipped_value_byte_in_a_closed_log_is_the_stores_corrupt_naming_the_file(tmp_path):
-    """Bit rot (issue 34): a clean close leaves the segment loaded without a scan; its replay
-    checks every batch's CRC instead of loading a changed value as state."""
+def _flip(path: str, needle: bytes) -> None:
+    with open(path, "r+b") as f:
+        data = f.read()
+        at = data.index(needle)
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0x20]))
+
+
+def test_regression_a_flipped_byte_in_the_tail_truncates_the_log_there(tmp_path):
+    """Bit rot (issue 34) in the active segment of a cleanly closed log: its replay checks every
+    batch's CRC; a bad one is the log's tail, truncated as Kafka's recovery truncates any log's
+    tail (it used to be Corrupt, which crash-looped the coordinator). What precedes it loads,
+    the log takes appends at the cut, and the anomaly names the file and the offset."""
     import glob
     kv = loaded(tmp_path)
     kv.put(b"a", b"value-one")
+    kv.put(b"b", b"value-two")
+    kv.put(b"c", b"value-three")
     kv.close()
     (path,) = glob.glob(os.path.join(str(tmp_path), "kv", "*.log"))
-    with open(path, "r+b") as f:
-        data = f.read()
-        at = data.index(b"value-one")
-        f.seek(at)
-        f.write(b"valuE")
+    _flip(path, b"value-two")
     kv = KV(tmp_path)
-    with pytest.raises(KVCorrupt, match="fails its CRC") as e:
-        kv.load()
-    assert path in str(e.value)
+    assert kv.load() == {b"a": b"value-one"}
+    assert any(path in a and "offset 1 " in a and "fails its CRC" in a for a in kv.anomalies), \
+        kv.anomalies
+    kv.put(b"d", b"value-four")
+    assert kv.data[b"d"].record_offset == 1
     kv.close()
+    assert reopened(tmp_path) == {b"a": b"value-one", b"d": b"value-four"}
+
+
+def test_regression_a_flipped_byte_in_a_sealed_segment_is_damaged_naming_file_and_offset(tmp_path):
+    """Bit rot in a sealed segment is not a tail: truncating there would drop every later
+    segment. The load refuses (``Damaged``, a ``Corrupt``) naming the file and the offset; the
+    coordinator turns it into exit 3."""
+    kv = loaded(tmp_path, segment_bytes=200)
+    for i in range(6):
+        kv.put(b"k%d" % i, b"value-%d-" % i + b"x" * 60)
+    kv.close()
+    segs = sorted(glob_logs(tmp_path))
+    assert len(segs) >= 3
+    _flip(segs[0], b"value-0-")
+    before = {p: read(p) for p in segs}
+    kv = KV(tmp_path, segment_bytes=200)
+    with pytest.raises(CompactedLogDamaged, match="fails its CRC") as e:
+        kv.load()
+    assert e.value.path == segs[0] and e.value.offset == 0
+    assert segs[0] in str(e.value) and "offset 0 " in str(e.value)
+    kv.close(clean=False)
+    assert {p: read(p) for p in segs} == before                 # nothing truncated
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def glob_logs(tmp_path) -> list[str]:
+    import glob
+    return glob.glob(os.path.join(str(tmp_path), "kv", "*.log"))
 
 
 def test_anomaly_is_logged_and_kept(tmp_path, caplog):

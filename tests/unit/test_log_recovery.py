@@ -527,3 +527,28 @@ def test_recovering_only_the_active_segment_fsyncs_nothing_a_sealed_one_everythi
     log = PartitionLog.open(d, S, T0)
     assert len(calls) >= 2 * (len(log.segment_bases()) - 1)       # the sealed ones' log, indexes
     log.close(clean=True)
+
+
+def test_regression_a_torn_length_in_a_sealed_segment_keeps_the_later_segments(tmp_path):
+    """Bit rot in a batch's length field of a sealed segment (issue 34) fails the segment's
+    load; its recovery used to delete every later segment as if it were an unflushed tail (all
+    acknowledged, intact). Only the damaged segment is cut now; the others serve as before."""
+    d = str(tmp_path)
+    log = PartitionLog.open(d, S, T0)
+    for i in range(60):
+        log.append(batch(i), T0)
+    leo, bases = log.log_end_offset, log.segment_bases()
+    log.close()
+    assert len(bases) >= 4
+    victim = bases[1]
+    data = Path(log_path(d, victim)).read_bytes()
+    valid, _ = scan_valid(data)
+    with open(log_path(d, victim), "r+b") as f:       # the last batch's length (the load's
+        f.seek(valid[-1][0] + 8)                        # header walk reads it): frames nothing
+        f.write(struct.pack(">i", 1 << 24))
+    later = {b: Path(log_path(d, b)).read_bytes() for b in bases[2:]}
+    log = PartitionLog.open(d, S, T0)
+    assert log.segment_bases() == bases and log.log_end_offset == leo
+    log.close()
+    assert {b: Path(log_path(d, b)).read_bytes() for b in bases[2:]} == later
+    assert os.path.getsize(log_path(d, victim)) == valid[-1][0]    # only the damage cut

@@ -15,7 +15,8 @@ from appliance.catalog.model import Catalog
 from appliance.supervisor.catalog_store import CatalogStore
 from appliance.config import Config, ServerConfig, SupervisorConfig, TopicsConfig
 from appliance.runtime import (EXIT_CRASH_LOOP, HEARTBEAT_FILE, RECOVERING, STOPPED, SUPERVISOR,
-                               SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, WORKER_PAGE_FIELDS)
+                               SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, WORKER_PAGE_FIELDS,
+                               WORKER_DATA_DIR_ERROR, EXIT_DATA_DIR)
 from appliance.supervisor import Supervisor
 from shm.heartbeat import HeartbeatTable
 from shm.metrics import MetricsTable
@@ -146,6 +147,16 @@ def test_a_boot_error_stops_the_appliance_without_restarting(sup):
     sup.fake.exit(spec.pid, WORKER_BOOT_ERROR)
     sup._reap()
     assert sup.stopping and sup.exit_code == EXIT_CRASH_LOOP
+    assert spec.next_start == 0.0 and spec.pid is None
+
+
+def test_a_worker_with_damaged_state_stops_the_appliance_with_exit_3(sup):
+    """A coordinator whose log is damaged (issue 34) exits WORKER_DATA_DIR_ERROR: not restarted
+    into the same damage, and ``appliance run`` exits 3 as for a damaged catalog."""
+    spec = start_fetcher(sup)
+    sup.fake.exit(spec.pid, WORKER_DATA_DIR_ERROR)
+    sup._reap()
+    assert sup.stopping and sup.exit_code == EXIT_DATA_DIR == 3
     assert spec.next_start == 0.0 and spec.pid is None
 
 
