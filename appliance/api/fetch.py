@@ -89,6 +89,11 @@ async def handle(ctx, req):
         if info is None or not 0 <= p.partition < info.partitions:
             fp.error_code = int(missing if info is None else ErrorCode.unknown_topic_or_partition)
             continue
+        if v < 10 and catalog.settings(info, broker.cfg.log).compression_type == "zstd":
+            # KIP-110 (KafkaApis' maybeConvertFetchedData): a client too old for zstd cannot read
+            # a topic whose compression.type is zstd; Kafka answers the partition with no records.
+            fp.error_code = int(ErrorCode.unsupported_compression_type)
+            continue
         plan.append((fp, len(asks), partition_dir(broker.ctx.data_dir, info.name, p.partition)))
         asks.append(ipc.FetchPart(info.topic_id, p.partition, p.fetch_offset, p.partition_max_bytes))
     if asks:

@@ -303,3 +303,35 @@ def test_group_configs_set_and_described_before_the_group_exists(admin):
     assert err.name() == "INVALID_CONFIG"
     _alter(admin, ResourceType.GROUP, group, [("consumer.session.timeout.ms", None, AlterConfigOpType.DELETE)])
     assert _describe(admin, ResourceType.GROUP, group)["consumer.session.timeout.ms"].value == "45000"
+
+
+def _raw_fetch(bootstrap, topic, version):
+    from raw_wire import RawClient
+    part = {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
+            "partition_max_bytes": 1 << 20}
+    with RawClient(bootstrap) as raw:
+        r = raw.request(1, version, {
+            "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [part]}], "forgotten_topics_data": []})
+    return r.responses[0].partitions[0]
+
+
+def test_fetch_below_v10_of_a_zstd_topic_answers_unsupported_compression_type(admin, shared_appliance):
+    """KIP-110: a Fetch older than v10 cannot carry zstd batches; Kafka answers a partition of a
+    topic whose compression.type is zstd with UNSUPPORTED_COMPRESSION_TYPE (76) and no records,
+    and serves v10 and later. A "producer" topic is served at v9 whatever its batches hold (Kafka
+    looks at the topic's config, not at the batches)."""
+    b = shared_appliance.bootstrap
+    zstd_topic = _create(admin, {"compression.type": "zstd"})
+    plain_topic = _create(admin, {})
+    p = Producer({"bootstrap.servers": b, "compression.type": "zstd"})
+    for t in (zstd_topic, plain_topic):
+        p.produce(t, b"v" * 100, partition=0)
+    assert p.flush(TIMEOUT) == 0
+    old = _raw_fetch(b, zstd_topic, 9)
+    assert old.error_code == 76 and not old.records, old
+    new = _raw_fetch(b, zstd_topic, 10)
+    assert new.error_code == 0 and new.records and new.high_watermark == 1, new
+    served = _raw_fetch(b, plain_topic, 9)
+    assert served.error_code == 0 and served.records, served
