@@ -192,9 +192,10 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in [
        "*.deleted) for the fetches answered from them.", "log.segment.delete.delay.ms",
        setting="file_delete_delay_ms"),
     _D("preallocate", "BOOLEAN", _const("false"), _bool_check,
-       "Stored as Kafka stores it; whatever it says, the active segment's file is allocated "
-       "(posix_fallocate) 1 MiB ahead of the appends, so that a full disk is answered, not "
-       "faulted on.", "log.preallocate"),
+       "true: the active segment's file gets all of segment.bytes (posix_fallocate) at its first "
+       "append; false: 1 MiB ahead of the appends. Either way a full disk is answered, not "
+       "faulted on, and a sealed segment is cut to its size.", "log.preallocate",
+       setting="preallocate"),
     # -- durability -------------------------------------------------------------------------------
     _D("flush.messages", "LONG", _flush_messages_default, _int_check(1),
        "fdatasync once this many records are not yet synced; 1: every batch, and acks=-1 "
@@ -306,6 +307,7 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     compression_gzip_level: int = -1
     compression_lz4_level: int = 9
     compression_zstd_level: int = 3
+    preallocate: bool = False
 
     @classmethod
     def from_config(cls, log_cfg: LogConfig, overrides: Mapping[str, str] | None = None) -> "LogSettings":

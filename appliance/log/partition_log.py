@@ -166,7 +166,7 @@ class PartitionLog:
         os.makedirs(directory, exist_ok=True)
         s = settings
         seg_kw = dict(segment_bytes=s.segment_bytes, index_bytes=s.segment_index_bytes,
-                      interval=s.index_interval_bytes)
+                      interval=s.index_interval_bytes, preallocate=s.preallocate)
         for name in os.listdir(directory):
             if name.endswith(TMP_SUFFIX):
                 os.unlink(os.path.join(directory, name))
@@ -328,7 +328,8 @@ class PartitionLog:
         now, index size to the next segment, retention and timestamp type to what follows."""
         self.settings = settings
         self._active.update_limits(segment_bytes=settings.segment_bytes,
-                                   interval=settings.index_interval_bytes)
+                                   interval=settings.index_interval_bytes,
+                                   preallocate=settings.preallocate)
 
     def segment_bases(self) -> list[int]:
         return [s.base_offset for s in self._sealed] + [self._active.base_offset]
@@ -495,7 +496,7 @@ class PartitionLog:
         info = old.seal(sync_dir=False)          # the recovery point's checkpoint fsyncs it
         s = self.settings
         seg_kw = dict(segment_bytes=s.segment_bytes, index_bytes=s.segment_index_bytes,
-                      interval=s.index_interval_bytes, now_ms=now_ms)
+                      interval=s.index_interval_bytes, preallocate=s.preallocate, now_ms=now_ms)
         try:
             new = LogSegment.create(self.directory, info.next_offset, **seg_kw)
         except OSError:

@@ -11,7 +11,7 @@ publishes the new high watermark. The indexes are written through the writer's m
 
 A full disk: every file here is as long as the blocks it has. The active ``.log`` is given them
 with ``posix_fallocate`` ``SEGMENT_GROW_BYTES`` (1 MiB) ahead of the appends, up to
-``segment_bytes`` (only what a batch needs when the disk is nearly full: ``durable.grow_file``),
+``segment_bytes`` (the whole of it at the first append when the topic says ``preallocate``) (only what a batch needs when the disk is nearly full: ``durable.grow_file``),
 never sparse: readers map the file's size, and on tmpfs even a read of a hole
 through a map allocates a page (SIGBUS when the tmpfs is full), while a store into one on any file
 system is a SIGBUS when the disk has no block for it. So the room for a batch (and for its index
@@ -455,8 +455,9 @@ class LogSegment:
 
     def __init__(self, directory: str, info: SegmentInfo, *, segment_bytes: int, index_bytes: int,
                  interval: int, now_ms: int, offset_entries: int, time_entries: int,
-                 bytes_since_last_entry: int) -> None:
+                 bytes_since_last_entry: int, preallocate: bool = False) -> None:
         self.directory = directory
+        self.preallocate = preallocate
         self.base_offset = info.base_offset
         self.size = info.size
         self.next_offset = info.next_offset
@@ -495,7 +496,7 @@ class LogSegment:
 
     @classmethod
     def create(cls, directory: str, base_offset: int, *, segment_bytes: int, index_bytes: int,
-               interval: int, now_ms: int) -> "LogSegment":
+               interval: int, now_ms: int, preallocate: bool = False) -> "LogSegment":
         # Indexes before the log: index files without a .log are orphans that open() deletes.
         # A leftover .txnindex under this name describes some older log: it goes.
         try:
@@ -507,7 +508,7 @@ class LogSegment:
         os.close(os.open(log_path(directory, base_offset), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644))
         return cls(directory, SegmentInfo(base_offset, 0, base_offset), segment_bytes=segment_bytes,
                    index_bytes=index_bytes, interval=interval, now_ms=now_ms, offset_entries=0,
-                   time_entries=0, bytes_since_last_entry=0)
+                   time_entries=0, bytes_since_last_entry=0, preallocate=preallocate)
 
     # -- the file's blocks -------------------------------------------------------------------
     def _grow(self, end: int) -> None:
@@ -517,7 +518,10 @@ class LogSegment:
         anything of the batch is written."""
         if end <= self.capacity:
             return
-        target = max(end, min(self.capacity + SEGMENT_GROW_BYTES, self._limit))
+        # preallocate=true (Kafka's FileRecords with preallocate): the whole segment.bytes at
+        # the first append, as Kafka sizes a preallocated segment's file at its creation.
+        ahead = self._limit if self.preallocate else self.capacity + SEGMENT_GROW_BYTES
+        target = max(end, min(ahead, self._limit))
         self.capacity = grow_file(self._fd, self.capacity, target, end)
 
     # -- appending ---------------------------------------------------------------------------
@@ -673,9 +677,10 @@ class LogSegment:
             pass
         return info
 
-    def update_limits(self, *, segment_bytes: int, interval: int) -> None:
+    def update_limits(self, *, segment_bytes: int, interval: int, preallocate: bool = False) -> None:
         """Apply changed topic settings."""
         self._limit = segment_bytes
+        self.preallocate = preallocate
         self._interval = interval
 
     def close(self, clean: bool = True) -> SegmentInfo | None:

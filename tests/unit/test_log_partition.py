@@ -532,3 +532,24 @@ def test_compacted_topic_rolls_by_max_compaction_lag(tmp_path):
     log.append(batch(ts=T0 + 2000), T0 + 2000)
     assert not log.maybe_roll(T0 + 100_000)
     log.close()
+
+
+@pytest.mark.parametrize("preallocate", [False, True])
+def test_preallocate_gives_the_active_segment_all_of_segment_bytes(tmp_path, preallocate):
+    """Kafka's preallocate: a preallocated segment's file is segment.bytes long from the start;
+    without it the file grows 1 MiB ahead of the appends. A sealed segment is cut to its size."""
+    d = str(tmp_path)
+    seg = 8 << 20
+    log = PartitionLog.open(d, settings(segment_bytes=seg, segment_index_bytes=1 << 20,
+                                        preallocate=preallocate), T0)
+    log.append(batch(2, size=300), T0)
+    st = os.stat(log_path(d, 0))
+    assert st.st_size == (seg if preallocate else 1 << 20)
+    assert st.st_blocks * 512 >= st.st_size            # blocks taken, not a sparse file
+    log.close()
+    assert os.path.getsize(log_path(d, 0)) < 4096      # the clean close cut it
+    log = PartitionLog.open(d, settings(segment_bytes=seg, segment_index_bytes=1 << 20), T0)
+    log.update_settings(settings(segment_bytes=seg, segment_index_bytes=1 << 20, preallocate=True))
+    log.append(batch(2, size=300), T0)
+    assert os.path.getsize(log_path(d, 0)) == seg      # a live change applies to the active segment
+    log.close()
