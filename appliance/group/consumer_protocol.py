@@ -38,10 +38,10 @@ Behaviour is Kafka's GroupMetadataManager.consumerGroupHeartbeat (group-coordina
 
 Durability: every change is written to the group log (``consumer_records``, Kafka's record
 types) before the heartbeat is answered (``GroupTable.store_consumer_group``); a restart restores
-the groups and gives every member a fresh session timeout. Departure (ours): a member
-heartbeating with its old epoch to a group this coordinator does not have (records lost, only
-offsets left) gets UNKNOWN_MEMBER_ID, on which every client rejoins with epoch 0 (Kafka, which
-never loses the group, says GROUP_ID_NOT_FOUND there, which stops librdkafka's consumer).
+the groups and gives every member a fresh session timeout. A member
+heartbeating with a non-zero epoch to a group this coordinator does not have (deleted once empty,
+or only offsets left) gets GROUP_ID_NOT_FOUND, as from Kafka's getOrMaybeCreateConsumerGroup
+(librdkafka treats it as fatal, as it does against Kafka).
 
 Regex subscriptions (v1 SubscribedTopicRegex, KIP-848): evaluated here with RE2 (google-re2)
 full-match semantics, as Kafka's RE2/J; a pattern RE2 refuses is INVALID_REGULAR_EXPRESSION; the
@@ -187,9 +187,6 @@ class ConsumerGroupProtocol:
             return self._leave(req)
         cfg = t.config
         group = self._group(req.group_id, create=req.member_epoch == 0)
-        if group is None:
-            raise _Invalid(E.unknown_member_id,
-                           f"Member {req.member_id} is not a member of group {req.group_id}.")
         now = t.now()
         owned = _assignment(req.topic_partitions)
         mid = req.member_id or self.new_member_id()
@@ -288,8 +285,8 @@ class ConsumerGroupProtocol:
     def _leave(self, req: ConsumerGroupHeartbeatRequest) -> ConsumerGroupHeartbeatResult:
         t = self.table
         group = self._group(req.group_id, create=False)
-        member = None if group is None else group.members.get(req.member_id)
-        if member is None and group is not None and req.instance_id is not None:
+        member = group.members.get(req.member_id)
+        if member is None and req.instance_id is not None:
             mid = group.static_members.get(req.instance_id)
             member = group.members.get(mid) if mid is not None else None
         if member is None:
@@ -311,16 +308,16 @@ class ConsumerGroupProtocol:
         return ConsumerGroupHeartbeatResult(E.none, None, member.member_id, req.member_epoch, 0)
 
     # -- group epoch and target -------------------------------------------------------------------
-    def _group(self, group_id: str, *, create: bool) -> ConsumerGroup | None:
+    def _group(self, group_id: str, *, create: bool) -> ConsumerGroup:
+        """Kafka's getOrMaybeCreateConsumerGroup: a heartbeat with a non-zero epoch (or a leave)
+        to a group that does not exist, or is not a consumer group, is GROUP_ID_NOT_FOUND
+        (librdkafka and the Java client stop on it: Kafka never loses a live group)."""
         t = self.table
         group = t.groups.get(group_id)
+        if group is None and not create:
+            raise _Invalid(E.group_id_not_found, f"Consumer group {group_id} not found.")
         if group is not None and group.group_type != CONSUMER_GROUP_TYPE:
             empty_classic = group.group_type == CLASSIC_GROUP_TYPE and group.is_(GroupState.Empty)
-            if empty_classic and not create:
-                # (ours) a member of a consumer group this coordinator lost (only offsets are
-                # left, loaded as an empty classic group): UNKNOWN_MEMBER_ID makes it rejoin,
-                # where Kafka's GROUP_ID_NOT_FOUND would stop librdkafka's consumer
-                return None
             if not (empty_classic and create):
                 raise _Invalid(E.group_id_not_found, f"Group {group_id} is not a consumer group.")
             # Kafka's maybeDeleteEmptyClassicGroup: an empty classic group (offsets only, or
@@ -332,7 +329,7 @@ class ConsumerGroupProtocol:
             group.transition_to(GroupState.Dead, t.now())
             del t.groups[group_id]
             group = None
-        if group is None and create:
+        if group is None:
             group = ConsumerGroup(group_id, t.now())
             t.groups[group_id] = group
             log.info("consumer group %r created", group_id)

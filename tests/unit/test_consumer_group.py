@@ -229,9 +229,12 @@ def test_classic_and_consumer_share_the_namespace():
     env.gc.ensure_group("c")
     assert env.hb("m1", 0, group="c").error == E.none
     assert env.gc.table.groups["c"].group_type == "consumer"
-    # a member of a group this coordinator lost (only offsets left) is told to rejoin
+    # a non-zero epoch to a group that is not a consumer group, or none at all, is
+    # GROUP_ID_NOT_FOUND (Kafka's getOrMaybeCreateConsumerGroup), a leave too
     env.gc.ensure_group("lost")
-    assert env.hb("m9", 4, group="lost").error == E.unknown_member_id
+    assert env.hb("m9", 4, group="lost").error == E.group_id_not_found
+    assert env.hb("m9", 4, group="never").error == E.group_id_not_found
+    assert env.hb("m9", -1, group="never").error == E.group_id_not_found
     (cd,) = env.gc.consumer_group_describe(["nope"])
     assert cd.error == E.group_id_not_found
 
