@@ -176,7 +176,8 @@ class Coordinator(Worker):
         # Between the loads: the supervisor holds a starting coordinator to its heartbeat.
         self.hb.beat(self.ctx.heartbeat_slot)
         self.gs = GroupService(os.path.join(self.dir, GROUP_LOG_DIR), self.cfg.groups,
-                               self.cfg.log.flush.policy, self.tc, _now_ms, topics=self._topics)
+                               self.cfg.log.flush.policy, self.tc, _now_ms, topics=self._topics,
+                               group_configs=self._group_configs)
         opened.append(self.gs)
         self.gs.load()
         # Counters continue from what the predecessor left in the table.
@@ -280,6 +281,10 @@ class Coordinator(Worker):
         if self._metrics_error is not None:
             log.info("group metrics published again")
             self._metrics_error = None
+
+    def _group_configs(self, group_id: str) -> dict[str, str]:
+        """The GROUP config resource of a group (KIP-848), from the published catalog."""
+        return self.catalog.get().group_configs.get(group_id, {})
 
     def _topics(self) -> dict[str, tuple[bytes, int]]:
         """name -> (topic id, partitions) of the published catalog, for KIP-848's assignors;

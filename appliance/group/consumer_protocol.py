@@ -23,8 +23,10 @@ Behaviour is Kafka's GroupMetadataManager.consumerGroupHeartbeat (group-coordina
   a subscribed topic created, deleted or grown; each bump computes the target assignment at
   once (``assignors``), and each member reconciles towards it at its own heartbeats
   (``ConsumerGroup.reconcile``: revoke first, assign what is free);
-- the server decides the heartbeat interval (``[groups] consumer_heartbeat_interval_ms``) and
-  the session timeout (``consumer_session_timeout_ms``): a member not heard of for that long is
+- the server decides the heartbeat interval (the group's ``consumer.heartbeat.interval.ms``
+  GROUP config, else ``[groups] consumer_heartbeat_interval_ms``) and the session timeout
+  (``consumer.session.timeout.ms``, else ``consumer_session_timeout_ms``; a change applies from
+  each member's next heartbeat, as in Kafka): a member not heard of for that long is
   fenced (removed, the group epoch bumped); a member that does not revoke within its rebalance
   timeout is fenced too;
 - epoch -1 leaves; -2 is a static member's temporary leave (KIP-848 static membership): it keeps
@@ -269,7 +271,8 @@ class ConsumerGroupProtocol:
         if group.reconcile(member, owned):
             member.rebalance_seq = t.push(now + member.rebalance_timeout_ms, REBALANCE, member,
                                           group)
-        member.session_seq = t.push(now + cfg.consumer_session_timeout_ms, SESSION, member, group)
+        member.session_seq = t.push(now + t.consumer_session_timeout_ms(group.group_id), SESSION,
+                                    member, group)
         if _snapshot(member) != seen or bump:
             # Kafka answers once the records are written: a restart keeps what members were told
             err = t.store_consumer_group(group)
@@ -280,7 +283,8 @@ class ConsumerGroupProtocol:
         send = req.member_epoch == 0 or full or member.assigned != before
         return ConsumerGroupHeartbeatResult(
             E.none, None, member.member_id, member.member_epoch,
-            cfg.consumer_heartbeat_interval_ms, _wire(member.assigned) if send else None)
+            t.consumer_heartbeat_interval_ms(group.group_id),
+            _wire(member.assigned) if send else None)
 
     def _leave(self, req: ConsumerGroupHeartbeatRequest) -> ConsumerGroupHeartbeatResult:
         t = self.table
@@ -296,8 +300,8 @@ class ConsumerGroupProtocol:
             # KIP-848: the static member keeps its assignment while it is away (a restart);
             # its session timeout still runs.
             member.member_epoch = LEAVE_GROUP_STATIC_MEMBER_EPOCH
-            member.session_seq = t.push(t.now() + t.config.consumer_session_timeout_ms, SESSION,
-                                        member, group)
+            member.session_seq = t.push(t.now() + t.consumer_session_timeout_ms(group.group_id),
+                                        SESSION, member, group)
             log.info("group %r: static member %r (%s) left temporarily", group.group_id,
                      member.member_id, member.instance_id)
         else:
@@ -455,8 +459,8 @@ def restore_timers(table: GroupTable, group: ConsumerGroup) -> None:
     timeout, as Kafka's onLoaded schedules them."""
     now = table.now()
     for m in group.members.values():
-        m.session_seq = table.push(now + table.config.consumer_session_timeout_ms, SESSION, m,
-                                   group)
+        m.session_seq = table.push(now + table.consumer_session_timeout_ms(group.group_id),
+                                   SESSION, m, group)
         if m.state is MemberState.UNREVOKED_PARTITIONS:
             m.rebalance_seq = table.push(now + m.rebalance_timeout_ms, REBALANCE, m, group)
 

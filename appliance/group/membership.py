@@ -135,9 +135,10 @@ class GroupCoordinator:
                  new_member_join_timeout_ms: int = NEW_MEMBER_JOIN_TIMEOUT_MS,
                  new_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
                  topics: Callable[[], dict[str, tuple[bytes, int]]] = dict,
-                 persist_consumer: Callable[[str, list], Any] | None = None) -> None:
+                 persist_consumer: Callable[[str, list], Any] | None = None,
+                 group_configs: Callable[[str], dict[str, str]] = lambda gid: {}) -> None:
         self.table = GroupTable(config, persist, now_ms, on_empty=on_empty,
-                                persist_consumer=persist_consumer)
+                                persist_consumer=persist_consumer, group_configs=group_configs)
         self.consumer = ConsumerGroupProtocol(self.table, topics)
         self.rebalance = RebalanceProtocol(self.table,
                                            new_member_join_timeout_ms=new_member_join_timeout_ms,

@@ -328,3 +328,42 @@ def test_static_member_restart_keeps_its_partitions(appliance_factory):
     finally:
         c1.close()
         c2.close()
+
+
+def test_group_config_heartbeat_interval_applies_to_the_consumer_group(appliance_factory):
+    """Issue 35: a GROUP resource's consumer.heartbeat.interval.ms (IncrementalAlterConfigs)
+    overrides ``[groups]`` for that group's ConsumerGroupHeartbeat answers, as in Kafka 4.x;
+    another group keeps the broker's value."""
+    from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry,
+                                       ConfigResource, ResourceType)
+    a = appliance_factory(**GROUP_CONFIG)
+    b = a.bootstrap
+    topic, group, other = uid("t"), uid("g"), uid("other")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+
+    def join(c, gid):
+        return c.request(68, 1, {"group_id": gid, "member_id": uuid.uuid4().hex,
+                                 "member_epoch": 0, "instance_id": None, "rack_id": None,
+                                 "rebalance_timeout": 30000,
+                                 "subscribed_topic_names": [topic],
+                                 "subscribed_topic_regex": None, "server_assignor": None,
+                                 "topic_partitions": []})
+
+    with RawClient(b) as c:
+        r = join(c, group)
+        assert (r.error_code, r.heartbeat_interval.total_seconds() * 1000) == (0, 500), r
+    admin = AdminClient({"bootstrap.servers": b})
+    res = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("consumer.heartbeat.interval.ms", "7000",
+                    incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res], request_timeout=30)[res].result(30)
+
+    def interval():
+        with RawClient(b) as c:
+            r = join(c, group)
+            assert r.error_code == 0, r
+            return r.heartbeat_interval.total_seconds() * 1000
+    wait_until(lambda: interval() == 7000, 30, "the group's heartbeat interval in the answer")
+    with RawClient(b) as c:
+        r = join(c, other)
+        assert (r.error_code, r.heartbeat_interval.total_seconds() * 1000) == (0, 500), r

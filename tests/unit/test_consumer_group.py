@@ -375,3 +375,20 @@ def test_regex_subscriptions_use_re2_full_match_and_follow_the_catalog():
     assert hb("m2", 0, "(?<=a)b").error == E.invalid_regular_expression     # RE2 refuses it
     r = hb("m1", r.member_epoch, "", owned={T1: {0, 1}, b"\x04" * 16: {0}})  # "" clears it
     assert r.error == E.none and env.group().members["m1"].subscribed_topic_regex is None
+
+
+def test_group_configs_override_the_broker_session_timeout_and_interval():
+    """Issue 35: a GROUP resource's consumer.* configs apply to that group only (Kafka's
+    consumerGroupSessionTimeoutMs / consumerGroupHeartbeatIntervalMs)."""
+    env = Env()
+    configs = {"g": {"consumer.heartbeat.interval.ms": "7000",
+                     "consumer.session.timeout.ms": "50000"}}
+    env.gc.table.group_configs = lambda gid: configs.get(gid, {})
+    r = env.hb("m1", 0)
+    assert r.heartbeat_interval_ms == 7000
+    assert env.hb("m2", 0, group="h").heartbeat_interval_ms == env.gc.config.consumer_heartbeat_interval_ms
+    # the session is the group's: alive past the broker's timeout, fenced after the group's
+    env.tick(env.gc.config.consumer_session_timeout_ms + 1)
+    assert "m1" in env.group().members and "m2" not in env.group("h").members
+    env.tick(50000)
+    assert "m1" not in env.group().members
