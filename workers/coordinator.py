@@ -32,6 +32,9 @@ from appliance.config import Config
 from appliance.group.service import GroupService
 from appliance.durable import atomic_write, make_dirs
 from appliance.metrics import COORDINATOR_SNAPSHOT, key as mkey
+from appliance.acl.authorizer import Authorizer
+from appliance.acl.model import AclOperation, ResourceType
+from appliance.acl.store import PUBLISHED_FILE as ACL_PUBLISHED_FILE, AclView
 from appliance.catalog.assignment import ASSIGNMENT_FILE, AssignmentView
 from appliance.runtime import COORDINATOR_PAGE_FIELDS, WRITER_PROCESS_PAGE_FIELDS, WorkerContext
 from appliance.txn.coordinator import TransactionCoordinator
@@ -177,7 +180,8 @@ class Coordinator(Worker):
         self.hb.beat(self.ctx.heartbeat_slot)
         self.gs = GroupService(os.path.join(self.dir, GROUP_LOG_DIR), self.cfg.groups,
                                self.cfg.log.flush.policy, self.tc, _now_ms, topics=self._topics,
-                               group_configs=self._group_configs)
+                               group_configs=self._group_configs,
+                               describe_topic=self._describe_topic())
         opened.append(self.gs)
         self.gs.load()
         # Counters continue from what the predecessor left in the table.
@@ -281,6 +285,17 @@ class Coordinator(Worker):
         if self._metrics_error is not None:
             log.info("group metrics published again")
             self._metrics_error = None
+
+    def _describe_topic(self):
+        """With the authorizer on, (principal, address, topic) -> may it Describe the topic,
+        over the ACLs the supervisor publishes (as a frontend reads them): KIP-848 regex
+        matches are filtered by it. None while the authorizer is off."""
+        if not self.cfg.authorizer.enable:
+            return None
+        az = Authorizer.from_config(self.cfg.authorizer,
+                                    AclView(self.topo.file_path(ACL_PUBLISHED_FILE), self.sup_page))
+        return lambda principal, address, topic: az.authorize(
+            principal, address, AclOperation.DESCRIBE, ResourceType.TOPIC, topic)
 
     def _group_configs(self, group_id: str) -> dict[str, str]:
         """The GROUP config resource of a group (KIP-848), from the published catalog."""

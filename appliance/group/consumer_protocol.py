@@ -49,8 +49,8 @@ Regex subscriptions (v1 SubscribedTopicRegex, KIP-848): evaluated here with RE2 
 full-match semantics, as Kafka's RE2/J; a pattern RE2 refuses is INVALID_REGULAR_EXPRESSION; the
 matches are re-evaluated whenever the catalog changes (a created or deleted topic bumps the group
 epoch through the subscription metadata). "" clears a member's regex (librdkafka sends it when
-it subscribes by names). Departure (ours): the matches are not filtered by the member's topic
-Describe ACLs.
+it subscribes by names). With the authorizer on, a member's matches are only the topics it may
+Describe (``member_topics``).
 """
 
 from __future__ import annotations
@@ -122,9 +122,12 @@ class ConsumerGroupProtocol:
     """ConsumerGroupHeartbeat, its timers and ConsumerGroupDescribe over a GroupTable."""
 
     def __init__(self, table: GroupTable, topics: Callable[[], dict[str, tuple[bytes, int]]],
-                 new_member_id: Callable[[], str] = new_member_id) -> None:
+                 new_member_id: Callable[[], str] = new_member_id,
+                 describe_topic: Callable[[str, str, str], bool] | None = None) -> None:
         self.table = table
         self.topics = topics
+        # (principal, address, topic) -> may it Describe the topic? None: the authorizer is off
+        self.describe_topic = describe_topic
         self.new_member_id = new_member_id
         self._compiled: dict[str, Any] = {}
         self._regex_hits: dict[str, tuple[dict, frozenset[str]]] = {}
@@ -248,6 +251,8 @@ class ConsumerGroupProtocol:
             member.rack_id = req.rack_id
         member.client_id = req.client_id
         member.client_host = req.client_host
+        if req.principal:
+            member.principal, member.address = req.principal, req.address
         if req.subscribed_topic_names is not None:
             names = tuple(sorted(set(req.subscribed_topic_names)))
             if names != member.subscribed_topic_names:
@@ -361,11 +366,25 @@ class ConsumerGroupProtocol:
         self._regex_hits[pattern] = (topics, got)
         return got
 
-    def member_topics(self, m: ConsumerMember, topics: dict) -> frozenset[str]:
-        """A member's subscription: its topic names and its regex's matches."""
+    def member_topics(self, m: ConsumerMember, topics: dict,
+                      group: ConsumerGroup | None = None) -> frozenset[str]:
+        """A member's subscription: its topic names and its regex's matches; with the
+        authorizer on, only the matches the member may Describe (Kafka's KAFKA-18813 filters a
+        refreshed regex by the ACLs of the member whose heartbeat refreshed it; here each
+        member's by its own). (ours) After a restart, until the member's first heartbeat brings
+        its principal, its matches are kept to the topics already in the group's subscription."""
         if m.subscribed_topic_regex is None:
             return frozenset(m.subscribed_topic_names)
-        return frozenset(m.subscribed_topic_names) | self._matches(m.subscribed_topic_regex, topics)
+        hits = self._matches(m.subscribed_topic_regex, topics)
+        allowed = self.describe_topic
+        if allowed is not None and hits:
+            if m.principal:
+                hits = frozenset(n for n in hits if allowed(m.principal, m.address, n))
+            elif group is not None:
+                hits = hits & group.subscription_metadata.keys()
+            else:
+                hits = frozenset()
+        return frozenset(m.subscribed_topic_names) | hits
 
     def _subscription_metadata(self, group: ConsumerGroup) -> dict[str, tuple[bytes, int]]:
         if not group.members:
@@ -373,7 +392,7 @@ class ConsumerGroupProtocol:
         topics = self.topics()
         names = set()
         for m in group.members.values():
-            names |= self.member_topics(m, topics)
+            names |= self.member_topics(m, topics, group)
         return {n: topics[n] for n in names if n in topics}
 
     def _bump(self, group: ConsumerGroup) -> None:
@@ -384,7 +403,7 @@ class ConsumerGroupProtocol:
             votes = Counter(m.server_assignor for m in group.members.values() if m.server_assignor)
             name = votes.most_common(1)[0][0] if votes else cfg.consumer_assignors[0]
             topics = self.topics()
-            specs = {mid: (self.member_topics(m, topics), group.target.get(mid, {}))
+            specs = {mid: (self.member_topics(m, topics, group), group.target.get(mid, {}))
                      for mid, m in group.members.items()}
             group.target = ASSIGNORS[name](specs, group.subscription_metadata)
             group.assignor = name

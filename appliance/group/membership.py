@@ -136,10 +136,11 @@ class GroupCoordinator:
                  new_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
                  topics: Callable[[], dict[str, tuple[bytes, int]]] = dict,
                  persist_consumer: Callable[[str, list], Any] | None = None,
-                 group_configs: Callable[[str], dict[str, str]] = lambda gid: {}) -> None:
+                 group_configs: Callable[[str], dict[str, str]] = lambda gid: {},
+                 describe_topic: Callable[[str, str, str], bool] | None = None) -> None:
         self.table = GroupTable(config, persist, now_ms, on_empty=on_empty,
                                 persist_consumer=persist_consumer, group_configs=group_configs)
-        self.consumer = ConsumerGroupProtocol(self.table, topics)
+        self.consumer = ConsumerGroupProtocol(self.table, topics, describe_topic=describe_topic)
         self.rebalance = RebalanceProtocol(self.table,
                                            new_member_join_timeout_ms=new_member_join_timeout_ms,
                                            new_uuid=new_uuid)

@@ -392,3 +392,30 @@ def test_group_configs_override_the_broker_session_timeout_and_interval():
     assert "m1" in env.group().members and "m2" not in env.group("h").members
     env.tick(50000)
     assert "m1" not in env.group().members
+
+
+def test_regex_matches_are_filtered_by_the_members_topic_describe_acls():
+    """KAFKA-18813: with the authorizer on, a regex subscription gets only the topics the member
+    may Describe; an ACL change applies at its next heartbeat."""
+    T3 = b"\x03" * 16
+    env = Env(topics={"orders-eu": (T1, 2), "orders-us": (T3, 1)})
+    denied = {("User:alice", "orders-us")}
+    env.gc.consumer.describe_topic = lambda p, a, t: (p, t) not in denied
+
+    def hb(member, epoch, regex, owned=None, principal="User:alice"):
+        if epoch == 0:
+            owned = {}
+        tps = None if owned is None else [TopicPartitions(t, sorted(ps)) for t, ps in owned.items()]
+        return env.gc.consumer_group_heartbeat(ConsumerGroupHeartbeatRequest(
+            "g", member, epoch, None, None, 60000 if epoch == 0 else -1,
+            [] if epoch == 0 else None, regex, None, tps, "c", "/h", 1, principal, "127.0.0.1"))
+
+    r = hb("m1", 0, "orders-.*")
+    assert parts(r, T1) == {0, 1} and parts(r, T3) == set()
+    assert set(env.group().subscription_metadata) == {"orders-eu"}
+    denied.clear()                            # allowed now: the next heartbeat gets it
+    r = hb("m1", r.member_epoch, None, owned={T1: {0, 1}})
+    assert parts(r, T3) == {0}
+    denied.add(("User:alice", "orders-eu"))   # denied now: revoked
+    r = hb("m1", r.member_epoch, None, owned={T1: {0, 1}, T3: {0}})
+    assert parts(r, T1) == set() and set(env.group().subscription_metadata) == {"orders-us"}
