@@ -32,6 +32,7 @@ GROUP_CONFIG = {"groups": {"consumer_heartbeat_interval_ms": 500,
 E_GROUP_ID_NOT_FOUND = 69
 E_UNKNOWN_MEMBER_ID = 25
 E_STALE_MEMBER_EPOCH = 113
+E_UNKNOWN_TOPIC_ID = 100
 
 
 def uid(*parts) -> str:
@@ -367,3 +368,45 @@ def test_group_config_heartbeat_interval_applies_to_the_consumer_group(appliance
     with RawClient(b) as c:
         r = join(c, other)
         assert (r.error_code, r.heartbeat_interval.total_seconds() * 1000) == (0, 500), r
+
+
+def test_offset_commit_and_fetch_v10_name_topics_by_id(appliance_factory):
+    """OffsetCommit v10 / OffsetFetch v10 (Kafka 4.1): topics by topic id both ways; an id the
+    broker does not have is UNKNOWN_TOPIC_ID; a v10 commit is read back by name at v9 too."""
+    a = appliance_factory()
+    b = a.bootstrap
+    topic, group = uid("t"), uid("g")
+    driver("confluent").create_topics(b, {topic: (2, {})})
+    nobody = uuid.uuid4()
+    with RawClient(b) as c:
+        md = c.request(3, 12, {"topics": [{"name": topic, "topic_id": None}],
+                               "allow_auto_topic_creation": False,
+                               "include_topic_authorized_operations": False})
+        tid = md.topics[0].topic_id
+        part = {"partition_index": 1, "committed_offset": 7, "committed_leader_epoch": -1,
+                "committed_metadata": "m"}
+        r = c.request(8, 10, {"group_id": group, "generation_id_or_member_epoch": -1,
+                              "member_id": "", "group_instance_id": None, "topics": [
+                                  {"topic_id": tid, "partitions": [part]},
+                                  {"topic_id": nobody, "partitions": [part]}]})
+        got = {t.topic_id: [(p.partition_index, p.error_code) for p in t.partitions]
+               for t in r.topics}
+        assert got == {tid: [(1, 0)], nobody: [(1, E_UNKNOWN_TOPIC_ID)]}, r
+        f = c.request(9, 10, {"groups": [{"group_id": group, "member_id": None,
+                                          "member_epoch": -1, "topics": [
+                                              {"topic_id": tid, "partition_indexes": [0, 1]},
+                                              {"topic_id": nobody, "partition_indexes": [0]}]}],
+                              "require_stable": False})
+        got = {t.topic_id: [(p.partition_index, p.committed_offset, p.error_code)
+                            for p in t.partitions] for t in f.groups[0].topics}
+        assert got == {tid: [(0, -1, 0), (1, 7, 0)], nobody: [(0, -1, E_UNKNOWN_TOPIC_ID)]}, f
+        f = c.request(9, 10, {"groups": [{"group_id": group, "member_id": None,
+                                          "member_epoch": -1, "topics": None}],
+                              "require_stable": False})
+        assert [(t.topic_id, [(p.partition_index, p.committed_offset) for p in t.partitions])
+                for t in f.groups[0].topics] == [(tid, [(1, 7)])], f
+        f = c.request(9, 9, {"groups": [{"group_id": group, "member_id": None,
+                                         "member_epoch": -1, "topics": None}],
+                             "require_stable": False})
+        assert [(t.name, [p.committed_offset for p in t.partitions])
+                for t in f.groups[0].topics] == [(topic, [7])], f
