@@ -188,6 +188,8 @@ class Coordinator(Worker):
         m = self.metrics
         self.counter_slots = {stat: m.slot(mkey(name)) for stat, name in COUNTERS.items()}
         self.counter_base = {stat: m.values[i] for stat, i in self.counter_slots.items()}
+        self.rebalance_slot = m.slot(mkey("kafka_server_group_coordinator_metrics_consumer_group_rebalance"))
+        self.rebalance_base = m.values[self.rebalance_slot]
         self.markers = self.tc.markers
         self.markers.attach(self.writers.get, self.gs.complete_txn,
                             first_id=((self.generation & 0xFFFF) << 40) | 1)
@@ -273,6 +275,14 @@ class Coordinator(Worker):
         for state, name in GROUP_STATE_GAUGES.items():
             m.set(mkey(name), by_state.get(state, 0))
         m.set(mkey("kafka_coordinator_group_groupmetadatamanager_numoffsets"), len(offsets))
+        by_type, by_state, rebalances = self.gs.protocol_metrics()
+        for proto, n in by_type.items():
+            m.set(mkey("kafka_server_group_coordinator_metrics_group_count",
+                       [("protocol", proto)]), n)
+        for state, n in by_state.items():
+            m.set(mkey("kafka_server_group_coordinator_metrics_consumer_group_count",
+                       [("state", state)]), n)
+        v[self.rebalance_slot] = self.rebalance_base + rebalances
         try:
             atomic_write(self.topo.file_path(COORDINATOR_SNAPSHOT), msgspec.msgpack.encode(
                 {"groups": groups, "offsets": offsets}), sync=False)

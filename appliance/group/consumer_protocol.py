@@ -129,6 +129,7 @@ class ConsumerGroupProtocol:
         # (principal, address, topic) -> may it Describe the topic? None: the authorizer is off
         self.describe_topic = describe_topic
         self.new_member_id = new_member_id
+        self.rebalances = 0      # target assignments computed (Kafka's consumer-group-rebalance)
         self._compiled: dict[str, Any] = {}
         self._regex_hits: dict[str, tuple[dict, frozenset[str]]] = {}
 
@@ -399,6 +400,7 @@ class ConsumerGroupProtocol:
         """A new group epoch and its target assignment (Kafka's TargetAssignmentBuilder)."""
         cfg = self.table.config
         group.group_epoch += 1
+        self.rebalances += 1
         if group.members:
             votes = Counter(m.server_assignor for m in group.members.values() if m.server_assignor)
             name = votes.most_common(1)[0][0] if votes else cfg.consumer_assignors[0]

@@ -119,6 +119,9 @@ class GroupService:
                    for g, parts in self.store.offsets.items() for tp, e in parts.items()]
         return self.groups.summaries(), offsets
 
+    def protocol_metrics(self) -> tuple[dict[str, int], dict[str, int], int]:
+        return self.groups.protocol_metrics()
+
     # -- markers ----------------------------------------------------------------------------------
     def complete_txn(self, producer_id: int, producer_epoch: int, commit: bool,
                      coordinator_epoch: int) -> ErrorCode:

@@ -314,6 +314,12 @@ def test_static_member_restart_keeps_its_partitions(appliance_factory):
         shown = json.loads(subprocess.run(cli, capture_output=True, text=True, timeout=60,
                                           check=True).stdout)
         assert sorted(r["instance_id"] for r in shown) == ["static-1", "static-2"], shown
+        assert all(r["member_epoch"] == epoch and r["partitions"] == 2 for r in shown), shown
+        cli[cli.index("--members")] = "--state"
+        (st,) = json.loads(subprocess.run(cli, capture_output=True, text=True, timeout=60,
+                                          check=True).stdout)
+        assert (st["type"], st["state"], st["group_epoch"], st["assignment_epoch"]) == (
+            "consumer", "Stable", epoch, epoch), st
         mine = set(o1)
         c1.close()
         g = describe(b, group)
@@ -410,3 +416,36 @@ def test_offset_commit_and_fetch_v10_name_topics_by_id(appliance_factory):
                              "require_stable": False})
         assert [(t.name, [p.committed_offset for p in t.partitions])
                 for t in f.groups[0].topics] == [(topic, [7])], f
+
+
+def test_group_protocol_metrics_count_groups_by_type_state_and_rebalances(appliance_factory):
+    """Kafka's group-coordinator-metrics (KIP-848): groups by protocol, consumer groups by state,
+    consumer group rebalances, at /metrics."""
+    from test_operating import metrics_app, scrape, val
+    a = metrics_app(appliance_factory, **GROUP_CONFIG)
+    b = a.bootstrap
+    topic, group = uid("t"), uid("g")
+    driver("confluent").create_topics(b, {topic: (2, {})})
+    with RawClient(b) as c:
+        r = c.request(68, 1, {"group_id": group, "member_id": uuid.uuid4().hex,
+                              "member_epoch": 0, "instance_id": None, "rack_id": None,
+                              "rebalance_timeout": 30000, "subscribed_topic_names": [topic],
+                              "subscribed_topic_regex": None, "server_assignor": None,
+                              "topic_partitions": []})
+        assert r.error_code == 0, r
+        c.request(8, 8, {"group_id": uid("classic"), "generation_id_or_member_epoch": -1,
+                         "member_id": "", "group_instance_id": None, "topics": [
+                             {"name": topic, "partitions": [{"partition_index": 0,
+                                                             "committed_offset": 1,
+                                                             "committed_leader_epoch": -1,
+                                                             "committed_metadata": ""}]}]})
+    name = "kafka_server_group_coordinator_metrics_"
+
+    def shown(m):
+        return (val(m, name + "group_count", protocol="consumer"),
+                val(m, name + "group_count", protocol="classic"),
+                val(m, name + "consumer_group_count", state="stable"),
+                val(m, name + "consumer_group_count", state="empty"),
+                (val(m, name + "consumer_group_rebalance_total") or 0) >= 1)
+    wait_until(lambda: shown(scrape(a.metrics_port)) == (1, 1, 1, 0, True), 30,
+               "one consumer group (Stable), one classic, a rebalance in the metrics")

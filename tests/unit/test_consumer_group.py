@@ -419,3 +419,16 @@ def test_regex_matches_are_filtered_by_the_members_topic_describe_acls():
     denied.add(("User:alice", "orders-eu"))   # denied now: revoked
     r = hb("m1", r.member_epoch, None, owned={T1: {0, 1}, T3: {0}})
     assert parts(r, T1) == set() and set(env.group().subscription_metadata) == {"orders-us"}
+
+
+def test_protocol_metrics_count_groups_by_type_and_state_and_the_rebalances():
+    env = Env()
+    env.hb("m1", 0)
+    env.gc.ensure_group("c")
+    by_type, by_state, rebalances = env.gc.protocol_metrics()
+    assert by_type == {"classic": 1, "consumer": 1}
+    assert by_state == {"empty": 0, "assigning": 0, "reconciling": 0, "stable": 1, "dead": 0}
+    assert rebalances == 1
+    env.hb("m2", 0)                      # joins: a new target, m1 must give up partitions
+    by_type, by_state, rebalances = env.gc.protocol_metrics()
+    assert by_state["reconciling"] == 1 and rebalances == 2
