@@ -5,9 +5,10 @@ GROUP resource and the entries of its DescribeConfigs.
 Owns nothing; used by the supervisor (it validates a change and commits it to the catalog it
 owns, ``Catalog.group_configs``: group name -> the configs set on it) and the frontends
 (DescribeConfigs). A group config may be set before the group exists, as in Kafka. The values are
-stored and shown; nothing applies them yet: the consumer group protocol (KIP-848) takes its
-session timeout and heartbeat interval from ``[groups]`` for every group, and the share and
-streams protocols are not served.
+stored and shown; the consumer group protocol (KIP-848) applies ``consumer.session.timeout.ms``
+and ``consumer.heartbeat.interval.ms`` over ``[groups]`` (``appliance.group.table.GroupTable``,
+from each member's next heartbeat, as Kafka does); the share and streams protocols are not
+served, so their configs are only stored.
 
 Each default is the broker config Kafka names as its synonym (group.consumer.session.timeout.ms
 for consumer.session.timeout.ms ...), with Kafka's default, and a value must lie within the

@@ -34,6 +34,9 @@ from appliance.group.share_group import ShareService, share_config
 from appliance.group.share_store import ShareStateStore
 from appliance.durable import atomic_write, make_dirs
 from appliance.metrics import COORDINATOR_SNAPSHOT, key as mkey
+from appliance.acl.authorizer import Authorizer
+from appliance.acl.model import AclOperation, ResourceType
+from appliance.acl.store import PUBLISHED_FILE as ACL_PUBLISHED_FILE, AclView
 from appliance.catalog.assignment import ASSIGNMENT_FILE, AssignmentView
 from appliance.log.compacted_log import CompactedLogCorrupt
 from appliance.runtime import (WORKER_DATA_DIR_ERROR, COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS,
@@ -190,7 +193,9 @@ class Coordinator(Worker):
         # Between the loads: the supervisor holds a starting coordinator to its heartbeat.
         self.hb.beat(self.ctx.heartbeat_slot)
         self.gs = GroupService(os.path.join(self.dir, GROUP_LOG_DIR), self.cfg.groups,
-                               self.cfg.log.flush.policy, self.tc, _now_ms, topics=self._topics)
+                               self.cfg.log.flush.policy, self.tc, _now_ms, topics=self._topics,
+                               group_configs=self._group_configs,
+                               describe_topic=self._describe_topic())
         opened.append(self.gs)
         self.gs.load()
         self.hb.beat(self.ctx.heartbeat_slot)
@@ -205,6 +210,8 @@ class Coordinator(Worker):
         m = self.metrics
         self.counter_slots = {stat: m.slot(mkey(name)) for stat, name in COUNTERS.items()}
         self.counter_base = {stat: m.values[i] for stat, i in self.counter_slots.items()}
+        self.rebalance_slot = m.slot(mkey("kafka_server_group_coordinator_metrics_consumer_group_rebalance"))
+        self.rebalance_base = m.values[self.rebalance_slot]
         self.markers = self.tc.markers
         self.markers.attach(self.writers.get, self.gs.complete_txn,
                             first_id=((self.generation & 0xFFFF) << 40) | 1)
@@ -297,6 +304,14 @@ class Coordinator(Worker):
         for state, name in GROUP_STATE_GAUGES.items():
             m.set(mkey(name), by_state.get(state, 0))
         m.set(mkey("kafka_coordinator_group_groupmetadatamanager_numoffsets"), len(offsets))
+        by_type, by_state, rebalances = self.gs.protocol_metrics()
+        for proto, n in by_type.items():
+            m.set(mkey("kafka_server_group_coordinator_metrics_group_count",
+                       [("protocol", proto)]), n)
+        for state, n in by_state.items():
+            m.set(mkey("kafka_server_group_coordinator_metrics_consumer_group_count",
+                       [("state", state)]), n)
+        v[self.rebalance_slot] = self.rebalance_base + rebalances
         try:
             atomic_write(self.topo.file_path(COORDINATOR_SNAPSHOT), msgspec.msgpack.encode(
                 {"groups": groups, "offsets": offsets}), sync=False)
@@ -309,6 +324,21 @@ class Coordinator(Worker):
         if self._metrics_error is not None:
             log.info("group metrics published again")
             self._metrics_error = None
+
+    def _describe_topic(self):
+        """With the authorizer on, (principal, address, topic) -> may it Describe the topic,
+        over the ACLs the supervisor publishes (as a frontend reads them): KIP-848 regex
+        matches are filtered by it. None while the authorizer is off."""
+        if not self.cfg.authorizer.enable:
+            return None
+        az = Authorizer.from_config(self.cfg.authorizer,
+                                    AclView(self.topo.file_path(ACL_PUBLISHED_FILE), self.sup_page))
+        return lambda principal, address, topic: az.authorize(
+            principal, address, AclOperation.DESCRIBE, ResourceType.TOPIC, topic)
+
+    def _group_configs(self, group_id: str) -> dict[str, str]:
+        """The GROUP config resource of a group (KIP-848), from the published catalog."""
+        return self.catalog.get().group_configs.get(group_id, {})
 
     def _topics(self) -> dict[str, tuple[bytes, int]]:
         """name -> (topic id, partitions) of the published catalog, for KIP-848's assignors;

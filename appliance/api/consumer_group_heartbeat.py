@@ -5,7 +5,9 @@ Runs in frontends; the group coordinator in the coordinator worker decides at on
 (``appliance.group.consumer_protocol``): no request waits for other members. v1 (KIP-1082)
 requires a client-generated member id and adds SubscribedTopicRegex. Authorization (Kafka's
 KafkaApis.handleConsumerGroupHeartbeat): Read on the group, else GROUP_AUTHORIZATION_FAILED;
-Describe on every subscribed topic, else TOPIC_AUTHORIZATION_FAILED naming them.
+Describe on every subscribed topic, else TOPIC_AUTHORIZATION_FAILED naming them. A regex's
+matches are filtered by the member's topic Describe ACLs in the coordinator (KAFKA-18813), which
+gets the connection's principal and address with the request.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ async def handle(ctx, req):
         req.group_id, req.member_id, req.member_epoch, req.instance_id, req.rack_id,
         _ms(req.rebalance_timeout), None if names is None else list(names),
         regex, req.server_assignor, tps,
-        ctx.header.client_id or "", "/" + host, ctx.version))
+        ctx.header.client_id or "", "/" + host, ctx.version,
+        ctx.connection.principal, ctx.connection.host))
     if r.error != ErrorCode.none:
         return _error(ctx, r.error, r.error_message)
     assignment = None

@@ -1,4 +1,4 @@
-"""OffsetFetch (key 9), versions 1-9: a group's committed offsets.
+"""OffsetFetch (key 9), versions 1-10: a group's committed offsets.
 
 Runs in frontends. v1-7 ask for one group, v8+ for a batch. ``topics`` null (v2+) means every
 partition the group has an offset for. With ``require_stable`` (v7+, KIP-447) a partition that
@@ -14,11 +14,16 @@ asked for everything, such topics are left out of the answer.
 v9 (KIP-848) carries the member id and epoch: for a consumer group the member must exist
 (UNKNOWN_MEMBER_ID) and the epoch be its current one (STALE_MEMBER_EPOCH), the group's error;
 an admin client's fetch (no member id, epoch -1) is not checked.
+
+v10 (Kafka 4.1, KIP-848) names topics by topic id, asked and answered: an id this broker does not
+have gets UNKNOWN_TOPIC_ID for its partitions (offset -1); asked for everything, the group's
+topics that no longer exist (no id to name them by) are left out.
 """
 
 from __future__ import annotations
 
 import datetime
+import uuid
 
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
@@ -27,29 +32,59 @@ from appliance.group.messages import OffsetFetchGroup, OffsetFetchRequest, Offse
 from appliance.protocol.messages import build
 
 
-def _wanted(topics) -> list[OffsetPartition] | None:
+def _wanted(topics, catalog=None, unknown=None) -> list[OffsetPartition] | None:
+    """The asked partitions by topic name; v10 (``catalog`` given) resolves each topic id, an
+    unknown one's partitions go to ``unknown`` as (id, partition)."""
     if topics is None:
         return None
-    return [OffsetPartition(t.name, p) for t in topics for p in t.partition_indexes]
+    if catalog is None:
+        return [OffsetPartition(t.name, p) for t in topics for p in t.partition_indexes]
+    out = []
+    for t in topics:
+        info = catalog.by_id(t.topic_id.bytes) if t.topic_id is not None else None
+        for p in t.partition_indexes:
+            if info is None:
+                unknown.append((t.topic_id or uuid.UUID(int=0), p))
+            else:
+                out.append(OffsetPartition(info.name, p))
+    return out
 
 
-def _topics(parts: list[OffsetPartition], group_error: int) -> tuple:
+def _topics(parts: list[OffsetPartition], group_error: int, catalog=None) -> tuple:
     by_topic: dict[str, list] = {}
     for e in parts:
         by_topic.setdefault(e.topic, []).append(dict(
             partition_index=e.partition, committed_offset=e.offset,
             committed_leader_epoch=e.leader_epoch, metadata=e.metadata,
             error_code=ErrorCode(e.error or group_error)))
-    return tuple(dict(name=t, partitions=tuple(ps)) for t, ps in by_topic.items())
+    if catalog is None:
+        return tuple(dict(name=t, partitions=tuple(ps)) for t, ps in by_topic.items())
+    out = []
+    for t, ps in by_topic.items():
+        info = catalog.topics.get(t)
+        if info is not None:
+            out.append(dict(topic_id=uuid.UUID(bytes=info.topic_id), partitions=tuple(ps)))
+    return tuple(out)
 
 
-@handles(9, "OffsetFetch", 1, 9)
+def _unknown_ids(unknown: list) -> tuple:
+    by_id: dict[uuid.UUID, list] = {}
+    for tid, p in unknown:
+        by_id.setdefault(tid, []).append(dict(
+            partition_index=p, committed_offset=-1, committed_leader_epoch=-1, metadata="",
+            error_code=ErrorCode.unknown_topic_id))
+    return tuple(dict(topic_id=t, partitions=tuple(ps)) for t, ps in by_id.items())
+
+
+@handles(9, "OffsetFetch", 1, 10)
 async def handle(ctx, req):
+    catalog = ctx.broker.catalog if ctx.version >= 10 else None
+    unknown: list[list] = [[] for _ in getattr(req, "groups", ())]
     if ctx.version >= 8:
-        asked = [OffsetFetchGroup(g.group_id, _wanted(g.topics),
+        asked = [OffsetFetchGroup(g.group_id, _wanted(g.topics, catalog, unknown[i]),
                                   member_id=getattr(g, "member_id", None),
                                   member_epoch=getattr(g, "member_epoch", -1))
-                 for g in req.groups]
+                 for i, g in enumerate(req.groups)]
     else:
         asked = [OffsetFetchGroup(req.group_id, _wanted(req.topics))]
     require_stable = bool(getattr(req, "require_stable", False))
@@ -88,6 +123,12 @@ async def handle(ctx, req):
             else:
                 parts = parts + denied_parts.get(i, [])
         groups.append(OffsetFetchGroup(a.group_id, parts, a.error))
+    if ctx.version >= 10:
+        return build(ctx.response_class(), throttle_time=datetime.timedelta(0), groups=tuple(
+            dict(group_id=g.group_id, error_code=g.error,
+                 topics=_topics(g.partitions, 0, catalog)
+                 + (_unknown_ids(unknown[i]) if not g.error else ()))
+            for i, g in enumerate(groups)))
     if ctx.version >= 8:
         return build(ctx.response_class(), throttle_time=datetime.timedelta(0), groups=tuple(
             dict(group_id=g.group_id, error_code=g.error,

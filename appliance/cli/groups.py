@@ -31,10 +31,12 @@ def groups() -> None:
                    "CompletingRebalance, Dead; repeatable or comma-separated).")
 @connection_options
 def groups_list(bootstrap, as_json, states) -> None:
-    """List the consumer groups (with their protocol type and state)."""
+    """List the consumer groups (with their protocol type, state and group type: classic or
+    consumer, KIP-848)."""
     with admin_client(bootstrap) as a:
         found = a.list_groups(names(states))
-    output(found, [("group", "GROUP"), ("protocol_type", "TYPE"), ("state", "STATE")], as_json)
+    output(found, [("group", "GROUP"), ("protocol_type", "TYPE"), ("state", "STATE"),
+                   ("group_type", "GROUP-TYPE")], as_json)
 
 
 def _describe(a, group: str) -> dict:
@@ -90,14 +92,19 @@ def groups_describe(bootstrap, as_json, group_names, all_groups, view, verbose) 
             if d["state"] == "Dead":
                 fail(f"Error: consumer group {group!r} does not exist.")
             if view == "state":
-                rows.append({"group": group, "coordinator": d["coordinator"], "strategy": d["protocol"] or None,
-                             "state": d["state"], "members": len(d["members"])})
+                # KIP-848 groups: their type and epochs (Kafka's --describe --state shows them)
+                rows.append({"group": group, "type": d.get("type"), "coordinator": d["coordinator"],
+                             "strategy": d["protocol"] or None, "state": d["state"],
+                             "group_epoch": d.get("group_epoch"),
+                             "assignment_epoch": d.get("assignment_epoch"),
+                             "members": len(d["members"])})
             elif view == "members":
                 if not d["members"] and not as_json:
                     click.echo(f"Consumer group {group!r} has no active members.", err=True)
                 for m in d["members"]:
                     rows.append({"group": group, "consumer_id": m["member_id"], "instance_id": m["instance_id"],
                                  "host": m["host"], "client_id": m["client_id"],
+                                 "member_epoch": m.get("member_epoch"),
                                  "partitions": len(m["assignment"]),
                                  "assignment": [f"{t}-{p}" for t, p in m["assignment"]]})
             else:
@@ -107,11 +114,13 @@ def groups_describe(bootstrap, as_json, group_names, all_groups, view, verbose) 
                     click.echo(f"Warning: consumer group {group!r} is rebalancing.", err=True)
                 rows += _lag_rows(a, group, d)
     if view == "state":
-        cols = [("group", "GROUP"), ("coordinator", "COORDINATOR (ID)"), ("strategy", "ASSIGNMENT-STRATEGY"),
-                ("state", "STATE"), ("members", "#MEMBERS")]
+        cols = [("group", "GROUP"), ("type", "TYPE"), ("coordinator", "COORDINATOR (ID)"),
+                ("strategy", "ASSIGNMENT-STRATEGY"), ("state", "STATE"), ("group_epoch", "GROUP-EPOCH"),
+                ("assignment_epoch", "TARGET-ASSIGNMENT-EPOCH"), ("members", "#MEMBERS")]
     elif view == "members":
         cols = [("group", "GROUP"), ("consumer_id", "CONSUMER-ID"), ("instance_id", "GROUP-INSTANCE-ID"),
-                ("host", "HOST"), ("client_id", "CLIENT-ID"), ("partitions", "#PARTITIONS")]
+                ("host", "HOST"), ("client_id", "CLIENT-ID"), ("member_epoch", "EPOCH"),
+                ("partitions", "#PARTITIONS")]
         if verbose:
             cols.append(("assignment", "ASSIGNMENT"))
     else:

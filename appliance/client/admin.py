@@ -240,7 +240,9 @@ class AdminClient:
                 raise KafkaError(r.error_code, f"ListGroups on broker {node}")
             for g in r.groups:
                 seen[g.group_id] = {"group": g.group_id, "protocol_type": g.protocol_type,
-                                    "state": getattr(g, "group_state", "") or ""}
+                                    "state": getattr(g, "group_state", "") or "",
+                                    # ListGroups v5 (KIP-848): classic or consumer
+                                    "group_type": getattr(g, "group_type", None) or None}
         if states:        # a broker without the states filter (ListGroups < v4) lists them all
             wanted = {s.lower() for s in states}
             seen = {k: v for k, v in seen.items() if v["state"].lower() in wanted}

@@ -90,6 +90,10 @@ class ConsumerMember:
     pending_revocation: Assignment = field(default_factory=dict)
     session_seq: int = 0
     rebalance_seq: int = 0
+    # who last heartbeat as this member (in memory only: "" after a restart until it does),
+    # for the topic Describe ACLs its regex matches are filtered by
+    principal: str = ""
+    address: str = ""
 
     def owned(self) -> Iterable[tuple[bytes, int]]:
         for tid, ps in self.assigned.items():

@@ -23,8 +23,10 @@ Behaviour is Kafka's GroupMetadataManager.consumerGroupHeartbeat (group-coordina
   a subscribed topic created, deleted or grown; each bump computes the target assignment at
   once (``assignors``), and each member reconciles towards it at its own heartbeats
   (``ConsumerGroup.reconcile``: revoke first, assign what is free);
-- the server decides the heartbeat interval (``[groups] consumer_heartbeat_interval_ms``) and
-  the session timeout (``consumer_session_timeout_ms``): a member not heard of for that long is
+- the server decides the heartbeat interval (the group's ``consumer.heartbeat.interval.ms``
+  GROUP config, else ``[groups] consumer_heartbeat_interval_ms``) and the session timeout
+  (``consumer.session.timeout.ms``, else ``consumer_session_timeout_ms``; a change applies from
+  each member's next heartbeat, as in Kafka): a member not heard of for that long is
   fenced (removed, the group epoch bumped); a member that does not revoke within its rebalance
   timeout is fenced too;
 - epoch -1 leaves; -2 is a static member's temporary leave (KIP-848 static membership): it keeps
@@ -38,17 +40,17 @@ Behaviour is Kafka's GroupMetadataManager.consumerGroupHeartbeat (group-coordina
 
 Durability: every change is written to the group log (``consumer_records``, Kafka's record
 types) before the heartbeat is answered (``GroupTable.store_consumer_group``); a restart restores
-the groups and gives every member a fresh session timeout. Departure (ours): a member
-heartbeating with its old epoch to a group this coordinator does not have (records lost, only
-offsets left) gets UNKNOWN_MEMBER_ID, on which every client rejoins with epoch 0 (Kafka, which
-never loses the group, says GROUP_ID_NOT_FOUND there, which stops librdkafka's consumer).
+the groups and gives every member a fresh session timeout. A member
+heartbeating with a non-zero epoch to a group this coordinator does not have (deleted once empty,
+or only offsets left) gets GROUP_ID_NOT_FOUND, as from Kafka's getOrMaybeCreateConsumerGroup
+(librdkafka treats it as fatal, as it does against Kafka).
 
 Regex subscriptions (v1 SubscribedTopicRegex, KIP-848): evaluated here with RE2 (google-re2)
 full-match semantics, as Kafka's RE2/J; a pattern RE2 refuses is INVALID_REGULAR_EXPRESSION; the
 matches are re-evaluated whenever the catalog changes (a created or deleted topic bumps the group
 epoch through the subscription metadata). "" clears a member's regex (librdkafka sends it when
-it subscribes by names). Departure (ours): the matches are not filtered by the member's topic
-Describe ACLs.
+it subscribes by names). With the authorizer on, a member's matches are only the topics it may
+Describe (``member_topics``).
 """
 
 from __future__ import annotations
@@ -120,10 +122,14 @@ class ConsumerGroupProtocol:
     """ConsumerGroupHeartbeat, its timers and ConsumerGroupDescribe over a GroupTable."""
 
     def __init__(self, table: GroupTable, topics: Callable[[], dict[str, tuple[bytes, int]]],
-                 new_member_id: Callable[[], str] = new_member_id) -> None:
+                 new_member_id: Callable[[], str] = new_member_id,
+                 describe_topic: Callable[[str, str, str], bool] | None = None) -> None:
         self.table = table
         self.topics = topics
+        # (principal, address, topic) -> may it Describe the topic? None: the authorizer is off
+        self.describe_topic = describe_topic
         self.new_member_id = new_member_id
+        self.rebalances = 0      # target assignments computed (Kafka's consumer-group-rebalance)
         self._compiled: dict[str, Any] = {}
         self._regex_hits: dict[str, tuple[dict, frozenset[str]]] = {}
 
@@ -187,9 +193,6 @@ class ConsumerGroupProtocol:
             return self._leave(req)
         cfg = t.config
         group = self._group(req.group_id, create=req.member_epoch == 0)
-        if group is None:
-            raise _Invalid(E.unknown_member_id,
-                           f"Member {req.member_id} is not a member of group {req.group_id}.")
         now = t.now()
         owned = _assignment(req.topic_partitions)
         mid = req.member_id or self.new_member_id()
@@ -249,6 +252,8 @@ class ConsumerGroupProtocol:
             member.rack_id = req.rack_id
         member.client_id = req.client_id
         member.client_host = req.client_host
+        if req.principal:
+            member.principal, member.address = req.principal, req.address
         if req.subscribed_topic_names is not None:
             names = tuple(sorted(set(req.subscribed_topic_names)))
             if names != member.subscribed_topic_names:
@@ -272,7 +277,8 @@ class ConsumerGroupProtocol:
         if group.reconcile(member, owned):
             member.rebalance_seq = t.push(now + member.rebalance_timeout_ms, REBALANCE, member,
                                           group)
-        member.session_seq = t.push(now + cfg.consumer_session_timeout_ms, SESSION, member, group)
+        member.session_seq = t.push(now + t.consumer_session_timeout_ms(group.group_id), SESSION,
+                                    member, group)
         if _snapshot(member) != seen or bump:
             # Kafka answers once the records are written: a restart keeps what members were told
             err = t.store_consumer_group(group)
@@ -283,13 +289,14 @@ class ConsumerGroupProtocol:
         send = req.member_epoch == 0 or full or member.assigned != before
         return ConsumerGroupHeartbeatResult(
             E.none, None, member.member_id, member.member_epoch,
-            cfg.consumer_heartbeat_interval_ms, _wire(member.assigned) if send else None)
+            t.consumer_heartbeat_interval_ms(group.group_id),
+            _wire(member.assigned) if send else None)
 
     def _leave(self, req: ConsumerGroupHeartbeatRequest) -> ConsumerGroupHeartbeatResult:
         t = self.table
         group = self._group(req.group_id, create=False)
-        member = None if group is None else group.members.get(req.member_id)
-        if member is None and group is not None and req.instance_id is not None:
+        member = group.members.get(req.member_id)
+        if member is None and req.instance_id is not None:
             mid = group.static_members.get(req.instance_id)
             member = group.members.get(mid) if mid is not None else None
         if member is None:
@@ -299,8 +306,8 @@ class ConsumerGroupProtocol:
             # KIP-848: the static member keeps its assignment while it is away (a restart);
             # its session timeout still runs.
             member.member_epoch = LEAVE_GROUP_STATIC_MEMBER_EPOCH
-            member.session_seq = t.push(t.now() + t.config.consumer_session_timeout_ms, SESSION,
-                                        member, group)
+            member.session_seq = t.push(t.now() + t.consumer_session_timeout_ms(group.group_id),
+                                        SESSION, member, group)
             log.info("group %r: static member %r (%s) left temporarily", group.group_id,
                      member.member_id, member.instance_id)
         else:
@@ -311,16 +318,16 @@ class ConsumerGroupProtocol:
         return ConsumerGroupHeartbeatResult(E.none, None, member.member_id, req.member_epoch, 0)
 
     # -- group epoch and target -------------------------------------------------------------------
-    def _group(self, group_id: str, *, create: bool) -> ConsumerGroup | None:
+    def _group(self, group_id: str, *, create: bool) -> ConsumerGroup:
+        """Kafka's getOrMaybeCreateConsumerGroup: a heartbeat with a non-zero epoch (or a leave)
+        to a group that does not exist, or is not a consumer group, is GROUP_ID_NOT_FOUND
+        (librdkafka and the Java client stop on it: Kafka never loses a live group)."""
         t = self.table
         group = t.groups.get(group_id)
+        if group is None and not create:
+            raise _Invalid(E.group_id_not_found, f"Consumer group {group_id} not found.")
         if group is not None and group.group_type != CONSUMER_GROUP_TYPE:
             empty_classic = group.group_type == CLASSIC_GROUP_TYPE and group.is_(GroupState.Empty)
-            if empty_classic and not create:
-                # (ours) a member of a consumer group this coordinator lost (only offsets are
-                # left, loaded as an empty classic group): UNKNOWN_MEMBER_ID makes it rejoin,
-                # where Kafka's GROUP_ID_NOT_FOUND would stop librdkafka's consumer
-                return None
             if not (empty_classic and create):
                 raise _Invalid(E.group_id_not_found, f"Group {group_id} is not a consumer group.")
             # Kafka's maybeDeleteEmptyClassicGroup: an empty classic group (offsets only, or
@@ -332,7 +339,7 @@ class ConsumerGroupProtocol:
             group.transition_to(GroupState.Dead, t.now())
             del t.groups[group_id]
             group = None
-        if group is None and create:
+        if group is None:
             group = ConsumerGroup(group_id, t.now())
             t.groups[group_id] = group
             log.info("consumer group %r created", group_id)
@@ -360,11 +367,25 @@ class ConsumerGroupProtocol:
         self._regex_hits[pattern] = (topics, got)
         return got
 
-    def member_topics(self, m: ConsumerMember, topics: dict) -> frozenset[str]:
-        """A member's subscription: its topic names and its regex's matches."""
+    def member_topics(self, m: ConsumerMember, topics: dict,
+                      group: ConsumerGroup | None = None) -> frozenset[str]:
+        """A member's subscription: its topic names and its regex's matches; with the
+        authorizer on, only the matches the member may Describe (Kafka's KAFKA-18813 filters a
+        refreshed regex by the ACLs of the member whose heartbeat refreshed it; here each
+        member's by its own). (ours) After a restart, until the member's first heartbeat brings
+        its principal, its matches are kept to the topics already in the group's subscription."""
         if m.subscribed_topic_regex is None:
             return frozenset(m.subscribed_topic_names)
-        return frozenset(m.subscribed_topic_names) | self._matches(m.subscribed_topic_regex, topics)
+        hits = self._matches(m.subscribed_topic_regex, topics)
+        allowed = self.describe_topic
+        if allowed is not None and hits:
+            if m.principal:
+                hits = frozenset(n for n in hits if allowed(m.principal, m.address, n))
+            elif group is not None:
+                hits = hits & group.subscription_metadata.keys()
+            else:
+                hits = frozenset()
+        return frozenset(m.subscribed_topic_names) | hits
 
     def _subscription_metadata(self, group: ConsumerGroup) -> dict[str, tuple[bytes, int]]:
         if not group.members:
@@ -372,18 +393,19 @@ class ConsumerGroupProtocol:
         topics = self.topics()
         names = set()
         for m in group.members.values():
-            names |= self.member_topics(m, topics)
+            names |= self.member_topics(m, topics, group)
         return {n: topics[n] for n in names if n in topics}
 
     def _bump(self, group: ConsumerGroup) -> None:
         """A new group epoch and its target assignment (Kafka's TargetAssignmentBuilder)."""
         cfg = self.table.config
         group.group_epoch += 1
+        self.rebalances += 1
         if group.members:
             votes = Counter(m.server_assignor for m in group.members.values() if m.server_assignor)
             name = votes.most_common(1)[0][0] if votes else cfg.consumer_assignors[0]
             topics = self.topics()
-            specs = {mid: (self.member_topics(m, topics), group.target.get(mid, {}))
+            specs = {mid: (self.member_topics(m, topics, group), group.target.get(mid, {}))
                      for mid, m in group.members.items()}
             group.target = ASSIGNORS[name](specs, group.subscription_metadata)
             group.assignor = name
@@ -458,8 +480,8 @@ def restore_timers(table: GroupTable, group: ConsumerGroup) -> None:
     timeout, as Kafka's onLoaded schedules them."""
     now = table.now()
     for m in group.members.values():
-        m.session_seq = table.push(now + table.config.consumer_session_timeout_ms, SESSION, m,
-                                   group)
+        m.session_seq = table.push(now + table.consumer_session_timeout_ms(group.group_id),
+                                   SESSION, m, group)
         if m.state is MemberState.UNREVOKED_PARTITIONS:
             m.rebalance_seq = table.push(now + m.rebalance_timeout_ms, REBALANCE, m, group)
 

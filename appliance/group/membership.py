@@ -82,6 +82,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 from appliance.errors import ErrorCode
 from appliance.group.classic_group import ClassicGroup, GroupState, Member
+from appliance.group.consumer_group import ConsumerGroupState
 from appliance.group.consumer_protocol import SESSION as CONSUMER_SESSION
 from appliance.group import consumer_records
 from appliance.group.consumer_protocol import ConsumerGroupProtocol, restore_timers
@@ -135,10 +136,12 @@ class GroupCoordinator:
                  new_member_join_timeout_ms: int = NEW_MEMBER_JOIN_TIMEOUT_MS,
                  new_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
                  topics: Callable[[], dict[str, tuple[bytes, int]]] = dict,
-                 persist_consumer: Callable[[str, list], Any] | None = None) -> None:
+                 persist_consumer: Callable[[str, list], Any] | None = None,
+                 group_configs: Callable[[str], dict[str, str]] = lambda gid: {},
+                 describe_topic: Callable[[str, str, str], bool] | None = None) -> None:
         self.table = GroupTable(config, persist, now_ms, on_empty=on_empty,
-                                persist_consumer=persist_consumer)
-        self.consumer = ConsumerGroupProtocol(self.table, topics)
+                                persist_consumer=persist_consumer, group_configs=group_configs)
+        self.consumer = ConsumerGroupProtocol(self.table, topics, describe_topic=describe_topic)
         self.rebalance = RebalanceProtocol(self.table,
                                            new_member_join_timeout_ms=new_member_join_timeout_ms,
                                            new_uuid=new_uuid)
@@ -337,6 +340,17 @@ class GroupCoordinator:
 
     def summaries(self) -> list[tuple[str, str, int]]:
         return self.admin.summaries()
+
+    def protocol_metrics(self) -> tuple[dict[str, int], dict[str, int], int]:
+        """For Kafka's group-coordinator-metrics (KIP-848): groups by type, consumer groups by
+        state (lower case, as Kafka's label), consumer group rebalances since the start."""
+        by_type = {"classic": 0, "consumer": 0}
+        by_state = {s.lower: 0 for s in ConsumerGroupState}
+        for g in self.table.groups.values():
+            by_type[g.group_type] = by_type.get(g.group_type, 0) + 1
+            if g.group_type == "consumer":
+                by_state[g.state.lower] += 1
+        return by_type, by_state, self.consumer.rebalances
 
     def group_ids(self) -> list[str]:
         return self.admin.group_ids()

@@ -303,6 +303,10 @@ class ConsumerGroupHeartbeatRequest(Request):
     client_id: str = ""
     client_host: str = ""
     api_version: int = 1
+    # the connection's principal and address: the member's regex matches are filtered by its
+    # topic Describe ACLs (KAFKA-18813) in the coordinator
+    principal: str = ""
+    address: str = ""
 
     def error_reply(self, code: ErrorCode) -> ConsumerGroupHeartbeatResult:
         return ConsumerGroupHeartbeatResult(code)

@@ -61,7 +61,9 @@ _RETRIABLE_TO_NOT_AVAILABLE = {E.concurrent_transactions, E.coordinator_load_in_
 
 class GroupService:
     def __init__(self, directory: str, groups_cfg, flush_policy: str, tc, now_ms: Callable[[], int],
-                 topics: Callable[[], dict[str, tuple[bytes, int]]] = dict) -> None:
+                 topics: Callable[[], dict[str, tuple[bytes, int]]] = dict,
+                 group_configs: Callable[[str], dict[str, str]] = lambda gid: {},
+                 describe_topic: Callable[[str, str, str], bool] | None = None) -> None:
         self.cfg = groups_cfg
         self.tc = tc
         self.now = now_ms
@@ -70,7 +72,7 @@ class GroupService:
         self.groups = GroupCoordinator(
             _membership_config(groups_cfg),
             persist=lambda g, r: self.offsets.store_group(g, r, self.now()), now_ms=now_ms,
-            topics=topics,
+            topics=topics, group_configs=group_configs, describe_topic=describe_topic,
             persist_consumer=lambda g, c: self.offsets.store_consumer_group(g, c, self.now()))
         self._next_expiry = 0
 
@@ -116,6 +118,9 @@ class GroupService:
         offsets = [(g, tp[0], tp[1], e.offset)
                    for g, parts in self.store.offsets.items() for tp, e in parts.items()]
         return self.groups.summaries(), offsets
+
+    def protocol_metrics(self) -> tuple[dict[str, int], dict[str, int], int]:
+        return self.groups.protocol_metrics()
 
     # -- markers ----------------------------------------------------------------------------------
     def complete_txn(self, producer_id: int, producer_epoch: int, commit: bool,

@@ -20,7 +20,10 @@ collaborators that decide the requests (``membership_join.RebalanceProtocol``,
 - the deferred answers: ``reply`` queues a ``Once`` answer; the queue is delivered when the
   outermost public call (``enter``/``leave``) returns, when the state is consistent;
 - the clock: ``now()`` is the time of the ``tick`` being run, else ``now_ms()``;
-- the broker's group.* configs (``config``), the loaded flag and the on_empty hook.
+- the broker's group.* configs (``config``), the loaded flag and the on_empty hook;
+- the per-group configs (``group_configs(group_id)``, the GROUP config resources the
+  catalog holds): ``consumer_session_timeout_ms`` / ``consumer_heartbeat_interval_ms`` read a
+  group's own value first, then ``[groups]``, as Kafka's GroupMetadataManager does.
 
 Consumer groups (KIP-848) live in ``groups`` beside the classic ones; their protocol
 (``consumer_protocol.ConsumerGroupProtocol``) is a collaborator over this table like
@@ -69,8 +72,11 @@ class GroupTable:
     def __init__(self, config: Any, persist: Callable[[str, GroupRecord | None], Any],
                  now_ms: Callable[[], int], *,
                  on_empty: Callable[[str, int], None] | None = None,
-                 persist_consumer: Callable[[str, list], Any] | None = None) -> None:
+                 persist_consumer: Callable[[str, list], Any] | None = None,
+                 group_configs: Callable[[str], dict[str, str]] = lambda gid: {}) -> None:
         self.config = config
+        # the configs set on a group's GROUP resource (KIP-848; appliance.group_config)
+        self.group_configs = group_configs
         self.persist = persist
         self.persist_consumer = persist_consumer
         self.now_fn = now_ms
@@ -85,6 +91,17 @@ class GroupTable:
         self.loaded = False
 
     # -- plumbing ---------------------------------------------------------------------------------
+    def consumer_session_timeout_ms(self, group_id: str) -> int:
+        """Kafka's consumerGroupSessionTimeoutMs: the group's consumer.session.timeout.ms,
+        else the broker's group.consumer.session.timeout.ms."""
+        v = self.group_configs(group_id).get("consumer.session.timeout.ms")
+        return int(v) if v is not None else self.config.consumer_session_timeout_ms
+
+    def consumer_heartbeat_interval_ms(self, group_id: str) -> int:
+        """Kafka's consumerGroupHeartbeatIntervalMs, likewise."""
+        v = self.group_configs(group_id).get("consumer.heartbeat.interval.ms")
+        return int(v) if v is not None else self.config.consumer_heartbeat_interval_ms
+
     def now(self) -> int:
         return self.clock if self.clock is not None else self.now_fn()
 

@@ -140,6 +140,14 @@ CATALOG: dict[str, Metric] = {m.name: m for m in [
            "Groups in state Dead"),
     Metric("kafka_coordinator_group_groupmetadatamanager_numoffsets", GAUGE,
            "Committed offsets held by the group coordinator"),
+    # -- KIP-848 (kafka.server:type=group-coordinator-metrics) -----------------------------------
+    Metric("kafka_server_group_coordinator_metrics_group_count", GAUGE,
+           "Groups by protocol (classic, consumer)", ("protocol",)),
+    Metric("kafka_server_group_coordinator_metrics_consumer_group_count", GAUGE,
+           "Consumer groups (KIP-848) by state (empty, assigning, reconciling, stable, dead)",
+           ("state",)),
+    Metric("kafka_server_group_coordinator_metrics_consumer_group_rebalance", COUNTER,
+           "Consumer group (KIP-848) rebalances: new target assignments (group epoch bumps)"),
     # -- consumer groups (kafka-exporter's names, label group) ----------------------------------
     Metric("kafka_consumergroup_members", GAUGE, "Members of the group", ("group",)),
     Metric("kafka_consumergroup_current_offset", GAUGE, "The group's committed offset",

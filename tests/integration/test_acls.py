@@ -577,3 +577,29 @@ def test_cluster_describe_apis_refused_without_describe_on_the_cluster(appliance
         users = r.request(50, 0, {"users": [{"name": "admin"}]})
         assert users.error_code == CLUSTER_AUTHORIZATION_FAILED
         assert [(x.user, x.error_code) for x in users.results] == [("admin", CLUSTER_AUTHORIZATION_FAILED)]
+
+
+def test_consumer_group_regex_matches_only_topics_the_member_may_describe(locked):
+    """KIP-848 regex subscriptions (KAFKA-18813): the broker's matches are filtered by the
+    member's topic Describe ACLs; hidden-t (no ACL) matches the regex but is never assigned,
+    the rest (All, Read, Write each imply Describe; deny-t denies only Write) are."""
+    _, principal = locked
+    allowed = ["ok-t", "ro-t", "wo-t", "deny-t"]
+    with raw(principal) as c:
+        md = c.request(3, 12, {"topics": [{"name": t, "topic_id": None} for t in allowed],
+                               "allow_auto_topic_creation": False,
+                               "include_topic_authorized_operations": False})
+        ids = {t.topic_id for t in md.topics if t.error_code == 0}
+        assert len(ids) == 4, md
+        group = f"g-ok-regex-{uuid.uuid4().hex[:6]}"
+        r = c.request(68, 1, {"group_id": group, "member_id": uuid.uuid4().hex,
+                              "member_epoch": 0, "instance_id": None, "rack_id": None,
+                              "rebalance_timeout": 30000, "subscribed_topic_names": None,
+                              "subscribed_topic_regex": ".*-t", "server_assignor": None,
+                              "topic_partitions": []})
+        assert r.error_code == 0, r
+        got = {t.topic_id: sorted(t.partitions) for t in r.assignment.topic_partitions}
+        assert set(got) == ids and sum(len(p) for p in got.values()) == 5, got
+        # nothing the member may not see in the group: ConsumerGroupDescribe answers it whole
+        d = c.request(69, 1, {"group_ids": [group], "include_authorized_operations": False})
+        assert d.groups[0].error_code == 0, d

@@ -429,7 +429,7 @@ def _group_request_for(env: Env, key, v):
         env.pending = {"group": group, "offset": 10 + v}
         return {"group_id": group, "generation_id_or_member_epoch": gen, "member_id": member,
                 "group_instance_id": None, "retention_time": -1,
-                "topics": [{"name": topic, "partitions": [
+                "topics": [{"name": topic, "topic_id": env.topic_id, "partitions": [   # v10: id
                     {"partition_index": 0, "committed_offset": 10 + v, "committed_leader_epoch": -1,
                      "committed_metadata": f"meta-{v}"}]}]}
     if key == 9:
@@ -440,7 +440,8 @@ def _group_request_for(env: Env, key, v):
             return {"group_id": group, "topics": [{"name": topic, "partition_indexes": [0, 1]}],
                     "require_stable": True}
         return {"groups": [{"group_id": group, "member_id": None, "member_epoch": -1,
-                            "topics": [{"name": topic, "partition_indexes": [0, 1]}]}],
+                            "topics": [{"name": topic, "topic_id": env.topic_id,
+                                        "partition_indexes": [0, 1]}]}],
                 "require_stable": True}
     if key == 11:
         group = f"every-jg-{v}"

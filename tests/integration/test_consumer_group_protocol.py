@@ -32,6 +32,7 @@ GROUP_CONFIG = {"groups": {"consumer_heartbeat_interval_ms": 500,
 E_GROUP_ID_NOT_FOUND = 69
 E_UNKNOWN_MEMBER_ID = 25
 E_STALE_MEMBER_EPOCH = 113
+E_UNKNOWN_TOPIC_ID = 100
 
 
 def uid(*parts) -> str:
@@ -313,6 +314,12 @@ def test_static_member_restart_keeps_its_partitions(appliance_factory):
         shown = json.loads(subprocess.run(cli, capture_output=True, text=True, timeout=60,
                                           check=True).stdout)
         assert sorted(r["instance_id"] for r in shown) == ["static-1", "static-2"], shown
+        assert all(r["member_epoch"] == epoch and r["partitions"] == 2 for r in shown), shown
+        cli[cli.index("--members")] = "--state"
+        (st,) = json.loads(subprocess.run(cli, capture_output=True, text=True, timeout=60,
+                                          check=True).stdout)
+        assert (st["type"], st["state"], st["group_epoch"], st["assignment_epoch"]) == (
+            "consumer", "Stable", epoch, epoch), st
         mine = set(o1)
         c1.close()
         g = describe(b, group)
@@ -328,3 +335,117 @@ def test_static_member_restart_keeps_its_partitions(appliance_factory):
     finally:
         c1.close()
         c2.close()
+
+
+def test_group_config_heartbeat_interval_applies_to_the_consumer_group(appliance_factory):
+    """Issue 35: a GROUP resource's consumer.heartbeat.interval.ms (IncrementalAlterConfigs)
+    overrides ``[groups]`` for that group's ConsumerGroupHeartbeat answers, as in Kafka 4.x;
+    another group keeps the broker's value."""
+    from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry,
+                                       ConfigResource, ResourceType)
+    a = appliance_factory(**GROUP_CONFIG)
+    b = a.bootstrap
+    topic, group, other = uid("t"), uid("g"), uid("other")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+
+    def join(c, gid):
+        return c.request(68, 1, {"group_id": gid, "member_id": uuid.uuid4().hex,
+                                 "member_epoch": 0, "instance_id": None, "rack_id": None,
+                                 "rebalance_timeout": 30000,
+                                 "subscribed_topic_names": [topic],
+                                 "subscribed_topic_regex": None, "server_assignor": None,
+                                 "topic_partitions": []})
+
+    with RawClient(b) as c:
+        r = join(c, group)
+        assert (r.error_code, r.heartbeat_interval.total_seconds() * 1000) == (0, 500), r
+    admin = AdminClient({"bootstrap.servers": b})
+    res = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("consumer.heartbeat.interval.ms", "7000",
+                    incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res], request_timeout=30)[res].result(30)
+
+    def interval():
+        with RawClient(b) as c:
+            r = join(c, group)
+            assert r.error_code == 0, r
+            return r.heartbeat_interval.total_seconds() * 1000
+    wait_until(lambda: interval() == 7000, 30, "the group's heartbeat interval in the answer")
+    with RawClient(b) as c:
+        r = join(c, other)
+        assert (r.error_code, r.heartbeat_interval.total_seconds() * 1000) == (0, 500), r
+
+
+def test_offset_commit_and_fetch_v10_name_topics_by_id(appliance_factory):
+    """OffsetCommit v10 / OffsetFetch v10 (Kafka 4.1): topics by topic id both ways; an id the
+    broker does not have is UNKNOWN_TOPIC_ID; a v10 commit is read back by name at v9 too."""
+    a = appliance_factory()
+    b = a.bootstrap
+    topic, group = uid("t"), uid("g")
+    driver("confluent").create_topics(b, {topic: (2, {})})
+    nobody = uuid.uuid4()
+    with RawClient(b) as c:
+        md = c.request(3, 12, {"topics": [{"name": topic, "topic_id": None}],
+                               "allow_auto_topic_creation": False,
+                               "include_topic_authorized_operations": False})
+        tid = md.topics[0].topic_id
+        part = {"partition_index": 1, "committed_offset": 7, "committed_leader_epoch": -1,
+                "committed_metadata": "m"}
+        r = c.request(8, 10, {"group_id": group, "generation_id_or_member_epoch": -1,
+                              "member_id": "", "group_instance_id": None, "topics": [
+                                  {"topic_id": tid, "partitions": [part]},
+                                  {"topic_id": nobody, "partitions": [part]}]})
+        got = {t.topic_id: [(p.partition_index, p.error_code) for p in t.partitions]
+               for t in r.topics}
+        assert got == {tid: [(1, 0)], nobody: [(1, E_UNKNOWN_TOPIC_ID)]}, r
+        f = c.request(9, 10, {"groups": [{"group_id": group, "member_id": None,
+                                          "member_epoch": -1, "topics": [
+                                              {"topic_id": tid, "partition_indexes": [0, 1]},
+                                              {"topic_id": nobody, "partition_indexes": [0]}]}],
+                              "require_stable": False})
+        got = {t.topic_id: [(p.partition_index, p.committed_offset, p.error_code)
+                            for p in t.partitions] for t in f.groups[0].topics}
+        assert got == {tid: [(0, -1, 0), (1, 7, 0)], nobody: [(0, -1, E_UNKNOWN_TOPIC_ID)]}, f
+        f = c.request(9, 10, {"groups": [{"group_id": group, "member_id": None,
+                                          "member_epoch": -1, "topics": None}],
+                              "require_stable": False})
+        assert [(t.topic_id, [(p.partition_index, p.committed_offset) for p in t.partitions])
+                for t in f.groups[0].topics] == [(tid, [(1, 7)])], f
+        f = c.request(9, 9, {"groups": [{"group_id": group, "member_id": None,
+                                         "member_epoch": -1, "topics": None}],
+                             "require_stable": False})
+        assert [(t.name, [p.committed_offset for p in t.partitions])
+                for t in f.groups[0].topics] == [(topic, [7])], f
+
+
+def test_group_protocol_metrics_count_groups_by_type_state_and_rebalances(appliance_factory):
+    """Kafka's group-coordinator-metrics (KIP-848): groups by protocol, consumer groups by state,
+    consumer group rebalances, at /metrics."""
+    from test_operating import metrics_app, scrape, val
+    a = metrics_app(appliance_factory, **GROUP_CONFIG)
+    b = a.bootstrap
+    topic, group = uid("t"), uid("g")
+    driver("confluent").create_topics(b, {topic: (2, {})})
+    with RawClient(b) as c:
+        r = c.request(68, 1, {"group_id": group, "member_id": uuid.uuid4().hex,
+                              "member_epoch": 0, "instance_id": None, "rack_id": None,
+                              "rebalance_timeout": 30000, "subscribed_topic_names": [topic],
+                              "subscribed_topic_regex": None, "server_assignor": None,
+                              "topic_partitions": []})
+        assert r.error_code == 0, r
+        c.request(8, 8, {"group_id": uid("classic"), "generation_id_or_member_epoch": -1,
+                         "member_id": "", "group_instance_id": None, "topics": [
+                             {"name": topic, "partitions": [{"partition_index": 0,
+                                                             "committed_offset": 1,
+                                                             "committed_leader_epoch": -1,
+                                                             "committed_metadata": ""}]}]})
+    name = "kafka_server_group_coordinator_metrics_"
+
+    def shown(m):
+        return (val(m, name + "group_count", protocol="consumer"),
+                val(m, name + "group_count", protocol="classic"),
+                val(m, name + "consumer_group_count", state="stable"),
+                val(m, name + "consumer_group_count", state="empty"),
+                (val(m, name + "consumer_group_rebalance_total") or 0) >= 1)
+    wait_until(lambda: shown(scrape(a.metrics_port)) == (1, 1, 1, 0, True), 30,
+               "one consumer group (Stable), one classic, a rebalance in the metrics")

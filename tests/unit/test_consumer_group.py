@@ -229,9 +229,12 @@ def test_classic_and_consumer_share_the_namespace():
     env.gc.ensure_group("c")
     assert env.hb("m1", 0, group="c").error == E.none
     assert env.gc.table.groups["c"].group_type == "consumer"
-    # a member of a group this coordinator lost (only offsets left) is told to rejoin
+    # a non-zero epoch to a group that is not a consumer group, or none at all, is
+    # GROUP_ID_NOT_FOUND (Kafka's getOrMaybeCreateConsumerGroup), a leave too
     env.gc.ensure_group("lost")
-    assert env.hb("m9", 4, group="lost").error == E.unknown_member_id
+    assert env.hb("m9", 4, group="lost").error == E.group_id_not_found
+    assert env.hb("m9", 4, group="never").error == E.group_id_not_found
+    assert env.hb("m9", -1, group="never").error == E.group_id_not_found
     (cd,) = env.gc.consumer_group_describe(["nope"])
     assert cd.error == E.group_id_not_found
 
@@ -372,3 +375,60 @@ def test_regex_subscriptions_use_re2_full_match_and_follow_the_catalog():
     assert hb("m2", 0, "(?<=a)b").error == E.invalid_regular_expression     # RE2 refuses it
     r = hb("m1", r.member_epoch, "", owned={T1: {0, 1}, b"\x04" * 16: {0}})  # "" clears it
     assert r.error == E.none and env.group().members["m1"].subscribed_topic_regex is None
+
+
+def test_group_configs_override_the_broker_session_timeout_and_interval():
+    """Issue 35: a GROUP resource's consumer.* configs apply to that group only (Kafka's
+    consumerGroupSessionTimeoutMs / consumerGroupHeartbeatIntervalMs)."""
+    env = Env()
+    configs = {"g": {"consumer.heartbeat.interval.ms": "7000",
+                     "consumer.session.timeout.ms": "50000"}}
+    env.gc.table.group_configs = lambda gid: configs.get(gid, {})
+    r = env.hb("m1", 0)
+    assert r.heartbeat_interval_ms == 7000
+    assert env.hb("m2", 0, group="h").heartbeat_interval_ms == env.gc.config.consumer_heartbeat_interval_ms
+    # the session is the group's: alive past the broker's timeout, fenced after the group's
+    env.tick(env.gc.config.consumer_session_timeout_ms + 1)
+    assert "m1" in env.group().members and "m2" not in env.group("h").members
+    env.tick(50000)
+    assert "m1" not in env.group().members
+
+
+def test_regex_matches_are_filtered_by_the_members_topic_describe_acls():
+    """KAFKA-18813: with the authorizer on, a regex subscription gets only the topics the member
+    may Describe; an ACL change applies at its next heartbeat."""
+    T3 = b"\x03" * 16
+    env = Env(topics={"orders-eu": (T1, 2), "orders-us": (T3, 1)})
+    denied = {("User:alice", "orders-us")}
+    env.gc.consumer.describe_topic = lambda p, a, t: (p, t) not in denied
+
+    def hb(member, epoch, regex, owned=None, principal="User:alice"):
+        if epoch == 0:
+            owned = {}
+        tps = None if owned is None else [TopicPartitions(t, sorted(ps)) for t, ps in owned.items()]
+        return env.gc.consumer_group_heartbeat(ConsumerGroupHeartbeatRequest(
+            "g", member, epoch, None, None, 60000 if epoch == 0 else -1,
+            [] if epoch == 0 else None, regex, None, tps, "c", "/h", 1, principal, "127.0.0.1"))
+
+    r = hb("m1", 0, "orders-.*")
+    assert parts(r, T1) == {0, 1} and parts(r, T3) == set()
+    assert set(env.group().subscription_metadata) == {"orders-eu"}
+    denied.clear()                            # allowed now: the next heartbeat gets it
+    r = hb("m1", r.member_epoch, None, owned={T1: {0, 1}})
+    assert parts(r, T3) == {0}
+    denied.add(("User:alice", "orders-eu"))   # denied now: revoked
+    r = hb("m1", r.member_epoch, None, owned={T1: {0, 1}, T3: {0}})
+    assert parts(r, T1) == set() and set(env.group().subscription_metadata) == {"orders-us"}
+
+
+def test_protocol_metrics_count_groups_by_type_and_state_and_the_rebalances():
+    env = Env()
+    env.hb("m1", 0)
+    env.gc.ensure_group("c")
+    by_type, by_state, rebalances = env.gc.protocol_metrics()
+    assert by_type == {"classic": 1, "consumer": 1}
+    assert by_state == {"empty": 0, "assigning": 0, "reconciling": 0, "stable": 1, "dead": 0}
+    assert rebalances == 1
+    env.hb("m2", 0)                      # joins: a new target, m1 must give up partitions
+    by_type, by_state, rebalances = env.gc.protocol_metrics()
+    assert by_state["reconciling"] == 1 and rebalances == 2
