@@ -1,0 +1,53 @@
+"""KIP-714 client telemetry end to end: a real librdkafka producer and consumer (which push by
+default, enable.metrics.push) get the `[telemetry]` subscription and their metrics appear in a
+scrape of /metrics, labelled by client instance, client id, software and principal."""
+
+from __future__ import annotations
+
+import requests
+from confluent_kafka import Consumer, Producer
+from prometheus_client.parser import text_string_to_metric_families
+
+from appliance_harness import eventually, free_port
+
+
+def client_series(port: int, prefix: str, client_id: str) -> list:
+    r = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    r.raise_for_status()
+    return [s for fam in text_string_to_metric_families(r.text) for s in fam.samples
+            if s.name.startswith(prefix) and s.labels.get("client_id") == client_id]
+
+
+def test_librdkafka_producer_and_consumer_metrics_appear_in_a_scrape(appliance_factory):
+    port = free_port()
+    app = appliance_factory(metrics={"listen": f"127.0.0.1:{port}"},
+                            telemetry={"metrics": ["*"], "interval_ms": 1000})
+    p = Producer({"bootstrap.servers": app.bootstrap, "client.id": "tele-producer"})
+    c = Consumer({"bootstrap.servers": app.bootstrap, "client.id": "tele-consumer",
+                  "group.id": "tele", "auto.offset.reset": "earliest"})
+    try:
+        for i in range(10):
+            p.produce("tele", b"v%d" % i)
+        assert p.flush(30) == 0
+        c.subscribe(["tele"])
+        got = 0
+
+        def consumer_pushed():
+            nonlocal got
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                got += 1
+            p.poll(0)
+            return client_series(port, "org_apache_kafka_consumer_", "tele-consumer")
+
+        series = eventually(consumer_pushed, timeout=60, what="the consumer's telemetry")
+        produced = eventually(
+            lambda: p.poll(0.1) is not None and False
+            or client_series(port, "org_apache_kafka_producer_", "tele-producer"),
+            timeout=60, what="the producer's telemetry")
+        labels = produced[0].labels
+        assert labels["client_software_name"] == "confluent-kafka-python"
+        assert labels["principal"] == "User:ANONYMOUS" and len(labels["client_instance_id"]) == 36
+        assert {s.labels["client_instance_id"] for s in series} != {labels["client_instance_id"]}
+    finally:
+        c.close()
