@@ -19,6 +19,7 @@ once without waiting, as it may move to another broker).
 
 from __future__ import annotations
 
+import base64
 import gzip
 import re
 import uuid
@@ -85,6 +86,12 @@ def subscription_id(metrics: tuple[str, ...], interval_ms: int, instance_id: uui
     java_hash = (x >> 32) ^ (x & 0xFFFFFFFF)        # Uuid.hashCode: (int)(h >> 32) ^ (int) h
     sid = (crc ^ java_hash) & 0xFFFFFFFF
     return sid - (1 << 32) if sid >= 1 << 31 else sid
+
+
+def kafka_uuid(u: uuid.UUID) -> str:
+    """Kafka's Uuid.toString (URL-safe base64, no padding): what the clients' clientInstanceId()
+    and Kafka's tools print."""
+    return base64.urlsafe_b64encode(u.bytes).decode().rstrip("=")
 
 
 def decompress(codec: int, data: bytes, max_bytes: int) -> bytes:
@@ -265,7 +272,7 @@ class ClientTelemetry:
 
     def _store(self, inst: Instance, points) -> None:
         m = inst.meta
-        base = (("client_instance_id", str(inst.instance_id)), ("client_id", m.client_id),
+        base = (("client_instance_id", kafka_uuid(inst.instance_id)), ("client_id", m.client_id),
                 ("client_software_name", m.software_name),
                 ("client_software_version", m.software_version), ("principal", m.principal))
         room = self.settings.max_series - sum(len(i.series) for i in self.instances.values()

@@ -9,6 +9,7 @@ from confluent_kafka import Consumer, Producer
 from prometheus_client.parser import text_string_to_metric_families
 
 from appliance_harness import eventually, free_port
+from java_programs import java4_program  # noqa: F401 (fixture)
 
 
 def client_series(port: int, prefix: str, client_id: str) -> list:
@@ -47,7 +48,23 @@ def test_librdkafka_producer_and_consumer_metrics_appear_in_a_scrape(appliance_f
             timeout=60, what="the producer's telemetry")
         labels = produced[0].labels
         assert labels["client_software_name"] == "confluent-kafka-python"
-        assert labels["principal"] == "User:ANONYMOUS" and len(labels["client_instance_id"]) == 36
+        assert labels["principal"] == "User:ANONYMOUS" and len(labels["client_instance_id"]) == 22
         assert {s.labels["client_instance_id"] for s in series} != {labels["client_instance_id"]}
     finally:
         c.close()
+
+
+def test_java_4_producer_and_consumer_metrics_appear_in_a_scrape(appliance_factory, java4_program):
+    """kafka-clients 4.3: clientInstanceId() is the id GetTelemetrySubscriptions handed out, and
+    the metrics of its pushes (the last one terminating, at close) are scraped under it."""
+    port = free_port()
+    app = appliance_factory(metrics={"listen": f"127.0.0.1:{port}"},
+                            telemetry={"metrics": ["*"], "interval_ms": 1000})
+    out = java4_program("Telemetry4", app.bootstrap, "java-tele")
+    assert int(out["read"]) >= 20, out
+    for role in ("producer", "consumer"):
+        series = eventually(
+            lambda: client_series(port, f"org_apache_kafka_{role}_", f"java-tele-{role}"),
+            timeout=60, what=f"the Java {role}'s telemetry")
+        assert {s.labels["client_instance_id"] for s in series} == {out[role]}, out
+        assert series[0].labels["client_software_name"] == "apache-kafka-java"

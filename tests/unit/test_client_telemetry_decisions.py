@@ -13,7 +13,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (Gauge, Metric, MetricsDa
 from appliance.config import TelemetryConfig
 from appliance.errors import ErrorCode
 from appliance.metrics.client_telemetry import (GZIP, ZSTD, ClientMeta, ClientTelemetry,
-                                                decode_snapshot, subscription_id)
+                                                decode_snapshot, kafka_uuid, subscription_id)
 
 META = ClientMeta("cid", "librdkafka", "2.16.1", "User:ANONYMOUS")
 
@@ -43,7 +43,7 @@ def test_subscription_then_push_exports_the_series_with_the_broker_labels():
     names = {s[0]: s for s in snap["series"]}
     g = names["org_apache_kafka_producer_record_queue_time_avg"]
     labels = dict(g[2])
-    assert g[3] == 2.5 and labels["topic"] == "t" and labels["client_instance_id"] == str(iid)
+    assert g[3] == 2.5 and labels["topic"] == "t" and labels["client_instance_id"] == kafka_uuid(iid)
     assert labels["client_software_name"] == "librdkafka" and labels["principal"] == "User:ANONYMOUS"
     assert names["org_apache_kafka_producer_node_request_total"][1] == "counter"
 
