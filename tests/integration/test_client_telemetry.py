@@ -68,3 +68,27 @@ def test_java_4_producer_and_consumer_metrics_appear_in_a_scrape(appliance_facto
             timeout=60, what=f"the Java {role}'s telemetry")
         assert {s.labels["client_instance_id"] for s in series} == {out[role]}, out
         assert series[0].labels["client_software_name"] == "apache-kafka-java"
+
+
+def test_kafka_errors_at_the_wire(appliance_factory):
+    """GetTelemetrySubscriptions hands out an instance id and Kafka's subscription; a push with
+    another subscription id is UNKNOWN_SUBSCRIPTION_ID, an oversized one TELEMETRY_TOO_LARGE,
+    one that does not decode INVALID_RECORD; the connection stays open through all of them."""
+    import uuid
+    from raw_wire import RawClient
+    app = appliance_factory(telemetry={"metrics": ["*"], "interval_ms": 100, "max_bytes": 1024})
+    with RawClient(app.bootstrap) as c:
+        r = c.request(71, 0, {"client_instance_id": uuid.UUID(int=0)})
+        assert r.error_code == 0 and r.requested_metrics == ("*",) and r.telemetry_max_bytes == 1024
+        iid, sid = r.client_instance_id, r.subscription_id
+        assert iid.int != 0 and 4 in r.accepted_compression_types
+
+        def push(**kw):
+            req = dict(client_instance_id=iid, subscription_id=sid, terminating=False,
+                       compression_type=0, metrics=b"")
+            req.update(kw)
+            return c.request(72, 0, req).error_code
+        assert push(subscription_id=sid + 1) == 117          # UNKNOWN_SUBSCRIPTION_ID
+        # THROTTLING_QUOTA_EXCEEDED (89) until the push interval passed, then the real answer
+        assert eventually(lambda: (e := push(metrics=b"x" * 2048)) != 89 and e, timeout=10) == 118
+        assert eventually(lambda: (e := push(metrics=b"\xff" * 3)) != 89 and e, timeout=10) == 87
