@@ -430,6 +430,20 @@ class MetricsConfig(_Section):
     listen: str = ""
 
 
+class TelemetryConfig(_Section):
+    # KIP-714 client telemetry, the broker-wide subscription: metric name prefixes clients are
+    # asked to push ("*" = all; empty = none, Kafka's default with no CLIENT_METRICS resource).
+    metrics: list[str] = msgspec.field(default_factory=list)
+    # Push interval handed to clients (Kafka's interval.ms, default 5 minutes).
+    interval_ms: Annotated[int, msgspec.Meta(ge=100, le=3600000)] = 300000
+    # Largest PushTelemetry payload, compressed or not (Kafka's telemetry.max.bytes).
+    max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1048576
+    # Cardinality bounds, per frontend: client instances remembered (least recently heard
+    # dropped first) and series exported (a push past it keeps its first series).
+    max_clients: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    max_series: Annotated[int, msgspec.Meta(ge=1)] = 20000
+
+
 class Config(_Section):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
@@ -442,6 +456,7 @@ class Config(_Section):
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
     sasl: SaslConfig = msgspec.field(default_factory=SaslConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
 
     # -- derived values -------------------------------------------------------------------
     @property

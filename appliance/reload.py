@@ -61,6 +61,7 @@ LIVE: dict[str, str] = {
     "tls.*": "supervisor (re-reads the certificate files on every reload; a renewal that does not "
              "load keeps the ones in use) and frontends, for connections accepted after the reload",
     "sasl.*": "frontends, for connections accepted after the reload",
+    "telemetry.*": "frontends, from each client's next GetTelemetrySubscriptions",
 }
 
 # Why the others need a restart, for the refusal message.

@@ -97,6 +97,10 @@ class ProducerConfig:
 PRODUCER_CONFIGS: dict[str, ProducerConfig] = {
     c.name: c for c in (
         ProducerConfig("plain", {"enable.idempotence": False}),
+        # KIP-714's cost: the same producer without its telemetry pushes (run with
+        # --telemetry-interval-ms so that "plain" pushes; librdkafka pushes by default).
+        ProducerConfig("plain-no-push", {"enable.idempotence": False,
+                                         "enable.metrics.push": False}),
         ProducerConfig("idempotent", {"enable.idempotence": True}),
         ProducerConfig("transactional", {"transactional.id": "bench-{run}"}, commit_every_s=0.1),
         # Compressed batches: the broker inflates each one to check its records (never recompresses).
@@ -345,6 +349,12 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+def telemetry_toml(args: argparse.Namespace) -> str:
+    if not args.telemetry_interval_ms:
+        return ""
+    return f'[telemetry]\nmetrics = ["*"]\ninterval_ms = {args.telemetry_interval_ms}\n'
+
+
 def warm_up(bootstrap: str, topic: str, args: argparse.Namespace, cfg: ProducerConfig,
             security: dict[str, Any], drop: bool) -> None:
     """``--warmup``: produce into a scratch topic, not counted; ``drop`` deletes it after (the
@@ -392,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
                          "this VM's first touch of the page cache's memory: see loadtests/README.md)")
     ap.add_argument("--ready-timeout", type=float, default=60.0,
                     help="seconds to wait for the appliance to answer Metadata")
+    ap.add_argument("--telemetry-interval-ms", type=int, default=0,
+                    help="subscribe every client to all its metrics (KIP-714) at this push "
+                         "interval; 0 = no subscription, the default")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
     ap.add_argument("--security-protocols", default="PLAINTEXT",
                     help="the appliance's listeners to measure, of: " + ", ".join(SECURITY_PROTOCOLS))
@@ -431,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
                     broker = appliance_process(os.path.join(workdir, f"a{rnd}"), args.flush_policy,
                                                args.partitions, args.ready_timeout,
                                                protocols=protocols,
-                                               per_writer=args.partitions_per_writer)
+                                               per_writer=args.partitions_per_writer,
+                                               extra_toml=telemetry_toml(args))
                 with broker as started:
                     proc = started[-1]
                     if target == "appliance":

@@ -25,6 +25,9 @@ from appliance.protocol import messages
 def handle(ctx, req):
     # KIP-511: a v3+ request naming its client software with forbidden characters is refused.
     error = 0 if messages.api_versions_request_valid(req) else int(ErrorCode.invalid_request)
+    if not error and ctx.version >= 3:
+        # KIP-714's client_software_name/version selectors and labels (push_telemetry).
+        ctx.connection.software = (req.client_software_name, req.client_software_version)
     tv = ctx.broker.cfg.transactions.transaction_version
     return messages.build_api_versions_response(
         ctx.version, api_ranges(), error_code=error,

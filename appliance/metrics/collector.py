@@ -33,6 +33,7 @@ from shm.ring import ring_fill
 from shm.statepage import StalePage, StatePage
 from shm.topology import Topology
 
+from .client_telemetry import SNAPSHOT_PREFIX, decode_snapshot
 from . import CATALOG, COORDINATOR_SNAPSHOT, COUNTER, HISTOGRAM, parse_key
 
 log = logging.getLogger("appliance.metrics")
@@ -133,7 +134,7 @@ class Collector:
         self._workers(workers, acc)
         self._rings(workers, acc)
         self._groups(partitions, acc)
-        return self._build(acc, hist)
+        return self._build(acc, hist) + self._client_telemetry(workers)
 
     def _add_table(self, t: MetricsTable, acc, hist) -> None:
         for k, v in t.items():
@@ -266,6 +267,33 @@ class Collector:
             end = hw.get((topic, partition))
             if end is not None:
                 acc["kafka_consumergroup_lag"][labels] = max(0, end - offset)
+
+    def _client_telemetry(self, workers) -> list[Family]:
+        """KIP-714: the series clients pushed, from each live frontend's snapshot
+        (``appliance.metrics.client_telemetry``); a client seen by two frontends keeps the
+        series of its latest push."""
+        best: dict[tuple, tuple[int, str, float]] = {}
+        for w in workers:
+            try:
+                with open(self.topo.file_path(SNAPSHOT_PREFIX + w["name"] + ".msgpack"),
+                          "rb") as f:
+                    snap = decode_snapshot(f.read())
+            except (OSError, msgspec.DecodeError):
+                continue
+            for name, kind, labels, value, pushed in snap.get("series", ()):
+                if kind == "counter" and name.endswith("_total"):
+                    name = name[:-6]        # the exposition adds it back
+                key = (name, tuple(map(tuple, labels)))
+                if key not in best or best[key][0] < pushed:
+                    best[key] = (pushed, kind, value)
+        fams: dict[str, Family] = {}
+        for (name, labels), (_, kind, value) in sorted(best.items()):
+            fam = fams.get(name)
+            if fam is None:
+                fam = fams[name] = Family(name, "client metric pushed by KIP-714 telemetry",
+                                          "counter" if kind == "counter" else "gauge")
+            fam.add_sample(name + ("_total" if kind == "counter" else ""), dict(labels), value)
+        return list(fams.values())
 
     def _build(self, acc, hist) -> list[Family]:
         out: list[Family] = []

@@ -59,7 +59,8 @@ def spec_dir() -> Path:
 
 # Kafka's definitions of the APIs kafka-python does not ship (3.0.12 has no KIP-848
 # ConsumerGroupHeartbeat / ConsumerGroupDescribe, nor KIP-932's Share* requests), copied from Kafka's
-# clients/src/main/resources/common/message/ with their Apache license headers.
+# clients/src/main/resources/common/message/ with their Apache license headers; KIP-714's
+# GetTelemetrySubscriptions and PushTelemetry requests restated in our own words.
 VENDORED = Path(__file__).parent / "kafka_message_specs"
 
 

@@ -30,6 +30,7 @@ from appliance.catalog.model import Catalog, TopicInfo
 from appliance.errors import ErrorCode
 from appliance.ipc import ProduceResult
 from appliance.log.reader import SegmentViews
+from appliance.metrics.client_telemetry import SNAPSHOT_PREFIX, ClientTelemetry
 from appliance.security import credentials
 from appliance.security.credentials import CredentialsView
 from appliance.catalog.assignment import ASSIGNMENT_FILE, AssignmentView
@@ -139,6 +140,10 @@ class Broker:
         self.segment_views = SegmentViews()
         self._topic_names: dict[bytes, str] = {}
         self._next_sweep = 0.0
+        # KIP-714: the client instances pushing through this frontend, published for the
+        # metrics server at most once a second when they changed.
+        self.telemetry = ClientTelemetry(ctx.config.telemetry)
+        self._next_telemetry = 0.0
         self.backlog: set[Channel] = set()     # channels with sends queued behind a full ring
         # The ACLs the supervisor published (appliance.acl): checked by every handler through
         # RequestContext.authorize, without a round trip.
@@ -172,9 +177,27 @@ class Broker:
                 self._check_generation(ch)
         if self.supervisor.queued:
             self.supervisor.flush()
+        if now >= self._next_telemetry:
+            self._next_telemetry = now + 1.0
+            self._publish_telemetry()
         if now >= self._next_sweep:
             self._next_sweep = now + 5.0
             self.segment_views.sweep()      # release segments retention deleted
+
+    def _publish_telemetry(self) -> None:
+        t = self.telemetry
+        t.settings = self.cfg.telemetry          # a reload's new [telemetry]
+        t.expire(int(time.time() * 1000))
+        if not t.dirty:
+            return
+        path = self.topo.file_path(SNAPSHOT_PREFIX + self.name + ".msgpack")
+        tmp = path + ".tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(t.snapshot())
+            os.replace(tmp, path)                # the runtime dir is tmpfs: no fsync
+        except OSError as e:
+            log.warning("client telemetry not published: %s", e)
 
     def drain(self) -> None:
         """Deliver every ack and reply waiting in the rings the ready map marked (shm.ready),

@@ -100,6 +100,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.peer = "?"
         self.host = "?"
         self.principal = ANONYMOUS
+        self.software = ("", "")      # KIP-511's client software name and version (ApiVersions v3+)
         self.auth_failed = False
         self.last_active = time.monotonic()
         self.fetcher = server.broker.next_fetcher()
