@@ -166,7 +166,7 @@ class PartitionLog:
         os.makedirs(directory, exist_ok=True)
         s = settings
         seg_kw = dict(segment_bytes=s.segment_bytes, index_bytes=s.segment_index_bytes,
-                      interval=s.index_interval_bytes, preallocate=s.preallocate)
+                      interval=s.index_interval_bytes)
         for name in os.listdir(directory):
             if name.endswith(TMP_SUFFIX):
                 os.unlink(os.path.join(directory, name))
@@ -267,7 +267,8 @@ class PartitionLog:
         fresh = not loaded and not clean and lso_missing and lso == 0
         if not loaded:
             names_changed = True
-            active = LogSegment.create(directory, lso, now_ms=now_ms, **seg_kw)
+            active = LogSegment.create(directory, lso, now_ms=now_ms, preallocate=s.preallocate,
+                                        **seg_kw)
             # A checkpoint whose loss would read back as the same value (missing: the first
             # segment's base, or 0) is written without an fsync: five fsyncs a new partition
             # were most of the time of a CreateTopics of ten thousand.
@@ -285,7 +286,8 @@ class PartitionLog:
                 last.bytes_since = last.info.size
             active = LogSegment(directory, last.info, now_ms=now_ms,
                                 offset_entries=last.offset_entries, time_entries=last.time_entries,
-                                bytes_since_last_entry=last.bytes_since, **seg_kw)
+                                bytes_since_last_entry=last.bytes_since,
+                                preallocate=s.preallocate, **seg_kw)
             loaded.pop()
         if clean:
             os.unlink(clean_path)
