@@ -151,6 +151,12 @@ def _request_for(key, v, topic, topic_id, batch):
             {"partition_index": 0, "replicas": None}]}]}
     if key == 46:
         return {"timeout_ms": 10000, "topics": None}
+    if key == 71:
+        return {"client_instance_id": uuid.UUID(int=0)}      # the broker gives one (KIP-714)
+    if key == 72:
+        # A random instance the broker never subscribed: Kafka's UNKNOWN_SUBSCRIPTION_ID.
+        return {"client_instance_id": uuid.uuid4(), "subscription_id": 12345,
+                "terminating": False, "compression_type": 0, "metrics": b""}
     raise AssertionError(f"no request written for api key {key}: add one")
 
 
@@ -217,6 +223,10 @@ def _check(key, v, resp, acl_error=54):
         assert resp.responses[0].partitions[0].error_code == 85, (v, resp)   # NO_REASSIGNMENT_IN_PROGRESS
     elif key == 46:
         assert resp.error_code == 0 and resp.topics == (), (v, resp)
+    elif key == 71:
+        assert resp.error_code == 0 and resp.client_instance_id != uuid.UUID(int=0), (v, resp)
+    elif key == 72:
+        assert resp.error_code == 117, (v, resp)               # UNKNOWN_SUBSCRIPTION_ID
 
 
 # -- transaction APIs -----------------------------------------------------------------------------
