@@ -163,7 +163,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, con
     for p in procs:
         p.start()
     for r in readies:
-        if not r.wait(120):
+        if not r.wait(600):      # 2,500 ListOffsets each at 10,000 partitions, on a loaded machine
             raise RuntimeError("a consumer process did not start")
     go.set()
     results = [out.get(timeout=600) for _ in procs]

@@ -39,8 +39,17 @@ from shm.topology import Topology
 from workers.base import IDLE_WAIT_S, Worker
 
 log = logging.getLogger("appliance.fetcher")
-# Partition handles a fetcher keeps open at most (least recently used closed first).
+# Partition handles a fetcher keeps open at least (least recently used closed first); more when
+# its descriptor and map limits allow (handle_limit).
 MAX_HANDLES = 2048
+# What one handle costs: its state page, its segment's map and the segment's offset and time
+# index maps; each map keeps a descriptor in Python 3.11 (mmap dups the file's).
+FDS_PER_HANDLE = 4
+# Descriptors and maps kept for everything else (sockets to frontends, bells, catalog, metrics).
+RESERVED = 1024
+# Tests shrink the table to reach its eviction with few partitions (not an APPLIANCE_ key: the
+# configuration never reads it).
+HANDLES_ENV = "TESTHOOK_FETCHER_MAX_HANDLES"
 
 READ_COMMITTED = 1
 EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
@@ -48,6 +57,34 @@ EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4,
 
 def main(ctx: WorkerContext) -> int:
     return Fetcher(ctx).main()
+
+
+def handle_limit(open_files: int, max_map_count: int) -> int:
+    """How many partition handles a fetcher keeps: as many as its open-files limit
+    (RLIMIT_NOFILE) and the kernel's vm.max_map_count leave room for, never fewer than
+    MAX_HANDLES. A consumer group of 10,000 partitions names them all in turn; a table smaller
+    than that reopened most of each fetch's partitions (page, segment and index maps: LRU over a
+    cycle larger than the table never hits), 7,785 records/s against 302,944 at 64 partitions
+    (issue 32 goal 6)."""
+    room = min(open_files, max_map_count) - RESERVED
+    return max(MAX_HANDLES, room // FDS_PER_HANDLE)
+
+
+def _system_handle_limit() -> int:
+    import os
+    import resource
+    forced = os.environ.get(HANDLES_ENV)
+    if forced:
+        return int(forced)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            maps = int(f.read())
+    except (OSError, ValueError):
+        maps = 65530     # the kernel's default
+    return handle_limit(soft, maps)
 
 
 class PartitionHandle:
@@ -87,11 +124,17 @@ class Parked:
 class Fetcher(Worker):
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
-        # The partitions read lately, least recently used first: at most MAX_HANDLES stay open
-        # (each holds its page's and its segments' and indexes' maps, a descriptor each; a
-        # consumer of ten thousand partitions must not hold forty thousand of them).
+        # The partitions read lately, least recently used first: at most max_handles stay open
+        # (each holds its page's and its segments' and indexes' maps, a descriptor each: as many
+        # as the open-files limit and vm.max_map_count leave room for, see handle_limit).
         self.handles: collections.OrderedDict[tuple[bytes, int], PartitionHandle] = \
             collections.OrderedDict()
+        self.max_handles = _system_handle_limit()
+        # The table's size that starts the next eviction walk: above max_handles after a walk
+        # that could not get under it (every handle held by a parked long-poll), so that the
+        # walk is not repeated for every handle opened after it.
+        self._evict_at = self.max_handles
+        log.info("keeps up to %d partition handles open", self.max_handles)
         self.parked: list[Parked] = []
         self._bounds_version = -1      # catalog version the handles' inflation bounds follow
         self._corrupt_logged: set[tuple[str, int]] = set()    # (file, position) logged once
@@ -160,7 +203,7 @@ class Fetcher(Worker):
             except FileNotFoundError:
                 return None
             self.handles[key] = h
-            if len(self.handles) > MAX_HANDLES:
+            if len(self.handles) > self._evict_at:
                 self._evict(keep=key)
         else:
             self.handles.move_to_end(key)
@@ -170,14 +213,21 @@ class Fetcher(Worker):
         """Close the least recently used handles no parked long-poll holds, never ``keep`` (the
         one just opened for the caller: when every older handle was held by a long-poll, the walk
         reached it and closed it under its caller, and every fetch and ListOffsets of a consumer
-        of more than MAX_HANDLES partitions failed with UNKNOWN_SERVER_ERROR)."""
+        of more than max_handles partitions failed with UNKNOWN_SERVER_ERROR).
+
+        When long-polls hold too many to get under the limit, the next walk waits for another
+        quarter of the table to be opened: four consumers parked on 2,500 partitions each hold
+        a full table, and a walk per opened handle made every fetch quadratic in its partitions
+        (py-spy: most of the fetcher's time in this walk, issue 32 goal 6)."""
+        target = self.max_handles * 3 // 4
         for key in list(self.handles):
-            if len(self.handles) <= MAX_HANDLES * 3 // 4:
-                return
+            if len(self.handles) <= target:
+                break
             h = self.handles[key]
             if not h.waiters and key != keep:
                 del self.handles[key]
                 h.close()
+        self._evict_at = max(self.max_handles, len(self.handles) + self.max_handles // 4)
 
     def _evaluate(self, req: ipc.FetchRequest) -> tuple[ipc.FetchResult, int, bool]:
         """Read every partition now. Returns (response, bytes, final) where final means an error

@@ -1,5 +1,5 @@
 """A consumer of more partitions than a fetch worker keeps handles for (workers/fetcher.py,
-MAX_HANDLES): every partition's long-poll holds its handle, so the handle opened next was the
+max_handles, held at MAX_HANDLES here through its test hook): every partition's long-poll holds its handle, so the handle opened next was the
 only one the eviction could close, and it closed it under its caller: every Fetch and
 ListOffsets of such a consumer failed with UNKNOWN_SERVER_ERROR (bench_consume.py at 10,000
 partitions, 2,500 per consumer). Found 2026-12-02; regression test named after it."""
@@ -9,14 +9,15 @@ from __future__ import annotations
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from workers.fetcher import MAX_HANDLES
+from workers.fetcher import HANDLES_ENV, MAX_HANDLES
 
 PARTITIONS = MAX_HANDLES + 100
 
 
 def test_regression_a_consumer_of_more_partitions_than_the_fetchers_handles_got_unknown_server_error(
         appliance_factory):
-    app = appliance_factory(server={"fetchers": 1}, topics={"auto_create": False})
+    app = appliance_factory(server={"fetchers": 1}, topics={"auto_create": False},
+                            env={HANDLES_ENV: str(MAX_HANDLES)})
     admin = AdminClient({"bootstrap.servers": app.bootstrap})
     admin.create_topics([NewTopic("wide", PARTITIONS, 1)])["wide"].result(300)
     c = Consumer({"bootstrap.servers": app.bootstrap, "group.id": "wide", "enable.auto.commit": False,
