@@ -202,12 +202,16 @@ class Fetcher(Worker):
                                     self.cfg.log.scrub.verify_fetches)
             except FileNotFoundError:
                 return None
-            self.handles[key] = h
-            if len(self.handles) > self._evict_at:
-                self._evict(keep=key)
+            self._add_handle(key, h)
         else:
             self.handles.move_to_end(key)
         return h
+
+    def _add_handle(self, key: tuple[bytes, int], h) -> None:
+        """Put a handle just opened into the table, evicting when the table is past its size."""
+        self.handles[key] = h
+        if len(self.handles) > self._evict_at:
+            self._evict(keep=key)
 
     def _evict(self, keep: tuple[bytes, int]) -> None:
         """Close the least recently used handles no parked long-poll holds, never ``keep`` (the

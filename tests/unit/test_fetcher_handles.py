@@ -44,9 +44,7 @@ def _fetcher(max_handles: int):
 def _open(f, key, held: bool):
     h = _FakeHandle()
     h.waiters = int(held)
-    f.handles[key] = h
-    if len(f.handles) > f._evict_at:
-        f._evict(keep=key)
+    f._add_handle(key, h)          # what Fetcher._handle does with a handle it opened
     return h
 
 
