@@ -1,4 +1,4 @@
-"""DescribeLogDirs (key 35), versions 1-4: the one log dir (``server.data_dir``), the size of
+"""DescribeLogDirs (key 35), versions 1-5: the one log dir (``server.data_dir``), the size of
 each partition in it, and (v4) the file system's total and usable bytes.
 
 Runs in frontends. A partition's size is what its log holds: the sealed segments' files (trimmed
@@ -35,7 +35,7 @@ def partition_size(directory: str, active_base: int, active_end: int) -> int:
     return total
 
 
-@handles(35, "DescribeLogDirs", 1, 4)
+@handles(35, "DescribeLogDirs", 1, 5)
 def handle(ctx, req):
     broker = ctx.broker
     catalog = broker.catalog
@@ -66,6 +66,8 @@ def handle(ctx, req):
             topics.append(dict(name=info.name, partitions=tuple(parts)))
     fs = os.statvfs(data_dir)
     result = dict(error_code=ErrorCode.none, log_dir=data_dir, topics=tuple(topics),
-                  total_bytes=fs.f_blocks * fs.f_frsize, usable_bytes=fs.f_bavail * fs.f_frsize)
+                  total_bytes=fs.f_blocks * fs.f_frsize, usable_bytes=fs.f_bavail * fs.f_frsize,
+                  # v5 (KIP-1066): the one log dir is never cordoned here
+                  is_cordoned=False)
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=ErrorCode.none,
                  results=(result,))

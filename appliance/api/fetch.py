@@ -1,4 +1,4 @@
-"""Fetch (key 1), versions 4-17: hand the read to a fetcher, splice the bytes into the response.
+"""Fetch (key 1), versions 4-18: hand the read to a fetcher, splice the bytes into the response.
 
 Runs in frontends. The fetcher (``workers/fetcher.py``) finds for each partition the byte ranges
 to return and long-polls for ``min_bytes`` up to ``max_wait_ms``; this handler then copies nothing:
@@ -13,7 +13,9 @@ FETCH_SESSION_ID_NOT_FOUND, as Kafka's FetchManager answers.
 Authorization (Kafka's KafkaApis.handleFetchRequest): a consumer needs Read on each topic (else
 TOPIC_AUTHORIZATION_FAILED, checked before the topic's existence); a follower (replica id >= 0)
 needs ClusterAction on the Cluster, else every partition gets TOPIC_AUTHORIZATION_FAILED. An
-unknown topic id (v13+) is UNKNOWN_TOPIC_ID first, as ids are not secret.
+unknown topic id (v13+) is UNKNOWN_TOPIC_ID first, as ids are not secret. v18 (KIP-1166) adds a
+follower's high watermark to each partition, which a single node has no use for; its response is
+v17's.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ BYTES_OUT = "kafka_server_brokertopicmetrics_bytesout"
 FAILED_FETCH = "kafka_server_brokertopicmetrics_failedfetchrequests"
 
 
-@handles(1, "Fetch", 4, 17)
+@handles(1, "Fetch", 4, 18)
 async def handle(ctx, req):
     v = ctx.version
     broker = ctx.broker

@@ -38,6 +38,7 @@ DEFAULT_CONFIG = 5
 INVALID_PARTITIONS, INVALID_CONFIG, INVALID_REQUEST = 37, 40, 42
 UNKNOWN_TOPIC_OR_PARTITION, OFFSET_OUT_OF_RANGE, MESSAGE_TOO_LARGE = 3, 1, 10
 ELECTION_NOT_NEEDED, NO_REASSIGNMENT_IN_PROGRESS, INVALID_REPLICA_ASSIGNMENT = 84, 85, 39
+INVALID_REPLICATION_FACTOR = 38
 TOPIC, BROKER = 2, 4
 
 
@@ -514,6 +515,14 @@ def test_reassignments_on_one_node_kafka_python(shared_appliance):
         assert alter([1, 1]) == INVALID_REPLICA_ASSIGNMENT
         assert alter(None) == NO_REASSIGNMENT_IN_PROGRESS
         assert alter([1], partition=7) == UNKNOWN_TOPIC_OR_PARTITION
+        # v1 (KIP-860): a replication-factor change may be refused; the answer echoes the flag
+        for allow, replicas, want in ((False, [1, 2], INVALID_REPLICATION_FACTOR),
+                                      (False, [1], 0), (True, [1, 2], INVALID_REPLICA_ASSIGNMENT)):
+            r = raw.request(45, 1, {"timeout_ms": 10000, "allow_replication_factor_change": allow,
+                                    "topics": [{"name": topic, "partitions": [
+                                        {"partition_index": 0, "replicas": replicas}]}]})
+            assert r.responses[0].partitions[0].error_code == want, (allow, replicas, r)
+            assert r.allow_replication_factor_change == allow, r
     a = KafkaPythonAdmin(b)
     try:
         assert a.a.list_partition_reassignments() == {}
