@@ -1,7 +1,10 @@
-"""DescribeGroups (key 15), versions 0-5: state, protocol and members of groups.
+"""DescribeGroups (key 15), versions 0-6: state, protocol and members of groups.
 
-Runs in frontends; the group coordinator answers. An unknown group is described as Dead with no
-members and no error, as Kafka does. Needs Describe on each group (else GROUP_AUTHORIZATION_FAILED
+Runs in frontends; the group coordinator answers. As Kafka's GroupMetadataManager.describeGroups,
+which looks only for a classic group: an unknown group, or one of another type (a KIP-848
+consumer group, described by ConsumerGroupDescribe), is described as Dead with no members; below
+v6 with no error, from v6 (KIP-1043) with GROUP_ID_NOT_FOUND and the message "Group X not found."
+or "Group X is not a classic group.". Needs Describe on each group (else GROUP_AUTHORIZATION_FAILED
 with empty state, protocol and members; the coordinator is not asked for it). Authorized
 operations (v3+) are filled in for the groups answered without error when asked for, else
 Kafka's "not requested" value.
@@ -20,7 +23,7 @@ from appliance.protocol.messages import build
 NOT_REQUESTED = -2147483648
 
 
-@handles(15, "DescribeGroups", 0, 5)
+@handles(15, "DescribeGroups", 0, 6)
 async def handle(ctx, req):
     allowed = [g for g in req.groups if ctx.authorize(AclOperation.DESCRIBE, ResourceType.GROUP, g)]
     described = {}
@@ -36,6 +39,14 @@ async def handle(ctx, req):
                             group_state="", protocol_type="", protocol_data="",
                             authorized_operations=NOT_REQUESTED, members=()))
             continue
+        not_found = _not_found(g)
+        if not_found is not None:
+            v6 = ctx.version >= 6
+            out.append(dict(error_code=ErrorCode.group_id_not_found if v6 else ErrorCode.none,
+                            error_message=not_found if v6 else None, group_id=group_id,
+                            group_state="Dead", protocol_type="", protocol_data="",
+                            authorized_operations=NOT_REQUESTED, members=()))
+            continue
         ops = NOT_REQUESTED
         if with_ops and g.error == ErrorCode.none:
             ops = ctx.authorized_operations(ResourceType.GROUP, group_id)
@@ -49,3 +60,15 @@ async def handle(ctx, req):
                                member_assignment=m.member_assignment)
                           for m in g.members)))
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0), groups=tuple(out))
+
+
+def _not_found(g) -> str | None:
+    """Kafka's GroupIdNotFoundException message when ``g`` is no classic group, else None: the
+    coordinator answers an unknown group as Dead with nothing in it (a classic group that died
+    is gone from its table), a consumer group with GROUP_ID_NOT_FOUND."""
+    if g.error == ErrorCode.group_id_not_found:
+        return f"Group {g.group_id} is not a classic group."
+    if (g.error == ErrorCode.none and g.group_state == "Dead" and not g.members
+            and not g.protocol_type):
+        return f"Group {g.group_id} not found."
+    return None

@@ -30,6 +30,7 @@ __all__ = ["AdminClient", "TOPIC", "BROKER", "EARLIEST", "LATEST", "MAX_TIMESTAM
 METADATA, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH = 3, 2, 8, 9
 DESCRIBE_GROUPS, LIST_GROUPS, CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 15, 16, 19, 20, 21
 CONSUMER_GROUP_DESCRIBE = 69
+GROUP_ID_NOT_FOUND = 69
 DESCRIBE_CONFIGS, CREATE_PARTITIONS, DELETE_GROUPS, INCREMENTAL_ALTER_CONFIGS = 32, 37, 42, 44
 TOPIC, BROKER = 2, 4
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
@@ -282,8 +283,11 @@ class AdminClient:
         r = conn.request(DESCRIBE_GROUPS, {"groups": [group],
                                                                "include_authorized_operations": False})
         (g,) = r.groups
+        # DescribeGroups v6 (KIP-1043) says GROUP_ID_NOT_FOUND where v0-5 said Dead: both are
+        # a group that does not exist (state Dead), as kafka-consumer-groups.sh reports it.
+        not_found = g.error_code == GROUP_ID_NOT_FOUND
         return {"group": g.group_id, "type": "classic",
-                "error": _err(g.error_code, getattr(g, "error_message", None)),
+                "error": _err(0, None) if not_found else _err(g.error_code, getattr(g, "error_message", None)),
                 "state": g.group_state, "protocol_type": g.protocol_type, "protocol": g.protocol_data,
                 "coordinator": self._coordinator(group).node_id,
                 "members": [{"member_id": m.member_id, "instance_id": getattr(m, "group_instance_id", None),

@@ -202,8 +202,8 @@ class ConsumerGroup:
 
     def describe(self) -> DescribedGroup:
         """DescribeGroups of a consumer group: Kafka 4's coordinator looks only for a classic
-        group there and answers GROUP_ID_NOT_FOUND ("Group X is not a classic group"), state
-        Dead; ConsumerGroupDescribe is the API that describes it."""
+        group there (GroupIdNotFoundException "Group X is not a classic group": the frontend
+        answers Dead, with GROUP_ID_NOT_FOUND from v6); ConsumerGroupDescribe describes it."""
         return DescribedGroup(E.group_id_not_found, self.group_id, ConsumerGroupState.Dead.value)
 
     def transition_to(self, state: Any, now_ms: int) -> None:

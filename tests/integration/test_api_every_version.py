@@ -590,8 +590,13 @@ def _group_check(env: Env, key, v, resp):
         assert (found.protocol_type, found.protocol_data) == ("consumer", "range"), (v, resp)
         assert [(m.member_id, bytes(m.member_assignment)) for m in found.members] == \
             [(env.pending["member"], b"dg-assignment")], (v, resp)
-        # Kafka describes an unknown group as Dead with no error (DescribeGroups v0-5)
-        assert missing.error_code == 0 and missing.group_state == "Dead", (v, resp)
+        # Kafka describes an unknown group as Dead: no error in v0-5, from v6 (KIP-1043)
+        # GROUP_ID_NOT_FOUND with a message
+        assert missing.group_state == "Dead", (v, resp)
+        if v >= 6:
+            assert missing.error_code == 69 and missing.error_message.endswith(" not found."), (v, resp)
+        else:
+            assert missing.error_code == 0, (v, resp)
     elif key == 16:
         assert resp.error_code == 0, (v, resp)
         listed = {g.group_id: g.protocol_type for g in resp.groups}

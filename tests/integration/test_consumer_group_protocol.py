@@ -105,8 +105,14 @@ def test_consumer_protocol_members_share_rebalance_and_commit(appliance_factory,
             assert listed.get(group) == ("consumer", "consumer", "Stable"), listed
             lg = c.request(16, 5, {"states_filter": [], "types_filter": ["classic"]})
             assert group not in {x.group_id for x in lg.groups}
+            # Kafka's DescribeGroups looks only for a classic group: Dead, and from v6 (KIP-1043)
+            # GROUP_ID_NOT_FOUND "Group X is not a classic group."
             dg = c.request(15, 5, {"groups": [group], "include_authorized_operations": False})
+            assert (dg.groups[0].error_code, dg.groups[0].group_state) == (0, "Dead"), dg
+            assert not dg.groups[0].members, dg
+            dg = c.request(15, 6, {"groups": [group], "include_authorized_operations": False})
             assert dg.groups[0].error_code == E_GROUP_ID_NOT_FOUND, dg
+            assert dg.groups[0].error_message == f"Group {group} is not a classic group.", dg
             # OffsetCommit v9 from someone who is not a member, and with a stale epoch
             g = describe(b, group)
             member = g.members[0]
