@@ -16,7 +16,7 @@ BIN = os.path.dirname(sys.executable)
 def test_locust_user_produces_to_the_appliance(appliance, tmp_path):
     r = subprocess.run(
         [os.path.join(BIN, "locust"), "-f", os.path.join(ROOT, "loadtests", "locustfile.py"), "--headless",
-         "-u", "1", "-r", "1", "-t", "2s", "--host", appliance.bootstrap, "--only-summary",
+         "-u", "1", "-r", "1", "-t", "6s", "--host", appliance.bootstrap, "--only-summary",
          "--csv", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=120, env=dict(os.environ, KAFKA_TOPIC="locust-smoke"))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
