@@ -17,6 +17,7 @@ import uuid
 
 from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
+from appliance.api._heartbeat import error_response, unauthorized_topics
 from appliance.errors import ErrorCode
 from appliance.group.messages import ConsumerGroupHeartbeatRequest, TopicPartitions
 from appliance.protocol.messages import build
@@ -28,23 +29,14 @@ def _ms(td) -> int:
     return int(td.total_seconds() * 1000) if isinstance(td, datetime.timedelta) else int(td)
 
 
-def _error(ctx, code: ErrorCode, message: str | None = None):
-    return build(ctx.response_class(), throttle_time=datetime.timedelta(0), error_code=code,
-                 error_message=message, member_id=None, member_epoch=0,
-                 heartbeat_interval=datetime.timedelta(0), assignment=None)
-
-
 @handles(68, "ConsumerGroupHeartbeat", 0, 1)
 async def handle(ctx, req):
     if not ctx.authorize(AclOperation.READ, ResourceType.GROUP, req.group_id):
-        return _error(ctx, ErrorCode.group_authorization_failed)
+        return error_response(ctx, ErrorCode.group_authorization_failed)
     names = req.subscribed_topic_names
-    if names:
-        denied = sorted({t for t in names
-                         if not ctx.authorize(AclOperation.DESCRIBE, ResourceType.TOPIC, t)})
-        if denied:
-            return _error(ctx, ErrorCode.topic_authorization_failed,
-                          "The following topics are unauthorized: " + ", ".join(denied) + ".")
+    denied = unauthorized_topics(ctx, names)
+    if denied is not None:
+        return denied
     tps = None if req.topic_partitions is None else [
         TopicPartitions(t.topic_id.bytes if t.topic_id is not None else bytes(16), list(t.partitions))
         for t in req.topic_partitions]
@@ -58,7 +50,7 @@ async def handle(ctx, req):
         ctx.header.client_id or "", "/" + host, ctx.version,
         ctx.connection.principal, ctx.connection.host))
     if r.error != ErrorCode.none:
-        return _error(ctx, r.error, r.error_message)
+        return error_response(ctx, r.error, r.error_message)
     assignment = None
     if r.assignment is not None:
         assignment = dict(topic_partitions=tuple(
