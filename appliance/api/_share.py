@@ -1,6 +1,6 @@
-"""What ShareFetch and ShareAcknowledge share: the request's partitions and acknowledgements
-turned into the coordinator's ``ShareFetchPart``s, with the per-partition errors a frontend
-decides itself (unknown topic id, topic authorization).
+"""What ShareFetch and ShareAcknowledge share: the checks of the request's group and member, and
+the request's partitions and acknowledgements turned into the coordinator's ``ShareFetchPart``s,
+with the per-partition errors a frontend decides itself (unknown topic id, topic authorization).
 
 Runs in frontends; owns nothing.
 """
@@ -36,3 +36,13 @@ def partitions(ctx, topics, parts_of, batches_of):
                     ShareAckBatch(b.first_offset, b.last_offset, list(b.acknowledge_types))
                     for b in batches_of(p)]))
     return asks, errors
+
+
+def refused(ctx, req, error):
+    """The answer, built by ``error(ctx, code, message)``, to a request naming no group or member
+    or whose group the principal may not Read; None when it may go on."""
+    if not req.group_id or not req.member_id:
+        return error(ctx, ErrorCode.invalid_request, "Group id and member id must be set.")
+    if not ctx.authorize(AclOperation.READ, ResourceType.GROUP, req.group_id):
+        return error(ctx, ErrorCode.group_authorization_failed)
+    return None

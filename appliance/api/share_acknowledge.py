@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import datetime
 
-from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.api._share import partitions
+from appliance.api._share import partitions, refused
 from appliance.errors import ErrorCode
 from appliance.group.messages import ShareFetchRequest
 from appliance.protocol.messages import build
@@ -28,10 +27,9 @@ def _error(ctx, code: ErrorCode, message: str | None = None):
 
 @handles(79, "ShareAcknowledge", 1, 2)
 async def handle(ctx, req):
-    if not req.group_id or not req.member_id:
-        return _error(ctx, ErrorCode.invalid_request, "Group id and member id must be set.")
-    if not ctx.authorize(AclOperation.READ, ResourceType.GROUP, req.group_id):
-        return _error(ctx, ErrorCode.group_authorization_failed)
+    no = refused(ctx, req, _error)
+    if no is not None:
+        return no
     asks, errors = partitions(ctx, req.topics, lambda t: t.partitions,
                               lambda p: p.acknowledgement_batches)
     r = await ctx.broker.call_coordinator(ShareFetchRequest(

@@ -22,9 +22,8 @@ from __future__ import annotations
 import datetime
 
 from appliance import ipc
-from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
-from appliance.api._share import partitions
+from appliance.api._share import partitions, refused
 from appliance.data_layout import partition_dir
 from appliance.errors import ErrorCode, KafkaError
 from appliance.group.messages import ShareFetchRequest
@@ -44,10 +43,9 @@ def _error(ctx, code: ErrorCode, message: str | None = None):
 @handles(78, "ShareFetch", 1, 2)
 async def handle(ctx, req):
     broker = ctx.broker
-    if not req.group_id or not req.member_id:
-        return _error(ctx, ErrorCode.invalid_request, "Group id and member id must be set.")
-    if not ctx.authorize(AclOperation.READ, ResourceType.GROUP, req.group_id):
-        return _error(ctx, ErrorCode.group_authorization_failed)
+    no = refused(ctx, req, _error)
+    if no is not None:
+        return no
     asks, errors = partitions(ctx, req.topics, lambda t: t.partitions,
                               lambda p: p.acknowledgement_batches)
     forgotten = [(t.topic_id.bytes, p) for t in req.forgotten_topics_data
