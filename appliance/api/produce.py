@@ -1,4 +1,4 @@
-"""Produce (key 0), versions 3-12: validate each partition's batch, hand it to its writer.
+"""Produce (key 0), versions 3-13: validate each partition's batch, hand it to its writer.
 
 Runs in frontends. ``validate_batch`` checks the batch header (size, magic, CRC-32C, the record
 count against the last offset delta), then ``validate_records`` the records themselves, as
@@ -12,7 +12,9 @@ with INVALID_TOPIC_EXCEPTION, as Kafka refuses them; those logs are the coordina
 
 Produce 12 (KIP-890 part 2, transaction version 2) has v11's layout; it tells the writer to add
 the partition to the producer's transaction at the coordinator before the first batch of a
-transaction (implicit AddPartitionsToTxn) instead of only verifying it.
+transaction (implicit AddPartitionsToTxn) instead of only verifying it. Produce 13 (KIP-516) names
+topics by id, request and response: an id the appliance does not know answers UNKNOWN_TOPIC_ID
+for its partitions before any other check (Kafka's handleProduceRequest: ids are not secret).
 
 Authorization (Kafka's KafkaApis.handleProduceRequest): a request holding a transactional batch
 needs Write on its TransactionalId, else every partition gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
@@ -117,7 +119,7 @@ def _not_enough_replicas(settings, topic: str, index: int, node_id: int) -> None
                      f"live replica(s) broker.id are : Set({node_id})")
 
 
-@handles(0, "Produce", 3, 12)
+@handles(0, "Produce", 3, 13)
 def handle(ctx, req):
     """The batches may be views of the connection's receive buffer, which is reused once the
     frame's read is handled (``appliance.protocol.produce_request``). So a request is validated
@@ -178,7 +180,7 @@ def _owned(req):
     for td in req.topic_data:
         topics.append(TopicData(td.name, [
             PartitionData(pd.index, bytes(pd.records) if type(pd.records) is memoryview
-                          else pd.records) for pd in td.partition_data]))
+                          else pd.records) for pd in td.partition_data], td.topic_id))
     return ProduceRequestView(req.transactional_id, req.acks, req.timeout, topics)
 
 
@@ -191,10 +193,10 @@ def _own_in_place(req, checked: list) -> None:
         for i, pd in enumerate(parts):
             if type(pd.records) is memoryview:
                 parts[i] = copies[id(pd)] = PartitionData(pd.index, bytes(pd.records))
-    for i, (name, info, pd, what) in enumerate(checked):
+    for i, (name, info, pd, what, tid) in enumerate(checked):
         own = copies.get(id(pd))
         if own is not None:
-            checked[i] = (name, info, own, what)
+            checked[i] = (name, info, own, what, tid)
 
 
 async def _send(ctx, req, order: "_SendOrder"):
@@ -205,9 +207,10 @@ async def _send(ctx, req, order: "_SendOrder"):
     acks = req.acks
     timeout_s = max(req.timeout.total_seconds(), 0.001) if req.timeout is not None else 30.0
     txn_id = req.transactional_id
-    pending: list[tuple[str, int, object]] = []   # (topic, partition, result or future)
+    # (topic, partition, result or future, the topic id the request named it by: v13)
+    pending: list[tuple[str, int, object, bytes | None]] = []
     any_error = False
-    checked: list[tuple[str, object, PartitionData, object]] = []
+    checked: list[tuple[str, object, PartitionData, object, bytes | None]] = []
     pace = _Pace(order, lambda: _own_in_place(req, checked))
     try:
         # Validate every partition's batch first: a transactional batch anywhere in a request
@@ -220,7 +223,7 @@ async def _send(ctx, req, order: "_SendOrder"):
         for k in range(len(checked)):
             if pace.due():
                 await pace.rest()
-            name, info, pd, what = checked[k]     # after the rest: its own copy
+            name, info, pd, what, tid = checked[k]     # after the rest: its own copy
             if refuse_txn:
                 res = ProduceResult(int(ErrorCode.transactional_id_authorization_failed),
                                     error_message="transactional records need a transactional id"
@@ -231,7 +234,7 @@ async def _send(ctx, req, order: "_SendOrder"):
                 res = broker.produce(info, pd.index, acks, pd.records, timeout_s, ctx.version, txn_id)
             if isinstance(res, ProduceResult) and res.error_code:
                 any_error = True
-            pending.append((name, pd.index, res))
+            pending.append((name, pd.index, res, tid))
     finally:
         order.sent()
     return pending, record_errors, any_error
@@ -241,9 +244,9 @@ def _answer(ctx, acks: int, pending, record_errors, any_error):
     """The answer, or a coroutine that awaits the writers' acks and builds it."""
     catalog = ctx.broker.catalog
     if acks == 0:
-        _count(ctx, catalog, [(name, r) for name, _, r in pending if isinstance(r, ProduceResult)])
+        _count(ctx, catalog, [(name, r) for name, _, r, _ in pending if isinstance(r, ProduceResult)])
         return CloseConnection("error in a produce request with acks=0") if any_error else None
-    futures = [r for _, _, r in pending if isinstance(r, asyncio.Future)]
+    futures = [r for _, _, r, _ in pending if isinstance(r, asyncio.Future)]
     if futures:
         return _answer_after(ctx, catalog, pending, record_errors, futures)
     return _response(ctx, catalog, pending, record_errors)
@@ -255,15 +258,16 @@ async def _answer_after(ctx, catalog, pending, record_errors, futures):
 
 
 def _response(ctx, catalog, pending, record_errors):
-    by_topic: dict[str, ProduceTopic] = {}
+    by_topic: dict[object, ProduceTopic] = {}
     done: list[tuple[str, ProduceResult]] = []
-    for name, index, r in pending:
+    for name, index, r, tid in pending:
         if isinstance(r, asyncio.Future):
             r = r.result()
         done.append((name, r))
-        topic = by_topic.get(name)
+        key = name if tid is None else tid
+        topic = by_topic.get(key)
         if topic is None:
-            topic = by_topic[name] = ProduceTopic(name, None)
+            topic = by_topic[key] = ProduceTopic(name, tid)
         topic.partitions.append(ProducePartition(index, r.error_code, r.base_offset, r.log_append_time,
                                                  r.log_start_offset, record_errors.get((name, index), ()),
                                                  r.error_message))
@@ -298,24 +302,35 @@ async def _validate(ctx, req, pace: "_Pace", checked: list):
     authz = broker.authorizer          # the hot path: decided once per request for a super user
     authorize = None if not authz.enabled or ctx.principal in authz.super_users else ctx.authorize
     for td in req.topic_data:
-        info = catalog.topics.get(td.name)
-        allowed = authorize is None or authorize(WRITE, TOPIC, td.name)
+        tid = td.topic_id
+        if tid is None:
+            name = td.name
+            info = catalog.topics.get(name)
+        else:                                   # v13: named by id (KIP-516)
+            info = catalog.by_id(tid)
+            name = info.name if info is not None else ""
+        allowed = info is None and tid is not None or authorize is None or \
+            authorize(WRITE, TOPIC, name)
         parts = td.partition_data
         for j in range(len(parts)):
             if pace.due():
                 await pace.rest()
             pd = parts[j]                       # after the rest: its own copy
-            if not allowed:
+            if info is None and tid is not None:
+                # Kafka answers an unknown id before authorizing (ids are not secret)
+                what = ProduceResult(int(ErrorCode.unknown_topic_id))
+                transactional = transactional or _flagged_transactional(pd.records)
+            elif not allowed:
                 what = ProduceResult(int(ErrorCode.topic_authorization_failed))
                 # Kafka looks at every batch for the transactional flag, authorized or not.
                 transactional = transactional or _flagged_transactional(pd.records)
             elif acks not in (0, 1, -1):
                 what = ProduceResult(int(ErrorCode.invalid_required_acks))
-            elif td.name in INTERNAL_TOPICS:
+            elif name in INTERNAL_TOPICS:
                 # Kafka's ReplicaManager.appendToLocalLog refuses client appends to internal
                 # topics (KIP-98: clients may not write __transaction_state): not retriable.
                 what = ProduceResult(int(ErrorCode.invalid_topic_exception),
-                                     error_message=f"Cannot append to internal topic {td.name}")
+                                     error_message=f"Cannot append to internal topic {name}")
             elif info is None or not 0 <= pd.index < info.partitions:
                 what = ProduceResult(int(ErrorCode.unknown_topic_or_partition))
             else:
@@ -324,9 +339,9 @@ async def _validate(ctx, req, pace: "_Pace", checked: list):
                     settings = catalog.settings(info, broker.cfg.log)
                     what = validate_batch(pd.records or b"", settings.max_message_bytes,
                                           produce_version=ctx.version)
-                    _validate_records(broker.cfg, settings, td.name, pd, what, now_ms)
+                    _validate_records(broker.cfg, settings, name, pd, what, now_ms)
                     if acks == -1 and settings.min_insync_replicas > 1:
-                        _not_enough_replicas(settings, td.name, pd.index, broker.node_id)
+                        _not_enough_replicas(settings, name, pd.index, broker.node_id)
                     codec = target_codec(settings)
                     if codec is not None and codec != what.compression:
                         # compression.type other than producer: the writer gets the batch in
@@ -340,9 +355,9 @@ async def _validate(ctx, req, pace: "_Pace", checked: list):
                 except KafkaError as e:
                     what = ProduceResult(int(e.code), error_message=e.message)
                     if isinstance(e, RecordValidationError):
-                        record_errors[(td.name, pd.index)] = e.record_errors
-                    _REFUSALS.note(td.name, pd.index, e, ctx.client_host)
-            checked.append((td.name, info, pd, what))
+                        record_errors[(name, pd.index)] = e.record_errors
+                    _REFUSALS.note(name, pd.index, e, ctx.client_host)
+            checked.append((name, info, pd, what, tid))
     return record_errors, transactional, authorize
 
 

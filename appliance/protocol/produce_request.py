@@ -1,4 +1,4 @@
-"""Produce request (key 0), versions 3-12, parsed by hand into views of the frame.
+"""Produce request (key 0), versions 3-13, parsed by hand into views of the frame.
 
 Owns nothing; runs in frontends (``workers.frontend.connection``), on every Produce request.
 kio's reader copies every partition's record batch out of the frame into a new ``bytes``; on the
@@ -19,6 +19,8 @@ truncated, corrupted and random ones). Layout, Kafka's ProduceRequest.json:
     v9-v12: the same fields, flexible (KIP-482): strings, bytes and arrays with uvarint
             length + 1 (0 = null), and a tagged-field section after each partition, each topic
             and the request; Produce defines no tagged fields, so every tag is skipped
+    v13:    as v12, but each topic is named by its topic id (16 bytes, KIP-516) instead of its
+            name; ``TopicData.name`` is then empty and ``topic_id`` holds the id's bytes
 
 What refuses a request (ProtocolViolation, the connection is closed as Kafka does): a field that
 runs past the frame, an array count, string or bytes length larger than the bytes left (Kafka's
@@ -41,8 +43,9 @@ __all__ = ["MIN_VERSION", "MAX_VERSION", "ProduceRequestView", "TopicData", "Par
            "parse_produce_request"]
 
 MIN_VERSION = 3
-MAX_VERSION = 12
+MAX_VERSION = 13
 FLEXIBLE_FROM = 9
+TOPIC_IDS_FROM = 13
 MAX_STRING = 0x7FFF
 
 _I16 = struct.Struct(">h").unpack_from
@@ -58,6 +61,7 @@ class PartitionData(NamedTuple):
 class TopicData(NamedTuple):
     name: str
     partition_data: list[PartitionData]
+    topic_id: bytes | None = None       # v13+: the topic's id (the name is then "")
 
 
 class ProduceRequestView(NamedTuple):
@@ -118,8 +122,9 @@ def parse_produce_request(frame: memoryview, pos: int, version: int) -> ProduceR
         raise ProtocolViolation(f"Produce v{version} is not parsed here")
     try:
         if version >= FLEXIBLE_FROM:
-            return _parse(frame, pos, _compact_length, _skip_tags, _compact_length)
-        return _parse(frame, pos, _int16_length, _no_tags, _int32_length)
+            return _parse(frame, pos, _compact_length, _skip_tags, _compact_length,
+                          version >= TOPIC_IDS_FROM)
+        return _parse(frame, pos, _int16_length, _no_tags, _int32_length, False)
     except ProtocolViolation:
         raise
     except (_Bad, IndexError, struct.error) as e:
@@ -165,9 +170,11 @@ def _count(n: int, left: int, field: str) -> int:
     return n
 
 
-def _parse(b: memoryview, p: int, string_length, tags, array_length) -> ProduceRequestView:
+def _parse(b: memoryview, p: int, string_length, tags, array_length,
+           by_id: bool) -> ProduceRequestView:
     """The body in either layout: ``string_length`` and ``array_length`` (also the records'
-    length) read the lengths, ``tags`` skips a tagged-field section."""
+    length) read the lengths, ``tags`` skips a tagged-field section; ``by_id``: topics are
+    named by their 16-byte ids (v13)."""
     end = len(b)
     n, p = string_length(b, p)
     txn: str | None = None
@@ -179,11 +186,18 @@ def _parse(b: memoryview, p: int, string_length, tags, array_length) -> ProduceR
     count, p = array_length(b, p)
     topics = []
     for _ in range(_count(count, end - p, "topic_data")):
-        n, p = string_length(b, p)
-        if n < 0:
-            raise _Bad("non-nullable field name was serialized as null")
-        name = _text(b, p, n, end, "name")
-        p += n
+        topic_id = None
+        if by_id:
+            if end - p < 16:
+                raise _Bad(f"topic_id with only {end - p} bytes left")
+            name, topic_id = "", bytes(b[p:p + 16])
+            p += 16
+        else:
+            n, p = string_length(b, p)
+            if n < 0:
+                raise _Bad("non-nullable field name was serialized as null")
+            name = _text(b, p, n, end, "name")
+            p += n
         pcount, p = array_length(b, p)
         parts = []
         for _ in range(_count(pcount, end - p, "partition_data")):
@@ -198,6 +212,6 @@ def _parse(b: memoryview, p: int, string_length, tags, array_length) -> ProduceR
                 parts.append(PartitionData(index, None))
             p = tags(b, p, end)
         p = tags(b, p, end)
-        topics.append(TopicData(name, parts))
+        topics.append(TopicData(name, parts, topic_id))
     tags(b, p, end)
     return ProduceRequestView(txn, acks, datetime.timedelta(milliseconds=timeout_ms), topics)

@@ -221,6 +221,34 @@ def test_metadata_by_topic_id_of_a_hidden_topic_answers_without_the_name(locked)
         assert (t.error_code, t.name, t.topic_id) == (TOPIC_AUTHORIZATION_FAILED, None, tid)
 
 
+def test_produce_v13_by_topic_id_answers_unknown_ids_before_authorizing(locked):
+    """Produce v13 (KIP-516) names topics by id: a writable topic's batch is appended and
+    answered under its id; an id nobody has is UNKNOWN_TOPIC_ID (before authorization, as
+    Kafka's handleProduceRequest: ids are not secret); a known id the principal may not write
+    is TOPIC_AUTHORIZATION_FAILED; a missing partition of a known id UNKNOWN_TOPIC_OR_PARTITION."""
+    a, p = locked
+    from appliance.catalog.view import PUBLISHED_FILE, read_published
+    from appliance.protocol.records import Record, build_batch
+    cat = read_published(os.path.join(a.run_dir, PUBLISHED_FILE))
+    ok, hidden = (uuid.UUID(bytes=cat.topics[t].topic_id) for t in ("ok-t", "hidden-t"))
+    nobody = uuid.uuid4()
+    batch = build_batch([Record(key=b"k", value=b"by id")])
+    with raw(p) as r:
+        resp = r.request(0, 13, {"transactional_id": None, "acks": -1, "timeout_ms": 10000,
+                                 "topic_data": [
+                                     {"topic_id": ok, "partition_data": [{"index": 1, "records": batch},
+                                                                         {"index": 7, "records": batch}]},
+                                     {"topic_id": hidden, "partition_data": [{"index": 0, "records": batch}]},
+                                     {"topic_id": nobody, "partition_data": [{"index": 0, "records": batch}]}]})
+    got = {(t.topic_id, q.index): (q.error_code, q.base_offset)
+           for t in resp.responses for q in t.partition_responses}
+    assert got[(ok, 1)][0] == 0 and got[(ok, 1)][1] >= 0, got
+    assert got[(ok, 7)][0] == UNKNOWN_TOPIC_OR_PARTITION, got
+    assert got[(hidden, 0)][0] == TOPIC_AUTHORIZATION_FAILED, got
+    assert got[(nobody, 0)][0] == 100, got        # UNKNOWN_TOPIC_ID
+    assert len(got) == 4
+
+
 def test_auto_creation_needs_create(locked):
     _, p = locked
     with raw(p) as r:

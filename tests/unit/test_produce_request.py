@@ -1,4 +1,4 @@
-"""The hand parser of Produce v3-v12 against ``messages.decode_request`` (Kafka's shape rules,
+"""The hand parser of Produce v3-v13 against ``messages.decode_request`` (Kafka's shape rules,
 kio's reader, the lenient re-read).
 
 On every version: valid requests (built and encoded by kio) parse to the same field values, the
@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import io
+import uuid
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -27,26 +28,35 @@ def encode(version: int, txn: str | None, acks: int, timeout_ms: int,
            topics: list[tuple[str, list[tuple[int, bytes | None]]]]) -> bytes:
     cls = messages.request_class(0, version)
     mod = importlib.import_module(cls.__module__)
+    def topic(name, parts):
+        data = tuple(mod.PartitionProduceData(index=i, records=r) for i, r in parts)
+        if version >= 13:       # KIP-516: named by id (one id per name, for the test)
+            return mod.TopicProduceData(topic_id=topic_id(name), partition_data=data)
+        return mod.TopicProduceData(name=name, partition_data=data)
     req = cls(transactional_id=txn, acks=acks, timeout=datetime.timedelta(milliseconds=timeout_ms),
-              topic_data=tuple(mod.TopicProduceData(name=name, partition_data=tuple(
-                  mod.PartitionProduceData(index=i, records=r) for i, r in parts))
-                  for name, parts in topics))
+              topic_data=tuple(topic(name, parts) for name, parts in topics))
     buf = io.BytesIO()
     entity_writer(cls)(buf, req)
     return buf.getvalue()
 
 
+def topic_id(name: str) -> uuid.UUID:
+    return uuid.uuid5(uuid.NAMESPACE_URL, name)
+
+
 def kio_fields(version: int, frame: bytes, pos: int = 0):
     r = messages.decode_request(0, version, frame, pos)
     return (r.transactional_id, r.acks, r.timeout,
-            [(t.name, [(p.index, None if p.records is None else bytes(p.records))
+            [(t.topic_id.bytes if version >= 13 else t.name, [(p.index, None if p.records is None else bytes(p.records))
                        for p in t.partition_data]) for t in r.topic_data])
 
 
 def our_fields(version: int, frame: bytes, pos: int = 0):
     r = parse_produce_request(memoryview(frame).toreadonly(), pos, version)
+    assert all((t.topic_id is not None) == (version >= 13) for t in r.topic_data)
+    assert version < 13 or all(t.name == "" for t in r.topic_data)
     return (r.transactional_id, r.acks, r.timeout,
-            [(t.name, [(p.index, None if p.records is None else bytes(p.records))
+            [(t.topic_id if version >= 13 else t.name, [(p.index, None if p.records is None else bytes(p.records))
                        for p in t.partition_data]) for t in r.topic_data])
 
 
@@ -127,7 +137,8 @@ def malformed(version: int, case: str) -> bytes:
     txn_len = 1 if flexible else 2
     topics_at = txn_len + 6
     name_at = topics_at + (1 if flexible else 4)
-    records_at = name_at + (1 if flexible else 2) + 2 + (1 if flexible else 4) + 4
+    name_len = 16 if version >= 13 else (1 if flexible else 2) + 2      # the id, or "ab"
+    records_at = name_at + name_len + (1 if flexible else 4) + 4
     if case == "null topic name":
         frame[name_at:name_at + (1 if flexible else 2)] = b"\x00" if flexible else b"\xff\xff"
     elif case == "negative string length":
@@ -155,15 +166,17 @@ def malformed(version: int, case: str) -> bytes:
     (v, c) for v in VERSIONS
     for c in ("null topic name", "array larger than the frame", "null array", "long varint",
               "tagged field past the end")
-    if v >= 9 or c != "tagged field past the end"])       # v3-v8 have no tagged fields
+    if v >= 9 or c != "tagged field past the end"          # v3-v8 have no tagged fields
+    if v < 13 or c != "null topic name"])                   # v13 names topics by id
 def test_malformed_fields_are_refused_like_kafka(version, case):
     frame = malformed(version, case)
     assert outcome(kio_fields, version, frame) == ("refused", None)
     assert outcome(our_fields, version, frame) == ("refused", None)
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("case", ["negative string length", "negative bytes length", "bad utf-8"])
+@pytest.mark.parametrize("version,case", [
+    (v, c) for v in VERSIONS for c in ("negative string length", "negative bytes length", "bad utf-8")
+    if v < 13 or c != "bad utf-8"])                         # v13 names topics by id
 def test_what_kafka_reads_leniently_is_read_the_same(version, case):
     """A nullable length below -1 is null, a string that is not UTF-8 gets replacement
     characters (Java's reader); a varint over 5 bytes is refused (flexible versions)."""
