@@ -222,7 +222,9 @@ class Partition:
             self.log.close(clean=False)
             return
         try:
-            self.psm.take_snapshot(self.log.log_end_offset)
+            # No directory fsync of its own: the seal's, next, makes the snapshot's name
+            # durable before the clean-shutdown marker exists.
+            self.psm.take_snapshot(self.log.log_end_offset, sync_dir=False, unless_present=True)
             self.log.close(clean=True)
         except OSError as e:
             if not is_no_space(e):

@@ -224,7 +224,7 @@ def test_changed_settings_say_whether_retention_is_enforced_now(env):
 def test_close_on_a_full_disk_gives_up_the_snapshot_not_the_stop(tmp_path, monkeypatch):
     env = Env(str(tmp_path))
     env.put(2, pid=5)
-    monkeypatch.setattr(env.psm, "take_snapshot", lambda offset: no_space())
+    monkeypatch.setattr(env.psm, "take_snapshot", lambda offset, **kw: no_space())
     env.part.close()                                      # no exception
     env.log.close(clean=False)
     env = Env(str(tmp_path))                              # recovers the tail: both batches

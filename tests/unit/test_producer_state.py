@@ -136,6 +136,24 @@ def test_snapshot_round_trip_and_keep_two(psm, tmp_path):
            {p: (e.epoch, list(e.batches)) for p, e in psm.entries.items()}
 
 
+def test_regression_a_clean_stop_rewrote_the_snapshot_of_an_idle_partition(psm, tmp_path):
+    """A clean close snapshots with ``unless_present``: a partition with nothing appended since
+    its last snapshot keeps that file (Kafka's takeSnapshot skips an offset it has); its two
+    fsyncs per partition were a third of a 10,000-partition stop, which overran the shutdown
+    timeout and was killed. A new offset is written as before."""
+    psm.update(hdr(pid=1), 0, 0)
+    psm.take_snapshot(1)
+    path = snapshot_path(str(tmp_path), 1)
+    before = os.stat(path).st_ino
+    psm.take_snapshot(1, sync_dir=False, unless_present=True)
+    assert os.stat(path).st_ino == before
+    psm.update(hdr(pid=1, seq=1), 1, 0)
+    psm.take_snapshot(2, sync_dir=False, unless_present=True)
+    assert list_snapshots(str(tmp_path)) == [1, 2]
+    fresh = ProducerStateManager(str(tmp_path), 60_000)
+    assert fresh.load(2, lambda off: iter(()), 0) == 2 and fresh.entries[1].last_seq == 1
+
+
 def test_corrupt_snapshot_falls_back_to_the_older_one(psm, tmp_path):
     psm.update(hdr(pid=1), 0, 0)
     psm.take_snapshot(1)
