@@ -50,7 +50,7 @@ from appliance import ipc
 from appliance.config import Config
 from appliance.catalog.model import partition_metadata
 from appliance.data_layout import PARTITION_METADATA_FILE, partition_dir
-from appliance.durable import atomic_write
+from appliance.durable import DeferredSync, atomic_write
 from appliance.errors import ErrorCode, KafkaError
 from appliance import testhooks
 from appliance.log.cleaner import messages as cm
@@ -216,14 +216,18 @@ class PartitionWriter:
         if self.partition.update_settings(settings):
             self.tick()
 
-    def close(self, deleted: bool = False) -> None:
+    def close(self, deleted: bool = False, deferred: DeferredSync | None = None) -> None:
         """A clean close (the process stops, or the partition left it), or, for a partition
-        whose topic was deleted (``deleted``), a close that syncs nothing: its files go."""
+        whose topic was deleted (``deleted``), a close that syncs nothing: its files go.
+        ``deferred``: the process stops and makes every partition's fsyncs at once (the seal
+        names the log and index files to it; no flush of its own)."""
         if self.log is None:
             return
-        if not deleted:
+        if deferred is not None:
+            self.log.finish_txn_index_rebuild_if_pending()
+        elif not deleted:
             self.log.flush()
-        self.partition.close(deleted=deleted)
+        self.partition.close(deleted=deleted, deferred=deferred)
         self.log = None
 
     def stopped(self) -> None:

@@ -33,9 +33,9 @@ from appliance import ipc
 from appliance.errors import ErrorCode
 from appliance.log import swap
 from appliance.log.cleaner import messages as cm
-from appliance.durable import is_no_space
+from appliance.durable import DeferredSync, is_no_space
 from appliance.log.partition_log import PartitionLog
-from appliance.log.producer_state import ProducerStateManager
+from appliance.log.producer_state import ProducerStateManager, snapshot_path
 from appliance.topic_config import LogSettings
 from appliance.log.txn_index import AbortedTxn
 from appliance.service import serves
@@ -211,21 +211,26 @@ class Partition:
         return bool(changed.keys() & ENFORCED_AT_ONCE)
 
     # -- closing --------------------------------------------------------------------------------
-    def close(self, deleted: bool = False) -> None:
+    def close(self, deleted: bool = False, deferred: DeferredSync | None = None) -> None:
         """Snapshot (no replay after a clean stop) and seal the log. On a full disk both are
         given up, never the stop: the next open replays and recovers the tail, as after a crash
         (the log itself is already in the page cache). A partition whose topic was deleted lets
         its files go as a crash would: the supervisor removes them, so the snapshot, the seal and
         their fsyncs (five a partition) would be work thrown away, and a DeleteTopics of 10,000
-        partitions spent minutes in them."""
+        partitions spent minutes in them. ``deferred``: the fsyncs and the clean-shutdown marker
+        are left to it (``PartitionLog.close``)."""
         if deleted:
             self.log.close(clean=False)
             return
         try:
             # No directory fsync of its own: the seal's, next, makes the snapshot's name
             # durable before the clean-shutdown marker exists.
-            self.psm.take_snapshot(self.log.log_end_offset, sync_dir=False, unless_present=True)
-            self.log.close(clean=True)
+            offset = self.log.log_end_offset
+            wrote = self.psm.take_snapshot(offset, sync_dir=False, unless_present=True,
+                                           sync=deferred is None)
+            if wrote and deferred is not None:
+                deferred.file(snapshot_path(self.psm.directory, offset))
+            self.log.close(clean=True, deferred=deferred)
         except OSError as e:
             if not is_no_space(e):
                 raise

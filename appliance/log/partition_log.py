@@ -76,7 +76,8 @@ from appliance.log.files import (CLEAN_SHUTDOWN_FILE, INDEX_SUFFIX, LOG_START_OF
                                  RECOVERY_POINT_FILE, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX,
                                  index_path, list_segment_bases, log_path, timeindex_path,
                                  retired_log_path, txnindex_path)
-from appliance.durable import TMP_SUFFIX, fsync_dir, is_no_space, read_checkpoint, write_checkpoint
+from appliance.durable import (TMP_SUFFIX, DeferredSync, fsync_dir, is_no_space, read_checkpoint,
+                               write_checkpoint)
 from appliance.log.index import OffsetIndex
 from appliance.log import swap
 from appliance.log.segment import (LogDirFailure, LogSegment, SegmentInfo, SegmentMark,
@@ -448,6 +449,12 @@ class PartitionLog:
             if self._checkpoint(RECOVERY_POINT_FILE, self._active.base_offset):
                 self._rebuild_pending = False
 
+    def finish_txn_index_rebuild_if_pending(self) -> None:
+        """``finish_txn_index_rebuild`` when a post-open rebuild is still pending (rare: the
+        clean close of a partition recovered at its open and not flushed since)."""
+        if self._rebuild_pending or self._rebuild_ix is not None:
+            self.finish_txn_index_rebuild()
+
     def _close_rebuild_ix(self, *, sync: bool) -> None:
         ix = self._rebuild_ix
         if ix is not None:
@@ -763,9 +770,11 @@ class PartitionLog:
                 m.close()
 
     # -- closing -----------------------------------------------------------------------------
-    def close(self, clean: bool = True) -> None:
+    def close(self, clean: bool = True, deferred: DeferredSync | None = None) -> None:
         """Clean: seal the active segment (trimmed files, fsynced) and leave the clean-shutdown
-        marker, so the next open skips the scan. Not clean: just let go, as a crash would."""
+        marker, so the next open skips the scan. Not clean: just let go, as a crash would.
+        ``deferred``: the fsyncs and the marker are left to it (a writer host's stop makes
+        those of all its partitions at once, ``DeferredSync``)."""
         if self._closed:
             return
         self._closed = True
@@ -775,6 +784,14 @@ class PartitionLog:
         if not clean:
             self._close_rebuild_ix(sync=False)
             self._active.abandon()
+            return
+        if deferred is not None:
+            ix = self._rebuild_ix
+            if ix is not None and ix.has_file():
+                deferred.file(ix.path)
+            self._close_rebuild_ix(sync=False)
+            self._active.seal(deferred=deferred)
+            deferred.marker(self.directory)
             return
         self._close_rebuild_ix(sync=True)
         self._active.seal()

@@ -421,20 +421,24 @@ class ProducerStateManager:
                 body += _BATCH.pack(*b)
         return struct.pack("<4sHHI", _MAGIC, _VERSION, 0, crc32c.crc32c(bytes(body))) + bytes(body)
 
-    def take_snapshot(self, offset: int, sync_dir: bool = True, *, unless_present: bool = False) -> None:
+    def take_snapshot(self, offset: int, sync_dir: bool = True, *, unless_present: bool = False,
+                      sync: bool = True) -> bool:
         """Write the state after every batch below ``offset`` and keep the newest two.
         ``sync_dir=False`` when the caller fsyncs the directory next (a roll: the recovery
         point's checkpoint; a clean close: the seal); a snapshot lost to a crash before that only
         means a longer replay. ``unless_present``: none is written if one at ``offset`` exists
         (Kafka's takeSnapshot skips an offset already snapshotted): the state at an offset is
         that of the log below it, but for producers expired since, which expire again after a
-        load. A clean stop of an idle partition (ten thousand of them) writes nothing here."""
+        load. A clean stop of an idle partition (ten thousand of them) writes nothing here.
+        ``sync=False``: no fsync at all (a ``DeferredSync`` of the caller's makes it durable).
+        Returns whether a snapshot was written."""
         path = snapshot_path(self.directory, offset)
         if unless_present and os.path.exists(path):
-            return
-        atomic_write(path, self.encode(offset), sync_dir=sync_dir)
+            return False
+        atomic_write(path, self.encode(offset), sync=sync, sync_dir=sync_dir)
         for old in list_snapshots(self.directory)[:-SNAPSHOTS_KEPT]:
             _unlink(snapshot_path(self.directory, old))
+        return True
 
     @staticmethod
     def decode(data: bytes) -> tuple[int, dict[int, ProducerEntry]]:

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from appliance.log.files import index_path, log_path, timeindex_path, txnindex_path
-from appliance.durable import atomic_write, fsync_dir, grow_file, write_tmp_copies
+from appliance.durable import DeferredSync, atomic_write, fsync_dir, grow_file, write_tmp_copies
 from appliance.log.index import (CorruptIndex, OffsetIndex, TimeIndex, encode_offset_entries,
                                  encode_time_entries)
 from appliance.log.txn_index import TransactionIndex
@@ -624,7 +624,7 @@ class LogSegment:
         thread): it stays valid after a roll closes ours. The caller closes it."""
         return os.dup(self._fd)
 
-    def seal(self, sync_dir: bool = True) -> SegmentInfo:
+    def seal(self, sync_dir: bool = True, deferred: DeferredSync | None = None) -> SegmentInfo:
         """Make the segment inactive (roll or clean close): final time-index entry, truncate
         the .log to its size and fsync it, replace the indexes by trimmed copies (fsynced).
         ``sync_dir=False``: the caller fsyncs the directory next (a roll: the recovery point's
@@ -635,7 +635,10 @@ class LogSegment:
         active and whole. A failure after them is a LogDirFailure. The live indexes are not
         msynced (their trimmed copies replace them) nor the log fdatasynced before its
         truncation (the fsync after it covers the data too): a roll costs fewer syncs, which
-        at small segments and 1 KiB records were most of the writer's time."""
+        at small segments and 1 KiB records were most of the writer's time.
+
+        ``deferred`` (a clean close of many partitions): nothing is fsynced here; the files
+        changed are named to it, which makes them durable before any clean-shutdown marker."""
         tix = self.time_index
         # The reserved last slot is always free, except for a segment reopened under a smaller
         # segment.index.bytes: then the entry is skipped (largest timestamp read back lower).
@@ -646,11 +649,13 @@ class LogSegment:
                                  skip_full_check=True)
             except OSError:
                 pass
+        sync = deferred is None
         tmps = write_tmp_copies([(ix.path, ix.valid_bytes())
-                                 for ix in (self.offset_index, self.time_index)])
+                                 for ix in (self.offset_index, self.time_index)], sync=sync)
         try:
             os.ftruncate(self._fd, self.size)
-            os.fsync(self._fd)
+            if sync:
+                os.fsync(self._fd)
             self._flushed = self.size
         except OSError as e:
             for tmp, _ in tmps:
@@ -661,9 +666,16 @@ class LogSegment:
         try:
             for tmp, path in tmps:
                 os.replace(tmp, path)
-            if sync_dir:
-                fsync_dir(self.directory)
-            self.txn_index.fsync()
+            if deferred is not None:
+                deferred.file(log_path(self.directory, self.base_offset))
+                for _, path in tmps:
+                    deferred.file(path)
+                if self.txn_index.has_file():
+                    deferred.file(self.txn_index.path)
+            else:
+                if sync_dir:
+                    fsync_dir(self.directory)
+                self.txn_index.fsync()
         except OSError as e:
             raise LogDirFailure(f"sealing the indexes of segment {self.base_offset}: {e}") from e
         finally:

@@ -199,6 +199,10 @@ class TransactionIndex:
         if self._fd >= 0:
             os.fsync(self._fd)
 
+    def has_file(self) -> bool:
+        """Whether this writer has the file open (what ``fsync`` would sync)."""
+        return self._fd >= 0
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

@@ -230,6 +230,58 @@ def test_clean_shutdown_skips_the_scan(tmp_path, monkeypatch):
     log.close()
 
 
+def test_a_deferred_clean_close_leaves_markers_only_after_every_fsync(tmp_path, monkeypatch):
+    """A writer host's stop (DeferredSync): the partitions seal without syncing, the markers
+    appear only in ``run``, after every file the seals changed was fsynced (issue 32: nine
+    fsyncs a partition, one after the other, overran the shutdown timeout at 10,000
+    partitions); the next open is clean (no scan) with every batch."""
+    from appliance import durable
+    dirs = [str(tmp_path / f"p{i}") for i in range(3)]
+    logs = [PartitionLog.open(d, S, T0) for d in dirs]
+    for log in logs:
+        for i in range(30):
+            log.append(batch(i), T0)
+    ends = [(log.log_end_offset, log.segment_bases()) for log in logs]
+    synced = []
+    real = durable._fsync_path
+    monkeypatch.setattr(durable, "_fsync_path", lambda p: (synced.append(p), real(p)))
+    deferred = durable.DeferredSync(CLEAN_SHUTDOWN_FILE)
+    for log in logs:
+        log.close(deferred=deferred)
+    assert not any(os.path.exists(os.path.join(d, CLEAN_SHUTDOWN_FILE)) for d in dirs)
+    deferred.run()
+    assert all(os.path.exists(os.path.join(d, CLEAN_SHUTDOWN_FILE)) for d in dirs)
+    for d, (leo, bases) in zip(dirs, ends):
+        active = bases[-1]
+        assert {log_path(d, active), index_path(d, active), timeindex_path(d, active)} <= set(synced)
+    monkeypatch.setattr(PL, "recover_segment", lambda *a, **k: pytest.fail("scanned"))
+    for d, end in zip(dirs, ends):
+        log = PartitionLog.open(d, S, T0)
+        assert (log.log_end_offset, log.segment_bases()) == end
+        log.close()
+
+
+def test_a_failed_deferred_fsync_leaves_no_marker(tmp_path, monkeypatch):
+    """An fsync that fails in ``run`` (EIO) leaves no partition marked clean: each next open
+    recovers its active segment, as after a crash."""
+    import errno
+    from appliance import durable
+    dirs = [str(tmp_path / f"p{i}") for i in range(2)]
+    logs = [PartitionLog.open(d, S, T0) for d in dirs]
+    for log in logs:
+        log.append(batch(0), T0)
+    deferred = durable.DeferredSync(CLEAN_SHUTDOWN_FILE)
+    for log in logs:
+        log.close(deferred=deferred)
+
+    def eio(path):
+        raise OSError(errno.EIO, "I/O error", path)
+    monkeypatch.setattr(durable, "_fsync_path", eio)
+    with pytest.raises(OSError):
+        deferred.run()
+    assert not any(os.path.exists(os.path.join(d, CLEAN_SHUTDOWN_FILE)) for d in dirs)
+
+
 def test_clean_marker_with_damaged_index_still_recovers(tmp_path):
     d = str(tmp_path)
     log = PartitionLog.open(d, S, T0)
