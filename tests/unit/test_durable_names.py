@@ -5,6 +5,7 @@ parent synced. The power cut itself: tests/integration/test_power_cut.py."""
 import os
 
 from appliance import durable
+from appliance.log import log_loader as LL
 from appliance.log import partition_log as PL
 from appliance.log.partition_log import LogSettings, PartitionLog
 from appliance.protocol.records import Record, build_batch
@@ -16,7 +17,8 @@ S = LogSettings(segment_bytes=1 << 20, index_interval_bytes=100, segment_index_b
 
 def test_the_first_flush_after_each_open_syncs_the_partition_directory_and_the_data_dir(tmp_path, monkeypatch):
     synced = []
-    monkeypatch.setattr(PL, "fsync_dir", lambda d: synced.append(os.path.abspath(d)))
+    for module in (PL, LL):              # the open's (log_loader) and the flushes'
+        monkeypatch.setattr(module, "fsync_dir", lambda d: synced.append(os.path.abspath(d)))
     part = tmp_path / "t-0"
     log = PartitionLog.open(str(part), S, T0)
     assert synced == []                           # the open stays cheap (CreateTopics)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.log import partition_log as PL
+from appliance.log import log_loader as LL
 from appliance.log.files import (CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_FILE, RECOVERY_POINT_FILE,
                                  index_path, log_path, timeindex_path)
 from appliance.durable import write_checkpoint
@@ -205,13 +205,13 @@ def test_recovery_point_limits_the_scan(tmp_path, monkeypatch):
     make_log(d, 40)
     bases = sorted(int(n[:20]) for n in os.listdir(d) if n.endswith(".log"))
     scanned = []
-    real = PL.recover_segment
+    real = LL.recover_segment
 
     def spy(directory, base, **kw):
         scanned.append(base)
         return real(directory, base, **kw)
 
-    monkeypatch.setattr(PL, "recover_segment", spy)
+    monkeypatch.setattr(LL, "recover_segment", spy)
     PartitionLog.open(d, S, T0).close(clean=False)
     assert scanned == [bases[-1]]                     # only the active segment is scanned
 
@@ -224,7 +224,7 @@ def test_clean_shutdown_skips_the_scan(tmp_path, monkeypatch):
     leo, bases = log.log_end_offset, log.segment_bases()
     log.close()
     assert os.path.exists(os.path.join(d, CLEAN_SHUTDOWN_FILE))
-    monkeypatch.setattr(PL, "recover_segment", lambda *a, **k: pytest.fail("scanned"))
+    monkeypatch.setattr(LL, "recover_segment", lambda *a, **k: pytest.fail("scanned"))
     log = PartitionLog.open(d, S, T0)
     assert (log.log_end_offset, log.segment_bases()) == (leo, bases)
     log.close()
@@ -254,7 +254,7 @@ def test_a_deferred_clean_close_leaves_markers_only_after_every_fsync(tmp_path, 
     for d, (leo, bases) in zip(dirs, ends):
         active = bases[-1]
         assert {log_path(d, active), index_path(d, active), timeindex_path(d, active)} <= set(synced)
-    monkeypatch.setattr(PL, "recover_segment", lambda *a, **k: pytest.fail("scanned"))
+    monkeypatch.setattr(LL, "recover_segment", lambda *a, **k: pytest.fail("scanned"))
     for d, end in zip(dirs, ends):
         log = PartitionLog.open(d, S, T0)
         assert (log.log_end_offset, log.segment_bases()) == end
