@@ -213,7 +213,7 @@ class OAuthBearerServer:
     def evaluate(self, token: bytes) -> bytes:
         if token == _CONTROL_A and self._error is not None:
             # The client acknowledged our error challenge: Kafka fails with the JSON.
-            raise self.failure(self._error, "OAUTHBEARER: invalid token")
+            raise self.failure(self._error, "invalid token")
         self._error = None
         generic = ("Authentication failed during authentication due to invalid credentials "
                    "with SASL mechanism OAUTHBEARER")

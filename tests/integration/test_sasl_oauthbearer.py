@@ -15,7 +15,7 @@ it works.
 from __future__ import annotations
 
 import json
-import os
+import re
 import time
 
 import confluent_kafka as ck
@@ -200,18 +200,27 @@ def test_a_removed_scram_user_loses_the_connection_at_reauthentication(oauth):
     assert e is not None and "re-authentication" in e.str(), [x.str() for x in errors]
 
 
-def test_a_rotated_jwks_is_read_on_reload(oauth):
-    oauth.jwks_file.write_text(jwks(("k2", ROTATED)))
-    with open(oauth.app.log_path, "rb") as f:
-        since = len(f.read())
-    oauth.app.reload()
+def _reload_jwks(s: Secured, text: str) -> None:
+    """Write the JWKS file, SIGHUP, and wait for every frontend to say it read it."""
+    s.jwks_file.write_text(text)
+    with open(s.app.log_path, "rb") as f:
+        log = f.read()
+    frontends = set(re.findall(rb"\[(fe\d+) \d+\]", log))
+    assert frontends
+    s.app.reload()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with open(oauth.app.log_path, "rb") as f:
-            f.seek(since)
-            if b"OAUTHBEARER: 1 signature keys loaded" in f.read():
-                break
+    reloaded: set = set()
+    while reloaded != frontends and time.monotonic() < deadline:
+        with open(s.app.log_path, "rb") as f:
+            f.seek(len(log))
+            reloaded = set(re.findall(rb"\[(fe\d+) \d+\] appliance.frontend: OAUTHBEARER: 1 "
+                                      rb"signature keys loaded", f.read()))
         time.sleep(0.1)
+    assert reloaded == frontends
+
+
+def test_a_rotated_jwks_is_read_on_reload(oauth):
+    _reload_jwks(oauth, jwks(("k2", ROTATED)))
     try:
         errors = []
         new = ck.Producer(_oauth(oauth, Tokens(sign("alice", key=ROTATED, kid="k2")),
@@ -222,8 +231,7 @@ def test_a_rotated_jwks_is_read_on_reload(oauth):
         e = _auth_error(old, errors)
         assert e is not None and "invalid_token" in e.str()
     finally:
-        oauth.jwks_file.write_text(jwks(("k1", KEY)))
-        oauth.app.reload()
+        _reload_jwks(oauth, jwks(("k1", KEY)))
 
 
 def test_java_oauthbearer_login_with_a_file_token(oauth, java4_program, tmp_path):
