@@ -192,8 +192,9 @@ def mechanism_server(name: str, lookup: Lookup, oauth=None):
 
 class SaslServerAuthenticator:
     """``reauth_ms``: Kafka's connections.max.reauth.ms (0: sessions do not expire unless the
-    credential does, as an OAUTHBEARER token's ``exp``); ``oauth``: the frontend's
-    ``oauthbearer.JwtValidator``; ``clock``: wall-clock seconds (token expiry is wall time),
+    credential does, as an OAUTHBEARER token's ``exp``); ``oauth``: returns the frontend's
+    current ``oauthbearer.JwtValidator`` (a re-authentication after a reload uses the re-read
+    JWKS); ``clock``: wall-clock seconds (token expiry is wall time),
     ``monotonic``: the deadline's clock."""
 
     def __init__(self, mechanisms: list[str], lookup: Lookup, *, oauth=None, reauth_ms: int = 0,
@@ -245,7 +246,8 @@ class SaslServerAuthenticator:
             self._bad_mechanism = (f"SASL mechanism '{mechanism}' requested by client is not "
                                    f"supported for re-authentication of mechanism "
                                    f"'{self.reauth_of[0]}'")
-        self.server = mechanism_server(mechanism, self.lookup, self.oauth)
+        self.server = mechanism_server(mechanism, self.lookup,
+                                       self.oauth() if self.oauth is not None else None)
         self.raw = version == 0
         self.state = SaslState.AUTHENTICATE
         return True

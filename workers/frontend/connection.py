@@ -99,7 +99,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             sasl_cfg = server.broker.cfg.sasl
             self.sasl = SaslServerAuthenticator(sasl_cfg.mechanisms,
                                                 server.broker.scram_credentials,
-                                                oauth=server.oauth_validator,
+                                                oauth=lambda: server.oauth_validator,
                                                 reauth_ms=sasl_cfg.connections_max_reauth_ms)
             max_frame = min(max_frame, MAX_RECEIVE_SIZE)
         # The socket reads straight into it; frames are views of it until the next read.
