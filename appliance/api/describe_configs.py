@@ -70,6 +70,16 @@ def broker_configs(cfg, advertised: dict[str, tuple[str, int]]) -> dict[str, tup
         "listener.security.protocol.map": (",".join(
             f"{x.name}:{x.protocol}" for x in cfg.listeners), "STRING"),
         "sasl.enabled.mechanisms": (",".join(cfg.sasl.mechanisms), "LIST"),
+        "connections.max.reauth.ms": (str(cfg.sasl.connections_max_reauth_ms), "LONG"),
+        "sasl.oauthbearer.jwks.endpoint.url": (cfg.sasl.oauthbearer_jwks_endpoint_url or None,
+                                               "STRING"),
+        "sasl.oauthbearer.expected.issuer": (cfg.sasl.oauthbearer_expected_issuer or None,
+                                             "STRING"),
+        "sasl.oauthbearer.expected.audience": (
+            ",".join(cfg.sasl.oauthbearer_expected_audience) or None, "LIST"),
+        "sasl.oauthbearer.clock.skew.seconds": (str(cfg.sasl.oauthbearer_clock_skew_seconds),
+                                                "INT"),
+        "sasl.oauthbearer.sub.claim.name": (cfg.sasl.oauthbearer_sub_claim_name, "STRING"),
         "ssl.client.auth": (cfg.tls.client_auth, "STRING"),
         "connection.failed.authentication.delay.ms": (
             str(s.connection_failed_authentication_delay_ms), "INT"),
