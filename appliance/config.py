@@ -393,7 +393,7 @@ class AuthorizerConfig(_Section):
     # A resource with no ACL at all is open to every principal (allow.everyone.if.no.acl.found).
     allow_everyone_if_no_acl_found: bool = False
 TlsVersion = Literal["TLSv1.2", "TLSv1.3"]
-SaslMechanism = Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
+SaslMechanism = Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "OAUTHBEARER"]
 
 
 class TlsConfig(_Section):
@@ -423,6 +423,25 @@ class SaslConfig(_Section):
     # (PLAIN checks its password against them).
     mechanisms: list[SaslMechanism] = msgspec.field(
         default_factory=lambda: ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+    # KIP-368 (Kafka's connections.max.reauth.ms): the longest session of a SASL connection
+    # before the client must re-authenticate (SaslAuthenticate's SessionLifetimeMs), after which
+    # the next request that is not a re-authentication closes it; 0 = no limit but an
+    # OAUTHBEARER token's exp.
+    connections_max_reauth_ms: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # OAUTHBEARER (KIP-768), Kafka's sasl.oauthbearer.* broker keys: the JWKS the tokens' signing
+    # keys come from, a file: URL (re-read on every reload); required with OAUTHBEARER unless
+    # the unsecured validator is on.
+    oauthbearer_jwks_endpoint_url: str = ""
+    # Required `iss` (empty: not checked) and `aud` values (empty: not checked).
+    oauthbearer_expected_issuer: str = ""
+    oauthbearer_expected_audience: list[str] = msgspec.field(default_factory=list)
+    # Leeway for exp and nbf.
+    oauthbearer_clock_skew_seconds: Annotated[int, msgspec.Meta(ge=0)] = 30
+    # The claim whose value is the principal's name (User:<value>).
+    oauthbearer_sub_claim_name: str = "sub"
+    # Development only: accept unsigned tokens (alg "none"), Kafka's
+    # OAuthBearerUnsecuredValidatorCallbackHandler. Anyone can then claim any principal.
+    oauthbearer_unsecured_validator: bool = False
 
 
 class MetricsConfig(_Section):
@@ -611,6 +630,17 @@ def _check_listeners(cfg: Config) -> None:
                           f"{tls.client_auth!r} (the CAs client certificates must chain to)")
     if len(set(cfg.sasl.mechanisms)) != len(cfg.sasl.mechanisms):
         raise ConfigError("config: sasl.mechanisms: a mechanism is listed twice")
+    sasl = cfg.sasl
+    if sasl.oauthbearer_jwks_endpoint_url:
+        url = sasl.oauthbearer_jwks_endpoint_url
+        if not url.startswith("file:") or len(url) <= len("file:"):
+            raise ConfigError(f"config: sasl.oauthbearer_jwks_endpoint_url: {url!r}: only file: "
+                              f"URLs are supported (file:///path/jwks.json)")
+    if ("OAUTHBEARER" in sasl.mechanisms and not sasl.oauthbearer_jwks_endpoint_url
+            and not sasl.oauthbearer_unsecured_validator):
+        raise ConfigError("config: sasl.oauthbearer_jwks_endpoint_url: required by the "
+                          "OAUTHBEARER mechanism (or oauthbearer_unsecured_validator, for "
+                          "development only)")
     from .principal_rules import MappingRuleError, parse_mapping_rules
     try:
         parse_mapping_rules(tls.principal_mapping_rules)

@@ -6,7 +6,8 @@ resource type: the appliance's log levels are not set over the protocol.
 
 Authorization (Kafka's KafkaApis): AlterConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED), on
 the group for a GROUP resource (KIP-848 group configs; else GROUP_AUTHORIZATION_FAILED) or, for
-broker resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED); a refused resource is
+broker and CLIENT_METRICS resources (KIP-714 subscriptions), on the Cluster (else
+CLUSTER_AUTHORIZATION_FAILED); a refused resource is
 never sent to the supervisor, the others are applied as usual.
 """
 

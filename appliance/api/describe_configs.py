@@ -7,10 +7,13 @@ dynamic broker config, the TOML file, the built-in default). Broker entries map 
 (dynamic broker configs) are not read-only and show their dynamic value first. The cluster-wide
 default broker resource (empty name) lists only its dynamic configs, as Kafka does.
 GROUP resources (KIP-848 group configs, ``appliance.group_config``) list every group config.
+CLIENT_METRICS resources (KIP-714 subscriptions, ``appliance.metrics.client_metrics_config``)
+list the configs set on them (CLIENT_METRICS_CONFIG; none for one that does not exist, as Kafka).
 Broker-logger resources are not supported.
 
 Authorization (Kafka's ConfigHelper): DescribeConfigs on the topic (else TOPIC_AUTHORIZATION_FAILED)
-or, for broker resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED), with no configs.
+or, for broker and CLIENT_METRICS resources, on the Cluster (else CLUSTER_AUTHORIZATION_FAILED),
+with no configs.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from appliance.broker_dynamic_configs import STORED_DYNAMIC_BROKER_CONFIGS
 from appliance.config import Config
 from appliance.errors import ErrorCode
 from appliance.group_config import describe_group_configs
+from appliance.metrics import client_metrics_config
 from appliance.protocol.messages import build, encode_response_items
 from appliance.topic_config import (DEFAULT_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_BROKER_CONFIGS,
                                     DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG,
                                     TOPIC_CONFIGS, describe_topic_configs)
 
-TOPIC, BROKER, BROKER_LOGGER, GROUP = 2, 4, 8, 32
+TOPIC, BROKER, BROKER_LOGGER, CLIENT_METRICS, GROUP = 2, 4, 8, 16, 32
 CONFIG_TYPES = {"BOOLEAN": 1, "STRING": 2, "INT": 3, "SHORT": 4, "LONG": 5, "DOUBLE": 6, "LIST": 7,
                 "CLASS": 8, "PASSWORD": 9}
 _BUILTIN = Config()
@@ -66,6 +70,16 @@ def broker_configs(cfg, advertised: dict[str, tuple[str, int]]) -> dict[str, tup
         "listener.security.protocol.map": (",".join(
             f"{x.name}:{x.protocol}" for x in cfg.listeners), "STRING"),
         "sasl.enabled.mechanisms": (",".join(cfg.sasl.mechanisms), "LIST"),
+        "connections.max.reauth.ms": (str(cfg.sasl.connections_max_reauth_ms), "LONG"),
+        "sasl.oauthbearer.jwks.endpoint.url": (cfg.sasl.oauthbearer_jwks_endpoint_url or None,
+                                               "STRING"),
+        "sasl.oauthbearer.expected.issuer": (cfg.sasl.oauthbearer_expected_issuer or None,
+                                             "STRING"),
+        "sasl.oauthbearer.expected.audience": (
+            ",".join(cfg.sasl.oauthbearer_expected_audience) or None, "LIST"),
+        "sasl.oauthbearer.clock.skew.seconds": (str(cfg.sasl.oauthbearer_clock_skew_seconds),
+                                                "INT"),
+        "sasl.oauthbearer.sub.claim.name": (cfg.sasl.oauthbearer_sub_claim_name, "STRING"),
         "ssl.client.auth": (cfg.tls.client_auth, "STRING"),
         "connection.failed.authentication.delay.ms": (
             str(s.connection_failed_authentication_delay_ms), "INT"),
@@ -145,8 +159,8 @@ def handle(ctx, req):
         elif res.resource_type == GROUP and not ctx.authorize(
                 AclOperation.DESCRIBE_CONFIGS, ResourceType.GROUP, res.resource_name):
             err, msg = ErrorCode.group_authorization_failed, "Group authorization failed."
-        elif res.resource_type in (BROKER, BROKER_LOGGER) and not ctx.authorize_cluster(
-                AclOperation.DESCRIBE_CONFIGS):
+        elif res.resource_type in (BROKER, BROKER_LOGGER, CLIENT_METRICS) and not \
+                ctx.authorize_cluster(AclOperation.DESCRIBE_CONFIGS):
             err, msg = ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
         elif res.resource_type == TOPIC:
             info = catalog.topics.get(res.resource_name)
@@ -161,6 +175,15 @@ def handle(ctx, req):
             # KIP-848 group configs: every name, set on the group or the broker's default; a
             # group that does not exist (yet) has the defaults, as in Kafka.
             found = describe_group_configs(catalog.group_configs.get(res.resource_name, {}), cfg.groups)
+            for name, (value, source, ctype, syn) in found.items():
+                if keys is None or name in keys:
+                    entries.append(_entry(name, value, source, ctype, None, syn, req, False))
+        elif res.resource_type == CLIENT_METRICS:
+            # KIP-714 subscriptions: the configs set on the resource (none: it does not exist).
+            if not res.resource_name:
+                err, msg = ErrorCode.invalid_request, "Client metrics subscription name must not be empty"
+            found = client_metrics_config.describe(
+                catalog.client_metrics.get(res.resource_name, {}))
             for name, (value, source, ctype, syn) in found.items():
                 if keys is None or name in keys:
                     entries.append(_entry(name, value, source, ctype, None, syn, req, False))

@@ -19,7 +19,9 @@ from appliance.protocol.messages import build
 def client_meta(ctx) -> ClientMeta:
     conn = ctx.connection
     name, version = getattr(conn, "software", ("", ""))
-    return ClientMeta(ctx.header.client_id or "", name, version, ctx.principal, ctx.client_host)
+    port = conn.peer.rpartition(":")[2] if isinstance(getattr(conn, "peer", None), str) else ""
+    return ClientMeta(ctx.header.client_id or "", name, version, ctx.principal, ctx.client_host,
+                      port)
 
 
 def _ms(v: int) -> datetime.timedelta:

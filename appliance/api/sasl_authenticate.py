@@ -6,7 +6,9 @@ takes the principal (``User:<name>``) and serves every API. A failure is
 SASL_AUTHENTICATION_FAILED with Kafka's message (SCRAM: the generic "Authentication failed
 during authentication due to invalid credentials with SASL mechanism ..."; PLAIN: its own
 messages), sent after Kafka's failed-authentication delay, then the connection is closed. v1+
-carries SessionLifetimeMs: 0, no re-authentication (KIP-368 is not offered). Outside the
+carries SessionLifetimeMs (KIP-368): 0 when the session has no end, else the smaller of
+``sasl.connections_max_reauth_ms`` and what is left of an OAUTHBEARER token; the client must
+re-authenticate within it (a SaslHandshake on the same connection). Outside the
 exchange (no SASL on the listener, or already authenticated): ILLEGAL_SASL_STATE, as Kafka's
 KafkaApis answers.
 """
@@ -33,16 +35,18 @@ def handle(ctx, req):
                      error_message="SaslAuthenticate request received after successful "
                                    "authentication", auth_bytes=b"", session_lifetime=ZERO)
     try:
-        token = auth.evaluate(bytes(req.auth_bytes))
+        token = auth.evaluate(bytes(req.auth_bytes), ctx.version)
     except SaslFailure as e:
         return FailAuthentication(
             build(cls, error_code=ErrorCode.sasl_authentication_failed, error_message=e.message,
                   auth_bytes=b"", session_lifetime=ZERO),
             f"{auth.mechanism}: {e}")
+    lifetime = ZERO
     if auth.complete:
         conn.authenticated(auth.principal)
+        lifetime = datetime.timedelta(milliseconds=auth.session_lifetime_ms)
     return build(cls, error_code=ErrorCode.none, error_message=None, auth_bytes=token,
-                 session_lifetime=ZERO)
+                 session_lifetime=lifetime)
 
 
 @handle.on_error

@@ -5,8 +5,9 @@ An enabled mechanism (``sasl.mechanisms``) is answered NONE with the enabled lis
 exchange begins: SaslAuthenticate requests after v1, raw tokens after v0 (the pre-KIP-152 flow,
 which the connection handles). Any other mechanism is UNSUPPORTED_SASL_MECHANISM with the enabled
 list, then the connection is closed after Kafka's failed-authentication delay. On a listener
-without SASL, or once authenticated, the answer is ILLEGAL_SASL_STATE (Kafka's KafkaApis answer;
-re-authentication, KIP-368, is not offered).
+without SASL, or once authenticated, the answer is ILLEGAL_SASL_STATE (Kafka's KafkaApis
+answer), unless it begins a re-authentication (KIP-368: the connection decides, see
+``workers.frontend.connection``), which must keep the mechanism.
 """
 
 from __future__ import annotations

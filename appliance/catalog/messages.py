@@ -65,7 +65,8 @@ class CreatePartitionsRequest(Request):
 # Config resource types (Kafka's ConfigResource.Type ids). The ops of a change are
 # IncrementalAlterConfigs' (``appliance.topic_config.OP_SET`` ...); the legacy AlterConfigs
 # replaces a resource's whole set, which the request says with ``incremental=False`` (every op SET).
-RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_GROUP = 2, 4, 32     # Kafka's ConfigResource types
+# Kafka's ConfigResource types
+RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_CLIENT_METRICS, RESOURCE_GROUP = 2, 4, 16, 32
 
 
 class ConfigChange(msgspec.Struct, array_like=True, frozen=True):

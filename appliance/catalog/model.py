@@ -46,19 +46,24 @@ class Catalog:
     ``broker_default`` for the cluster-wide default resource, ``broker_node`` for this node's),
     and the version it was published as."""
 
-    __slots__ = ("version", "topics", "broker_default", "broker_node", "group_configs", "_by_id",
+    __slots__ = ("version", "topics", "broker_default", "broker_node", "group_configs",
+                 "client_metrics", "_by_id",
                  "_overrides", "_settings")
 
     def __init__(self, version: int = 0, topics: dict[str, TopicInfo] | None = None,
                  broker_default: dict[str, str] | None = None,
                  broker_node: dict[str, str] | None = None,
-                 group_configs: dict[str, dict[str, str]] | None = None) -> None:
+                 group_configs: dict[str, dict[str, str]] | None = None,
+                 client_metrics: dict[str, dict[str, str]] | None = None) -> None:
         self.version = version
         self.topics: dict[str, TopicInfo] = topics or {}
         self.broker_default: dict[str, str] = broker_default or {}
         self.broker_node: dict[str, str] = broker_node or {}
         # KIP-848 group configs set on GROUP resources (appliance.group_config): group -> configs
         self.group_configs: dict[str, dict[str, str]] = group_configs or {}
+        # KIP-714 CLIENT_METRICS resources (appliance.metrics.client_metrics_config): the
+        # telemetry subscriptions, name -> configs (metrics, interval.ms, match)
+        self.client_metrics: dict[str, dict[str, str]] = client_metrics or {}
         self._by_id: dict[bytes, TopicInfo] = {t.topic_id: t for t in self.topics.values()}
         self._overrides: dict[str, dict[str, str]] = {}
         self._settings: dict[str, tuple[LogConfig, LogSettings]] = {}

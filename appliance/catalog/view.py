@@ -24,15 +24,18 @@ def publish(catalog: Catalog, path: str) -> None:
     atomic_write(path, msgspec.msgpack.encode(
         [catalog.version, [[t.name, t.topic_id, t.partitions, t.configs]
                            for t in catalog.topics.values()],
-         catalog.broker_default, catalog.broker_node, catalog.group_configs]), sync=False)
+         catalog.broker_default, catalog.broker_node, catalog.group_configs,
+         catalog.client_metrics]), sync=False)
 
 
 def read_published(path: str) -> Catalog:
     with open(path, "rb") as f:
-        version, topics, broker_default, broker_node, group_configs = msgspec.msgpack.decode(f.read())
+        (version, topics, broker_default, broker_node, group_configs,
+         client_metrics) = msgspec.msgpack.decode(f.read())
     return Catalog(version=version, topics={
         n: TopicInfo(name=n, topic_id=i, partitions=p, configs=c) for n, i, p, c in topics},
-        broker_default=broker_default, broker_node=broker_node, group_configs=group_configs)
+        broker_default=broker_default, broker_node=broker_node, group_configs=group_configs,
+        client_metrics=client_metrics)
 
 
 class CatalogView:

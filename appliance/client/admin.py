@@ -24,7 +24,7 @@ from appliance.client.errors import ErrorCode, KafkaError, error_code
 from appliance.client.metadata import COORDINATOR_GROUP, Cluster
 from appliance.client.security import Security
 
-__all__ = ["AdminClient", "TOPIC", "BROKER", "EARLIEST", "LATEST", "MAX_TIMESTAMP",
+__all__ = ["AdminClient", "TOPIC", "BROKER", "CLIENT_METRICS", "EARLIEST", "LATEST", "MAX_TIMESTAMP",
            "OP_SET", "OP_DELETE", "OP_APPEND", "OP_SUBTRACT", "CONFIG_SOURCES"]
 
 METADATA, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH = 3, 2, 8, 9
@@ -32,7 +32,8 @@ DESCRIBE_GROUPS, LIST_GROUPS, CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 15,
 CONSUMER_GROUP_DESCRIBE = 69
 GROUP_ID_NOT_FOUND = 69
 DESCRIBE_CONFIGS, CREATE_PARTITIONS, DELETE_GROUPS, INCREMENTAL_ALTER_CONFIGS = 32, 37, 42, 44
-TOPIC, BROKER = 2, 4
+LIST_CONFIG_RESOURCES = 74
+TOPIC, BROKER, CLIENT_METRICS = 2, 4, 16
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 CONFIG_SOURCES = {0: "UNKNOWN", 1: "DYNAMIC_TOPIC_CONFIG", 2: "DYNAMIC_BROKER_CONFIG",
@@ -188,6 +189,15 @@ class AdminClient:
                           for rt, name, ops in resources],
             "validate_only": validate_only})
         return [_err(x.error_code, x.error_message) for x in r.responses]
+
+    def list_config_resources(self, resource_types: Iterable[int] = ()) -> list[tuple[str, int]]:
+        """ListConfigResources (KIP-1142; v0, ListClientMetricsResources, on brokers that have
+        only that, lists CLIENT_METRICS): (name, type) of every config resource of the types."""
+        r = self._any().request(LIST_CONFIG_RESOURCES, {"resource_types": list(resource_types)})
+        if r.error_code:
+            raise KafkaError(error_code(r.error_code))
+        return [(c.resource_name, int(getattr(c, "resource_type", CLIENT_METRICS)))
+                for c in r.config_resources]
 
     # -- offsets and records --------------------------------------------------------------------
     def _by_leader(self, tps: Iterable[TP]) -> dict[int, list[TP]]:

@@ -30,6 +30,7 @@ import crc32c
 import msgspec
 
 from appliance.errors import ErrorCode
+from appliance.metrics import client_metrics_config
 
 # KIP-714: the compression types the broker accepts, in order of preference (Kafka's
 # ClientMetricsManager.SUPPORTED_COMPRESSION_TYPES: zstd, lz4, gzip, snappy).
@@ -56,6 +57,7 @@ class ClientMeta:
     software_version: str
     principal: str
     source_address: str = ""
+    source_port: str = ""
 
 
 @dataclass
@@ -169,16 +171,33 @@ def decode_metrics(payload: bytes) -> list[tuple[str, str, tuple, float]]:
 class ClientTelemetry:
     """The client instances of one frontend. ``settings`` is the ``[telemetry]`` section (read
     again on every request: a reload applies to the next GetTelemetrySubscriptions, whose new
-    subscription id makes the client's next push UNKNOWN_SUBSCRIPTION_ID, as in Kafka)."""
+    subscription id makes the client's next push UNKNOWN_SUBSCRIPTION_ID, as in Kafka).
+    ``client_metrics`` returns the CLIENT_METRICS resources of the catalog (name -> configs):
+    when there is any, they are the subscriptions, matched per client, and ``[telemetry]``'s
+    metrics and interval are not used (Kafka has only the resources; the section is the
+    appliance's broker-wide default for when none is defined). A changed resource reaches each
+    client at its next request, with a new subscription id, as in Kafka."""
 
-    def __init__(self, settings) -> None:
+    def __init__(self, settings, client_metrics=lambda: {}) -> None:
         self.settings = settings
+        self.client_metrics = client_metrics
         self.instances: OrderedDict[uuid.UUID, Instance] = OrderedDict()
         self.dirty = False
         self.dropped_series = 0
+        self._parsed: tuple[object, list] = (None, [])
 
     # -- subscriptions ----------------------------------------------------------------------
-    def _subscription(self) -> tuple[tuple[str, ...], int]:
+    def _subscription(self, iid: uuid.UUID, meta: ClientMeta) -> tuple[tuple[str, ...], int]:
+        resources = self.client_metrics()
+        if resources:
+            if self._parsed[0] is not resources:
+                self._parsed = (resources, client_metrics_config.subscriptions(resources))
+            return client_metrics_config.combine(self._parsed[1], {
+                "client_instance_id": kafka_uuid(iid), "client_id": meta.client_id,
+                "client_software_name": meta.software_name,
+                "client_software_version": meta.software_version,
+                "client_source_address": meta.source_address,
+                "client_source_port": meta.source_port})
         s = self.settings
         metrics = tuple(sorted(set(s.metrics)))
         if ALL_METRICS in metrics or "" in metrics:
@@ -186,7 +205,7 @@ class ClientTelemetry:
         return metrics, s.interval_ms
 
     def _instance(self, iid: uuid.UUID, meta: ClientMeta, now_ms: int) -> Instance:
-        metrics, interval = self._subscription()
+        metrics, interval = self._subscription(iid, meta)
         inst = self.instances.get(iid)
         if inst is None or inst.metrics != metrics or inst.interval_ms != interval:
             fresh = Instance(iid, meta, subscription_id(metrics, interval, iid), metrics,

@@ -26,8 +26,10 @@ import hmac
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 
+from appliance.security import oauthbearer
 from appliance.security.principal import USER
 from appliance.security.scram import MECHANISMS, ScramCredential, check_password, hash_name
 
@@ -169,26 +171,52 @@ class ScramServer:
         return f"v={base64.b64encode(server_signature).decode()}".encode()
 
 
+def _dotted(principal: str) -> str:
+    kind, _, name = principal.partition(":")
+    return f"{kind}.{name}"
+
+
 def _unescape(saslname: str) -> str:
     return saslname.replace("=2C", ",").replace("=3D", "=")
 
 
-def mechanism_server(name: str, lookup: Lookup):
+def mechanism_server(name: str, lookup: Lookup, oauth=None):
     if name == "PLAIN":
         return PlainServer(lookup)
     if name in MECHANISMS:
         return ScramServer(name, lookup)
+    if name == oauthbearer.MECHANISM:
+        return oauthbearer.OAuthBearerServer(oauth, SaslFailure)
     raise ValueError(name)
 
 
 class SaslServerAuthenticator:
-    def __init__(self, mechanisms: list[str], lookup: Lookup) -> None:
+    """``reauth_ms``: Kafka's connections.max.reauth.ms (0: sessions do not expire unless the
+    credential does, as an OAUTHBEARER token's ``exp``); ``oauth``: returns the frontend's
+    current ``oauthbearer.JwtValidator`` (a re-authentication after a reload uses the re-read
+    JWKS); ``clock``: wall-clock seconds (token expiry is wall time),
+    ``monotonic``: the deadline's clock."""
+
+    def __init__(self, mechanisms: list[str], lookup: Lookup, *, oauth=None, reauth_ms: int = 0,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.mechanisms = list(mechanisms)
         self.lookup = lookup
+        self.oauth = oauth
+        self.reauth_ms = reauth_ms
+        self.clock, self.monotonic = clock, monotonic
         self.state = SaslState.HANDSHAKE_OR_VERSIONS
         self.raw = False            # SaslHandshake v0: raw tokens follow, no SaslAuthenticate
         self.server = None
         self.principal: str | None = None
+        # KIP-368: when the session ends (monotonic seconds; None = never), what SaslAuthenticate
+        # told the client, and the re-authentication in progress (previous mechanism, principal).
+        self.session_expires: float | None = None
+        self.session_lifetime_ms = 0
+        self.supports_reauthentication = False     # a SaslAuthenticate v1+ was seen
+        self.reauth_of: tuple[str, str] | None = None
+        self.last_reauth_start: float | None = None
+        self._bad_mechanism: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -213,22 +241,84 @@ class SaslServerAuthenticator:
         if mechanism not in self.mechanisms:
             self.state = SaslState.FAILED
             return False
-        self.server = mechanism_server(mechanism, self.lookup)
+        if self.reauth_of is not None and mechanism != self.reauth_of[0]:
+            # Kafka answers the handshake, then fails the SaslAuthenticate that follows.
+            self._bad_mechanism = (f"SASL mechanism '{mechanism}' requested by client is not "
+                                   f"supported for re-authentication of mechanism "
+                                   f"'{self.reauth_of[0]}'")
+        self.server = mechanism_server(mechanism, self.lookup,
+                                       self.oauth() if self.oauth is not None else None)
         self.raw = version == 0
         self.state = SaslState.AUTHENTICATE
         return True
 
-    def evaluate(self, token: bytes) -> bytes:
+    @property
+    def reauthenticating(self) -> bool:
+        return self.reauth_of is not None
+
+    def may_reauthenticate(self) -> bool:
+        """A SaslHandshake on an authenticated connection begins a re-authentication (KIP-368)
+        only if the session has an end, and at most once a second (Kafka's KafkaChannel);
+        otherwise it is answered as any SaslHandshake after authentication."""
+        if self.state is not SaslState.COMPLETE or self.session_expires is None:
+            return False
+        now = self.monotonic()
+        if self.last_reauth_start is not None and now - self.last_reauth_start < 1.0:
+            return False
+        self.last_reauth_start = now
+        return True
+
+    def begin_reauthentication(self) -> None:
+        self.reauth_of = (self.mechanism, self.principal)
+        self.server = None
+        self.raw = False
+        self._bad_mechanism = None
+        self.state = SaslState.HANDSHAKE
+
+    def expired(self) -> bool:
+        """The session ended and no re-authentication is under way: Kafka closes the
+        connection on its next request."""
+        return (self.session_expires is not None and self.reauth_of is None
+                and self.monotonic() > self.session_expires)
+
+    def evaluate(self, token: bytes, version: int = 0) -> bytes:
         """One client token; the server's answer. SaslFailure fails the authentication."""
+        if version > 0:
+            self.supports_reauthentication = True
         try:
+            if self._bad_mechanism is not None:
+                raise SaslFailure(self._bad_mechanism)
             out = self.server.evaluate(token)
-        except SaslFailure:
+            if self.server.complete:
+                principal = getattr(self.server, "principal", "") or USER + self.server.user
+                if self.reauth_of is not None and principal != self.reauth_of[1]:
+                    raise SaslFailure(
+                        f"Cannot change principals during re-authentication from "
+                        f"{_dotted(self.reauth_of[1])}: {_dotted(principal)}")
+        except SaslFailure as e:
+            if self.reauth_of is not None:
+                e.message = e.message.replace("during authentication", "during re-authentication")
             self.state = SaslState.FAILED
             raise
         if self.server.complete:
             self.state = SaslState.COMPLETE
-            self.principal = USER + self.server.user
+            self.principal = principal
+            self.reauth_of = None
+            self._session_times()
         return out
+
+    def _session_times(self) -> None:
+        """Kafka's calcCompletionTimesAndReturnSessionLifetimeMs: the credential's remaining
+        lifetime (a token's exp), connections.max.reauth.ms, the smaller of the two, or no end."""
+        expires_ms = getattr(self.server, "expires_ms", None)
+        lifetime = None
+        if expires_ms is not None:
+            lifetime = max(0, expires_ms - int(self.clock() * 1000))
+        if self.reauth_ms > 0:
+            lifetime = self.reauth_ms if lifetime is None else min(lifetime, self.reauth_ms)
+        self.session_lifetime_ms = lifetime or 0
+        self.session_expires = (None if lifetime is None
+                                else self.monotonic() + lifetime / 1000)
 
     @property
     def mechanism(self) -> str:

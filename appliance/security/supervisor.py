@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from appliance.config import Config
-from appliance.security import credentials, messages, tls
+from appliance.security import credentials, messages, oauthbearer, tls
 from appliance.service import serves
 from appliance.runtime import EXIT_CONFIG, DataDirUnusable, StartFailure
 
@@ -42,6 +42,13 @@ class SecurityService:
                                   "changed)") from None
         credentials.publish(self.store.users, self.published)
         self.page.publish(credentials_version=self.store.version)
+        try:
+            # Each frontend reads the JWKS itself; an unusable one is a configuration error
+            # reported once, here, before any frontend starts.
+            oauthbearer.JwtValidator.from_config(self.cfg.sasl)
+        except oauthbearer.OAuthConfigError as e:
+            raise StartFailure(f"config: sasl.oauthbearer_jwks_endpoint_url: {e}",
+                               EXIT_CONFIG) from None
         if self.tls_listeners:
             try:
                 tls.publish(self.cfg.tls, self.run_dir, 1)

@@ -54,7 +54,9 @@ class CatalogStore:
                                        broker_default=dict(broker.get("default", {})),
                                        broker_node=dict(broker.get("node", {})),
                                        group_configs={g: dict(c) for g, c
-                                                      in raw.get("group_configs", {}).items()})
+                                                      in raw.get("group_configs", {}).items()},
+                                       client_metrics={n: dict(c) for n, c
+                                                       in raw.get("client_metrics", {}).items()})
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 raise DataDirUnusable(f"the topic catalog {path} cannot be read: {e}; restore it "
                                       "from a backup (nothing in the data dir was changed)") from None
@@ -80,6 +82,7 @@ class CatalogStore:
                                 "configs": t.configs} for t in catalog.topics.values()},
             "broker_configs": {"default": catalog.broker_default, "node": catalog.broker_node},
             "group_configs": catalog.group_configs,
+            "client_metrics": catalog.client_metrics,
         }
         data = json.dumps(with_checksum(raw), indent=1, sort_keys=True).encode()
         path = os.path.join(self.data_dir, CATALOG_FILE)
@@ -99,12 +102,13 @@ class CatalogStore:
         self.catalog = catalog
 
     def _next(self, topics: dict[str, TopicInfo] | None = None, broker_default=None,
-              broker_node=None, group_configs=None) -> Catalog:
+              broker_node=None, group_configs=None, client_metrics=None) -> Catalog:
         c = self.catalog
         return Catalog(version=c.version + 1, topics=c.topics if topics is None else topics,
                        broker_default=c.broker_default if broker_default is None else broker_default,
                        broker_node=c.broker_node if broker_node is None else broker_node,
-                       group_configs=c.group_configs if group_configs is None else group_configs)
+                       group_configs=c.group_configs if group_configs is None else group_configs,
+                       client_metrics=c.client_metrics if client_metrics is None else client_metrics)
 
     def _make_dirs(self, t: TopicInfo, partitions: Iterable[int]) -> list[str]:
         """The partitions' directories with their partition.metadata; returns the directories."""
@@ -159,9 +163,10 @@ class CatalogStore:
     def set_configs(self, topic_configs: dict[str, dict[str, str]],
                     broker_default: dict[str, str] | None = None,
                     broker_node: dict[str, str] | None = None,
-                    group_configs: dict[str, dict[str, str]] | None = None) -> Catalog:
+                    group_configs: dict[str, dict[str, str]] | None = None,
+                    client_metrics: dict[str, dict[str, str]] | None = None) -> Catalog:
         """AlterConfigs: commit new override sets (whole sets: name -> configs; None = unchanged;
-        a group whose set is empty is dropped)."""
+        a group or a client metrics resource whose set is empty is dropped)."""
         new = dict(self.catalog.topics)
         for name, configs in topic_configs.items():
             new[name] = msgspec.structs.replace(new[name], configs=dict(configs))
@@ -173,7 +178,15 @@ class CatalogStore:
                     groups[g] = dict(configs)
                 else:
                     groups.pop(g, None)
-        self._save(self._next(new, broker_default, broker_node, groups))
+        metrics = None
+        if client_metrics:
+            metrics = dict(self.catalog.client_metrics)
+            for n, configs in client_metrics.items():
+                if configs:
+                    metrics[n] = dict(configs)
+                else:
+                    metrics.pop(n, None)
+        self._save(self._next(new, broker_default, broker_node, groups, metrics))
         return self.catalog
 
     def remove_topics(self, names: Iterable[str]) -> list[TopicInfo]:

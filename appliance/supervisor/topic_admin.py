@@ -26,8 +26,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from appliance.catalog.messages import (RESOURCE_BROKER, RESOURCE_GROUP, RESOURCE_TOPIC, AlterConfigsRequest,
-                                        AlterConfigsResult, ConfigResult, CreatePartitionsRequest,
+from appliance.catalog.messages import (RESOURCE_BROKER, RESOURCE_CLIENT_METRICS, RESOURCE_GROUP,
+                                        RESOURCE_TOPIC, AlterConfigsRequest, AlterConfigsResult, ConfigResult, CreatePartitionsRequest,
                                         CreateTopicsRequest, DeleteTopicsRequest, TopicResult,
                                         TopicsResult)
 from appliance.supervisor.catalog_store import CatalogStore
@@ -36,6 +36,7 @@ from appliance.errors import ErrorCode, KafkaError
 from appliance.durable import NO_SPACE
 from appliance.service import Responder, serves
 from appliance.group_config import alter_group_configs
+from appliance.metrics import client_metrics_config
 from appliance.topic_config import (alter_broker_configs, alter_topic_configs, apply_config_ops,
                                     validate_topic_configs)
 
@@ -240,6 +241,7 @@ class TopicAdmin:
         topics: dict[str, dict[str, str]] = {}
         broker: dict[str, dict[str, str]] = {}          # "" (default) or the node id -> set
         groups: dict[str, dict[str, str]] = {}          # KIP-848 group configs: group -> set
+        metrics: dict[str, dict[str, str]] = {}         # KIP-714 CLIENT_METRICS: name -> set
         for change, key in zip(req.changes, keys):
             try:
                 if keys.count(key) > 1:
@@ -262,6 +264,10 @@ class TopicAdmin:
                                          f"Unexpected broker id, expected {node}, but received {name}")
                     have = current.broker_node if name else current.broker_default
                     broker[name] = alter_broker_configs(have, change.ops, req.incremental)
+                elif change.resource_type == RESOURCE_CLIENT_METRICS:
+                    metrics[name] = client_metrics_config.alter(
+                        name, current.client_metrics.get(name, {}), change.ops, req.incremental,
+                        apply_config_ops)
                 elif change.resource_type == RESOURCE_GROUP:
                     if not name:
                         raise KafkaError(ErrorCode.invalid_request, "Group name must not be empty.")
@@ -273,10 +279,10 @@ class TopicAdmin:
                 results.append(ConfigResult(0))
             except KafkaError as e:
                 results.append(ConfigResult(int(e.code), e.message))
-        if req.validate_only or not (topics or broker or groups):
+        if req.validate_only or not (topics or broker or groups or metrics):
             return AlterConfigsResult(results)
         try:
-            self.store.set_configs(topics, broker.get(""), broker.get(node), groups)
+            self.store.set_configs(topics, broker.get(""), broker.get(node), groups, metrics)
         except OSError as e:
             if e.errno not in NO_SPACE:
                 raise
@@ -289,6 +295,8 @@ class TopicAdmin:
                      configs or "none")
         for name, configs in groups.items():
             log.info("group %s configs now %s", name, configs or "the defaults")
+        for name, configs in metrics.items():
+            log.info("client metrics subscription %s now %s", name, configs or "deleted")
         self.publish()
         return AlterConfigsResult(results)
 

@@ -146,7 +146,10 @@ def java_program(tmp_path_factory) -> JavaProgram:
 # -- kafka-clients 4.3 (KIP-848's consumer protocol) ---------------------------------------------
 
 JARS_4 = ("kafka-clients-4.3.0.jar", "slf4j-api-2.0.18.jar", "lz4-java-1.10.2.jar",
-          "zstd-jni-1.5.6-10.jar")
+          "zstd-jni-1.5.6-10.jar",
+          # what the client's OAuthBearerLoginCallbackHandler needs (KIP-768: jose4j, Jackson)
+          "jose4j-0.9.6.jar", "jackson-databind-2.21.2.jar", "jackson-core-2.21.2.jar",
+          "jackson-annotations-2.21.jar")
 
 
 def jar_dir_4() -> str:

@@ -157,6 +157,11 @@ def _request_for(key, v, topic, topic_id, batch):
         # A random instance the broker never subscribed: Kafka's UNKNOWN_SUBSCRIPTION_ID.
         return {"client_instance_id": uuid.uuid4(), "subscription_id": 12345,
                 "terminating": False, "compression_type": 0, "metrics": b""}
+    if key == 74:
+        return {"resource_types": []} if v >= 1 else {}
+    if key == 75:
+        # A one-partition page of the topic: the cursor goes on at its partition 1.
+        return {"topics": [{"name": topic}], "response_partition_limit": 1, "cursor": None}
     raise AssertionError(f"no request written for api key {key}: add one")
 
 
@@ -227,6 +232,17 @@ def _check(key, v, resp, acl_error=54):
         assert resp.error_code == 0 and resp.client_instance_id != uuid.UUID(int=0), (v, resp)
     elif key == 72:
         assert resp.error_code == 117, (v, resp)               # UNKNOWN_SUBSCRIPTION_ID
+    elif key == 74:
+        assert resp.error_code == 0, (v, resp)
+        if v == 0:                       # CLIENT_METRICS only, and none is defined here
+            assert resp.config_resources == (), resp
+        else:
+            assert {(r.resource_name, r.resource_type) for r in resp.config_resources} >= {
+                ("1", 4), ("every-2", 2)}, resp
+    elif key == 75:
+        t = resp.topics[0]
+        assert t.error_code == 0 and [p.partition_index for p in t.partitions] == [0], resp
+        assert (resp.next_cursor.topic_name, resp.next_cursor.partition_index) == (t.name, 1)
 
 
 # -- transaction APIs -----------------------------------------------------------------------------

@@ -92,3 +92,47 @@ def test_kafka_errors_at_the_wire(appliance_factory):
         # THROTTLING_QUOTA_EXCEEDED (89) until the push interval passed, then the real answer
         assert eventually(lambda: (e := push(metrics=b"x" * 2048)) != 89 and e, timeout=10) == 118
         assert eventually(lambda: (e := push(metrics=b"\xff" * 3)) != 89 and e, timeout=10) == 87
+
+
+def _client_metrics(app, *args: str) -> str:
+    import subprocess
+    from appliance_harness import APPLIANCE
+    r = subprocess.run([APPLIANCE, "client-metrics", *args, "--bootstrap-server", app.bootstrap],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_client_metrics_resources_drive_the_subscriptions(appliance_factory):
+    """KIP-714's CLIENT_METRICS resources, made with ``appliance client-metrics`` (Kafka's
+    kafka-client-metrics.sh): with no ``[telemetry]`` metrics, a resource that matches the
+    librdkafka producer's client id subscribes it (its metrics reach a scrape), a client it does
+    not match gets no metrics; listed by ListConfigResources, gone once deleted."""
+    import uuid
+    from raw_wire import RawClient
+    port = free_port()
+    app = appliance_factory(metrics={"listen": f"127.0.0.1:{port}"})
+    out = _client_metrics(app, "alter", "--name", "producers", "--metrics",
+                          "org.apache.kafka.producer.", "--interval", "1000",
+                          "--match", "client_id=cm-prod.*,client_software_name=confluent-kafka-python")
+    assert out.strip() == "Altered client metrics config for producers."
+    assert _client_metrics(app, "list").split() == ["producers"]
+    assert _client_metrics(app, "describe", "--name", "producers").splitlines() == [
+        "Client metrics configs for producers are:", "  metrics=org.apache.kafka.producer.",
+        "  interval.ms=1000", "  match=client_id=cm-prod.*,client_software_name=confluent-kafka-python"]
+    with RawClient(app.bootstrap, client_id="not-a-producer") as c:
+        r = c.request(71, 0, {"client_instance_id": uuid.UUID(int=0)})
+        assert r.error_code == 0 and r.requested_metrics == () and r.push_interval.total_seconds() == 300
+        listed = c.request(74, 1, {"resource_types": [16]})
+        assert [(x.resource_name, x.resource_type) for x in listed.config_resources] == [("producers", 16)]
+    p = Producer({"bootstrap.servers": app.bootstrap, "client.id": "cm-producer"})
+    p.produce("cm", b"v")
+    assert p.flush(30) == 0
+    series = eventually(lambda: p.poll(0.1) is not None and False
+                        or client_series(port, "org_apache_kafka_producer_", "cm-producer"),
+                        timeout=60, what="the subscribed producer's telemetry")
+    assert series
+    assert _client_metrics(app, "delete", "--name", "producers").strip() == \
+        "Deleted client metrics config for producers."
+    assert _client_metrics(app, "list").split() == []
+    assert "doesn't exist" in _client_metrics(app, "describe", "--name", "producers")

@@ -8,7 +8,7 @@ auto.offset.reset=none (a failed validation would throw)."""
 
 from __future__ import annotations
 
-from java_programs import java_program  # noqa: F401 (fixture)
+from java_programs import java4_program, java_program  # noqa: F401 (fixtures)
 from raw_wire import RawClient
 
 
@@ -55,3 +55,28 @@ def test_java_consumer_validates_its_committed_position_after_a_restart(applianc
     appliance.restart()
     got = java_program("AdminCheck", appliance.bootstrap, "resume")
     assert got["offsets"] == "[4, 5, 6, 7, 8, 9]"
+
+
+def test_java_4_admin_on_kafka_4s_admin_surface(appliance_factory, java4_program):
+    """kafka-clients 4.3's Admin: describeTopics pages through DescribeTopicPartitions (two
+    partitions a response here, so it follows the cursor across both topics), CLIENT_METRICS
+    resources are set and described (kafka-client-metrics.sh's calls) and listed by
+    ListConfigResources, DescribeCluster gives the cluster's authorized operations."""
+    import requests
+    from appliance_harness import free_port
+    port = free_port()
+    appliance = appliance_factory(metrics={"listen": f"127.0.0.1:{port}"})
+    got = java4_program("Admin4", appliance.bootstrap)
+    scrape = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    # The Admin asked DescribeTopicPartitions (not Metadata's fallback), once per page.
+    pages = [line for line in scrape.splitlines() if line.startswith(
+        'kafka_network_requestmetrics_requests_total{request="DescribeTopicPartitions"')]
+    assert pages and float(pages[0].split()[-1]) >= 4, pages
+    assert got["partitions.dtp-a"] == "0,1,2,3,4" and got["partitions.dtp-b"] == "0,1,2"
+    assert got["ops.dtp-a"] == "true" and got["ops.dtp-b"] == "true"
+    assert got["clientMetrics"] == ("interval.ms=5000/DYNAMIC_CLIENT_METRICS_CONFIG;"
+                                    "match=client_id=java-.*/DYNAMIC_CLIENT_METRICS_CONFIG;"
+                                    "metrics=org.apache.kafka.producer./DYNAMIC_CLIENT_METRICS_CONFIG")
+    assert got["listed"] == "CLIENT_METRICS:java-sub"
+    assert "dtp-a" in got["listedTopics"].split(",") and "dtp-b" in got["listedTopics"].split(",")
+    assert got["clusterOps"] == "true"

@@ -132,3 +132,18 @@ def test_group_configs_persist_and_publish_and_an_emptied_group_goes(tmp_path):
     path = str(tmp_path / "g.mp")
     publish(c, path)
     assert read_published(path).group_configs == c.group_configs
+
+
+def test_client_metrics_resources_persist_and_publish_and_a_deleted_one_goes(tmp_path):
+    store = CatalogStore(str(tmp_path))
+    store.load()
+    store.set_configs({}, client_metrics={"a": {"metrics": "*", "interval.ms": "1000"},
+                                          "b": {"match": "client_id=x"}})
+    store.set_configs({}, group_configs={"g": {"share.isolation.level": "read_committed"}},
+                      client_metrics={"b": {}})
+    c = CatalogStore(str(tmp_path)).load()
+    assert c.client_metrics == {"a": {"metrics": "*", "interval.ms": "1000"}}
+    assert c.group_configs == {"g": {"share.isolation.level": "read_committed"}}
+    path = str(tmp_path / "m.mp")
+    publish(c, path)
+    assert read_published(path).client_metrics == c.client_metrics

@@ -96,3 +96,64 @@ def test_reload_changes_the_subscription_id():
                   10_001) == ErrorCode.unknown_subscription_id
     r2 = t.get_subscriptions(r["client_instance_id"], META, 10_002)   # after that error: at once
     assert r2["error_code"] == 0 and r2["requested_metrics"] == ("org.apache.kafka.producer.",)
+
+
+# -- CLIENT_METRICS config resources (KIP-714 subscriptions) --------------------------------------
+
+def test_client_metrics_resources_win_over_the_section_and_match_per_client():
+    from appliance.metrics import client_metrics_config as cmc
+    resources = {
+        "producers": {"metrics": "org.apache.kafka.producer.", "interval.ms": "2000",
+                      "match": "client_software_name=librdkafka,client_id=p.*"},
+        "all-java": {"metrics": "*", "interval.ms": "60000", "match": "client_software_name=apache-kafka-java"},
+        "node": {"metrics": "org.apache.kafka.producer.node.,org.apache.kafka.consumer.",
+                 "interval.ms": "500000"},
+    }
+    held = [resources]          # what the catalog holds: a new dict at each new snapshot
+    t = ClientTelemetry(TelemetryConfig(metrics=["*"], interval_ms=1000), lambda: held[0])
+    p = t.get_subscriptions(None, ClientMeta("p-1", "librdkafka", "2.16.1", "User:a"), 1)
+    # The union of the matching subscriptions, the smallest interval (never above 5 minutes).
+    assert p["requested_metrics"] == ("org.apache.kafka.consumer.", "org.apache.kafka.producer.",
+                                      "org.apache.kafka.producer.node.")
+    assert p["push_interval"] == 2000
+    j = t.get_subscriptions(None, ClientMeta("x", "apache-kafka-java", "4.3.0", "User:a"), 1)
+    assert j["requested_metrics"] == ("*",) and j["push_interval"] == 60000
+    other = t.get_subscriptions(None, ClientMeta("c-1", "librdkafka", "2.16.1", "User:a"), 1)
+    assert other["requested_metrics"] == ("org.apache.kafka.consumer.",
+                                          "org.apache.kafka.producer.node.")
+    assert other["push_interval"] == 300000
+    # A change of the resources is a new subscription id at the client's next request.
+    held[0] = {**resources, "producers": {"metrics": "org.apache.kafka.producer.",
+                                          "interval.ms": "3000", "match": "client_id=p.*"}}
+    t.instances[p["client_instance_id"]].last_get_ms = 0
+    again = t.get_subscriptions(p["client_instance_id"], ClientMeta("p-1", "librdkafka", "2.16.1",
+                                                                    "User:a"), 10**7)
+    assert again["push_interval"] == 3000 and again["subscription_id"] != p["subscription_id"]
+    # The instance id selector takes Kafka's base64 form.
+    sub = cmc.Subscription("one", {"metrics": "*",
+                                   "match": f"client_instance_id={kafka_uuid(p['client_instance_id'])}"})
+    assert sub.matches({"client_instance_id": kafka_uuid(p["client_instance_id"])})
+    assert not sub.matches({"client_instance_id": "x"}) and not sub.matches({})
+
+
+def test_client_metrics_config_checks_are_kafkas():
+    import pytest
+    from appliance.errors import KafkaError
+    from appliance.metrics import client_metrics_config as cmc
+    from appliance.topic_config import apply_config_ops
+    ok = cmc.alter("s", {}, [(0, "metrics", "a.,b."), (0, "interval.ms", "1000"),
+                             (0, "match", "client_id=x.*")], True, apply_config_ops)
+    assert ok == {"metrics": "a.,b.", "interval.ms": "1000", "match": "client_id=x.*"}
+    assert cmc.alter("s", ok, [(2, "metrics", "c.")], True, apply_config_ops)["metrics"] == "a.,b.,c."
+    assert cmc.alter("s", ok, [(1, "metrics", None), (1, "interval.ms", None), (1, "match", None)],
+                     True, apply_config_ops) == {}
+    for ops, code in (([(0, "nope", "1")], ErrorCode.invalid_request),
+                      ([(0, "interval.ms", "99")], ErrorCode.invalid_request),
+                      ([(0, "interval.ms", "x")], ErrorCode.invalid_config),
+                      ([(0, "match", "client_color=red")], ErrorCode.invalid_config),
+                      ([(0, "match", "client_id=(")], ErrorCode.invalid_config),
+                      ([(0, "match", "client_id")], ErrorCode.invalid_config)):
+        with pytest.raises(KafkaError) as e:
+            cmc.alter("s", {}, ops, True, apply_config_ops)
+        assert e.value.code == code, ops
+    assert cmc.describe(ok)["interval.ms"] == ("1000", 7, "INT", [])

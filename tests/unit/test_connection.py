@@ -80,6 +80,7 @@ class Server:
         self.draining = False
         self.api_ranges = {}
         self.principal_rules = []
+        self.oauth_validator = None
         self.table = MetricsTable.anonymous(256)
         self.counters = FrontendMetrics(self.table)
 

@@ -142,7 +142,8 @@ class Broker:
         self._next_sweep = 0.0
         # KIP-714: the client instances pushing through this frontend, published for the
         # metrics server at most once a second when they changed.
-        self.telemetry = ClientTelemetry(ctx.config.telemetry)
+        self.telemetry = ClientTelemetry(ctx.config.telemetry,
+                                         lambda: self.catalog.client_metrics)
         self._next_telemetry = 0.0
         self.backlog: set[Channel] = set()     # channels with sends queued behind a full ring
         # The ACLs the supervisor published (appliance.acl): checked by every handler through

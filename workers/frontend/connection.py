@@ -34,6 +34,13 @@ authenticate state it gets its error response with ILLEGAL_SASL_STATE), frames a
 512 KiB, the raw tokens of the SaslHandshake v0 flow are handed to the authenticator directly,
 and a failed authentication is answered (or not) after
 ``server.connection_failed_authentication_delay_ms``, then the connection is closed.
+
+Re-authentication (KIP-368): a session with an end (``sasl.connections_max_reauth_ms``, an
+OAUTHBEARER token's exp) may be renewed by a SaslHandshake on the authenticated connection,
+at most once a second (a second one is answered as after authentication, ILLEGAL_SASL_STATE);
+the exchange is gated as the first one and must keep the mechanism and the principal. A request
+other than that SaslHandshake after the session's end closes the connection unanswered, as
+Kafka's SocketServer does ("expired credentials": a removed user, an expired token).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from workers.frontend.metrics import error_counts
 log = logging.getLogger("appliance.connection")
 
 API_VERSIONS_KEY = 18
+SASL_HANDSHAKE_KEY = 17
 PRODUCE_KEY = 0
 _SIZE = struct.Struct(">i")
 MAX_INFLIGHT = 64          # pause reading beyond this many unanswered requests on one connection
@@ -88,8 +96,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.sasl: SaslServerAuthenticator | None = None
         max_frame = server.broker.cfg.server.socket_request_max_bytes
         if self.endpoint.sasl:
-            self.sasl = SaslServerAuthenticator(server.broker.cfg.sasl.mechanisms,
-                                                server.broker.scram_credentials)
+            sasl_cfg = server.broker.cfg.sasl
+            self.sasl = SaslServerAuthenticator(sasl_cfg.mechanisms,
+                                                server.broker.scram_credentials,
+                                                oauth=lambda: server.oauth_validator,
+                                                reauth_ms=sasl_cfg.connections_max_reauth_ms)
             max_frame = min(max_frame, MAX_RECEIVE_SIZE)
         # The socket reads straight into it; frames are views of it until the next read.
         self.decoder = frames.FrameBuffer(max_frame)
@@ -230,7 +241,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
             answer()
 
     def authenticated(self, principal: str) -> None:
-        """SASL completed: the connection is ``principal``'s and takes any request of any size."""
+        """SASL completed (or a re-authentication, KIP-368): the connection is ``principal``'s
+        and takes any request of any size."""
         self.principal = principal
         self.decoder.max_frame_bytes = self.broker.cfg.server.socket_request_max_bytes
         self.decoder.min_frame_bytes = frames.REQUEST_HEADER_MIN_BYTES
@@ -287,6 +299,16 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self.sasl is not None and not self.sasl.complete and self._before_authentication(frame):
             return
         header, body_offset = frames.parse_request_header(frame)
+        if self.sasl is not None and self.sasl.session_expires is not None:
+            if header.api_key == SASL_HANDSHAKE_KEY and self.sasl.may_reauthenticate():
+                # KIP-368: a SaslHandshake on an authenticated connection whose session has an
+                # end begins a re-authentication; the connection keeps its principal meanwhile.
+                self.sasl.begin_reauthentication()
+            elif self.sasl.expired():
+                # Kafka's SocketServer closes a connection whose session expired on its next
+                # request that is not a re-authentication (expired token, removed user).
+                self._close_after(None, f"SASL session of {self.principal} expired")
+                return
         api = REGISTRY.get(header.api_key)
         if api is None:
             raise ProtocolViolation(f"unknown api key {header.api_key}")

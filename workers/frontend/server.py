@@ -43,6 +43,7 @@ from appliance.runtime import (COORDINATOR, FRONTEND_PAGE_FIELDS, SUPERVISOR, Bo
                               WorkerContext, release_free_memory)
 from appliance.security import tls
 from appliance.principal_rules import parse_mapping_rules
+from appliance.security.oauthbearer import JwtValidator, OAuthConfigError
 from workers.base import AsyncWorker
 from workers.frontend.broker import Broker
 from workers.frontend.connection import KafkaConnection
@@ -80,6 +81,8 @@ class Frontend(AsyncWorker):
         self.ssl_context: ssl.SSLContext | None = None
         self.tls_version = 0
         self.principal_rules = parse_mapping_rules(self.cfg.tls.principal_mapping_rules)
+        # SASL/OAUTHBEARER's token validator (its JWKS read now and on every reload).
+        self.oauth_validator: JwtValidator | None = JwtValidator.from_config(self.cfg.sasl)
 
     def inputs(self) -> list[str]:
         # Writers' ack rings join with the catalog (Broker._sync_writers).
@@ -118,6 +121,18 @@ class Frontend(AsyncWorker):
             log.info("new TLS connections use the certificates of version %d", version)
         self.tls_version = version
 
+    def _load_oauth(self, cfg) -> None:
+        """Re-read the JWKS: new authentications use the keys read now (a rotated key set
+        reaches the next login, as Kafka's JWKS refresh); a file that does not load keeps the
+        keys in use."""
+        try:
+            self.oauth_validator = JwtValidator.from_config(cfg.sasl)
+        except OAuthConfigError as e:
+            log.error("OAUTHBEARER: keeping the JWKS in use: %s", e)
+        else:
+            if self.oauth_validator is not None:
+                log.info("OAUTHBEARER: %d signature keys loaded", len(self.oauth_validator.keys))
+
     def drain_inputs(self) -> bool:
         self.broker.drain()
         return True
@@ -133,6 +148,7 @@ class Frontend(AsyncWorker):
         # and TLS settings.
         self.broker.cfg = new
         self.principal_rules = parse_mapping_rules(new.tls.principal_mapping_rules)
+        self._load_oauth(new)
         # The supervisor published the re-read certificates before the version we follow moved.
         if self.ssl_context is not None and self.sup_page.read().tls_version != self.tls_version:
             self._load_tls()
