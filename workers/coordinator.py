@@ -206,6 +206,7 @@ class Coordinator(Worker):
                                   self._marks,
                                   other_group=lambda g: self.gs.groups.group_state(g) is not None)
         self.share.load()
+        self.gs.share = self.share          # one namespace of group ids (ListGroups, DeleteGroups)
         # Counters continue from what the predecessor left in the table.
         m = self.metrics
         self.counter_slots = {stat: m.slot(mkey(name)) for stat, name in COUNTERS.items()}

@@ -14,7 +14,8 @@ Assignment: every member gets every partition of the topics it subscribes to (Ka
 at once, so there is no revocation step and a member's epoch simply follows the group epoch when
 its assignment changes). Membership is not persisted (Kafka writes it to ``__consumer_offsets``):
 after a restart members get UNKNOWN_MEMBER_ID and join again, which every client does; the share
-partitions' state is what must survive, and does.
+partitions' state is what must survive, and does. The admin side (ListGroups, DeleteGroups, the
+share-group offsets APIs 90-92) is ``appliance.group.share_admin``.
 
 Sessions (KIP-932 "Share sessions"): a ShareFetch with epoch 0 opens the member's session (at most
 ``groups.share_max_share_sessions``, else SHARE_SESSION_LIMIT_REACHED) with the partitions it
@@ -36,6 +37,7 @@ from appliance.group.messages import (DescribedShareGroup, DescribedShareMember,
                                       ShareFetchRequest, ShareFetchResult, ShareGroupDescribeRequest,
                                       ShareGroupDescribeResult, ShareGroupHeartbeatRequest,
                                       ShareGroupHeartbeatResult, SharePartResult, TopicPartitions)
+from appliance.group.share_admin import ShareAdmin
 from appliance.group.share_partition import SharePartition
 from appliance.group.share_store import ShareKey, ShareLogWriteError, ShareSnapshot, ShareStateStore
 from appliance.service import serves
@@ -95,7 +97,7 @@ class ShareSession:
     parts: dict[tuple[bytes, int], None] = field(default_factory=dict)    # ordered set
 
 
-class ShareService:
+class ShareService(ShareAdmin):
     def __init__(self, store: ShareStateStore, cfg: ShareConfig, now_ms: Callable[[], int],
                  topics: Callable[[], dict[str, tuple[bytes, int]]],
                  marks: Callable[[bytes, int], tuple[int, int] | None],
