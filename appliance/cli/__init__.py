@@ -3,7 +3,8 @@
 Runs in the user's shell (or under systemd). ``appliance run`` becomes the supervisor process.
 One module per tool registers its commands on ``main`` (imported at the bottom of this file):
 ``serve`` (run, check-config, metrics), ``transactions`` (Kafka's kafka-transactions.sh),
-``topics`` (kafka-topics.sh), ``groups`` (kafka-consumer-groups.sh), ``configs``
+``topics`` (kafka-topics.sh), ``groups`` (kafka-consumer-groups.sh), ``share_groups``
+(kafka-share-groups.sh), ``configs``
 (kafka-configs.sh), ``offsets`` (kafka-get-offsets.sh), ``dump_log`` (kafka-dump-log.sh) and
 ``console`` (the console producer and consumer), ``users`` (SCRAM users, offline or online),
 ``acls`` (kafka-acls.sh), ``spark`` (recovery of the Spark sink's dead jobs);
@@ -48,4 +49,4 @@ def main() -> None:
 
 # The tools: each module registers its commands on ``main``.
 from appliance.cli import (acls, configs, console, dump_log, groups, offsets, serve,  # noqa: E402,F401
-                           spark, topics, transactions, users)
+                           share_groups, spark, topics, transactions, users)

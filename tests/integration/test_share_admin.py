@@ -1,8 +1,7 @@
 """The admin side of KIP-932 share groups against the real appliance (one appliance for the
-module): kafka-clients 4.3's Admin (listGroups for share groups, describeShareGroups,
-listShareGroupOffsets with lag, alterShareGroupOffsets, deleteShareGroupOffsets,
-deleteShareGroups), and on the wire the group namespace a share group shares with classic and
-consumer groups: each type refuses the other's id with Kafka's error.
+module): on the wire, the group namespace a share group shares with classic and consumer groups
+(each type refuses the other's id with Kafka's error), and ``appliance share-groups``. Kafka
+4.3's Admin on a share group is in test_share_groups.py (its Java share consumer's group).
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ import uuid
 
 from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
 from client_drivers import driver
-from java_programs import java4_program  # noqa: F401 (fixture)
 from raw_wire import RawClient
 from test_share_groups import CONFIG, produce, uid
 
@@ -19,29 +17,20 @@ APPLIANCE_CONFIG = CONFIG
 GROUP_ID_NOT_FOUND, INCONSISTENT_GROUP_PROTOCOL, NON_EMPTY_GROUP = 69, 23, 68
 
 
+def tool(bootstrap: str, *args: str):
+    """``appliance ARGS --bootstrap-server B`` run in this process (click's runner: the
+    command's own code and output, without a Python start per call); must exit 0."""
+    from click.testing import CliRunner
+
+    from appliance.cli import main
+    r = CliRunner().invoke(main, [*args, "--bootstrap-server", bootstrap])
+    assert r.exit_code == 0, (args, r.output, r.exception)
+    return r
+
+
 def heartbeat(c: RawClient, group: str, topic: str, member: str | None = None):
     return c.request(76, 1, {"group_id": group, "member_id": member or str(uuid.uuid4()),
                              "member_epoch": 0, "subscribed_topic_names": [topic]})
-
-
-def test_java_admin_lists_describes_resets_and_deletes_a_share_group(shared_appliance,
-                                                                     java4_program):
-    """A Java 4.3 share consumer reads 20 records and leaves; the Admin then sees the group
-    Empty with start offset 20 and lag 0, resets partition 0 to 5 (lag 15), deletes the topic's
-    offsets (no partitions left) and the group (no longer listed)."""
-    b = shared_appliance.bootstrap
-    topic, group = uid("sa"), uid("sga")
-    driver("confluent").create_topics(b, {topic: (1, {})})
-    produce(b, topic, 0, 20)
-    out = java4_program("ShareConsumerExplicit", b, group, topic, "20", "60")
-    assert out["read"] == "20", out
-    out = java4_program("ShareAdmin4", b, group, topic, "5")
-    assert f"{group}:Share:Empty" in out["listed"].split(","), out
-    assert (out["state"], out["offsets"]) == ("Empty", "0:20:0"), out
-    assert (out["altered"], out["reset"]) == ("ok", "0:5:15"), out
-    assert (out["deleted"], out.get("after", "")) == ("ok", ""), out
-    assert out["gone"] == "ok", out
-    assert group not in out.get("finally", ""), out
 
 
 def test_share_and_other_group_types_refuse_each_others_ids(shared_appliance):
@@ -98,3 +87,42 @@ def test_share_and_other_group_types_refuse_each_others_ids(shared_appliance):
             GROUP_ID_NOT_FOUND, f"Group {classic} is not a share group."), r
         (g,) = c.request(90, 1, {"groups": [{"group_id": classic, "topics": None}]}).groups
         assert g.error_code == GROUP_ID_NOT_FOUND, g
+
+
+def test_share_groups_cli_lists_describes_resets_and_deletes(shared_appliance):
+    """``appliance share-groups`` (kafka-share-groups.sh) on a share group whose member left:
+    list, reset-offsets --execute, describe with start offset and lag, delete-offsets, delete;
+    the admin client behind ``appliance groups list`` asks only for classic and consumer
+    groups."""
+    from appliance.cli.groups import CONSUMER_TYPES
+    from appliance.client.admin import AdminClient
+    from test_cli_tools import rows
+    app = shared_appliance
+    b = app.bootstrap
+    topic, group = uid("sc"), uid("sgc")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    produce(b, topic, 0, 10)
+    member = str(uuid.uuid4())
+    with RawClient(b) as c:
+        assert heartbeat(c, group, topic, member).error_code == 0
+        r = c.request(76, 1, {"group_id": group, "member_id": member, "member_epoch": -1})
+        assert r.error_code == 0, r
+    out = rows(tool(b, "share-groups", "list").stdout)
+    assert out[0] == ["GROUP", "STATE"] and [group, "Empty"] in out, out
+    with AdminClient(b) as a:
+        assert group not in {g["group"] for g in a.list_groups((), CONSUMER_TYPES)}
+    tool(b, "share-groups", "reset-offsets", "--group", group, "--topic", topic, "--to-offset",
+         "4", "--execute")
+    out = rows(tool(b, "share-groups", "describe", "--group", group).stdout)
+    assert out == [["GROUP", "TOPIC", "PARTITION", "START-OFFSET", "LAG"],
+                   [group, topic, "0", "4", "6"]], out
+    out = rows(tool(b, "share-groups", "delete-offsets", "--group", group, "--topic",
+                    topic).stdout)
+    assert [group, topic, "deleted"] in out, out
+    with AdminClient(b) as a:
+        assert a.delete_share_offsets(group, [topic]) == {
+            topic: (3, "There is no offset information to delete.")}
+    r = tool(b, "share-groups", "delete", "--group", group)
+    assert "was successful" in r.stdout
+    with AdminClient(b) as a:
+        assert group not in {g["group"] for g in a.list_groups((), ("share",))}
