@@ -204,7 +204,8 @@ class Coordinator(Worker):
         opened.append(store)
         self.share = ShareService(store, share_config(self.cfg.groups), _now_ms, self._topics,
                                   self._marks,
-                                  other_group=lambda g: self.gs.groups.group_state(g) is not None)
+                                  other_group=lambda g: self.gs.groups.group_state(g) is not None,
+                                  group_configs=self._group_configs)
         self.share.load()
         self.gs.share = self.share          # one namespace of group ids (ListGroups, DeleteGroups)
         # Counters continue from what the predecessor left in the table.
@@ -350,9 +351,10 @@ class Coordinator(Worker):
             self._topics_version = cat.version
         return self._topics_map
 
-    def _marks(self, topic_id: bytes, partition: int) -> tuple[int, int] | None:
-        """(high watermark, log start offset) of a partition from its state page, for the share
-        partitions; None when the catalog has no such partition or its page is not there."""
+    def _marks(self, topic_id: bytes, partition: int) -> tuple[int, int, int] | None:
+        """(high watermark, log start offset, last stable offset) of a partition from its state
+        page, for the share partitions; None when the catalog has no such partition or its page
+        is not there."""
         info = self.catalog.get().by_id(topic_id)
         if info is None or not 0 <= partition < info.partitions:
             return None
@@ -366,7 +368,7 @@ class Coordinator(Worker):
                 return None
             self._pages[key] = page
         st = page.read()
-        return st.high_watermark, st.log_start_offset
+        return st.high_watermark, st.log_start_offset, st.last_stable_offset
 
     # -- writers ---------------------------------------------------------------------------------
     def _sync_writers(self) -> None:

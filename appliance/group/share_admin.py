@@ -124,7 +124,7 @@ class ShareAdmin:
         mk = self.marks(tid, p)
         if sp is None or mk is None:
             return -1, -1
-        hw, log_start = mk
+        hw, log_start = mk[0], mk[1]
         start = max(sp.start_offset, log_start)
         done = sum(1 for o, f in sp.inflight.items()
                    if o >= start and f.state in (ACKNOWLEDGED, ARCHIVED))

@@ -28,6 +28,7 @@ and its records the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
@@ -63,6 +64,16 @@ class ShareConfig:
     auto_offset_reset: str = "latest"          # share.auto.offset.reset
     max_size: int = 200                        # group.share.max.size
     max_share_sessions: int = 2000             # group.share.max.share.sessions
+    isolation_level: str = "read_uncommitted"  # share.isolation.level (a group config only)
+
+
+# GROUP config resources (appliance.group_config) over [groups]: name -> (field, type).
+_GROUP_OVERRIDES = {"share.heartbeat.interval.ms": ("heartbeat_interval_ms", int),
+                    "share.session.timeout.ms": ("session_timeout_ms", int),
+                    "share.record.lock.duration.ms": ("record_lock_duration_ms", int),
+                    "share.delivery.count.limit": ("delivery_count_limit", int),
+                    "share.auto.offset.reset": ("auto_offset_reset", str),
+                    "share.isolation.level": ("isolation_level", str)}
 
 
 def share_config(groups_cfg) -> ShareConfig:
@@ -101,22 +112,41 @@ class ShareService(ShareAdmin):
     def __init__(self, store: ShareStateStore, cfg: ShareConfig, now_ms: Callable[[], int],
                  topics: Callable[[], dict[str, tuple[bytes, int]]],
                  marks: Callable[[bytes, int], tuple[int, int] | None],
-                 other_group: Callable[[str], bool] = lambda g: False) -> None:
+                 other_group: Callable[[str], bool] = lambda g: False,
+                 group_configs: Callable[[str], dict[str, str]] = lambda g: {}) -> None:
         """``topics``: name -> (topic id, partitions) of the catalog; ``marks(topic id,
-        partition)``: its (high watermark, log start offset), None when it does not exist;
-        ``other_group(id)``: a classic or consumer group has that id."""
+        partition)``: its (high watermark, log start offset[, last stable offset]), None when it
+        does not exist; ``other_group(id)``: a classic or consumer group has that id;
+        ``group_configs(id)``: the group's GROUP config resource (``share.*`` override the
+        ``[groups]`` defaults in ``cfg``, as Kafka's GroupConfig does)."""
         self.store = store
         self.cfg = cfg
         self.now = now_ms
         self.topics = topics
         self.marks = marks
         self.other_group = other_group
+        self.group_configs = group_configs
         self.groups: dict[str, ShareGroup] = {}
         self.sessions: dict[tuple[str, str], ShareSession] = {}
         self.partitions: dict[ShareKey, SharePartition] = {}
         self._snapshot_epochs: dict[ShareKey, tuple[int, int]] = {}   # (snapshot epoch, created)
         self._next_tick = 0
         self._due: int | None = None
+
+    def gcfg(self, group_id: str) -> ShareConfig:
+        """The share configs of one group: its GROUP config resource over ``cfg``."""
+        own = self.group_configs(group_id)
+        if not own:
+            return self.cfg
+        changes = {}
+        for name, value in own.items():
+            o = _GROUP_OVERRIDES.get(name)
+            if o is not None:
+                try:
+                    changes[o[0]] = o[1](value)
+                except ValueError:
+                    log.warning("group %s: config %s=%r ignored", group_id, name, value)
+        return dataclasses.replace(self.cfg, **changes) if changes else self.cfg
 
     def load(self) -> None:
         for key, snap in self.store.load().items():
@@ -184,7 +214,7 @@ class ShareService(ShareAdmin):
                 by_topic.setdefault(tid, []).append(p)
             assignment = [TopicPartitions(t, ps) for t, ps in by_topic.items()]
         return ShareGroupHeartbeatResult(E.none, None, m.member_id, m.epoch,
-                                         self.cfg.heartbeat_interval_ms, assignment)
+                                         self.gcfg(req.group_id).heartbeat_interval_ms, assignment)
 
     def _target(self, m: ShareMember) -> list[tuple[bytes, int]]:
         topics = self.topics()
@@ -202,7 +232,7 @@ class ShareService(ShareAdmin):
         self._release(g.group_id, member_id)
 
     def _release(self, group: str, member: str) -> None:
-        limit = self.cfg.delivery_count_limit
+        limit = self.gcfg(group).delivery_count_limit
         for (gid, _t, _p), sp in self.partitions.items():
             if gid == group:
                 sp.release_member(member, limit)
@@ -244,14 +274,17 @@ class ShareService(ShareAdmin):
         if now_ms < self._next_tick:
             return
         self._next_tick = now_ms + TICK_MS
-        timeout = self.cfg.session_timeout_ms
         for g in self.groups.values():
+            timeout = self.gcfg(g.group_id).session_timeout_ms
             for m in [m for m in g.members.values() if m.last_seen_ms + timeout < now_ms]:
                 log.info("share group %s: member %s's session timed out", g.group_id, m.member_id)
                 self._remove_member(g, m.member_id)
-        limit = self.cfg.delivery_count_limit
+        limits: dict[str, int] = {}
         due = None
-        for sp in self.partitions.values():
+        for (gid, _t, _p), sp in self.partitions.items():
+            limit = limits.get(gid)
+            if limit is None:
+                limit = limits[gid] = self.gcfg(gid).delivery_count_limit
             sp.expire(now_ms, limit)
             d = sp.next_deadline_ms()
             if d is not None and (due is None or d < due):
@@ -296,7 +329,8 @@ class ShareService(ShareAdmin):
                 session.parts.pop((bytes(tp[0]), tp[1]), None)
         results: dict[tuple[bytes, int], dict] = {}
         dirty: dict[ShareKey, SharePartition] = {}
-        limit = self.cfg.delivery_count_limit
+        cfg = self.gcfg(req.group_id)
+        limit = cfg.delivery_count_limit
         for p in req.parts:
             tp = (bytes(p.topic_id), p.partition)
             r = results.setdefault(tp, {})
@@ -325,15 +359,20 @@ class ShareService(ShareAdmin):
                 mk = self.marks(*tp)
                 if mk is None:
                     continue
-                hw, log_start = mk
+                hw, log_start = mk[0], mk[1]
+                # share.isolation.level=read_committed: nothing at or past the last stable
+                # offset is acquired (Kafka's SharePartition reads up to the LSO then)
+                end = mk[2] if cfg.isolation_level == "read_committed" and len(mk) > 2 else hw
                 sk = (req.group_id, tp[0], tp[1])
                 sp = self.partitions.get(sk)
                 if sp is None:
-                    start = hw if self.cfg.auto_offset_reset == "latest" else log_start
+                    # "earliest" (and KIP-1106's by_duration, which needs a time index lookup
+                    # the coordinator does not make: from the log start) or "latest"
+                    start = hw if cfg.auto_offset_reset == "latest" else log_start
                     sp = self.partitions[sk] = SharePartition(start, state_epoch=1)
                     dirty[sk] = sp
-                got = sp.acquire(req.member_id, left, hw, log_start, now,
-                                 self.cfg.record_lock_duration_ms, limit)
+                got = sp.acquire(req.member_id, left, end, log_start, now,
+                                 cfg.record_lock_duration_ms, limit)
                 r = results.setdefault(tp, {})
                 r["next_offset"] = sp.end_offset
                 if got:
@@ -350,7 +389,7 @@ class ShareService(ShareAdmin):
                                  r.get("acquired", []), r.get("next_offset", -1),
                                  r.get("acked", False))
                  for tp, r in results.items()]
-        return ShareFetchResult(E.none, None, parts, self.cfg.record_lock_duration_ms,
+        return ShareFetchResult(E.none, None, parts, cfg.record_lock_duration_ms,
                                 [] if close or session is None else list(session.parts))
 
     def _persist(self, dirty: dict[ShareKey, SharePartition], now: int) -> ErrorCode:
