@@ -433,6 +433,9 @@ class ShareFetchResult(Message):
     lock_ms: int = 0
     # Session partitions the frontend may long-poll: (topic id, partition).
     session: list[tuple[bytes, int]] = []
+    # The group's share.isolation.level: 1 (read_committed) has the frontend read as a
+    # read_committed fetch and archive the aborted records it acquired (REJECT, again=True).
+    isolation_level: int = 0
 
 
 class ShareFetchRequest(Request):

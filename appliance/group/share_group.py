@@ -390,7 +390,8 @@ class ShareService(ShareAdmin):
                                  r.get("acked", False))
                  for tp, r in results.items()]
         return ShareFetchResult(E.none, None, parts, cfg.record_lock_duration_ms,
-                                [] if close or session is None else list(session.parts))
+                                [] if close or session is None else list(session.parts),
+                                1 if cfg.isolation_level == "read_committed" else 0)
 
     def _persist(self, dirty: dict[ShareKey, SharePartition], now: int) -> ErrorCode:
         """Write the snapshots of ``dirty`` (one batch) before the answer goes out."""

@@ -10,6 +10,7 @@ import uuid
 
 from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
 from client_drivers import driver
+from java_programs import java4_program  # noqa: F401 (fixture)
 from raw_wire import RawClient
 from test_share_groups import CONFIG, produce, uid
 
@@ -126,3 +127,36 @@ def test_share_groups_cli_lists_describes_resets_and_deletes(shared_appliance):
     assert "was successful" in r.stdout
     with AdminClient(b) as a:
         assert group not in {g["group"] for g in a.list_groups((), ("share",))}
+
+
+def test_read_committed_share_group_never_delivers_aborted_records(shared_appliance,
+                                                                  java4_program):
+    """``share.isolation.level=read_committed`` set on the GROUP resource (IncrementalAlterConfigs):
+    kafka-clients 4.3's KafkaShareConsumer (which, as KIP-932 has it, leaves aborted records to
+    the broker: librdkafka's drops them itself) gets the committed transaction's records and none
+    of the aborted one's, which lie before them in the partition."""
+    from confluent_kafka import Producer
+    b = shared_appliance.bootstrap
+    topic, group = uid("src"), uid("sgrc")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    with RawClient(b) as c:
+        r = c.request(44, 1, {"resources": [{"resource_type": 32, "resource_name": group,
+                                             "configs": [{"name": "share.isolation.level",
+                                                          "config_operation": 0,
+                                                          "value": "read_committed"}]}],
+                              "validate_only": False})
+        assert [x.error_code for x in r.responses] == [0], r
+    p = Producer({"bootstrap.servers": b, "transactional.id": uid("tx")})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(5):
+        p.produce(topic, value=f"aborted{i}".encode(), partition=0)
+    assert p.flush(30) == 0           # in the log before the abort (else librdkafka purges them)
+    p.abort_transaction(30)
+    p.begin_transaction()
+    committed = [f"committed{i}" for i in range(5)]
+    for v in committed:
+        p.produce(topic, value=v.encode(), partition=0)
+    p.commit_transaction(30)
+    out = java4_program("ShareConsumerExplicit", b, group, topic, "5", "60")
+    assert (out["read"], out["values"]) == ("5", ",".join(committed)), out

@@ -65,3 +65,27 @@ def test_share_group_configs_are_described_with_the_groups_defaults() -> None:
     assert d["share.delivery.count.limit"][:2] == ("3", 8)
     assert d["share.record.lock.duration.ms"][:2] == ("20000", 5)
     assert d["share.auto.offset.reset"][:2] == ("earliest", 5)
+
+
+def test_read_committed_share_fetch_finds_the_aborted_records_it_acquired() -> None:
+    """The frontend's filter (appliance.api.share_fetch): producer 7's batch 0-1 is aborted
+    (its ABORT marker at 4), producer 8's 2-3 committed (marker at 5), producer 7's 6-7 is a
+    later transaction: only 0-1 are archived and cut from the acquired ranges."""
+    from appliance.api.share_fetch import _aborted_spans, _without
+    from appliance.protocol.records import Record, build_batch, build_control_batch
+
+    def data(base, pid):
+        return build_batch([Record(None, b"v"), Record(None, b"w")], base_offset=base,
+                           producer_id=pid, producer_epoch=0, base_sequence=0, transactional=True)
+    log = (data(0, 7) + data(2, 8)
+           + build_control_batch(commit=False, producer_id=7, producer_epoch=0,
+                                 coordinator_epoch=0, timestamp_ms=1, base_offset=4)
+           + build_control_batch(commit=True, producer_id=8, producer_epoch=0,
+                                 coordinator_epoch=0, timestamp_ms=1, base_offset=5)
+           + data(6, 7))
+    acquired = [(1, 7, 1)]
+    spans = _aborted_spans(memoryview(log), [(7, 0)], acquired)
+    assert spans == [(1, 1)]
+    assert _without(acquired, spans) == [(2, 7, 1)]
+    assert _without([(0, 9, 2)], [(0, 1), (4, 4)]) == [(2, 3, 2), (5, 9, 2)]
+    assert _aborted_spans(memoryview(log), [], acquired) == []
