@@ -313,10 +313,16 @@ class Coordinator(Worker):
         for state, n in by_state.items():
             m.set(mkey("kafka_server_group_coordinator_metrics_consumer_group_count",
                        [("state", state)]), n)
+        share_states, share_parts = self.share.share_metrics()
+        m.set(mkey("kafka_server_group_coordinator_metrics_group_count", [("protocol", "share")]),
+              sum(share_states.values()))
+        for state, n in share_states.items():
+            m.set(mkey("kafka_server_group_coordinator_metrics_share_group_count",
+                       [("state", state)]), n)
         v[self.rebalance_slot] = self.rebalance_base + rebalances
         try:
             atomic_write(self.topo.file_path(COORDINATOR_SNAPSHOT), msgspec.msgpack.encode(
-                {"groups": groups, "offsets": offsets}), sync=False)
+                {"groups": groups, "offsets": offsets, "share": share_parts}), sync=False)
         except OSError as e:
             # Once, then on change (a full runtime dir would otherwise log this every second).
             if str(e) != self._metrics_error:

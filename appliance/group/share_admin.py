@@ -119,6 +119,23 @@ class ShareAdmin:
             return E.non_empty_group, None
         return None
 
+    # -- metrics ----------------------------------------------------------------------------------
+    def share_metrics(self) -> tuple[dict[str, int], list[tuple[str, str, int, int, int]]]:
+        """Share groups by state (lower case, Kafka's share-group-count label), and per share
+        partition (group, topic, partition, in-flight records, lag) for the metrics."""
+        by_state = {"empty": 0, "stable": 0}
+        for gid in self.share_group_ids():
+            by_state[self.share_state(gid).lower()] += 1
+        names = {tid: name for name, (tid, _n) in self.topics().items()}
+        rows = []
+        for (gid, tid, p), sp in self.partitions.items():
+            name = names.get(tid)
+            if name is not None:
+                rows.append((gid, name, p, len(sp.inflight) - sum(
+                    1 for f in sp.inflight.values() if f.state in (ACKNOWLEDGED, ARCHIVED)),
+                    self._lag(tid, p, sp)[1]))
+        return by_state, rows
+
     # -- DescribeShareGroupOffsets (90) -----------------------------------------------------------
     def _lag(self, tid: bytes, p: int, sp: SharePartition | None) -> tuple[int, int]:
         mk = self.marks(tid, p)

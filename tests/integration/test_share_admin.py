@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import uuid
 
-from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
+from appliance_harness import free_port, shared_appliance, watch_shared_appliance  # noqa: F401
 from client_drivers import driver
 from java_programs import java4_program  # noqa: F401 (fixture)
 from raw_wire import RawClient
 from test_share_groups import CONFIG, produce, uid
 
-APPLIANCE_CONFIG = CONFIG
+METRICS_PORT = free_port()
+APPLIANCE_CONFIG = {**CONFIG, "metrics": {"listen": f"127.0.0.1:{METRICS_PORT}"}}
 GROUP_ID_NOT_FOUND, INCONSISTENT_GROUP_PROTOCOL, NON_EMPTY_GROUP = 69, 23, 68
 
 
@@ -117,6 +118,20 @@ def test_share_groups_cli_lists_describes_resets_and_deletes(shared_appliance):
     out = rows(tool(b, "share-groups", "describe", "--group", group).stdout)
     assert out == [["GROUP", "TOPIC", "PARTITION", "START-OFFSET", "LAG"],
                    [group, topic, "0", "4", "6"]], out
+    # the metrics: the group counted among the share groups, its partition's lag and in-flight
+    from test_groups import wait_until
+    from test_operating import scrape, val
+
+    def shown():
+        m = scrape(METRICS_PORT)
+        labels = dict(group=group, topic=topic, partition=0)
+        return ((val(m, "kafka_server_group_coordinator_metrics_group_count", protocol="share")
+                 or 0) >= 1,
+                (val(m, "kafka_server_group_coordinator_metrics_share_group_count", state="empty")
+                 or 0) >= 1,
+                val(m, "appliance_share_partition_lag", **labels),
+                val(m, "kafka_server_sharepartitionmetrics_inflightmessagecount", **labels))
+    wait_until(lambda: shown() == (True, True, 6, 0), 30, "the share group's metrics")
     out = rows(tool(b, "share-groups", "delete-offsets", "--group", group, "--topic",
                     topic).stdout)
     assert [group, topic, "deleted"] in out, out
