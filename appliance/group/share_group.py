@@ -310,6 +310,10 @@ class ShareService(ShareAdmin):
             if session is None and len(self.sessions) >= self.cfg.max_share_sessions:
                 return ShareFetchResult(E.share_session_limit_reached)
             if session is not None:
+                # A new session of the same member: what it held goes back (Kafka's
+                # ShareSessionCache replaces the session and its acquisitions are released).
+                log.info("share group %s: member %s opened a new share session; its records "
+                         "are released", req.group_id, req.member_id)
                 self._release(req.group_id, req.member_id)
             session = self.sessions[key] = ShareSession(next_epoch(0))
         elif epoch == INITIAL_EPOCH:          # ShareAcknowledge may not open a session
