@@ -50,18 +50,44 @@ ZERO_ID = bytes(16)
 NO_OFFSETS = "There is no offset information to delete."
 
 
+class SharePartitions(dict):
+    """(group, topic id, partition) -> SharePartition, counting the partitions of each group, so
+    that "does a share group hold this id" is one lookup on the hot paths of the other group
+    types (OffsetCommit, heartbeats), not a walk over every share partition."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.per_group: dict[str, int] = {}
+
+    def __setitem__(self, key, value) -> None:
+        if key not in self:
+            self.per_group[key[0]] = self.per_group.get(key[0], 0) + 1
+        super().__setitem__(key, value)
+
+    def pop(self, key, *default):
+        if key in self:
+            n = self.per_group[key[0]] - 1
+            if n:
+                self.per_group[key[0]] = n
+            else:
+                del self.per_group[key[0]]
+        return super().pop(key, *default)
+
+    def update(self, other) -> None:            # type: ignore[override]
+        for k, v in other.items():
+            self[k] = v
+
+
 class ShareAdmin:
     """Mixin of ShareService: needs ``groups``, ``partitions``, ``store``, ``topics``, ``marks``,
     ``other_group``, ``_snapshot_epochs``, ``_persist`` and ``now``."""
 
     # -- the group namespace ----------------------------------------------------------------------
     def share_group_ids(self) -> set[str]:
-        out = set(self.groups)
-        out.update(k[0] for k in self.partitions)
-        return out
+        return set(self.groups) | set(self.partitions.per_group)
 
     def is_share_group(self, group_id: str) -> bool:
-        return group_id in self.groups or any(k[0] == group_id for k in self.partitions)
+        return group_id in self.groups or group_id in self.partitions.per_group
 
     def share_state(self, group_id: str) -> str:
         g = self.groups.get(group_id)

@@ -38,7 +38,7 @@ from appliance.group.messages import (DescribedShareGroup, DescribedShareMember,
                                       ShareFetchRequest, ShareFetchResult, ShareGroupDescribeRequest,
                                       ShareGroupDescribeResult, ShareGroupHeartbeatRequest,
                                       ShareGroupHeartbeatResult, SharePartResult, TopicPartitions)
-from appliance.group.share_admin import ShareAdmin
+from appliance.group.share_admin import ShareAdmin, SharePartitions
 from appliance.group.share_partition import SharePartition
 from appliance.group.share_store import ShareKey, ShareLogWriteError, ShareSnapshot, ShareStateStore
 from appliance.service import serves
@@ -128,7 +128,7 @@ class ShareService(ShareAdmin):
         self.group_configs = group_configs
         self.groups: dict[str, ShareGroup] = {}
         self.sessions: dict[tuple[str, str], ShareSession] = {}
-        self.partitions: dict[ShareKey, SharePartition] = {}
+        self.partitions: SharePartitions = SharePartitions()   # ShareKey -> SharePartition
         self._snapshot_epochs: dict[ShareKey, tuple[int, int]] = {}   # (snapshot epoch, created)
         self._next_tick = 0
         self._due: int | None = None
