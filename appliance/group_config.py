@@ -7,8 +7,9 @@ owns, ``Catalog.group_configs``: group name -> the configs set on it) and the fr
 (DescribeConfigs). A group config may be set before the group exists, as in Kafka. The values are
 stored and shown; the consumer group protocol (KIP-848) applies ``consumer.session.timeout.ms``
 and ``consumer.heartbeat.interval.ms`` over ``[groups]`` (``appliance.group.table.GroupTable``,
-from each member's next heartbeat, as Kafka does); the share and streams protocols are not
-served, so their configs are only stored.
+from each member's next heartbeat, as Kafka does); share groups (KIP-932) apply the ``share.*``
+ones over ``[groups]``'s ``share_*`` keys (``appliance.group.share_group``, from the next
+request); the streams protocol is not served, so its configs are only stored.
 
 Each default is the broker config Kafka names as its synonym (group.consumer.session.timeout.ms
 for consumer.session.timeout.ms ...), with Kafka's default, and a value must lie within the
@@ -72,6 +73,9 @@ GROUP_CONFIGS: dict[str, GroupConfigDef] = {d.name: d for d in [
     GroupConfigDef("share.record.lock.duration.ms", "INT", "30000",
                    _int_in(15000, 60000, "share.record.lock.duration.ms"),
                    "group.share.record.lock.duration.ms"),
+    GroupConfigDef("share.delivery.count.limit", "INT", "5",
+                   _int_in(2, 10, "share.delivery.count.limit"),
+                   "group.share.delivery.count.limit"),
     GroupConfigDef("share.auto.offset.reset", "STRING", "latest", _offset_reset,
                    "group.share.auto.offset.reset"),
     GroupConfigDef("share.isolation.level", "STRING", "read_uncommitted",
@@ -108,7 +112,12 @@ def describe_group_configs(configs: dict[str, str], groups_cfg=None) -> dict[str
     defaults = {}
     if groups_cfg is not None:
         defaults = {"consumer.session.timeout.ms": str(groups_cfg.consumer_session_timeout_ms),
-                    "consumer.heartbeat.interval.ms": str(groups_cfg.consumer_heartbeat_interval_ms)}
+                    "consumer.heartbeat.interval.ms": str(groups_cfg.consumer_heartbeat_interval_ms),
+                    "share.session.timeout.ms": str(groups_cfg.share_session_timeout_ms),
+                    "share.heartbeat.interval.ms": str(groups_cfg.share_heartbeat_interval_ms),
+                    "share.record.lock.duration.ms": str(groups_cfg.share_record_lock_duration_ms),
+                    "share.delivery.count.limit": str(groups_cfg.share_delivery_count_limit),
+                    "share.auto.offset.reset": str(groups_cfg.share_auto_offset_reset)}
     out = {}
     for name, d in GROUP_CONFIGS.items():
         syn = []

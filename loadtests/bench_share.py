@@ -1,15 +1,24 @@
-"""Share-group consumption against a classic consumer, side by side in one run (issue 36's
-benchmark, first shape): one partition, N records of 100 bytes, then per round a classic
-consumer (its own group, from the earliest offset) and one confluent-kafka ShareConsumer
-(implicit acknowledgement: every record accepted on the next poll) each read all of it;
-records/s from the first record received to the last.
+"""Share-group consumption against classic consumers, side by side in one run (issue 36's
+benchmark): N records of 100 bytes (values unique), then per round
 
-    .venv/bin/python loadtests/bench_share.py [N]
+- classic 1p: one classic consumer (its own group, earliest) reads the 1-partition topic;
+- share 1x1p: one confluent-kafka ShareConsumer (implicit acknowledgement: each record accepted
+  on the next poll) reads it;
+- classic 8p: one classic consumer reads the same N records from an 8-partition topic;
+- share 8x1p: 8 ShareConsumers, each its own process, read the 1-partition topic together
+  (the issue's goal: at least 0.7x classic 8p).
+
+records/s from the first record received to the last (the 8 share consumers: from the first
+record any of them got to the last any of them got); for the share runs also the records
+delivered more than once (0 expected: no lock expires in a run this short).
+
+    .venv/bin/python loadtests/bench_share.py [N] [ROUNDS]
 
 Starts the appliance through the integration tests' harness (tests/integration/appliance_harness.py)
-with ``groups.share_auto_offset_reset = "earliest"``. Not yet: 8 partitions, several share
-consumers, the redelivery delay after a kill -9 (the issue's full benchmark).
+with ``groups.share_auto_offset_reset = "earliest"``. Not here: the redelivery delay after a
+kill -9 (tests/integration/test_share_groups.py measures that it happens, after the lock).
 """
+import multiprocessing as mp
 import os
 import sys
 import tempfile
@@ -18,37 +27,99 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "integration"))
 
-from appliance_harness import Appliance  # noqa: E402
-from client_drivers import driver  # noqa: E402
 
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
-work = tempfile.mkdtemp(prefix="bench-share-")
-a = Appliance(data_dir=os.path.join(work, "data"), log_path=os.path.join(work, "appliance.log"),
-              config={"groups": {"share_auto_offset_reset": "earliest"}}, args=[], env={})
-a.start()
-b = a.bootstrap
-try:
-    driver("confluent").create_topics(b, {"q": (1, {})})
-    from confluent_kafka import Producer, Consumer, ShareConsumer
-    p = Producer({"bootstrap.servers": b, "linger.ms": 5})
-    for i in range(N):
-        p.produce("q", value=b"x" * 100, partition=0)
-    p.flush(60)
-    for rnd in range(2):
-        c = Consumer({"bootstrap.servers": b, "group.id": f"cg{rnd}", "auto.offset.reset": "earliest"})
-        c.subscribe(["q"]); n = 0; t0 = None
-        while n < N:
-            for m in c.consume(500, 1.0):
-                if not m.error():
-                    t0 = t0 or time.time(); n += 1
-        classic = N / (time.time() - t0); c.close()
-        s = ShareConsumer({"bootstrap.servers": b, "group.id": f"sg{rnd}"})
-        s.subscribe(["q"]); n = 0; t0 = None
-        while n < N:
-            for m in s.poll(1.0) or []:
-                if not m.error():
-                    t0 = t0 or time.time(); n += 1
-        share = N / (time.time() - t0); s.close()
-        print(f"round {rnd}: classic {classic:.0f} rec/s, share (implicit ack) {share:.0f} rec/s, ratio {share/classic:.2f}", flush=True)
-finally:
-    a.terminate()
+def _share_member(bootstrap, group, topic, total, counter, first, last, out_path, stop):
+    from confluent_kafka import ShareConsumer
+    s = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group})
+    s.subscribe([topic])
+    seen = []
+    while not stop.is_set():
+        msgs = s.poll(0.5) or []
+        got = [m.value() for m in msgs if not m.error()]
+        if not got:
+            continue
+        now = time.time()
+        with counter.get_lock():
+            if first.value == 0:
+                first.value = now
+            counter.value += len(got)
+            if counter.value >= total:
+                last.value = now
+                stop.set()
+        seen += got
+    s.close()
+    with open(out_path, "wb") as f:
+        f.write(b"\n".join(seen))
+
+
+def share_run(bootstrap, group, topic, n, members, work):
+    ctx = mp.get_context("spawn")
+    counter, first, last = ctx.Value("q", 0), ctx.Value("d", 0.0), ctx.Value("d", 0.0)
+    stop = ctx.Event()
+    paths = [os.path.join(work, f"{group}-{i}") for i in range(members)]
+    procs = [ctx.Process(target=_share_member,
+                         args=(bootstrap, group, topic, n, counter, first, last, p, stop))
+             for p in paths]
+    for p in procs:
+        p.start()
+    stop.wait(600)
+    for p in procs:
+        p.join(60)
+    values = []
+    for path in paths:
+        with open(path, "rb") as f:
+            values += [v for v in f.read().split(b"\n") if v]
+    dupes = len(values) - len(set(values))
+    return n / max(last.value - first.value, 1e-9), dupes, len(set(values))
+
+
+def classic_run(bootstrap, group, topic, n):
+    from confluent_kafka import Consumer
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                  "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    got, t0 = 0, None
+    while got < n:
+        for m in c.consume(500, 1.0):
+            if not m.error():
+                t0 = t0 or time.time()
+                got += 1
+    rate = n / (time.time() - t0)
+    c.close()
+    return rate
+
+
+def main() -> None:
+    from appliance_harness import Appliance
+    from client_drivers import driver
+    from confluent_kafka import Producer
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    work = tempfile.mkdtemp(prefix="bench-share-")
+    a = Appliance(data_dir=os.path.join(work, "data"), log_path=os.path.join(work, "appliance.log"),
+                  config={"groups": {"share_auto_offset_reset": "earliest"}}, args=[], env={})
+    a.start()
+    b = a.bootstrap
+    try:
+        driver("confluent").create_topics(b, {"q1": (1, {}), "q8": (8, {})})
+        p = Producer({"bootstrap.servers": b, "linger.ms": 5})
+        for i in range(n):
+            v = f"r{i:09d}".encode() + b"x" * 90
+            p.produce("q1", value=v, partition=0)
+            p.produce("q8", value=v, partition=i % 8)
+        p.flush(60)
+        for rnd in range(rounds):
+            c1 = classic_run(b, f"c1-{rnd}", "q1", n)
+            s1, d1, u1 = share_run(b, f"s1-{rnd}", "q1", n, 1, work)
+            c8 = classic_run(b, f"c8-{rnd}", "q8", n)
+            s8, d8, u8 = share_run(b, f"s8-{rnd}", "q1", n, 8, work)
+            print(f"round {rnd}: classic 1p {c1:.0f} rec/s, share 1x1p {s1:.0f} rec/s "
+                  f"({s1 / c1:.2f}x, {d1} twice, {u1} distinct); classic 8p {c8:.0f} rec/s, "
+                  f"share 8x1p {s8:.0f} rec/s ({s8 / c8:.2f}x, {d8} twice, {u8} distinct); "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+    finally:
+        a.terminate()
+
+
+if __name__ == "__main__":
+    main()

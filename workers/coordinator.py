@@ -204,8 +204,10 @@ class Coordinator(Worker):
         opened.append(store)
         self.share = ShareService(store, share_config(self.cfg.groups), _now_ms, self._topics,
                                   self._marks,
-                                  other_group=lambda g: self.gs.groups.group_state(g) is not None)
+                                  other_group=lambda g: self.gs.groups.group_state(g) is not None,
+                                  group_configs=self._group_configs)
         self.share.load()
+        self.gs.share = self.share          # one namespace of group ids (ListGroups, DeleteGroups)
         # Counters continue from what the predecessor left in the table.
         m = self.metrics
         self.counter_slots = {stat: m.slot(mkey(name)) for stat, name in COUNTERS.items()}
@@ -311,10 +313,16 @@ class Coordinator(Worker):
         for state, n in by_state.items():
             m.set(mkey("kafka_server_group_coordinator_metrics_consumer_group_count",
                        [("state", state)]), n)
+        share_states, share_parts = self.share.share_metrics()
+        m.set(mkey("kafka_server_group_coordinator_metrics_group_count", [("protocol", "share")]),
+              sum(share_states.values()))
+        for state, n in share_states.items():
+            m.set(mkey("kafka_server_group_coordinator_metrics_share_group_count",
+                       [("state", state)]), n)
         v[self.rebalance_slot] = self.rebalance_base + rebalances
         try:
             atomic_write(self.topo.file_path(COORDINATOR_SNAPSHOT), msgspec.msgpack.encode(
-                {"groups": groups, "offsets": offsets}), sync=False)
+                {"groups": groups, "offsets": offsets, "share": share_parts}), sync=False)
         except OSError as e:
             # Once, then on change (a full runtime dir would otherwise log this every second).
             if str(e) != self._metrics_error:
@@ -349,9 +357,10 @@ class Coordinator(Worker):
             self._topics_version = cat.version
         return self._topics_map
 
-    def _marks(self, topic_id: bytes, partition: int) -> tuple[int, int] | None:
-        """(high watermark, log start offset) of a partition from its state page, for the share
-        partitions; None when the catalog has no such partition or its page is not there."""
+    def _marks(self, topic_id: bytes, partition: int) -> tuple[int, int, int] | None:
+        """(high watermark, log start offset, last stable offset) of a partition from its state
+        page, for the share partitions; None when the catalog has no such partition or its page
+        is not there."""
         info = self.catalog.get().by_id(topic_id)
         if info is None or not 0 <= partition < info.partitions:
             return None
@@ -365,7 +374,7 @@ class Coordinator(Worker):
                 return None
             self._pages[key] = page
         st = page.read()
-        return st.high_watermark, st.log_start_offset
+        return st.high_watermark, st.log_start_offset, st.last_stable_offset
 
     # -- writers ---------------------------------------------------------------------------------
     def _sync_writers(self) -> None:

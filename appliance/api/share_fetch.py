@@ -10,6 +10,11 @@ them). The batches past the last acquired offset are cut off. When nothing could
 handler long-polls the fetcher on the partitions' next offsets for up to ``max_wait`` and asks the
 coordinator once more.
 
+A group with ``share.isolation.level=read_committed`` (its GROUP config) acquires only below the
+last stable offset (the coordinator); the frontend reads as a read_committed fetch does and, as
+Kafka's SharePartition, archives the records of aborted transactions it acquired (REJECTed at the
+coordinator on the member's behalf, left out of the acquired ranges the client gets).
+
 v2 (KIP-1222) adds ``share_acquire_mode`` (record_limit: ``max_records`` is a hard limit, which
 it always is here) and RENEW acknowledgements (``is_renew_ack``; not supported: INVALID_REQUEST on
 the partition). Authorization (Kafka's KafkaApis.handleShareFetchRequest): Read on the group, else
@@ -26,9 +31,11 @@ from appliance.api import handles
 from appliance.api._share import partitions, refused
 from appliance.data_layout import partition_dir
 from appliance.errors import ErrorCode, KafkaError
-from appliance.group.messages import ShareFetchRequest
+from appliance.group.messages import ShareAckBatch, ShareFetchPart, ShareFetchRequest
+from appliance.group.share_partition import REJECT
 from appliance.protocol.messages import build
-from appliance.protocol.records import LEADER_EPOCH, iter_batch_headers
+from appliance.protocol.records import (CONTROL_ABORT, LEADER_EPOCH, InvalidRecord,
+                                        iter_batch_headers, parse_control_record)
 
 FINAL_EPOCH = -1
 DEFAULT_MAX_RECORDS = 500
@@ -79,7 +86,19 @@ async def handle(ctx, req):
                         tp = (bytes(p.topic_id), p.partition)
                         acquired[tp] = list(p.acquired)
                         results.setdefault(tp, p)
-    records = await _read(ctx, acquired, req.max_bytes, timeout_s) if acquired else {}
+    committed = r.isolation_level == 1
+    records, aborted = (await _read(ctx, acquired, req.max_bytes, timeout_s, committed)
+                        if acquired else ({}, {}))
+    if aborted:
+        # Kafka's SharePartition (read_committed): records of aborted transactions are archived,
+        # not delivered.
+        gone = await broker.call_coordinator(ShareFetchRequest(
+            req.group_id, req.member_id, req.share_session_epoch,
+            [ShareFetchPart(tid, p, [ShareAckBatch(f, last, [REJECT]) for f, last in spans])
+             for (tid, p), spans in aborted.items()], [], False, 0, again=True))
+        if gone.error == ErrorCode.none:
+            for tp, spans in aborted.items():
+                acquired[tp] = _without(acquired[tp], spans)
     by_topic: dict[bytes, list] = {}
     keys = list(errors) + [tp for tp in results if tp not in errors]
     for tp in keys:
@@ -108,16 +127,67 @@ async def handle(ctx, req):
                  node_endpoints=())
 
 
-async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float) -> dict:
+def _without(ranges: list, spans: list) -> list:
+    """The acquired (first, last, delivery count) ranges minus the (first, last) ``spans``."""
+    out = []
+    for first, last, n in ranges:
+        pieces = [(first, last)]
+        for f, l in spans:
+            nxt = []
+            for a, b in pieces:
+                if l < a or f > b:
+                    nxt.append((a, b))
+                    continue
+                if a < f:
+                    nxt.append((a, f - 1))
+                if l < b:
+                    nxt.append((l + 1, b))
+            pieces = nxt
+        out += [(a, b, n) for a, b in pieces]
+    return out
+
+
+def _aborted_spans(mv, aborted_txns, ranges) -> list[tuple[int, int]]:
+    """The offsets, inside the acquired ``ranges``, of data batches of aborted transactions in
+    ``mv`` (as Kafka's consumer filters a read_committed fetch: a producer's batches from its
+    aborted transaction's first offset up to its ABORT marker)."""
+    pending = sorted(aborted_txns or (), key=lambda a: a[1])
+    active: set[int] = set()
+    spans = []
+    i = 0
+    for pos, h in iter_batch_headers(mv, 0, len(mv)):
+        last = h.base_offset + h.last_offset_delta
+        while i < len(pending) and pending[i][1] <= last:
+            active.add(pending[i][0])
+            i += 1
+        if h.is_control:
+            try:
+                if parse_control_record(mv[pos:pos + h.batch_length + 12])[0] == CONTROL_ABORT:
+                    active.discard(h.producer_id)
+            except InvalidRecord:
+                pass
+        elif h.is_transactional and h.producer_id in active:
+            for f, l, _n in ranges:
+                a, b = max(f, h.base_offset), min(l, last)
+                if a <= b:
+                    spans.append((a, b))
+    return spans
+
+
+async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float,
+                committed: bool = False) -> tuple[dict, dict]:
     """The records from each partition's first acquired offset through its last, read by a
-    fetcher as Fetch reads them; the batches after the last acquired offset cut off."""
+    fetcher as Fetch reads them; the batches after the last acquired offset cut off. With
+    ``committed`` (read_committed), also the acquired offsets of aborted transactions, per
+    partition."""
     broker = ctx.broker
     order = list(acquired)
     asks = [ipc.FetchPart(tid, p, acquired[(tid, p)][0][0], max(max_bytes, 1)) for tid, p in order]
-    resp = await broker.call_fetcher(ipc.FetchRequest(0, 0, max(max_bytes, 1), 0, asks),
+    resp = await broker.call_fetcher(ipc.FetchRequest(0, 0, max(max_bytes, 1), int(committed),
+                                                      asks),
                                      ctx.connection.fetcher, timeout_s,
                                      ErrorCode.not_leader_or_follower)
-    out = {}
+    out, aborted = {}, {}
     views = broker.segment_views
     catalog = broker.catalog
     for (tid, p), res in zip(order, resp.parts):
@@ -137,9 +207,13 @@ async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float) -> dict:
                         done = True
                         break
                 chunks.append(bytes(mv[:end]))
+                if committed and res.aborted:
+                    spans = _aborted_spans(mv[:end], res.aborted, acquired[(tid, p)])
+                    if spans:
+                        aborted.setdefault((tid, p), []).extend(spans)
                 if done:
                     break
         except KafkaError:
             chunks = []          # retention or a cleaner swap took the segment: redelivered later
         out[(tid, p)] = b"".join(chunks)
-    return out
+    return out, aborted

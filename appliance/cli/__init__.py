@@ -3,10 +3,12 @@
 Runs in the user's shell (or under systemd). ``appliance run`` becomes the supervisor process.
 One module per tool registers its commands on ``main`` (imported at the bottom of this file):
 ``serve`` (run, check-config, metrics), ``transactions`` (Kafka's kafka-transactions.sh),
-``topics`` (kafka-topics.sh), ``groups`` (kafka-consumer-groups.sh), ``configs``
+``topics`` (kafka-topics.sh), ``groups`` (kafka-consumer-groups.sh), ``share_groups``
+(kafka-share-groups.sh), ``configs``
 (kafka-configs.sh), ``offsets`` (kafka-get-offsets.sh), ``dump_log`` (kafka-dump-log.sh) and
 ``console`` (the console producer and consumer), ``users`` (SCRAM users, offline or online),
-``acls`` (kafka-acls.sh), ``client_metrics`` (kafka-client-metrics.sh), ``spark`` (recovery of the Spark sink's dead jobs);
+``acls`` (kafka-acls.sh), ``client_metrics`` (kafka-client-metrics.sh), ``spark`` (recovery of
+the Spark sink's dead jobs);
 ``tool`` holds what the Kafka tools share; ``user_admin`` is what ``users`` does (imported when
 one of its commands runs; ``transactions``' is ``appliance.client.transaction_admin``, which the
 Spark sink shares). A new tool is a new module here, with its import added below.
@@ -48,4 +50,4 @@ def main() -> None:
 
 # The tools: each module registers its commands on ``main``.
 from appliance.cli import (acls, client_metrics, configs, console, dump_log, groups,  # noqa: E402,F401
-                           offsets, serve, spark, topics, transactions, users)
+                           offsets, serve, share_groups, spark, topics, transactions, users)

@@ -17,6 +17,9 @@ from appliance.cli.tool import (admin_client, connection_options, error_text, fa
                                 tool_group)
 
 INACTIVE = ("Empty", "Dead")
+# kafka-consumer-groups.sh lists these (ListGroupsOptions.forConsumerGroups); share groups are
+# ``appliance share-groups``'.
+CONSUMER_TYPES = ("classic", "consumer")
 
 
 @tool_group("groups", "List, describe, delete consumer groups and reset their offsets "
@@ -34,7 +37,7 @@ def groups_list(bootstrap, as_json, states) -> None:
     """List the consumer groups (with their protocol type, state and group type: classic or
     consumer, KIP-848)."""
     with admin_client(bootstrap) as a:
-        found = a.list_groups(names(states))
+        found = a.list_groups(names(states), CONSUMER_TYPES)
     output(found, [("group", "GROUP"), ("protocol_type", "TYPE"), ("state", "STATE"),
                    ("group_type", "GROUP-TYPE")], as_json)
 
@@ -83,7 +86,8 @@ def _lag_rows(a, group: str, d: dict) -> list[dict]:
 def groups_describe(bootstrap, as_json, group_names, all_groups, view, verbose) -> None:
     """Describe consumer groups: lag per partition (default), members or state."""
     with admin_client(bootstrap) as a:
-        wanted = [g["group"] for g in a.list_groups()] if all_groups else names(group_names)
+        wanted = ([g["group"] for g in a.list_groups((), CONSUMER_TYPES)] if all_groups
+                  else names(group_names))
         if not wanted:
             raise click.UsageError("give --group or --all-groups")
         rows = []

@@ -30,6 +30,7 @@ __all__ = ["AdminClient", "TOPIC", "BROKER", "CLIENT_METRICS", "EARLIEST", "LATE
 METADATA, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH = 3, 2, 8, 9
 DESCRIBE_GROUPS, LIST_GROUPS, CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 15, 16, 19, 20, 21
 CONSUMER_GROUP_DESCRIBE = 69
+SHARE_GROUP_DESCRIBE, DESCRIBE_SHARE_OFFSETS, ALTER_SHARE_OFFSETS, DELETE_SHARE_OFFSETS = 77, 90, 91, 92
 GROUP_ID_NOT_FOUND = 69
 DESCRIBE_CONFIGS, CREATE_PARTITIONS, DELETE_GROUPS, INCREMENTAL_ALTER_CONFIGS = 32, 37, 42, 44
 LIST_CONFIG_RESOURCES = 74
@@ -241,12 +242,15 @@ class AdminClient:
         return out
 
     # -- consumer groups ------------------------------------------------------------------------
-    def list_groups(self, states: Iterable[str] = ()) -> list[dict]:
+    def list_groups(self, states: Iterable[str] = (), types: Iterable[str] = ()) -> list[dict]:
+        """``types`` (ListGroups v5, KIP-848): "classic", "consumer", "share"; a broker below v5
+        lists every group, told apart by protocol type ("share" for share groups)."""
         self.cluster.refresh(())
         seen: dict[str, dict] = {}
+        kinds = [t.lower() for t in types]
         for node in sorted(self.cluster.brokers):
             r = self.cluster.connection(node).request(LIST_GROUPS, {"states_filter": list(states),
-                                                                    "types_filter": []})
+                                                                    "types_filter": kinds})
             if r.error_code != 0:
                 raise KafkaError(r.error_code, f"ListGroups on broker {node}")
             for g in r.groups:
@@ -257,6 +261,10 @@ class AdminClient:
         if states:        # a broker without the states filter (ListGroups < v4) lists them all
             wanted = {s.lower() for s in states}
             seen = {k: v for k, v in seen.items() if v["state"].lower() in wanted}
+        if kinds:
+            seen = {k: v for k, v in seen.items()
+                    if (v["group_type"] or ("share" if v["protocol_type"] == "share" else "classic"))
+                    in kinds}
         return sorted(seen.values(), key=lambda g: g["group"])
 
     def _coordinator(self, group: str) -> BrokerConnection:
@@ -347,3 +355,64 @@ class AdminClient:
             "group_instance_id": None, "retention_time_ms": -1,
             "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]})
         return {(t.name, p.partition_index): int(p.error_code) for t in r.topics for p in t.partitions}
+
+    # -- share groups (KIP-932) -----------------------------------------------------------------
+    def describe_share_group(self, group: str) -> dict:
+        """ShareGroupDescribe: state, epochs and members (their partitions by topic name)."""
+        conn = self._coordinator(group)
+        (g,) = conn.request(SHARE_GROUP_DESCRIBE, {"group_ids": [group],
+                                                   "include_authorized_operations": False}).groups
+        return {"group": g.group_id, "error": _err(g.error_code, g.error_message),
+                "state": g.group_state, "group_epoch": g.group_epoch,
+                "assignment_epoch": g.assignment_epoch, "coordinator": conn.node_id,
+                "members": [{"member_id": m.member_id, "client_id": m.client_id,
+                             "host": m.client_host, "member_epoch": m.member_epoch,
+                             "assignment": sorted((t.topic_name, p)
+                                                  for t in m.assignment.topic_partitions
+                                                  for p in t.partitions)}
+                            for m in g.members]}
+
+    def share_offsets(self, group: str, partitions: Iterable[TP] | None = None
+                      ) -> dict[TP, tuple[int, int | None]]:
+        """DescribeShareGroupOffsets: (topic, partition) -> (start offset, lag; None below v1)
+        of the share partitions with state (all of them when ``partitions`` is None)."""
+        topics = None
+        if partitions is not None:
+            by_topic: dict[str, list[int]] = defaultdict(list)
+            for t, p in partitions:
+                by_topic[t].append(p)
+            topics = [{"topic_name": t, "partitions": ps} for t, ps in by_topic.items()]
+        (g,) = self._coordinator(group).request(DESCRIBE_SHARE_OFFSETS, {"groups": [
+            {"group_id": group, "topics": topics}]}).groups
+        if g.error_code:
+            raise KafkaError(g.error_code, g.error_message or f"DescribeShareGroupOffsets of {group!r}")
+        out = {}
+        for t in g.topics:
+            for p in t.partitions:
+                if p.error_code:
+                    raise KafkaError(p.error_code, f"DescribeShareGroupOffsets of {t.topic_name}-{p.partition_index}")
+                if p.start_offset >= 0:
+                    lag = getattr(p, "lag", -1)
+                    out[(t.topic_name, p.partition_index)] = (p.start_offset, lag if lag >= 0 else None)
+        return out
+
+    def alter_share_offsets(self, group: str, offsets: Mapping[TP, int]) -> dict[TP, tuple[int, str | None]]:
+        """AlterShareGroupOffsets (only while the group has no members): (topic, partition) ->
+        (error code, message); a request-level error raises."""
+        by_topic: dict[str, list] = defaultdict(list)
+        for (t, p), off in offsets.items():
+            by_topic[t].append({"partition_index": p, "start_offset": off})
+        r = self._coordinator(group).request(ALTER_SHARE_OFFSETS, {"group_id": group, "topics": [
+            {"topic_name": t, "partitions": ps} for t, ps in by_topic.items()]})
+        if r.error_code:
+            raise KafkaError(r.error_code, r.error_message or f"AlterShareGroupOffsets of {group!r}")
+        return {(t.topic_name, p.partition_index): _err(p.error_code, p.error_message)
+                for t in r.responses for p in t.partitions}
+
+    def delete_share_offsets(self, group: str, topics: Iterable[str]) -> dict[str, tuple[int, str | None]]:
+        """DeleteShareGroupOffsets: topic -> (error code, message); a request-level error raises."""
+        r = self._coordinator(group).request(DELETE_SHARE_OFFSETS, {
+            "group_id": group, "topics": [{"topic_name": t} for t in topics]})
+        if r.error_code:
+            raise KafkaError(r.error_code, r.error_message or f"DeleteShareGroupOffsets of {group!r}")
+        return {t.topic_name: _err(t.error_code, t.error_message) for t in r.responses}

@@ -433,6 +433,9 @@ class ShareFetchResult(Message):
     lock_ms: int = 0
     # Session partitions the frontend may long-poll: (topic id, partition).
     session: list[tuple[bytes, int]] = []
+    # The group's share.isolation.level: 1 (read_committed) has the frontend read as a
+    # read_committed fetch and archive the aborted records it acquired (REJECT, again=True).
+    isolation_level: int = 0
 
 
 class ShareFetchRequest(Request):
@@ -451,3 +454,69 @@ class ShareFetchRequest(Request):
 
     def error_reply(self, code: ErrorCode) -> ShareFetchResult:
         return ShareFetchResult(code)
+
+
+# -- KIP-932 share-group offsets admin: DescribeShareGroupOffsets (90), AlterShareGroupOffsets (91),
+# DeleteShareGroupOffsets (92); topics by name, resolved by the coordinator against the catalog.
+
+class ShareOffsetPartition(msgspec.Struct, array_like=True, frozen=True):
+    partition: int
+    start_offset: int = -1                     # -1: the share partition is not initialized
+    lag: int = -1                              # v1 of 90 (KIP-1226); -1: not known
+    error: ErrorCode = E.none
+    error_message: str | None = None
+
+
+class ShareOffsetsTopic(msgspec.Struct, array_like=True, frozen=True):
+    topic: str
+    topic_id: bytes                            # 16 zero bytes: not in the catalog
+    partitions: list[ShareOffsetPartition] = []
+    error: ErrorCode = E.none                  # DeleteShareGroupOffsets answers per topic
+    error_message: str | None = None
+
+
+class ShareOffsetsGroup(msgspec.Struct, array_like=True, frozen=True):
+    group_id: str
+    topics: list[ShareOffsetsTopic] = []
+    error: ErrorCode = E.none
+    error_message: str | None = None
+
+
+class ShareOffsetsAsk(msgspec.Struct, array_like=True, frozen=True):
+    group_id: str
+    topics: list[tuple[str, list[int]]] | None     # None: every initialized partition
+
+
+class DescribeShareOffsetsResult(Message):
+    groups: list[ShareOffsetsGroup]
+
+
+class DescribeShareOffsetsRequest(Request):
+    groups: list[ShareOffsetsAsk]
+
+    def error_reply(self, code: ErrorCode) -> DescribeShareOffsetsResult:
+        return DescribeShareOffsetsResult([ShareOffsetsGroup(g.group_id, [], code)
+                                           for g in self.groups])
+
+
+class ShareOffsetsChangeResult(Message):
+    """AlterShareGroupOffsets (per partition) and DeleteShareGroupOffsets (per topic)."""
+    error: ErrorCode
+    error_message: str | None = None
+    topics: list[ShareOffsetsTopic] = []
+
+
+class AlterShareOffsetsRequest(Request):
+    group_id: str
+    topics: list[tuple[str, list[tuple[int, int]]]]     # (topic, [(partition, start offset)])
+
+    def error_reply(self, code: ErrorCode) -> ShareOffsetsChangeResult:
+        return ShareOffsetsChangeResult(code)
+
+
+class DeleteShareOffsetsRequest(Request):
+    group_id: str
+    topics: list[str]
+
+    def error_reply(self, code: ErrorCode) -> ShareOffsetsChangeResult:
+        return ShareOffsetsChangeResult(code)

@@ -39,10 +39,11 @@ from appliance.group.membership import GroupCoordinator, MembershipConfig
 from appliance.group.messages import (ConsumerGroupDescribeRequest, ConsumerGroupDescribeResult,
                                       ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResult,
                                       DeleteGroupsRequest, DeleteGroupsResult,
-                                      DescribeGroupsRequest, DescribeGroupsResult, GroupError,
+                                      DescribedGroup, DescribeGroupsRequest,
+                                      DescribeGroupsResult, GroupError,
                                       HeartbeatRequest, HeartbeatResult, JoinGroupRequest,
                                       LeaveGroupRequest, LeaveGroupResult, ListGroupsRequest,
-                                      ListGroupsResult, OffsetCommitRequest, OffsetDeleteRequest,
+                                      JoinGroupResult, ListGroupsResult, OffsetCommitRequest, OffsetDeleteRequest,
                                       OffsetFetchGroup, OffsetFetchRequest, OffsetFetchResult,
                                       OffsetPartition, OffsetsResult, SyncGroupRequest,
                                       TxnOffsetCommitRequest)
@@ -75,6 +76,13 @@ class GroupService:
             topics=topics, group_configs=group_configs, describe_topic=describe_topic,
             persist_consumer=lambda g, c: self.offsets.store_consumer_group(g, c, self.now()))
         self._next_expiry = 0
+        # The share groups of this worker (``appliance.group.share_group.ShareService``, set by
+        # the worker once both exist): one namespace of group ids, as Kafka's one
+        # GroupMetadataManager holds every group type.
+        self.share = None
+
+    def _is_share(self, group_id: str) -> bool:
+        return self.share is not None and self.share.is_share_group(group_id)
 
     def reconfigure(self, groups_cfg, flush_policy) -> None:
         """A configuration reload: the new ``[groups]`` section and flush policy."""
@@ -133,6 +141,10 @@ class GroupService:
     # -- membership -------------------------------------------------------------------------------
     @serves(JoinGroupRequest, late=True)
     def join_group(self, req: JoinGroupRequest, respond: Responder) -> None:
+        if self._is_share(req.group_id):
+            # Kafka's classicGroupJoin: a group of another type that is not a consumer group
+            respond(JoinGroupResult(E.inconsistent_group_protocol, member_id=""))
+            return
         self.groups.join_group(req, respond)
 
     @serves(SyncGroupRequest, late=True)
@@ -149,22 +161,39 @@ class GroupService:
 
     @serves(DescribeGroupsRequest)
     def describe_groups(self, req: DescribeGroupsRequest) -> DescribeGroupsResult:
-        return DescribeGroupsResult(self.groups.describe_groups(req.group_ids))
+        # A share group is not a classic group: GROUP_ID_NOT_FOUND, which the handler answers
+        # as Kafka does per version (Dead below v6, "Group X is not a classic group." from v6).
+        share = {g for g in req.group_ids if self._is_share(g)}
+        described = iter(self.groups.describe_groups([g for g in req.group_ids if g not in share]))
+        return DescribeGroupsResult([DescribedGroup(E.group_id_not_found, g, "Dead") if g in share
+                                     else next(described) for g in req.group_ids])
 
     @serves(ListGroupsRequest)
     def list_groups(self, req: ListGroupsRequest) -> ListGroupsResult:
-        return self.groups.list_groups(req.states, req.types)
+        r = self.groups.list_groups(req.states, req.types)
+        if self.share is None or r.error != E.none:
+            return r
+        return ListGroupsResult(r.error, r.groups + self.share.list_share_groups(req.states,
+                                                                                 req.types))
 
     @serves(DeleteGroupsRequest)
     def delete_groups(self, req: DeleteGroupsRequest) -> DeleteGroupsResult:
-        res = self.groups.delete_groups(req.group_ids,
+        # Kafka's GroupCoordinatorService.deleteGroups: share groups first (their share state
+        # deleted), then the others.
+        share = {g: self.share.delete_share_group(g) for g in dict.fromkeys(req.group_ids)
+                 if self._is_share(g)}
+        res = self.groups.delete_groups([g for g in req.group_ids if g not in share],
                                         lambda g: self.offsets.delete_group(g, self.now()))
+        res.update(share)
         return DeleteGroupsResult([GroupError(g, res.get(g, E.none)) for g in req.group_ids])
 
     # -- KIP-848 consumer groups ------------------------------------------------------------------
     @serves(ConsumerGroupHeartbeatRequest)
     def consumer_group_heartbeat(self, req: ConsumerGroupHeartbeatRequest
                                  ) -> ConsumerGroupHeartbeatResult:
+        if self._is_share(req.group_id):
+            return ConsumerGroupHeartbeatResult(E.group_id_not_found,
+                                                f"Group {req.group_id} is not a consumer group.")
         return self.groups.consumer_group_heartbeat(req)
 
     @serves(ConsumerGroupDescribeRequest)
@@ -175,6 +204,8 @@ class GroupService:
     # -- offsets ----------------------------------------------------------------------------------
     @serves(OffsetCommitRequest)
     def offset_commit(self, req: OffsetCommitRequest) -> OffsetsResult:
+        if self._is_share(req.group_id):        # Kafka's ShareGroup.validateOffsetCommit
+            return OffsetsResult(E.group_id_not_found)
         err = self.groups.validate_offset_commit(req.group_id, req.generation_id, req.member_id,
                                                  req.group_instance_id, api_version=req.api_version)
         if err != E.none:
@@ -195,6 +226,8 @@ class GroupService:
             # coordinator says TRANSACTION_ABORTABLE, which its broker passes on to v4 clients
             # (KIP-890 ``genericError``) and turns into INVALID_TXN_STATE for v0-3.
             err = E.transaction_abortable
+        if err == E.none and self._is_share(req.group_id):
+            err = E.group_id_not_found
         if err == E.none and req.api_version >= 3:
             err = self.groups.validate_txn_offset_commit(req.group_id, req.generation_id,
                                                          req.member_id, req.group_instance_id)
@@ -212,6 +245,9 @@ class GroupService:
             if gate is not None:
                 out.append(OffsetFetchGroup(g.group_id, [], gate))
                 continue
+            if self._is_share(g.group_id):      # Kafka's ShareGroup.validateOffsetFetch
+                out.append(OffsetFetchGroup(g.group_id, [], E.group_id_not_found))
+                continue
             err = self.groups.validate_offset_fetch(g.group_id, g.member_id, g.member_epoch)
             if err != E.none:
                 out.append(OffsetFetchGroup(g.group_id, [], err))
@@ -223,6 +259,8 @@ class GroupService:
 
     @serves(OffsetDeleteRequest)
     def offset_delete(self, req: OffsetDeleteRequest) -> OffsetsResult:
+        if self._is_share(req.group_id):        # Kafka's ShareGroup.validateOffsetDelete
+            return OffsetsResult(E.group_id_not_found)
         state = self.groups.group_state(req.group_id)
         if state is None and not self.offsets.has_offsets(req.group_id):
             return OffsetsResult(E.group_id_not_found)

@@ -14,7 +14,8 @@ Assignment: every member gets every partition of the topics it subscribes to (Ka
 at once, so there is no revocation step and a member's epoch simply follows the group epoch when
 its assignment changes). Membership is not persisted (Kafka writes it to ``__consumer_offsets``):
 after a restart members get UNKNOWN_MEMBER_ID and join again, which every client does; the share
-partitions' state is what must survive, and does.
+partitions' state is what must survive, and does. The admin side (ListGroups, DeleteGroups, the
+share-group offsets APIs 90-92) is ``appliance.group.share_admin``.
 
 Sessions (KIP-932 "Share sessions"): a ShareFetch with epoch 0 opens the member's session (at most
 ``groups.share_max_share_sessions``, else SHARE_SESSION_LIMIT_REACHED) with the partitions it
@@ -27,6 +28,7 @@ and its records the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
@@ -36,6 +38,7 @@ from appliance.group.messages import (DescribedShareGroup, DescribedShareMember,
                                       ShareFetchRequest, ShareFetchResult, ShareGroupDescribeRequest,
                                       ShareGroupDescribeResult, ShareGroupHeartbeatRequest,
                                       ShareGroupHeartbeatResult, SharePartResult, TopicPartitions)
+from appliance.group.share_admin import ShareAdmin, SharePartitions
 from appliance.group.share_partition import SharePartition
 from appliance.group.share_store import ShareKey, ShareLogWriteError, ShareSnapshot, ShareStateStore
 from appliance.service import serves
@@ -61,6 +64,16 @@ class ShareConfig:
     auto_offset_reset: str = "latest"          # share.auto.offset.reset
     max_size: int = 200                        # group.share.max.size
     max_share_sessions: int = 2000             # group.share.max.share.sessions
+    isolation_level: str = "read_uncommitted"  # share.isolation.level (a group config only)
+
+
+# GROUP config resources (appliance.group_config) over [groups]: name -> (field, type).
+_GROUP_OVERRIDES = {"share.heartbeat.interval.ms": ("heartbeat_interval_ms", int),
+                    "share.session.timeout.ms": ("session_timeout_ms", int),
+                    "share.record.lock.duration.ms": ("record_lock_duration_ms", int),
+                    "share.delivery.count.limit": ("delivery_count_limit", int),
+                    "share.auto.offset.reset": ("auto_offset_reset", str),
+                    "share.isolation.level": ("isolation_level", str)}
 
 
 def share_config(groups_cfg) -> ShareConfig:
@@ -95,26 +108,45 @@ class ShareSession:
     parts: dict[tuple[bytes, int], None] = field(default_factory=dict)    # ordered set
 
 
-class ShareService:
+class ShareService(ShareAdmin):
     def __init__(self, store: ShareStateStore, cfg: ShareConfig, now_ms: Callable[[], int],
                  topics: Callable[[], dict[str, tuple[bytes, int]]],
                  marks: Callable[[bytes, int], tuple[int, int] | None],
-                 other_group: Callable[[str], bool] = lambda g: False) -> None:
+                 other_group: Callable[[str], bool] = lambda g: False,
+                 group_configs: Callable[[str], dict[str, str]] = lambda g: {}) -> None:
         """``topics``: name -> (topic id, partitions) of the catalog; ``marks(topic id,
-        partition)``: its (high watermark, log start offset), None when it does not exist;
-        ``other_group(id)``: a classic or consumer group has that id."""
+        partition)``: its (high watermark, log start offset[, last stable offset]), None when it
+        does not exist; ``other_group(id)``: a classic or consumer group has that id;
+        ``group_configs(id)``: the group's GROUP config resource (``share.*`` override the
+        ``[groups]`` defaults in ``cfg``, as Kafka's GroupConfig does)."""
         self.store = store
         self.cfg = cfg
         self.now = now_ms
         self.topics = topics
         self.marks = marks
         self.other_group = other_group
+        self.group_configs = group_configs
         self.groups: dict[str, ShareGroup] = {}
         self.sessions: dict[tuple[str, str], ShareSession] = {}
-        self.partitions: dict[ShareKey, SharePartition] = {}
+        self.partitions: SharePartitions = SharePartitions()   # ShareKey -> SharePartition
         self._snapshot_epochs: dict[ShareKey, tuple[int, int]] = {}   # (snapshot epoch, created)
         self._next_tick = 0
         self._due: int | None = None
+
+    def gcfg(self, group_id: str) -> ShareConfig:
+        """The share configs of one group: its GROUP config resource over ``cfg``."""
+        own = self.group_configs(group_id)
+        if not own:
+            return self.cfg
+        changes = {}
+        for name, value in own.items():
+            o = _GROUP_OVERRIDES.get(name)
+            if o is not None:
+                try:
+                    changes[o[0]] = o[1](value)
+                except ValueError:
+                    log.warning("group %s: config %s=%r ignored", group_id, name, value)
+        return dataclasses.replace(self.cfg, **changes) if changes else self.cfg
 
     def load(self) -> None:
         for key, snap in self.store.load().items():
@@ -182,7 +214,7 @@ class ShareService:
                 by_topic.setdefault(tid, []).append(p)
             assignment = [TopicPartitions(t, ps) for t, ps in by_topic.items()]
         return ShareGroupHeartbeatResult(E.none, None, m.member_id, m.epoch,
-                                         self.cfg.heartbeat_interval_ms, assignment)
+                                         self.gcfg(req.group_id).heartbeat_interval_ms, assignment)
 
     def _target(self, m: ShareMember) -> list[tuple[bytes, int]]:
         topics = self.topics()
@@ -200,7 +232,7 @@ class ShareService:
         self._release(g.group_id, member_id)
 
     def _release(self, group: str, member: str) -> None:
-        limit = self.cfg.delivery_count_limit
+        limit = self.gcfg(group).delivery_count_limit
         for (gid, _t, _p), sp in self.partitions.items():
             if gid == group:
                 sp.release_member(member, limit)
@@ -242,14 +274,17 @@ class ShareService:
         if now_ms < self._next_tick:
             return
         self._next_tick = now_ms + TICK_MS
-        timeout = self.cfg.session_timeout_ms
         for g in self.groups.values():
+            timeout = self.gcfg(g.group_id).session_timeout_ms
             for m in [m for m in g.members.values() if m.last_seen_ms + timeout < now_ms]:
                 log.info("share group %s: member %s's session timed out", g.group_id, m.member_id)
                 self._remove_member(g, m.member_id)
-        limit = self.cfg.delivery_count_limit
+        limits: dict[str, int] = {}
         due = None
-        for sp in self.partitions.values():
+        for (gid, _t, _p), sp in self.partitions.items():
+            limit = limits.get(gid)
+            if limit is None:
+                limit = limits[gid] = self.gcfg(gid).delivery_count_limit
             sp.expire(now_ms, limit)
             d = sp.next_deadline_ms()
             if d is not None and (due is None or d < due):
@@ -275,6 +310,10 @@ class ShareService:
             if session is None and len(self.sessions) >= self.cfg.max_share_sessions:
                 return ShareFetchResult(E.share_session_limit_reached)
             if session is not None:
+                # A new session of the same member: what it held goes back (Kafka's
+                # ShareSessionCache replaces the session and its acquisitions are released).
+                log.info("share group %s: member %s opened a new share session; its records "
+                         "are released", req.group_id, req.member_id)
                 self._release(req.group_id, req.member_id)
             session = self.sessions[key] = ShareSession(next_epoch(0))
         elif epoch == INITIAL_EPOCH:          # ShareAcknowledge may not open a session
@@ -294,7 +333,8 @@ class ShareService:
                 session.parts.pop((bytes(tp[0]), tp[1]), None)
         results: dict[tuple[bytes, int], dict] = {}
         dirty: dict[ShareKey, SharePartition] = {}
-        limit = self.cfg.delivery_count_limit
+        cfg = self.gcfg(req.group_id)
+        limit = cfg.delivery_count_limit
         for p in req.parts:
             tp = (bytes(p.topic_id), p.partition)
             r = results.setdefault(tp, {})
@@ -323,15 +363,20 @@ class ShareService:
                 mk = self.marks(*tp)
                 if mk is None:
                     continue
-                hw, log_start = mk
+                hw, log_start = mk[0], mk[1]
+                # share.isolation.level=read_committed: nothing at or past the last stable
+                # offset is acquired (Kafka's SharePartition reads up to the LSO then)
+                end = mk[2] if cfg.isolation_level == "read_committed" and len(mk) > 2 else hw
                 sk = (req.group_id, tp[0], tp[1])
                 sp = self.partitions.get(sk)
                 if sp is None:
-                    start = hw if self.cfg.auto_offset_reset == "latest" else log_start
+                    # "earliest" (and KIP-1106's by_duration, which needs a time index lookup
+                    # the coordinator does not make: from the log start) or "latest"
+                    start = hw if cfg.auto_offset_reset == "latest" else log_start
                     sp = self.partitions[sk] = SharePartition(start, state_epoch=1)
                     dirty[sk] = sp
-                got = sp.acquire(req.member_id, left, hw, log_start, now,
-                                 self.cfg.record_lock_duration_ms, limit)
+                got = sp.acquire(req.member_id, left, end, log_start, now,
+                                 cfg.record_lock_duration_ms, limit)
                 r = results.setdefault(tp, {})
                 r["next_offset"] = sp.end_offset
                 if got:
@@ -348,8 +393,9 @@ class ShareService:
                                  r.get("acquired", []), r.get("next_offset", -1),
                                  r.get("acked", False))
                  for tp, r in results.items()]
-        return ShareFetchResult(E.none, None, parts, self.cfg.record_lock_duration_ms,
-                                [] if close or session is None else list(session.parts))
+        return ShareFetchResult(E.none, None, parts, cfg.record_lock_duration_ms,
+                                [] if close or session is None else list(session.parts),
+                                1 if cfg.isolation_level == "read_committed" else 0)
 
     def _persist(self, dirty: dict[ShareKey, SharePartition], now: int) -> ErrorCode:
         """Write the snapshots of ``dirty`` (one batch) before the answer goes out."""

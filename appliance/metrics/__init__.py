@@ -142,7 +142,9 @@ CATALOG: dict[str, Metric] = {m.name: m for m in [
            "Committed offsets held by the group coordinator"),
     # -- KIP-848 (kafka.server:type=group-coordinator-metrics) -----------------------------------
     Metric("kafka_server_group_coordinator_metrics_group_count", GAUGE,
-           "Groups by protocol (classic, consumer)", ("protocol",)),
+           "Groups by protocol (classic, consumer, share)", ("protocol",)),
+    Metric("kafka_server_group_coordinator_metrics_share_group_count", GAUGE,
+           "Share groups (KIP-932) by state (empty, stable)", ("state",)),
     Metric("kafka_server_group_coordinator_metrics_consumer_group_count", GAUGE,
            "Consumer groups (KIP-848) by state (empty, assigning, reconciling, stable, dead)",
            ("state",)),
@@ -154,6 +156,14 @@ CATALOG: dict[str, Metric] = {m.name: m for m in [
            ("group", "topic", "partition")),
     Metric("kafka_consumergroup_lag", GAUGE,
            "High watermark minus the group's committed offset", ("group", "topic", "partition")),
+    # -- share partitions (KIP-932; kafka.server:type=SharePartitionMetrics, labels group,
+    # topic, partition) and their lag (DescribeShareGroupOffsets v1's) ----------------------------
+    Metric("kafka_server_sharepartitionmetrics_inflightmessagecount", GAUGE,
+           "Records in flight (available or acquired) in the share partition's window",
+           ("group", "topic", "partition")),
+    Metric("appliance_share_partition_lag", GAUGE,
+           "High watermark minus the share partition's start offset minus the records done "
+           "above it (KIP-1226's lag)", ("group", "topic", "partition")),
     # -- the appliance's own ---------------------------------------------------------------------
     Metric("appliance_worker_up", GAUGE,
            "1 while the worker process runs and has published READY", ("role", "worker")),

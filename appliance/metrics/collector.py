@@ -267,6 +267,11 @@ class Collector:
             end = hw.get((topic, partition))
             if end is not None:
                 acc["kafka_consumergroup_lag"][labels] = max(0, end - offset)
+        for group, topic, partition, inflight, lag in snap.get("share", ()):
+            labels = (group, topic, str(partition))
+            acc["kafka_server_sharepartitionmetrics_inflightmessagecount"][labels] = inflight
+            if lag >= 0:
+                acc["appliance_share_partition_lag"][labels] = lag
 
     def _client_telemetry(self, workers) -> list[Family]:
         """KIP-714: the series clients pushed, from each live frontend's snapshot

@@ -406,6 +406,63 @@ def test_group_apis_at_the_wire(locked):
         assert (fc.error_code, fc.node_id) == (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)
 
 
+def test_share_group_apis_at_the_wire(locked):
+    """KIP-932 as Kafka's KafkaApis authorizes it: Read on the group for ShareGroupHeartbeat,
+    ShareFetch and AlterShareGroupOffsets, Describe for ShareGroupDescribe and
+    DescribeShareGroupOffsets, Delete for DeleteShareGroupOffsets; Read on the topic to fetch or
+    alter, Describe to see offsets."""
+    _, p = locked
+    with raw(p) as r:
+        member = uuid.uuid4().hex[:22]
+        hb = r.request(76, 1, {"group_id": "g-no", "member_id": member, "member_epoch": 0,
+                               "subscribed_topic_names": ["ok-t"]})
+        assert hb.error_code == GROUP_AUTHORIZATION_FAILED
+        hb = r.request(76, 1, {"group_id": "g-ok-share", "member_id": member, "member_epoch": 0,
+                               "subscribed_topic_names": ["ok-t"]})
+        assert hb.error_code == 0, hb
+        md = r.request(3, 12, {"topics": [{"name": "ok-t", "topic_id": None},
+                                          {"name": "wo-t", "topic_id": None}],
+                               "allow_auto_topic_creation": False,
+                               "include_topic_authorized_operations": False})
+        ids = {t.name: t.topic_id for t in md.topics}
+        fetch = {"member_id": member, "share_session_epoch": 0, "max_wait": 0, "min_bytes": 0,
+                 "max_bytes": 1 << 20, "max_records": 10, "batch_size": 10,
+                 "forgotten_topics_data": [],
+                 "topics": [{"topic_id": ids[n], "partitions": [
+                     {"partition_index": 0, "acknowledgement_batches": []}]}
+                     for n in ("ok-t", "wo-t")]}
+        assert r.request(78, 1, {"group_id": "g-no", **fetch}).error_code == \
+            GROUP_AUTHORIZATION_FAILED
+        f = r.request(78, 1, {"group_id": "g-ok-share", **fetch})
+        assert f.error_code == 0, f
+        assert {t.topic_id: t.partitions[0].error_code for t in f.responses} == {
+            ids["ok-t"]: 0, ids["wo-t"]: TOPIC_AUTHORIZATION_FAILED}, f
+        d = r.request(77, 1, {"group_ids": ["g-ok-share", "g-no"],
+                              "include_authorized_operations": False})
+        assert [(g.group_id, g.error_code) for g in d.groups] == [
+            ("g-ok-share", 0), ("g-no", GROUP_AUTHORIZATION_FAILED)]
+        o = r.request(90, 1, {"groups": [
+            {"group_id": "g-ok-share", "topics": [{"topic_name": "ok-t", "partitions": [0]},
+                                                  {"topic_name": "hidden-t", "partitions": [0]}]},
+            {"group_id": "g-no", "topics": None}]})
+        ok, no = o.groups
+        assert no.error_code == GROUP_AUTHORIZATION_FAILED
+        assert {t.topic_name: t.partitions[0].error_code for t in ok.topics} == {
+            "ok-t": 0, "hidden-t": TOPIC_AUTHORIZATION_FAILED}, ok
+        r.request(76, 1, {"group_id": "g-ok-share", "member_id": member, "member_epoch": -1})
+        alter = r.request(91, 0, {"group_id": "g-ok-share", "topics": [
+            {"topic_name": n, "partitions": [{"partition_index": 0, "start_offset": 0}]}
+            for n in ("ok-t", "wo-t")]})
+        assert alter.error_code == 0, alter
+        assert {t.topic_name: t.partitions[0].error_code for t in alter.responses} == {
+            "ok-t": 0, "wo-t": TOPIC_AUTHORIZATION_FAILED}, alter
+        assert r.request(91, 0, {"group_id": "g-no", "topics": []}).error_code == \
+            GROUP_AUTHORIZATION_FAILED
+        # Delete on the group: nobody has it
+        assert r.request(92, 0, {"group_id": "g-ok-share", "topics": [
+            {"topic_name": "ok-t"}]}).error_code == GROUP_AUTHORIZATION_FAILED
+
+
 # -- transactions -------------------------------------------------------------------------------------
 
 def test_transactional_producer_needs_write_on_its_transactional_id(locked):

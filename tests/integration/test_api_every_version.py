@@ -406,7 +406,7 @@ def _txn_check(env: Env, key, v, resp):
 # so a request never depends on what another version left behind, except ListGroups, which lists
 # the groups DescribeGroups (key 15, run before it) made.
 
-GROUP_APIS = {8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47, 68, 69, 76, 77, 78, 79}
+GROUP_APIS = {8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47, 68, 69, 76, 77, 78, 79, 90, 91, 92}
 PROTOCOL = [{"name": "range", "metadata": b"\x00\x01meta"}]
 
 
@@ -560,6 +560,22 @@ def _group_request_for(env: Env, key, v):
                     "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "max_records": 10,
                     "batch_size": 10, "topics": parts, "forgotten_topics_data": []}
         return {"group_id": group, "member_id": member, "share_session_epoch": 0, "topics": parts}
+    if key in (90, 91, 92):
+        # a share group whose member joined and left: Empty, no share state yet
+        group, member = f"every-sg{key}-{v}", uuid.uuid4().hex[:22]
+        r = env.raw.request(76, 1, {"group_id": group, "member_id": member, "member_epoch": 0,
+                                    "rack_id": None, "subscribed_topic_names": [topic]})
+        assert r.error_code == 0, r
+        r = env.raw.request(76, 1, {"group_id": group, "member_id": member, "member_epoch": -1})
+        assert r.error_code == 0, r
+        env.pending = {"group": group}
+        if key == 90:
+            return {"groups": [{"group_id": group, "topics": [
+                {"topic_name": topic, "partitions": [0, 1]}]}]}
+        if key == 91:
+            return {"group_id": group, "topics": [{"topic_name": topic, "partitions": [
+                {"partition_index": 1, "start_offset": 0}]}]}
+        return {"group_id": group, "topics": [{"topic_name": topic}]}
     raise AssertionError(key)
 
 
@@ -666,6 +682,22 @@ def _group_check(env: Env, key, v, resp):
                 for t in resp.responses for p in t.partitions] == [(0, 0, ())], (v, resp)
     elif key == 79:
         assert resp.error_code == 123, (v, resp)     # INVALID_SHARE_SESSION_EPOCH: no session opened
+    elif key == 90:
+        (g,) = resp.groups
+        assert (g.group_id, g.error_code) == (env.pending["group"], 0), (v, resp)
+        assert [(t.topic_id, [(p.partition_index, p.start_offset, p.error_code) for p in t.partitions])
+                for t in g.topics] == [(env.topic_id, [(0, -1, 0), (1, -1, 0)])], (v, resp)
+        if v >= 1:
+            assert [p.lag for p in g.topics[0].partitions] == [-1, -1], (v, resp)
+    elif key == 91:
+        assert resp.error_code == 0, (v, resp)
+        assert [(t.topic_id, [(p.partition_index, p.error_code) for p in t.partitions])
+                for t in resp.responses] == [(env.topic_id, [(1, 0)])], (v, resp)
+    elif key == 92:
+        # no state for the topic: Kafka's UNKNOWN_TOPIC_OR_PARTITION row
+        assert resp.error_code == 0, (v, resp)
+        assert [(t.topic_id, t.error_code, t.error_message) for t in resp.responses] == [
+            (env.topic_id, 3, "There is no offset information to delete.")], (v, resp)
     elif key == 69:
         found, missing = resp.groups
         assert (found.error_code, found.group_state, found.group_epoch, found.assignment_epoch,

@@ -211,10 +211,12 @@ def test_share_state_survives_kill9_of_the_coordinator(appliance_factory):
         taker.kill()
 
 
-def test_java_share_consumer_explicit_acknowledgement(appliance_factory, java4_program):
+def test_java_share_consumer_explicit_acknowledgement_and_admin(appliance_factory, java4_program):
     """kafka-clients 4.3.0's KafkaShareConsumer in explicit mode: RELEASE of a record brings it
     back (delivery count 2), ACCEPT and commitSync make the rest done: a second run of the same
-    group gets only the record produced after the first."""
+    group gets only the record produced after the first. Then 4.3's Admin: listGroups for share
+    groups, describeShareGroups, listShareGroupOffsets (v1, with lag), alterShareGroupOffsets,
+    deleteShareGroupOffsets, deleteShareGroups."""
     a = appliance_factory(**CONFIG)
     b = a.bootstrap
     topic, group = uid("sharej"), uid("sgj")
@@ -226,6 +228,15 @@ def test_java_share_consumer_explicit_acknowledgement(appliance_factory, java4_p
     (later,) = produce(b, topic, 100, 1)
     out = java4_program("ShareConsumerExplicit", b, group, topic, "1", "60")
     assert (out["read"], out["values"]) == ("1", later), out
+    # kafka-clients 4.3's Admin on the group its consumer left (tests/java/ShareAdmin4.java):
+    # listed Empty, start offset 101 and lag 0; reset to 5 (lag 96); offsets and group deleted.
+    out = java4_program("ShareAdmin4", b, group, topic, "5")
+    assert f"{group}:Share:Empty" in out["listed"].split(","), out
+    assert (out["state"], out["offsets"]) == ("Empty", "0:101:0"), out
+    assert (out["altered"], out["reset"]) == ("ok", "0:5:96"), out
+    assert (out["deleted"], out.get("after", "")) == ("ok", ""), out
+    assert out["gone"] == "ok", out
+    assert group not in out.get("finally", ""), out
 
 
 def test_share_version_feature_and_find_coordinator_share_keys(appliance):
