@@ -13,6 +13,7 @@ import struct
 
 import pytest
 
+from appliance.quota.rates import ClientQuotas
 from appliance.api import REGISTRY, Api, CloseConnection, load_handlers
 from appliance.config import Config
 from appliance.listeners import Listener
@@ -65,6 +66,7 @@ class Broker:
     cfg = Config()
     endpoints = {"PLAINTEXT": ("127.0.0.1", 9092), "SASL_PLAINTEXT": ("127.0.0.1", 9093)}
     users: dict = {}
+    quotas = ClientQuotas()        # none configured (appliance.quota.rates)
 
     def next_fetcher(self) -> int:
         return 0

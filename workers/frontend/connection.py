@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import datetime
 import inspect
 import logging
 import struct
@@ -50,6 +52,8 @@ from appliance.api import REGISTRY, CloseConnection, FailAuthentication, Request
 from appliance.errors import ErrorCode, KafkaError, ProtocolViolation
 from appliance.protocol import frames, messages
 from appliance.protocol.produce_request import parse_produce_request
+from appliance.quota.model import user_of
+from appliance.quota.rates import NANOS_TO_PERCENTAGE, REQUEST
 from appliance.security.principal import ANONYMOUS, NoMatchingRule, ssl_principal
 from appliance.security.sasl import MAX_RECEIVE_SIZE, SaslFailure, SaslServerAuthenticator
 from workers.frontend.metrics import error_counts
@@ -59,12 +63,16 @@ log = logging.getLogger("appliance.connection")
 API_VERSIONS_KEY = 18
 PRODUCE_KEY = 0
 _SIZE = struct.Struct(">i")
+# Not held to request_percentage: the handshake before any quota can name the client (Kafka's
+# authenticator answers these before KafkaApis).
+QUOTA_EXEMPT = frozenset((17, 18, 36))
 MAX_INFLIGHT = 64          # pause reading beyond this many unanswered requests on one connection
 RESUME_INFLIGHT = 16
 
 
 class _Slot:
-    __slots__ = ("header", "parts", "done", "last", "api", "ctx", "started")
+    __slots__ = ("header", "parts", "done", "last", "api", "ctx", "started", "busy_ns",
+                 "throttle_ms", "quota_done", "size")
 
     def __init__(self, header, api: str = "", ctx=None) -> None:
         self.header = header
@@ -74,6 +82,10 @@ class _Slot:
         self.api = api                   # the API's name, for the request metrics ("" = none)
         self.ctx = ctx                   # its RequestContext (the handler's error counts)
         self.started = time.monotonic_ns()
+        self.busy_ns = 0                 # the frontend's time on it so far (request_percentage)
+        self.throttle_ms = 0             # mute the connection this long once it is sent (KIP-219)
+        self.quota_done = False          # its quotas are recorded (at most once per request)
+        self.size = 0                    # the request's bytes (producer_byte_rate counts them)
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -106,6 +118,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.fetcher = server.broker.next_fetcher()
         self.tasks: dict[asyncio.Task, Any] = {}      # handler task -> the handler's coroutine
         self.produce_order: asyncio.Future | None = None   # appliance.api.produce keeps the order
+        self.throttled = False      # muted by a quota (KIP-219) until unmute_at
+        self.frame_t0 = 0
+        self.unmute_at = 0.0
+        self.unmute_timer: asyncio.TimerHandle | None = None
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -284,13 +300,26 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     # -- dispatch ---------------------------------------------------------------------------------
     def _on_frame(self, frame) -> None:
-        if self.sasl is not None and not self.sasl.complete and self._before_authentication(frame):
+        if self.broker.quotas.any:
+            # request_percentage (KIP-124) counts the frontend's time on the request: the decode
+            # and the handler's synchronous part here (an answer ready at once is recorded
+            # within it, from frame_t0), plus the encoding of a later answer.
+            self.frame_t0 = t0 = time.perf_counter_ns()
+            slot = self._serve_frame(frame)
+            if slot is not None and not slot.done:
+                slot.busy_ns = time.perf_counter_ns() - t0
             return
+        self._serve_frame(frame)
+
+    def _serve_frame(self, frame) -> "_Slot | None":
+        if self.sasl is not None and not self.sasl.complete and self._before_authentication(frame):
+            return None
         header, body_offset = frames.parse_request_header(frame)
         api = REGISTRY.get(header.api_key)
         if api is None:
             raise ProtocolViolation(f"unknown api key {header.api_key}")
         slot = _Slot(header, api.name)
+        slot.size = len(frame) + 4
         if not api.min_version <= header.api_version <= api.max_version:
             if header.api_key != API_VERSIONS_KEY:
                 raise ProtocolViolation(
@@ -300,7 +329,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.slots.append(slot)
             self._complete(slot, messages.build_api_versions_response(
                 header.api_version, self.server.api_ranges))
-            return
+            return slot
         if header.api_key == PRODUCE_KEY:
             # Record batches stay views of the receive buffer (no copy before the ring's); the
             # handler hands them to the writers before it returns, or copies them before it
@@ -311,16 +340,16 @@ class KafkaConnection(asyncio.BufferedProtocol):
             request = messages.decode_request(header.api_key, header.api_version, bytes(frame),
                                               body_offset)
         self.slots.append(slot)
-        ctx = slot.ctx = RequestContext(self.broker, self, header)
+        ctx = slot.ctx = RequestContext(self.broker, self, header, slot)
         try:
             result = api.handle(ctx, request)
         except KafkaError as e:
             self._fail(slot, api, request, e)
-            return
+            return slot
         except Exception:
             log.exception("handler of api key %d failed (request from %s)", header.api_key, self.peer)
             self._close_after(slot, "internal error")
-            return
+            return slot
         if asyncio.iscoroutine(result):
             task = asyncio.ensure_future(self._run(slot, api, request, result))
             self.tasks[task] = result
@@ -332,6 +361,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if len(self.slots) >= MAX_INFLIGHT and not self.paused:
             self.paused = True
             self.transport.pause_reading()
+        return slot
 
     def _task_done(self, task: asyncio.Task) -> None:
         self.tasks.pop(task, None)
@@ -367,6 +397,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._fail_authentication(slot, result.response, result.reason)
             return
         h = slot.header
+        if not slot.quota_done and self.broker.quotas.any and h is not None:
+            throttle = self.quota_throttle(slot, None, 0)
+            if throttle and hasattr(result, "throttle_time"):
+                result = dataclasses.replace(result, throttle_time=datetime.timedelta(
+                    milliseconds=max(throttle, int(result.throttle_time.total_seconds() * 1000))))
         if result is None:
             slot.parts = None
             errors = slot.ctx.errors if slot.ctx is not None else None
@@ -397,15 +432,20 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def _flush(self) -> None:
         out = []
         last = False
+        mute = 0
         while self.slots and self.slots[0].done:
             slot = self.slots.popleft()
             if slot.parts is not None:          # a last slot has parts only for an auth failure
                 out.extend(slot.parts)
+            if slot.throttle_ms > mute:
+                mute = slot.throttle_ms
             if slot.last:
                 last = True
                 break
         if out and not self.closed:
             self.transport.writelines(out)
+        if mute and not last and not self.closed:
+            self._mute(mute)
         if last:
             # close() (not abort) sends what is buffered first.
             self.closed = True
@@ -413,11 +453,62 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.transport.close()
             return
         if (self.paused and not self.closing and len(self.slots) <= RESUME_INFLIGHT
-                and not self.server.draining):
+                and not self.server.draining and not self.throttled):
             self.paused = False
             self.transport.resume_reading()
         if self.server.draining and not self.slots:
             self.transport.close()
+
+    # -- client quotas (KIP-13, KIP-124, KIP-219) ---------------------------------------------
+    def quota_throttle(self, slot: _Slot, quota_type: str | None, value: float) -> int:
+        """Record the request against the client's quotas (its bytes against ``quota_type``'s,
+        its frontend time so far against request_percentage), once; the throttle time for its
+        response, which also mutes the connection that long once the response is sent."""
+        if slot.quota_done:
+            return slot.throttle_ms
+        slot.quota_done = True
+        q = self.broker.quotas
+        h = slot.header
+        user = user_of(self.principal)
+        client_id = h.client_id or ""
+        now_ms = int(time.monotonic() * 1000)
+        throttle = 0
+        if quota_type is not None and q.enabled[quota_type]:
+            throttle = q.record(quota_type, user, client_id, value, now_ms)
+            if throttle:
+                q.throttled(quota_type, user, client_id, throttle, now_ms)
+        if q.enabled[REQUEST] and h.api_key not in QUOTA_EXEMPT:
+            busy = slot.busy_ns or time.perf_counter_ns() - self.frame_t0
+            t = q.record(REQUEST, user, client_id, busy * NANOS_TO_PERCENTAGE, now_ms)
+            if t:
+                q.throttled(REQUEST, user, client_id, t, now_ms)
+                throttle = max(throttle, t)
+        slot.throttle_ms = throttle
+        return throttle
+
+    def _mute(self, ms: int) -> None:
+        """KIP-219: the response has gone; read nothing more from the client for ``ms``."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + ms / 1000
+        if until <= self.unmute_at:
+            return
+        self.unmute_at = until
+        self.throttled = True
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        if self.unmute_timer is not None:
+            self.unmute_timer.cancel()
+        self.unmute_timer = loop.call_at(until, self._unmute)
+
+    def _unmute(self) -> None:
+        self.unmute_timer = None
+        self.throttled = False
+        if self.closed or self.closing or self.server.draining:
+            return
+        if self.paused and len(self.slots) <= RESUME_INFLIGHT and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
 
     # -- draining -----------------------------------------------------------------------------------
     def begin_drain(self) -> None:
