@@ -14,8 +14,8 @@ takes to fall back to the bound if nothing more came, ``(rate - bound) / bound *
 (QuotaUtils.throttleTime), at most one window for request_percentage (as Kafka bounds it).
 
 Across frontends (a client with connections to two frontends is one client to Kafka): each
-frontend publishes its sensors' samples (``snapshot``, at most every ``PUBLISH_S``, only when
-something changed) and reads the others' (``merge``); a rate is the sum of this frontend's
+frontend publishes its sensors' samples (``snapshot``, at most every ``PUBLISH_S``, each frontend
+tick, only while it has live sensors) and reads the others' (``merge``); a rate is the sum of this frontend's
 samples, current to the request, and the others' last published ones. What another frontend
 recorded in its last ``PUBLISH_S`` is not seen yet: a client spread over k frontends may exceed
 its bound by what k - 1 frontends take in that time, which the next throttle (computed over the
@@ -31,7 +31,7 @@ from appliance.quota import model
 PRODUCE, FETCH, REQUEST, CONNECTION = "Produce", "Fetch", "Request", "Connection"
 KEY_OF = {PRODUCE: model.PRODUCER_BYTE_RATE, FETCH: model.CONSUMER_BYTE_RATE,
           REQUEST: model.REQUEST_PERCENTAGE, CONNECTION: model.CONNECTION_CREATION_RATE}
-PUBLISH_S = 0.1
+PUBLISH_S = 0.02
 # Each frontend's published usage in the runtime dir: USAGE_PREFIX + frontend + ".msgpack".
 USAGE_PREFIX = "quota_usage."
 # request_percentage counts nanoseconds of a frontend's time as percent of one second.

@@ -119,6 +119,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.tasks: dict[asyncio.Task, Any] = {}      # handler task -> the handler's coroutine
         self.produce_order: asyncio.Future | None = None   # appliance.api.produce keeps the order
         self.throttled = False      # muted by a quota (KIP-219) until unmute_at
+        # A quota holds this connection's client: its requests are served one at a time, the
+        # next read only once the previous is answered and the throttle has passed, as Kafka's
+        # network thread does (a pipelined burst is not admitted before its first throttle).
+        self.serial = False
+        self.held: collections.deque[bytes] = collections.deque()
+        self.releasing = False
         self.frame_t0 = 0
         self.unmute_at = 0.0
         self.unmute_timer: asyncio.TimerHandle | None = None
@@ -163,22 +169,28 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.last_active = time.monotonic()
         try:
             for frame in self.decoder.commit(nbytes):
+                if self.serial and (self.held or self.slots or self.throttled):
+                    self._hold(frame)
+                    continue
                 self._on_frame(frame)
                 if self.closing or self.closed:
                     return
             if self.decoder.error is not None:     # a bad frame after good ones in this read
                 raise self.decoder.error
         except ProtocolViolation as e:
-            if self.sasl is not None and not self.sasl.complete:
-                # Kafka: "Failing SASL authentication due to invalid receive size" (and any
-                # other bad frame before authentication) fails the authentication.
-                self._fail_authentication(None, None, str(e))
-            else:
-                self._close_after(None, str(e))
+            self._bad_frame(e)
         except Exception:
             # A bug in a handler must cost this connection, never the frontend process.
             log.exception("request from %s failed", self.peer)
             self._close_after(None, "internal error")
+
+    def _bad_frame(self, e: ProtocolViolation) -> None:
+        if self.sasl is not None and not self.sasl.complete:
+            # Kafka: "Failing SASL authentication due to invalid receive size" (and any
+            # other bad frame before authentication) fails the authentication.
+            self._fail_authentication(None, None, str(e))
+        else:
+            self._close_after(None, str(e))
 
     # -- requests ---------------------------------------------------------------------------------
     def _abort(self, why: str) -> None:
@@ -452,8 +464,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.slots.clear()
             self.transport.close()
             return
+        if self.held and not self.slots and not self.throttled:
+            if not self.releasing:
+                self._release_held()
+            return
         if (self.paused and not self.closing and len(self.slots) <= RESUME_INFLIGHT
-                and not self.server.draining and not self.throttled):
+                and not self.server.draining and not self.throttled and not self.held):
             self.paused = False
             self.transport.resume_reading()
         if self.server.draining and not self.slots:
@@ -473,6 +489,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
         client_id = h.client_id or ""
         now_ms = int(time.monotonic() * 1000)
         throttle = 0
+        if not self.serial and (
+                (quota_type is not None and q.enabled[quota_type]
+                 and q.governing(quota_type, user, client_id) is not None)
+                or (q.enabled[REQUEST] and q.governing(REQUEST, user, client_id) is not None)):
+            self.serial = True
         if quota_type is not None and q.enabled[quota_type]:
             throttle = q.record(quota_type, user, client_id, value, now_ms)
             if throttle:
@@ -501,10 +522,53 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.unmute_timer.cancel()
         self.unmute_timer = loop.call_at(until, self._unmute)
 
+    def _hold(self, frame) -> None:
+        """A frame read while the connection's previous request is unanswered or throttled: a
+        copy waits (the frame is a view of the receive buffer), and reading stops."""
+        self.held.append(bytes(frame))
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def _release_held(self) -> None:
+        """Serve the next held frame (the one before it is answered, the throttle passed)."""
+        self.releasing = True
+        try:
+            self._serve_held()
+        finally:
+            self.releasing = False
+        if (not self.held and self.paused and not self.closing and not self.closed
+                and not self.throttled and not self.server.draining
+                and len(self.slots) <= RESUME_INFLIGHT):
+            self.paused = False
+            self.transport.resume_reading()
+
+    def _serve_held(self) -> None:
+        while self.held and not self.slots and not self.throttled:
+            if self.closing or self.closed:
+                self.held.clear()
+                return
+            frame = memoryview(self.held.popleft())
+            try:
+                self._on_frame(frame)
+            except ProtocolViolation as e:
+                self.held.clear()
+                self._bad_frame(e)
+                return
+            except Exception:
+                log.exception("request from %s failed", self.peer)
+                self.held.clear()
+                self._close_after(None, "internal error")
+                return
+
     def _unmute(self) -> None:
         self.unmute_timer = None
         self.throttled = False
         if self.closed or self.closing or self.server.draining:
+            return
+        if self.held:
+            if not self.slots:
+                self._release_held()
             return
         if self.paused and len(self.slots) <= RESUME_INFLIGHT and self.transport is not None:
             self.paused = False
