@@ -25,7 +25,8 @@ from java_programs import java_program  # noqa: F401 (fixture)
 from raw_wire import RawClient
 
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
-APPLIANCE_CONFIG = {"server": {"frontends": 1}}
+# Rates over 2 samples of 1 s (Kafka: 11): a rate quota bites at once and lets go after 2 s.
+APPLIANCE_CONFIG = {"server": {"frontends": 1}, "quotas": {"window_num": 2, "window_size_seconds": 1}}
 INVALID_REQUEST, UNSUPPORTED_VERSION = 42, 35
 
 
@@ -123,6 +124,34 @@ def test_appliance_configs_manages_quotas_and_they_outlive_a_restart(shared_appl
                     {"entity": "user=cli-u, client-id=cli-c", "name": "producer_byte_rate", "value": 5000}]
 
 
+def test_connections_over_the_address_rate_are_held_then_closed(shared_appliance):
+    """KIP-612: connection_creation_rate of 127.0.0.1 at 1 a second: the first connection is
+    served, the next ones are held for their throttle time and closed unanswered."""
+    with RawClient(shared_appliance.bootstrap) as raw:
+        assert alter(raw, 1, [([("ip", "127.0.0.1")], [("connection_creation_rate", 1)])]
+                     ).entries[0].error_code == 0
+    try:
+        conns = [RawClient(shared_appliance.bootstrap) for _ in range(3)]
+        try:
+            assert conns[0].request(18, 3, {"client_software_name": "t",
+                                            "client_software_version": "1"}).error_code == 0
+            closed = [c.closed_by_peer(timeout=5) for c in conns[1:]]
+            assert closed == [True, True], closed
+        finally:
+            for c in conns:
+                c.close()
+    finally:
+        # A connection of its own now is held too: wait it out, then lift the quota.
+        def lifted():
+            try:
+                with RawClient(shared_appliance.bootstrap) as raw:
+                    r = alter(raw, 1, [([("ip", "127.0.0.1")], [("connection_creation_rate", None)])])
+                    return r.entries[0].error_code == 0
+            except (ConnectionError, OSError):
+                return False
+        eventually(lifted, timeout=30, what="the connection quota lifted")
+
+
 # -- enforcement --------------------------------------------------------------------------------
 
 BOUND = 400_000            # bytes per second, for the producer's client id and for the consumer's
@@ -176,7 +205,7 @@ def held_to_their_byte_rates(appliance_factory, span: float):
                            ([("client-id", "capped-consumer")], [("consumer_byte_rate", BOUND)])])
         assert [e.error_code for e in r.entries] == [0, 0]
     start = time.monotonic()
-    end = start + span + 4
+    deadline = [start + span + 60]      # set below, from the clients' first records
     produced: dict[str, list] = {"capped": [], "neighbour": []}
     consumed: list = []
     throttles: list = []
@@ -189,7 +218,7 @@ def held_to_their_byte_rates(appliance_factory, span: float):
         def delivered(err, msg):
             if err is None:
                 events.append((time.monotonic(), len(msg.value())))
-        while time.monotonic() < end:
+        while time.monotonic() < deadline[0]:
             try:
                 p.produce("quota-out", RECORD, callback=delivered)
             except BufferError:
@@ -207,7 +236,7 @@ def held_to_their_byte_rates(appliance_factory, span: float):
                       "stats_cb": lambda s: throttles.append(json.loads(s))})
         c.assign([TopicPartition("quota-in", 0, 0)])       # no group join to wait for
         try:
-            while time.monotonic() < end:
+            while time.monotonic() < deadline[0]:
                 m = c.poll(0.1)
                 if m is not None and not m.error():
                     consumed.append((time.monotonic(), len(m.value())))
@@ -221,6 +250,8 @@ def held_to_their_byte_rates(appliance_factory, span: float):
                threading.Thread(target=consume)]
     for t in threads:
         t.start()
+    eventually(lambda: produced["capped"] and consumed, timeout=30, what="the first records")
+    deadline[0] = max(produced["capped"][0][0], consumed[0][0]) + 1.9 + span + 0.5
     # While the traffic runs: the per-entity metrics of the window (throttle times given).
     metrics = eventually(
         lambda: (m := _scrape(port)) and m.get(("kafka_server_produce_throttle_time", "capped"), 0) > 0
@@ -230,8 +261,8 @@ def held_to_their_byte_rates(appliance_factory, span: float):
         t.join(span + 60)
     del fill, threads
     (capped, b1), (consumer, b2) = _steady_rate(produced["capped"], span), _steady_rate(consumed, span)
-    assert max(b1, b2) <= end, (b1, b2, end)
-    neighbour = _rate(produced["neighbour"], start + 2, start + 2 + span)
+    assert max(b1, b2) <= deadline[0], (b1, b2, deadline)
+    neighbour = _rate(produced["neighbour"], deadline[0] - span, deadline[0])
     what = f"capped {capped:.0f} B/s, consumer {consumer:.0f} B/s, neighbour {neighbour:.0f} B/s"
     assert 0.9 * BOUND <= capped <= 1.1 * BOUND, what
     assert 0.9 * BOUND <= consumer <= 1.1 * BOUND, what

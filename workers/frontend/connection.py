@@ -318,6 +318,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             # within it, from frame_t0), plus the encoding of a later answer.
             self.frame_t0 = t0 = time.perf_counter_ns()
             slot = self._serve_frame(frame)
+            self.frame_t0 = 0
             if slot is not None and not slot.done:
                 slot.busy_ns = time.perf_counter_ns() - t0
             return
@@ -499,7 +500,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if throttle:
                 q.throttled(quota_type, user, client_id, throttle, now_ms)
         if q.enabled[REQUEST] and h.api_key not in QUOTA_EXEMPT:
-            busy = slot.busy_ns or time.perf_counter_ns() - self.frame_t0
+            # An answer ready within _on_frame is timed from its frame's start; one taken while
+            # the quotas came into force was not timed (0).
+            busy = slot.busy_ns or (time.perf_counter_ns() - self.frame_t0 if self.frame_t0 else 0)
             t = q.record(REQUEST, user, client_id, busy * NANOS_TO_PERCENTAGE, now_ms)
             if t:
                 q.throttled(REQUEST, user, client_id, t, now_ms)
