@@ -97,6 +97,9 @@ def test_precedence_is_kip_55s_eight_levels_in_order():
         # with levels i.. configured, level i governs, with Kafka's metric tags
         assert model.governing({e: v for e, v in table.items() if v > i}, "u", "c") == (i + 1.0, tags[i])
     assert model.governing({((U, "other"),): 1.0}, "u", "c") is None
+    # An empty client id is held to user quotas only (Kafka's callback needs a name).
+    assert model.governing({((C, None),): 1.0}, "u", "") is None
+    assert model.governing({((C, None),): 1.0, ((U, None),): 2.0}, "u", "") == (2.0, ("u", ""))
     assert model.user_of("User:alice") == "alice"
 
 
