@@ -246,7 +246,7 @@ def governing(by_key: dict[Entity, float], user: str, client_id: str
     (one level per client, as Kafka's quotaMetricTags and quotaLimit agree)."""
     for entity, tags in levels(user, client_id):
         # An empty name is no name: Kafka's callback skips the levels that would need it.
-        if (not client_id and any(t == CLIENT_ID and n is not None for t, n in entity)) or (
+        if (not client_id and any(t == CLIENT_ID for t, _ in entity)) or (
                 not user and any(t == USER for t, _ in entity)):
             continue
         bound = by_key.get(entity)
