@@ -463,6 +463,13 @@ class TelemetryConfig(_Section):
     max_series: Annotated[int, msgspec.Meta(ge=1)] = 20000
 
 
+class QuotasConfig(_Section):
+    # Client quotas' windowed rates (Kafka's quota.window.num, quota.window.size.seconds): a rate
+    # is measured over window_num samples of window_size_seconds each.
+    window_num: Annotated[int, msgspec.Meta(ge=2, le=100)] = 11
+    window_size_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 1
+
+
 class Config(_Section):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
@@ -476,6 +483,7 @@ class Config(_Section):
     sasl: SaslConfig = msgspec.field(default_factory=SaslConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
+    quotas: QuotasConfig = msgspec.field(default_factory=QuotasConfig)
 
     # -- derived values -------------------------------------------------------------------
     @property

@@ -62,6 +62,7 @@ LIVE: dict[str, str] = {
              "load keeps the ones in use) and frontends, for connections accepted after the reload",
     "sasl.*": "frontends, for connections accepted after the reload",
     "telemetry.*": "frontends, from each client's next GetTelemetrySubscriptions",
+    "quotas.*": "frontends, from their next request (samples already taken are kept)",
 }
 
 # Why the others need a restart, for the refusal message.

@@ -76,11 +76,12 @@ PARTITION_PAGE_FIELDS = [
 # config_version: bumped by a SIGHUP reload after the new configuration is in CONFIG_FILE; workers
 # compare it with the version they were forked with (WorkerContext.config_version); acl_version:
 # the published ACLs' (appliance.acl.store); assignment_version: the published assignment of
-# partitions to writer processes (appliance.catalog.assignment).
+# partitions to writer processes (appliance.catalog.assignment); quotas_version: the published
+# client quotas' (appliance.quota.store).
 SUPERVISOR_PAGE_FIELDS = [("catalog_version", "Q"), ("status", "I"), ("pid", "I"),
                           ("credentials_version", "Q"), ("tls_version", "Q"),
                           ("config_version", "Q"), ("acl_version", "Q"),
-                          ("assignment_version", "Q")]
+                          ("assignment_version", "Q"), ("quotas_version", "Q")]
 WORKER_PAGE_FIELDS = [("generation", "I"), ("status", "I"), ("pid", "I"), ("reserved", "I")]
 # The coordinator's page also carries its coordinator epoch (bumped at every start): the
 # WriteTxnMarkers API refuses a marker whose epoch is above it.

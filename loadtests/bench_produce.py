@@ -355,6 +355,15 @@ def telemetry_toml(args: argparse.Namespace) -> str:
     return f'[telemetry]\nmetrics = ["*"]\ninterval_ms = {args.telemetry_interval_ms}\n'
 
 
+def set_unreached_quota(bootstrap: str) -> None:
+    """A default client-id quota no client reaches (``--client-quota``), through AlterClientQuotas."""
+    from appliance.client.admin import AdminClient
+    with AdminClient(bootstrap) as a:
+        ((code, msg),) = a.alter_client_quotas([({"client-id": None}, [("producer_byte_rate", 1e15)])])
+    if code:
+        raise SystemExit(f"AlterClientQuotas failed: {code} {msg}")
+
+
 def warm_up(bootstrap: str, topic: str, args: argparse.Namespace, cfg: ProducerConfig,
             security: dict[str, Any], drop: bool) -> None:
     """``--warmup``: produce into a scratch topic, not counted; ``drop`` deletes it after (the
@@ -405,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--telemetry-interval-ms", type=int, default=0,
                     help="subscribe every client to all its metrics (KIP-714) at this push "
                          "interval; 0 = no subscription, the default")
+    ap.add_argument("--client-quota", action="store_true",
+                    help="the appliance: set a default client-id producer_byte_rate no client "
+                         "reaches (1e15 B/s) before measuring, so that every request is recorded "
+                         "against a quota (the cost of quota accounting when it is on)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
     ap.add_argument("--security-protocols", default="PLAINTEXT",
                     help="the appliance's listeners to measure, of: " + ", ".join(SECURITY_PROTOCOLS))
@@ -453,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         endpoints, certs = {"PLAINTEXT": started[0]}, None
                     meter = CpuMeter(proc.pid)
+                    if target == "appliance" and args.client_quota:
+                        set_unreached_quota(endpoints[protocols[0]])
                     if args.warmup > 0:
                         proto = protocols[0] if target == "appliance" else "PLAINTEXT"
                         warm_up(endpoints[proto], f"bench-{run}-{rnd}-warmup", args,

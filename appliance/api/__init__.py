@@ -91,13 +91,23 @@ class RequestContext:
     A handler that encodes its answer itself reports the answer's error codes in ``errors``
     (code -> count, for the request metrics); for the others they are read from the entity."""
 
-    __slots__ = ("broker", "connection", "header", "errors")
+    __slots__ = ("broker", "connection", "header", "errors", "slot")
 
-    def __init__(self, broker, connection, header) -> None:
+    def __init__(self, broker, connection, header, slot=None) -> None:
         self.broker = broker
         self.connection = connection
         self.header = header
         self.errors = None
+        self.slot = slot
+
+    def throttle(self, quota_type: str, value: float) -> int:
+        """Client quotas (KIP-13, KIP-124): record ``value`` (bytes) against the client's
+        ``quota_type`` quota ("Produce", "Fetch") and its frontend time so far against its
+        request quota; the ThrottleTimeMs for the response (the connection is muted that long
+        once the response is sent, KIP-219). 0 at once when no quota is configured."""
+        if not self.broker.quotas.any or self.slot is None:
+            return 0
+        return self.connection.quota_throttle(self.slot, quota_type, value)
 
     @property
     def version(self) -> int:

@@ -28,6 +28,7 @@ from appliance.api import handles
 from appliance.data_layout import partition_dir
 from appliance.errors import ErrorCode, KafkaError
 from appliance.protocol.fetch_response import FetchPartition, FetchTopic, encode_fetch_response
+from appliance.quota.rates import FETCH as FETCH_QUOTA
 
 READ_COMMITTED = 1
 BYTES_OUT = "kafka_server_brokertopicmetrics_bytesout"
@@ -128,7 +129,16 @@ async def handle(ctx, req):
                 records = []
             fp.records = records
     _count(ctx, catalog, topics)
-    parts, _ = encode_fetch_response(v, 0, 0, 0, topics)
+    if not broker.quotas.any:
+        parts, _ = encode_fetch_response(v, 0, 0, 0, topics)
+        return parts
+    # KIP-13: the response's bytes against consumer_byte_rate. Kafka answers a throttled fetch
+    # with no records (and unrecords them); here the records go and the connection is muted for
+    # the throttle time instead, which holds the rate the same over the window.
+    parts, size = encode_fetch_response(v, 0, 0, 0, topics)
+    throttle = ctx.throttle(FETCH_QUOTA, size)
+    if throttle:
+        parts, _ = encode_fetch_response(v, throttle, 0, 0, topics)
     return parts
 
 

@@ -45,6 +45,7 @@ from appliance.errors import ErrorCode, KafkaError
 from appliance.ipc import ProduceResult
 from appliance.protocol.produce_request import PartitionData, ProduceRequestView, TopicData
 from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
+from appliance.quota.rates import PRODUCE as PRODUCE_QUOTA
 from appliance.protocol.record_contents import (NO_TIMESTAMP_LIMIT, RecordValidationError,
                                                 validate_records)
 from appliance.protocol.recompress import level_for, recompress, target_codec
@@ -244,6 +245,8 @@ def _answer(ctx, acks: int, pending, record_errors, any_error):
     """The answer, or a coroutine that awaits the writers' acks and builds it."""
     catalog = ctx.broker.catalog
     if acks == 0:
+        # Kafka records an acks=0 request too and mutes the connection when it is over.
+        ctx.throttle(PRODUCE_QUOTA, ctx.slot.size if ctx.slot is not None else 0)
         _count(ctx, catalog, [(name, r) for name, _, r, _ in pending if isinstance(r, ProduceResult)])
         return CloseConnection("error in a produce request with acks=0") if any_error else None
     futures = [r for _, _, r, _ in pending if isinstance(r, asyncio.Future)]
@@ -272,7 +275,10 @@ def _response(ctx, catalog, pending, record_errors):
                                                  r.log_start_offset, record_errors.get((name, index), ()),
                                                  r.error_message))
     _count(ctx, catalog, done)
-    return encode_produce_response(ctx.version, list(by_topic.values()))
+    # KIP-13: the request's bytes against producer_byte_rate once it is appended, as Kafka's
+    # handleProduceRequest records them in its response callback.
+    throttle = ctx.throttle(PRODUCE_QUOTA, ctx.slot.size if ctx.slot is not None else 0)
+    return encode_produce_response(ctx.version, list(by_topic.values()), throttle)
 
 
 def _count(ctx, catalog, results: list[tuple[str, ProduceResult]]) -> None:

@@ -1,6 +1,7 @@
 """``appliance configs``: Kafka's kafka-configs.sh for topics and brokers (describe, alter with
 --add-config / --delete-config) over the Kafka protocol (DescribeConfigs and
-IncrementalAlterConfigs), so it works against a Kafka cluster too.
+IncrementalAlterConfigs), so it works against a Kafka cluster too; for client quotas (users,
+clients, ips) through ``appliance.cli.client_quotas``.
 
 Runs in the user's shell; owns nothing but its admin client. On the appliance, topic configs are
 kept per topic and broker configs changed here are its dynamic broker configs (this node's, or
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import click
 
+from appliance.cli import client_quotas
 from appliance.cli.tool import (admin_client, connection_options, error_text, fail, names, output,
                                 parse_configs, tool_group)
 
@@ -49,7 +51,8 @@ def _entity(entity_type, entity_name, entity_default, topic, broker, broker_defa
 
 def _entity_options(fn):
     for opt in reversed([
-        click.option("--entity-type", type=click.Choice(sorted(ENTITY_TYPES)), default=None),
+        click.option("--entity-type", type=click.Choice(sorted(ENTITY_TYPES) + sorted(client_quotas.TYPE_OF)),
+                     default=None),
         click.option("--entity-name", default=None, help="The topic name or broker id."),
         click.option("--entity-default", is_flag=True, help="Brokers: the cluster-wide default."),
         click.option("--topic", default=None, help="Short for --entity-type topics --entity-name NAME."),
@@ -57,7 +60,8 @@ def _entity_options(fn):
         click.option("--broker-defaults", is_flag=True, help="Short for --entity-type brokers --entity-default."),
     ]):
         fn = opt(fn)
-    return fn
+    return client_quotas.quota_options(fn)
+
 
 
 def _label(entity_type: str, name: str) -> str:
@@ -72,8 +76,14 @@ def _label(entity_type: str, name: str) -> str:
               help="Every config with its value and source (default: the dynamic ones only).")
 @connection_options
 def configs_describe(bootstrap, as_json, entity_type, entity_name, entity_default, topic, broker,
-                     broker_defaults, show_all) -> None:
-    """Show the configs of topics or brokers (the dynamic ones, or --all)."""
+                     broker_defaults, show_all, user, user_defaults, client, client_defaults, ip,
+                     ip_defaults) -> None:
+    """Show the configs of topics or brokers (the dynamic ones, or --all), or client quotas."""
+    quota = client_quotas.quota_entity(entity_type, entity_name, entity_default, user, user_defaults,
+                                       client, client_defaults, ip, ip_defaults)
+    if quota is not None:
+        client_quotas.describe(bootstrap, as_json, quota)
+        return
     from appliance.client.admin import BROKER, TOPIC
     entity_type, wanted = _entity(entity_type, entity_name, entity_default, topic, broker, broker_defaults,
                                   need_name=False)
@@ -116,8 +126,15 @@ def configs_describe(bootstrap, as_json, entity_type, entity_name, entity_defaul
 @click.option("--validate-only", is_flag=True, help="Check the change; apply nothing.")
 @connection_options
 def configs_alter(bootstrap, as_json, entity_type, entity_name, entity_default, topic, broker,
-                  broker_defaults, add, delete, validate_only) -> None:
-    """Set or remove configs of topics or brokers (IncrementalAlterConfigs)."""
+                  broker_defaults, add, delete, validate_only, user, user_defaults, client,
+                  client_defaults, ip, ip_defaults) -> None:
+    """Set or remove configs of topics or brokers (IncrementalAlterConfigs), or client quotas
+    (AlterClientQuotas)."""
+    quota = client_quotas.quota_entity(entity_type, entity_name, entity_default, user, user_defaults,
+                                       client, client_defaults, ip, ip_defaults)
+    if quota is not None:
+        client_quotas.alter(bootstrap, as_json, quota, add, delete, validate_only)
+        return
     from appliance.client.admin import BROKER, OP_DELETE, OP_SET, TOPIC
     entity_type, wanted = _entity(entity_type, entity_name, entity_default, topic, broker, broker_defaults,
                                   need_name=True)

@@ -34,6 +34,7 @@ SHARE_GROUP_DESCRIBE, DESCRIBE_SHARE_OFFSETS, ALTER_SHARE_OFFSETS, DELETE_SHARE_
 GROUP_ID_NOT_FOUND = 69
 DESCRIBE_CONFIGS, CREATE_PARTITIONS, DELETE_GROUPS, INCREMENTAL_ALTER_CONFIGS = 32, 37, 42, 44
 LIST_CONFIG_RESOURCES = 74
+DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS = 48, 49
 TOPIC, BROKER, CLIENT_METRICS = 2, 4, 16
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
@@ -78,6 +79,14 @@ def decode_assignment(data: bytes | None) -> list[TP]:
     except (struct.error, UnicodeDecodeError):
         return []                       # another protocol's assignment: nothing we can read
     return sorted(out)
+
+
+class QuotaRequestError(Exception):
+    """DescribeClientQuotas answered an error for the whole request."""
+
+    def __init__(self, code: int, message: str | None) -> None:
+        super().__init__(code, message)
+        self.code, self.message = code, message
 
 
 class AdminClient:
@@ -199,6 +208,31 @@ class AdminClient:
             raise KafkaError(error_code(r.error_code))
         return [(c.resource_name, int(getattr(c, "resource_type", CLIENT_METRICS)))
                 for c in r.config_resources]
+
+    # -- client quotas (KIP-546) ----------------------------------------------------------------
+    def describe_client_quotas(self, components: list[tuple[str, int, str | None]],
+                               strict: bool = False) -> list[tuple[dict, dict]]:
+        """``components``: (entity type, match type 0 exact / 1 default / 2 any, name). Returns
+        [(entity: type -> name or None, values: key -> value)]; KafkaError-like (code, message)
+        raised as AdminError by the caller through ``error``."""
+        r = self._any().request(DESCRIBE_CLIENT_QUOTAS, {
+            "components": [{"entity_type": t, "match_type": m, "match": n} for t, m, n in components],
+            "strict": strict})
+        if r.error_code:
+            raise QuotaRequestError(int(r.error_code), r.error_message)
+        return [({e.entity_type: e.entity_name for e in entry.entity},
+                 {v.key: v.value for v in entry.values}) for entry in r.entries or ()]
+
+    def alter_client_quotas(self, entries: list[tuple[dict, list[tuple[str, float | None]]]],
+                            *, validate_only: bool = False) -> list[tuple[int, str | None]]:
+        """``entries``: (entity: type -> name or None, [(key, value, or None to remove)])."""
+        r = self._any().request(ALTER_CLIENT_QUOTAS, {
+            "entries": [{"entity": [{"entity_type": t, "entity_name": n} for t, n in entity.items()],
+                         "ops": [{"key": k, "value": 0.0 if v is None else float(v),
+                                  "remove": v is None} for k, v in ops]}
+                        for entity, ops in entries],
+            "validate_only": validate_only})
+        return [_err(x.error_code, x.error_message) for x in r.entries]
 
     # -- offsets and records --------------------------------------------------------------------
     def _by_leader(self, tps: Iterable[TP]) -> dict[int, list[TP]]:

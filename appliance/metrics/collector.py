@@ -33,10 +33,20 @@ from shm.ring import ring_fill
 from shm.statepage import StalePage, StatePage
 from shm.topology import Topology
 
+from appliance.quota.rates import USAGE_PREFIX as QUOTA_USAGE_PREFIX
+from appliance.quota.rates import decode_snapshot as decode_quota_snapshot
+
 from .client_telemetry import SNAPSHOT_PREFIX, decode_snapshot
 from . import CATALOG, COORDINATOR_SNAPSHOT, COUNTER, HISTOGRAM, parse_key
 
 log = logging.getLogger("appliance.metrics")
+
+QUOTA_FAMILIES = {
+    "Produce": ("kafka_server_produce_byte_rate", "Bytes produced per second, per quota entity"),
+    "Fetch": ("kafka_server_fetch_byte_rate", "Bytes fetched per second, per quota entity"),
+    "Request": ("kafka_server_request_request_time",
+                "Frontend time per quota entity, in percent of one frontend"),
+}
 
 
 class NotRunning(Exception):
@@ -134,7 +144,7 @@ class Collector:
         self._workers(workers, acc)
         self._rings(workers, acc)
         self._groups(partitions, acc)
-        return self._build(acc, hist) + self._client_telemetry(workers)
+        return self._build(acc, hist) + self._client_telemetry(workers) + self._client_quotas(workers)
 
     def _add_table(self, t: MetricsTable, acc, hist) -> None:
         for k, v in t.items():
@@ -299,6 +309,44 @@ class Collector:
                                           "counter" if kind == "counter" else "gauge")
             fam.add_sample(name + ("_total" if kind == "counter" else ""), dict(labels), value)
         return list(fams.values())
+
+    def _client_quotas(self, workers) -> list[Family]:
+        """Client quotas (KIP-13, KIP-124): per quota entity (Kafka's user and client-id tags),
+        the rate each frontend measured, summed (Kafka's byte-rate and request-time), and the
+        mean throttle time given over the window (throttle-time), from each live frontend's
+        published usage (``workers/frontend/client_quotas.py``)."""
+        rates: dict[tuple, float] = defaultdict(float)
+        throttle: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0])
+        for w in workers:
+            if w.get("role") != "frontend":
+                continue
+            try:
+                with open(self.topo.file_path(QUOTA_USAGE_PREFIX + w["name"] + ".msgpack"),
+                          "rb") as f:
+                    snap = decode_quota_snapshot(f.read())
+            except (OSError, msgspec.DecodeError):
+                continue
+            for qtype, user, client_id, _samples, rate, t_sum, t_count, _bound in snap.get(
+                    "sensors", ()):
+                if qtype not in QUOTA_FAMILIES:
+                    continue
+                rates[(qtype, user, client_id)] += rate
+                t = throttle[(qtype, user, client_id)]
+                t[0] += t_sum
+                t[1] += t_count
+        out = []
+        for qtype, (rate_name, rate_help) in QUOTA_FAMILIES.items():
+            fam = GaugeMetricFamily(rate_name, rate_help, labels=["user", "client_id"])
+            tfam = GaugeMetricFamily(f"kafka_server_{qtype.lower()}_throttle_time",
+                                     "Mean throttle time given (ms) over the quota window",
+                                     labels=["user", "client_id"])
+            for (q, user, client_id), v in sorted(rates.items()):
+                if q == qtype:
+                    fam.add_metric([user, client_id], v)
+                    t_sum, t_count = throttle[(q, user, client_id)]
+                    tfam.add_metric([user, client_id], t_sum / t_count if t_count else 0.0)
+            out += [fam, tfam]
+        return out
 
     def _build(self, acc, hist) -> list[Family]:
         out: list[Family] = []

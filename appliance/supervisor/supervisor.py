@@ -4,13 +4,15 @@ Runs in the top process (``appliance run``). Owns, alone: the process table (pid
 of every worker), the listening sockets (one per listener), the runtime directory with every shm
 file, the topic catalog (``appliance.supervisor.catalog_store.CatalogStore``), the SCRAM credential store and the
 published copy of the TLS certificates (both through ``appliance.security.supervisor``), the ACLs
-(``appliance.acl.store``) and the data-dir lock.
+(``appliance.acl.store``), the client quotas (``appliance.quota.supervisor``) and the data-dir
+lock.
 
 Shape (as in pre-fork servers): signal handlers only enqueue the signal and poke a self-pipe; one
 loop dispatches queued signals, serves admin requests from frontends (topic administration,
 ``appliance.supervisor.topic_admin``, which changes the process table through the ``ProcessTable``
 interface this class implements; AlterUserScramCredentials, ``appliance.security.supervisor``;
-CreateAcls/DeleteAcls, ``appliance.acl.store``), reaps dead children, kills workers whose heartbeat
+CreateAcls/DeleteAcls, ``appliance.acl.store``; AlterClientQuotas, ``appliance.quota.supervisor``),
+reaps dead children, kills workers whose heartbeat
 went stale, and respawns with backoff. A worker that restarts more than ``crash_loop_restarts``
 times in ``crash_loop_window_ms``, or exits with the reserved WORKER_BOOT_ERROR code, stops the
 appliance (exit 4) rather than loop forever; one that exits WORKER_DATA_DIR_ERROR (its state in the
@@ -77,6 +79,7 @@ from appliance.runtime import (COORDINATOR, EXIT_CRASH_LOOP, EXIT_DATA_DIR, EXIT
                                page_fields, set_process_title, setup_logging,
                                writer_process_name)
 from appliance.security.supervisor import SecurityService
+from appliance.quota.supervisor import QuotaService
 from appliance.service import Registry
 
 from .child import run_child
@@ -201,6 +204,8 @@ class Supervisor:
             self.security = SecurityService(self.cfg, self.data_dir, self.run_dir, self.topo,
                                             self.page)
             self.security.start()
+            self.quotas = QuotaService(self.data_dir, self.topo, self.page)
+            self.quotas.start()
         with runtime_dir_space(self.run_dir, "the published ACLs"):
             self.acl_service = acl_store.AclService(
                 self.acls, self.topo.file_path(acl_store.PUBLISHED_FILE),
@@ -253,7 +258,7 @@ class Supervisor:
         # (appliance.security.supervisor), CreateAcls/DeleteAcls (appliance.acl.store); an error
         # there stops the appliance rather than go on with a catalog (or credentials, or ACLs)
         # whose state is unknown.
-        self.registry = Registry(self.topic_admin, self.security, self.acl_service,
+        self.registry = Registry(self.topic_admin, self.security, self.acl_service, self.quotas,
                                  post=self._reply, contain=False)
 
     def _make_ring(self, src: str, dst: str, capacity: int) -> None:

@@ -119,6 +119,18 @@ def _request_for(key, v, topic, topic_id, batch):
         return {"mechanism": "SCRAM-SHA-256"}
     if key == 36:
         return {"auth_bytes": b"n,,n=u,r=x"}
+    if key == 48:
+        return {"components": [{"entity_type": "user", "match_type": 0, "match": f"every-{v}"}],
+                "strict": False}
+    if key == 49:
+        # Quotas every later request is held to (none reached): they run through the frontends'
+        # quota accounting from here on.
+        return {"entries": [{"entity": [{"entity_type": "client-id", "entity_name": None}],
+                             "ops": [{"key": "request_percentage", "value": 1e6, "remove": False},
+                                     {"key": "producer_byte_rate", "value": 1e12, "remove": False}]},
+                            {"entity": [{"entity_type": "user", "entity_name": f"every-{v}"}],
+                             "ops": [{"key": "nonsense_rate", "value": 1.0, "remove": False}]}],
+                "validate_only": False}
     if key == 50:
         return {"users": [{"name": f"every-{v}"}]}
     if key == 51:
@@ -205,6 +217,11 @@ def _check(key, v, resp, acl_error=54):
         assert resp.error_code == 34, (v, resp)
     elif key == 51:
         assert [(r.user, r.error_code) for r in resp.results] == [(f"every-{v}", 0)], (v, resp)
+    elif key == 48:
+        assert resp.error_code == 0 and resp.entries == (), (v, resp)
+    elif key == 49:
+        assert [e.error_code for e in resp.entries] == [0, 42], (v, resp)      # INVALID_REQUEST
+        assert resp.entries[1].error_message == "Invalid configuration key nonsense_rate", (v, resp)
     elif key == 50:
         # Asked before the upsertion of the same version: not there yet.
         assert [r.error_code for r in resp.results] == [91], (v, resp)

@@ -13,6 +13,7 @@ import struct
 
 import pytest
 
+from appliance.quota.rates import ClientQuotas
 from appliance.api import REGISTRY, Api, CloseConnection, load_handlers
 from appliance.config import Config
 from appliance.listeners import Listener
@@ -65,6 +66,7 @@ class Broker:
     cfg = Config()
     endpoints = {"PLAINTEXT": ("127.0.0.1", 9092), "SASL_PLAINTEXT": ("127.0.0.1", 9093)}
     users: dict = {}
+    quotas = ClientQuotas()        # none configured (appliance.quota.rates)
 
     def next_fetcher(self) -> int:
         return 0
@@ -216,3 +218,36 @@ def test_a_pipeline_abandoned_before_its_handlers_ran_leaves_no_unawaited_corout
         assert not conn.tasks
     asyncio.run(scenario())
     gc.collect()
+
+
+def test_a_throttled_answer_is_sent_then_the_connection_is_muted_and_served_one_at_a_time(
+        handler, monkeypatch):
+    """KIP-219: the response leaves first, then nothing is read for the throttle time; a
+    connection whose client a quota governs is served one request at a time, as Kafka's network
+    thread serves a channel."""
+    import workers.frontend.connection as connection
+    from appliance.quota.model import USER
+    handler(lambda ctx, req: b"")
+    monkeypatch.setattr(connection, "QUOTA_EXEMPT", frozenset())    # the test key is ApiVersions'
+
+    async def run():
+        conn, t = connect()
+        q = conn.broker.quotas = ClientQuotas()
+        q.configure({((USER, None),): {"request_percentage": 1e-9}})     # any request is over
+        feed(conn, frame(1))
+        assert t.answers() == [1] and conn.throttled and not t.reading and conn.serial
+        feed(conn, frame(2) + frame(3))        # what the socket still had: held, not served
+        assert t.answers() == [1] and len(conn.held) == 2
+        conn._unmute()                         # the throttle time has passed
+        assert t.answers() == [1, 2] and conn.throttled and len(conn.held) == 1
+        conn._unmute()
+        assert t.answers() == [1, 2, 3] and not conn.held
+        conn.unmute_timer.cancel()
+    asyncio.run(run())
+
+
+def test_no_quota_configured_is_not_throttled_nor_serial(handler):
+    handler(lambda ctx, req: b"")
+    conn, t = connect()
+    feed(conn, frame(1) + frame(2))
+    assert t.answers() == [1, 2] and t.reading and not conn.serial

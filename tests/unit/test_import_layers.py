@@ -24,7 +24,7 @@ LAYERS = [
     {"appliance.ipc", "appliance.service", "appliance.runtime", "appliance.topic_config",
      "appliance.data_layout", "appliance.reload"},
     {"appliance.catalog", "appliance.log", "appliance.acl", "appliance.security",
-     "appliance.metrics"},
+     "appliance.metrics", "appliance.quota"},
     {"appliance.txn", "appliance.client"},
     {"appliance.group", "appliance.spark"},
     {"appliance.api"},
@@ -37,7 +37,7 @@ LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 # state or its channels (it must work against a Kafka cluster unchanged).
 CLIENT_SIDE = {"appliance.client", "appliance.spark"}
 BROKER_SIDE = {"appliance.ipc", "appliance.service", "appliance.catalog", "appliance.log",
-               "appliance.metrics", "appliance.txn", "appliance.group", "appliance.api", "workers",
+               "appliance.metrics", "appliance.quota", "appliance.txn", "appliance.group", "appliance.api", "workers",
                "appliance.supervisor", "appliance.runtime", "appliance.reload"}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 
+from appliance.quota.rates import ClientQuotas
 from appliance.acl.authorizer import Authorizer
 from appliance.api import RequestContext
 import pytest
@@ -44,6 +45,7 @@ class Broker:
     catalog = Catalog(1, {"t": TopicInfo("t", b"t" * 16, 2 * YIELD_EVERY)})
     counters = FrontendMetrics(MetricsTable.anonymous(256))
     authorizer = Authorizer(False, (), False, None)
+    quotas = ClientQuotas()        # none configured (appliance.quota.rates)
 
     def __init__(self) -> None:
         self.sent: list[tuple[int, object, bytes]] = []     # (partition, batch object, its bytes)

@@ -35,7 +35,7 @@ def sample(tp):
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         hints = typing.get_type_hints(tp)
         return tp(**{f: sample(hints[f]) for f in tp.__struct_fields__})
-    return {int: 7, str: "s", bool: True, bytes: b"b"}[tp]
+    return {int: 7, str: "s", bool: True, bytes: b"b", float: 7.5}[tp]
 
 
 def error_fields(value) -> list:

@@ -37,6 +37,7 @@ from appliance.catalog.assignment import ASSIGNMENT_FILE, AssignmentView
 from appliance.runtime import (COORDINATOR, COORDINATOR_PAGE_FIELDS, PARTITION_PAGE_FIELDS,
                                SUPERVISOR, WORKER_PAGE_FIELDS, WRITER_PROCESS_PAGE_FIELDS,
                                writer_name)
+from workers.frontend.client_quotas import QuotaShell
 from shm.doorbell import BellSender
 from shm.statepage import StatePage
 from shm.topology import Outbox, Topology
@@ -146,6 +147,9 @@ class Broker:
                                          lambda: self.catalog.client_metrics)
         self._next_telemetry = 0.0
         self.backlog: set[Channel] = set()     # channels with sends queued behind a full ring
+        # Client quotas (KIP-13, KIP-124): this frontend's sensors, counted with the others'.
+        self.client_quotas = QuotaShell(worker, ctx.config.quotas)
+        self.quotas = self.client_quotas.quotas
         # The ACLs the supervisor published (appliance.acl): checked by every handler through
         # RequestContext.authorize, without a round trip.
         self.authorizer = Authorizer.from_config(
@@ -178,6 +182,7 @@ class Broker:
                 self._check_generation(ch)
         if self.supervisor.queued:
             self.supervisor.flush()
+        self.client_quotas.tick(now)
         if now >= self._next_telemetry:
             self._next_telemetry = now + 1.0
             self._publish_telemetry()

@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import datetime
 import inspect
 import logging
 import struct
@@ -57,6 +59,8 @@ from appliance.api import REGISTRY, CloseConnection, FailAuthentication, Request
 from appliance.errors import ErrorCode, KafkaError, ProtocolViolation
 from appliance.protocol import frames, messages
 from appliance.protocol.produce_request import parse_produce_request
+from appliance.quota.model import user_of
+from appliance.quota.rates import NANOS_TO_PERCENTAGE, REQUEST
 from appliance.security.principal import ANONYMOUS, NoMatchingRule, ssl_principal
 from appliance.security.sasl import MAX_RECEIVE_SIZE, SaslFailure, SaslServerAuthenticator
 from workers.frontend.metrics import error_counts
@@ -67,12 +71,16 @@ API_VERSIONS_KEY = 18
 SASL_HANDSHAKE_KEY = 17
 PRODUCE_KEY = 0
 _SIZE = struct.Struct(">i")
+# Not held to request_percentage: the handshake before any quota can name the client (Kafka's
+# authenticator answers these before KafkaApis).
+QUOTA_EXEMPT = frozenset((17, 18, 36))
 MAX_INFLIGHT = 64          # pause reading beyond this many unanswered requests on one connection
 RESUME_INFLIGHT = 16
 
 
 class _Slot:
-    __slots__ = ("header", "parts", "done", "last", "api", "ctx", "started")
+    __slots__ = ("header", "parts", "done", "last", "api", "ctx", "started", "busy_ns",
+                 "throttle_ms", "quota_done", "size")
 
     def __init__(self, header, api: str = "", ctx=None) -> None:
         self.header = header
@@ -82,6 +90,10 @@ class _Slot:
         self.api = api                   # the API's name, for the request metrics ("" = none)
         self.ctx = ctx                   # its RequestContext (the handler's error counts)
         self.started = time.monotonic_ns()
+        self.busy_ns = 0                 # the frontend's time on it so far (request_percentage)
+        self.throttle_ms = 0             # mute the connection this long once it is sent (KIP-219)
+        self.quota_done = False          # its quotas are recorded (at most once per request)
+        self.size = 0                    # the request's bytes (producer_byte_rate counts them)
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -117,6 +129,16 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.fetcher = server.broker.next_fetcher()
         self.tasks: dict[asyncio.Task, Any] = {}      # handler task -> the handler's coroutine
         self.produce_order: asyncio.Future | None = None   # appliance.api.produce keeps the order
+        self.throttled = False      # muted by a quota (KIP-219) until unmute_at
+        # A quota holds this connection's client: its requests are served one at a time, the
+        # next read only once the previous is answered and the throttle has passed, as Kafka's
+        # network thread does (a pipelined burst is not admitted before its first throttle).
+        self.serial = False
+        self.held: collections.deque[bytes] = collections.deque()
+        self.releasing = False
+        self.frame_t0 = 0
+        self.unmute_at = 0.0
+        self.unmute_timer: asyncio.TimerHandle | None = None
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -158,22 +180,28 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.last_active = time.monotonic()
         try:
             for frame in self.decoder.commit(nbytes):
+                if self.serial and (self.held or self.slots or self.throttled):
+                    self._hold(frame)
+                    continue
                 self._on_frame(frame)
                 if self.closing or self.closed:
                     return
             if self.decoder.error is not None:     # a bad frame after good ones in this read
                 raise self.decoder.error
         except ProtocolViolation as e:
-            if self.sasl is not None and not self.sasl.complete:
-                # Kafka: "Failing SASL authentication due to invalid receive size" (and any
-                # other bad frame before authentication) fails the authentication.
-                self._fail_authentication(None, None, str(e))
-            else:
-                self._close_after(None, str(e))
+            self._bad_frame(e)
         except Exception:
             # A bug in a handler must cost this connection, never the frontend process.
             log.exception("request from %s failed", self.peer)
             self._close_after(None, "internal error")
+
+    def _bad_frame(self, e: ProtocolViolation) -> None:
+        if self.sasl is not None and not self.sasl.complete:
+            # Kafka: "Failing SASL authentication due to invalid receive size" (and any
+            # other bad frame before authentication) fails the authentication.
+            self._fail_authentication(None, None, str(e))
+        else:
+            self._close_after(None, str(e))
 
     # -- requests ---------------------------------------------------------------------------------
     def _abort(self, why: str) -> None:
@@ -296,8 +324,21 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     # -- dispatch ---------------------------------------------------------------------------------
     def _on_frame(self, frame) -> None:
-        if self.sasl is not None and not self.sasl.complete and self._before_authentication(frame):
+        if self.broker.quotas.any:
+            # request_percentage (KIP-124) counts the frontend's time on the request: the decode
+            # and the handler's synchronous part here (an answer ready at once is recorded
+            # within it, from frame_t0), plus the encoding of a later answer.
+            self.frame_t0 = t0 = time.perf_counter_ns()
+            slot = self._serve_frame(frame)
+            self.frame_t0 = 0
+            if slot is not None and not slot.done:
+                slot.busy_ns = time.perf_counter_ns() - t0
             return
+        self._serve_frame(frame)
+
+    def _serve_frame(self, frame) -> "_Slot | None":
+        if self.sasl is not None and not self.sasl.complete and self._before_authentication(frame):
+            return None
         header, body_offset = frames.parse_request_header(frame)
         if self.sasl is not None and self.sasl.session_expires is not None:
             if header.api_key == SASL_HANDSHAKE_KEY and self.sasl.may_reauthenticate():
@@ -313,6 +354,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if api is None:
             raise ProtocolViolation(f"unknown api key {header.api_key}")
         slot = _Slot(header, api.name)
+        slot.size = len(frame) + 4
         if not api.min_version <= header.api_version <= api.max_version:
             if header.api_key != API_VERSIONS_KEY:
                 raise ProtocolViolation(
@@ -322,7 +364,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.slots.append(slot)
             self._complete(slot, messages.build_api_versions_response(
                 header.api_version, self.server.api_ranges))
-            return
+            return slot
         if header.api_key == PRODUCE_KEY:
             # Record batches stay views of the receive buffer (no copy before the ring's); the
             # handler hands them to the writers before it returns, or copies them before it
@@ -333,16 +375,16 @@ class KafkaConnection(asyncio.BufferedProtocol):
             request = messages.decode_request(header.api_key, header.api_version, bytes(frame),
                                               body_offset)
         self.slots.append(slot)
-        ctx = slot.ctx = RequestContext(self.broker, self, header)
+        ctx = slot.ctx = RequestContext(self.broker, self, header, slot)
         try:
             result = api.handle(ctx, request)
         except KafkaError as e:
             self._fail(slot, api, request, e)
-            return
+            return slot
         except Exception:
             log.exception("handler of api key %d failed (request from %s)", header.api_key, self.peer)
             self._close_after(slot, "internal error")
-            return
+            return slot
         if asyncio.iscoroutine(result):
             task = asyncio.ensure_future(self._run(slot, api, request, result))
             self.tasks[task] = result
@@ -354,6 +396,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if len(self.slots) >= MAX_INFLIGHT and not self.paused:
             self.paused = True
             self.transport.pause_reading()
+        return slot
 
     def _task_done(self, task: asyncio.Task) -> None:
         self.tasks.pop(task, None)
@@ -389,6 +432,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._fail_authentication(slot, result.response, result.reason)
             return
         h = slot.header
+        if not slot.quota_done and self.broker.quotas.any and h is not None:
+            throttle = self.quota_throttle(slot, None, 0)
+            if throttle and hasattr(result, "throttle_time"):
+                result = dataclasses.replace(result, throttle_time=datetime.timedelta(
+                    milliseconds=max(throttle, int(result.throttle_time.total_seconds() * 1000))))
         if result is None:
             slot.parts = None
             errors = slot.ctx.errors if slot.ctx is not None else None
@@ -419,27 +467,137 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def _flush(self) -> None:
         out = []
         last = False
+        mute = 0
         while self.slots and self.slots[0].done:
             slot = self.slots.popleft()
             if slot.parts is not None:          # a last slot has parts only for an auth failure
                 out.extend(slot.parts)
+            if slot.throttle_ms > mute:
+                mute = slot.throttle_ms
             if slot.last:
                 last = True
                 break
         if out and not self.closed:
             self.transport.writelines(out)
+        if mute and not last and not self.closed:
+            self._mute(mute)
         if last:
             # close() (not abort) sends what is buffered first.
             self.closed = True
             self.slots.clear()
             self.transport.close()
             return
+        if self.held and not self.slots and not self.throttled:
+            if not self.releasing:
+                self._release_held()
+            return
         if (self.paused and not self.closing and len(self.slots) <= RESUME_INFLIGHT
-                and not self.server.draining):
+                and not self.server.draining and not self.throttled and not self.held):
             self.paused = False
             self.transport.resume_reading()
         if self.server.draining and not self.slots:
             self.transport.close()
+
+    # -- client quotas (KIP-13, KIP-124, KIP-219) ---------------------------------------------
+    def quota_throttle(self, slot: _Slot, quota_type: str | None, value: float) -> int:
+        """Record the request against the client's quotas (its bytes against ``quota_type``'s,
+        its frontend time so far against request_percentage), once; the throttle time for its
+        response, which also mutes the connection that long once the response is sent."""
+        if slot.quota_done:
+            return slot.throttle_ms
+        slot.quota_done = True
+        q = self.broker.quotas
+        h = slot.header
+        user = user_of(self.principal)
+        client_id = h.client_id or ""
+        now_ms = int(time.monotonic() * 1000)
+        throttle = 0
+        if not self.serial and (
+                (quota_type is not None and q.enabled[quota_type]
+                 and q.governing(quota_type, user, client_id) is not None)
+                or (q.enabled[REQUEST] and q.governing(REQUEST, user, client_id) is not None)):
+            self.serial = True
+        if quota_type is not None and q.enabled[quota_type]:
+            throttle = q.record(quota_type, user, client_id, value, now_ms)
+            if throttle:
+                q.throttled(quota_type, user, client_id, throttle, now_ms)
+        if q.enabled[REQUEST] and h.api_key not in QUOTA_EXEMPT:
+            # An answer ready within _on_frame is timed from its frame's start; one taken while
+            # the quotas came into force was not timed (0).
+            busy = slot.busy_ns or (time.perf_counter_ns() - self.frame_t0 if self.frame_t0 else 0)
+            t = q.record(REQUEST, user, client_id, busy * NANOS_TO_PERCENTAGE, now_ms)
+            if t:
+                q.throttled(REQUEST, user, client_id, t, now_ms)
+                throttle = max(throttle, t)
+        slot.throttle_ms = throttle
+        return throttle
+
+    def _mute(self, ms: int) -> None:
+        """KIP-219: the response has gone; read nothing more from the client for ``ms``."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + ms / 1000
+        if until <= self.unmute_at:
+            return
+        self.unmute_at = until
+        self.throttled = True
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        if self.unmute_timer is not None:
+            self.unmute_timer.cancel()
+        self.unmute_timer = loop.call_at(until, self._unmute)
+
+    def _hold(self, frame) -> None:
+        """A frame read while the connection's previous request is unanswered or throttled: a
+        copy waits (the frame is a view of the receive buffer), and reading stops."""
+        self.held.append(bytes(frame))
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def _release_held(self) -> None:
+        """Serve the next held frame (the one before it is answered, the throttle passed)."""
+        self.releasing = True
+        try:
+            self._serve_held()
+        finally:
+            self.releasing = False
+        if (not self.held and self.paused and not self.closing and not self.closed
+                and not self.throttled and not self.server.draining
+                and len(self.slots) <= RESUME_INFLIGHT):
+            self.paused = False
+            self.transport.resume_reading()
+
+    def _serve_held(self) -> None:
+        while self.held and not self.slots and not self.throttled:
+            if self.closing or self.closed:
+                self.held.clear()
+                return
+            frame = memoryview(self.held.popleft())
+            try:
+                self._on_frame(frame)
+            except ProtocolViolation as e:
+                self.held.clear()
+                self._bad_frame(e)
+                return
+            except Exception:
+                log.exception("request from %s failed", self.peer)
+                self.held.clear()
+                self._close_after(None, "internal error")
+                return
+
+    def _unmute(self) -> None:
+        self.unmute_timer = None
+        self.throttled = False
+        if self.closed or self.closing or self.server.draining:
+            return
+        if self.held:
+            if not self.slots:
+                self._release_held()
+            return
+        if self.paused and len(self.slots) <= RESUME_INFLIGHT and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
 
     # -- draining -----------------------------------------------------------------------------------
     def begin_drain(self) -> None:

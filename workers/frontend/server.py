@@ -48,6 +48,7 @@ from workers.base import AsyncWorker
 from workers.frontend.broker import Broker
 from workers.frontend.connection import KafkaConnection
 from workers.frontend.metrics import FrontendMetrics
+from appliance.quota.rates import CONNECTION
 from workers.frontend.quotas import ConnectionQuotas
 
 log = logging.getLogger("appliance.frontend")
@@ -147,6 +148,7 @@ class Frontend(AsyncWorker):
         # connections accepted from now on get the new socket_request_max_bytes, SASL mechanisms
         # and TLS settings.
         self.broker.cfg = new
+        self.broker.client_quotas.settings(new.quotas)
         self.principal_rules = parse_mapping_rules(new.tls.principal_mapping_rules)
         self._load_oauth(new)
         # The supervisor published the re-read certificates before the version we follow moved.
@@ -210,6 +212,17 @@ class Frontend(AsyncWorker):
                          "maximum of %d connections.", host, limit)
                 sock.close()
                 continue
+            if self.broker.quotas.enabled[CONNECTION]:
+                hold = self.broker.quotas.connection(host, int(time.monotonic() * 1000))
+                if hold:
+                    # KIP-612: over its connection_creation_rate, the address's connection is
+                    # held unserved for the throttle time, then closed (Kafka's acceptor keeps
+                    # it in throttledSockets), so a reconnecting client is slowed, not spun.
+                    log.info("Rejecting connection from %s, connection_creation_rate exceeded: "
+                             "closing it in %d ms", host, hold)
+                    self.quotas.release(key)
+                    self.event_loop.call_later(hold / 1000, sock.close)
+                    continue
             sock.setblocking(False)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)    # as Kafka's acceptor
             context = self.ssl_context if bound.listener.tls else None
