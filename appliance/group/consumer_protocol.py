@@ -35,8 +35,10 @@ Behaviour is Kafka's GroupMetadataManager.consumerGroupHeartbeat (group-coordina
   member that did not leave is UNRELEASED_INSTANCE_ID;
 - the answer carries the assignment when the member joined (epoch 0), sent a full request, or
   its assignment changed (Kafka's rule);
-- an empty classic group of the same id becomes a consumer group; a non-empty one answers
-  GROUP_ID_NOT_FOUND ("not a consumer group"; the online upgrade of KIP-848 is not done here).
+- an empty classic group of the same id becomes a consumer group; a non-empty one is upgraded
+  online when ``[groups] consumer_migration_policy`` allows (``appliance.group.migration``),
+  else answers GROUP_ID_NOT_FOUND ("not a consumer group"); the last member using this protocol
+  leaving a group of classic members downgrades it likewise.
 
 Durability: every change is written to the group log (``consumer_records``, Kafka's record
 types) before the heartbeat is answered (``GroupTable.store_consumer_group``); a restart restores
@@ -75,12 +77,15 @@ from appliance.group.messages import (ConsumerGroupHeartbeatRequest, ConsumerGro
                                       TopicPartitions)
 from appliance.group.table import GroupTable
 
-__all__ = ["ConsumerGroupProtocol", "SESSION", "REBALANCE", "new_member_id"]
+__all__ = ["ConsumerGroupProtocol", "SESSION", "REBALANCE", "JOIN_TIMEOUT", "SYNC_TIMEOUT",
+           "new_member_id"]
 
 log = logging.getLogger("appliance.group.consumer")
 
 E = ErrorCode
-SESSION, REBALANCE = 10, 11           # timer kinds in the table's heap (classic ones are 0-3)
+# timer kinds in the table's heap (classic ones are 0-3); the last two are the join and sync
+# timeouts of classic members inside a consumer group (``appliance.group.migration``)
+SESSION, REBALANCE, JOIN_TIMEOUT, SYNC_TIMEOUT = 10, 11, 12, 13
 
 
 _RE2_OPTIONS = re2.Options()
@@ -132,20 +137,41 @@ class ConsumerGroupProtocol:
         self.rebalances = 0      # target assignments computed (Kafka's consumer-group-rebalance)
         self._compiled: dict[str, Any] = {}
         self._regex_hits: dict[str, tuple[dict, frozenset[str]]] = {}
+        # the online migration (``migration.GroupMigration`` sets itself here); None: none
+        self.migration: Any = None
+        # classic groups converted by the heartbeat being decided: put back if it fails
+        self._upgraded: list[tuple[str, Any]] = []
 
     # -- ConsumerGroupHeartbeat -------------------------------------------------------------------
     def heartbeat(self, req: ConsumerGroupHeartbeatRequest) -> ConsumerGroupHeartbeatResult:
         t = self.table
         t.enter()
+        self._upgraded = []
         try:
-            return self._heartbeat(req)
+            result = self._heartbeat(req)
+            for _gid, classic in self._upgraded:
+                classic.state = GroupState.Dead          # the conversion is stored
+            return result
         except _Invalid as e:
+            self._revert_upgrades()
             return ConsumerGroupHeartbeatResult(e.code, e.message)
         except Exception:
+            self._revert_upgrades()
             log.exception("consumer group heartbeat of %r failed", req.group_id)
             return ConsumerGroupHeartbeatResult(E.unknown_server_error)
         finally:
+            self._upgraded = []
             t.leave()
+
+    def _revert_upgrades(self) -> None:
+        """A heartbeat that upgraded a classic group and then failed wrote nothing: the classic
+        group is the group again (Kafka's records of the conversion are not appended)."""
+        for gid, classic in self._upgraded:
+            cur = self.table.groups.get(gid)
+            if cur is not None and cur is not classic:
+                cur.dead = True
+            self.table.groups[gid] = classic
+            log.info("group %r: the upgrade to a consumer group is undone (heartbeat failed)", gid)
 
     def _validate(self, req: ConsumerGroupHeartbeatRequest) -> None:
         """Kafka's throwIfConsumerGroupHeartbeatRequestIsInvalid."""
@@ -328,6 +354,19 @@ class ConsumerGroupProtocol:
             raise _Invalid(E.group_id_not_found, f"Consumer group {group_id} not found.")
         if group is not None and group.group_type != CONSUMER_GROUP_TYPE:
             empty_classic = group.group_type == CLASSIC_GROUP_TYPE and group.is_(GroupState.Empty)
+            if (create and not empty_classic and group.group_type == CLASSIC_GROUP_TYPE
+                    and self.migration is not None and self.migration.can_upgrade(group)):
+                # KIP-848 online upgrade (Kafka's convertToConsumerGroup)
+                try:
+                    converted = self.migration.upgrade(group)
+                except ValueError:
+                    raise _Invalid(E.group_id_not_found,
+                                   f"Cannot upgrade the classic group {group_id} to consumer "
+                                   f"group because the embedded consumer protocol is "
+                                   f"malformed.") from None
+                t.groups[group_id] = converted
+                self._upgraded.append((group_id, group))
+                return converted
             if not (empty_classic and create):
                 raise _Invalid(E.group_id_not_found, f"Group {group_id} is not a consumer group.")
             # Kafka's maybeDeleteEmptyClassicGroup: an empty classic group (offsets only, or
@@ -416,6 +455,10 @@ class ConsumerGroupProtocol:
 
     def _fence(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
         t = self.table
+        if self.migration is not None and member.classic is None:
+            if self.migration.maybe_downgrade(group, member):
+                log.info("group %r: member %r %s", group.group_id, member.member_id, why)
+                return
         group.remove_member(member.member_id)
         member.session_seq = member.rebalance_seq = -1
         log.info("group %r: member %r %s", group.group_id, member.member_id, why)
@@ -436,6 +479,14 @@ class ConsumerGroupProtocol:
                   and member.state is MemberState.UNREVOKED_PARTITIONS):
                 self._fence(group, member, "did not revoke its partitions within its rebalance "
                                            "timeout")
+            elif kind == JOIN_TIMEOUT and member.join_seq == seq:
+                member.join_seq = 0
+                self._fence(group, member, "(a classic member) did not rejoin within its "
+                                           "rebalance timeout")
+            elif kind == SYNC_TIMEOUT and member.sync_seq == seq:
+                member.sync_seq = 0
+                self._fence(group, member, "(a classic member) did not sync within its "
+                                           "rebalance timeout")
             else:
                 return
             if self.table.store_consumer_group(group) != E.none:
@@ -480,8 +531,9 @@ def restore_timers(table: GroupTable, group: ConsumerGroup) -> None:
     timeout, as Kafka's onLoaded schedules them."""
     now = table.now()
     for m in group.members.values():
-        m.session_seq = table.push(now + table.consumer_session_timeout_ms(group.group_id),
-                                   SESSION, m, group)
+        timeout = (m.classic.session_timeout_ms if m.classic is not None
+                   else table.consumer_session_timeout_ms(group.group_id))
+        m.session_seq = table.push(now + timeout, SESSION, m, group)
         if m.state is MemberState.UNREVOKED_PARTITIONS:
             m.rebalance_seq = table.push(now + m.rebalance_timeout_ms, REBALANCE, m, group)
 
