@@ -1,0 +1,183 @@
+"""KIP-848 online migration with real clients: confluent-kafka classic members
+(``group.protocol=classic``, eager round-robin: ``programs/group_member.py confluent``) and
+consumer-protocol members (``confluent-consumer``) in one group, each member its own process,
+while a producer writes throughout.
+
+- rolling upgrade: the classic members are replaced one by one by consumer-protocol members (the
+  first one's heartbeat converts the live classic group; the classic members are answered from
+  the consumer group's target assignment); then a rolling downgrade: classic members come back
+  and the consumer-protocol members leave one by one (the last one's leave converts the group
+  back). Every record is read, none twice unless a member reported a refused commit, and the
+  commits are kept to the end of every partition;
+- ``consumer_migration_policy = "disabled"``: a consumer-protocol heartbeat to a live classic
+  group is GROUP_ID_NOT_FOUND "Group X is not a consumer group.", and a consumer group whose
+  last consumer-protocol member leaves stays a consumer group, its classic member served on.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import uuid
+
+from client_drivers import driver
+from raw_wire import RawClient
+from test_groups import Member, committed_offsets, consumed, wait_until
+
+import test_groups
+
+PARTITIONS = 4
+CONFIG = {"groups": {"consumer_heartbeat_interval_ms": 500, "consumer_session_timeout_ms": 6000,
+                     "initial_rebalance_delay_ms": 0}}
+E_GROUP_ID_NOT_FOUND = 69
+
+
+def uid(*parts) -> str:
+    return "-".join(str(p) for p in parts) + "-" + uuid.uuid4().hex[:6]
+
+
+def group_type(bootstrap, group) -> str | None:
+    with RawClient(bootstrap) as c:
+        lg = c.request(16, 5, {"states_filter": [], "types_filter": []})
+    return {g.group_id: g.group_type for g in lg.groups}.get(group)
+
+
+def settled(members) -> bool:
+    """Every partition owned by exactly one live member, each with one at least."""
+    owned = [m.current() for m in members]
+    return sorted(p for o in owned for p in o) == list(range(PARTITIONS)) and all(owned)
+
+
+class Producer(threading.Thread):
+    """Writes r0, r1, ... round-robin over the partitions until stopped (about 200 a second)."""
+
+    def __init__(self, bootstrap, topic):
+        super().__init__(daemon=True)
+        from confluent_kafka import Producer as P
+        self.p = P({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        self.topic = topic
+        self.sent: set[str] = set()
+        self.halt = threading.Event()
+
+    def run(self):
+        i = 0
+        while not self.halt.is_set():
+            for _ in range(10):
+                v = f"r{i}"
+                self.p.produce(self.topic, value=v.encode(), partition=i % PARTITIONS)
+                self.sent.add(v)
+                i += 1
+            self.p.poll(0)
+            self.halt.wait(0.05)
+
+    def stop(self) -> int:
+        self.halt.set()
+        self.join(30)
+        assert self.p.flush(30) == 0
+        return len(self.sent)
+
+
+def test_rolling_upgrade_and_downgrade_while_producing(appliance_factory, monkeypatch):
+    monkeypatch.setattr(test_groups, "PARTITIONS", PARTITIONS)
+    a = appliance_factory(**CONFIG)
+    b = a.bootstrap
+    topic, group = uid("mig"), uid("g")
+    driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
+    producer = Producer(b, topic)
+    everyone: list[Member] = []
+
+    def start(client):
+        m = Member(client, b, group, topic)
+        everyone.append(m)
+        return m
+
+    try:
+        live = [start("confluent"), start("confluent")]
+        wait_until(lambda: settled(live), 60, "two classic members sharing the partitions")
+        assert group_type(b, group) == "classic"
+        producer.start()
+        # Rolling upgrade: each classic member replaced by a consumer-protocol one.
+        for i in range(2):
+            new = start("confluent-consumer")
+            if i == 0:
+                wait_until(lambda: group_type(b, group) == "consumer", 60,
+                           "the live classic group upgraded by the first heartbeat")
+            wait_until(lambda: new.current(), 60, "the consumer-protocol member assigned")
+            old = live.pop(0)
+            old.stop(signal.SIGTERM)
+            live.append(new)
+            wait_until(lambda: settled(live), 60, "the partitions shared after the replacement")
+        assert group_type(b, group) == "consumer"
+        # Rolling downgrade: consumer-protocol members replaced by classic ones; the last
+        # consumer-protocol member's leave makes it a classic group again.
+        for i in range(2):
+            new = start("confluent")
+            wait_until(lambda: new.current(), 60, "the classic member assigned")
+            old = live.pop(0)
+            old.stop(signal.SIGTERM)
+            live.append(new)
+            if i == 1:
+                wait_until(lambda: group_type(b, group) == "classic", 60,
+                           "the group downgraded by the last consumer-protocol member's leave")
+            wait_until(lambda: settled(live), 60, "the partitions shared after the replacement")
+        n = producer.stop()
+        sent = producer.sent
+        wait_until(lambda: set(consumed(everyone)) >= sent, 60, "every record read")
+        got = consumed(everyone)
+        refused = [e for m in everyone for e in m.commit_errors]
+        if not refused:
+            assert len(got) == len(set(got)), "a record was read twice with every commit taken"
+        per_partition = {p: len([i for i in range(n) if i % PARTITIONS == p])
+                         for p in range(PARTITIONS)}
+        wait_until(lambda: committed_offsets(b, group, topic) == per_partition, 60,
+                   "the commits at the end of every partition")
+    finally:
+        producer.halt.set()
+        for m in everyone:
+            m.stop(signal.SIGKILL)
+
+
+def _heartbeat(c, group, topic, member, epoch):
+    return c.request(68, 1, {"group_id": group, "member_id": member, "member_epoch": epoch,
+                             "instance_id": None, "rack_id": None,
+                             "rebalance_timeout": 30000 if epoch == 0 else -1,
+                             "subscribed_topic_names": [topic] if epoch == 0 else None,
+                             "subscribed_topic_regex": None, "server_assignor": None,
+                             "topic_partitions": [] if epoch == 0 else None})
+
+
+def test_migration_policy_disabled_refuses_both_conversions(appliance_factory, monkeypatch):
+    monkeypatch.setattr(test_groups, "PARTITIONS", PARTITIONS)
+    a = appliance_factory(groups={**CONFIG["groups"], "consumer_migration_policy": "disabled"})
+    b = a.bootstrap
+    topic, classic_group, group = uid("pol"), uid("gc"), uid("g")
+    driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
+    members = []
+    try:
+        members.append(Member("confluent", b, classic_group, topic))
+        wait_until(lambda: members[0].current(), 60, "the classic member assigned")
+        with RawClient(b) as c:
+            r = _heartbeat(c, classic_group, topic, uuid.uuid4().hex, 0)
+            assert (r.error_code, r.error_message) == (
+                E_GROUP_ID_NOT_FOUND, f"Group {classic_group} is not a consumer group."), r
+            assert group_type(b, classic_group) == "classic"
+            # A consumer group with a classic member: the consumer-protocol member's leave does
+            # not downgrade it; the classic member ends up with every partition.
+            mid = uuid.uuid4().hex
+            r = _heartbeat(c, group, topic, mid, 0)
+            assert r.error_code == 0, r
+            epoch = r.member_epoch
+            members.append(Member("confluent", b, group, topic))
+            wait_until(lambda: len(c.request(69, 1, {"group_ids": [group],
+                                                     "include_authorized_operations": False}
+                                             ).groups[0].members) == 2, 60,
+                       "the classic member in the consumer group")
+            assert epoch >= 1
+            r = _heartbeat(c, group, topic, mid, -1)
+            assert r.error_code == 0, r
+        wait_until(lambda: sorted(members[1].current()) == list(range(PARTITIONS)), 60,
+                   "the classic member with every partition")
+        assert group_type(b, group) == "consumer"
+    finally:
+        for m in members:
+            m.stop(signal.SIGKILL)
