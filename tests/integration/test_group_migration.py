@@ -10,8 +10,7 @@ while a producer writes throughout.
   back). Every record is read, none twice unless a member reported a refused commit, and the
   commits are kept to the end of every partition;
 - ``consumer_migration_policy = "disabled"``: a consumer-protocol heartbeat to a live classic
-  group is GROUP_ID_NOT_FOUND "Group X is not a consumer group.", and a consumer group whose
-  last consumer-protocol member leaves stays a consumer group, its classic member served on.
+  group is GROUP_ID_NOT_FOUND "Group X is not a consumer group."; the classic member reads on.
 """
 
 from __future__ import annotations
@@ -146,38 +145,25 @@ def _heartbeat(c, group, topic, member, epoch):
                              "topic_partitions": [] if epoch == 0 else None})
 
 
-def test_migration_policy_disabled_refuses_both_conversions(appliance_factory, monkeypatch):
+def test_migration_policy_disabled_refuses_the_upgrade(appliance_factory, monkeypatch):
+    """With the policy disabled a live classic group is not a consumer group: a
+    consumer-protocol heartbeat is GROUP_ID_NOT_FOUND with Kafka's message and the classic
+    member reads on (the downgrade refused is in tests/unit/test_group_migration.py)."""
     monkeypatch.setattr(test_groups, "PARTITIONS", PARTITIONS)
     a = appliance_factory(groups={**CONFIG["groups"], "consumer_migration_policy": "disabled"})
     b = a.bootstrap
-    topic, classic_group, group = uid("pol"), uid("gc"), uid("g")
+    topic, group = uid("pol"), uid("gc")
     driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
-    members = []
+    member = Member("confluent", b, group, topic)
     try:
-        members.append(Member("confluent", b, classic_group, topic))
-        wait_until(lambda: members[0].current(), 60, "the classic member assigned")
+        wait_until(lambda: sorted(member.current()) == list(range(PARTITIONS)), 60,
+                   "the classic member assigned")
         with RawClient(b) as c:
-            r = _heartbeat(c, classic_group, topic, uuid.uuid4().hex, 0)
-            assert (r.error_code, r.error_message) == (
-                E_GROUP_ID_NOT_FOUND, f"Group {classic_group} is not a consumer group."), r
-            assert group_type(b, classic_group) == "classic"
-            # A consumer group with a classic member: the consumer-protocol member's leave does
-            # not downgrade it; the classic member ends up with every partition.
-            mid = uuid.uuid4().hex
-            r = _heartbeat(c, group, topic, mid, 0)
-            assert r.error_code == 0, r
-            epoch = r.member_epoch
-            members.append(Member("confluent", b, group, topic))
-            wait_until(lambda: len(c.request(69, 1, {"group_ids": [group],
-                                                     "include_authorized_operations": False}
-                                             ).groups[0].members) == 2, 60,
-                       "the classic member in the consumer group")
-            assert epoch >= 1
-            r = _heartbeat(c, group, topic, mid, -1)
-            assert r.error_code == 0, r
-        wait_until(lambda: sorted(members[1].current()) == list(range(PARTITIONS)), 60,
-                   "the classic member with every partition")
-        assert group_type(b, group) == "consumer"
+            r = _heartbeat(c, group, topic, uuid.uuid4().hex, 0)
+        assert (r.error_code, r.error_message) == (
+            E_GROUP_ID_NOT_FOUND, f"Group {group} is not a consumer group."), r
+        assert group_type(b, group) == "classic"
+        sent = test_groups.produce(b, topic, 0, 40)
+        wait_until(lambda: set(consumed([member])) >= sent, 60, "the classic member reads on")
     finally:
-        for m in members:
-            m.stop(signal.SIGKILL)
+        member.stop(signal.SIGKILL)
