@@ -511,7 +511,8 @@ class ConsumerGroupProtocol:
             members = [DescribedConsumerMember(
                 m.member_id, m.instance_id, m.rack_id, m.member_epoch, m.client_id,
                 m.client_host, list(m.subscribed_topic_names), m.subscribed_topic_regex,
-                _wire(m.assigned), _wire(group.target.get(m.member_id, {})))
+                _wire(m.assigned), _wire(group.target.get(m.member_id, {})),
+                0 if m.classic is not None else 1)
                 for m in group.members.values()]
             out.append(DescribedConsumerGroup(
                 E.none, gid, None, group.state.value, group.group_epoch, group.assignment_epoch,

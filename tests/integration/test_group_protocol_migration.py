@@ -102,6 +102,12 @@ def test_rolling_upgrade_and_downgrade_while_producing(appliance_factory, monkey
                 wait_until(lambda: group_type(b, group) == "consumer", 60,
                            "the live classic group upgraded by the first heartbeat")
             wait_until(lambda: new.current(), 60, "the consumer-protocol member assigned")
+            if i == 0:
+                # ConsumerGroupDescribe v1 tells the classic members (MemberType 0) apart
+                with RawClient(b) as c:
+                    g = c.request(69, 1, {"group_ids": [group],
+                                          "include_authorized_operations": False}).groups[0]
+                assert sorted(m.member_type for m in g.members) == [0, 0, 1], g
             old = live.pop(0)
             old.stop(signal.SIGTERM)
             live.append(new)
