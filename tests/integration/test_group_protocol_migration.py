@@ -10,7 +10,8 @@ while a producer writes throughout.
   back). Every record is read, none twice unless a member reported a refused commit, and the
   commits are kept to the end of every partition;
 - ``consumer_migration_policy = "disabled"``: a consumer-protocol heartbeat to a live classic
-  group is GROUP_ID_NOT_FOUND "Group X is not a consumer group."; the classic member reads on.
+  group is GROUP_ID_NOT_FOUND "Group X is not a consumer group." (at the wire); the classic
+  member's generation goes on.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import signal
 import threading
 import uuid
 
+import group_wire
 from client_drivers import driver
+from java_programs import java4_program  # noqa: F401 (fixture)
 from raw_wire import RawClient
 from test_groups import Member, committed_offsets, consumed, wait_until
 
@@ -76,7 +79,8 @@ class Producer(threading.Thread):
         return len(self.sent)
 
 
-def test_rolling_upgrade_and_downgrade_while_producing(appliance_factory, monkeypatch):
+def test_rolling_upgrade_and_downgrade_while_producing(appliance_factory, monkeypatch,
+                                                      java4_program):
     monkeypatch.setattr(test_groups, "PARTITIONS", PARTITIONS)
     a = appliance_factory(**CONFIG)
     b = a.bootstrap
@@ -125,6 +129,14 @@ def test_rolling_upgrade_and_downgrade_while_producing(appliance_factory, monkey
                 wait_until(lambda: group_type(b, group) == "classic", 60,
                            "the group downgraded by the last consumer-protocol member's leave")
             wait_until(lambda: settled(live), 60, "the partitions shared after the replacement")
+        # Kafka's Java client 4.3 as a passing member of each kind: with group.protocol=consumer
+        # it upgrades the classic group (its Admin describes a consumer group of three), and its
+        # leave downgrades it again; with group.protocol=classic, inside the consumer group.
+        out = java4_program("Kip848Consumer", b, group, topic, "0", "consumer")
+        assert (out["type"], out["members"]) == ("Consumer", "3"), out
+        assert out["assigned"] and out["closed"] == "yes", out
+        wait_until(lambda: group_type(b, group) == "classic" and settled(live), 60,
+                   "the group downgraded after the Java member left")
         n = producer.stop()
         sent = producer.sent
         wait_until(lambda: set(consumed(everyone)) >= sent, 60, "every record read")
@@ -151,25 +163,23 @@ def _heartbeat(c, group, topic, member, epoch):
                              "topic_partitions": [] if epoch == 0 else None})
 
 
-def test_migration_policy_disabled_refuses_the_upgrade(appliance_factory, monkeypatch):
+def test_migration_policy_disabled_refuses_the_upgrade(appliance_factory):
     """With the policy disabled a live classic group is not a consumer group: a
-    consumer-protocol heartbeat is GROUP_ID_NOT_FOUND with Kafka's message and the classic
-    member reads on (the downgrade refused is in tests/unit/test_group_migration.py)."""
-    monkeypatch.setattr(test_groups, "PARTITIONS", PARTITIONS)
+    consumer-protocol heartbeat is GROUP_ID_NOT_FOUND with Kafka's message, and the classic
+    member's generation goes on undisturbed (the downgrade refused is a unit test:
+    tests/unit/test_group_migration.py)."""
     a = appliance_factory(groups={**CONFIG["groups"], "consumer_migration_policy": "disabled"})
     b = a.bootstrap
     topic, group = uid("pol"), uid("gc")
     driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
-    member = Member("confluent", b, group, topic)
-    try:
-        wait_until(lambda: sorted(member.current()) == list(range(PARTITIONS)), 60,
-                   "the classic member assigned")
-        with RawClient(b) as c:
-            r = _heartbeat(c, group, topic, uuid.uuid4().hex, 0)
+    with RawClient(b) as c:
+        j = group_wire.join(c, group)
+        s = group_wire.sync(c, group, j.generation_id, j.member_id, {j.member_id: b""})
+        assert s.error_code == 0, s
+        r = _heartbeat(c, group, topic, uuid.uuid4().hex, 0)
         assert (r.error_code, r.error_message) == (
             E_GROUP_ID_NOT_FOUND, f"Group {group} is not a consumer group."), r
         assert group_type(b, group) == "classic"
-        sent = test_groups.produce(b, topic, 0, 40)
-        wait_until(lambda: set(consumed([member])) >= sent, 60, "the classic member reads on")
-    finally:
-        member.stop(signal.SIGKILL)
+        hb = c.request(12, 3, {"group_id": group, "generation_id": j.generation_id,
+                               "member_id": j.member_id, "group_instance_id": None})
+        assert hb.error_code == 0, hb
