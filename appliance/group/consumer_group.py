@@ -180,6 +180,9 @@ class ConsumerGroup:
         # converted from a live classic group (KIP-848 online upgrade): its first store also
         # writes the classic record's tombstone, in the same batch
         self.replaces_classic = False
+        # regexes a heartbeat brought that no member had: resolved at the next timer turn
+        # (Kafka resolves them asynchronously; in memory only)
+        self.unresolved_regexes: set[str] = set()
         # admin compatibility with classic groups (GroupAdmin._drop clears these)
         self.pending_members: dict[str, int] = {}
         self.join_token = self.sync_token = None

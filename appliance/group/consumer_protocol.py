@@ -50,8 +50,11 @@ or only offsets left) gets GROUP_ID_NOT_FOUND, as from Kafka's getOrMaybeCreateC
 Regex subscriptions (v1 SubscribedTopicRegex, KIP-848): evaluated here with RE2 (google-re2)
 full-match semantics, as Kafka's RE2/J; a pattern RE2 refuses is INVALID_REGULAR_EXPRESSION; the
 matches are re-evaluated whenever the catalog changes (a created or deleted topic bumps the group
-epoch through the subscription metadata). "" clears a member's regex (librdkafka sends it when
-it subscribes by names). With the authorizer on, a member's matches are only the topics it may
+epoch through the subscription metadata). A regex no member of the group had before is resolved
+after the heartbeat that brings it, as Kafka resolves it asynchronously: that heartbeat's target
+has the member's literal topics, the matches come with the epoch the resolution bumps (timer kind
+``REGEX``, due at once). "" clears a member's regex (librdkafka sends it when it subscribes by
+names). With the authorizer on, a member's matches are only the topics it may
 Describe (``member_topics``).
 """
 
@@ -83,9 +86,10 @@ __all__ = ["ConsumerGroupProtocol", "SESSION", "REBALANCE", "JOIN_TIMEOUT", "SYN
 log = logging.getLogger("appliance.group.consumer")
 
 E = ErrorCode
-# timer kinds in the table's heap (classic ones are 0-3); the last two are the join and sync
-# timeouts of classic members inside a consumer group (``appliance.group.migration``)
-SESSION, REBALANCE, JOIN_TIMEOUT, SYNC_TIMEOUT = 10, 11, 12, 13
+# timer kinds in the table's heap (classic ones are 0-3); JOIN_TIMEOUT and SYNC_TIMEOUT are the
+# timeouts of classic members inside a consumer group (``appliance.group.migration``); REGEX
+# resolves a group's new regular expression after the heartbeat that brought it
+SESSION, REBALANCE, JOIN_TIMEOUT, SYNC_TIMEOUT, REGEX = 10, 11, 12, 13, 14
 
 
 _RE2_OPTIONS = re2.Options()
@@ -289,7 +293,16 @@ class ConsumerGroupProtocol:
             regex = req.subscribed_topic_regex or None       # "": no regex (any more)
             if regex != member.subscribed_topic_regex:
                 member.subscribed_topic_regex = regex
-                bump = True
+                if regex is not None and not any(
+                        o.subscribed_topic_regex == regex for o in group.members.values()
+                        if o is not member):
+                    # Kafka resolves a regex no member of the group had yet off the request
+                    # path (maybeUpdateRegularExpressions): this heartbeat's target has the
+                    # literal topics only, the matches come with the epoch the resolution bumps
+                    group.unresolved_regexes.add(regex)
+                    t.push(now, REGEX, group, regex)
+                else:
+                    bump = True
         if req.server_assignor is not None and req.server_assignor != member.server_assignor:
             member.server_assignor = req.server_assignor
             bump = True
@@ -413,7 +426,8 @@ class ConsumerGroupProtocol:
         refreshed regex by the ACLs of the member whose heartbeat refreshed it; here each
         member's by its own). (ours) After a restart, until the member's first heartbeat brings
         its principal, its matches are kept to the topics already in the group's subscription."""
-        if m.subscribed_topic_regex is None:
+        if m.subscribed_topic_regex is None or (
+                group is not None and m.subscribed_topic_regex in group.unresolved_regexes):
             return frozenset(m.subscribed_topic_names)
         hits = self._matches(m.subscribed_topic_regex, topics)
         allowed = self.describe_topic
@@ -470,6 +484,8 @@ class ConsumerGroupProtocol:
 
     # -- timers -----------------------------------------------------------------------------------
     def fire(self, kind: int, seq: int, obj: Any, extra: Any, now: int) -> None:
+        if kind == REGEX:
+            return self._resolve_regex(obj, extra)
         member: ConsumerMember = obj
         group: ConsumerGroup = extra
         if t_live(self.table, group) and group.members.get(member.member_id) is member:
@@ -493,6 +509,21 @@ class ConsumerGroupProtocol:
                 log.error("group %r: the fence of %r is not stored; a restart may bring the "
                           "member back until its session times out again", group.group_id,
                           member.member_id)
+
+    def _resolve_regex(self, group: ConsumerGroup, regex: str) -> None:
+        """Kafka's handleRegularExpressionsResult: the regex's matches join the subscription;
+        a new subscription metadata bumps the group epoch (and its target)."""
+        if not t_live(self.table, group) or regex not in group.unresolved_regexes:
+            return
+        group.unresolved_regexes.discard(regex)
+        meta = self._subscription_metadata(group)
+        if meta == group.subscription_metadata:
+            return
+        group.subscription_metadata = meta
+        self._bump(group)
+        if self.table.store_consumer_group(group) != E.none:
+            log.error("group %r: the epoch bumped by regex %r is not stored", group.group_id,
+                      regex)
 
     # -- ConsumerGroupDescribe --------------------------------------------------------------------
     def describe(self, group_ids: list[str]) -> list[DescribedConsumerGroup]:
