@@ -232,7 +232,9 @@ class GroupAdmin:
         member = group.members.get(member_id or "")
         if member is None:
             return E.unknown_member_id
-        return E.none if member_epoch == member.member_epoch else E.stale_member_epoch
+        if member_epoch == member.member_epoch:
+            return E.none
+        return E.illegal_generation if member.classic is not None else E.stale_member_epoch
 
     def group_state(self, group_id: str) -> str | None:
         """Kafka's state name, or None for an unknown group."""

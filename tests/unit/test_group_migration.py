@@ -149,6 +149,7 @@ def test_a_consumer_member_upgrades_a_live_classic_group_and_the_last_one_downgr
     assert env.heartbeat("c1-x", gen + 1) == E.none
     assert env.gc.validate_offset_commit("g", gen, "c1-x", None, api_version=8) == \
         E.illegal_generation
+    assert env.gc.validate_offset_fetch("g", "c1-x", gen) == E.illegal_generation
     # the consumer member now gets the other half; no partition is owned twice
     assert parts(env.hb("m1", gen + 1, owned={})) == {0, 1, 2, 3} - mine
     assert env.sync("c1-x", gen + 7).error == E.illegal_generation
