@@ -251,6 +251,13 @@ def test_size_limits_refuse_the_conversion_and_the_join():
     env = Env(consumer_max_size=1)
     env.classic_group_of("c1", "c2")
     assert env.hb("m1", 0).error == E.group_id_not_found        # 2 members > max 1
+    # one classic member converts, but the joining one does not fit: the heartbeat fails and
+    # the conversion is undone (nothing of it was written), the classic member heartbeats on
+    env = Env(consumer_max_size=1)
+    gen = env.classic_group_of("c1")
+    assert env.hb("m1", 0).error == E.group_max_size_reached
+    assert env.group().group_type == "classic" and env.group().state.value == "Stable"
+    assert env.heartbeat("c1-x", gen) == E.none
     env = Env(consumer_max_size=1)
     env.hb("m1", 0)
     (j,) = env.join("c1-x")
