@@ -158,6 +158,10 @@ class ConsumerGroupProtocol:
             return result
         except _Invalid as e:
             self._revert_upgrades()
+            if e.code == E.invalid_request:
+                # clients treat it as fatal without showing the message: keep it here
+                log.info("group %r: heartbeat of member %r (epoch %d) is invalid: %s",
+                         req.group_id, req.member_id, req.member_epoch, e.message)
             return ConsumerGroupHeartbeatResult(e.code, e.message)
         except Exception:
             self._revert_upgrades()
