@@ -368,6 +368,12 @@ class GroupsConfig(_Section):
     consumer_assignors: list[Literal["uniform", "range"]] = msgspec.field(
         default_factory=lambda: ["uniform", "range"])
     consumer_max_size: Positive = 2147483647
+    # KIP-848 online migration of a non-empty group between the classic and the consumer
+    # protocols (group.consumer.migration.policy): bidirectional (Kafka 4's default), upgrade
+    # (classic -> consumer only), downgrade (consumer -> classic only) or disabled. Empty groups
+    # always convert. Reloadable.
+    consumer_migration_policy: Literal["bidirectional", "upgrade", "downgrade",
+                                       "disabled"] = "bidirectional"
     # KIP-932 share groups: the heartbeat interval told to members
     # (group.share.heartbeat.interval.ms), the session timeout enforced
     # (group.share.session.timeout.ms), how long a delivered record stays locked to its consumer

@@ -21,7 +21,6 @@ from appliance.group.messages import ConsumerGroupDescribeRequest
 from appliance.protocol.messages import build
 
 NOT_REQUESTED = -2147483648
-MEMBER_TYPE_CONSUMER = 1          # v1: Kafka's MemberType (-1 unknown, 0 classic, 1 consumer)
 
 
 @handles(69, "ConsumerGroupDescribe", 0, 1)
@@ -80,6 +79,6 @@ async def handle(ctx, req):
                                subscribed_topic_regex=m.subscribed_topic_regex,
                                assignment=assignment(m.assignment),
                                target_assignment=assignment(m.target_assignment),
-                               member_type=MEMBER_TYPE_CONSUMER)
+                               member_type=m.member_type)
                           for m in g.members)))
     return build(ctx.response_class(), throttle_time=datetime.timedelta(0), groups=tuple(out))

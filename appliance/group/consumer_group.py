@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from appliance.errors import ErrorCode
 from appliance.group.messages import DescribedGroup
@@ -38,6 +38,7 @@ from appliance.group.messages import DescribedGroup
 E = ErrorCode
 
 __all__ = ["CONSUMER_GROUP_TYPE", "ConsumerGroupState", "MemberState", "ConsumerMember",
+           "ClassicMemberMetadata",
            "ConsumerGroup", "Assignment", "LEAVE_GROUP_MEMBER_EPOCH",
            "LEAVE_GROUP_STATIC_MEMBER_EPOCH"]
 
@@ -69,10 +70,19 @@ class MemberState(enum.Enum):
     UNRELEASED_PARTITIONS = "unreleased_partitions"
 
 
+class ClassicMemberMetadata(NamedTuple):
+    """What a member that speaks the classic protocol inside a consumer group brought in its
+    JoinGroup (Kafka's ConsumerGroupMemberMetadataValue.ClassicMemberMetadata): its session
+    timeout and its protocols (name, metadata), in its order of preference."""
+    session_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+
+
 @dataclass(slots=True, eq=False)
 class ConsumerMember:
-    """ConsumerGroupMember. ``session_seq``/``rebalance_seq`` name the live timer entries of the
-    table's heap (a fired entry whose seq is no longer the member's is stale)."""
+    """ConsumerGroupMember. ``session_seq``/``rebalance_seq`` (and, for a classic member,
+    ``join_seq``/``sync_seq``: Kafka's join and sync timeouts) name the live timer entries of
+    the table's heap (a fired entry whose seq is no longer the member's is stale; 0: none)."""
 
     member_id: str
     instance_id: str | None
@@ -94,6 +104,14 @@ class ConsumerMember:
     # for the topic Describe ACLs its regex matches are filtered by
     principal: str = ""
     address: str = ""
+    # a member using the classic protocol (JoinGroup/SyncGroup/Heartbeat) in a consumer group
+    classic: ClassicMemberMetadata | None = None
+    join_seq: int = 0
+    sync_seq: int = 0
+
+    @property
+    def uses_classic_protocol(self) -> bool:
+        return self.classic is not None
 
     def owned(self) -> Iterable[tuple[bytes, int]]:
         for tid, ps in self.assigned.items():
@@ -159,6 +177,12 @@ class ConsumerGroup:
         self.dead = False
         # the records last written for it (``GroupTable.store_consumer_group`` diffs against it)
         self.stored: dict = {}
+        # converted from a live classic group (KIP-848 online upgrade): its first store also
+        # writes the classic record's tombstone, in the same batch
+        self.replaces_classic = False
+        # regexes a heartbeat brought that no member had: resolved at the next timer turn
+        # (Kafka resolves them asynchronously; in memory only)
+        self.unresolved_regexes: set[str] = set()
         # admin compatibility with classic groups (GroupAdmin._drop clears these)
         self.pending_members: dict[str, int] = {}
         self.join_token = self.sync_token = None
@@ -192,6 +216,36 @@ class ConsumerGroup:
     @property
     def generation_id(self) -> int:
         return self.group_epoch
+
+    def classic_members(self) -> list[ConsumerMember]:
+        return [m for m in self.members.values() if m.classic is not None]
+
+    def supports_classic_protocols(self, protocol_type: str, names: set[str]) -> bool:
+        """Kafka's ConsumerGroup.supportsClassicProtocols: a "consumer" protocol type and a
+        protocol every classic member supports (any, while none is classic)."""
+        if protocol_type != "consumer" or not names:
+            return False
+        classic = self.classic_members()
+        return any(all(any(n == p for p, _ in m.classic.protocols) for m in classic)  # type: ignore[union-attr]
+                   for n in names)
+
+    def all_classic_except(self, member_id: str) -> bool:
+        """Kafka's allMembersUseClassicProtocolExcept: the member uses the consumer protocol and
+        every other member the classic one."""
+        m = self.members.get(member_id)
+        return (m is not None and m.classic is None
+                and all(o.classic is not None for o in self.members.values() if o is not m))
+
+    def waiting_on_unreleased(self, member: ConsumerMember) -> bool:
+        """Kafka's waitingOnUnreleasedPartition: some partition of the member's target is still
+        owned by another member."""
+        if member.state is not MemberState.UNRELEASED_PARTITIONS:
+            return False
+        for tid, ps in self.target.get(member.member_id, {}).items():
+            mine = member.assigned.get(tid, frozenset())
+            if any(p not in mine and (tid, p) in self.partition_epochs for p in ps):
+                return True
+        return False
 
     @property
     def subscribed_topics(self) -> frozenset[str] | None:

@@ -35,8 +35,10 @@ Behaviour is Kafka's GroupMetadataManager.consumerGroupHeartbeat (group-coordina
   member that did not leave is UNRELEASED_INSTANCE_ID;
 - the answer carries the assignment when the member joined (epoch 0), sent a full request, or
   its assignment changed (Kafka's rule);
-- an empty classic group of the same id becomes a consumer group; a non-empty one answers
-  GROUP_ID_NOT_FOUND ("not a consumer group"; the online upgrade of KIP-848 is not done here).
+- an empty classic group of the same id becomes a consumer group; a non-empty one is upgraded
+  online when ``[groups] consumer_migration_policy`` allows (``appliance.group.migration``),
+  else answers GROUP_ID_NOT_FOUND ("not a consumer group"); the last member using this protocol
+  leaving a group of classic members downgrades it likewise.
 
 Durability: every change is written to the group log (``consumer_records``, Kafka's record
 types) before the heartbeat is answered (``GroupTable.store_consumer_group``); a restart restores
@@ -48,8 +50,11 @@ or only offsets left) gets GROUP_ID_NOT_FOUND, as from Kafka's getOrMaybeCreateC
 Regex subscriptions (v1 SubscribedTopicRegex, KIP-848): evaluated here with RE2 (google-re2)
 full-match semantics, as Kafka's RE2/J; a pattern RE2 refuses is INVALID_REGULAR_EXPRESSION; the
 matches are re-evaluated whenever the catalog changes (a created or deleted topic bumps the group
-epoch through the subscription metadata). "" clears a member's regex (librdkafka sends it when
-it subscribes by names). With the authorizer on, a member's matches are only the topics it may
+epoch through the subscription metadata). A regex no member of the group had before is resolved
+after the heartbeat that brings it, as Kafka resolves it asynchronously: that heartbeat's target
+has the member's literal topics, the matches come with the epoch the resolution bumps (timer kind
+``REGEX``, due at once). "" clears a member's regex (librdkafka sends it when it subscribes by
+names). With the authorizer on, a member's matches are only the topics it may
 Describe (``member_topics``).
 """
 
@@ -75,12 +80,16 @@ from appliance.group.messages import (ConsumerGroupHeartbeatRequest, ConsumerGro
                                       TopicPartitions)
 from appliance.group.table import GroupTable
 
-__all__ = ["ConsumerGroupProtocol", "SESSION", "REBALANCE", "new_member_id"]
+__all__ = ["ConsumerGroupProtocol", "SESSION", "REBALANCE", "JOIN_TIMEOUT", "SYNC_TIMEOUT",
+           "new_member_id"]
 
 log = logging.getLogger("appliance.group.consumer")
 
 E = ErrorCode
-SESSION, REBALANCE = 10, 11           # timer kinds in the table's heap (classic ones are 0-3)
+# timer kinds in the table's heap (classic ones are 0-3); JOIN_TIMEOUT and SYNC_TIMEOUT are the
+# timeouts of classic members inside a consumer group (``appliance.group.migration``); REGEX
+# resolves a group's new regular expression after the heartbeat that brought it
+SESSION, REBALANCE, JOIN_TIMEOUT, SYNC_TIMEOUT, REGEX = 10, 11, 12, 13, 14
 
 
 _RE2_OPTIONS = re2.Options()
@@ -132,20 +141,45 @@ class ConsumerGroupProtocol:
         self.rebalances = 0      # target assignments computed (Kafka's consumer-group-rebalance)
         self._compiled: dict[str, Any] = {}
         self._regex_hits: dict[str, tuple[dict, frozenset[str]]] = {}
+        # the online migration (``migration.GroupMigration`` sets itself here); None: none
+        self.migration: Any = None
+        # classic groups converted by the heartbeat being decided: put back if it fails
+        self._upgraded: list[tuple[str, Any]] = []
 
     # -- ConsumerGroupHeartbeat -------------------------------------------------------------------
     def heartbeat(self, req: ConsumerGroupHeartbeatRequest) -> ConsumerGroupHeartbeatResult:
         t = self.table
         t.enter()
+        self._upgraded = []
         try:
-            return self._heartbeat(req)
+            result = self._heartbeat(req)
+            for _gid, classic in self._upgraded:
+                classic.state = GroupState.Dead          # the conversion is stored
+            return result
         except _Invalid as e:
+            self._revert_upgrades()
+            if e.code == E.invalid_request:
+                # clients treat it as fatal without showing the message: keep it here
+                log.info("group %r: heartbeat of member %r (epoch %d) is invalid: %s",
+                         req.group_id, req.member_id, req.member_epoch, e.message)
             return ConsumerGroupHeartbeatResult(e.code, e.message)
         except Exception:
+            self._revert_upgrades()
             log.exception("consumer group heartbeat of %r failed", req.group_id)
             return ConsumerGroupHeartbeatResult(E.unknown_server_error)
         finally:
+            self._upgraded = []
             t.leave()
+
+    def _revert_upgrades(self) -> None:
+        """A heartbeat that upgraded a classic group and then failed wrote nothing: the classic
+        group is the group again (Kafka's records of the conversion are not appended)."""
+        for gid, classic in self._upgraded:
+            cur = self.table.groups.get(gid)
+            if cur is not None and cur is not classic:
+                cur.dead = True
+            self.table.groups[gid] = classic
+            log.info("group %r: the upgrade to a consumer group is undone (heartbeat failed)", gid)
 
     def _validate(self, req: ConsumerGroupHeartbeatRequest) -> None:
         """Kafka's throwIfConsumerGroupHeartbeatRequestIsInvalid."""
@@ -263,7 +297,16 @@ class ConsumerGroupProtocol:
             regex = req.subscribed_topic_regex or None       # "": no regex (any more)
             if regex != member.subscribed_topic_regex:
                 member.subscribed_topic_regex = regex
-                bump = True
+                if regex is not None and not any(
+                        o.subscribed_topic_regex == regex for o in group.members.values()
+                        if o is not member):
+                    # Kafka resolves a regex no member of the group had yet off the request
+                    # path (maybeUpdateRegularExpressions): this heartbeat's target has the
+                    # literal topics only, the matches come with the epoch the resolution bumps
+                    group.unresolved_regexes.add(regex)
+                    t.push(now, REGEX, group, regex)
+                else:
+                    bump = True
         if req.server_assignor is not None and req.server_assignor != member.server_assignor:
             member.server_assignor = req.server_assignor
             bump = True
@@ -328,6 +371,19 @@ class ConsumerGroupProtocol:
             raise _Invalid(E.group_id_not_found, f"Consumer group {group_id} not found.")
         if group is not None and group.group_type != CONSUMER_GROUP_TYPE:
             empty_classic = group.group_type == CLASSIC_GROUP_TYPE and group.is_(GroupState.Empty)
+            if (create and not empty_classic and group.group_type == CLASSIC_GROUP_TYPE
+                    and self.migration is not None and self.migration.can_upgrade(group)):
+                # KIP-848 online upgrade (Kafka's convertToConsumerGroup)
+                try:
+                    converted = self.migration.upgrade(group)
+                except ValueError:
+                    raise _Invalid(E.group_id_not_found,
+                                   f"Cannot upgrade the classic group {group_id} to consumer "
+                                   f"group because the embedded consumer protocol is "
+                                   f"malformed.") from None
+                t.groups[group_id] = converted
+                self._upgraded.append((group_id, group))
+                return converted
             if not (empty_classic and create):
                 raise _Invalid(E.group_id_not_found, f"Group {group_id} is not a consumer group.")
             # Kafka's maybeDeleteEmptyClassicGroup: an empty classic group (offsets only, or
@@ -374,7 +430,8 @@ class ConsumerGroupProtocol:
         refreshed regex by the ACLs of the member whose heartbeat refreshed it; here each
         member's by its own). (ours) After a restart, until the member's first heartbeat brings
         its principal, its matches are kept to the topics already in the group's subscription."""
-        if m.subscribed_topic_regex is None:
+        if m.subscribed_topic_regex is None or (
+                group is not None and m.subscribed_topic_regex in group.unresolved_regexes):
             return frozenset(m.subscribed_topic_names)
         hits = self._matches(m.subscribed_topic_regex, topics)
         allowed = self.describe_topic
@@ -416,6 +473,10 @@ class ConsumerGroupProtocol:
 
     def _fence(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
         t = self.table
+        if self.migration is not None and member.classic is None:
+            if self.migration.maybe_downgrade(group, member):
+                log.info("group %r: member %r %s", group.group_id, member.member_id, why)
+                return
         group.remove_member(member.member_id)
         member.session_seq = member.rebalance_seq = -1
         log.info("group %r: member %r %s", group.group_id, member.member_id, why)
@@ -427,6 +488,8 @@ class ConsumerGroupProtocol:
 
     # -- timers -----------------------------------------------------------------------------------
     def fire(self, kind: int, seq: int, obj: Any, extra: Any, now: int) -> None:
+        if kind == REGEX:
+            return self._resolve_regex(obj, extra)
         member: ConsumerMember = obj
         group: ConsumerGroup = extra
         if t_live(self.table, group) and group.members.get(member.member_id) is member:
@@ -436,12 +499,35 @@ class ConsumerGroupProtocol:
                   and member.state is MemberState.UNREVOKED_PARTITIONS):
                 self._fence(group, member, "did not revoke its partitions within its rebalance "
                                            "timeout")
+            elif kind == JOIN_TIMEOUT and member.join_seq == seq:
+                member.join_seq = 0
+                self._fence(group, member, "(a classic member) did not rejoin within its "
+                                           "rebalance timeout")
+            elif kind == SYNC_TIMEOUT and member.sync_seq == seq:
+                member.sync_seq = 0
+                self._fence(group, member, "(a classic member) did not sync within its "
+                                           "rebalance timeout")
             else:
                 return
             if self.table.store_consumer_group(group) != E.none:
                 log.error("group %r: the fence of %r is not stored; a restart may bring the "
                           "member back until its session times out again", group.group_id,
                           member.member_id)
+
+    def _resolve_regex(self, group: ConsumerGroup, regex: str) -> None:
+        """Kafka's handleRegularExpressionsResult: the regex's matches join the subscription;
+        a new subscription metadata bumps the group epoch (and its target)."""
+        if not t_live(self.table, group) or regex not in group.unresolved_regexes:
+            return
+        group.unresolved_regexes.discard(regex)
+        meta = self._subscription_metadata(group)
+        if meta == group.subscription_metadata:
+            return
+        group.subscription_metadata = meta
+        self._bump(group)
+        if self.table.store_consumer_group(group) != E.none:
+            log.error("group %r: the epoch bumped by regex %r is not stored", group.group_id,
+                      regex)
 
     # -- ConsumerGroupDescribe --------------------------------------------------------------------
     def describe(self, group_ids: list[str]) -> list[DescribedConsumerGroup]:
@@ -460,7 +546,8 @@ class ConsumerGroupProtocol:
             members = [DescribedConsumerMember(
                 m.member_id, m.instance_id, m.rack_id, m.member_epoch, m.client_id,
                 m.client_host, list(m.subscribed_topic_names), m.subscribed_topic_regex,
-                _wire(m.assigned), _wire(group.target.get(m.member_id, {})))
+                _wire(m.assigned), _wire(group.target.get(m.member_id, {})),
+                0 if m.classic is not None else 1)
                 for m in group.members.values()]
             out.append(DescribedConsumerGroup(
                 E.none, gid, None, group.state.value, group.group_epoch, group.assignment_epoch,
@@ -480,8 +567,9 @@ def restore_timers(table: GroupTable, group: ConsumerGroup) -> None:
     timeout, as Kafka's onLoaded schedules them."""
     now = table.now()
     for m in group.members.values():
-        m.session_seq = table.push(now + table.consumer_session_timeout_ms(group.group_id),
-                                   SESSION, m, group)
+        timeout = (m.classic.session_timeout_ms if m.classic is not None
+                   else table.consumer_session_timeout_ms(group.group_id))
+        m.session_seq = table.push(now + timeout, SESSION, m, group)
         if m.state is MemberState.UNREVOKED_PARTITIONS:
             m.rebalance_seq = table.push(now + m.rebalance_timeout_ms, REBALANCE, m, group)
 

@@ -11,7 +11,9 @@ load). The records are Kafka's group-coordinator ones (common/message/ConsumerGr
     4   ConsumerGroupPartitionMetadata    group: topics [topic id, name, partitions, racks []]
     5   ConsumerGroupMemberMetadata       group, member: instance id, rack id, client id, client
                                           host, subscribed topic names, regex, rebalance timeout,
-                                          server assignor
+                                          server assignor; tagged field 0: ClassicMemberMetadata
+                                          (session timeout, [protocol name, metadata]) for a
+                                          member that uses the classic protocol
     6   ConsumerGroupTargetAssignmentMetadata  group: assignment epoch int32
     7   ConsumerGroupTargetAssignmentMember    group, member: [topic id, [partitions]]
     8   ConsumerGroupCurrentMemberAssignment   group, member: member epoch, previous epoch,
@@ -27,10 +29,12 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from appliance.group.consumer_group import ConsumerGroup, ConsumerMember, MemberState
-from appliance.protocol.internal_records import (RecordDecodeError, get_compact_string,
-                                                 get_string, get_uvarint, need,
-                                                 put_compact_string, put_string, put_uvarint,
+from appliance.group.consumer_group import (ClassicMemberMetadata, ConsumerGroup, ConsumerMember,
+                                            MemberState)
+from appliance.protocol.internal_records import (RecordDecodeError, get_compact_bytes,
+                                                 get_compact_string, get_string, get_uvarint,
+                                                 need, put_compact_bytes, put_compact_string,
+                                                 put_string, put_uvarint, read_tagged,
                                                  skip_tagged, version_of)
 
 __all__ = ["ConsumerKey", "KEY_VERSIONS", "encode_key", "decode_key", "group_records", "restore",
@@ -166,7 +170,21 @@ def group_records(group: ConsumerGroup) -> dict[ConsumerKey, bytes]:
         put_compact_string(v, m.subscribed_topic_regex, nullable=True)
         v += _i.pack(m.rebalance_timeout_ms)
         put_compact_string(v, m.server_assignor, nullable=True)
-        out[ConsumerKey(MEMBER_METADATA, gid, mid)] = _end(v)
+        if m.classic is None:
+            out[ConsumerKey(MEMBER_METADATA, gid, mid)] = _end(v)
+        else:
+            c = bytearray(_i.pack(m.classic.session_timeout_ms))
+            put_uvarint(c, len(m.classic.protocols) + 1)
+            for name, meta in m.classic.protocols:
+                put_compact_string(c, name)
+                put_compact_bytes(c, bytes(meta))
+                put_uvarint(c, 0)
+            put_uvarint(c, 0)
+            put_uvarint(v, 1)                          # one tagged field: tag 0
+            put_uvarint(v, 0)
+            put_uvarint(v, len(c))
+            v += c
+            out[ConsumerKey(MEMBER_METADATA, gid, mid)] = bytes(v)
         v = _start()
         _put_parts(v, group.target.get(mid, {}))
         out[ConsumerKey(TARGET_MEMBER, gid, mid)] = _end(v)
@@ -178,6 +196,18 @@ def group_records(group: ConsumerGroup) -> dict[ConsumerKey, bytes]:
         _put_parts(v, m.pending_revocation)
         out[ConsumerKey(CURRENT_ASSIGNMENT, gid, mid)] = _end(v)
     return out
+
+
+def _classic_metadata(buf: memoryview) -> ClassicMemberMetadata:
+    session, pos = _get_i32(buf, 0)
+    n, pos = _get_array_len(buf, pos)
+    protocols = []
+    for _ in range(n):
+        name, pos = get_compact_string(buf, pos)
+        meta, pos = get_compact_bytes(buf, pos)
+        pos = skip_tagged(buf, pos)
+        protocols.append((name or "", meta))
+    return ClassicMemberMetadata(session, tuple(protocols))
 
 
 def restore(group_id: str, records: dict[ConsumerKey, bytes], now_ms: int) -> ConsumerGroup | None:
@@ -234,6 +264,10 @@ def restore(group_id: str, records: dict[ConsumerKey, bytes], now_ms: int) -> Co
         member = ConsumerMember(key.member_id or "", instance, rack, client_id or "",
                                 client_host or "", rebalance, tuple(sorted(names)), regex,
                                 assignor)
+        if pos < len(buf):
+            tagged, _ = read_tagged(buf, pos)
+            if 0 in tagged:
+                member.classic = _classic_metadata(memoryview(tagged[0]))
         cur = records.get(ConsumerKey(CURRENT_ASSIGNMENT, group_id, key.member_id))
         if cur is not None:
             buf = memoryview(cur)

@@ -89,6 +89,7 @@ from appliance.group.consumer_protocol import ConsumerGroupProtocol, restore_tim
 from appliance.group.membership_admin import GroupAdmin, GroupInfo
 from appliance.group.membership_join import NEW_MEMBER_JOIN_TIMEOUT_MS, RebalanceProtocol
 from appliance.group.membership_sync import MemberRequests
+from appliance.group.migration import GroupMigration
 from appliance.group.messages import (ConsumerGroupHeartbeatRequest,
                                       ConsumerGroupHeartbeatResult, DescribedConsumerGroup,
                                       DescribedGroup, HeartbeatRequest, JoinGroupRequest,
@@ -125,6 +126,8 @@ class MembershipConfig:
     consumer_session_timeout_ms: int = 45000
     consumer_assignors: tuple[str, ...] = ("uniform", "range")
     consumer_max_size: int = 2**31 - 1
+    # group.consumer.migration.policy: bidirectional, upgrade, downgrade, disabled
+    consumer_migration_policy: str = "bidirectional"
 
 
 class GroupCoordinator:
@@ -147,6 +150,8 @@ class GroupCoordinator:
                                            new_uuid=new_uuid)
         self.member_requests = MemberRequests(self.table, self.rebalance)
         self.admin = GroupAdmin(self.table, self.rebalance)
+        # KIP-848 online migration: hooks itself into the two protocols
+        self.migration = GroupMigration(self.table, self.consumer, self.rebalance)
 
     @property
     def config(self) -> GroupConfigLike:

@@ -232,7 +232,9 @@ class GroupAdmin:
         member = group.members.get(member_id or "")
         if member is None:
             return E.unknown_member_id
-        return E.none if member_epoch == member.member_epoch else E.stale_member_epoch
+        if member_epoch == member.member_epoch:
+            return E.none
+        return E.illegal_generation if member.classic is not None else E.stale_member_epoch
 
     def group_state(self, group_id: str) -> str | None:
         """Kafka's state name, or None for an unknown group."""
@@ -289,6 +291,10 @@ def _consumer_check(group: ConsumerGroup, member_epoch: int, member_id: str | No
     member = group.members.get(member_id or "")
     if member is None:
         return E.unknown_member_id
-    if not transactional and api_version < 9:
+    if not transactional and member.classic is None and api_version < 9:
         return E.unsupported_version
-    return E.none if member_epoch == member.member_epoch else E.stale_member_epoch
+    if member_epoch == member.member_epoch:
+        return E.none
+    # a classic member (KIP-848 migration) commits with its generation: Kafka's
+    # validateMemberEpoch answers it as a classic group would
+    return E.illegal_generation if member.classic is not None else E.stale_member_epoch

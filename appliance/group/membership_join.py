@@ -70,6 +70,9 @@ class RebalanceProtocol:
         self.table = table
         self.new_member_join_timeout_ms = new_member_join_timeout_ms
         self._uuid = new_uuid
+        # KIP-848's online migration (``migration.GroupMigration`` sets itself): a JoinGroup to
+        # a live consumer group is its; None: refused INCONSISTENT_GROUP_PROTOCOL
+        self.migration: Any = None
 
     # -- timers -----------------------------------------------------------------------------------
     def fire(self, kind: int, seq: int, obj: Any, extra: Any, now: int) -> None:
@@ -156,10 +159,12 @@ class RebalanceProtocol:
         other = self.table.groups.get(req.group_id)
         if other is not None and other.group_type != CLASSIC_GROUP_TYPE:
             if not other.is_(S.Empty):
-                # KIP-848: a classic member cannot join a live consumer group (the online
-                # migration is not done here; Kafka without it answers this)
-                return self.table.reply(once, JoinGroupResult(E.inconsistent_group_protocol,
-                                                              member_id=mid))
+                # KIP-848: a classic member joins a live consumer group as a classic member
+                # (Kafka's classicGroupJoinToConsumerGroup); the policy does not govern this
+                if self.migration is None or other.group_type != "consumer":
+                    return self.table.reply(once, JoinGroupResult(E.inconsistent_group_protocol,
+                                                                  member_id=mid))
+                return self.migration.join(other, req, once)
             # Kafka's maybeDeleteEmptyConsumerGroup: an empty consumer group gives way
             err = self.table.store_consumer_group(other, drop=True)
             if err != E.none:

@@ -38,6 +38,11 @@ class MemberRequests:
         self.table = table
         self.rebalance = rebalance
 
+    def _migration(self, group) -> bool:
+        """Is this a KIP-848 consumer group whose classic members ``migration`` answers?"""
+        return (group is not None and getattr(group, "group_type", "") == "consumer"
+                and self.rebalance.migration is not None)
+
     # -- SyncGroup --------------------------------------------------------------------------------
     def sync_group(self, req: SyncGroupRequest, respond: Callable[[SyncGroupResult], None]) -> None:
         once = Once(respond)
@@ -63,6 +68,9 @@ class MemberRequests:
             return fail(E.inconsistent_group_protocol)      # KafkaApis: mandatory from v5
         group = self.table.classic(req.group_id)
         if group is None:
+            other = self.table.groups.get(req.group_id)
+            if self._migration(other):
+                return self.rebalance.migration.sync(other, req, once)
             return fail(E.unknown_member_id)
         if group.is_(S.Dead):
             return fail(E.coordinator_not_available)
@@ -130,6 +138,9 @@ class MemberRequests:
             return E.none                               # Kafka: answered blindly while loading
         group = self.table.classic(req.group_id)
         if group is None:
+            other = self.table.groups.get(req.group_id)
+            if self._migration(other):
+                return self.rebalance.migration.heartbeat(other, req)
             return E.unknown_member_id
         if group.is_(S.Dead):
             return E.coordinator_not_available
@@ -165,6 +176,8 @@ class MemberRequests:
         if not self.table.loaded:
             return LeaveGroupResult(E.coordinator_load_in_progress, [])
         group = self.table.classic(group_id)
+        if group is None and self._migration(self.table.groups.get(group_id)):
+            return self.rebalance.migration.leave(self.table.groups[group_id], leaving)
         if group is None:
             return LeaveGroupResult(E.none, [
                 LeaveMemberResult(m.member_id, m.group_instance_id, E.unknown_member_id)

@@ -323,6 +323,7 @@ class DescribedConsumerMember(msgspec.Struct, array_like=True, frozen=True):
     subscribed_topic_regex: str | None
     assignment: list[TopicPartitions]
     target_assignment: list[TopicPartitions]
+    member_type: int = 1          # v1 (KIP-1099): 0 a classic-protocol member, 1 consumer
 
 
 class DescribedConsumerGroup(msgspec.Struct, array_like=True, frozen=True):

@@ -343,13 +343,18 @@ class OffsetManager:
         return self._stored(lambda: self.store.store_group(group_id, record, now_ms),
                             f"metadata of group {group_id!r}")
 
-    def store_consumer_group(self, group_id: str, changes: list, now_ms: int) -> ErrorCode:
+    def store_consumer_group(self, group_id: str, changes: list, now_ms: int,
+                             classic: GroupRecord | None | bool = False) -> ErrorCode:
         """Persist a KIP-848 consumer group's changed records (``consumer_records``; None values
-        are tombstones) in one batch. Durable on NONE; failures map as ``store_group``'s."""
+        are tombstones) in one batch, with the group's classic record (or its tombstone; False:
+        none) when it changes type (``store.GroupStore.store_consumer``). Durable on NONE;
+        failures map as ``store_group``'s."""
         gate = self._gate()
         if gate is not None:
             return gate
-        return self._stored(lambda: self.store.store_consumer(group_id, changes, now_ms),
+        if classic is None and group_id not in self.store.groups:
+            classic = False                          # no classic record to delete
+        return self._stored(lambda: self.store.store_consumer(group_id, changes, now_ms, classic),
                             f"records of consumer group {group_id!r}")
 
     def _stored(self, write, what: str) -> ErrorCode:

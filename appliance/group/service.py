@@ -74,7 +74,8 @@ class GroupService:
             _membership_config(groups_cfg),
             persist=lambda g, r: self.offsets.store_group(g, r, self.now()), now_ms=now_ms,
             topics=topics, group_configs=group_configs, describe_topic=describe_topic,
-            persist_consumer=lambda g, c: self.offsets.store_consumer_group(g, c, self.now()))
+            persist_consumer=lambda g, c, classic=False: self.offsets.store_consumer_group(
+                g, c, self.now(), classic))
         self._next_expiry = 0
         # The share groups of this worker (``appliance.group.share_group.ShareService``, set by
         # the worker once both exist): one namespace of group ids, as Kafka's one
@@ -283,7 +284,8 @@ def _membership_config(cfg) -> MembershipConfig:
     return MembershipConfig(cfg.min_session_timeout_ms, cfg.max_session_timeout_ms,
                             cfg.initial_rebalance_delay_ms, cfg.max_size,
                             cfg.consumer_heartbeat_interval_ms, cfg.consumer_session_timeout_ms,
-                            tuple(cfg.consumer_assignors), cfg.consumer_max_size)
+                            tuple(cfg.consumer_assignors), cfg.consumer_max_size,
+                            cfg.consumer_migration_policy)
 
 
 def _items(offsets: list[OffsetPartition]) -> list[tuple]:

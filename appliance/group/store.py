@@ -698,15 +698,28 @@ class GroupStateStore(CompactedLog):
         self._maybe_compact(now_ms)
 
     def store_consumer(self, group: str, changes: list[tuple[ConsumerKey, bytes | None]],
-                       now_ms: int) -> None:
-        """Write a KIP-848 consumer group's changed records (None: a tombstone) as one batch."""
-        if not changes:
+                       now_ms: int, classic: GroupRecord | None | bool = False) -> None:
+        """Write a KIP-848 consumer group's changed records (None: a tombstone) as one batch;
+        ``classic`` (a GroupRecord, or None for its tombstone; False: none) adds the group's
+        classic metadata record to the same batch, so that a conversion between the two group
+        types (KIP-848 online migration) is all or nothing, as Kafka writes it."""
+        records: list[tuple[bytes, bytes | None]] = [(consumer_records.encode_key(k), v)
+                                                     for k, v in changes]
+        gkey = gvalue = None
+        if classic is not False:
+            gkey = encode_group_key(group)
+            gvalue = None if classic is None else encode_group_value(classic)  # type: ignore[arg-type]
+            records.append((gkey, gvalue))
+        if not records:
             return
-        records = [(consumer_records.encode_key(k), v) for k, v in changes]
         base = self._append(records, now_ms).base_offset
         for i, ((k, v), (kb, _)) in enumerate(zip(changes, records)):
             self._apply_consumer(k, None if v is None else ConsumerEntry(
                 v, base + i, len(kb) + len(v) + RECORD_OVERHEAD))
+        if gkey is not None:
+            self._apply_group(group, None if gvalue is None else GroupEntry(
+                classic, base + len(changes), gvalue,                     # type: ignore[arg-type]
+                len(gkey) + len(gvalue) + RECORD_OVERHEAD))
         self._maybe_compact(now_ms)
 
     def delete(self, deletions: Mapping[str, tuple[Iterable[TopicPartition], bool]], now_ms: int) -> None:

@@ -183,24 +183,36 @@ class GroupTable:
         log.error("storing group %r failed: %s", group_id, getattr(r, "name", r))
         return store_group_error(r)
 
-    def store_consumer_group(self, group: Any, *, drop: bool = False) -> ErrorCode:
+    def store_consumer_group(self, group: Any, *, drop: bool = False,
+                             classic: GroupRecord | None | bool = False) -> ErrorCode:
         """Persist what changed in a KIP-848 consumer group since its last store (its records,
         ``consumer_records.group_records``, against ``group.stored``); ``drop``: tombstones for
-        every stored record (the group is deleted or gives way to a classic one). Mapped like
-        ``store``. Without ``persist_consumer`` (unit tests of other parts) nothing is written."""
+        every stored record (the group is deleted or gives way to a classic one). ``classic``:
+        the group's classic record (None: its tombstone) in the same batch, for the conversions
+        of KIP-848's online migration; a group converted from a classic one
+        (``replaces_classic``) writes that tombstone with its first records. Mapped like
+        ``store``. Without ``persist_consumer`` (unit tests of other parts) nothing is written.
+        A group that is gone (converted back, deleted) writes nothing more unless ``drop``."""
+        if group.dead and not drop and classic is False:
+            return E.none
         now_records = {} if drop else consumer_records.group_records(group)
         changes = [(k, v) for k, v in now_records.items() if group.stored.get(k) != v]
         changes += [(k, None) for k in group.stored if k not in now_records]
-        if not changes or self.persist_consumer is None:
+        if classic is False and getattr(group, "replaces_classic", False):
+            classic = None
+        if (not changes and classic is False) or self.persist_consumer is None:
             group.stored = now_records
+            group.replaces_classic = False
             return E.none
         try:
-            r = self.persist_consumer(group.group_id, changes)
+            r = (self.persist_consumer(group.group_id, changes) if classic is False
+                 else self.persist_consumer(group.group_id, changes, classic))
         except Exception as e:
             log.error("storing consumer group %r failed: %r", group.group_id, e)
             return store_group_error(getattr(e, "code", None))
         if r is None or r is True or (not isinstance(r, bool) and r == E.none):
             group.stored = now_records
+            group.replaces_classic = False
             return E.none
         log.error("storing consumer group %r failed: %s", group.group_id, getattr(r, "name", r))
         return store_group_error(r)

@@ -677,12 +677,32 @@ def test_consumer_group_regex_matches_only_topics_the_member_may_describe(locked
         ids = {t.topic_id for t in md.topics if t.error_code == 0}
         assert len(ids) == 4, md
         group = f"g-ok-regex-{uuid.uuid4().hex[:6]}"
-        r = c.request(68, 1, {"group_id": group, "member_id": uuid.uuid4().hex,
+        mid = uuid.uuid4().hex
+        r = c.request(68, 1, {"group_id": group, "member_id": mid,
                               "member_epoch": 0, "instance_id": None, "rack_id": None,
                               "rebalance_timeout": 30000, "subscribed_topic_names": None,
                               "subscribed_topic_regex": ".*-t", "server_assignor": None,
                               "topic_partitions": []})
         assert r.error_code == 0, r
+
+        def next_heartbeat():
+            # Kafka resolves a new regex after the heartbeat that brings it: the matches come
+            # with a later epoch (nothing owned yet, so they are assigned at once)
+            return c.request(68, 1, {"group_id": group, "member_id": mid,
+                                     "member_epoch": r.member_epoch, "instance_id": None,
+                                     "rack_id": None, "rebalance_timeout": -1,
+                                     "subscribed_topic_names": None,
+                                     "subscribed_topic_regex": None, "server_assignor": None,
+                                     "topic_partitions": []})
+
+        deadline = time.monotonic() + 30
+        while True:
+            r = next_heartbeat()
+            assert r.error_code == 0, r
+            if r.assignment is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert r.assignment is not None, "the regex's matches never assigned"
         got = {t.topic_id: sorted(t.partitions) for t in r.assignment.topic_partitions}
         assert set(got) == ids and sum(len(p) for p in got.values()) == 5, got
         # nothing the member may not see in the group: ConsumerGroupDescribe answers it whole

@@ -48,6 +48,7 @@ class Member:
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.records: list[tuple[int, int, str]] = []
         self.assignments: list[list[int]] = []
+        self.commit_errors: list[str] = []
         self.lines: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
         threading.Thread(target=self._read, daemon=True).start()
@@ -58,6 +59,8 @@ class Member:
             with self.lock:
                 if parts and parts[0] == "rec":
                     self.records.append((int(parts[1]), int(parts[2]), parts[3]))
+                elif parts and parts[0] == "commit-error":
+                    self.commit_errors.append(parts[1] if len(parts) > 1 else "")
                 elif parts and parts[0] == "assigned":
                     self.assignments.append([int(p) for p in parts[1].split(",")] if len(parts) > 1 else [])
         self.proc.stdout.close()            # end of output: the member exited

@@ -1,8 +1,10 @@
 // A KIP-848 consumer (group.protocol=consumer) with Kafka's Java client 4.x, for
 // tests/integration/test_consumer_group_protocol.py.
 //
-//   java Kip848Consumer BOOTSTRAP GROUP TOPIC EXPECTED
+//   java Kip848Consumer BOOTSTRAP GROUP TOPIC EXPECTED [PROTOCOL]
 //
+// PROTOCOL is the group.protocol, consumer (the default) or classic (a classic member, which
+// may also sit in a KIP-848 consumer group: tests/integration/test_group_protocol_migration.py).
 // Subscribes to TOPIC in GROUP, polls until it has read EXPECTED distinct records (0: until it
 // is assigned partitions) or 60 s passed,
 // committing synchronously after every poll that returned records; then, still a member,
@@ -26,10 +28,11 @@ public class Kip848Consumer {
     public static void main(String[] args) throws Exception {
         String bootstrap = args[0], group = args[1], topic = args[2];
         int expected = Integer.parseInt(args[3]);
+        String protocol = args.length > 4 ? args[4] : "consumer";
         Properties p = new Properties();
         p.put("bootstrap.servers", bootstrap);
         p.put("group.id", group);
-        p.put("group.protocol", "consumer");
+        p.put("group.protocol", protocol);
         p.put("enable.auto.commit", "false");
         p.put("auto.offset.reset", "earliest");
         p.put("key.deserializer", "org.apache.kafka.common.serialization.ByteArrayDeserializer");

@@ -368,6 +368,8 @@ def test_regex_subscriptions_use_re2_full_match_and_follow_the_catalog():
             [] if epoch == 0 else None, regex, None, tps, "c", "/h", 1))
 
     r = hb("m1", 0, "orders-.*")            # full match: not "xorders-us", not "orders"
+    env.tick(0)                             # resolved after the heartbeat, as Kafka does
+    r = hb("m1", r.member_epoch, None, owned={})
     assert parts(r, T1) == {0, 1} and parts(r, T2) == set()
     env.topics = {**env.topics, "orders-us": (b"\x04" * 16, 1)}   # created: re-evaluated
     r = hb("m1", r.member_epoch, None, owned={T1: {0, 1}})
@@ -410,7 +412,9 @@ def test_regex_matches_are_filtered_by_the_members_topic_describe_acls():
             "g", member, epoch, None, None, 60000 if epoch == 0 else -1,
             [] if epoch == 0 else None, regex, None, tps, "c", "/h", 1, principal, "127.0.0.1"))
 
-    r = hb("m1", 0, "orders-.*")
+    hb("m1", 0, "orders-.*")
+    env.tick(0)                               # the new regex resolved
+    r = hb("m1", 1, None, owned={})
     assert parts(r, T1) == {0, 1} and parts(r, T3) == set()
     assert set(env.group().subscription_metadata) == {"orders-eu"}
     denied.clear()                            # allowed now: the next heartbeat gets it
@@ -432,3 +436,32 @@ def test_protocol_metrics_count_groups_by_type_and_state_and_the_rebalances():
     env.hb("m2", 0)                      # joins: a new target, m1 must give up partitions
     by_type, by_state, rebalances = env.gc.protocol_metrics()
     assert by_state["reconciling"] == 1 and rebalances == 2
+
+
+def test_a_new_regex_is_resolved_after_the_heartbeat_that_brings_it():
+    """Kafka resolves a regex no member of the group has yet asynchronously
+    (maybeUpdateRegularExpressions): the heartbeat that brings it gets the literal topics, the
+    matches come with the epoch the resolution bumps (librdkafka's 0045 resubscribe_with_regex
+    expects the two steps); a regex another member already has is resolved at once."""
+    T3 = b"\x03" * 16
+    env = Env(topics={"t1": (T1, 2), "orders-eu": (T2, 2), "orders-us": (T3, 1)})
+
+    def hb(member, epoch, owned=None):
+        if epoch == 0:
+            owned = {}
+        tps = None if owned is None else [TopicPartitions(t, sorted(ps)) for t, ps in owned.items()]
+        return env.gc.consumer_group_heartbeat(ConsumerGroupHeartbeatRequest(
+            "g", member, epoch, None, None, 60000 if epoch == 0 else -1,
+            ["t1"] if epoch == 0 else None, "orders-.*" if epoch == 0 else None, None, tps,
+            "c", "/h", 1))
+
+    r = hb("m1", 0)
+    assert (r.member_epoch, parts(r, T1), parts(r, T2)) == (1, {0, 1}, set())
+    env.tick(0)
+    assert env.group().group_epoch == 2
+    r = hb("m1", 1, owned={T1: {0, 1}})
+    assert (r.member_epoch, parts(r, T2), parts(r, T3)) == (2, {0, 1}, {0})
+    # a second member with the same regex: no wait, its join computes the matches
+    r = hb("m2", 0)
+    assert r.member_epoch == 3 and not env.group().unresolved_regexes
+    assert set(env.group().subscription_metadata) == {"t1", "orders-eu", "orders-us"}

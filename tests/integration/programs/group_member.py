@@ -31,7 +31,7 @@ def out(line: str) -> None:
 
 
 def confluent(bootstrap, group, topic):
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, KafkaException
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
                   "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
                   "heartbeat.interval.ms": 500, "partition.assignment.strategy": "roundrobin"})
@@ -41,7 +41,10 @@ def confluent(bootstrap, group, topic):
         for m in msgs:
             out(f"rec {m.partition()} {m.offset()} {m.value().decode()}")
         if msgs:
-            c.commit(asynchronous=False)
+            try:
+                c.commit(asynchronous=False)
+            except KafkaException as e:      # e.g. the partitions were revoked meanwhile
+                out(f"commit-error {e.args[0].name()}")
     c.close()
 
 
