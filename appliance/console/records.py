@@ -23,7 +23,8 @@ from appliance.protocol.records import (CONTROL_ABORT, CONTROL_COMMIT, decode_re
                                         iter_batch_headers, parse_control_record)
 
 FETCH = 1
-MAX_BYTES = 1 << 20
+# One page of records: a fetch returns at least one whole batch even past this.
+MAX_BYTES = 256 << 10
 SHOWN_BYTES = 4096          # a value longer than this is cut in the page
 
 
@@ -69,6 +70,8 @@ def decode_fetched(data: bytes, offset: int, aborted: list[tuple[int, int]],
     for pos, h in iter_batch_headers(mv):
         if pos + h.size > len(mv):
             break                                # a batch cut by the byte limit
+        if len(rows) >= limit and not pending:
+            break                                # the page is full and every fate is known
         if h.last_offset < offset:
             continue
         batch = mv[pos:pos + h.size]
