@@ -295,6 +295,12 @@ def test_a_user_without_acls_is_refused_and_a_form_without_its_csrf_token(consol
     shot(admin, "security")
     page.goto("/topics")
     expect(page.locator("#topics")).to_contain_text("orders")     # alice may describe it now
+    if os.environ.get("APPLIANCE_CONSOLE_SCREENSHOTS"):
+        # the Overview again once its charts have points (a sample every 5 s): screenshots only
+        admin.goto("/")
+        admin.wait_for_function("Number(document.body.dataset.chartsLoaded || 0) >= 3",
+                                timeout=60000)
+        shot(admin, "overview")
     page.context.close()
     admin.context.close()
 
