@@ -355,7 +355,7 @@ import sys, time, urllib.request
 base, topic, pause = sys.argv[1], sys.argv[2], float(sys.argv[3])
 pages = ["/", "/api/history", "/topics", f"/topics/{topic}", f"/topics/{topic}/records?partition=0"]
 n = 0
-opener = urllib.request.build_opener()
+opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())   # a browser's session
 sys.stdout.write("ready\n"); sys.stdout.flush()
 try:
     while True:

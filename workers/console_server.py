@@ -79,7 +79,7 @@ class ConsoleServer(AsyncWorker):
                                                  ssl=self.ssl_ctx)
 
     def reload(self, old, new) -> None:
-        self.console.cfg = new
+        self.console.reload(new)
         if self.ssl_ctx is not None:
             try:                # new handshakes get the renewed certificate
                 self.ssl_ctx.load_cert_chain(new.tls.cert_file, new.tls.key_file,

@@ -49,7 +49,7 @@ log = logging.getLogger("appliance.console")
 HERE = os.path.dirname(os.path.abspath(__file__))
 STATIC = os.path.join(HERE, "static")
 NAV = [("/", "Overview"), ("/topics", "Topics"), ("/groups", "Groups"),
-       ("/transactions", "Transactions"), ("/security", "Security")]
+       ("/transactions", "Transactions"), ("/spark", "Spark jobs"), ("/security", "Security")]
 TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
@@ -88,10 +88,18 @@ class Console:
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
                                       autoescape=True, undefined=jinja2.StrictUndefined)
         self.env.filters.update(bytes=_bytes, ms=_ms, when=_when, show=rec.show)
+        self._anonymous: Backend | None = None     # one for every session without a login
+
+    def reload(self, cfg: Config) -> None:
+        """A SIGHUP reload: allow_changes and session_idle_ms apply from the next request."""
+        self.cfg = cfg
+        self.sessions.idle_s = cfg.console.session_idle_ms / 1000
 
     def close(self) -> None:
         self.sessions.close()
         self.overview.close()
+        if self._anonymous is not None:
+            self._anonymous.close()
 
     # -- who ----------------------------------------------------------------------------------------
     @property
@@ -109,6 +117,12 @@ class Console:
                         ssl_check_hostname=False)
 
     def backend(self, s: Session) -> Backend:
+        if s.user is None:
+            # Without a login every session is User:ANONYMOUS: one set of connections for all.
+            if self._anonymous is None:
+                self._anonymous = Backend(self.target.bootstrap, self.security(),
+                                          client_id="appliance-console")
+            return self._anonymous
         if s.backend is None:
             s.backend = Backend(self.target.bootstrap,
                                 self.security(s.user, s.password, s.mechanism),
@@ -158,7 +172,7 @@ class Console:
             if not self.may_change(s):
                 s.flash.append(("error", "changes are off: no SASL listener, and [console] "
                                          "allow_changes is false"))
-                resp = Response.redirect(req.headers.get("referer", "/") or "/")
+                resp = Response.redirect(_back(req))
             else:
                 resp = self.post(req, s)
         else:
@@ -178,9 +192,7 @@ class Console:
     def post(self, req: Request, s: Session) -> Response:
         from . import pages
         parts = [urllib.parse.unquote(p) for p in req.path.strip("/").split("/")]
-        back = req.form.get("back") or "/"
-        if not back.startswith("/") or back.startswith("//"):
-            back = "/"
+        back = _back(req)
         try:
             done = pages.post(self, req, s, parts)
         except LookupError:
@@ -254,6 +266,13 @@ class Console:
 
     def history_json(self) -> Response:
         return Response(200, json.dumps(self.history.series()).encode(), "application/json")
+
+
+def _back(req: Request) -> str:
+    """Where a form returns: its ``back`` field when it is a path of this site, else /."""
+    back = req.form.get("back") or "/"
+    return back if back.startswith("/") and not back.startswith("//") and \
+        "\r" not in back and "\n" not in back else "/"
 
 
 def _is_refusal(e: Exception) -> bool:

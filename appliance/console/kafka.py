@@ -298,6 +298,44 @@ class Backend:
     def remove_acl(self, f: Any) -> list:
         return acl_admin.delete_acls(self.conn, [f])
 
+    # -- Spark jobs (appliance.spark.jobs: the sink's job log and `appliance spark recover`) ------
+    def client_config(self) -> dict[str, Any]:
+        sec = self.security
+        return {"bootstrap_servers": self.bootstrap, "client_id": "appliance-console-spark",
+                "security_protocol": sec.protocol, "sasl_mechanism": sec.sasl_mechanism,
+                "sasl_username": sec.sasl_username, "sasl_password": sec.sasl_password,
+                "ssl_cafile": sec.ssl_cafile, "ssl_check_hostname": sec.ssl_check_hostname}
+
+    def spark_jobs(self, now_ms: int | None = None) -> list[dict] | None:
+        """Every job of the job log, its latest run's phase and whether it waits for a recovery
+        (unresolved and not heard of within its timeout); None when there is no job log (this
+        page never creates it)."""
+        from appliance.spark import jobs
+        if jobs.JOB_LOG_TOPIC not in self.admin.list_topics():
+            return None
+        with jobs.JobLog(self.client_config()) as jl:
+            entries = jl.read()
+        now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+        out = []
+        for (prefix, key), j in sorted(jobs.fold(entries).items()):
+            stale = not j.resolved and now_ms - j.last_seen_ms > j.timeout_ms
+            out.append({"prefix": prefix, "key": key, "kind": j.kind, "phase": j.phase,
+                        "last_seen_ms": j.last_seen_ms, "timeout_ms": j.timeout_ms,
+                        "transactions": len(j.txns), "resolved": j.resolved,
+                        "needs_recovery": stale})
+        return out
+
+    def spark_recover(self) -> list[str]:
+        """``appliance spark recover`` for every prefix: what each dead job became."""
+        from appliance.spark import jobs
+        cfg = self.client_config()
+        lines = []
+        with jobs.JobLog(cfg) as jl:
+            entries = jl.read()
+            for prefix in jobs.prefixes(jl, entries):
+                lines += [a.line() for a in jobs.Recovery(jl, prefix, cfg).run(entries=entries)]
+        return lines
+
     def broker_configs(self) -> list[dict]:
         node = transaction_admin.node_id(self.conn)
         (res,) = self.admin.describe_configs([(BROKER, str(node))])

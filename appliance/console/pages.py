@@ -47,6 +47,8 @@ def get(c: "Console", req: Request, s: Session, parts: list[str]) -> Response:
                      lambda: {"transactions": b.call(b.transactions)})
     if head == "security" and len(parts) == 1:
         return _security(c, s)
+    if head == "spark" and len(parts) == 1:
+        return _read(c, s, "spark.html", "/spark", lambda: {"jobs": b.call(b.spark_jobs)})
     raise LookupError(req.path)
 
 
@@ -164,6 +166,12 @@ def post(c: "Console", req: Request, s: Session, parts: list[str]) -> str | Resp
         topic, partition = f.get("topic", ""), _int(req, "partition")
         found = b.call(b.abort, topic, partition, _int(req, "start_offset"))
         return f"aborted the transaction of producer {found['producer_id']} on {topic}-{partition}"
+    if parts == ["spark", "recover"]:
+        _confirmed(req, "the recovery")
+        lines = b.call(b.spark_recover)
+        for line in lines:
+            s.flash.append(("ok", line))
+        return None if lines else "nothing to recover"
     if parts == ["security", "acls", "add"]:
         from .app import parse_acl
         binding = parse_acl(dict(f))

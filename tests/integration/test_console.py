@@ -283,18 +283,22 @@ def test_a_user_without_acls_is_refused_and_a_form_without_its_csrf_token(consol
     with AdminClient(app.bootstrap, security=_security("admin")) as a:
         names = a.list_topics()
         assert "alices" not in names and "forged" not in names
+        assert a.create_topics([{"name": "shared", "partitions": 1}])["shared"][0] == 0
     admin.goto("/security")
     expect(admin.locator("#users")).to_contain_text("alice")
     expect(admin.locator("#users")).to_contain_text("SCRAM-SHA-256, SCRAM-SHA-512")
     admin.fill("#add-acl input[name=principal]", "User:alice")
     admin.select_option("#add-acl select[name=operation]", "Describe")
-    admin.fill("#add-acl input[name=resource_name]", "orders")
+    admin.fill("#add-acl input[name=resource_name]", "shared")
     admin.click("#add-acl button")
     expect(_flash(admin)).to_contain_text("added")
     expect(admin.locator("#acls")).to_contain_text("principal=User:alice")
     shot(admin, "security")
+    # alice may describe it now, once the frontends have the new ACL (they learn it from the
+    # supervisor's page: the reload is the look again)
     page.goto("/topics")
-    expect(page.locator("#topics")).to_contain_text("orders")     # alice may describe it now
+    app.wait_for(lambda: "shared" in (page.reload(), page.locator("#topics").inner_text())[1],
+                 what="alice to see the topic her new ACL lets her describe")
     if os.environ.get("APPLIANCE_CONSOLE_SCREENSHOTS"):
         # the Overview again once its charts have points (a sample every 5 s): screenshots only
         admin.goto("/")
@@ -303,6 +307,31 @@ def test_a_user_without_acls_is_refused_and_a_form_without_its_csrf_token(consol
         shot(admin, "overview")
     page.context.close()
     admin.context.close()
+
+
+def test_spark_jobs_a_dead_job_is_recovered(console):
+    from appliance.spark import jobs
+    app, _, base = console
+    expect = playwright_api.expect
+    page = _page(console)
+    page.goto("/spark")
+    expect(page.locator("main")).to_contain_text("No job log yet")
+    # a batch job whose driver died before it decided (its timeout long past): the job log's
+    # records as the sink writes them
+    cfg = {"bootstrap_servers": app.bootstrap, "security_protocol": "SASL_PLAINTEXT",
+           "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "admin",
+           "sasl_password": USERS["admin"]}
+    with jobs.JobLog(cfg) as jl:
+        jl.append("begin", "etl", "nightly", timeout_ms=1)
+    page.reload()
+    row = page.locator("#spark-jobs tbody tr")
+    expect(row).to_contain_text("needs recovery")
+    page.locator("#recover input[name=confirm]").check()
+    page.click("#recover button")
+    expect(page.locator("p.flash.ok")).to_contain_text("etl batch job nightly: rolled back")
+    expect(row).to_contain_text(jobs.ABORTED)
+    shot(page, "spark")
+    page.context.close()
 
 
 def test_the_supervisor_restarts_a_killed_console(console):
