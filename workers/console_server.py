@@ -11,15 +11,17 @@ pages, ``processes.json``), so it is off the data path: a busy console costs the
 processes only the Kafka requests its pages make, as any admin client's would
 (loadtests/README.md measures it).
 
-Requests are served one at a time in the event loop (each page's admin calls block it for a few
-milliseconds; their timeout, 8 s, is far inside the heartbeat timeout). TLS (``console.tls``):
-``[tls]``'s certificate and key, re-read on SIGHUP for new connections.
+It runs at nice 10, after the brokers' processes when the CPU is contended. Requests are
+served one at a time in the event loop (each page's admin calls block it for a few milliseconds;
+their timeout, 8 s, is far inside the heartbeat timeout). TLS (``console.tls``): ``[tls]``'s
+certificate and key, re-read on SIGHUP for new connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import ssl
 import time
@@ -54,6 +56,17 @@ class ConsoleServer(AsyncWorker):
         self.next_sample = 0.0
         self.server: asyncio.AbstractServer | None = None
         self.clients: set[asyncio.StreamWriter] = set()
+
+    def setup(self) -> int | None:
+        # After the brokers' processes: a person waiting for a page can wait a little, produce
+        # and fetch should not (nice 10: about a tenth of a busy worker's share of a contended
+        # CPU; not SCHED_IDLE, under which a loaded machine could starve the heartbeat and the
+        # pages for seconds).
+        try:
+            os.nice(10)
+        except OSError:
+            pass
+        return None
 
     def inputs(self) -> list[str]:
         return []

@@ -50,7 +50,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STATIC = os.path.join(HERE, "static")
 NAV = [("/", "Overview"), ("/topics", "Topics"), ("/groups", "Groups"),
        ("/transactions", "Transactions"), ("/spark", "Spark jobs"), ("/security", "Security")]
-TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
 @dataclass(frozen=True)

@@ -108,9 +108,15 @@ class Backend:
         lso = a.list_offsets({tp: LATEST for tp in tps}, isolation_level=READ_COMMITTED)
         return {tp: {"start": start[tp][1], "end": end[tp][1], "lso": lso[tp][1]} for tp in tps}
 
-    def sizes(self) -> dict[TP, int]:
-        """Bytes on disk per partition (DescribeLogDirs)."""
-        r = self.conn.request(DESCRIBE_LOG_DIRS, {"topics": None})
+    def sizes(self, tps: list[TP] | None = None) -> dict[TP, int]:
+        """Bytes on disk per partition (DescribeLogDirs; of ``tps`` only when given)."""
+        topics = None
+        if tps is not None:
+            by_topic: dict[str, list[int]] = defaultdict(list)
+            for t, p in tps:
+                by_topic[t].append(p)
+            topics = [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]
+        r = self.conn.request(DESCRIBE_LOG_DIRS, {"topics": topics})
         out: dict[TP, int] = defaultdict(int)
         for d in r.results:
             for t in d.topics:
@@ -141,7 +147,7 @@ class Backend:
         tps = [(name, p["partition"]) for p in t["partitions"]]
         offs = self.offsets(tps)
         try:
-            sizes = self.sizes()
+            sizes = self.sizes(tps)
         except KafkaError:
             sizes = {}
         (cfg,) = self.admin.describe_configs([(TOPIC, name)])

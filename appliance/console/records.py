@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import uuid
 
-from appliance.client.errors import ErrorCode, KafkaError
-from appliance.protocol.records import (CONTROL_ABORT, CONTROL_COMMIT, decode_records,
-                                        iter_batch_headers, parse_control_record)
+from appliance.client.errors import KafkaError
+from appliance.protocol.records import (CONTROL_ABORT, CONTROL_COMMIT, iter_batch_headers,
+                                        iter_records, parse_control_record)
 
 FETCH = 1
 # One page of records: a fetch returns at least one whole batch even past this.
@@ -90,8 +90,10 @@ def decode_fetched(data: bytes, offset: int, aborted: list[tuple[int, int]],
                              "producer_id": h.producer_id, "control": name, "mark": "control",
                              "key": None, "value": None, "headers": []})
             continue
-        for rec in decode_records(batch):
-            if rec.offset < offset or len(rows) >= limit:
+        for rec in iter_records(batch):
+            if len(rows) >= limit:
+                break                            # the rest of a large batch is not shown
+            if rec.offset < offset:
                 continue
             mark = ""
             if h.is_transactional:
@@ -125,9 +127,3 @@ def show(data: bytes | None, how: str) -> str:
         out = data.decode("utf-8", "backslashreplace")
     return out + (" …" if cut else "")
 
-
-def error_name(code: int) -> str:
-    try:
-        return ErrorCode(code).name.upper()
-    except ValueError:
-        return str(code)
