@@ -114,6 +114,14 @@ def _page(console, user: str | None = "admin"):
     return page
 
 
+@pytest.fixture(scope="module")
+def admin_page(console):
+    """One logged-in admin page for the module's tests (a login costs two SCRAM exchanges)."""
+    page = _page(console)
+    yield page
+    page.context.close()
+
+
 def shot(page, name: str) -> None:
     if os.environ.get("APPLIANCE_CONSOLE_SCREENSHOTS"):
         SHOTS.mkdir(parents=True, exist_ok=True)
@@ -153,10 +161,10 @@ def test_login_refuses_a_wrong_password_and_the_overview_shows_the_processes(con
     page.context.close()
 
 
-def test_create_produce_browse_and_group_lag(console):
+def test_create_produce_browse_and_group_lag(console, admin_page):
     app, _, base = console
     expect = playwright_api.expect
-    page = _page(console)
+    page = admin_page
     page.goto("/topics")
     page.fill("#create-topic input[name=name]", "orders")
     page.fill("#create-topic input[name=partitions]", "2")
@@ -212,10 +220,9 @@ def test_create_produce_browse_and_group_lag(console):
             assert a.committed_offsets("readers")[("orders", 0)] == 5
     finally:
         c.close()
-    page.context.close()
 
 
-def test_a_prepared_transaction_pins_the_lso_until_force_terminated(console):
+def test_a_prepared_transaction_pins_the_lso_until_force_terminated(console, admin_page):
     app, _, base = console
     expect = playwright_api.expect
     with AdminClient(app.bootstrap, security=_security("admin")) as a:
@@ -230,7 +237,7 @@ def test_a_prepared_transaction_pins_the_lso_until_force_terminated(console):
         for i in range(3):
             p.send("ledger", b"prepared-%d" % i, partition=0)
         p.prepare_transaction()
-        page = _page(console)
+        page = admin_page
         page.goto("/transactions")
         row = page.locator("#txn-ledger-2pc")
         expect(row).to_contain_text("Ongoing")
@@ -253,7 +260,6 @@ def test_a_prepared_transaction_pins_the_lso_until_force_terminated(console):
             def lso():
                 return a.list_offsets({("ledger", 0): -1}, isolation_level=1)[("ledger", 0)][1]
             app.wait_for(lambda: lso() == 4, what="the LSO past the abort marker")
-        page.context.close()
     finally:
         try:
             p.close()
@@ -261,7 +267,7 @@ def test_a_prepared_transaction_pins_the_lso_until_force_terminated(console):
             pass                        # fenced by the force-terminate: its close may say so
 
 
-def test_a_user_without_acls_is_refused_and_a_form_without_its_csrf_token(console):
+def test_a_user_without_acls_is_refused_and_a_form_without_its_csrf_token(console, admin_page):
     app, _, base = console
     expect = playwright_api.expect
     page = _page(console, "alice")
@@ -275,7 +281,7 @@ def test_a_user_without_acls_is_refused_and_a_form_without_its_csrf_token(consol
     r = page.request.post(base + "/topics/create", form={"name": "forged", "partitions": "1"},
                           max_redirects=0)
     assert r.status == 403 and "CSRF" in r.text()
-    admin = _page(console)
+    admin = admin_page
     r = admin.request.post(base + "/topics/create",
                            form={"name": "forged", "partitions": "1", "csrf": "wrong"},
                            max_redirects=0)
@@ -306,14 +312,13 @@ def test_a_user_without_acls_is_refused_and_a_form_without_its_csrf_token(consol
                                 timeout=60000)
         shot(admin, "overview")
     page.context.close()
-    admin.context.close()
 
 
-def test_spark_jobs_a_dead_job_is_recovered(console):
+def test_spark_jobs_a_dead_job_is_recovered(console, admin_page):
     from appliance.spark import jobs
     app, _, base = console
     expect = playwright_api.expect
-    page = _page(console)
+    page = admin_page
     page.goto("/spark")
     expect(page.locator("main")).to_contain_text("No job log yet")
     # a batch job whose driver died before it decided (its timeout long past): the job log's
@@ -331,7 +336,6 @@ def test_spark_jobs_a_dead_job_is_recovered(console):
     expect(page.locator("p.flash.ok")).to_contain_text("etl batch job nightly: rolled back")
     expect(row).to_contain_text(jobs.ABORTED)
     shot(page, "spark")
-    page.context.close()
 
 
 def test_the_supervisor_restarts_a_killed_console(console):
