@@ -19,7 +19,7 @@ $(VENV)/.installed: $(BUILD_INPUTS) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-test: $(BUILD_INPUTS) | $(BIN)/python fuse3
+$(VENV)/.installed-test: $(BUILD_INPUTS) | $(BIN)/python fuse3 chromium
 	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	touch $(VENV)/.installed $@
 
@@ -32,6 +32,15 @@ fuse3:
 	    && (apt-get install -y -qq fuse3 >/dev/null 2>&1 \
 	        || (apt-get update -qq && apt-get install -y -qq fuse3 >/dev/null)); } \
 	    || echo "fuse3 not installed: the power-cut tests will fail naming it"
+
+# The console's browser tests (tests/integration/test_console.py) drive Debian's chromium through
+# Playwright (which cannot download a browser of its own here): installed the same way as fuse3.
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	    && (apt-get install -y -qq chromium >/dev/null 2>&1 \
+	        || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)); } \
+	    || echo "chromium not installed: the console's browser tests will fail naming it"
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test

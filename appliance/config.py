@@ -455,6 +455,18 @@ class MetricsConfig(_Section):
     listen: str = ""
 
 
+class ConsoleConfig(_Section):
+    # host:port of the web console (workers/console_server.py); empty = none.
+    listen: str = ""
+    # Serve HTTPS with [tls]'s certificate and key (cert_file, key_file, key_password).
+    tls: bool = False
+    # Without SASL on any listener the console cannot tell who is asking: it only shows, unless
+    # this is set (then every change is made as User:ANONYMOUS, whom the authorizer judges).
+    allow_changes: bool = False
+    # A login session ends after this long without a request.
+    session_idle_ms: Positive = 3600000
+
+
 class TelemetryConfig(_Section):
     # KIP-714 client telemetry, the broker-wide subscription: metric name prefixes clients are
     # asked to push ("*" = all; empty = none, Kafka's default with no CLIENT_METRICS resource).
@@ -488,6 +500,7 @@ class Config(_Section):
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
     sasl: SaslConfig = msgspec.field(default_factory=SaslConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     quotas: QuotasConfig = msgspec.field(default_factory=QuotasConfig)
 
@@ -683,6 +696,16 @@ def check_consistency(cfg: Config) -> None:
         for lst in cfg.listeners:
             if port and (lst.host, lst.port) == (host, port):
                 raise ConfigError(f"config: metrics.listen: must differ from the listener {lst}")
+    if cfg.console.listen:
+        host, port = parse_hostport(cfg.console.listen, "console.listen")
+        taken = [(lst.host, lst.port, str(lst)) for lst in cfg.listeners]
+        if cfg.metrics.listen:
+            taken.append((*parse_hostport(cfg.metrics.listen, "metrics.listen"), "metrics.listen"))
+        for h, p, what in taken:
+            if port and (h, p) == (host, port):
+                raise ConfigError(f"config: console.listen: must differ from {what}")
+        if cfg.console.tls and not (cfg.tls.cert_file and cfg.tls.key_file):
+            raise ConfigError("config: console.tls: needs tls.cert_file and tls.key_file")
     if cfg.shm.produce_ring_bytes & (cfg.shm.produce_ring_bytes - 1):
         raise ConfigError("config: shm.produce_ring_bytes: must be a power of two")
     for key in ("small_ring_bytes", "partition_ring_bytes"):

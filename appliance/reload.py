@@ -63,6 +63,8 @@ LIVE: dict[str, str] = {
     "sasl.*": "frontends, for connections accepted after the reload",
     "telemetry.*": "frontends, from each client's next GetTelemetrySubscriptions",
     "quotas.*": "frontends, from their next request (samples already taken are kept)",
+    "console.allow_changes": "the console, from its next request",
+    "console.session_idle_ms": "the console, from its next request",
 }
 
 # Why the others need a restart, for the refusal message.
@@ -86,6 +88,8 @@ RESTART_REASONS: dict[str, str] = {
     "transactions.transaction_version":
         "clients learn the finalized feature once, from ApiVersions",
     "metrics.*": "the metrics listener is bound at start",
+    "console.listen": "the console's listener is bound at start",
+    "console.tls": "the console's listener is set up at start",
     "log.cleaner.processes": "each partition's rings to its cleaner are made when its writer starts",
     "authorizer.*": "each frontend builds its authorizer once, at start (as Kafka's "
                     "authorizer.class.name and super.users are static)",

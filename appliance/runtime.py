@@ -36,6 +36,7 @@ def fetcher_name(i: int) -> str:
 
 
 METRICS_SERVER = "mx"       # the metrics worker (serves [metrics] listen)
+CONSOLE = "cx"              # the console worker (serves [console] listen)
 
 
 def cleaner_name(i: int) -> str:
@@ -160,7 +161,7 @@ class BoundListener:
 @dataclass
 class WorkerContext:
     config: Config
-    role: str                 # "writer" | "frontend" | "fetcher" | "coordinator" | "metrics" | "cleaner"
+    role: str                 # "writer" | "frontend" | "fetcher" | "coordinator" | "metrics" | "cleaner" | "console"
     name: str                 # endpoint name
     index: int                # frontend, fetcher, cleaner or writer process number
     generation: int           # bumps on every restart of this worker
@@ -174,6 +175,7 @@ class WorkerContext:
     listeners: list[BoundListener] = field(default_factory=list)   # frontends serve every one
     config_version: int = 0   # of ``config`` (the supervisor's page shows the current one)
     metrics_fd: int = -1      # the metrics worker: the inherited [metrics] listen socket
+    console_fd: int = -1      # the console worker: the inherited [console] listen socket
     log_format: str = "text"  # "text" | "json" (``appliance run --log-format``)
 
 

@@ -5,7 +5,7 @@ Not a test; run by hand (``make bench``) in the user's shell:
     .venv/bin/python loadtests/bench_produce.py [--seconds 10] [--record-sizes 100,1024]
         [--acks -1] [--flush-policy os] [--partitions 1] [--configs plain]
         [--security-protocols PLAINTEXT,SSL,SASL_SSL] [--peer tansu] [--rounds 3]
-        [--partitions-per-writer 1] [--warmup 0]
+        [--partitions-per-writer 1] [--warmup 0] [--console-refresh-s 1]
 
 It starts both brokers itself:
 
@@ -29,6 +29,13 @@ one listener per protocol (plus PLAINTEXT, for readiness and the sink comparison
 certificate made for the run (a throw-away CA, ``cryptography``) and a SCRAM user added offline
 (``appliance users add``); SASL_SSL and SASL_PLAINTEXT log in with SCRAM-SHA-512. The same
 producer measures each listener in turn, on the same appliance. The sink speaks PLAINTEXT only.
+
+With ``--console-refresh-s S`` the appliance also serves its web console (``[console] listen``),
+and every cell on it is measured twice, side by side in the same run: as usual, then with a
+browser stand-in (``console_refresher``, its own process) loading the Overview, its chart data,
+the topic list, the benchmark topic's page and its record browser every S seconds (0.0 = as
+fast as it can) for the whole window; the row ``appliance+console`` and the ratio to
+``appliance`` show what a busy console costs produce.
 
 Prints a markdown table: per record size a row for the appliance (one per security protocol), one
 for the sink and one for appliance/sink; with several protocols, a table of each protocol's rate
@@ -56,6 +63,7 @@ from confluent_kafka import KafkaException, Producer
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from brokers import (SECURITY_PROTOCOLS, appliance_process, client_security,  # noqa: E402
                      create_topic, delete_topic, sink_process, wait_metadata)
+from ports import free_port  # noqa: E402
 from peers import TANSU_HINT, CpuMeter, self_cpu, tansu, tansu_binary  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -342,6 +350,45 @@ def role_table(results: dict[tuple[str, int, str], Rate], roles: dict[tuple[str,
     return "\n".join(lines)
 
 
+CONSOLE_REFRESHER = r"""
+import sys, time, urllib.request
+base, topic, pause = sys.argv[1], sys.argv[2], float(sys.argv[3])
+pages = ["/", "/api/history", "/topics", f"/topics/{topic}", f"/topics/{topic}/records?partition=0"]
+n = 0
+opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())   # a browser's session
+sys.stdout.write("ready\n"); sys.stdout.flush()
+try:
+    while True:
+        for p in pages:
+            with opener.open(base + p, timeout=30) as r:
+                r.read()
+            n += 1
+        if pause:
+            time.sleep(pause)
+except KeyboardInterrupt:
+    pass
+print(n, flush=True)
+"""
+
+
+@contextlib.contextmanager
+def console_refresher(base: str, topic: str, pause: float):
+    """A process that loads the console's pages every ``pause`` seconds while the block runs;
+    yields a list that holds the number of pages it loaded once the block is done."""
+    import signal
+    import subprocess
+    proc = subprocess.Popen([sys.executable, "-c", CONSOLE_REFRESHER, base, topic, str(pause)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    got: list[int] = []
+    try:
+        yield got
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        got.append(int(out.split()[-1]) if out.split() else 0)
+
+
 def parse_sizes(text: str) -> list[int]:
     sizes = [int(x) for x in text.replace(" ", "").split(",") if x]
     if not sizes or any(s < 1 for s in sizes):
@@ -418,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the appliance: set a default client-id producer_byte_rate no client "
                          "reaches (1e15 B/s) before measuring, so that every request is recorded "
                          "against a quota (the cost of quota accounting when it is on)")
+    ap.add_argument("--console-refresh-s", type=float, default=None,
+                    help="serve the web console and measure every appliance cell again with its "
+                         "pages loaded every this many seconds (0 = back to back)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
     ap.add_argument("--security-protocols", default="PLAINTEXT",
                     help="the appliance's listeners to measure, of: " + ", ".join(SECURITY_PROTOCOLS))
@@ -444,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings: list[str] = []
     failures: list[str] = []
     run = uuid.uuid4().hex[:6]
+    console_port = free_port() if args.console_refresh_s is not None else None
+    console_toml = (f'[console]\nlisten = "127.0.0.1:{console_port}"\n' if console_port else "")
+    console_pages: list[tuple[float, int]] = []     # (window s, pages loaded) per console cell
     try:
         # One broker at a time (the sink first): on a small machine the idle processes of one
         # would take CPU from the other's measurement.
@@ -458,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
                                                args.partitions, args.ready_timeout,
                                                protocols=protocols,
                                                per_writer=args.partitions_per_writer,
-                                               extra_toml=telemetry_toml(args))
+                                               extra_toml=telemetry_toml(args) + console_toml)
                 with broker as started:
                     proc = started[-1]
                     if target == "appliance":
@@ -476,9 +529,11 @@ def main(argv: list[str] | None = None) -> int:
                     for proto in (protocols if target == "appliance" else ("PLAINTEXT",)):
                         bootstrap = endpoints[proto]
                         security = client_security(proto, certs)
-                        name = row_name(proto) if target == "appliance" else target
-                        for size in args.sizes:
-                            for cfg in configs:
+                        base_name = row_name(proto) if target == "appliance" else target
+                        passes = [False, True] if target == "appliance" and console_port else [False]
+                        for size, cfg, with_console in [(z, c, w) for z in args.sizes
+                                                        for c in configs for w in passes]:
+                                name = base_name + ("+console" if with_console else "")
                                 topic = f"bench-{run}-{rnd}-{proto.lower()}-{cfg.name}-{size}"
                                 err = create_topic(bootstrap, topic, args.partitions, security,
                                                    cfg.topic_configs if target == "appliance" else None)
@@ -488,8 +543,15 @@ def main(argv: list[str] | None = None) -> int:
                                                     "the broker can")
                                     print(f"WARNING: {warnings[-1]}", file=sys.stderr, flush=True)
                                 try:
-                                    r = measure(bootstrap, topic, size, args.seconds, args.acks, cfg,
-                                                meter, security)
+                                    with contextlib.ExitStack() as stack:
+                                        if with_console:
+                                            pages = stack.enter_context(console_refresher(
+                                                f"http://127.0.0.1:{console_port}", topic,
+                                                args.console_refresh_s))
+                                        r = measure(bootstrap, topic, size, args.seconds, args.acks,
+                                                    cfg, meter, security)
+                                    if with_console:
+                                        console_pages.append((args.seconds, pages[0]))
                                 except MeasureError as e:
                                     failures.append(f"{name}, {cfg.name}, {size} B: {e}")
                                     print(f"FAILED: {failures[-1]}", file=sys.stderr, flush=True)
@@ -550,8 +612,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- security protocols: {', '.join(protocols)} (listeners of one appliance; SASL: "
               "SCRAM-SHA-512; TLS: an EC P-256 certificate, Python's default TLS settings)")
     print()
+    if console_port:
+        loaded = sum(n for _, n in console_pages)
+        window = sum(w for w, _ in console_pages)
+        print(f"- console: appliance+console rows measured with its pages loaded every "
+              f"{args.console_refresh_s:g} s (Overview, chart data, topics, the topic, its records): "
+              f"{loaded / window if window else 0:.1f} pages/s on average")
+    print(f"- load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
     rows = [r for t in targets
-            for r in ([row_name(p) for p in protocols] if t == "appliance" else [t])]
+            for r in ([x for p in protocols
+                       for x in ([row_name(p), row_name(p) + "+console"] if console_port
+                                 else [row_name(p)])] if t == "appliance" else [t])]
     print(markdown_table(args.sizes, configs, results, rows))
     rt = role_table(results, roles)
     if rt:
@@ -568,6 +639,19 @@ def main(argv: list[str] | None = None) -> int:
                     r = results.get((row_name(p), size, c.name))
                     cells.append(f"{r.records_per_s / base.records_per_s:.2f}"
                                  if r and base and base.records_per_s else "-")
+                print(f"| {size} B | {c.name} | " + " | ".join(cells) + " |")
+    if console_port:
+        print("\n| record size | config | " + " | ".join(f"{row_name(p)}+console / {row_name(p)}"
+                                                      for p in protocols) + " |")
+        print("|---|---|" + "---|" * len(protocols))
+        for size in args.sizes:
+            for c in configs:
+                cells = []
+                for p in protocols:
+                    a, b = (results.get((row_name(p) + "+console", size, c.name)),
+                            results.get((row_name(p), size, c.name)))
+                    cells.append(f"{a.records_per_s / b.records_per_s:.2f}"
+                                 if a and b and b.records_per_s else "-")
                 print(f"| {size} B | {c.name} | " + " | ".join(cells) + " |")
     pairs = [(a, b) for a, b in (("idempotent", "plain"), ("transactional", "idempotent"))
              if any(c.name == a for c in configs) and any(c.name == b for c in configs)]

@@ -717,6 +717,12 @@ def _get_bytes(buf, pos: int, end: int) -> tuple[bytes | None, int]:
 def decode_records(batch) -> list[DecodedRecord]:
     """Every record of one batch (decompressed), with absolute offsets and timestamps. In a
     LogAppendTime batch every record's timestamp is the batch's max timestamp (as in Kafka)."""
+    return list(iter_records(batch))
+
+
+def iter_records(batch) -> Iterator[DecodedRecord]:
+    """``decode_records`` one record at a time: a reader that needs the first few records of a
+    large batch (the console's record browser) stops early; the batch is decompressed whole."""
     mv = memoryview(batch)
     h = read_header(mv, 0)
     size = h.size
@@ -729,7 +735,6 @@ def decode_records(batch) -> list[DecodedRecord]:
     if h.compression:
         data = decompress(h.compression, data)
     log_append = h.timestamp_type == 1
-    out: list[DecodedRecord] = []
     pos, n = 0, len(data)
     for _ in range(count):
         length, pos = _get_varint(data, pos)
@@ -755,10 +760,9 @@ def decode_records(batch) -> list[DecodedRecord]:
             raise InvalidRecord(f"invalid record size: expected to read {length} bytes, read "
                                 f"{length - (end - pos)}")
         ts = h.max_timestamp if log_append else h.base_timestamp + ts_delta
-        out.append(DecodedRecord(h.base_offset + offset_delta, ts, key, value, headers))
+        yield DecodedRecord(h.base_offset + offset_delta, ts, key, value, headers)
     if pos != n:
         raise InvalidRecord("incorrect declared batch size, records still remaining")
-    return out
 
 
 def parse_control_record(batch) -> tuple[int, int]:

@@ -27,7 +27,7 @@ from .reserve import DiskReserve
 # Series each role's metrics table holds at most (frontends: requests and errors per API, and
 # three counters per topic; see appliance.metrics).
 TABLE_CAPACITY = {"frontend": 8192, "writer": 16, "coordinator": 128, "fetcher": 32,
-                  "metrics": 16, "cleaner": 64, SUPERVISOR: 64}
+                  "metrics": 16, "console": 16, "cleaner": 64, SUPERVISOR: 64}
 
 
 @dataclass(eq=False)

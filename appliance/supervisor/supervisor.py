@@ -71,7 +71,7 @@ from appliance.listeners import Listener
 from appliance.durable import atomic_write
 from appliance.reload import file_path as config_file, publish as publish_config
 from appliance.runtime import (COORDINATOR, EXIT_CRASH_LOOP, EXIT_DATA_DIR, EXIT_OK, HEARTBEAT_FILE,
-                               HEARTBEAT_SLOTS, METRICS_SERVER, PROCESSES_FILE, READY, RECOVERING,
+                               HEARTBEAT_SLOTS, METRICS_SERVER, CONSOLE, PROCESSES_FILE, READY, RECOVERING,
                                STOPPED, SUPERVISOR, SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR,
                                WORKER_DATA_DIR_ERROR,
                                BoundListener, StartFailure, WorkerContext, cleaner_name,
@@ -142,6 +142,7 @@ class Supervisor:
         self.bound: list[tuple[Listener, socket.socket]] = []   # every listener's socket
         self.bound_port = 0                                     # the first listener's port
         self.metrics_listener: socket.socket | None = None
+        self.console_listener: socket.socket | None = None
         self._io_problems: dict[str, str] = {}
         self._start_writers: list[WorkerSpec] = []
         self._start_partitions: list = []
@@ -163,6 +164,8 @@ class Supervisor:
         self.bound_port = self.bound[0][1].getsockname()[1]
         if self.cfg.metrics.listen:
             self.metrics_listener = bind_address(self.cfg.metrics.listen, "metrics.listen")
+        if self.cfg.console.listen:
+            self.console_listener = bind_address(self.cfg.console.listen, "console.listen")
 
     def listening(self) -> str:
         """Every listener with the address it is bound to (the configured ones before that)."""
@@ -249,6 +252,9 @@ class Supervisor:
                 from workers.metrics_server import main as metrics_main
                 self._start_others.append(self._add_worker("metrics", METRICS_SERVER, 0,
                                                            metrics_main))
+            if self.console_listener is not None:
+                from workers.console_server import main as console_main
+                self._start_others.append(self._add_worker("console", CONSOLE, 0, console_main))
         self.bells = BellSender()
         self.mailbox = Mailbox(self.topo, SUPERVISOR)
         for fe in self.frontends:
@@ -335,6 +341,7 @@ class Supervisor:
                        for lst, sock in self.bound],
             config_version=self.operating.config_version,
             metrics_fd=self.metrics_listener.fileno() if self.metrics_listener else -1,
+            console_fd=self.console_listener.fileno() if self.console_listener else -1,
             log_format=self.log_format)
 
     def spawn_writers(self, specs: list[WorkerSpec]) -> None:
@@ -373,6 +380,8 @@ class Supervisor:
             pass
         if self.metrics_listener is not None and role != "metrics":
             self.metrics_listener.close()      # only the metrics server keeps the port
+        if self.console_listener is not None and role != "console":
+            self.console_listener.close()      # only the console keeps its port
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -538,6 +547,9 @@ class Supervisor:
                 self._spawn(spec)
             if self.metrics_listener is not None:
                 log.info("metrics served at http://%s/metrics", self.cfg.metrics.listen)
+            if self.console_listener is not None:
+                log.info("console served at %s://%s/", "https" if self.cfg.console.tls else "http",
+                         self.cfg.console.listen)
             self.write_processes()
             self.page.publish(status=READY)
             log.info("appliance ready on %s", self.listening())
@@ -734,7 +746,7 @@ class Supervisor:
             sock.close()
         self.bound = []
         deadline = time.monotonic() + self.cfg.supervisor.shutdown_timeout_ms / 1000
-        for phase in (("frontend", "metrics", "cleaner"), ("fetcher", "coordinator", "writer")):
+        for phase in (("frontend", "metrics", "console", "cleaner"), ("fetcher", "coordinator", "writer")):
             targets = [s for s in self.by_pid.values() if s.role in phase]
             for s in targets:
                 self.kill(s.pid, signal.SIGTERM)

@@ -38,6 +38,23 @@ def test_port_in_use_exits_5_and_leaves_no_runtime_dir(tmp_path):
     assert not (tmp_path / "data" / ".runtime").exists()
 
 
+def test_console_port_in_use_exits_5(tmp_path):
+    """The console's socket is bound by the supervisor before any fork, as the listeners are."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        r = _run(["run", "--listen", f"127.0.0.1:{free_port()}", "--data-dir",
+                  str(tmp_path / "data")], tmp_path,
+                 env={"APPLIANCE_CONSOLE__LISTEN": f'"127.0.0.1:{port}"',
+                      "APPLIANCE_SERVER__RUNTIME_DIR": str(tmp_path / "run")})
+    finally:
+        holder.close()
+    assert r.returncode == EXIT_LISTEN_IN_USE, r.stderr
+    assert f"console.listen 127.0.0.1:{port}: address 127.0.0.1:{port} already in use" in r.stderr
+
+
 def test_unresolvable_listen_host_exits_6(tmp_path):
     r = _run(["run", "--listen", "no-such-host.invalid:9092", "--data-dir", str(tmp_path / "d")],
              tmp_path)

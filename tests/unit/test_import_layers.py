@@ -27,7 +27,7 @@ LAYERS = [
      "appliance.metrics", "appliance.quota"},
     {"appliance.txn", "appliance.client"},
     {"appliance.group", "appliance.spark"},
-    {"appliance.api"},
+    {"appliance.api", "appliance.console"},
     {"workers"},
     {"appliance.supervisor"},
     {"appliance.cli"},
