@@ -45,6 +45,9 @@ class Transport:
     def set_write_buffer_limits(self, high=None, low=None) -> None:
         pass
 
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
     def close(self) -> None:
         self.closed = True
 

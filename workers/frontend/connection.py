@@ -454,6 +454,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         unsent = self.unsent
         transport = self.transport
         while unsent and not self.write_paused:
+            if transport.is_closing():
+                # The socket failed under a write (reset by the peer): connection_lost follows.
+                unsent.clear()
+                return
             first = unsent.popleft()
             n = len(first)
             if n >= SEND_CHUNK:
