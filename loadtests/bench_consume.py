@@ -81,14 +81,36 @@ def fill(bootstrap: str, topic: str, records: int, size: int, commit_ms: int, ab
     return committed, aborted
 
 
-def _consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str, fetch_bytes, ready,
-              go, out) -> None:
+# The consumers' fetch settings (``--settings``): ``custom`` is what --fetch-max-bytes,
+# --max-partition-fetch-bytes and --queued-min-messages say (with a 256 MiB queue);
+# ``defaults`` sets nothing (librdkafka's: fetch.max.bytes 50 MiB, max.partition.fetch.bytes
+# 1 MiB, queued.min.messages 100,000, queued.max.messages.kbytes 64 MiB); ``large`` is issue
+# 39's replay of a topic (50 MiB, 10 MiB, 1,000,000 queued, 256 MiB queue).
+SETTINGS = {
+    "defaults": {},
+    "large": {"fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760,
+              "queued.min.messages": 1000000, "queued.max.messages.kbytes": 262144},
+}
+
+
+def settings_of(name: str, args) -> dict:
+    if name == "custom":
+        out = {"fetch.max.bytes": args.fetch_max_bytes,
+               "max.partition.fetch.bytes": args.max_partition_fetch_bytes,
+               "queued.max.messages.kbytes": 262144}
+        if args.queued_min_messages:
+            out["queued.min.messages"] = args.queued_min_messages
+        return out
+    return dict(SETTINGS[name])
+
+
+def _consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str, settings: dict,
+              ready, go, out) -> None:
     """One consumer process: reads its partitions to their ends; reports (records, bytes, start,
     end) with wall-clock times, comparable across processes."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{isolation}-{time.time_ns()}",
-                  "enable.auto.commit": False, "isolation.level": isolation,
-                  "fetch.max.bytes": fetch_bytes[0], "max.partition.fetch.bytes": fetch_bytes[1],
-                  "queued.max.messages.kbytes": 262144, "log_level": 3})
+                  "enable.auto.commit": False, "isolation.level": isolation, "log_level": 3,
+                  **settings})
     tps = [TopicPartition(topic, p, 0) for p in partitions]
     ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
             for p in partitions}
@@ -115,8 +137,8 @@ def _consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str,
     out.put((got, nbytes, t0, t1))
 
 
-def _batch_consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str, fetch_bytes,
-                    ready, go, out) -> None:
+def _batch_consumer(bootstrap: str, topic: str, partitions: list[int], isolation: str,
+                    settings: dict, ready, go, out) -> None:
     """The same with the appliance's own client reading whole batches (``poll_batches``): no
     object per record, so the broker, not the consumer, bounds the rate. Counts the records of
     the batches the read_committed filter keeps (offsets are contiguous in a batch: no cleaner
@@ -124,8 +146,9 @@ def _batch_consumer(bootstrap: str, topic: str, partitions: list[int], isolation
     sys.path.insert(0, os.path.dirname(HERE))
     from appliance.client import Consumer as OwnConsumer
     c = OwnConsumer(bootstrap_servers=bootstrap, isolation_level=isolation,
-                    fetch_max_wait_ms=200, fetch_max_bytes=fetch_bytes[0],
-                    max_partition_fetch_bytes=fetch_bytes[1])
+                    fetch_max_wait_ms=200,
+                    fetch_max_bytes=settings.get("fetch.max.bytes", 52428800),
+                    max_partition_fetch_bytes=settings.get("max.partition.fetch.bytes", 1048576))
     tps = [(topic, p) for p in partitions]
     c.assign(tps)
     ends = c.end_offsets(tps)
@@ -149,7 +172,7 @@ def _batch_consumer(bootstrap: str, topic: str, partitions: list[int], isolation
 
 
 def consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, consumers: int,
-                client: str = "confluent", fetch_bytes: tuple[int, int] = (52428800, 1048576)
+                client: str = "confluent", settings: dict | None = None
                 ) -> tuple[float, int, int]:
     """(seconds, records, bytes) of reading the whole topic with ``consumers`` processes."""
     ctx = mp.get_context("spawn")         # a fresh librdkafka per process (no fork of its threads)
@@ -158,7 +181,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, con
     readies = [ctx.Event() for _ in range(n)]
     target = _consumer if client == "confluent" else _batch_consumer
     procs = [ctx.Process(target=target, args=(bootstrap, topic, list(range(i, partitions, n)),
-                                                 isolation, fetch_bytes, readies[i], go, out))
+                                                 isolation, settings or {}, readies[i], go, out))
              for i in range(n)]
     for p in procs:
         p.start()
@@ -190,21 +213,22 @@ def measure(name: str, bootstrap: str, args, results: dict) -> None:
         expect = {"read_uncommitted": committed + aborted, "read_committed": committed}
         results[(name, parts, "counts")] = (committed, aborted)
         for _ in range(args.rounds):
-            for iso in ISOLATIONS:
+            for setting, iso in [(s, i) for s in args.settings for i in args.isolations]:
                 dt, got, nbytes = consume_all(bootstrap, topic, parts, iso, args.consumers, args.client,
-                                              (args.fetch_max_bytes, args.max_partition_fetch_bytes))
+                                              settings_of(setting, args))
                 if got != expect[iso]:
-                    wrong = (f"{name}, {parts} partition(s), {iso}: delivered {got:,} records, "
-                             f"expected {expect[iso]:,}")
+                    wrong = (f"{name}, {parts} partition(s), {setting}, {iso}: delivered {got:,} "
+                             f"records, expected {expect[iso]:,}")
                     if name == "appliance":
                         raise RuntimeError(wrong)
                     # A peer's wrong answer is reported beside its rate, not fatal.
                     results.setdefault("wrong", set()).add(wrong)
                 # Third: the log's records read through per second (aborted ones included): both
                 # reads fetch the same batches, read_committed keeps fewer of them.
-                results.setdefault((name, parts, iso), []).append(
+                results.setdefault((name, parts, (setting, iso)), []).append(
                     (got / dt, nbytes / dt / 1e6, (committed + aborted) / dt))
-                print(f"bench: {name} {parts}p {iso}: {got / dt:,.0f} records/s", flush=True)
+                print(f"bench: {name} {parts}p {setting} {iso}: {got / dt:,.0f} records/s",
+                      flush=True)
 
 
 def main() -> int:
@@ -221,6 +245,14 @@ def main() -> int:
                     help="the consumers' fetch.max.bytes (default Kafka's, 50 MiB)")
     ap.add_argument("--max-partition-fetch-bytes", type=int, default=1048576,
                     help="the consumers' max.partition.fetch.bytes (default Kafka's, 1 MiB)")
+    ap.add_argument("--queued-min-messages", type=int, default=0,
+                    help="the consumers' queued.min.messages with --settings custom (0: librdkafka's)")
+    ap.add_argument("--settings", default="custom",
+                    help="comma-separated consumer settings to read with, each in turn: custom (the "
+                         "three options above), defaults (librdkafka's), large (issue 39: 50 MiB, "
+                         "10 MiB a partition, queued.min.messages 1,000,000)")
+    ap.add_argument("--isolations", default=",".join(ISOLATIONS),
+                    help="comma-separated isolation levels to read at (default both)")
     ap.add_argument("--commit-ms", type=int, default=20)
     ap.add_argument("--abort-every", type=int, default=5, help="abort one transaction in N (0: never)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -229,6 +261,11 @@ def main() -> int:
     ap.add_argument("--work-dir", default=None)
     args = ap.parse_args()
     args.partitions = [int(x) for x in args.partitions.split(",")]
+    args.settings = args.settings.split(",")
+    args.isolations = args.isolations.split(",")
+    for name in args.settings:
+        if name != "custom" and name not in SETTINGS:
+            ap.error(f"unknown --settings {name}")
     workdir = tempfile.mkdtemp(prefix="bench-consume-", dir=args.work_dir)
     brokers = ["appliance"]
     if args.peer == "tansu":
@@ -252,9 +289,11 @@ def print_tables(args, brokers: list[str], results: dict) -> None:
     print("\n## Consume throughput\n")
     print(f"- {args.records:,} records of {args.record_size} B per topic, written in transactions "
           f"committed every {args.commit_ms} ms, one in {args.abort_every} aborted; read by "
-          f"{args.consumers} consumer process(es) ({CLIENTS[args.client]}; fetch.max.bytes "
-          f"{args.fetch_max_bytes:,}, max.partition.fetch.bytes {args.max_partition_fetch_bytes:,}); best of "
-          f"{args.rounds} rounds; appliance flush policy os, Tansu with memory storage")
+          f"{args.consumers} consumer process(es) ({CLIENTS[args.client]}); best of "
+          f"{args.rounds} rounds; appliance flush policy os, Tansu with memory storage; "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
+    for setting in args.settings:
+        print(f"- settings {setting}: {settings_of(setting, args) or 'librdkafka defaults'}")
     for parts in args.partitions:
         c, a = results[("appliance", parts, "counts")]
         print(f"- {parts} partition(s): {c:,} committed and {a:,} aborted records (appliance)")
@@ -262,27 +301,31 @@ def print_tables(args, brokers: list[str], results: dict) -> None:
           "committed records only: it fetches the same batches as read_uncommitted and keeps "
           "fewer, so its ratio to read_uncommitted is taken over the log's records read through "
           "per second (aborted ones included)\n")
-    head = "| partitions | read | " + " | ".join(f"{b} records/s" for b in brokers)
+    head = "| partitions | settings | read | " + " | ".join(f"{b} records/s" for b in brokers)
     head += " | appliance MB/s |"
     if "tansu" in brokers:
         head += " appliance / tansu |"
     head += " appliance consume / produce |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
+    cells = [("", "produce")] + [(s, iso) for s in args.settings for iso in args.isolations]
     for parts in args.partitions:
-        best = {(b, k): max(results[(b, parts, k)]) for b in brokers
-                for k in ("produce",) + ISOLATIONS}
-        for k in ("produce",) + ISOLATIONS:
-            row = f"| {parts} | {k} | " + " | ".join(f"{best[(b, k)][0]:,.0f}" for b in brokers)
+        best = {(b, k): max(results[(b, parts, k if k[1] != "produce" else "produce")])
+                for b in brokers for k in cells}
+        for k in cells:
+            row = f"| {parts} | {k[0]} | {k[1]} | " + " | ".join(f"{best[(b, k)][0]:,.0f}"
+                                                                  for b in brokers)
             row += f" | {best[('appliance', k)][1]:.1f} |"
             if "tansu" in brokers:
                 row += f" {best[('appliance', k)][0] / best[('tansu', k)][0]:.2f} |"
-            row += (" |" if k == "produce" else
-                    f" {best[('appliance', k)][0] / best[('appliance', 'produce')][0]:.2f} |")
+            row += (" |" if k[1] == "produce" else
+                    f" {best[('appliance', k)][0] / best[('appliance', cells[0])][0]:.2f} |")
             print(row)
-        rc = best[("appliance", "read_committed")][2] / best[("appliance", "read_uncommitted")][2]
-        print(f"| {parts} | read_committed / read_uncommitted (appliance), the log read through per "
-              f"second | **{rc:.2f}** |")
+        for setting in args.settings if len(args.isolations) == 2 else ():
+            rc = (best[("appliance", (setting, "read_committed"))][2]
+                  / best[("appliance", (setting, "read_uncommitted"))][2])
+            print(f"| {parts} | {setting} | read_committed / read_uncommitted (appliance), the log "
+                  f"read through per second | **{rc:.2f}** |")
     for wrong in sorted(results.get("wrong", ())):
         print(f"\nWRONG ANSWER (its rate above counts what it delivered): {wrong}")
 

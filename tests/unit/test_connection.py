@@ -40,6 +40,15 @@ class Transport:
         for p in parts:
             self.written += p
 
+    def write(self, data) -> None:
+        self.writelines([data])
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
     def close(self) -> None:
         self.closed = True
 
@@ -251,3 +260,52 @@ def test_no_quota_configured_is_not_throttled_nor_serial(handler):
     conn, t = connect()
     feed(conn, frame(1) + frame(2))
     assert t.answers() == [1, 2] and t.reading and not conn.serial
+
+
+class SlowTransport(Transport):
+    """A socket that takes nothing at once: every write stays in the transport's buffer until
+    ``drain``, as asyncio's does when the socket is full (high-water mark 0: pause_writing at
+    every buffered write, resume_writing once it is empty)."""
+
+    def __init__(self, conn) -> None:
+        super().__init__()
+        self.conn = conn
+        self.writes: list[int] = []
+        self.buffered = 0
+
+    def write(self, data) -> None:
+        assert not (self.closed or self.aborted), "write after close"
+        assert self.buffered == 0, "written while the transport's buffer was not empty"
+        self.writes.append(len(data))
+        self.written += data
+        self.buffered = len(data)
+        self.conn.pause_writing()
+
+    def writelines(self, parts) -> None:
+        raise AssertionError("plaintext answers go through write, a chunk at a time")
+
+    def drain(self) -> None:
+        self.buffered = 0
+        self.conn.resume_writing()
+
+
+def test_a_large_answer_leaves_a_chunk_at_a_time_in_order_then_the_close(handler):
+    """Issue 39: Python 3.11's writelines joined a whole Fetch answer (27.5 MB) into one copy
+    and the transport copied what the socket did not take twice more; the answer's parts are
+    now handed over SEND_CHUNK at a time, only once the last one has left, in order, and a
+    close waits for the last chunk."""
+    from workers.frontend.connection import SEND_CHUNK
+    big = memoryview(bytes(range(256)) * (3 * SEND_CHUNK // 256 + 7))
+    parts = [b"a" * 10, big, b"b" * 100, b"c" * 100]
+    handler(lambda ctx, req: list(parts) if ctx.header.correlation_id == 1 else b"")
+    conn = KafkaConnection(Server(), PLAINTEXT)
+    t = SlowTransport(conn)
+    conn.connection_made(t)
+    feed(conn, frame(1) + frame(2) + GARBAGE)
+    assert len(t.writes) == 1 and not t.closed       # nothing more until the socket took it
+    while t.buffered:
+        t.drain()
+    assert max(t.writes) <= SEND_CHUNK and len(t.writes) >= 4
+    assert t.answers() == [1, 2] and t.closed
+    body = bytes(t.written[8:8 + 10 + len(big) + 200])     # size and correlation id first
+    assert body == b"".join(bytes(p) for p in parts)

@@ -76,6 +76,9 @@ _SIZE = struct.Struct(">i")
 QUOTA_EXEMPT = frozenset((17, 18, 36))
 MAX_INFLIGHT = 64          # pause reading beyond this many unanswered requests on one connection
 RESUME_INFLIGHT = 16
+# Plaintext answers are handed to the transport this much at a time, and only while its buffer is
+# empty (see _pump); runs of smaller parts are joined into one write.
+SEND_CHUNK = 256 * 1024
 
 
 class _Slot:
@@ -139,10 +142,19 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.frame_t0 = 0
         self.unmute_at = 0.0
         self.unmute_timer: asyncio.TimerHandle | None = None
+        # Answer bytes not yet handed to a plaintext transport (memoryviews of the segment maps
+        # among them), and whether the transport's own buffer holds something (pause_writing).
+        self.unsent: collections.deque = collections.deque()
+        self.write_paused = False
+        self.close_when_sent = False
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if not self.endpoint.tls:
+            # pause_writing as soon as the transport buffers anything: _pump hands it the next
+            # chunk only once the socket took all of the last one.
+            transport.set_write_buffer_limits(high=0)
         peer = transport.get_extra_info("peername")
         if peer:
             self.host = peer[0]
@@ -162,6 +174,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        self.unsent.clear()
         self.server.connection_closed(self)     # forgets it, frees its quota, counts it
         for t, coro in list(self.tasks.items()):
             t.cancel()
@@ -208,6 +221,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         """Close at once, answered or not (shutdown timeout, idle connection)."""
         log.info("closing connection from %s: %s", self.peer, why)
         self.closed = True
+        self.unsent.clear()
         if self.transport is not None:
             self.transport.abort()
 
@@ -478,14 +492,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 last = True
                 break
         if out and not self.closed:
-            self.transport.writelines(out)
+            self._write(out)
         if mute and not last and not self.closed:
             self._mute(mute)
         if last:
-            # close() (not abort) sends what is buffered first.
             self.closed = True
             self.slots.clear()
-            self.transport.close()
+            self._close_when_sent()
             return
         if self.held and not self.slots and not self.throttled:
             if not self.releasing:
@@ -496,6 +509,56 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.paused = False
             self.transport.resume_reading()
         if self.server.draining and not self.slots:
+            self._close_when_sent()
+
+    # -- writing ----------------------------------------------------------------------------------
+    # Python 3.11's transports copy what they are given: writelines joins every part into one
+    # bytes object, write copies whatever the socket did not take at once into its buffer, and
+    # a slice of what is left is copied again. A 27.5 MB Fetch answer was copied three times
+    # before the kernel's own copy, and the client saw its first byte only after the join
+    # (issue 39). On plaintext listeners the answer's parts (memoryviews of the segment maps)
+    # are therefore handed over SEND_CHUNK at a time, the next only when the transport's buffer
+    # is empty again (pause_writing / resume_writing with a high-water mark of 0): the socket
+    # takes most chunks whole and the copy is at most one chunk's tail per wait. TLS transports
+    # encrypt every byte anyway and take the part list as it is.
+
+    def _write(self, parts: list) -> None:
+        if self.endpoint.tls:
+            self.transport.writelines(parts)
+            return
+        self.unsent.extend(parts)
+        self._pump()
+
+    def _pump(self) -> None:
+        unsent = self.unsent
+        transport = self.transport
+        while unsent and not self.write_paused:
+            if transport.is_closing():
+                # The socket failed under a write (reset by the peer): connection_lost follows.
+                unsent.clear()
+                return
+            first = unsent.popleft()
+            n = len(first)
+            if n >= SEND_CHUNK:
+                if n > SEND_CHUNK:
+                    first = memoryview(first)
+                    unsent.appendleft(first[SEND_CHUNK:])
+                    first = first[:SEND_CHUNK]
+                transport.write(first)
+                continue
+            run = [first]
+            while unsent and n + len(unsent[0]) <= SEND_CHUNK:
+                part = unsent.popleft()
+                run.append(part)
+                n += len(part)
+            transport.write(b"".join(run) if len(run) > 1 else first)
+        if not unsent and self.close_when_sent:
+            # close() (not abort) sends what the transport buffered first.
+            transport.close()
+
+    def _close_when_sent(self) -> None:
+        self.close_when_sent = True
+        if not self.unsent:
             self.transport.close()
 
     # -- client quotas (KIP-13, KIP-124, KIP-219) ---------------------------------------------
@@ -599,6 +662,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.paused = False
             self.transport.resume_reading()
 
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.unsent:
+            self._pump()
+
     # -- draining -----------------------------------------------------------------------------------
     def begin_drain(self) -> None:
         """Stop reading new requests; close once every accepted request has been answered."""
@@ -606,4 +677,4 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.paused = True
             self.transport.pause_reading()
         if not self.slots and self.transport is not None:
-            self.transport.close()
+            self._close_when_sent()
