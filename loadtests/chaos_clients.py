@@ -505,9 +505,14 @@ def start_txn_group(bootstrap: str, topic: str, partitions: int) -> None:
 
 # -- the final reads --------------------------------------------------------------------------------
 def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder, timeout: float,
-                log: Callable[[str], None]) -> bool:
+                log: Callable[[str], None], damaged: list | None = None) -> bool:
     """Read every partition from the beginning to its end with a fresh read_committed consumer;
-    True when each partition was read to its high watermark (no transaction left open)."""
+    True when each partition was read to its high watermark (no transaction left open).
+
+    ``damaged``: the batches a bit flip damaged (``chaos_storage.Damage``). The partition answers
+    KAFKA_STORAGE_ERROR at such a batch and librdkafka retries there for ever; a reader whose
+    position stays in one is moved past it (a seek, recorded as a ``reset`` of the key), as an
+    operator would move a group past records given up."""
     c = Consumer({**_ck_common(bootstrap), "group.id": f"chaos-final-{time.time_ns()}",
                   "isolation.level": "read_committed", "enable.auto.commit": False,
                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
@@ -528,7 +533,18 @@ def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder,
             # Nothing came: at the end? The end is the high watermark (read_uncommitted): while
             # a transaction is open the LSO stays below it, and the reader has not read it all.
             done = True
-            for tp in c.position([TopicPartition(topic, p) for p in range(partitions)]):
+            positions = c.position([TopicPartition(topic, p) for p in range(partitions)])
+            for tp in positions:
+                key = f"{topic}-{tp.partition}"
+                d = next((d for d in damaged or () if d.key == key and d.first <= tp.offset <= d.last), None)
+                if d is not None:
+                    recorder.add({"process": "final", "type": "ok", "f": "reset", "value": [key]})
+                    c.seek(TopicPartition(topic, tp.partition, d.last + 1))
+                    log(f"final reads: {key} moved past the damaged batch {d.first}-{d.last}")
+                    done = False
+            if not done:
+                continue
+            for tp in positions:
                 try:
                     _, high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=5, cached=False)
                 except KafkaException:
