@@ -520,6 +520,7 @@ def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder,
     c.assign(tps)
     deadline = time.monotonic() + timeout
     ends: dict[int, int] = {}
+    still: dict[str, int] = {}      # key -> the position an empty round found
     try:
         while time.monotonic() < deadline:
             msgs = c.consume(500, 0.5)
@@ -535,12 +536,19 @@ def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder,
             done = True
             positions = c.position([TopicPartition(topic, p) for p in range(partitions)])
             for tp in positions:
+                # Stuck: no record for two rounds, at or below a damaged batch (the records
+                # between, if any, are aborted or markers: the position is the application's).
                 key = f"{topic}-{tp.partition}"
-                d = next((d for d in damaged or () if d.key == key and d.first <= tp.offset <= d.last), None)
+                if still.get(key) != tp.offset:
+                    still[key] = tp.offset
+                    continue
+                d = min((d for d in damaged or () if d.key == key and tp.offset <= d.last),
+                        key=lambda d: d.first, default=None)
                 if d is not None:
                     recorder.add({"process": "final", "type": "ok", "f": "reset", "value": [key]})
                     c.seek(TopicPartition(topic, tp.partition, d.last + 1))
-                    log(f"final reads: {key} moved past the damaged batch {d.first}-{d.last}")
+                    log(f"final reads: {key} moved from {tp.offset} past the damaged batch {d.first}-{d.last}")
+                    still.pop(key)
                     done = False
             if not done:
                 continue
