@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                              ("c", args.consumers, CkConsumer), ("t", args.txn_clients, CkTxnClient)):
             clients.extend(cls(shared, f"{kind}{i}", len(clients)) for i in range(n))
         nemesis = Nemesis(app, disk, NemesisOptions(kinds=faults, interval=args.fault_interval, pause=args.pause,
-                                                    topic=TOPIC, partitions=args.partitions),
+                                                    topic=TOPIC, partitions=args.partitions,
+                                                    ready=lambda: budget.outcomes["ok"] > 0),
                           random.Random(rng.randrange(1 << 31)), t0)
         if faults:
             more_faults.append(nemesis)

@@ -337,6 +337,9 @@ class NemesisOptions:
     restart_timeout: float = 90.0
     topic: str = "chaos"                 # the bit flip's topic and its partition count
     partitions: int = 1
+    # The schedule starts once this holds (chaos.py: a first transaction committed), so that
+    # the first fault, a power cut above all, has acknowledged data to lose.
+    ready: Callable[[], bool] = lambda: True
 
 
 @dataclass
@@ -366,6 +369,9 @@ class Nemesis(threading.Thread):
     # -- the schedule -----------------------------------------------------------------------------
     def run(self) -> None:
         try:
+            while not self.opts.ready():
+                if self._wait(0.1):
+                    return
             while not self.stop_event.is_set():
                 if self._wait(self.rng.uniform(*self.opts.interval)):
                     break

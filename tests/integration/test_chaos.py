@@ -68,11 +68,11 @@ def test_queue_workload_under_every_fault_has_no_anomaly(tmp_path):
 def test_queue_workload_under_power_cuts_and_bit_flips_has_no_anomaly(tmp_path):
     """Policy ``batch`` on lazyfs: a power cut loses nothing acknowledged (every class holds as
     under kill -9), and a flipped batch is never read after the damage."""
-    out = run_chaos(tmp_path, 34, "--transactions", "60", "--fault-interval", "1,2", "--fault-cycles", "2",
-                    "--faults", "power-cut,bit-flip", "--disk", "lazyfs", "--segment-bytes", "16384",
+    out = run_chaos(tmp_path, 34, "--transactions", "40", "--fault-interval", "2,3", "--fault-cycles", "1",
+                    "--faults", "power-cut,bit-flip", "--disk", "lazyfs", "--segment-bytes", "4096",
                     "--producers", "2", "--consumers", "1", "--txn-clients", "1")
     counts = injected(out)
-    assert counts.get("power-cut", 0) >= 2 and counts.get("bit-flip", 0) >= 2, counts
+    assert counts.get("power-cut", 0) >= 1 and counts.get("bit-flip", 0) >= 1, counts
     assert "flush policy batch" in out
     assert_zero_anomalies(out)
     m = re.search(r"damaged batches (\d+)", out)
