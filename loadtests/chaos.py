@@ -55,6 +55,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -138,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--consumers", type=int, default=2, help="read_committed consumers in one group")
     ap.add_argument("--txn-clients", type=int, default=2,
                     help="consume-transform-produce clients (group consumer + transactional producer)")
+    ap.add_argument("--java", action="store_true",
+                    help="add Kafka's Java clients (chaos_java.py): transactional producers on kafka-clients "
+                         "3.9.1 and 4.3.0, a subscribed and an assigned read_committed consumer")
     ap.add_argument("--abort-probability", type=float, default=0.2)
     ap.add_argument("--max-sends", type=int, default=4, help="most values one transaction sends")
     ap.add_argument("--final-read-timeout", type=float, default=180.0)
@@ -262,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         for kind, n, cls in (("p", args.producers, CkProducer), ("o", args.own_producers, OwnProducer),
                              ("c", args.consumers, CkConsumer), ("t", args.txn_clients, CkTxnClient)):
             clients.extend(cls(shared, f"{kind}{i}", len(clients)) for i in range(n))
+        if args.java:
+            from chaos_java import java_clients
+            clients.extend(java_clients(shared, workdir, len(clients)))
         nemesis = Nemesis(app, disk, NemesisOptions(kinds=faults, interval=args.fault_interval, pause=args.pause,
                                                     topic=TOPIC, partitions=args.partitions,
                                                     ready=lambda: budget.outcomes["ok"] > 0),
@@ -272,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             c.start()
         if faults:
             nemesis.start()
-        txn_clients = [c for c in clients if not isinstance(c, CkConsumer)]
+        txn_clients = [c for c in clients if not isinstance(c, CkConsumer) and getattr(c, "mode", "") != "consumer"]
         last_report = time.monotonic()
         while True:
             time.sleep(0.2)
@@ -298,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
         for c in clients:
             c.join(120)
         stuck = [c.name for c in clients if c.is_alive()]
+        frames = sys._current_frames()
+        for c in clients:
+            if c.is_alive() and c.ident in frames:     # where it hangs, for the report
+                print(f"chaos: client {c.name} did not stop; its stack:\n"
+                      + "".join(traceback.format_stack(frames[c.ident])[-6:]), flush=True)
         errors = {c.name: repr(c.error) for c in clients if c.error is not None}
         run_s = time.monotonic() - t0
         print(f"chaos: workload stopped after {run_s:.1f}s; final reads", flush=True)
