@@ -64,6 +64,8 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60)
     ap.add_argument("--fault-interval", default="3,6")
     ap.add_argument("--first-seed", type=int, default=3400)
+    ap.add_argument("--segment-bytes", type=int, default=16384,
+                    help="small, so that sealed segments (the bit flip's targets) come early")
     ap.add_argument("--setups", default="lazyfs,loop", help="comma list of: " + ", ".join(SETUPS))
     ap.add_argument("--out", default="chaos-runs")
     ap.add_argument("extra", nargs="*", help="more chaos.py arguments (after --)")
@@ -77,7 +79,7 @@ def main() -> int:
         load = os.getloadavg()
         cmd = [sys.executable, os.path.join(HERE, "chaos.py"), "--seed", str(seed), "--transactions", "0",
                "--duration", str(args.duration), "--fault-interval", args.fault_interval,
-               "--segment-bytes", "65536", *SETUPS[setup], "--work-dir", args.out,
+               "--segment-bytes", str(args.segment_bytes), *SETUPS[setup], "--work-dir", args.out,
                "--history", os.path.join(args.out, f"run-{n}.history.jsonl"), *args.extra]
         t = time.monotonic()
         r = subprocess.run(cmd, capture_output=True, text=True,
