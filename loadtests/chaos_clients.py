@@ -90,6 +90,7 @@ class Shared:
         self.recorder, self.budget, self.stop = recorder, budget, stop
         self.abort_p, self.max_sends, self.seed = abort_p, max_sends, seed
         self.client_errors: dict[str, int] = {}
+        self.known_hangs: list[str] = []     # clients stuck in a known client-library bug
         self._lock = threading.Lock()
 
     def key(self, partition: int) -> str:
