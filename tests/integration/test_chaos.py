@@ -56,7 +56,7 @@ def assert_zero_anomalies(out: str) -> None:
 
 def test_queue_workload_under_every_fault_has_no_anomaly(tmp_path):
     out = run_chaos(tmp_path, SEED, "--transactions", "300", "--fault-interval", "1,2", "--fault-cycles", "1",
-                    "--pause", "0.3,6.5", "--disk", "loop", "--disk-mb", "128", "--segment-bytes", "65536")
+                    "--pause", "0.3,6.5", "--disk", "loop", "--disk-mb", "128", "--segment-bytes", "16384")
     # Every fault kind a loop device allows was injected (not skipped) at least once.
     counts = injected(out)
     assert set(counts) == set(FAULT_KINDS) - {"power-cut"} and all(n >= 1 for n in counts.values()), counts
