@@ -53,6 +53,8 @@ def parse(out: str) -> dict:
     got["faults"] = m.group(1) if m else "?"
     m = re.search(r"damaged batches (\d+)", out)
     got["damaged"] = int(m.group(1)) if m else 0
+    m = re.search(r"clients hung in librdkafka's send_offsets_to_transaction .*: \[(.*)\]", out)
+    got["hangs"] = len(m.group(1).split(",")) if m else 0
     got["pass"] = "PASS: zero anomalies" in out
     got["problems"] = re.findall(r"PROBLEM: (.*)", out)
     return got
@@ -95,15 +97,17 @@ def main() -> int:
         bad = {k: v for k, v in got["anomalies"].items() if v}
         print(f"run {n} seed {seed} {setup} load {load[0]:.1f}: rc {r.returncode} in {wall:.0f}s, "
               f"txns {got['txns']}, faults: {got['faults']}; damaged batches {got['damaged']}; "
-              f"anomalies {bad or 0}" + (f"; problems {got['problems']}" if got["problems"] else ""),
+              f"anomalies {bad or 0}; librdkafka#5456 hangs {got['hangs']}"
+              + (f"; problems {got['problems']}" if got["problems"] else ""),
               flush=True)
-    print("\n| run | seed | set-up | load (1 min) | txns (ok/aborted/unknown) | faults | damaged batches | anomalies | result |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| run | seed | set-up | load (1 min) | txns (ok/aborted/unknown) | faults | damaged batches | "
+          "librdkafka#5456 hangs | anomalies | result |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for g in rows:
         bad = ", ".join(f"{k} {v}" for k, v in g["anomalies"].items() if v) or "0"
         txns = "/".join(str(x) for x in g["txns"][1:]) if g["txns"] else "?"
         print(f"| {g['n']} | {g['seed']} | {g['setup']} | {g['load'][0]:.1f} | {txns} | {g['faults']} | "
-              f"{g['damaged']} | {bad} | {'PASS' if g['pass'] else 'FAIL'} |")
+              f"{g['damaged']} | {g['hangs']} | {bad} | {'PASS' if g['pass'] else 'FAIL'} |")
     print("\ntotal per anomaly class over the runs:")
     for name in ANOMALIES:
         print(f"  {name:<22} {sum(g['anomalies'].get(name) or 0 for g in rows)}")
