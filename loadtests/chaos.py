@@ -303,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
             nemesis.join(120)
         nemesis.heal()
         stop.set()
+        deadline = time.monotonic() + 120        # one wait for all (hung clients add none)
         for c in clients:
-            c.join(120)
+            c.join(max(0.0, deadline - time.monotonic()))
         stuck = []
         frames = sys._current_frames()
         for c in clients:
