@@ -90,6 +90,7 @@ class Shared:
         self.recorder, self.budget, self.stop = recorder, budget, stop
         self.abort_p, self.max_sends, self.seed = abort_p, max_sends, seed
         self.client_errors: dict[str, int] = {}
+        self.known_hangs: list[str] = []     # clients stuck in a known client-library bug
         self._lock = threading.Lock()
 
     def key(self, partition: int) -> str:
@@ -505,9 +506,14 @@ def start_txn_group(bootstrap: str, topic: str, partitions: int) -> None:
 
 # -- the final reads --------------------------------------------------------------------------------
 def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder, timeout: float,
-                log: Callable[[str], None]) -> bool:
+                log: Callable[[str], None], damaged: list | None = None) -> bool:
     """Read every partition from the beginning to its end with a fresh read_committed consumer;
-    True when each partition was read to its high watermark (no transaction left open)."""
+    True when each partition was read to its high watermark (no transaction left open).
+
+    ``damaged``: the batches a bit flip damaged (``chaos_storage.Damage``). The partition answers
+    KAFKA_STORAGE_ERROR at such a batch and librdkafka retries there for ever; a reader whose
+    position stays in one is moved past it (a seek, recorded as a ``reset`` of the key), as an
+    operator would move a group past records given up."""
     c = Consumer({**_ck_common(bootstrap), "group.id": f"chaos-final-{time.time_ns()}",
                   "isolation.level": "read_committed", "enable.auto.commit": False,
                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
@@ -515,6 +521,7 @@ def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder,
     c.assign(tps)
     deadline = time.monotonic() + timeout
     ends: dict[int, int] = {}
+    still: dict[str, int] = {}      # key -> the position an empty round found
     try:
         while time.monotonic() < deadline:
             msgs = c.consume(500, 0.5)
@@ -528,7 +535,25 @@ def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder,
             # Nothing came: at the end? The end is the high watermark (read_uncommitted): while
             # a transaction is open the LSO stays below it, and the reader has not read it all.
             done = True
-            for tp in c.position([TopicPartition(topic, p) for p in range(partitions)]):
+            positions = c.position([TopicPartition(topic, p) for p in range(partitions)])
+            for tp in positions:
+                # Stuck: no record for two rounds, at or below a damaged batch (the records
+                # between, if any, are aborted or markers: the position is the application's).
+                key = f"{topic}-{tp.partition}"
+                if still.get(key) != tp.offset:
+                    still[key] = tp.offset
+                    continue
+                d = min((d for d in damaged or () if d.key == key and tp.offset <= d.last),
+                        key=lambda d: d.first, default=None)
+                if d is not None:
+                    recorder.add({"process": "final", "type": "ok", "f": "reset", "value": [key]})
+                    c.seek(TopicPartition(topic, tp.partition, d.last + 1))
+                    log(f"final reads: {key} moved from {tp.offset} past the damaged batch {d.first}-{d.last}")
+                    still.pop(key)
+                    done = False
+            if not done:
+                continue
+            for tp in positions:
                 try:
                     _, high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=5, cached=False)
                 except KafkaException:

@@ -20,7 +20,14 @@ Used by ``loadtests/chaos.py`` (in its process, one thread for the schedule). Ow
     pause-<role>  SIGSTOP, a seeded pause (some beyond the heartbeat timeout, so the supervisor
                   kills the hung worker), then SIGCONT;
     kill-all      kill -9 of the whole process group, then a restart on the same data dir;
-    disk-full     the data dir's file system filled to the last block, held, then freed.
+    disk-full     the data dir's file system filled to the last block, held, then freed;
+    power-cut     (data dir on lazyfs, ``chaos_storage.LazyDisk``) kill -9 of the whole group and
+                  the file system's death with every write not yet synced, mounted again over
+                  what was durable, the appliance restarted on it;
+    bit-flip      one bit of one batch of a sealed segment of the workload's topic changed
+                  (``chaos_storage.flip_sealed_batch``), at random under the running appliance
+                  or while the whole group is down (kill -9, the flip, a restart); the damaged
+                  batch's offsets go to ``damaged`` for the checker.
 
   A worker is killed or paused at most ``per_worker_budget`` times a minute (the supervisor
   stops the appliance when one worker dies more than ``crash_loop_restarts`` times a minute, by
@@ -48,11 +55,13 @@ from typing import Callable
 
 from appliance.runtime import read_processes
 
+from chaos_storage import Damage, LazyDisk, flip_sealed_batch, sealed_segments
 from ports import free_port
 
 MiB = 1 << 20
 ROLES = ("frontend", "writer", "fetcher", "coordinator", "supervisor")
-FAULT_KINDS = tuple([f"kill-{r}" for r in ROLES] + [f"pause-{r}" for r in ROLES] + ["kill-all", "disk-full"])
+FAULT_KINDS = tuple([f"kill-{r}" for r in ROLES] + [f"pause-{r}" for r in ROLES]
+                    + ["kill-all", "disk-full", "power-cut", "bit-flip"])
 _PR_SET_CHILD_SUBREAPER = 36
 MAX_RETRIES = 10         # a skipped fault is tried again this often within its cycle
 
@@ -326,6 +335,11 @@ class NemesisOptions:
     disk_hold: tuple[float, float] = (1.0, 4.0)
     per_worker_budget: int = 3
     restart_timeout: float = 90.0
+    topic: str = "chaos"                 # the bit flip's topic and its partition count
+    partitions: int = 1
+    # The schedule starts once this holds (chaos.py: a first transaction committed), so that
+    # the first fault, a power cut above all, has acknowledged data to lose.
+    ready: Callable[[], bool] = lambda: True
 
 
 @dataclass
@@ -349,11 +363,15 @@ class Nemesis(threading.Thread):
         self._paused: dict[int, str] = {}   # pid -> name, while SIGSTOPped
         self._pending: list[tuple[float, str, Callable[[], None]]] = []   # (due, what, end)
         self.lock = threading.Lock()        # held while the appliance is down on purpose
+        self.damaged: list[Damage] = []     # batches a bit flip damaged, for the checker
         self.error: BaseException | None = None
 
     # -- the schedule -----------------------------------------------------------------------------
     def run(self) -> None:
         try:
+            while not self.opts.ready():
+                if self._wait(0.1):
+                    return
             while not self.stop_event.is_set():
                 if self._wait(self.rng.uniform(*self.opts.interval)):
                     break
@@ -438,6 +456,10 @@ class Nemesis(threading.Thread):
             self._kill_all()
         elif kind == "disk-full":
             self._disk_full()
+        elif kind == "power-cut":
+            self._power_cut()
+        elif kind == "bit-flip":
+            self._bit_flip()
         else:
             action, role = kind.split("-", 1)
             (self._kill if action == "kill" else self._pause)(kind, role)
@@ -516,9 +538,53 @@ class Nemesis(threading.Thread):
             self.record(FaultEvent(at, "kill-all", f"group {pid}",
                                    f"restarted on the same data dir in {time.monotonic() - t:.1f}s"))
 
+    def _power_cut(self) -> None:
+        if not isinstance(self.disk, LazyDisk):
+            self.record(FaultEvent(self.now(), "power-cut", detail="the data dir is not on lazyfs (--disk lazyfs)",
+                                   skipped=True))
+            return
+        with self.lock:
+            pid = self.app.proc.pid
+            at, t = self.now(), time.monotonic()
+            code = self.app.kill_all()
+            if code != -signal.SIGKILL:
+                self.findings.unexpected_exits.append(
+                    f"the supervisor had exited with status {code} before the power cut at {at:.1f}s")
+            self.disk.cut()
+            self._restart()
+            self.record(FaultEvent(at, "power-cut", f"group {pid}",
+                                   f"unsynced writes dropped; restarted in {time.monotonic() - t:.1f}s"))
+
+    def _bit_flip(self) -> None:
+        o = self.opts
+        if not any(sealed_segments(os.path.join(self.app.data_dir, f"{o.topic}-{p}")) for p in range(o.partitions)):
+            self.record(FaultEvent(self.now(), "bit-flip", detail="no sealed segment yet", skipped=True))
+            return
+        running = self.rng.random() < 0.5
+        with self.lock:
+            at, t = self.now(), time.monotonic()
+            if not running:
+                code = self.app.kill_all()
+                if code != -signal.SIGKILL:
+                    self.findings.unexpected_exits.append(
+                        f"the supervisor had exited with status {code} before kill -9 at {at:.1f}s")
+            d = flip_sealed_batch(self.app.data_dir, o.topic, o.partitions, self.rng, self.damaged,
+                                  self.now(), running)
+            if not running:
+                self._restart()
+        if d is None:
+            self.record(FaultEvent(at, "bit-flip", detail="no undamaged batch in a sealed segment", skipped=True))
+            return
+        self.damaged.append(d)
+        how = "under the running appliance" if running else \
+            f"while it was down (restarted in {time.monotonic() - t:.1f}s)"
+        self.record(FaultEvent(at, "bit-flip", d.key, f"offsets {d.first}-{d.last}, byte {d.position} of "
+                               f"{os.path.basename(d.file)}, {how}"))
+
     def _disk_full(self) -> None:
-        if self.disk is None:
-            self.record(FaultEvent(self.now(), "disk-full", detail="no small disk (--disk none)", skipped=True))
+        if self.disk is None or isinstance(self.disk, LazyDisk):
+            self.record(FaultEvent(self.now(), "disk-full", detail="no small disk (--disk loop or tmpfs)",
+                                   skipped=True))
             return
         if any(p[1] == "disk-full" for p in self._pending):
             self.record(FaultEvent(self.now(), "disk-full", detail="the disk is full already", skipped=True))

@@ -54,6 +54,14 @@ And three more that the workload makes checkable:
 * ``duplicate-consume``: one value consumed by two committed transactions of one consumer group
   (KIP-447 exactly-once: the offsets commit with the transaction, fenced by the group generation).
 * ``garbage-read``: a poll returned a value no client ever sent.
+
+And one for the storage faults (issue 34): a ``damage`` entry of the history (``value``: key,
+first, last, at; the chaos nemesis's bit flip: that batch of the log fails its CRC from time
+``at`` on) gives up the batch's values (never ``lost-write`` or ``unseen``), and
+
+* ``corrupt-read``: a poll returned an offset of a damaged batch after the damage, with a value
+  other than the one sent there, or completing more than ``DAMAGE_SLACK_S`` after it (a consumer
+  may still hand out what it fetched before; later, the appliance served a batch whose CRC fails).
 """
 
 from __future__ import annotations
@@ -65,8 +73,9 @@ from typing import Any, Iterable
 ANOMALIES = (
     "lost-write", "duplicate", "G1a", "G1b", "G1c", "nonmonotonic-send", "nonmonotonic-poll",
     "poll-skip", "inconsistent-offsets", "unseen",
-    "precommitted-read", "duplicate-consume", "garbage-read",
+    "precommitted-read", "duplicate-consume", "garbage-read", "corrupt-read",
 )
+DAMAGE_SLACK_S = 35.0    # the fetchers' 30 s trust of a checked range, and a consumer's prefetch
 DESCRIPTIONS = {
     "lost-write": "lost write: committed value never read, though a reader read past it",
     "duplicate": "duplicate: one value at two offsets",
@@ -81,6 +90,7 @@ DESCRIPTIONS = {
     "precommitted-read": "precommitted read: a transaction read its own uncommitted write",
     "duplicate-consume": "duplicate consume: a value consumed by two committed transactions of a group",
     "garbage-read": "garbage read: a value no client sent",
+    "corrupt-read": "corrupt read: a record of a damaged batch delivered after the damage",
 }
 
 Op = dict[str, Any]
@@ -150,6 +160,11 @@ class Result:
 
 class Analysis:
     def __init__(self, history: Iterable[Op]) -> None:
+        history = list(history)
+        self.damage: dict[str, list[dict]] = defaultdict(list)
+        for op in history:
+            if op.get("f") == "damage":
+                self.damage[op["value"]["key"]].append(op["value"])
         self.history = [op for op in history if op.get("f") in ("txn", "send", "poll", "reset")]
         self.ops = [op for op in self.history if op["f"] != "reset"]
         self.writes = [op_writes(op) for op in self.ops]
@@ -189,6 +204,12 @@ class Analysis:
             return False
         return any(v in self.read_values.get(k, ()) for k, pairs in self.writes[i].items() for _, v in pairs)
 
+    def damaged(self, k: str, offset: int | None) -> dict | None:
+        """The damage entry whose batch holds ``offset`` of key ``k``, if any."""
+        if offset is None:
+            return None
+        return next((d for d in self.damage.get(k, ()) if d["first"] <= offset <= d["last"]), None)
+
     def index(self, k: str, v: Any) -> int | None:
         vo = self.orders.get(k)
         return None if vo is None else vo.first_index.get(v)
@@ -212,6 +233,7 @@ def check(history: Iterable[Op]) -> Result:
     _nonmonotonic_sends(a, res)
     _poll_order(a, res)
     _duplicate_consumes(a, res)
+    _corrupt_reads(a, res)
     res.stats = {
         "operations": len(a.ops),
         "committed": sum(1 for op, w in zip(a.ops, a.writes) if w and op["type"] == "ok"),
@@ -221,6 +243,10 @@ def check(history: Iterable[Op]) -> Result:
         "values read": sum(len(p) for r in a.reads for p in r.values()),
         "keys": len(a.orders),
     }
+    if a.damage:
+        res.stats["damaged batches"] = sum(len(d) for d in a.damage.values())
+        res.stats["values given up (damaged)"] = sum(
+            1 for w in a.writes for k, pairs in w.items() for o, _ in pairs if a.damaged(k, o))
     return res
 
 
@@ -253,7 +279,7 @@ def _lost_writes(a: Analysis, res: Result) -> None:
         if bound < 0:
             continue
         for v, last in vo.last_index.items():
-            if last > bound or v in read:
+            if last > bound or v in read or any(a.damaged(k, o) for o in vo.offsets_of[v]):
                 continue
             w = a.writer_of.get(k, {}).get(v)
             if w is not None and a.committed[w]:
@@ -267,7 +293,7 @@ def _unseen(a: Analysis, res: Result) -> None:
             continue
         for k, pairs in a.writes[i].items():
             for offset, v in pairs:
-                if v not in a.read_values.get(k, ()):
+                if v not in a.read_values.get(k, ()) and not a.damaged(k, offset):
                     res.add("unseen", key=k, value=v, offset=offset, writer=_brief(op))
 
 
@@ -457,6 +483,28 @@ def _duplicate_consumes(a: Analysis, res: Result) -> None:
         if len(readers) > 1:
             res.add("duplicate-consume", group=g, key=k, value=v,
                     readers=[_brief(a.ops[i]) for i in readers])
+
+
+def _corrupt_reads(a: Analysis, res: Result) -> None:
+    if not a.damage:
+        return
+    sent_at: dict[tuple[str, Any], int] = {}
+    for i, w in enumerate(a.writes):
+        for k, pairs in w.items():
+            for offset, v in pairs:
+                if offset is not None:
+                    sent_at[(k, v)] = offset
+    for i, op in enumerate(a.ops):
+        t = op.get("time", 0.0)
+        for k, pairs in a.reads[i].items():
+            for offset, v in pairs:
+                d = a.damaged(k, offset)
+                if d is None or t < d["at"]:
+                    continue
+                known = sent_at.get((k, v))
+                bad_value = a.writer_of.get(k, {}).get(v) is None or (known is not None and known != offset)
+                if bad_value or t > d["at"] + DAMAGE_SLACK_S:
+                    res.add("corrupt-read", key=k, offset=offset, value=v, damage=d, reader=_brief(op))
 
 
 def summary(res: Result) -> str:

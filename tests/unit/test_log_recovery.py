@@ -604,3 +604,31 @@ def test_regression_a_torn_length_in_a_sealed_segment_keeps_the_later_segments(t
     log.close()
     assert {b: Path(log_path(d, b)).read_bytes() for b in bases[2:]} == later
     assert os.path.getsize(log_path(d, victim)) == valid[-1][0]    # only the damage cut
+
+
+def test_regression_a_flipped_abort_marker_in_a_sealed_segment_keeps_the_segment_and_its_abort(tmp_path):
+    """Found by the chaos suite's bit flip (issue 34): a bit of a sealed segment's ABORT marker
+    changed while the appliance was down failed the open's check of the .txnindex against its
+    markers, which sent the segment to recovery: cut after the batch before the marker, every
+    later acknowledged batch of the segment went, and the aborted transaction's records, whose
+    marker and index entry were gone, were served to read_committed consumers as committed (G1a).
+    A marker that fails its CRC says nothing about the index: the entry is kept, the segment
+    loads, and the fetch path refuses the damaged batch."""
+    d = str(tmp_path)
+    log, entries = abort_in_each_segment(d, 3)
+    leo, bases = log.log_end_offset, log.segment_bases()
+    log.close(clean=False)                              # a kill -9
+    path = log_path(d, bases[0])
+    data = Path(path).read_bytes()
+    pos = next(p for p, h in iter_batch_headers(data) if h.base_offset == entries[0].last_offset)
+    assert pos + 200 < len(data)                        # later batches in the segment
+    with open(path, "r+b") as f:                        # the control record's type: ABORT -> COMMIT
+        f.seek(pos + HEADER_SIZE + 4)
+        f.write(bytes([data[pos + HEADER_SIZE + 4] ^ 0x01]))
+    log = PartitionLog.open(d, S, T0)
+    assert log.segment_bases() == bases and log.log_end_offset == leo
+    assert os.path.getsize(path) == len(data)
+    # (the active segment's entry comes back from the producer-state replay, as after any kill)
+    assert log.aborted_entries() == [e for e in entries if e.last_offset < bases[-1]]
+    assert log.aborted_entries()[0] == entries[0]
+    log.close()

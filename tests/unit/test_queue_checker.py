@@ -230,3 +230,47 @@ def test_long_history_is_checked_without_recursion_limits(n):
         h.append(txn(f"t{i}", "ok", poll(x=[(i - 1, f"v{i - 1}")]), send("x", i, f"v{i}")))
     h.append(polled("final", x=[(i, f"v{i}") for i in range(n)]))
     assert counts(h) == {}
+
+
+def damage(k, first, last, at):
+    return {"process": "nemesis", "type": "ok", "f": "damage",
+            "value": {"key": k, "first": first, "last": last, "at": at}}
+
+
+def at(op, t):
+    op["time"] = t
+    return op
+
+
+def test_values_of_a_damaged_batch_are_given_up_and_the_reader_that_skips_it_resets():
+    # b and c (offsets 1-2) are one batch a bit flip damaged; the final reader read a, was moved
+    # past the batch (a reset), read d: neither lost nor unseen, no poll skip.
+    h = [at(txn("p0", "ok", send("x", 0, "a"), send("x", 1, "b"), send("x", 2, "c"), send("x", 3, "d")), 1.0),
+         damage("x", 1, 2, 5.0),
+         at(polled("final", x=[(0, "a")]), 10.0),
+         {"process": "final", "type": "ok", "f": "reset", "value": ["x"], "time": 10.5},
+         at(polled("final", x=[(3, "d")]), 11.0)]
+    res = check(h)
+    assert counts(h) == {}, res.cases
+    assert res.stats["damaged batches"] == 1 and res.stats["values given up (damaged)"] == 2
+
+
+def test_without_its_damage_entry_the_same_history_is_a_lost_write():
+    h = [txn("p0", "ok", send("x", 0, "a"), send("x", 1, "b"), send("x", 2, "c")),
+         polled("final", x=[(0, "a")]),
+         {"process": "final", "type": "ok", "f": "reset", "value": ["x"]},
+         polled("final", x=[(2, "c")])]
+    assert counts(h) == {"lost-write": 1, "unseen": 1}
+
+
+def test_corrupt_read_of_a_damaged_batch():
+    h = [at(txn("p0", "ok", send("x", 0, "a"), send("x", 1, "b")), 1.0),
+         damage("x", 1, 1, 5.0),
+         at(polled("c0", x=[(0, "a"), (1, "b")]), 4.0),     # before the damage: fine
+         at(polled("c1", x=[(0, "a"), (1, "b")]), 8.0),     # a prefetch of the good batch: fine
+         at(polled("c2", x=[(0, "a"), (1, "b")]), 60.0),    # served long after: corrupt
+         at(polled("c3", x=[(0, "a"), (1, "bX")]), 6.0)]    # a changed value: corrupt at once
+    res = check(h)
+    assert [c["reader"]["process"] for c in res.cases["corrupt-read"]] == ["c2", "c3"]
+    # (c3 read a but not b over the transaction's span: G1b, as the changed value implies)
+    assert counts(h) == {"corrupt-read": 2, "garbage-read": 1, "inconsistent-offsets": 1, "G1b": 1}
