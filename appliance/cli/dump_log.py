@@ -20,7 +20,9 @@ import click
 
 from appliance.cli import main
 from appliance.log.files import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX
-from appliance.protocol.records import HEADER_SIZE, iter_batch_headers, read_header
+
+# appliance.protocol.records (and through it kio, crc32c) is imported by the functions that
+# read batches: ``appliance`` imports this module for every command, most of which read none.
 
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 CONTROL_TYPES = {0: "ABORT", 1: "COMMIT"}
@@ -61,7 +63,8 @@ def _printable(b: bytes | None) -> str:
 
 
 def dump_segment(path: str, out: Out, *, records: bool, data: bool, max_bytes: int) -> bool:
-    from appliance.protocol.records import batch_crc_ok, decode_records, parse_control_record
+    from appliance.protocol.records import (HEADER_SIZE, batch_crc_ok, decode_records,
+                                            iter_batch_headers, parse_control_record)
     base = _base_offset(path)
     m = _map(path)
     ok = True
@@ -140,6 +143,7 @@ def _segment_log(path: str) -> str | None:
 
 
 def _log_batch_at(log_map, position: int):
+    from appliance.protocol.records import HEADER_SIZE, read_header
     if position + HEADER_SIZE > len(log_map):
         return None
     h = read_header(log_map, position)
@@ -200,6 +204,7 @@ def dump_index(path: str, out: Out, *, sanity_only: bool, verify_only: bool) -> 
 def _verify_entry(log_map, entry: dict, time_index: bool) -> str | None:
     """Kafka's --verify-index-only: an offset entry must point at the batch whose last offset it
     names; a time entry's offset must be a batch's last offset with that max timestamp."""
+    from appliance.protocol.records import iter_batch_headers
     if not time_index:
         h = _log_batch_at(log_map, entry["position"])
         if h is None:
@@ -218,6 +223,7 @@ def _verify_entry(log_map, entry: dict, time_index: bool) -> str | None:
 
 def dump_txn_index(path: str, out: Out, *, sanity_only: bool) -> bool:
     from appliance.log.txn_index import read_entries, sane
+    from appliance.protocol.records import iter_batch_headers
     base = _base_offset(path)
     log = _segment_log(path)
     next_offset = base

@@ -30,8 +30,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
-
 from appliance.client.errors import IllegalStateError, KafkaError
 from appliance.protocol.records import HEADER_SIZE, Record, build_batch_from_body
 
@@ -58,7 +56,10 @@ def records_section(records: Sequence[Record]) -> tuple[memoryview, int, int]:
     """(the records section of a batch of ``records``, its base timestamp, its max timestamp),
     encoded by aiokafka's compiled record builder (a dependency of the appliance already: the
     frontends validate with its parser), which writes Kafka's record layout byte for byte as
-    ``appliance.protocol.records.build_batch`` does, four times faster."""
+    ``appliance.protocol.records.build_batch`` does, four times faster. (Imported here: the
+    ``aiokafka`` package imports its whole asyncio client, a quarter of a second that the
+    commands which send no records, admin tools and consumers, need not wait for.)"""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
     builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 0x7FFFFFFF)
     append = builder.append
     for i, r in enumerate(records):

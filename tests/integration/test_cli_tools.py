@@ -1,7 +1,11 @@
-"""The Kafka tools of the CLI against the running appliance, run as an operator runs them
-(subprocesses of the installed ``appliance`` command): ``topics``, ``groups``, ``configs``,
+"""The Kafka tools of the CLI against the running appliance: ``topics``, ``groups``, ``configs``,
 ``get-offsets``, ``dump-log``, ``produce`` and ``consume``. Each is checked for its table output,
 its ``--json`` output, and for an error that names the cause with a non-zero exit.
+
+Most calls run the command in this process (``cli_runner.in_process``: the command's own
+code, output and exit code, without the Python start and imports per call that made up most of
+this module's time); at least one call per tool runs the installed ``appliance`` entry point as
+an operator does (``cli_runner.installed``: a subprocess).
 """
 
 from __future__ import annotations
@@ -9,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
@@ -18,24 +20,16 @@ import pytest
 from appliance.client import Producer
 from appliance_harness import write_config
 from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
+from cli_runner import Ran, in_process, installed
 
-APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
 # Small segments and dense indexes, so that dump-log has segments and index entries to show.
 APPLIANCE_CONFIG = {"server": {"frontends": 1}, "log": {"index_interval_bytes": 64}}
 
 
-def cli(*args, ok=True, stdin=None):
-    r = subprocess.run([APPLIANCE, *args], capture_output=True, text=True, timeout=120, input=stdin,
-                       env={k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")})
-    if ok:
-        assert r.returncode == 0, (args, r.stdout, r.stderr)
-    return r
-
-
-def tool(app, *args, ok=True, stdin=None):
+def tool(app, *args, ok=True, stdin=None, run=in_process) -> Ran:
     """``appliance TOOL SUBCOMMAND ... --bootstrap-server`` (the option on the command, as Kafka's
-    tools take it)."""
-    return cli(*args, "--bootstrap-server", app.bootstrap, ok=ok, stdin=stdin)
+    tools take it); ``run=installed`` for the installed command."""
+    return run(*args, "--bootstrap-server", app.bootstrap, ok=ok, stdin=stdin)
 
 
 def fields(line: str) -> dict[str, str]:
@@ -68,7 +62,7 @@ def test_topics_create_list_describe_alter_delete(shared_appliance, tmp_path):
     # the group's --config FILE gives the default bootstrap server (server.listen)
     cfg = tmp_path / "appliance.toml"
     write_config(str(cfg), {"server": {"listen": app.bootstrap}})
-    assert "cli-t" in cli("topics", "--config", str(cfg), "list").stdout.split()
+    assert "cli-t" in installed("topics", "--config", str(cfg), "list").stdout.split()
 
     out = rows(tool(app, "topics", "describe", "--topic", "cli-t").stdout)
     assert out[0] == ["TOPIC", "TOPIC-ID", "PARTITIONS", "REPLICATION-FACTOR", "CONFIGS"]
@@ -99,10 +93,10 @@ def test_topics_create_list_describe_alter_delete(shared_appliance, tmp_path):
 
 
 def test_an_unreachable_bootstrap_server_is_named(shared_appliance):
-    r = cli("topics", "list", "--bootstrap-server", "127.0.0.1:1", ok=False)
+    r = installed("topics", "list", "--bootstrap-server", "127.0.0.1:1", ok=False)
     assert r.returncode == 1 and "cannot reach 127.0.0.1:1" in r.stderr
     # spark recover ends a Kafka error as every tool does (it had its own "error: ..." line)
-    r = cli("spark", "recover", "--bootstrap-server", "127.0.0.1:1", ok=False)
+    r = installed("spark", "recover", "--bootstrap-server", "127.0.0.1:1", ok=False)
     assert r.returncode == 1 and r.stderr.startswith("Error: cannot reach 127.0.0.1:1"), r.stderr
 
 
@@ -112,7 +106,7 @@ def test_configs_describe_and_alter_topics_and_brokers(appliance_factory):
     app = appliance_factory()            # its own: broker configs change for every topic
     tool(app, "topics", "create", "--topic", "cfg-t")
     r = tool(app, "configs", "alter", "--entity-type", "topics", "--entity-name", "cfg-t",
-             "--add-config", "retention.ms=60000,cleanup.policy=[delete]")
+             "--add-config", "retention.ms=60000,cleanup.policy=[delete]", run=installed)
     assert r.stdout.strip() == "Completed updating config for topic cfg-t."
     out = rows(tool(app, "configs", "describe", "--topic", "cfg-t").stdout)
     assert out == [["TOPIC", "NAME", "VALUE", "SOURCE"], ["cfg-t", "cleanup.policy", "delete", "DYNAMIC_TOPIC_CONFIG"],
@@ -158,7 +152,7 @@ def test_get_offsets_with_isolation_levels_and_times(shared_appliance):
     tx.send("go-t", b"open", partition=0)
     tx.flush()                                   # in the log, uncommitted: the LSO stays at 5
     try:
-        out = rows(tool(app, "get-offsets", "--topic", "go-t").stdout)
+        out = rows(tool(app, "get-offsets", "--topic", "go-t", run=installed).stdout)
         assert out == [["TOPIC", "PARTITION", "OFFSET"], ["go-t", "0", "6"], ["go-t", "1", "0"]]
         rc = rows(tool(app, "get-offsets", "--topic", "go-t", "--isolation-level", "read_committed").stdout)
         assert rc[1] == ["go-t", "0", "5"]
@@ -182,11 +176,12 @@ def test_console_produce_and_consume_with_keys_headers_and_isolation(shared_appl
     app = shared_appliance
     tool(app, "topics", "create", "--topic", "con-t")
     r = tool(app, "produce", "--topic", "con-t", "--property", "parse.key=true", "--property", "parse.headers=true",
-             "--json", stdin="h:1,x:2\tk1\thello\nz:9\tk2\tworld\n")
+             "--json", stdin="h:1,x:2\tk1\thello\nz:9\tk2\tworld\n", run=installed)
     assert [json.loads(line)["offset"] for line in r.stdout.splitlines()] == [0, 1]
     tool(app, "produce", "--topic", "con-t", stdin="plain\n")
     out = tool(app, "consume", "--topic", "con-t", "--from-beginning", "--max-messages", "3",
-               "--property", "print.key=true", "--property", "print.headers=true", "--property", "print.offset=true")
+               "--property", "print.key=true", "--property", "print.headers=true", "--property", "print.offset=true",
+               run=installed)
     assert out.stdout.splitlines() == ["Offset:0\th:1,x:2\tk1\thello", "Offset:1\tz:9\tk2\tworld",
                                        "Offset:2\tNO_HEADERS\tnull\tplain"]
     assert "Processed a total of 3 messages" in out.stderr
@@ -240,7 +235,7 @@ def test_groups_list_describe_reset_and_delete(shared_appliance):
     c = _member(app, "cli-group", "grp-t")
     try:
         tool(app, "produce", "--topic", "grp-t", "--partition", "1", stdin="g\nh\nh2\n")   # lag 3 on partition 1
-        listed = rows(tool(app, "groups", "list").stdout)
+        listed = rows(tool(app, "groups", "list", run=installed).stdout)
         assert listed[0] == ["GROUP", "TYPE", "STATE", "GROUP-TYPE"]
         assert ["cli-group", "consumer", "Stable", "classic"] in listed
         assert tool(app, "groups", "list", "--state", "Empty").stdout.split()[4:] == []
@@ -319,7 +314,7 @@ def test_dump_log_shows_batches_markers_and_indexes_offline(shared_appliance, tm
     p.close()
     d = os.path.join(app.data_dir, "dump-t-0")
     first = os.path.join(d, "00000000000000000000")
-    out = cli("dump-log", first + ".log", "--print-data-log").stdout.splitlines()
+    out = installed("dump-log", first + ".log", "--print-data-log").stdout.splitlines()
     assert out[0] == f"Dumping {first}.log" and out[1] == "Log starting offset: 0"
     batches = [fields(line) for line in out if line.startswith("baseOffset:")]
     pid = batches[0]["producerId"]
@@ -329,17 +324,17 @@ def test_dump_log_shows_batches_markers_and_indexes_offline(shared_appliance, tm
     assert "| offset: 0 CreateTime:" in out[3] and "headerKeys: [h] key: k payload: committed" in out[3]
     markers = [line for line in out if "endTxnMarker" in line]
     assert "endTxnMarker: COMMIT coordinatorEpoch:" in markers[0] and "endTxnMarker: ABORT" in markers[1]
-    js = [json.loads(line) for line in cli("dump-log", first + ".log", "--json").stdout.splitlines()]
+    js = [json.loads(line) for line in in_process("dump-log", first + ".log", "--json").stdout.splitlines()]
     assert [b["batch"]["isControl"] for b in js if "batch" in b][:4] == [False, True, False, True]
 
-    txn = cli("dump-log", first + ".txnindex").stdout.splitlines()
+    txn = in_process("dump-log", first + ".txnindex").stdout.splitlines()
     assert txn[1] == f"version: 0 producerId: {pid} firstOffset: 2 lastOffset: 3 lastStableOffset: 4"
-    index = cli("dump-log", first + ".index", first + ".timeindex").stdout.splitlines()
+    index = in_process("dump-log", first + ".index", first + ".timeindex").stdout.splitlines()
     assert any(line.startswith("offset: ") and " position: " in line for line in index)
     assert any(line.startswith("timestamp: ") for line in index)
-    checks = cli("dump-log", "--index-sanity-check", first + ".index", first + ".timeindex", first + ".txnindex")
+    checks = in_process("dump-log", "--index-sanity-check", first + ".index", first + ".timeindex", first + ".txnindex")
     assert checks.stdout.count("passed sanity check.") == 3
-    assert "every entry matches the log." in cli("dump-log", "--verify-index-only", first + ".index").stdout
+    assert "every entry matches the log." in in_process("dump-log", "--verify-index-only", first + ".index").stdout
 
     # a damaged copy, offline: a failed CRC, an index whose entries go backwards
     bad = tmp_path / "bad"
@@ -349,7 +344,7 @@ def test_dump_log_shows_batches_markers_and_indexes_offline(shared_appliance, tm
     with open(bad / "00000000000000000000.log", "r+b") as f:
         f.seek(70)
         f.write(b"\xff")
-    r = cli("dump-log", str(bad / "00000000000000000000.log"), ok=False)
+    r = in_process("dump-log", str(bad / "00000000000000000000.log"), ok=False)
     assert r.returncode == 1 and "isvalid: false" in r.stdout
     with open(bad / "00000000000000000000.index", "r+b") as f:
         entries = f.read()
@@ -357,9 +352,9 @@ def test_dump_log_shows_batches_markers_and_indexes_offline(shared_appliance, tm
         assert n >= 2
         f.seek((n - 1) * 8)
         f.write(entries[0:4] + entries[(n - 1) * 8 + 4:n * 8])      # last entry's offset = the first's
-    r = cli("dump-log", "--index-sanity-check", str(bad / "00000000000000000000.index"), ok=False)
+    r = in_process("dump-log", "--index-sanity-check", str(bad / "00000000000000000000.index"), ok=False)
     assert r.returncode == 1 and "not increasing" in r.stdout
-    unknown = cli("dump-log", os.path.join(d, "partition.metadata"), ok=False)
+    unknown = in_process("dump-log", os.path.join(d, "partition.metadata"), ok=False)
     assert unknown.returncode == 1 and "Ignoring unknown file" in unknown.stderr
 
 
@@ -367,5 +362,5 @@ def test_dump_log_shows_batches_markers_and_indexes_offline(shared_appliance, tm
 def test_tool_groups_take_the_bootstrap_server_before_the_command(shared_appliance, command):
     """As ``appliance transactions --bootstrap-server H:P list`` does."""
     sub = {"topics": ["list"], "groups": ["list"], "configs": ["describe", "--broker", "1"]}[command]
-    r = cli(command, "--bootstrap-server", shared_appliance.bootstrap, *sub)
+    r = in_process(command, "--bootstrap-server", shared_appliance.bootstrap, *sub)
     assert r.returncode == 0

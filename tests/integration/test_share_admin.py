@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 
 from appliance_harness import free_port, shared_appliance, watch_shared_appliance  # noqa: F401
+from cli_runner import in_process
 from client_drivers import driver
 from java_programs import java4_program  # noqa: F401 (fixture)
 from raw_wire import RawClient
@@ -20,14 +21,9 @@ GROUP_ID_NOT_FOUND, INCONSISTENT_GROUP_PROTOCOL, NON_EMPTY_GROUP = 69, 23, 68
 
 
 def tool(bootstrap: str, *args: str):
-    """``appliance ARGS --bootstrap-server B`` run in this process (click's runner: the
-    command's own code and output, without a Python start per call); must exit 0."""
-    from click.testing import CliRunner
-
-    from appliance.cli import main
-    r = CliRunner().invoke(main, [*args, "--bootstrap-server", bootstrap])
-    assert r.exit_code == 0, (args, r.output, r.exception)
-    return r
+    """``appliance ARGS --bootstrap-server B`` run in this process (``cli_runner.in_process``:
+    the command's own code and output, without a Python start per call); must exit 0."""
+    return in_process(*args, "--bootstrap-server", bootstrap)
 
 
 def heartbeat(c: RawClient, group: str, topic: str, member: str | None = None):
