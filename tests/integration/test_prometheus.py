@@ -1,7 +1,8 @@
 """A real Prometheus (Debian's package, installed by `make install-test`) scrapes the real
 appliance's `[metrics] listen` endpoint every second while real clients drive a little load (a
 producer, a transactional producer that leaves one transaction open, a consumer group that
-commits, a compacted topic); `promtool check metrics` passes on a scrape, and every expression of
+commits, a share consumer, a compacted topic, a produce and a fetch and a DeleteTopics answered
+with errors); `promtool check metrics` passes on a scrape, and every expression of
 the Grafana dashboard (ops/grafana/appliance.json) returns data through Prometheus's query API."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, ShareConsumer, TopicPartition
+from confluent_kafka import (Consumer, KafkaError, KafkaException, Producer, ShareConsumer,
+                             TopicPartition)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from appliance_harness import eventually, free_port
@@ -190,7 +192,13 @@ def test_prometheus_scrapes_and_every_dashboard_expression_returns_data(applianc
             names = [n for n in FIRST_EVENT_COUNTERS if n in e]
             return bool(names) and all(
                 re.search(rf"^# TYPE {n.removesuffix('_total')}(_total)? counter$", text, re.M)
+                and any(requests.get(f"{base}/api/v1/metadata", params={"metric": m},
+                                     timeout=10).json()["data"]
+                        for m in (n, n.removesuffix("_total")))
                 for n in names)
+
+        # The dashboard's $job variable: label_values(appliance_worker_up, job).
+        assert {s["metric"]["job"] for s in query(base, "appliance_worker_up")} == {"appliance"}
 
         text = body.decode()
         exprs = [substitute(e) for e in dashboard_expressions()]
