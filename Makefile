@@ -19,7 +19,7 @@ $(VENV)/.installed: $(BUILD_INPUTS) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-test: $(BUILD_INPUTS) | $(BIN)/python fuse3 chromium
+$(VENV)/.installed-test: $(BUILD_INPUTS) | $(BIN)/python fuse3 chromium prometheus
 	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	touch $(VENV)/.installed $@
 
@@ -41,6 +41,22 @@ chromium:
 	    && (apt-get install -y -qq chromium >/dev/null 2>&1 \
 	        || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)); } \
 	    || echo "chromium not installed: the console's browser tests will fail naming it"
+
+# tests/integration/test_prometheus.py scrapes the appliance with Debian's prometheus (and checks
+# the exposition with its promtool), starting its own with its own config and data dir: the
+# package's service is kept from starting (a policy-rc.d saying 101 while it installs, unless
+# the machine has one already) and disabled, so nothing else listens on its port 9090.
+.PHONY: prometheus
+prometheus:
+	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	    && { own=; [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d \
+	            && chmod 755 /usr/sbin/policy-rc.d && own=1; }; \
+	        (apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 \
+	            || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null)); \
+	        rc=$$?; [ -z "$$own" ] || rm -f /usr/sbin/policy-rc.d; \
+	        command -v systemctl >/dev/null && systemctl disable --now prometheus >/dev/null 2>&1; \
+	        [ $$rc = 0 ]; }; } \
+	    || echo "prometheus not installed: tests/integration/test_prometheus.py will fail naming it"
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
