@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, ShareConsumer, TopicPartition
 from playwright import sync_api as playwright_api
 
 from appliance.client import Producer as ApplianceProducer
@@ -82,7 +82,8 @@ def console(tmp_path_factory):
         "tls": {"cert_file": pki.broker_cert, "key_file": pki.broker_key, "ca_file": pki.ca},
         "authorizer": {"enable": True, "super_users": ["User:admin"]},
         "transactions": {"two_phase_commit_enable": True},
-        "groups": {"initial_rebalance_delay_ms": 0},
+        "groups": {"initial_rebalance_delay_ms": 0, "share_auto_offset_reset": "earliest",
+                   "share_heartbeat_interval_ms": 500},
         "console": {"listen": f"127.0.0.1:{console_port}", "tls": True}})
     app.use_listeners({"SASL_PLAINTEXT": sasl_port})
     app.start()
@@ -210,6 +211,13 @@ def test_create_produce_browse_and_group_lag(console, admin_page):
         c.commit(offsets=[TopicPartition("orders", 0, 5)], asynchronous=False)
         page.reload()
         expect(page.locator("#lag td.lag")).to_have_text("0")
+        # the lag chart (uPlot), its points kept by the console: the page's read, then the
+        # chart's own refresh, each a point of the total and of orders-0
+        expect(page.locator("#chart-lag .uplot canvas")).to_have_count(1)
+        expect(page.locator("#chart-lag")).to_have_attribute("data-points", re.compile(r"^[1-9]"))
+        lag = page.request.get(base + "/api/groups/readers/lag").json()
+        assert lag["partitions"] == ["orders-0"] and lag["total"][-1] == 0, lag
+        assert lag["lag"][0][-1] == 0 and len(lag["t"]) == len(lag["total"]) >= 1, lag
         shot(page, "group")
         # reset offsets: the dry run shows the plan and changes nothing
         page.fill("#reset input[name=topic]", "orders")
@@ -312,6 +320,59 @@ def test_a_user_without_acls_is_refused_and_a_form_without_its_csrf_token(consol
                                 timeout=60000)
         shot(admin, "overview")
     page.context.close()
+
+
+def test_a_share_group_shows_its_members_and_share_partitions(console, admin_page):
+    app, _, base = console
+    expect = playwright_api.expect
+    page = admin_page
+    sc = ShareConsumer(_confluent(app, **{"group.id": "sharers"}))
+    try:
+        sc.subscribe(["orders"])
+        app.wait_for(lambda: any(not m.error() for m in sc.poll(0.5) or ()),
+                     what="the share consumer to get a record of orders")
+        page.goto("/groups")
+        page.click("#groups a:text-is('sharers')")
+        page.wait_for_url(base + "/share-groups/sharers")
+        expect(page.locator("#members tbody tr")).to_have_count(1)
+        expect(page.locator("#members")).to_contain_text("orders-0")
+        expect(page.locator("#share-offsets")).to_contain_text("orders-0")
+        shot(page, "share-group")
+    finally:
+        sc.close()
+
+
+def test_users_are_added_and_deleted_as_the_logged_in_principal(console, admin_page):
+    app, _, base = console
+    expect = playwright_api.expect
+    alice = _page(console, "alice")
+    alice.goto("/security")
+    alice.fill("#add-user input[name=name]", "mallory")
+    alice.fill("#add-user input[name=password]", "m-secret")
+    alice.fill("#add-user input[name=password2]", "m-secret")
+    alice.click("#add-user button")
+    expect(_flash(alice)).to_contain_text("AUTHORIZATION_FAILED")     # no Alter on the cluster
+    alice.context.close()
+    admin = admin_page
+    admin.goto("/security")
+    admin.fill("#add-user input[name=name]", "carol")
+    admin.select_option("#add-user select[name=mechanism]", "SCRAM-SHA-256")
+    admin.fill("#add-user input[name=password]", "carol-secret")
+    admin.fill("#add-user input[name=password2]", "carol-secret")
+    admin.click("#add-user button")
+    expect(_flash(admin)).to_have_text("user carol: SCRAM-SHA-256 credential set")
+    row = admin.locator("#users tr", has_text="carol")
+    expect(row).to_contain_text("SCRAM-SHA-256")
+    assert "mallory" not in admin.locator("#users").inner_text()
+    # carol's credential works over the Kafka protocol
+    with AdminClient(app.bootstrap, security=Security.from_config({
+            **DEFAULTS, "security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username": "carol", "sasl_password": "carol-secret"})) as a:
+        a.list_topics()
+    row.locator("input[name=confirm]").check()
+    row.locator("button").click()
+    expect(_flash(admin)).to_have_text("user carol: deleted SCRAM-SHA-256")
+    expect(admin.locator("#users")).not_to_contain_text("carol")
 
 
 def test_spark_jobs_a_dead_job_is_recovered(console, admin_page):
