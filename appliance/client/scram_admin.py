@@ -28,7 +28,8 @@ def _upsertion(name: str, mechanism: str, password: str, iterations: int) -> Ups
 def _raise_failed(results) -> None:
     for r in results:
         if r.error_code:
-            raise KafkaError(ErrorCode(r.error_code), f"{r.user}: {r.error_message}")
+            raise KafkaError(ErrorCode(r.error_code),
+                             f"{r.user}: {r.error_message}" if r.error_message else f"user {r.user}")
 
 
 def _alter(conn: BrokerConnection, deletions=(), upsertions=()) -> None:
