@@ -4,7 +4,7 @@ Runs as one child of the supervisor when ``console.listen`` is set (an ``AsyncWo
 ``workers.base``: its heartbeat, state page and restarts like every worker's; never the
 supervisor's loop or a frontend). Owns the HTTP(S) connections of browsers, the listening socket
 it inherited from the supervisor (bound before the fork, so a taken port stops the start with
-its exit status), the login sessions and the Overview's hour of samples. It has no rings: what it
+its exit status), the login sessions, the Overview's hour of samples and the watched groups' lag points. It has no rings: what it
 shows it reads as a Kafka client of the appliance's own listener, as the logged-in user
 (``appliance.console.kafka``), and from what every process publishes (metrics tables, state
 pages, ``processes.json``), so it is off the data path: a busy console costs the brokers'

@@ -2,8 +2,8 @@
 (Jinja2 templates in ``templates/``, the charts library and our script in ``static/``).
 
 Runs in the console worker (``workers/console_server.py``), one request at a time; owns the
-sessions (``appliance.console.sessions``), the Overview's hour of samples
-(``appliance.console.history``) and each session's Kafka connections
+sessions (``appliance.console.sessions``), the Overview's hour of samples and the watched
+groups' lag points (``appliance.console.history``) and each session's Kafka connections
 (``appliance.console.kafka.Backend``). ``handle`` takes a parsed ``Request`` and returns a
 ``Response``: no socket here.
 
@@ -39,7 +39,7 @@ from appliance.config import Config
 from appliance.listeners import Listener, advertised_host
 
 from . import records as rec
-from .history import History
+from .history import GroupLags, History
 from .http import Request, Response
 from .kafka import Backend, error_text
 from .overview import Overview, problems
@@ -83,6 +83,7 @@ class Console:
         self.clock = clock
         self.sessions = Sessions(cfg.console.session_idle_ms / 1000, secure)
         self.history = History()
+        self.lags = GroupLags()
         self.overview = Overview(run_dir, data_dir)
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
                                       autoescape=True, undefined=jinja2.StrictUndefined)
@@ -265,6 +266,14 @@ class Console:
 
     def history_json(self) -> Response:
         return Response(200, json.dumps(self.history.series()).encode(), "application/json")
+
+    def note_lag(self, group: dict) -> None:
+        """A point of ``group``'s lag chart from what its page just read."""
+        self.lags.add(group["group"], self.clock(), {
+            f"{r['topic']}-{r['partition']}": r["lag"] for r in group["lag"] if r["lag"] is not None})
+
+    def lag_json(self, name: str) -> Response:
+        return Response(200, json.dumps(self.lags.series(name)).encode(), "application/json")
 
 
 def _back(req: Request) -> str:

@@ -1,11 +1,12 @@
-"""The Overview's charts: produce and fetch rates and request latency over the last hour, kept in
-memory.
+"""The Overview's charts (produce and fetch rates and request latency) and the Groups page's lag
+charts, over the last hour, kept in memory.
 
 Runs in the console worker; owns the last hour of samples (one every ``SAMPLE_S``), taken from
 what every process publishes (``appliance.metrics.collector``: the metrics tables, read without
 waiting for or waking a worker), so charting costs the data path nothing. A console restart
 starts the hour afresh. Sans-IO but for the collector handed in: ``add`` takes the counters'
-totals and the time, ``series`` gives the rates between samples.
+totals and the time, ``series`` gives the rates between samples. ``GroupLags`` (sans-IO) holds
+each watched group's lag per partition.
 """
 
 from __future__ import annotations
@@ -95,3 +96,45 @@ class History:
             out["produce_ms"].append(d["produce_ms"] / d["produce_n"] if d["produce_n"] else None)
             out["fetch_ms"].append(d["fetch_ms"] / d["fetch_n"] if d["fetch_n"] else None)
         return out
+
+
+MAX_GROUPS = 100
+
+
+class GroupLags:
+    """The Groups page's lag charts: per group, its lag per partition and in total over the last
+    hour, one point per ``SAMPLE_S`` at most. A point is taken whenever the console reads the
+    group's lag (its page and the chart's refresh, as the viewing principal: with SASL the console
+    has no identity of its own to read groups with), so the hour holds what was watched. At most
+    ``MAX_GROUPS`` groups are kept, the longest unwatched going first."""
+
+    def __init__(self, keep_s: float = KEEP_S, every_s: float = SAMPLE_S,
+                 max_groups: int = MAX_GROUPS) -> None:
+        self.keep_s, self.every_s, self.max_groups = keep_s, every_s, max_groups
+        self.groups: dict[str, deque[tuple[float, dict[str, int]]]] = {}
+
+    def add(self, group: str, at: float, lag: dict[str, int]) -> None:
+        """``lag``: "topic-partition" -> lag (partitions without a committed offset left out)."""
+        q = self.groups.pop(group, None)
+        if q is None:
+            q = deque()
+            while len(self.groups) >= self.max_groups:
+                del self.groups[next(iter(self.groups))]
+        self.groups[group] = q            # the most recently watched last
+        if q and at - q[-1][0] < self.every_s * 0.8:
+            q[-1] = (q[-1][0], dict(lag))      # too soon for a new point: the latest wins
+        else:
+            q.append((at, dict(lag)))
+        while q and at - q[0][0] > self.keep_s:
+            q.popleft()
+
+    def series(self, group: str) -> dict:
+        """uPlot's columns: ``t``, ``total`` and one list per partition (None where a
+        partition had no lag to show at that point), ``partitions`` names them in order."""
+        points = list(self.groups.get(group, ()))
+        names = sorted({n for _, lag in points for n in lag},
+                       key=lambda n: (n.rpartition("-")[0], int(n.rpartition("-")[2] or 0)))
+        return {"t": [round(t, 3) for t, _ in points],
+                "total": [sum(lag.values()) for _, lag in points],
+                "partitions": names,
+                "lag": [[lag.get(n) for _, lag in points] for n in names]}

@@ -16,7 +16,7 @@ from collections import defaultdict
 from typing import Any
 
 from appliance.acl import model
-from appliance.client import acl_admin, transaction_admin
+from appliance.client import acl_admin, scram_admin, transaction_admin
 from appliance.client.admin import (BROKER, EARLIEST, LATEST, OP_DELETE, OP_SET, TOPIC,
                                     AdminClient)
 from appliance.client.connection import BrokerConnection
@@ -207,6 +207,21 @@ class Backend:
                     for t, p in tps]
         return d
 
+    def share_group(self, name: str) -> dict:
+        """A share group (KIP-932) as ``appliance share-groups describe`` shows it: state, epochs,
+        members with their partitions, start offset and lag per share partition."""
+        a = self.admin
+        d = a.describe_share_group(name)
+        check(*d["error"], f"share group {name}")
+        owners: dict[TP, list[str]] = defaultdict(list)
+        for m in d["members"]:
+            for tp in m["assignment"]:
+                owners[tp].append(m["member_id"])     # a share partition may have several
+        d["offsets"] = [{"topic": t, "partition": p, "start": start, "lag": lag,
+                         "members": owners.get((t, p), [])}
+                        for (t, p), (start, lag) in sorted(a.share_offsets(name).items())]
+        return d
+
     def reset_offsets(self, group: str, topic: str, to: str, dry_run: bool) -> list[dict]:
         """Kafka's --reset-offsets --to-earliest|--to-latest for every partition of ``topic``:
         the plan, committed unless ``dry_run`` (only while the group has no members)."""
@@ -286,6 +301,15 @@ class Backend:
         return {res.user: sorted(MECHANISM_NAMES.get(int(c.mechanism), str(c.mechanism))
                                  for c in res.credential_infos)
                 for res in r.results if not int(res.error_code)}
+
+    def add_user(self, name: str, mechanism: str, password: str, iterations: int = 4096) -> None:
+        """``appliance users add --bootstrap-server``: AlterUserScramCredentials as this
+        session's principal (the authorizer wants ALTER on the cluster)."""
+        scram_admin.add_online(self.conn, name, mechanism, password, iterations)
+
+    def delete_user(self, name: str, mechanism: str | None = None) -> list[str]:
+        """``appliance users delete --bootstrap-server``: the mechanisms deleted."""
+        return scram_admin.delete_online(self.conn, name, mechanism)
 
     def acls(self) -> list[dict]:
         found = acl_admin.describe_acls(self.conn, acl_admin.AclFilter())

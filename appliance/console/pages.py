@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .app import Console
 
 FORMATS = ("text", "json", "hex")
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 def get(c: "Console", req: Request, s: Session, parts: list[str]) -> Response:
@@ -39,9 +40,18 @@ def get(c: "Console", req: Request, s: Session, parts: list[str]) -> Response:
         return _records(c, req, s, parts[1])
     if head == "groups" and len(parts) == 1:
         return _read(c, s, "groups.html", "/groups", lambda: {"groups": b.call(b.groups)})
+    if head == "api" and len(parts) == 4 and parts[1] == "groups" and parts[3] == "lag":
+        # the lag chart's refresh: read the lag now (as this session's principal), then the hour
+        try:
+            c.note_lag(b.call(b.group, parts[2]))
+        except Exception as e:
+            return Response.text(502, error_text(e))
+        return c.lag_json(parts[2])
     if head == "groups" and len(parts) == 2:
-        return _read(c, s, "group.html", "/groups", lambda: {"group": b.call(b.group, parts[1]),
-                                                             "plan": None})
+        return _read(c, s, "group.html", "/groups", lambda: _group(c, b, parts[1]))
+    if head == "share-groups" and len(parts) == 2:
+        return _read(c, s, "share_group.html", "/groups",
+                     lambda: {"group": b.call(b.share_group, parts[1])})
     if head == "transactions" and len(parts) == 1:
         return _read(c, s, "transactions.html", "/transactions",
                      lambda: {"transactions": b.call(b.transactions)})
@@ -58,6 +68,12 @@ def _read(c: "Console", s: Session, template: str, page: str, read) -> Response:
     except Exception as e:
         return c.render(s, "error.html", page=page, message=error_text(e))
     return c.render(s, template, page=page, **values)
+
+
+def _group(c: "Console", b, name: str) -> dict:
+    d = b.call(b.group, name)
+    c.note_lag(d)
+    return {"group": d, "plan": None}
 
 
 def _security(c: "Console", s: Session) -> Response:
@@ -172,6 +188,27 @@ def post(c: "Console", req: Request, s: Session, parts: list[str]) -> str | Resp
         for line in lines:
             s.flash.append(("ok", line))
         return None if lines else "nothing to recover"
+    if parts == ["security", "users", "add"]:
+        name, mech = f.get("name", "").strip(), f.get("mechanism", "")
+        password = f.get("password", "")
+        if not name:
+            raise ValueError("name the user")
+        if mech not in SCRAM_MECHANISMS:
+            raise ValueError(f"the mechanism is one of {', '.join(SCRAM_MECHANISMS)}")
+        if not password:
+            raise ValueError("the password is empty")
+        if password != f.get("password2", ""):
+            raise ValueError("the two passwords differ")
+        b.call(b.add_user, name, mech, password)
+        return f"user {name}: {mech} credential set"
+    if parts == ["security", "users", "delete"]:
+        name = f.get("name", "").strip()
+        mech = f.get("mechanism") or None
+        if mech is not None and mech not in SCRAM_MECHANISMS:
+            raise ValueError(f"the mechanism is one of {', '.join(SCRAM_MECHANISMS)}")
+        _confirmed(req, f"deleting {name}")
+        mechs = b.call(b.delete_user, name, mech)
+        return f"user {name}: deleted {', '.join(mechs)}"
     if parts == ["security", "acls", "add"]:
         from .app import parse_acl
         binding = parse_acl(dict(f))

@@ -6,7 +6,9 @@ What a person does: logs in (a wrong password refused), sees the Overview (proce
 creates a topic, produces to it with a real client (confluent-kafka), browses the records as text
 and JSON with an aborted transaction and its marker marked, watches a group's lag fall, sees a
 prepared KIP-939 transaction pin the LSO and force-terminates it, and a user without ACLs is
-refused a change. The session cookie's flags, the CSRF check and the supervisor's restart of a
+refused a change. The group's lag chart draws the points the console kept; a share group
+(confluent-kafka's ShareConsumer) has its page with its member and share partition; a SCRAM user
+is added (and can authenticate), then deleted, and a user without Alter on the cluster is refused. The session cookie's flags, the CSRF check and the supervisor's restart of a
 killed console are checked too.
 
 ``APPLIANCE_CONSOLE_SCREENSHOTS=1`` writes a screenshot of each page into docs/console/ (README
@@ -24,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, ShareConsumer, TopicPartition
 from playwright import sync_api as playwright_api
 
 from appliance.client import Producer as ApplianceProducer
@@ -82,7 +84,8 @@ def console(tmp_path_factory):
         "tls": {"cert_file": pki.broker_cert, "key_file": pki.broker_key, "ca_file": pki.ca},
         "authorizer": {"enable": True, "super_users": ["User:admin"]},
         "transactions": {"two_phase_commit_enable": True},
-        "groups": {"initial_rebalance_delay_ms": 0},
+        "groups": {"initial_rebalance_delay_ms": 0, "share_auto_offset_reset": "earliest",
+                   "share_heartbeat_interval_ms": 500},
         "console": {"listen": f"127.0.0.1:{console_port}", "tls": True}})
     app.use_listeners({"SASL_PLAINTEXT": sasl_port})
     app.start()
@@ -210,6 +213,13 @@ def test_create_produce_browse_and_group_lag(console, admin_page):
         c.commit(offsets=[TopicPartition("orders", 0, 5)], asynchronous=False)
         page.reload()
         expect(page.locator("#lag td.lag")).to_have_text("0")
+        # the lag chart (uPlot), its points kept by the console: the page's read, then the
+        # chart's own refresh, each a point of the total and of orders-0
+        expect(page.locator("#chart-lag .uplot canvas")).to_have_count(1)
+        expect(page.locator("#chart-lag")).to_have_attribute("data-points", re.compile(r"^[1-9]"))
+        lag = page.request.get(base + "/api/groups/readers/lag").json()
+        assert lag["partitions"] == ["orders-0"] and lag["total"][-1] == 0, lag
+        assert lag["lag"][0][-1] == 0 and len(lag["t"]) == len(lag["total"]) >= 1, lag
         shot(page, "group")
         # reset offsets: the dry run shows the plan and changes nothing
         page.fill("#reset input[name=topic]", "orders")
@@ -312,6 +322,71 @@ def test_a_user_without_acls_is_refused_and_a_form_without_its_csrf_token(consol
                                 timeout=60000)
         shot(admin, "overview")
     page.context.close()
+
+
+def test_a_share_group_shows_its_members_and_share_partitions(console, admin_page):
+    app, _, base = console
+    expect = playwright_api.expect
+    page = admin_page
+    with AdminClient(app.bootstrap, security=_security("admin")) as a:
+        assert a.create_topics([{"name": "jobs", "partitions": 1}])["jobs"][0] == 0
+    p = Producer(_confluent(app))
+    p.produce("jobs", value=b"job 1")
+    assert p.flush(30) == 0
+    sc = ShareConsumer(_confluent(app, **{"group.id": "sharers"}))
+    try:
+        sc.subscribe(["jobs"])
+        app.wait_for(lambda: any(not m.error() for m in sc.poll(0.5) or ()),
+                     what="the share consumer to get the record of jobs")
+        page.goto("/groups")
+        page.click("#groups a:text-is('sharers')")
+        page.wait_for_url(base + "/share-groups/sharers")
+        expect(page.locator("#members tbody tr")).to_have_count(1)
+        expect(page.locator("#members")).to_contain_text("jobs-0")
+        row = page.locator("#share-offsets tbody tr")
+        expect(row).to_have_count(1)
+        expect(row.locator("td").nth(0)).to_have_text("jobs-0")
+        # acquired, not yet acknowledged (an implicit acknowledgement comes with the next poll)
+        expect(row.locator("td").nth(1)).to_have_text("0")
+        expect(row.locator("td").nth(2)).to_have_text("1")
+        shot(page, "share-group")
+    finally:
+        sc.close()
+
+
+def test_users_are_added_and_deleted_as_the_logged_in_principal(console, admin_page):
+    app, _, base = console
+    expect = playwright_api.expect
+    alice = _page(console, "alice")
+    alice.goto("/security")
+    alice.fill("#add-user input[name=name]", "mallory")
+    alice.fill("#add-user input[name=password]", "m-secret")
+    alice.fill("#add-user input[name=password2]", "m-secret")
+    alice.click("#add-user button")
+    # refused by the authorizer: alice has no Alter on the cluster
+    expect(alice.locator("p.flash[role=status]")).to_have_text(
+        "CLUSTER_AUTHORIZATION_FAILED (31): user mallory")
+    alice.context.close()
+    admin = admin_page
+    admin.goto("/security")
+    admin.fill("#add-user input[name=name]", "carol")
+    admin.select_option("#add-user select[name=mechanism]", "SCRAM-SHA-256")
+    admin.fill("#add-user input[name=password]", "carol-secret")
+    admin.fill("#add-user input[name=password2]", "carol-secret")
+    admin.click("#add-user button")
+    expect(_flash(admin)).to_have_text("user carol: SCRAM-SHA-256 credential set")
+    row = admin.locator("#users tr", has_text="carol")
+    expect(row).to_contain_text("SCRAM-SHA-256")
+    assert "mallory" not in admin.locator("#users").inner_text()
+    # carol's credential works over the Kafka protocol
+    with AdminClient(app.bootstrap, security=Security.from_config({
+            **DEFAULTS, "security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username": "carol", "sasl_password": "carol-secret"})) as a:
+        a.list_topics()
+    row.locator("input[name=confirm]").check()
+    row.locator("button").click()
+    expect(_flash(admin)).to_have_text("user carol: deleted SCRAM-SHA-256")
+    expect(admin.locator("#users")).not_to_contain_text("carol")
 
 
 def test_spark_jobs_a_dead_job_is_recovered(console, admin_page):

@@ -10,7 +10,7 @@ import pytest
 from appliance.config import ConfigError, load
 from appliance.console import records
 from appliance.console.app import Console, Target, parse_acl, pick_target
-from appliance.console.history import History, Totals
+from appliance.console.history import GroupLags, History, Totals
 from appliance.console.http import BadRequest, Request, Response, add_body, encode, parse_head
 from appliance.console.overview import problems
 from appliance.console.sessions import COOKIE, Sessions, csrf_ok
@@ -174,6 +174,63 @@ def test_history_gives_rates_and_mean_latency_and_skips_a_counter_reset():
     assert s["produce_ms"] == [2.0, 5.0] and s["fetch_ms"] == [None, None]
     h.add(Totals(200.0))
     assert [t.at for t in h.samples] == [200.0]           # older than keep_s is dropped
+
+
+def test_group_lags_keep_an_hour_per_partition_and_the_total_of_the_most_watched_groups():
+    g = GroupLags(keep_s=100, every_s=5, max_groups=2)
+    g.add("readers", 0.0, {"orders-1": 3, "orders-0": 4})
+    g.add("readers", 1.0, {"orders-1": 2, "orders-0": 4})    # too soon: replaces the point
+    g.add("readers", 10.0, {"orders-10": 1, "orders-0": 0})   # a partition came, one went
+    s = g.series("readers")
+    assert s["t"] == [0.0, 10.0] and s["total"] == [6, 1]
+    assert s["partitions"] == ["orders-0", "orders-1", "orders-10"]   # by number, not text
+    assert s["lag"] == [[4, 0], [2, None], [None, 1]]
+    g.add("readers", 200.0, {})
+    assert g.series("readers")["t"] == [200.0]               # older than keep_s is dropped
+    g.add("b", 0.0, {"t-0": 1})
+    g.add("readers", 210.0, {})                               # watched again: the newest
+    g.add("c", 0.0, {"t-0": 1})                               # the longest unwatched goes
+    assert set(g.groups) == {"readers", "c"}
+    assert g.series("unknown") == {"t": [], "total": [], "partitions": [], "lag": []}
+
+
+def test_user_forms_are_checked_before_any_kafka_request_and_a_delete_needs_its_tick(tmp_path):
+    c = _console(tmp_path, allow_changes=True)      # no broker here: a request would fail
+    s = c.sessions.new(c.clock())
+    base = {"csrf": s.csrf, "back": "/security", "name": "carol", "mechanism": "SCRAM-SHA-512"}
+    for form, said in [({"password": "a", "password2": "b"}, "the two passwords differ"),
+                       ({"password": "", "password2": ""}, "the password is empty"),
+                       ({"mechanism": "PLAIN", "password": "a", "password2": "a"},
+                        "the mechanism is one of SCRAM-SHA-256, SCRAM-SHA-512"),
+                       ({"name": " ", "password": "a", "password2": "a"}, "name the user")]:
+        r = c.handle(_request("POST", "/security/users/add", {**base, **form}, s.sid))
+        assert r.status == 303 and ("Location", "/security") in r.headers
+        kind, text = s.flash.pop()
+        assert kind == "error" and text.endswith(said), text
+    r = c.handle(_request("POST", "/security/users/delete", base, s.sid))
+    kind, text = s.flash.pop()
+    assert kind == "error" and text.endswith("not done: tick the box to confirm deleting carol")
+    r = c.handle(_request("POST", "/security/users/add", {**base, "csrf": "forged"}, s.sid))
+    assert r.status == 403
+
+
+def test_share_groups_link_to_their_own_page(tmp_path):
+    c = _console(tmp_path)
+    s = c.sessions.new(c.clock())
+    body = c.render(s, "groups.html", page="/groups", groups=[
+        {"group": "sg", "group_type": "share", "protocol_type": "share", "state": "Stable"},
+        {"group": "old", "group_type": None, "protocol_type": "share", "state": "Empty"},
+        {"group": "cg", "group_type": "consumer", "protocol_type": "consumer", "state": "Stable"},
+    ]).body.decode()
+    assert 'href="/share-groups/sg"' in body and 'href="/share-groups/old"' in body
+    assert 'href="/groups/cg"' in body
+    body = c.render(s, "share_group.html", page="/groups", group={
+        "group": "sg", "state": "Stable", "group_epoch": 3, "assignment_epoch": 3,
+        "coordinator": 1, "members": [{"member_id": "m1", "client_id": "c", "host": "/h",
+                                       "member_epoch": 3, "assignment": [("t", 0)]}],
+        "offsets": [{"topic": "t", "partition": 0, "start": 7, "lag": 2, "members": ["m1"]}],
+    }).body.decode()
+    assert "<td>t-0</td><td>7</td><td class=\"lag\">2</td><td>m1</td>" in body
 
 
 def test_problems_say_what_is_wrong_in_words():

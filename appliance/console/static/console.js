@@ -1,45 +1,71 @@
-// The appliance console's one script: the Overview's charts (uPlot, vendored beside this file),
-// refreshed every 5 s from /api/history. Every other page is plain HTML forms.
+// The appliance console's one script: the Overview's charts, refreshed every 5 s from
+// /api/history, and a group's lag chart, refreshed every 5 s from /api/groups/<group>/lag
+// (uPlot, vendored beside this file). Every other page is plain HTML forms.
 (function () {
   "use strict";
-  var charts = document.querySelectorAll(".chart[data-series]");
-  if (!charts.length || typeof uPlot === "undefined") return;
-  var colours = ["#2458c5", "#c5522a", "#1a7f37"];
-  var plots = [];
+  if (typeof uPlot === "undefined") return;
+  var colours = ["#2458c5", "#c5522a", "#1a7f37", "#8250df", "#bf8700", "#0a7ea4", "#cf222e"];
 
-  function build(el, data) {
-    var keys = el.dataset.series.split(",");
-    var labels = el.dataset.label.split(",");
+  function every5s(url, got) {
+    function refresh() {
+      fetch(url, {credentials: "same-origin"}).then(function (r) {
+        if (!r.ok) throw new Error(r.status);
+        return r.json();
+      }).then(got).catch(function () { /* the next refresh tries again */ });
+    }
+    refresh();
+    setInterval(refresh, 5000);
+  }
+
+  function options(labels) {
     var series = [{}];
-    keys.forEach(function (k, i) {
-      series.push({label: labels[i] || k, stroke: colours[i % colours.length], width: 1.5,
+    labels.forEach(function (label, i) {
+      series.push({label: label, stroke: colours[i % colours.length], width: i ? 1 : 1.5,
                    spanGaps: false});
     });
-    var opts = {width: 440, height: 200, series: series,
-                axes: [{}, {size: 60}], scales: {x: {time: true}}};
-    return {el: el, keys: keys, plot: new uPlot(opts, columns(keys, data), el)};
+    return {width: 440, height: 200, series: series, axes: [{}, {size: 60}],
+            scales: {x: {time: true}}};
   }
 
-  function columns(keys, data) {
-    var out = [data.t || []];
-    keys.forEach(function (k) { out.push(data[k] || []); });
-    return out;
-  }
-
-  function refresh() {
-    fetch("/api/history", {credentials: "same-origin"}).then(function (r) {
-      if (!r.ok) throw new Error(r.status);
-      return r.json();
-    }).then(function (data) {
+  // -- the Overview --------------------------------------------------------------------------
+  var charts = document.querySelectorAll(".chart[data-series]");
+  if (charts.length) {
+    var plots = [];
+    var columns = function (keys, data) {
+      var out = [data.t || []];
+      keys.forEach(function (k) { out.push(data[k] || []); });
+      return out;
+    };
+    every5s("/api/history", function (data) {
       if (!plots.length) {
-        charts.forEach(function (el) { plots.push(build(el, data)); });
+        charts.forEach(function (el) {
+          var keys = el.dataset.series.split(",");
+          var labels = el.dataset.label.split(",");
+          plots.push({keys: keys, plot: new uPlot(options(keys.map(function (k, i) {
+            return labels[i] || k; })), columns(keys, data), el)});
+        });
       } else {
         plots.forEach(function (p) { p.plot.setData(columns(p.keys, data)); });
       }
       document.body.dataset.chartsLoaded = String((data.t || []).length);
-    }).catch(function () { /* the next refresh tries again */ });
+    });
   }
 
-  refresh();
-  setInterval(refresh, 5000);
+  // -- a group's lag -------------------------------------------------------------------------
+  var lagEl = document.querySelector(".chart[data-lag]");
+  if (lagEl) {
+    var lagPlot = null, shown = "";
+    every5s(lagEl.dataset.lag, function (data) {
+      var cols = [data.t, data.total].concat(data.lag);
+      var names = data.partitions.join(",");
+      if (lagPlot && names === shown) {
+        lagPlot.setData(cols);
+      } else {               // a partition came or went: a new chart with its series
+        if (lagPlot) lagPlot.destroy();
+        lagPlot = new uPlot(options(["total"].concat(data.partitions)), cols, lagEl);
+        shown = names;
+      }
+      lagEl.dataset.points = String(data.t.length);
+    });
+  }
 })();
