@@ -104,16 +104,25 @@ def produce_table(view, records: int, rounds: int) -> str:
     from appliance.api import REGISTRY, load_handlers
     from appliance.catalog.model import Catalog, TopicInfo
     from appliance.config import Config
+    import io
+    from kio.serial import entity_writer
     from appliance.protocol import messages
+    from appliance.protocol.produce_request import parse_produce_request
+    from appliance.quota.rates import ClientQuotas
     from appliance.protocol.records import Record, build_batch
     from shm.metrics import MetricsTable
     from workers.frontend.metrics import FrontendMetrics
     load_handlers()
     handle = REGISTRY[0].handle
     batch = build_batch([Record(key=None, value=b"x" * 100) for _ in range(records)])
-    req = messages.build(messages.request_class(0, 9), {
+    kreq = messages.build(messages.request_class(0, 9), {
         "transactional_id": None, "acks": 0, "timeout_ms": 1000,
         "topic_data": [{"name": "bench-t", "partition_data": [{"index": 0, "records": batch}]}]})
+    # The handler gets what the frontend's hand parser makes of the frame (views of it), not
+    # kio's entity (appliance.protocol.produce_request).
+    buf = io.BytesIO()
+    entity_writer(type(kreq))(buf, kreq)
+    req = parse_produce_request(memoryview(buf.getvalue()).toreadonly(), 0, 9)
 
     class Header:
         api_key, api_version = 0, 9
@@ -122,6 +131,7 @@ def produce_table(view, records: int, rounds: int) -> str:
         cfg = Config()
         catalog = Catalog(1, {"bench-t": TopicInfo("bench-t", b"t" * 16, 1)})
         counters = FrontendMetrics(MetricsTable.anonymous(256))     # as a frontend counts
+        quotas = ClientQuotas()                 # none configured, as on most appliances
 
         def produce(self, *args):
             return None                 # acks=0: nothing to wait for
