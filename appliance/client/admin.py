@@ -89,6 +89,15 @@ class QuotaRequestError(Exception):
         self.code, self.message = code, message
 
 
+def partitions_by_topic(partitions: Iterable[TP]) -> dict[str, list[int]]:
+    """(topic, partition) pairs as topic -> its partitions, in first-seen order (the shape of
+    every request that names partitions by topic)."""
+    by_topic: dict[str, list[int]] = defaultdict(list)
+    for t, p in partitions:
+        by_topic[t].append(p)
+    return by_topic
+
+
 class AdminClient:
     def __init__(self, bootstrap_servers: str, *, client_id: str = "appliance-admin",
                  request_timeout_ms: int = 30000, security: Security | None = None) -> None:
@@ -360,10 +369,8 @@ class AdminClient:
         """The group's committed offsets (all of them when ``partitions`` is None)."""
         topics = None
         if partitions is not None:
-            by_topic: dict[str, list[int]] = defaultdict(list)
-            for t, p in partitions:
-                by_topic[t].append(p)
-            topics = [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()]
+            topics = [{"name": t, "partition_indexes": ps}
+                      for t, ps in partitions_by_topic(partitions).items()]
         r = self._coordinator(group).request(OFFSET_FETCH, {"group_id": group, "topics": topics,
                                                             "require_stable": False})
         if getattr(r, "error_code", 0):
@@ -412,10 +419,8 @@ class AdminClient:
         of the share partitions with state (all of them when ``partitions`` is None)."""
         topics = None
         if partitions is not None:
-            by_topic: dict[str, list[int]] = defaultdict(list)
-            for t, p in partitions:
-                by_topic[t].append(p)
-            topics = [{"topic_name": t, "partitions": ps} for t, ps in by_topic.items()]
+            topics = [{"topic_name": t, "partitions": ps}
+                      for t, ps in partitions_by_topic(partitions).items()]
         (g,) = self._coordinator(group).request(DESCRIBE_SHARE_OFFSETS, {"groups": [
             {"group_id": group, "topics": topics}]}).groups
         if g.error_code:

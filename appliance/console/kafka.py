@@ -18,7 +18,7 @@ from typing import Any
 from appliance.acl import model
 from appliance.client import acl_admin, scram_admin, transaction_admin
 from appliance.client.admin import (BROKER, EARLIEST, LATEST, OP_DELETE, OP_SET, TOPIC,
-                                    AdminClient)
+                                    AdminClient, partitions_by_topic)
 from appliance.client.connection import BrokerConnection
 from appliance.client.errors import ErrorCode, KafkaConnectionError, KafkaError
 from appliance.client.security import Security
@@ -112,10 +112,7 @@ class Backend:
         """Bytes on disk per partition (DescribeLogDirs; of ``tps`` only when given)."""
         topics = None
         if tps is not None:
-            by_topic: dict[str, list[int]] = defaultdict(list)
-            for t, p in tps:
-                by_topic[t].append(p)
-            topics = [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]
+            topics = [{"topic": t, "partitions": ps} for t, ps in partitions_by_topic(tps).items()]
         r = self.conn.request(DESCRIBE_LOG_DIRS, {"topics": topics})
         out: dict[TP, int] = defaultdict(int)
         for d in r.results:
@@ -270,11 +267,8 @@ class Backend:
         """(partition, producer id) -> first offset of that producer's open transaction there."""
         if not tps:
             return {}
-        by_topic: dict[str, list[int]] = defaultdict(list)
-        for t, p in tps:
-            by_topic[t].append(p)
         r = self.conn.request(DESCRIBE_PRODUCERS, {"topics": [
-            {"name": t, "partition_indexes": ps} for t, ps in by_topic.items()]})
+            {"name": t, "partition_indexes": ps} for t, ps in partitions_by_topic(tps).items()]})
         out = {}
         for t in r.topics:
             for p in t.partitions:
