@@ -527,33 +527,31 @@ class Nemesis(threading.Thread):
             p[2]()
 
     def _kill_all(self) -> None:
-        with self.lock:
-            pid = self.app.proc.pid
-            at, t = self.now(), time.monotonic()
-            code = self.app.kill_all()
-            if code != -signal.SIGKILL:
-                self.findings.unexpected_exits.append(
-                    f"the supervisor had exited with status {code} before kill -9 at {at:.1f}s")
-            self._restart()
-            self.record(FaultEvent(at, "kill-all", f"group {pid}",
-                                   f"restarted on the same data dir in {time.monotonic() - t:.1f}s"))
+        self._kill_group_and_restart("kill-all", "kill -9", "restarted on the same data dir in {:.1f}s")
 
     def _power_cut(self) -> None:
         if not isinstance(self.disk, LazyDisk):
             self.record(FaultEvent(self.now(), "power-cut", detail="the data dir is not on lazyfs (--disk lazyfs)",
                                    skipped=True))
             return
+        self._kill_group_and_restart("power-cut", "the power cut", "unsynced writes dropped; restarted in {:.1f}s",
+                                     between=self.disk.cut)
+
+    def _kill_group_and_restart(self, kind: str, what: str, detail: str,
+                                between: Callable[[], None] | None = None) -> None:
+        """kill -9 of the whole process group, ``between`` (the power cut's loss of unsynced
+        writes), a restart on the same data dir; ``detail`` gets the seconds it took."""
         with self.lock:
             pid = self.app.proc.pid
             at, t = self.now(), time.monotonic()
             code = self.app.kill_all()
             if code != -signal.SIGKILL:
                 self.findings.unexpected_exits.append(
-                    f"the supervisor had exited with status {code} before the power cut at {at:.1f}s")
-            self.disk.cut()
+                    f"the supervisor had exited with status {code} before {what} at {at:.1f}s")
+            if between is not None:
+                between()
             self._restart()
-            self.record(FaultEvent(at, "power-cut", f"group {pid}",
-                                   f"unsynced writes dropped; restarted in {time.monotonic() - t:.1f}s"))
+            self.record(FaultEvent(at, kind, f"group {pid}", detail.format(time.monotonic() - t)))
 
     def _bit_flip(self) -> None:
         o = self.opts
