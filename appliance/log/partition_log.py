@@ -279,8 +279,8 @@ class PartitionLog:
                 self._rebuild_pending = False
 
     def finish_txn_index_rebuild_if_pending(self) -> None:
-        """``finish_txn_index_rebuild`` when a post-open rebuild is still pending (rare: the
-        clean close of a partition recovered at its open and not flushed since)."""
+        """``finish_txn_index_rebuild`` when a post-open rebuild is still pending (at a flush, or
+        at the clean close of a partition recovered at its open and not flushed since)."""
         if self._rebuild_pending or self._rebuild_ix is not None:
             self.finish_txn_index_rebuild()
 
@@ -380,8 +380,7 @@ class PartitionLog:
 
     def flush(self) -> None:
         """msync everything appended since the last flush (group commit point)."""
-        if self._rebuild_pending or self._rebuild_ix is not None:
-            self.finish_txn_index_rebuild()
+        self.finish_txn_index_rebuild_if_pending()
         self._active.flush()
 
     def flush_target(self) -> tuple[int, int]:
