@@ -119,6 +119,10 @@ class Parked:
     req: ipc.FetchRequest
     deadline: float
     handles: list[PartitionHandle]
+    # The handles' page sequence numbers taken before the last evaluation, and the catalog's
+    # version then: while none moved, evaluating again would give the same answer.
+    seqs: list[int]
+    catalog_version: int
 
 
 class Fetcher(Worker):
@@ -175,11 +179,13 @@ class Fetcher(Worker):
 
     @serves(ipc.FetchRequest, late=True)
     def _fetch(self, req: ipc.FetchRequest, respond: Responder) -> None:
-        resp, nbytes, final = self._evaluate(req)
+        version = self.catalog.get().version
+        seqs: list[int] = []
+        resp, nbytes, final = self._evaluate(req, seqs)
         if final or nbytes >= req.min_bytes or req.max_wait_ms <= 0:
             respond(resp)
         else:
-            self._park(respond, req)
+            self._park(respond, req, seqs, version)
 
     # -- fetch ----------------------------------------------------------------------------------
     def _handle(self, topic_id: bytes, partition: int) -> PartitionHandle | None:
@@ -233,9 +239,11 @@ class Fetcher(Worker):
                 h.close()
         self._evict_at = max(self.max_handles, len(self.handles) + self.max_handles // 4)
 
-    def _evaluate(self, req: ipc.FetchRequest) -> tuple[ipc.FetchResult, int, bool]:
+    def _evaluate(self, req: ipc.FetchRequest, seqs: list[int] | None = None
+                  ) -> tuple[ipc.FetchResult, int, bool]:
         """Read every partition now. Returns (response, bytes, final) where final means an error
-        that makes waiting pointless (Kafka completes a delayed fetch early on partition errors)."""
+        that makes waiting pointless (Kafka completes a delayed fetch early on partition errors).
+        ``seqs`` gets each partition's page sequence number, taken before its state is read."""
         remaining = req.max_bytes
         total = 0
         final = False
@@ -246,6 +254,8 @@ class Fetcher(Worker):
                 out.append(ipc.FetchPartResult(int(ErrorCode.unknown_topic_or_partition)))
                 final = True
                 continue
+            if seqs is not None:
+                seqs.append(h.page.seq)
             st = h.state()
             if st.status in (STARTING, RECOVERING) or st.generation == 0:
                 # A recovering writer may be rebuilding the aborted-transaction index: nothing is
@@ -295,7 +305,8 @@ class Fetcher(Worker):
                       "records up to offset %d cannot be served; `appliance dump-log --verify` "
                       "lists every damaged batch)", h.topic, h.partition, e, e.offset, e.last_offset)
 
-    def _park(self, respond: Responder, req: ipc.FetchRequest) -> None:
+    def _park(self, respond: Responder, req: ipc.FetchRequest, seqs: list[int],
+              catalog_version: int) -> None:
         handles = []
         for part in req.parts:
             h = self._handle(part.topic_id, part.partition)
@@ -304,7 +315,8 @@ class Fetcher(Worker):
                 if h.waiters == 1:
                     h.page.set_flag(self.ctx.index, 1)
                 handles.append(h)
-        self.parked.append(Parked(respond, req, time.monotonic() + req.max_wait_ms / 1000, handles))
+        self.parked.append(Parked(respond, req, time.monotonic() + req.max_wait_ms / 1000, handles,
+                                  seqs, catalog_version))
 
     def _unpark(self, p: Parked) -> None:
         for h in p.handles:
@@ -316,10 +328,20 @@ class Fetcher(Worker):
         if not self.parked:
             return
         now = time.monotonic()
+        version = self.catalog.get().version
         keep = []
         for p in self.parked:
+            # Every turn (any request, any doorbell) used to evaluate every parked fetch again:
+            # four consumers parked on 2,500 partitions each made each incoming request cost
+            # 7,500 partition reads (17 % of the fetcher's first read of 10,000 partitions,
+            # issue 32). A parked fetch none of whose pages moved is skipped until its deadline.
+            if (now < p.deadline and version == p.catalog_version
+                    and all(h.page.seq == s for h, s in zip(p.handles, p.seqs))):
+                keep.append(p)
+                continue
+            seqs: list[int] = []
             try:
-                resp, nbytes, final = self._evaluate(p.req)
+                resp, nbytes, final = self._evaluate(p.req, seqs)
             except Exception:
                 log.exception("parked fetch %d failed", p.respond.req_id)
                 resp, nbytes, final = p.req.error_reply(ErrorCode.unknown_server_error), 0, True
@@ -327,6 +349,7 @@ class Fetcher(Worker):
                 self._unpark(p)
                 p.respond(resp)
             else:
+                p.seqs, p.catalog_version = seqs, version
                 keep.append(p)
         self.parked = keep
 

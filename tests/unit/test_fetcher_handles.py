@@ -71,3 +71,55 @@ def test_regression_every_handle_held_by_long_polls_walked_the_table_for_each_ha
     assert len(walks) == before + 1
     assert len(f.handles) <= 100 * 3 // 4
     assert f._evict_at == 100
+
+
+class _Page:
+    def __init__(self) -> None:
+        self.seq = 2
+
+
+class _PagedHandle(_FakeHandle):
+    def __init__(self) -> None:
+        super().__init__()
+        self.page = _Page()
+
+
+def test_regression_every_turn_evaluated_every_parked_fetch_again():
+    # Four consumers parked on 2,500 partitions each: every request that woke the fetcher read
+    # all 10,000 partitions again. A parked fetch is evaluated again only when one of its pages
+    # moved, the catalog changed, or its deadline passed.
+    import time
+    import types
+
+    from workers.fetcher import Fetcher, Parked
+    f = object.__new__(Fetcher)
+    catalog = types.SimpleNamespace(version=7)
+    f.catalog = types.SimpleNamespace(get=lambda: catalog)
+    evaluated, answered = [], []
+
+    def evaluate(req, seqs):
+        evaluated.append(req)
+        seqs.extend([2, 2])            # what the pages held when this evaluation read them
+        return "resp", 0, False
+    f._evaluate = evaluate
+    f._unpark = lambda p: None
+    handles = [_PagedHandle(), _PagedHandle()]
+    p = Parked(answered.append, types.SimpleNamespace(min_bytes=1), time.monotonic() + 60, handles,
+               [2, 2], 7)
+    f.parked = [p]
+    f._recheck_parked()
+    assert evaluated == [] and f.parked == [p]
+    handles[1].page.seq = 4                      # data arrived on one partition
+    f._recheck_parked()
+    assert len(evaluated) == 1 and f.parked == [p]
+    f._recheck_parked()                          # the evaluation saw 2, 2: the page moved since
+    assert len(evaluated) == 2
+    handles[1].page.seq = 2
+    catalog.version = 8                          # a topic deleted or changed
+    f._recheck_parked()
+    assert len(evaluated) == 3
+    f._recheck_parked()
+    assert len(evaluated) == 3                   # nothing moved since
+    p.deadline = time.monotonic() - 1
+    f._recheck_parked()
+    assert len(evaluated) == 4 and answered and f.parked == []
