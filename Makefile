@@ -66,13 +66,14 @@ run: install
 
 # Two pytest processes: most of a test's time is an appliance starting, a client waiting or a
 # JVM starting, so two of them share a 2-core machine well (32 min alone, about 20 in two).
-# Each test module runs whole in one process (its module-scoped appliance and Spark session).
+# Each test module runs whole in one process (its module-scoped appliance and Spark session), the
+# modules that start Spark's JVMs one after the other, the longest first (tests/conftest.py).
 TEST_WORKERS ?= 2
 # What to run: the whole suite unless told (make test TESTS=tests/unit/test_readme.py).
 TESTS ?= tests
 
 test: install-test
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(TESTS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(TESTS)
 
 unit: install-test
 	$(BIN)/python -m pytest -q tests/unit
