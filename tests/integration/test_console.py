@@ -363,9 +363,30 @@ def test_a_share_group_shows_its_members_and_share_partitions(console, admin_pag
         # acquired, not yet acknowledged (an implicit acknowledgement comes with the next poll)
         expect(row.locator("td").nth(1)).to_have_text("0")
         expect(row.locator("td").nth(2)).to_have_text("1")
+        # a reset while the consumer is a member: the dry run plans it, the broker refuses it
+        page.fill("#reset input[name=topic]", "jobs")
+        page.select_option("#reset select[name=to]", "latest")
+        page.click("#reset button")
+        expect(page.locator("#plan tbody tr td")).to_have_text(["jobs-0", "0", "1"])
         shot(page, "share-group")
+        page.check("#reset input[name=execute]")        # the form kept the dry run's choices
+        page.click("#reset button")
+        expect(_flash(page)).to_contain_text("NON_EMPTY_GROUP")
     finally:
         sc.close()
+    with AdminClient(app.bootstrap, security=_security("admin")) as a:
+        app.wait_for(lambda: not a.describe_share_group("sharers")["members"],
+                     what="the closed share consumer to leave sharers")
+        assert a.share_offsets("sharers")[("jobs", 0)][0] == 0     # neither run changed it
+        page.goto("/share-groups/sharers")
+        page.fill("#reset input[name=topic]", "jobs")
+        page.select_option("#reset select[name=to]", "latest")
+        page.check("#reset input[name=execute]")
+        page.click("#reset button")
+        expect(_flash(page)).to_have_text(
+            "reset the start offsets of share group sharers on jobs to the latest")
+        expect(row.locator("td").nth(1)).to_have_text("1")
+        assert a.share_offsets("sharers")[("jobs", 0)][0] == 1
 
 
 def test_the_overview_charts_time_axis_spans_at_most_the_hour_kept(console, admin_page):
@@ -382,6 +403,14 @@ def test_users_are_added_and_deleted_as_the_logged_in_principal(console, admin_p
     app, _, base = console
     expect = playwright_api.expect
     alice = _page(console, "alice")
+    # a share group's reset, as alice: refused by the authorizer (no Read on the group), with
+    # her session's CSRF token (she sees no reset form: the group's page is refused to her)
+    alice.goto("/topics")
+    token = alice.locator("input[name=csrf]").first.get_attribute("value")
+    alice.request.post(base + "/share-groups/sharers/reset", form={
+        "csrf": token, "topic": "jobs", "to": "latest", "execute": "yes"}, max_redirects=0)
+    alice.reload()
+    expect(_flash(alice)).to_contain_text("GROUP_AUTHORIZATION_FAILED")
     alice.goto("/security")
     alice.fill("#add-user input[name=name]", "mallory")
     alice.fill("#add-user input[name=password]", "m-secret")

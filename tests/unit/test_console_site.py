@@ -233,6 +233,30 @@ def test_share_groups_link_to_their_own_page(tmp_path):
     assert "<td>t-0</td><td>7</td><td class=\"lag\">2</td><td>m1</td>" in body
 
 
+def test_a_share_group_reset_shows_its_dry_run_plan_and_checks_the_offset_first(tmp_path):
+    c = _console(tmp_path, allow_changes=True)      # no broker here: a request would fail
+    s = c.sessions.new(c.clock())
+    r = c.handle(_request("POST", "/share-groups/sg/reset", {
+        "csrf": s.csrf, "back": "/share-groups/sg", "topic": "t", "to": "offset",
+        "offset": ""}, s.sid))
+    assert r.status == 303 and ("Location", "/share-groups/sg") in r.headers
+    kind, text = s.flash.pop()
+    assert kind == "error" and text.endswith("offset must be a number"), text
+    group = {"group": "sg", "state": "Empty", "group_epoch": 3, "assignment_epoch": 3,
+             "coordinator": 1, "members": [],
+             "offsets": [{"topic": "t", "partition": 0, "start": 7, "lag": 2, "members": []}]}
+    body = c.render(s, "share_group.html", page="/groups", group=group, form={
+        "topic": "t", "to": "latest"}, plan=[
+        {"topic": "t", "partition": 0, "current": 7, "new": 9},
+        {"topic": "t", "partition": 1, "current": None, "new": 4}]).body.decode()
+    assert "<td>t-0</td><td>7</td><td>9</td>" in body and "<td>t-1</td><td>-</td><td>4</td>" in body
+    assert "<option selected>latest</option>" in body and 'name="csrf"' in body
+    # read-only: no form at all
+    body = _console(tmp_path).render(s, "share_group.html", page="/groups", group=group,
+                                     form={}, plan=None).body.decode()
+    assert 'id="reset"' not in body
+
+
 def test_problems_say_what_is_wrong_in_words():
     procs = [{"title": "frontend 0", "state": "down", "restarts": 4, "heartbeat_age": None},
              {"title": "coordinator", "state": "ready", "restarts": 0, "heartbeat_age": 9.0},
