@@ -210,6 +210,11 @@ def test_create_produce_browse_and_group_lag(console, admin_page):
         c.commit(offsets=[TopicPartition("orders", 0, 1)], asynchronous=False)
         page.goto("/groups/readers")
         expect(page.locator("#lag td.lag")).to_have_text("4")
+        if os.environ.get("APPLIANCE_CONSOLE_SCREENSHOTS"):
+            # screenshots only: a falling line, the chart's refresh taking a point every 5 s
+            for points, offset in ((2, 3), (3, 5)):
+                _wait_points(app, page, "#chart-lag", points)
+                c.commit(offsets=[TopicPartition("orders", 0, offset)], asynchronous=False)
         c.commit(offsets=[TopicPartition("orders", 0, 5)], asynchronous=False)
         page.reload()
         expect(page.locator("#lag td.lag")).to_have_text("0")
@@ -231,6 +236,14 @@ def test_create_produce_browse_and_group_lag(console, admin_page):
             assert a.committed_offsets("readers")[("orders", 0)] == 5
     finally:
         c.close()
+
+
+def _wait_points(app, page, chart: str, n: int, timeout: float = 30) -> None:
+    """Until ``chart`` has drawn ``n`` points (polled from here: the console's CSP has no
+    unsafe-eval, so Playwright's wait_for_function with an expression cannot run there)."""
+    el = page.locator(chart)
+    app.wait_for(lambda: int(el.get_attribute("data-points") or 0) >= n, timeout=timeout,
+                 what=f"{n} points in {chart}")
 
 
 def _check_time_axis(page, chart: str) -> None:
@@ -332,8 +345,7 @@ def test_a_user_without_acls_is_refused_and_a_form_without_its_csrf_token(consol
     if os.environ.get("APPLIANCE_CONSOLE_SCREENSHOTS"):
         # the Overview again once its charts have points (a sample every 5 s): screenshots only
         admin.goto("/")
-        admin.wait_for_function("Number(document.body.dataset.chartsLoaded || 0) >= 3",
-                                timeout=60000)
+        _wait_points(app, admin, "#chart-records", 3, timeout=60)
         shot(admin, "overview")
     page.context.close()
 
@@ -393,8 +405,7 @@ def test_the_overview_charts_time_axis_spans_at_most_the_hour_kept(console, admi
     page = admin_page
     page.goto("/")
     # a point every 5 s since the console started (the earlier tests took longer than that)
-    page.wait_for_function("Number(document.querySelector('#chart-records').dataset.points"
-                           " || 0) >= 1", timeout=30000)
+    _wait_points(console[0], page, "#chart-records", 1)
     for chart in ("#chart-records", "#chart-bytes", "#chart-latency"):
         _check_time_axis(page, chart)
 
