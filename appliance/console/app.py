@@ -36,11 +36,11 @@ import jinja2
 from appliance.acl import model as acl
 from appliance.client.security import Security
 from appliance.config import Config
+from appliance.http import Request, Response
 from appliance.listeners import Listener, advertised_host
 
 from . import records as rec
 from .history import GroupLags, History
-from .http import Request, Response
 from .kafka import Backend, error_text
 from .overview import Overview, problems
 from .sessions import COOKIE, Session, Sessions, csrf_ok
@@ -50,6 +50,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STATIC = os.path.join(HERE, "static")
 NAV = [("/", "Overview"), ("/topics", "Topics"), ("/groups", "Groups"),
        ("/transactions", "Transactions"), ("/spark", "Spark jobs"), ("/security", "Security")]
+# What the site serves (appliance.http.serve_connection refuses the rest with 405).
+METHODS = ("GET", "HEAD", "POST")
+# On every answer: no page of the console may be framed (clickjacking), run a script or style
+# from elsewhere, or be kept by a shared cache.
+HEADERS = (("X-Frame-Options", "DENY"), ("X-Content-Type-Options", "nosniff"),
+           ("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'"),
+           ("Cache-Control", "no-store"))
 
 
 @dataclass(frozen=True)

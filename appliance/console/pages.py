@@ -13,8 +13,8 @@ import datetime
 from typing import TYPE_CHECKING
 
 from appliance.acl import model as acl
+from appliance.http import Request, Response
 
-from .http import Request, Response
 from .kafka import error_text
 from .sessions import Session
 

@@ -152,6 +152,8 @@ def test_login_refuses_a_wrong_password_and_the_overview_shows_the_processes(con
     page.wait_for_url(base + "/topics")
     cookie, = [c for c in page.context.cookies() if c["name"] == "appliance_console"]
     assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict", cookie
+    headers = page.request.get(base + "/topics").headers     # the worker's headers on every answer
+    assert headers["x-frame-options"] == "DENY" and headers["cache-control"] == "no-store", headers
     page.goto("/")
     expect(page.locator("header .who")).to_have_text("User:admin")
     rows = page.locator("#processes tbody tr")
