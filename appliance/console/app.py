@@ -36,6 +36,7 @@ import jinja2
 from appliance.acl import model as acl
 from appliance.client.security import Security
 from appliance.config import Config
+from appliance.config_checks import console_listener
 from appliance.http import Request, Response
 from appliance.listeners import Listener, advertised_host
 
@@ -72,11 +73,9 @@ class Target:
 
 def pick_target(cfg: Config, ports: dict[str, int]) -> Target:
     """A SASL listener when there is one (logins then mean something), plaintext before TLS (the
-    connection stays on this machine). ``ports``: listener name -> bound port."""
-    listeners = cfg.listeners
-    order = ["SASL_PLAINTEXT", "SASL_SSL", "PLAINTEXT", "SSL"]
-    best = min(listeners, key=lambda lst: order.index(lst.protocol)
-               if lst.protocol in order else len(order))
+    connection stays on this machine): ``config_checks.console_listener``. ``ports``: listener
+    name -> bound port."""
+    best = console_listener(cfg.listeners)
     host = advertised_host(best.host)
     port = ports.get(best.name, best.port)
     return Target(f"[{host}]:{port}" if ":" in host else f"{host}:{port}", best)
@@ -118,10 +117,17 @@ class Console:
 
     def security(self, user: str | None = None, password: str | None = None,
                  mechanism: str | None = None) -> Security:
-        tls = self.cfg.tls
+        """How the console's Kafka connections authenticate: SASL as the logged-in user; on a TLS
+        listener, trusting ``[console] ssl_cafile`` (else ``[tls]``'s CA file, else its own
+        certificate) and presenting ``[console] ssl_certfile`` when set (a listener with
+        ``tls.client_auth`` asks for one). No host name check: the connection is to this
+        appliance's own listener, by the address it listens on."""
+        tls, c = self.cfg.tls, self.cfg.console
         return Security(self.target.listener.protocol, mechanism if self.target.sasl else None,
-                        user, password, ssl_cafile=(tls.ca_file or tls.cert_file) or None,
-                        ssl_check_hostname=False)
+                        user, password,
+                        ssl_cafile=(c.ssl_cafile or tls.ca_file or tls.cert_file) or None,
+                        ssl_certfile=c.ssl_certfile or None, ssl_keyfile=c.ssl_keyfile or None,
+                        ssl_password=c.ssl_password or None, ssl_check_hostname=False)
 
     def backend(self, s: Session) -> Backend:
         if s.user is None:

@@ -362,7 +362,9 @@ class Backend:
         return {"bootstrap_servers": self.bootstrap, "client_id": "appliance-console-spark",
                 "security_protocol": sec.protocol, "sasl_mechanism": sec.sasl_mechanism,
                 "sasl_username": sec.sasl_username, "sasl_password": sec.sasl_password,
-                "ssl_cafile": sec.ssl_cafile, "ssl_check_hostname": sec.ssl_check_hostname}
+                "ssl_cafile": sec.ssl_cafile, "ssl_certfile": sec.ssl_certfile,
+                "ssl_keyfile": sec.ssl_keyfile, "ssl_password": sec.ssl_password,
+                "ssl_check_hostname": sec.ssl_check_hostname}
 
     def spark_jobs(self, now_ms: int | None = None) -> list[dict] | None:
         """Every job of the job log, its latest run's phase and whether it waits for a recovery

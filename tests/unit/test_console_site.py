@@ -298,3 +298,32 @@ def test_console_config_is_checked():
         load(None, environ={}, overrides={"console": {"listen": "127.0.0.1:9480", "tls": True}})
     assert load(None, environ={}, overrides={"console": {"listen": "127.0.0.1:9480"}}
                 ).console.listen == "127.0.0.1:9480"
+
+
+def test_the_consoles_own_tls_connections_take_its_ca_and_client_certificate(tmp_path):
+    tls = {"cert_file": "/b.pem", "key_file": "/b.key", "ca_file": "/clients-ca.pem",
+           "client_auth": "required"}
+    ssl_only = {"listeners": "SSL://127.0.0.1:9093"}
+    with pytest.raises(ConfigError, match="console.ssl_certfile: required: the console connects "
+                                          "to the SSL listener"):
+        load(None, environ={}, overrides={"server": ssl_only, "tls": tls,
+                                          "console": {"listen": "127.0.0.1:9480"}})
+    with pytest.raises(ConfigError, match="give both or neither"):
+        load(None, environ={}, overrides={"server": ssl_only, "tls": tls, "console": {
+            "listen": "127.0.0.1:9480", "ssl_certfile": "/c.pem"}})
+    # a plaintext listener beside it: the console uses that one and needs no certificate
+    load(None, environ={}, overrides={"server": {"listeners": "SSL://127.0.0.1:9093,"
+                                                              "PLAINTEXT://127.0.0.1:9092"},
+                                      "tls": tls, "console": {"listen": "127.0.0.1:9480"}})
+    cfg = load(None, environ={}, overrides={"server": ssl_only, "tls": tls, "console": {
+        "listen": "127.0.0.1:9480", "ssl_cafile": "/brokers-ca.pem", "ssl_certfile": "/c.pem",
+        "ssl_keyfile": "/c.key"}})
+    target = pick_target(cfg, {"SSL": 9093})
+    sec = Console(cfg, str(tmp_path), str(tmp_path), target).security()
+    assert (target.listener.protocol, sec.ssl_cafile, sec.ssl_certfile, sec.ssl_keyfile) == (
+        "SSL", "/brokers-ca.pem", "/c.pem", "/c.key")
+    # without [console] ssl_cafile: [tls]'s CA file, as before
+    cfg = load(None, environ={}, overrides={"server": ssl_only, "tls": {**tls, "client_auth": "none"},
+                                            "console": {"listen": "127.0.0.1:9480"}})
+    sec = Console(cfg, str(tmp_path), str(tmp_path), pick_target(cfg, {"SSL": 9093})).security()
+    assert (sec.ssl_cafile, sec.ssl_certfile) == ("/clients-ca.pem", None)
