@@ -26,6 +26,7 @@ import logging
 import mimetypes
 import os
 import re
+import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -95,6 +96,7 @@ class Console:
                                       autoescape=True, undefined=jinja2.StrictUndefined)
         self.env.filters.update(bytes=_bytes, ms=_ms, when=_when, show=rec.show)
         self._anonymous: Backend | None = None     # one for every session without a login
+        self.anonymous_principal = self._anonymous_principal()
 
     def reload(self, cfg: Config) -> None:
         """A SIGHUP reload: allow_changes and session_idle_ms apply from the next request."""
@@ -128,6 +130,24 @@ class Console:
                         ssl_cafile=(c.ssl_cafile or tls.ca_file or tls.cert_file) or None,
                         ssl_certfile=c.ssl_certfile or None, ssl_keyfile=c.ssl_keyfile or None,
                         ssl_password=c.ssl_password or None, ssl_check_hostname=False)
+
+    def _anonymous_principal(self) -> str:
+        """Whom the authorizer sees without a login: User:ANONYMOUS, but on an SSL listener with
+        the console's client certificate, that certificate's subject mapped by
+        tls.principal_mapping_rules (as the frontends map it, ``appliance.security.principal``)."""
+        c = self.cfg.console
+        if self.target.listener.protocol != "SSL" or not c.ssl_certfile:
+            return "User:ANONYMOUS"
+        from appliance.principal_rules import parse_mapping_rules
+        from appliance.security.principal import map_principal, rfc2253
+        try:
+            # the subject as getpeercert() gives it to the broker (CPython's own decoder)
+            subject = ssl._ssl._test_decode_cert(c.ssl_certfile)["subject"]
+            return map_principal(rfc2253(subject),
+                                 parse_mapping_rules(self.cfg.tls.principal_mapping_rules))
+        except Exception as e:
+            log.warning("console: the subject of console.ssl_certfile: %s", e)
+            return "the console's certificate"
 
     def backend(self, s: Session) -> Backend:
         if s.user is None:
@@ -228,6 +248,7 @@ class Console:
             s.flash.clear()
         body = self.env.get_template(template).render(
             nav=NAV, session=s, flash=flash, login_required=self.login_required,
+            principal=s.principal if s is not None and s.user else self.anonymous_principal,
             may_change=s is not None and self.may_change(s), **values)
         return Response(status, body.encode())
 

@@ -92,6 +92,8 @@ def test_the_console_reaches_an_ssl_only_listener_with_its_own_certificate_and_c
             return r.read().decode()
     page = s.app.wait_for(topics_page, what="the console's Topics page")
     assert "seen-by-the-console" in page and 'id="topics"' in page, page
+    # whom the authorizer sees: the console certificate's subject, as the header says
+    assert '<span class="who">User:CN=rogue · read-only</span>' in page, page
 
 
 def test_plaintext_client_on_tls_port_and_tls_client_on_plaintext_port(appliance_factory, tmp_path):
