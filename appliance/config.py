@@ -460,6 +460,18 @@ class ConsoleConfig(_Section):
     allow_changes: bool = False
     # A login session ends after this long without a request.
     session_idle_ms: Positive = 3600000
+    # The console's own Kafka connections when the listener they use is SSL or SASL_SSL (the
+    # console prefers SASL_PLAINTEXT, SASL_SSL, PLAINTEXT, SSL): the CAs (PEM) the appliance's
+    # certificate must chain to; empty = tls.ca_file, else tls.cert_file (self-signed). Set it
+    # when tls.cert_file comes from an outside CA that tls.ca_file (the clients' CAs) lacks.
+    ssl_cafile: str = ""
+    # The client certificate chain and key (PEM) the console presents when that listener asks
+    # for one (tls.client_auth; required with "required"). On SSL its subject, mapped by
+    # tls.principal_mapping_rules, is the principal the authorizer judges the console's requests as.
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    # Password of an encrypted ssl_keyfile; empty = not encrypted.
+    ssl_password: str = ""
 
 
 class TelemetryConfig(_Section):

@@ -110,6 +110,31 @@ def _valid_host(host: str) -> bool:
         return bool(_HOST_NAME.fullmatch(host))
 
 
+# The listener the console's Kafka connections use, best first: a SASL listener when there is
+# one (logins then mean something), plaintext before TLS (the connection stays on this machine).
+CONSOLE_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL", "PLAINTEXT", "SSL")
+
+
+def console_listener(listeners):
+    """The listener of ``listeners`` the console connects to (``appliance.console.app``)."""
+    order = CONSOLE_PROTOCOLS
+    return min(listeners, key=lambda lst: order.index(lst.protocol)
+               if lst.protocol in order else len(order))
+
+
+def _check_console_client(cfg) -> None:
+    """The console's client certificate: both files or neither, and one when its listener is
+    TLS with tls.client_auth = "required" (else every page would fail its handshake)."""
+    c = cfg.console
+    if bool(c.ssl_certfile) != bool(c.ssl_keyfile):
+        raise ConfigError("config: console.ssl_certfile, console.ssl_keyfile: give both or neither")
+    target = console_listener(cfg.listeners) if cfg.listeners else None
+    if target is not None and target.tls and cfg.tls.client_auth == "required" and not c.ssl_certfile:
+        raise ConfigError(f"config: console.ssl_certfile: required: the console connects to the "
+                          f"{target.protocol} listener {target}, which requires client "
+                          f"certificates (tls.client_auth = \"required\")")
+
+
 def check_consistency(cfg) -> None:
     """What no single key's type can say (also applied to the result of a reload)."""
     _check_listeners(cfg)
@@ -128,6 +153,7 @@ def check_consistency(cfg) -> None:
                 raise ConfigError(f"config: console.listen: must differ from {what}")
         if cfg.console.tls and not (cfg.tls.cert_file and cfg.tls.key_file):
             raise ConfigError("config: console.tls: needs tls.cert_file and tls.key_file")
+        _check_console_client(cfg)
     if cfg.shm.produce_ring_bytes & (cfg.shm.produce_ring_bytes - 1):
         raise ConfigError("config: shm.produce_ring_bytes: must be a power of two")
     for key in ("small_ring_bytes", "partition_ring_bytes"):

@@ -60,7 +60,7 @@ def dumps_toml(cfg: Config) -> str:
 
 
 # Keys whose values ``appliance check-config`` does not print.
-SECRET_KEYS = (("tls", "key_password"),)
+SECRET_KEYS = (("tls", "key_password"), ("console", "ssl_password"))
 HIDDEN = "[hidden]"
 
 

@@ -90,6 +90,10 @@ RESTART_REASONS: dict[str, str] = {
     "metrics.*": "the metrics listener is bound at start",
     "console.listen": "the console's listener is bound at start",
     "console.tls": "the console's listener is set up at start",
+    "console.ssl_cafile": "the console's Kafka connections are set up at start",
+    "console.ssl_certfile": "the console's Kafka connections are set up at start",
+    "console.ssl_keyfile": "the console's Kafka connections are set up at start",
+    "console.ssl_password": "the console's Kafka connections are set up at start",
     "log.cleaner.processes": "each partition's rings to its cleaner are made when its writer starts",
     "authorizer.*": "each frontend builds its authorizer once, at start (as Kafka's "
                     "authorizer.class.name and super.users are static)",

@@ -26,16 +26,14 @@ import socket
 import ssl
 import time
 
-from appliance.console.app import Console, pick_target
+from appliance.console.app import HEADERS, METHODS, Console, pick_target
 from appliance.console.history import SAMPLE_S
-from appliance.console.http import (MAX_HEAD_BYTES, BadRequest, Response, add_body, encode,
-                                    parse_head)
+from appliance.http import MAX_HEAD_BYTES, serve_connection
 from appliance.metrics.collector import Collector, NotRunning
 from appliance.runtime import WorkerContext
 from workers.base import AsyncWorker
 
 log = logging.getLogger("appliance.console")
-IDLE_S = 60.0
 
 
 def main(ctx: WorkerContext) -> int:
@@ -122,38 +120,12 @@ class ConsoleServer(AsyncWorker):
         self.console.close()
         self.collector.close()
 
-    # -- HTTP -----------------------------------------------------------------------------------
+    # -- HTTP (appliance.http: the parser and keep-alive loop the metrics server uses too) ------
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.clients.add(writer)
         try:
-            while not self.stop:
-                try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_S)
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
-                        ConnectionError, ssl.SSLError):
-                    return
-                try:
-                    req, length = parse_head(head)
-                    body = await reader.readexactly(length) if length else b""
-                    add_body(req, body)
-                except BadRequest as e:
-                    writer.write(encode(Response.text(e.status, f"{e}\n"), keep_alive=False))
-                    await writer.drain()
-                    return
-                try:
-                    resp = self.console.handle(req)
-                except Exception:
-                    # A bug costs that request (logged), never the console.
-                    log.exception("console: %s %s failed", req.method, req.path)
-                    resp = Response.text(500, "the console failed on this page (see the log)\n")
-                writer.write(encode(resp, req.keep_alive, head_only=req.method == "HEAD"))
-                await writer.drain()
-                if not req.keep_alive:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
-            return
-        except Exception:
-            log.exception("console connection failed")
+            await serve_connection(reader, writer, self.console.handle, methods=METHODS,
+                                   stopping=lambda: self.stop, log=log, fixed=HEADERS,
+                                   failed_text="the console failed on this page (see the log)\n")
         finally:
             self.clients.discard(writer)
-            writer.close()

@@ -10,7 +10,8 @@ the coordinator's snapshot), so a scrape never waits for, locks or wakes a worke
 supervisor's loop never serves HTTP.
 
 HTTP/1.1 with keep-alive (Prometheus reuses its connection), ``HEAD``, gzip when asked, and the
-OpenMetrics format when the scraper's ``Accept`` prefers it (prometheus_client's negotiation).
+OpenMetrics format when the scraper's ``Accept`` prefers it (prometheus_client's negotiation);
+the request parser and the connection loop are ``appliance.http``'s, the console's too.
 """
 
 from __future__ import annotations
@@ -22,16 +23,14 @@ import socket
 
 from prometheus_client.exposition import choose_encoder
 
+from appliance.http import MAX_HEAD_BYTES, Request, Response, serve_connection
 from appliance.metrics.collector import Collector, NotRunning
 from appliance.runtime import WorkerContext
 from workers.base import AsyncWorker
 
 log = logging.getLogger("appliance.metrics")
 
-MAX_HEAD_BYTES = 16384
-IDLE_S = 60.0
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           500: "Internal Server Error", 503: "Service Unavailable"}
+METHODS = ("GET", "HEAD")
 
 
 def main(ctx: WorkerContext) -> int:
@@ -70,84 +69,33 @@ class MetricsServer(AsyncWorker):
     def close(self) -> None:
         self.collector.close()
 
-    # -- HTTP -----------------------------------------------------------------------------------
+    # -- HTTP (appliance.http: the parser and keep-alive loop the console uses too) ------------
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.clients.add(writer)
         try:
-            while not self.stop:
-                try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_S)
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
-                        ConnectionError):
-                    return
-                keep = await self._request(head, reader, writer)
-                await writer.drain()
-                if not keep:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError):
-            return
-        except Exception:
-            # A scraper's bad request, or a bug, costs that connection, never the server.
-            log.exception("metrics connection failed")
+            await serve_connection(reader, writer, self._answer, methods=METHODS,
+                                   stopping=lambda: self.stop, log=log, max_body=MAX_HEAD_BYTES)
         finally:
             self.clients.discard(writer)
-            writer.close()
 
-    async def _request(self, head: bytes, reader, writer) -> bool:
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            self._answer(writer, 400, b"bad request line\n", keep=False)
-            return False
-        method, target, version = parts
-        headers = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if sep:
-                headers[name.strip().lower()] = value.strip()
-        length = headers.get("content-length", "0")
-        if not length.isdigit() or int(length) > MAX_HEAD_BYTES:
-            self._answer(writer, 400, b"bad request body\n", keep=False)
-            return False
-        if int(length):
-            await reader.readexactly(int(length))
-        conn = headers.get("connection", "").lower()
-        keep = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
-        path = target.split("?", 1)[0]
-        if method not in ("GET", "HEAD"):
-            self._answer(writer, 405, b"only GET and HEAD\n", keep, extra={"Allow": "GET, HEAD"})
-        elif path == "/metrics":
-            self._metrics(writer, headers, keep, head_only=method == "HEAD")
-        elif path == "/":
-            self._answer(writer, 200, b"appliance: Prometheus metrics at /metrics\n", keep,
-                         head_only=method == "HEAD")
-        else:
-            self._answer(writer, 404, b"not found: try /metrics\n", keep, head_only=method == "HEAD")
-        return keep
+    def _answer(self, req: Request) -> Response:
+        if req.path == "/metrics":
+            return self._metrics(req.headers)
+        if req.path == "/":
+            return Response.text(200, "appliance: Prometheus metrics at /metrics\n")
+        return Response.text(404, "not found: try /metrics\n")
 
-    def _metrics(self, writer, headers: dict, keep: bool, head_only: bool) -> None:
+    def _metrics(self, headers: dict[str, str]) -> Response:
         encoder, content_type = choose_encoder(headers.get("accept", ""))
         try:
             body = encoder(self.exposition)
         except NotRunning as e:
-            self._answer(writer, 503, f"{e}\n".encode(), keep)
-            return
+            return Response.text(503, f"{e}\n")
         except Exception:
             log.exception("collecting metrics failed")
-            self._answer(writer, 500, b"collecting metrics failed (see the log)\n", keep)
-            return
-        extra = {}
+            return Response.text(500, "collecting metrics failed (see the log)\n")
+        extra = []
         if "gzip" in headers.get("accept-encoding", ""):
             body = gzip.compress(body, compresslevel=1)
-            extra["Content-Encoding"] = "gzip"
-        self._answer(writer, 200, body, keep, content_type=content_type, extra=extra,
-                     head_only=head_only)
-
-    def _answer(self, writer, status: int, body: bytes, keep: bool, *,
-                content_type: str = "text/plain; charset=utf-8", extra: dict | None = None,
-                head_only: bool = False) -> None:
-        hdrs = {"Content-Type": content_type, "Content-Length": str(len(body)),
-                "Connection": "keep-alive" if keep else "close", **(extra or {})}
-        out = f"HTTP/1.1 {status} {REASONS.get(status, '')}\r\n" + "".join(
-            f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
-        writer.write(out.encode("latin-1") + (b"" if head_only else body))
+            extra.append(("Content-Encoding", "gzip"))
+        return Response(200, body, content_type, headers=extra)

@@ -26,6 +26,7 @@ import logging
 import mimetypes
 import os
 import re
+import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -36,11 +37,12 @@ import jinja2
 from appliance.acl import model as acl
 from appliance.client.security import Security
 from appliance.config import Config
+from appliance.config_checks import console_listener
+from appliance.http import Request, Response
 from appliance.listeners import Listener, advertised_host
 
 from . import records as rec
 from .history import GroupLags, History
-from .http import Request, Response
 from .kafka import Backend, error_text
 from .overview import Overview, problems
 from .sessions import COOKIE, Session, Sessions, csrf_ok
@@ -50,6 +52,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STATIC = os.path.join(HERE, "static")
 NAV = [("/", "Overview"), ("/topics", "Topics"), ("/groups", "Groups"),
        ("/transactions", "Transactions"), ("/spark", "Spark jobs"), ("/security", "Security")]
+# What the site serves (appliance.http.serve_connection refuses the rest with 405).
+METHODS = ("GET", "HEAD", "POST")
+# On every answer: no page of the console may be framed (clickjacking), run a script or style
+# from elsewhere, or be kept by a shared cache.
+HEADERS = (("X-Frame-Options", "DENY"), ("X-Content-Type-Options", "nosniff"),
+           ("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'"),
+           ("Cache-Control", "no-store"))
 
 
 @dataclass(frozen=True)
@@ -65,11 +74,9 @@ class Target:
 
 def pick_target(cfg: Config, ports: dict[str, int]) -> Target:
     """A SASL listener when there is one (logins then mean something), plaintext before TLS (the
-    connection stays on this machine). ``ports``: listener name -> bound port."""
-    listeners = cfg.listeners
-    order = ["SASL_PLAINTEXT", "SASL_SSL", "PLAINTEXT", "SSL"]
-    best = min(listeners, key=lambda lst: order.index(lst.protocol)
-               if lst.protocol in order else len(order))
+    connection stays on this machine): ``config_checks.console_listener``. ``ports``: listener
+    name -> bound port."""
+    best = console_listener(cfg.listeners)
     host = advertised_host(best.host)
     port = ports.get(best.name, best.port)
     return Target(f"[{host}]:{port}" if ":" in host else f"{host}:{port}", best)
@@ -89,6 +96,7 @@ class Console:
                                       autoescape=True, undefined=jinja2.StrictUndefined)
         self.env.filters.update(bytes=_bytes, ms=_ms, when=_when, show=rec.show)
         self._anonymous: Backend | None = None     # one for every session without a login
+        self.anonymous_principal = self._anonymous_principal()
 
     def reload(self, cfg: Config) -> None:
         """A SIGHUP reload: allow_changes and session_idle_ms apply from the next request."""
@@ -111,10 +119,35 @@ class Console:
 
     def security(self, user: str | None = None, password: str | None = None,
                  mechanism: str | None = None) -> Security:
-        tls = self.cfg.tls
+        """How the console's Kafka connections authenticate: SASL as the logged-in user; on a TLS
+        listener, trusting ``[console] ssl_cafile`` (else ``[tls]``'s CA file, else its own
+        certificate) and presenting ``[console] ssl_certfile`` when set (a listener with
+        ``tls.client_auth`` asks for one). No host name check: the connection is to this
+        appliance's own listener, by the address it listens on."""
+        tls, c = self.cfg.tls, self.cfg.console
         return Security(self.target.listener.protocol, mechanism if self.target.sasl else None,
-                        user, password, ssl_cafile=(tls.ca_file or tls.cert_file) or None,
-                        ssl_check_hostname=False)
+                        user, password,
+                        ssl_cafile=(c.ssl_cafile or tls.ca_file or tls.cert_file) or None,
+                        ssl_certfile=c.ssl_certfile or None, ssl_keyfile=c.ssl_keyfile or None,
+                        ssl_password=c.ssl_password or None, ssl_check_hostname=False)
+
+    def _anonymous_principal(self) -> str:
+        """Whom the authorizer sees without a login: User:ANONYMOUS, but on an SSL listener with
+        the console's client certificate, that certificate's subject mapped by
+        tls.principal_mapping_rules (as the frontends map it, ``appliance.security.principal``)."""
+        c = self.cfg.console
+        if self.target.listener.protocol != "SSL" or not c.ssl_certfile:
+            return "User:ANONYMOUS"
+        from appliance.principal_rules import parse_mapping_rules
+        from appliance.security.principal import map_principal, rfc2253
+        try:
+            # the subject as getpeercert() gives it to the broker (CPython's own decoder)
+            subject = ssl._ssl._test_decode_cert(c.ssl_certfile)["subject"]
+            return map_principal(rfc2253(subject),
+                                 parse_mapping_rules(self.cfg.tls.principal_mapping_rules))
+        except Exception as e:
+            log.warning("console: the subject of console.ssl_certfile: %s", e)
+            return "the console's certificate"
 
     def backend(self, s: Session) -> Backend:
         if s.user is None:
@@ -215,6 +248,7 @@ class Console:
             s.flash.clear()
         body = self.env.get_template(template).render(
             nav=NAV, session=s, flash=flash, login_required=self.login_required,
+            principal=s.principal if s is not None and s.user else self.anonymous_principal,
             may_change=s is not None and self.may_change(s), **values)
         return Response(status, body.encode())
 

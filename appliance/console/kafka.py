@@ -235,6 +235,40 @@ class Backend:
                 check(code, None, f"commit {tp[0]}-{tp[1]} for {group}")
         return plan
 
+    def share_reset_offsets(self, group: str, topic: str, to: str, offset: int | None,
+                            dry_run: bool) -> list[dict]:
+        """``appliance share-groups reset-offsets --to-earliest|--to-latest|--to-offset`` for
+        every partition of ``topic`` (every share partition with state when ``topic`` is empty):
+        the plan (each share partition's start offset now and after), set through
+        AlterShareGroupOffsets (KIP-932, API 91) unless ``dry_run``. The broker refuses a group
+        with members (NON_EMPTY_GROUP), as Kafka's kafka-share-groups.sh says; a dry run works
+        on any group. ``offset`` is kept within the log, as the tool does."""
+        a = self.admin
+        current = a.share_offsets(group)
+        tps = ([(topic, p) for p in a.partitions_of(topic)] if topic
+               else sorted(current))
+        if not tps:
+            raise ValueError(f"share group {group} has no share partition to reset: name a topic")
+        earliest = a.list_offsets({tp: EARLIEST for tp in tps})
+        latest = a.list_offsets({tp: LATEST for tp in tps})
+        for tp in tps:
+            for found in (earliest, latest):
+                check(found[tp][0], None, f"ListOffsets of {tp[0]}-{tp[1]}")
+        if to == "earliest":
+            new = {tp: earliest[tp][1] for tp in tps}
+        elif to == "latest":
+            new = {tp: latest[tp][1] for tp in tps}
+        elif to == "offset" and offset is not None:
+            new = {tp: max(earliest[tp][1], min(latest[tp][1], offset)) for tp in tps}
+        else:
+            raise ValueError("reset to earliest, latest, or an offset (give the offset)")
+        plan = [{"topic": t, "partition": p, "current": current.get((t, p), (None,))[0],
+                 "new": new[(t, p)]} for t, p in sorted(new)]
+        if not dry_run:
+            for (t, p), (code, message) in sorted(a.alter_share_offsets(group, new).items()):
+                check(code, message, f"{t}-{p} of {group}")
+        return plan
+
     # -- transactions -----------------------------------------------------------------------------
     def transactions(self, now_ms: int | None = None) -> list[dict]:
         conn = self.conn
@@ -328,7 +362,9 @@ class Backend:
         return {"bootstrap_servers": self.bootstrap, "client_id": "appliance-console-spark",
                 "security_protocol": sec.protocol, "sasl_mechanism": sec.sasl_mechanism,
                 "sasl_username": sec.sasl_username, "sasl_password": sec.sasl_password,
-                "ssl_cafile": sec.ssl_cafile, "ssl_check_hostname": sec.ssl_check_hostname}
+                "ssl_cafile": sec.ssl_cafile, "ssl_certfile": sec.ssl_certfile,
+                "ssl_keyfile": sec.ssl_keyfile, "ssl_password": sec.ssl_password,
+                "ssl_check_hostname": sec.ssl_check_hostname}
 
     def spark_jobs(self, now_ms: int | None = None) -> list[dict] | None:
         """Every job of the job log, its latest run's phase and whether it waits for a recovery

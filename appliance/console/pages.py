@@ -13,8 +13,8 @@ import datetime
 from typing import TYPE_CHECKING
 
 from appliance.acl import model as acl
+from appliance.http import Request, Response
 
-from .http import Request, Response
 from .kafka import error_text
 from .sessions import Session
 
@@ -51,7 +51,8 @@ def get(c: "Console", req: Request, s: Session, parts: list[str]) -> Response:
         return _read(c, s, "group.html", "/groups", lambda: _group(c, b, parts[1]))
     if head == "share-groups" and len(parts) == 2:
         return _read(c, s, "share_group.html", "/groups",
-                     lambda: {"group": b.call(b.share_group, parts[1])})
+                     lambda: {"group": b.call(b.share_group, parts[1]), "plan": None,
+                              "form": {}})
     if head == "transactions" and len(parts) == 1:
         return _read(c, s, "transactions.html", "/transactions",
                      lambda: {"transactions": b.call(b.transactions)})
@@ -172,6 +173,17 @@ def post(c: "Console", req: Request, s: Session, parts: list[str]) -> str | Resp
             d = b.call(b.group, group)
             return c.render(s, "group.html", page="/groups", group=d, plan=plan)
         return f"reset the offsets of {group} on {f.get('topic')} to the {f.get('to')}"
+    if len(parts) == 3 and parts[:1] == ["share-groups"] and parts[2] == "reset":
+        group, topic, to = parts[1], f.get("topic", "").strip(), f.get("to", "earliest")
+        dry = f.get("execute") != "yes"
+        offset = _int(req, "offset") if to == "offset" else None
+        plan = b.call(b.share_reset_offsets, group, topic, to, offset, dry)
+        if dry:
+            return c.render(s, "share_group.html", page="/groups",
+                            group=b.call(b.share_group, group), plan=plan, form=dict(f))
+        where = f"on {topic}" if topic else "on every share partition"
+        at = f"offset {offset}" if to == "offset" else f"the {to}"
+        return f"reset the start offsets of share group {group} {where} to {at}"
     if len(parts) == 3 and parts[0] == "transactions" and parts[2] == "terminate":
         tid = parts[1]
         _confirmed(req, f"terminating {tid}")

@@ -152,6 +152,8 @@ def test_login_refuses_a_wrong_password_and_the_overview_shows_the_processes(con
     page.wait_for_url(base + "/topics")
     cookie, = [c for c in page.context.cookies() if c["name"] == "appliance_console"]
     assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict", cookie
+    headers = page.request.get(base + "/topics").headers     # the worker's headers on every answer
+    assert headers["x-frame-options"] == "DENY" and headers["cache-control"] == "no-store", headers
     page.goto("/")
     expect(page.locator("header .who")).to_have_text("User:admin")
     rows = page.locator("#processes tbody tr")
@@ -210,6 +212,11 @@ def test_create_produce_browse_and_group_lag(console, admin_page):
         c.commit(offsets=[TopicPartition("orders", 0, 1)], asynchronous=False)
         page.goto("/groups/readers")
         expect(page.locator("#lag td.lag")).to_have_text("4")
+        if os.environ.get("APPLIANCE_CONSOLE_SCREENSHOTS"):
+            # screenshots only: a falling line, the chart's refresh taking a point every 5 s
+            for points, offset in ((2, 3), (3, 5)):
+                _wait_points(app, page, "#chart-lag", points)
+                c.commit(offsets=[TopicPartition("orders", 0, offset)], asynchronous=False)
         c.commit(offsets=[TopicPartition("orders", 0, 5)], asynchronous=False)
         page.reload()
         expect(page.locator("#lag td.lag")).to_have_text("0")
@@ -220,6 +227,7 @@ def test_create_produce_browse_and_group_lag(console, admin_page):
         lag = page.request.get(base + "/api/groups/readers/lag").json()
         assert lag["partitions"] == ["orders-0"] and lag["total"][-1] == 0, lag
         assert lag["lag"][0][-1] == 0 and len(lag["t"]) == len(lag["total"]) >= 1, lag
+        _check_time_axis(page, "#chart-lag")
         shot(page, "group")
         # reset offsets: the dry run shows the plan and changes nothing
         page.fill("#reset input[name=topic]", "orders")
@@ -230,6 +238,27 @@ def test_create_produce_browse_and_group_lag(console, admin_page):
             assert a.committed_offsets("readers")[("orders", 0)] == 5
     finally:
         c.close()
+
+
+def _wait_points(app, page, chart: str, n: int, timeout: float = 30) -> None:
+    """Until ``chart`` has drawn ``n`` points (polled from here: the console's CSP has no
+    unsafe-eval, so Playwright's wait_for_function with an expression cannot run there)."""
+    el = page.locator(chart)
+    app.wait_for(lambda: int(el.get_attribute("data-points") or 0) >= n, timeout=timeout,
+                 what=f"{n} points in {chart}")
+
+
+def _check_time_axis(page, chart: str) -> None:
+    """The chart's x scale spans the hour around a lone point, else its points' span: never the
+    years uPlot gives a time scale with one value (regression: the lag chart of a group just
+    opened, one point, had an axis of 1,000 days)."""
+    el = page.locator(chart)
+    playwright_api.expect(el).to_have_attribute("data-xspan", re.compile(r"."))
+    points, span = el.evaluate("e => [Number(e.dataset.points), Number(e.dataset.xspan)]")
+    if points == 1:
+        assert span == 3600, (chart, points, span)
+    else:
+        assert 0 < span <= 3600 + 5, (chart, points, span)
 
 
 def test_a_prepared_transaction_pins_the_lso_until_force_terminated(console, admin_page):
@@ -318,8 +347,7 @@ def test_a_user_without_acls_is_refused_and_a_form_without_its_csrf_token(consol
     if os.environ.get("APPLIANCE_CONSOLE_SCREENSHOTS"):
         # the Overview again once its charts have points (a sample every 5 s): screenshots only
         admin.goto("/")
-        admin.wait_for_function("Number(document.body.dataset.chartsLoaded || 0) >= 3",
-                                timeout=60000)
+        _wait_points(app, admin, "#chart-records", 3, timeout=60)
         shot(admin, "overview")
     page.context.close()
 
@@ -349,15 +377,53 @@ def test_a_share_group_shows_its_members_and_share_partitions(console, admin_pag
         # acquired, not yet acknowledged (an implicit acknowledgement comes with the next poll)
         expect(row.locator("td").nth(1)).to_have_text("0")
         expect(row.locator("td").nth(2)).to_have_text("1")
+        # a reset while the consumer is a member: the dry run plans it, the broker refuses it
+        page.fill("#reset input[name=topic]", "jobs")
+        page.select_option("#reset select[name=to]", "latest")
+        page.click("#reset button")
+        expect(page.locator("#plan tbody tr td")).to_have_text(["jobs-0", "0", "1"])
         shot(page, "share-group")
+        page.check("#reset input[name=execute]")        # the form kept the dry run's choices
+        page.click("#reset button")
+        expect(_flash(page)).to_contain_text("NON_EMPTY_GROUP")
     finally:
         sc.close()
+    with AdminClient(app.bootstrap, security=_security("admin")) as a:
+        app.wait_for(lambda: not a.describe_share_group("sharers")["members"],
+                     what="the closed share consumer to leave sharers")
+        assert a.share_offsets("sharers")[("jobs", 0)][0] == 0     # neither run changed it
+        page.goto("/share-groups/sharers")
+        page.fill("#reset input[name=topic]", "jobs")
+        page.select_option("#reset select[name=to]", "latest")
+        page.check("#reset input[name=execute]")
+        page.click("#reset button")
+        expect(_flash(page)).to_have_text(
+            "reset the start offsets of share group sharers on jobs to the latest")
+        expect(row.locator("td").nth(1)).to_have_text("1")
+        assert a.share_offsets("sharers")[("jobs", 0)][0] == 1
+
+
+def test_the_overview_charts_time_axis_spans_at_most_the_hour_kept(console, admin_page):
+    page = admin_page
+    page.goto("/")
+    # a point every 5 s since the console started (the earlier tests took longer than that)
+    _wait_points(console[0], page, "#chart-records", 1)
+    for chart in ("#chart-records", "#chart-bytes", "#chart-latency"):
+        _check_time_axis(page, chart)
 
 
 def test_users_are_added_and_deleted_as_the_logged_in_principal(console, admin_page):
     app, _, base = console
     expect = playwright_api.expect
     alice = _page(console, "alice")
+    # a share group's reset, as alice: refused by the authorizer (no Read on the group), with
+    # her session's CSRF token (she sees no reset form: the group's page is refused to her)
+    alice.goto("/topics")
+    token = alice.locator("input[name=csrf]").first.get_attribute("value")
+    alice.request.post(base + "/share-groups/sharers/reset", form={
+        "csrf": token, "topic": "jobs", "to": "latest", "execute": "yes"}, max_redirects=0)
+    alice.reload()
+    expect(_flash(alice)).to_contain_text("GROUP_AUTHORIZATION_FAILED")
     alice.goto("/security")
     alice.fill("#add-user input[name=name]", "mallory")
     alice.fill("#add-user input[name=password]", "m-secret")

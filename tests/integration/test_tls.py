@@ -12,6 +12,7 @@ import ssl
 import struct
 import subprocess
 import time
+import urllib.request
 
 import confluent_kafka as ck
 import pytest
@@ -62,6 +63,37 @@ def test_client_certificates_required(appliance_factory, tmp_path):
     with RawClient(s.bootstrap("SSL"), ssl_context=s.pki.client_context(with_cert=True)) as raw:
         assert _api_versions(raw).error_code == 0          # and the broker keeps serving
     assert "TLS handshake with" in s.app.log_text()
+
+
+def test_the_console_reaches_an_ssl_only_listener_with_its_own_certificate_and_ca(
+        appliance_factory, tmp_path):
+    """The only listener is SSL, client certificates required, and the broker's certificate
+    comes from a CA that tls.ca_file (the clients' CAs) lacks: the console's own connections
+    need [console] ssl_cafile and ssl_certfile, and its pages read through them."""
+    console_port = free_port()
+    s = secure_appliance(appliance_factory, tmp_path, protocols=("SSL",), start=False,
+                         tls={"client_auth": "required"})
+    pki = s.pki
+    # clients' CA: other_ca (the rogue certificate is its client); the broker's: pki.ca
+    s.app.config["tls"]["ca_file"] = pki.other_ca
+    s.app.config["console"] = {"listen": f"127.0.0.1:{console_port}", "ssl_cafile": pki.ca,
+                               "ssl_certfile": pki.rogue_cert, "ssl_keyfile": pki.rogue_key}
+    client = ssl.create_default_context(cafile=pki.ca)
+    client.load_cert_chain(pki.rogue_cert, pki.rogue_key)
+    s.app.use_listeners(s.ports, client)
+    s.app.start()
+    p = ck.Producer(confluent_config(s, "SSL", **{"ssl.certificate.location": pki.rogue_cert,
+                                                  "ssl.key.location": pki.rogue_key}))
+    p.produce("seen-by-the-console", b"x")
+    assert p.flush(30) == 0
+
+    def topics_page() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{console_port}/topics", timeout=10) as r:
+            return r.read().decode()
+    page = s.app.wait_for(topics_page, what="the console's Topics page")
+    assert "seen-by-the-console" in page and 'id="topics"' in page, page
+    # whom the authorizer sees: the console certificate's subject, as the header says
+    assert '<span class="who">User:CN=rogue · read-only</span>' in page, page
 
 
 def test_plaintext_client_on_tls_port_and_tls_client_on_plaintext_port(appliance_factory, tmp_path):

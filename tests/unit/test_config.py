@@ -293,8 +293,9 @@ def test_sasl_mechanisms_and_mapping_rules_are_checked():
 
 
 def test_check_config_hides_the_key_password():
-    out = dumps_toml(_load(tls={"key_password": "s3cret"}))
+    out = dumps_toml(_load(tls={"key_password": "s3cret"}, console={"ssl_password": "c0nsole"}))
     assert "s3cret" not in out and 'key_password = "[hidden]"' in out
+    assert "c0nsole" not in out and 'ssl_password = "[hidden]"' in out
     assert 'mechanisms = ["SCRAM-SHA-256", "SCRAM-SHA-512"]' in out
 
 

@@ -9,11 +9,11 @@ import pytest
 
 from appliance.config import ConfigError, load
 from appliance.console import records
-from appliance.console.app import Console, Target, parse_acl, pick_target
+from appliance.console.app import HEADERS, Console, Target, parse_acl, pick_target
 from appliance.console.history import GroupLags, History, Totals
-from appliance.console.http import BadRequest, Request, Response, add_body, encode, parse_head
 from appliance.console.overview import problems
 from appliance.console.sessions import COOKIE, Sessions, csrf_ok
+from appliance.http import BadRequest, Request, Response, add_body, encode, parse_head
 from appliance.listeners import Listener
 from appliance.protocol.records import Record, build_batch, build_control_batch
 
@@ -31,7 +31,6 @@ def test_parse_head_reads_the_request_line_headers_cookies_and_a_form():
 
 @pytest.mark.parametrize("head, status", [
     (b"GARBAGE\r\n\r\n", 400),
-    (b"DELETE / HTTP/1.1\r\n\r\n", 405),
     (b"POST / HTTP/1.1\r\nContent-Length: 9999999\r\n\r\n", 413),
     (b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n", 400),
 ])
@@ -48,7 +47,7 @@ def test_a_post_that_is_not_a_form_is_refused():
 
 
 def test_every_answer_forbids_framing_and_caching():
-    out = encode(Response(200, b"hi"), keep_alive=False).decode()
+    out = encode(Response(200, b"hi"), keep_alive=False, fixed=HEADERS).decode()
     assert out.startswith("HTTP/1.1 200 OK\r\n")
     for h in ("X-Frame-Options: DENY", "frame-ancestors 'none'", "Cache-Control: no-store",
               "Connection: close", "Content-Length: 2"):
@@ -233,6 +232,30 @@ def test_share_groups_link_to_their_own_page(tmp_path):
     assert "<td>t-0</td><td>7</td><td class=\"lag\">2</td><td>m1</td>" in body
 
 
+def test_a_share_group_reset_shows_its_dry_run_plan_and_checks_the_offset_first(tmp_path):
+    c = _console(tmp_path, allow_changes=True)      # no broker here: a request would fail
+    s = c.sessions.new(c.clock())
+    r = c.handle(_request("POST", "/share-groups/sg/reset", {
+        "csrf": s.csrf, "back": "/share-groups/sg", "topic": "t", "to": "offset",
+        "offset": ""}, s.sid))
+    assert r.status == 303 and ("Location", "/share-groups/sg") in r.headers
+    kind, text = s.flash.pop()
+    assert kind == "error" and text.endswith("offset must be a number"), text
+    group = {"group": "sg", "state": "Empty", "group_epoch": 3, "assignment_epoch": 3,
+             "coordinator": 1, "members": [],
+             "offsets": [{"topic": "t", "partition": 0, "start": 7, "lag": 2, "members": []}]}
+    body = c.render(s, "share_group.html", page="/groups", group=group, form={
+        "topic": "t", "to": "latest"}, plan=[
+        {"topic": "t", "partition": 0, "current": 7, "new": 9},
+        {"topic": "t", "partition": 1, "current": None, "new": 4}]).body.decode()
+    assert "<td>t-0</td><td>7</td><td>9</td>" in body and "<td>t-1</td><td>-</td><td>4</td>" in body
+    assert "<option selected>latest</option>" in body and 'name="csrf"' in body
+    # read-only: no form at all
+    body = _console(tmp_path).render(s, "share_group.html", page="/groups", group=group,
+                                     form={}, plan=None).body.decode()
+    assert 'id="reset"' not in body
+
+
 def test_problems_say_what_is_wrong_in_words():
     procs = [{"title": "frontend 0", "state": "down", "restarts": 4, "heartbeat_age": None},
              {"title": "coordinator", "state": "ready", "restarts": 0, "heartbeat_age": 9.0},
@@ -275,3 +298,32 @@ def test_console_config_is_checked():
         load(None, environ={}, overrides={"console": {"listen": "127.0.0.1:9480", "tls": True}})
     assert load(None, environ={}, overrides={"console": {"listen": "127.0.0.1:9480"}}
                 ).console.listen == "127.0.0.1:9480"
+
+
+def test_the_consoles_own_tls_connections_take_its_ca_and_client_certificate(tmp_path):
+    tls = {"cert_file": "/b.pem", "key_file": "/b.key", "ca_file": "/clients-ca.pem",
+           "client_auth": "required"}
+    ssl_only = {"listeners": "SSL://127.0.0.1:9093"}
+    with pytest.raises(ConfigError, match="console.ssl_certfile: required: the console connects "
+                                          "to the SSL listener"):
+        load(None, environ={}, overrides={"server": ssl_only, "tls": tls,
+                                          "console": {"listen": "127.0.0.1:9480"}})
+    with pytest.raises(ConfigError, match="give both or neither"):
+        load(None, environ={}, overrides={"server": ssl_only, "tls": tls, "console": {
+            "listen": "127.0.0.1:9480", "ssl_certfile": "/c.pem"}})
+    # a plaintext listener beside it: the console uses that one and needs no certificate
+    load(None, environ={}, overrides={"server": {"listeners": "SSL://127.0.0.1:9093,"
+                                                              "PLAINTEXT://127.0.0.1:9092"},
+                                      "tls": tls, "console": {"listen": "127.0.0.1:9480"}})
+    cfg = load(None, environ={}, overrides={"server": ssl_only, "tls": tls, "console": {
+        "listen": "127.0.0.1:9480", "ssl_cafile": "/brokers-ca.pem", "ssl_certfile": "/c.pem",
+        "ssl_keyfile": "/c.key"}})
+    target = pick_target(cfg, {"SSL": 9093})
+    sec = Console(cfg, str(tmp_path), str(tmp_path), target).security()
+    assert (target.listener.protocol, sec.ssl_cafile, sec.ssl_certfile, sec.ssl_keyfile) == (
+        "SSL", "/brokers-ca.pem", "/c.pem", "/c.key")
+    # without [console] ssl_cafile: [tls]'s CA file, as before
+    cfg = load(None, environ={}, overrides={"server": ssl_only, "tls": {**tls, "client_auth": "none"},
+                                            "console": {"listen": "127.0.0.1:9480"}})
+    sec = Console(cfg, str(tmp_path), str(tmp_path), pick_target(cfg, {"SSL": 9093})).security()
+    assert (sec.ssl_cafile, sec.ssl_certfile) == ("/clients-ca.pem", None)

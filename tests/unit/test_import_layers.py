@@ -18,7 +18,8 @@ PACKAGES = ("appliance", "workers", "shm")
 # Bottom first. A unit is a top-level module or subpackage of appliance/, or workers/, or shm/.
 LAYERS = [
     {"shm", "appliance.errors", "appliance.durable", "appliance.testhooks",
-     "appliance.principal_rules", "appliance.listeners", "appliance.config_checks"},
+     "appliance.principal_rules", "appliance.listeners", "appliance.config_checks",
+     "appliance.http"},
     {"appliance.protocol", "appliance.config", "appliance.config_print",
      "appliance.broker_dynamic_configs", "appliance.group_config"},
     {"appliance.ipc", "appliance.service", "appliance.runtime", "appliance.topic_config",

@@ -17,6 +17,17 @@
     setInterval(refresh, 5000);
   }
 
+  // The time axis. uPlot widens a time scale with a single x value to a day in the scale's
+  // unit, and ours is seconds read as milliseconds (uPlot's ms: 1e-3): 86,400,000 s, so a
+  // chart with one point had an axis of years. A lone point gets the hour around it (the hour
+  // the charts keep); two points or more span what they cover; none, uPlot's own empty range.
+  var HALF_HOUR_S = 1800;
+  function timeRange(u, min, max) {
+    var xs = u.data && u.data[0];
+    if (xs && xs.length === 1 && xs[0] != null) return [xs[0] - HALF_HOUR_S, xs[0] + HALF_HOUR_S];
+    return [min, max];
+  }
+
   function options(labels) {
     var series = [{}];
     labels.forEach(function (label, i) {
@@ -24,7 +35,12 @@
                    spanGaps: false});
     });
     return {width: 440, height: 200, series: series, axes: [{}, {size: 60}],
-            scales: {x: {time: true}}};
+            scales: {x: {time: true, range: timeRange}},
+            // the x scale's span in seconds on the chart's element, for the browser tests
+            hooks: {setScale: [function (u, key) {
+              if (key === "x" && u.scales.x.min != null)
+                u.root.parentNode.dataset.xspan = String(u.scales.x.max - u.scales.x.min);
+            }]}};
   }
 
   // -- the Overview --------------------------------------------------------------------------
@@ -47,6 +63,7 @@
       } else {
         plots.forEach(function (p) { p.plot.setData(columns(p.keys, data)); });
       }
+      charts.forEach(function (el) { el.dataset.points = String((data.t || []).length); });
       document.body.dataset.chartsLoaded = String((data.t || []).length);
     });
   }
