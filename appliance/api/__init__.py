@@ -109,6 +109,11 @@ class RequestContext:
             return 0
         return self.connection.quota_throttle(self.slot, quota_type, value)
 
+    def unrecord(self, quota_type: str, value: float) -> None:
+        """Take back ``value`` that ``throttle`` recorded (Kafka's unrecordQuotaSensor)."""
+        if self.broker.quotas.any and self.slot is not None:
+            self.connection.quota_unrecord(self.slot, quota_type, value)
+
     @property
     def version(self) -> int:
         return self.header.api_version

@@ -139,17 +139,23 @@ async def handle(ctx, req):
                 # is gone too: answer nothing for this partition; the next fetch reads anew.
                 records = []
             fp.records = records
-    _count(ctx, catalog, topics)
     if not broker.quotas.any:
+        _count(ctx, catalog, topics)
         parts, _ = encode_fetch_response(v, 0, 0, 0, topics)
         return parts
-    # KIP-13: the response's bytes against consumer_byte_rate. Kafka answers a throttled fetch
-    # with no records (and unrecords them); here the records go and the connection is muted for
-    # the throttle time instead, which holds the rate the same over the window.
+    # KIP-13: the response's bytes against consumer_byte_rate, the request's time against
+    # request_percentage. Throttled by either, Kafka's handleFetchRequest answers no records
+    # (FetchContext.getThrottledResponse: error NONE, the throttle time, session id 0 for a
+    # full fetch, no partitions), takes the bytes back from the byte-rate quota
+    # (unrecordQuotaSensor) and mutes the connection for the throttle time (KIP-219); the
+    # client fetches the same offsets again after it. Nothing was sent: no bytes out.
     parts, size = encode_fetch_response(v, 0, 0, 0, topics)
     throttle = ctx.throttle(FETCH_QUOTA, size)
     if throttle:
+        ctx.unrecord(FETCH_QUOTA, size)
+        topics = []
         parts, _ = encode_fetch_response(v, throttle, 0, 0, topics)
+    _count(ctx, catalog, topics)
     return parts
 
 

@@ -158,6 +158,11 @@ class ClientQuotas:
             throttle = min(throttle, size)
         return throttle
 
+    def unrecord(self, qtype: str, user: str, client_id: str, value: float, now_ms: int) -> None:
+        """Take ``value`` back (Kafka's unrecordQuotaSensor: a negative record into the current
+        sample): a throttled fetch is answered without the bytes it recorded."""
+        self.record(qtype, user, client_id, -value, now_ms, check=False)
+
     def measure(self, qtype: str, tags: Tags, now_ms: int) -> tuple[float, float]:
         """(rate per second over every frontend's samples, the window in ms)."""
         num, size = self.num, self.size_ms

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from appliance_harness import eventually, free_port
 from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
 from java_programs import java_program  # noqa: F401 (fixture)
-from raw_wire import RawClient
+from raw_wire import RawClient, create_topic, parse_batches, plain
 
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
 # Rates over 2 samples of 1 s (Kafka: 11): a rate quota bites at once and lets go after 2 s.
@@ -153,6 +153,57 @@ def test_connections_over_the_address_rate_are_held_then_closed(shared_appliance
 
 
 # -- enforcement --------------------------------------------------------------------------------
+
+def _served(bootstrap: str, **kw) -> RawClient:
+    """A connection the appliance answers (the connection-rate test's quota, just lifted, may
+    still hold a new connection of this address for a moment)."""
+    def attempt():
+        raw = RawClient(bootstrap, **kw)
+        try:
+            raw.request(18, 3, {"client_software_name": "t", "client_software_version": "1"})
+            return raw
+        except (ConnectionError, OSError):
+            raw.close()
+            return None
+    return eventually(attempt, timeout=30, what="a connection served")
+
+
+def test_a_throttled_fetch_answers_no_records(shared_appliance):
+    """Kafka's handleFetchRequest under consumer_byte_rate: the fetch that takes the client over
+    its bound is answered with the throttle time, error NONE, session id 0 and no partitions
+    (FetchContext.getThrottledResponse, KIP-219); its bytes are taken back, so after the mute the
+    same offset is fetched again and its records come."""
+    with _served(shared_appliance.bootstrap) as admin:
+        create_topic(admin, "quota-empty")
+        for _ in range(40):
+            plain(admin, "quota-empty", 0, [b"y" * 900])          # ~970-byte batches
+        r = alter(admin, 1, [([("client-id", "wire-capped")], [("consumer_byte_rate", 5000)])])
+        assert [e.error_code for e in r.entries] == [0]
+    with _served(shared_appliance.bootstrap, client_id="wire-capped") as raw:
+        def fetch_at(offset):
+            return raw.request(1, 12, {
+                "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1200,
+                "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+                "topics": [{"topic": "quota-empty", "partitions": [
+                    {"partition": 0, "current_leader_epoch": -1, "fetch_offset": offset,
+                     "log_start_offset": -1, "partition_max_bytes": 1200}]}],
+                "forgotten_topics_data": [], "rack_id": ""})
+        offset, throttled = 0, None
+        for _ in range(30):
+            r = fetch_at(offset)
+            if r.throttle_time:
+                throttled = r
+                break
+            (batch,) = parse_batches(r.responses[0].partitions[0].records)
+            offset = batch.last_offset + 1
+        assert throttled is not None, "never throttled at 5,000 B/s"
+        assert (throttled.error_code, throttled.session_id, list(throttled.responses)) == (0, 0, []), throttled
+        assert offset >= 4                     # the first fetches went through, within the bound
+        got = eventually(lambda: (r := fetch_at(offset)).responses and r, timeout=30,
+                         what="the records after the throttle")
+        assert parse_batches(got.responses[0].partitions[0].records)[0].base_offset == offset
+
+
 
 BOUND = 400_000            # bytes per second, for the producer's client id and for the consumer's
 RECORD = b"x" * 1000

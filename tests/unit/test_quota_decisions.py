@@ -117,6 +117,20 @@ def test_rate_and_throttle_time_are_kafkas():
     assert q.record(rates.PRODUCE, "u", "c", 1, 11001) == 0
 
 
+def test_a_throttled_fetchs_bytes_are_taken_back():
+    """Kafka's handleFetchRequest: a throttled fetch sends no records, so its bytes are unrecorded
+    (unrecordQuotaSensor) and only what was sent counts against consumer_byte_rate."""
+    q = rates.ClientQuotas(window_num=11, window_size_s=1)
+    q.configure({((C, "c"),): {"consumer_byte_rate": 1000.0}})
+    assert q.record(rates.FETCH, "u", "c", 10000, 0) == 0
+    assert q.record(rates.FETCH, "u", "c", 1000, 0) == 1000        # throttled: not sent
+    q.unrecord(rates.FETCH, "u", "c", 1000, 0)
+    assert q.measure(rates.FETCH, ("", "c"), 0)[0] == 1000.0         # the 10,000 sent, over 10 s
+    # No quota governs another client: nothing to take back, no sensor made.
+    q.unrecord(rates.FETCH, "u", "d", 1000, 0)
+    assert ("Fetch", ("", "d")) not in q.sensors
+
+
 def test_request_percentage_throttle_is_bounded_by_one_window():
     q = rates.ClientQuotas(window_num=11, window_size_s=1)
     q.configure({((U, None),): {"request_percentage": 1.0}})

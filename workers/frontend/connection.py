@@ -595,6 +595,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
         slot.throttle_ms = throttle
         return throttle
 
+    def quota_unrecord(self, slot: _Slot, quota_type: str, value: float) -> None:
+        """Take back ``value`` that ``quota_throttle`` recorded for ``slot`` (a throttled fetch
+        sends no records: Kafka's unrecordQuotaSensor)."""
+        q = self.broker.quotas
+        if q.enabled[quota_type]:
+            q.unrecord(quota_type, user_of(self.principal), slot.header.client_id or "",
+                       value, int(time.monotonic() * 1000))
+
     def _mute(self, ms: int) -> None:
         """KIP-219: the response has gone; read nothing more from the client for ``ms``."""
         loop = asyncio.get_running_loop()
