@@ -778,8 +778,8 @@ def test_java_4_producer_aborts_after_transaction_abortable_and_commits_the_next
     the producer never added to its transaction is refused with TRANSACTION_ABORTABLE by the
     verification (KIP-890) and never appended; the producer is abortable, not fenced (KIP-1050):
     commitTransaction refuses, abortTransaction ends the transaction, and the next transaction of
-    the same producer commits (the client bumps its own epoch after the abort, KIP-360, to reset
-    the sequence of the failed partition: the same producer id, one epoch up)."""
+    the same producer commits (the same producer id; the client may bump its own epoch after the
+    abort, KIP-360, to reset the sequence of the failed partition)."""
     a = appliance_factory(transactions={"transaction_version": 1})
     with RawClient(a.bootstrap) as raw:
         create_topic(raw, "g72", 2)
@@ -788,7 +788,9 @@ def test_java_4_producer_aborts_after_transaction_abortable_and_commits_the_next
         assert got["commit1"].endswith("/TransactionAbortableException"), got
         assert got["abort1"] == "ok" and got["commit2"] == "ok", got
         pid, epoch = map(int, got["pid"].split("/"))
-        assert got["pid2"] == f"{pid}/{epoch + 1}", got          # the same producer, not fenced
+        # The same producer, not fenced; whether the client bumps its own epoch after the abort
+        # depends on whether the failed batch had settled by then (KIP-360).
+        assert got["pid2"] in (f"{pid}/{epoch}", f"{pid}/{epoch + 1}"), got
         p0 = fetch(raw, "g72", 0, isolation=READ_COMMITTED)    # t1 aborted, t2 committed
         assert p0.values() == [b"t1-p0", b"t2-p0"] and p0.aborted == [(int(got["pid"].split("/")[0]), 0)]
         assert fetch(raw, "g72", 1, isolation=READ_COMMITTED).values() == [b"t2-p1"]
