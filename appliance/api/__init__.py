@@ -109,6 +109,25 @@ class RequestContext:
             return 0
         return self.connection.quota_throttle(self.slot, quota_type, value)
 
+    def mutation(self, permits: float, strict_since: int) -> tuple[bool, int]:
+        """KIP-599 controller_mutation_rate: (admitted, throttle ms) for ``permits`` partitions
+        created or deleted; strict (refused while over the quota) from ``strict_since`` on,
+        permissive (throttled only) below. (True, 0) when no such quota is configured."""
+        q = self.broker.quotas
+        if not q.any or not q.enabled["ControllerMutation"] or self.slot is None:
+            return True, 0
+        return self.connection.quota_mutation(self.slot, permits, self.version >= strict_since)
+
+    def unmutate(self, permits: float) -> None:
+        """Give back the permits of a mutation that did not happen."""
+        if self.broker.quotas.any and self.slot is not None:
+            self.connection.quota_unmutate(self.slot, permits)
+
+    def unrecord(self, quota_type: str, value: float) -> None:
+        """Take back ``value`` that ``throttle`` recorded (Kafka's unrecordQuotaSensor)."""
+        if self.broker.quotas.any and self.slot is not None:
+            self.connection.quota_unrecord(self.slot, quota_type, value)
+
     @property
     def version(self) -> int:
         return self.header.api_version

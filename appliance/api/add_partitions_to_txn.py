@@ -5,7 +5,13 @@ the broker's batched form (KIP-890): several transactions, each either VerifyOnl
 partition already in the Ongoing transaction? state unchanged) or an add. On a single node nothing
 else sends v4+ to us, but the API is served as Kafka serves it. Partitions of unknown topics get
 UNKNOWN_TOPIC_OR_PARTITION and the other partitions of that transaction OPERATION_NOT_ATTEMPTED,
-as Kafka answers.
+as Kafka answers. A VerifyOnly gets the coordinator's own codes, as Kafka's KafkaApis passes them
+through at v4 and v5 (KIP-890): TRANSACTION_ABORTABLE for a partition not in the transaction,
+PRODUCER_FENCED for a stale epoch (a partition writer gets them as Kafka's
+AddPartitionsToTxnManager maps them: INVALID_TXN_STATE, INVALID_PRODUCER_EPOCH).
+
+TRANSACTION_ABORTABLE (KIP-890, KIP-1050) by version: only the VerifyOnly form ever carries it
+(Kafka's coordinator writes it nowhere else); ``abortable_for`` keeps it from v0-3.
 
 Authorization (Kafka's KafkaApis.handleAddPartitionsToTxnRequest): v4+ (from brokers) needs
 ClusterAction on the Cluster, else CLUSTER_AUTHORIZATION_FAILED for the request (KIP-890). v0-3
@@ -25,7 +31,7 @@ from appliance.api import handles
 from appliance.catalog.model import INTERNAL_TOPICS
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
-from appliance.txn.messages import AddPartitionsToTxnRequest, VerifyPartitionRequest
+from appliance.txn.messages import AddPartitionsToTxnRequest, VerifyPartitionRequest, abortable_for
 
 
 def _refused(ctx, topics, from_client: bool) -> dict[tuple[str, int], ErrorCode]:
@@ -56,12 +62,13 @@ async def _add(ctx, txn_id, pid, epoch, topics, version) -> dict[tuple[str, int]
                 for t in topics for p in t.partitions}
     r = await ctx.broker.call_coordinator(AddPartitionsToTxnRequest(
         txn_id, pid, epoch, [(t.name, p) for t in topics for p in t.partitions], version))
-    return {(e.topic, e.partition): e.error for e in r.results}
+    return {(e.topic, e.partition): abortable_for(24, version, e.error) for e in r.results}
 
 
 async def _verify(ctx, txn_id, pid, epoch, topics) -> dict[tuple[str, int], int]:
     async def one(topic, p):
-        r = await ctx.broker.call_coordinator(VerifyPartitionRequest(txn_id, pid, epoch, topic, p, False))
+        r = await ctx.broker.call_coordinator(VerifyPartitionRequest(txn_id, pid, epoch, topic, p, False,
+                                                                     raw=True))
         return r.error
     keys = [(t.name, p) for t in topics for p in t.partitions]
     codes = await asyncio.gather(*(one(t, p) for t, p in keys))

@@ -6,6 +6,10 @@ counts (Kafka's errors: a count that is not an increase is INVALID_PARTITIONS), 
 writer per new partition (numbered after the existing ones) and answers once they are READY.
 Every worker follows the catalog: frontends open the new writers' rings, the coordinator links
 them for markers, fetchers serve them.
+
+KIP-599 controller_mutation_rate: a topic takes the partitions it adds from the client's bucket;
+from v3 one asked while the bucket is below zero gets THROTTLING_QUOTA_EXCEEDED (strict), below
+v3 the answer is only throttled (permissive); a refused growth gives its tokens back.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ async def handle(ctx, req):
     catalog = broker.catalog
     results: dict[int, TopicResult] = {}
     asks: list[tuple[int, str, int]] = []
+    taken: dict[int, int] = {}            # KIP-599 permits taken, by topic index
+    throttle = 0
     for i, t in enumerate(req.topics):
         if not ctx.authorize(AclOperation.ALTER, ResourceType.TOPIC, t.name):
             # Kafka's KafkaApis: Alter on the topic, checked before anything else is looked at.
@@ -58,13 +64,25 @@ async def handle(ctx, req):
         if bad is not None:
             results[i] = TopicResult(t.name, int(bad[0]), bad[1])
         else:
+            added = t.count - info.partitions if info is not None else 0
+            if added > 0 and not req.validate_only:
+                admitted, t_ms = ctx.mutation(added, 3)
+                throttle = max(throttle, t_ms)
+                if not admitted:
+                    results[i] = TopicResult(t.name, int(ErrorCode.throttling_quota_exceeded),
+                                             "The throttling quota has been exceeded.")
+                    continue
+                taken[i] = added
             asks.append((i, t.name, t.count))
     if asks:
         resp = await broker.call_supervisor(
             CreatePartitionsRequest([(n, c) for _, n, c in asks], req.validate_only), 70.0)
         for (i, _, _), r in zip(asks, resp.results):
             results[i] = r
+            if r.error_code and i in taken:
+                ctx.unmutate(taken[i])
     out = tuple(dict(name=t.name, error_code=ErrorCode(results[i].error_code),
                      error_message=results[i].error_message)
                 for i, t in enumerate(req.topics))
-    return build(ctx.response_class(), throttle_time=datetime.timedelta(0), results=out)
+    return build(ctx.response_class(), throttle_time=datetime.timedelta(milliseconds=throttle),
+                 results=out)

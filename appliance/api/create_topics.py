@@ -9,6 +9,12 @@ Authorization (Kafka's KafkaApis.handleCreateTopicsRequest): Create on the Clust
 each topic (TOPIC_AUTHORIZATION_FAILED, "Authorization failed."). A created topic's configs,
 partition count and replication factor come back only with DescribeConfigs on it; without,
 TopicConfigErrorCode is TOPIC_AUTHORIZATION_FAILED (as Kafka's controller answers).
+
+KIP-599 controller_mutation_rate: each topic to create takes its partition count from the
+client's bucket (``ClientContext.mutation``); from v6 a topic asked while the bucket is below zero
+gets THROTTLING_QUOTA_EXCEEDED (strict), below v6 every one is created and the answer only
+throttled (permissive), as Kafka's ControllerMutationQuotaManager; the tokens of a topic that is
+not created are given back; validate_only takes none.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from appliance.errors import ErrorCode
 from appliance.topic_config import describe_topic_configs
 
 ZERO_UUID = uuid.UUID(int=0)
+STRICT_SINCE = 6                  # KIP-599: THROTTLING_QUOTA_EXCEEDED from CreateTopics v6
+THROTTLED = "The throttling quota has been exceeded."
 
 
 def _precheck(ctx, t) -> tuple[ErrorCode, str] | None:
@@ -58,6 +66,8 @@ async def handle(ctx, req):
     m = ctx.response_module()
     results: dict[int, object] = {}
     to_create: list[tuple[int, NewTopic]] = []
+    taken: dict[int, int] = {}            # KIP-599 permits taken, by topic index
+    throttle = 0
     cluster_create = ctx.authorize_cluster(AclOperation.CREATE)
     for i, t in enumerate(req.topics):
         if not cluster_create and not ctx.authorize(AclOperation.CREATE, ResourceType.TOPIC, t.name):
@@ -69,6 +79,16 @@ async def handle(ctx, req):
             results[i] = TopicResult(name=t.name, error_code=int(bad[0]), error_message=bad[1])
             continue
         parts = len(t.assignments) if t.assignments else t.num_partitions
+        if not req.validate_only:
+            # -1: the broker's default count, which the supervisor applies
+            permits = parts if parts > 0 else ctx.broker.cfg.topics.default_partitions
+            admitted, t_ms = ctx.mutation(permits, STRICT_SINCE)
+            throttle = max(throttle, t_ms)
+            if not admitted:
+                results[i] = TopicResult(name=t.name, error_code=int(ErrorCode.throttling_quota_exceeded),
+                                         error_message=THROTTLED)
+                continue
+            taken[i] = permits
         configs = {c.name: c.value for c in t.configs if c.value is not None}
         to_create.append((i, NewTopic(t.name, parts, configs)))
     if to_create:
@@ -76,6 +96,8 @@ async def handle(ctx, req):
             CreateTopicsRequest([nt for _, nt in to_create], req.validate_only), 70.0)
         for (i, _), r in zip(to_create, resp.results):
             results[i] = r
+            if r.error_code and i in taken:
+                ctx.unmutate(taken[i])
     out = []
     cfg = ctx.broker.cfg
     catalog = ctx.broker.catalog
@@ -98,4 +120,5 @@ async def handle(ctx, req):
                         error_code=ErrorCode(r.error_code), error_message=r.error_message,
                         topic_config_error_code=0, num_partitions=r.num_partitions if ok else -1,
                         replication_factor=1 if ok else -1, configs=configs))
-    return build(m.CreateTopicsResponse, throttle_time=datetime.timedelta(0), topics=tuple(out))
+    return build(m.CreateTopicsResponse, throttle_time=datetime.timedelta(milliseconds=throttle),
+                 topics=tuple(out))

@@ -6,6 +6,10 @@ directories before it answers.
 Authorization (Kafka's KafkaApis.handleDeleteTopicsRequest): Delete on each topic, else
 TOPIC_AUTHORIZATION_FAILED, checked before its existence; a topic named by id that the principal
 may not Describe is answered without its name.
+
+KIP-599 controller_mutation_rate: a topic deleted takes its partition count from the client's
+bucket; from v5 one asked while the bucket is below zero gets THROTTLING_QUOTA_EXCEEDED (strict),
+below v5 the answer is only throttled (permissive); an unknown topic takes nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +55,18 @@ async def handle(ctx, req):
             elif not ctx.authorize(AclOperation.DELETE, ResourceType.TOPIC, name):
                 err = ErrorCode.topic_authorization_failed
         checked.append((name, tid, err, msg))
+    throttle = 0
+    if ctx.broker.quotas.any:
+        gated = []
+        for name, tid, err, msg in checked:
+            info = catalog.topics.get(name) if err is None else None
+            if info is not None:
+                admitted, t_ms = ctx.mutation(info.partitions, 5)
+                throttle = max(throttle, t_ms)
+                if not admitted:
+                    err, msg = ErrorCode.throttling_quota_exceeded, "The throttling quota has been exceeded."
+            gated.append((name, tid, err, msg))
+        checked = gated
     entries = checked
     names = [e[0] for e in entries if e[2] is None]
     by_name = {}
@@ -66,4 +82,5 @@ async def handle(ctx, req):
                 tid = uuid.UUID(bytes=r.topic_id) if r.topic_id else ZERO_UUID
         out.append(dict(name=name, topic_id=tid or ZERO_UUID, error_code=err,
                         error_message=msg))
-    return build(m.DeleteTopicsResponse, throttle_time=datetime.timedelta(0), responses=tuple(out))
+    return build(m.DeleteTopicsResponse, throttle_time=datetime.timedelta(milliseconds=throttle),
+                 responses=tuple(out))

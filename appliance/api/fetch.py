@@ -33,6 +33,17 @@ from appliance.quota.rates import FETCH as FETCH_QUOTA
 READ_COMMITTED = 1
 BYTES_OUT = "kafka_server_brokertopicmetrics_bytesout"
 FAILED_FETCH = "kafka_server_brokertopicmetrics_failedfetchrequests"
+# FailedFetchRequestsPerSec counts unexpected failures only (Kafka's ReplicaManager.readFromLog:
+# "not incremented for known exceptions"): not UNKNOWN_TOPIC_OR_PARTITION,
+# NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH, FENCED_LEADER_EPOCH, REPLICA_NOT_AVAILABLE,
+# KAFKA_STORAGE_ERROR, INCONSISTENT_TOPIC_ID, OFFSET_OUT_OF_RANGE (handled apart), nor what
+# KafkaApis decides before reading (TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID).
+EXPECTED_FETCH_ERRORS = frozenset(int(e) for e in (
+    ErrorCode.unknown_topic_or_partition, ErrorCode.not_leader_or_follower,
+    ErrorCode.unknown_leader_epoch, ErrorCode.fenced_leader_epoch,
+    ErrorCode.replica_not_available, ErrorCode.kafka_storage_error,
+    ErrorCode.inconsistent_topic_id, ErrorCode.offset_out_of_range,
+    ErrorCode.topic_authorization_failed, ErrorCode.unknown_topic_id))
 
 
 @handles(1, "Fetch", 4, 18)
@@ -128,23 +139,29 @@ async def handle(ctx, req):
                 # is gone too: answer nothing for this partition; the next fetch reads anew.
                 records = []
             fp.records = records
-    _count(ctx, catalog, topics)
     if not broker.quotas.any:
+        _count(ctx, catalog, topics)
         parts, _ = encode_fetch_response(v, 0, 0, 0, topics)
         return parts
-    # KIP-13: the response's bytes against consumer_byte_rate. Kafka answers a throttled fetch
-    # with no records (and unrecords them); here the records go and the connection is muted for
-    # the throttle time instead, which holds the rate the same over the window.
+    # KIP-13: the response's bytes against consumer_byte_rate, the request's time against
+    # request_percentage. Throttled by either, Kafka's handleFetchRequest answers no records
+    # (FetchContext.getThrottledResponse: error NONE, the throttle time, session id 0 for a
+    # full fetch, no partitions), takes the bytes back from the byte-rate quota
+    # (unrecordQuotaSensor) and mutes the connection for the throttle time (KIP-219); the
+    # client fetches the same offsets again after it. Nothing was sent: no bytes out.
     parts, size = encode_fetch_response(v, 0, 0, 0, topics)
     throttle = ctx.throttle(FETCH_QUOTA, size)
     if throttle:
+        ctx.unrecord(FETCH_QUOTA, size)
+        topics = []
         parts, _ = encode_fetch_response(v, throttle, 0, 0, topics)
+    _count(ctx, catalog, topics)
     return parts
 
 
 def _count(ctx, catalog, topics: list[FetchTopic]) -> None:
     """Metrics: the answer's error codes (the top level's NONE too, as Kafka counts them), bytes
-    out and failed partitions per existing topic."""
+    out and failed partitions per existing topic (``EXPECTED_FETCH_ERRORS`` left out)."""
     errors: Counter = Counter({0: 1})
     counters = ctx.broker.counters
     for ft in topics:
@@ -153,7 +170,7 @@ def _count(ctx, catalog, topics: list[FetchTopic]) -> None:
         for fp in ft.partitions:
             errors[fp.error_code] += 1
             if fp.error_code:
-                if known:
+                if known and fp.error_code not in EXPECTED_FETCH_ERRORS:
                     counters.topic(FAILED_FETCH, ft.name)
             elif fp.records:
                 out += sum(len(r) for r in fp.records)

@@ -24,7 +24,7 @@ from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.errors import ErrorCode
 from appliance.protocol.messages import build
-from appliance.txn.messages import InitProducerIdRequest
+from appliance.txn.messages import InitProducerIdRequest, abortable_for
 
 
 @handles(22, "InitProducerId", 0, 6)
@@ -48,7 +48,7 @@ async def handle(ctx, req):
     keep_prepared = bool(getattr(req, "keep_prepared_txn", False))
     r = await ctx.broker.call_coordinator(InitProducerIdRequest(
         req.transactional_id, timeout_ms, pid, epoch, ctx.version, enable_2pc, keep_prepared))
-    return _response(ctx, r.error, r.producer_id, r.producer_epoch, r.ongoing_producer_id,
+    return _response(ctx, abortable_for(22, ctx.version, r.error), r.producer_id, r.producer_epoch, r.ongoing_producer_id,
                      r.ongoing_producer_epoch)
 
 

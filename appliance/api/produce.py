@@ -43,6 +43,7 @@ from appliance.api import CloseConnection, handles
 from appliance.catalog.model import INTERNAL_TOPICS
 from appliance.errors import ErrorCode, KafkaError
 from appliance.ipc import ProduceResult
+from appliance.log.verification import VERIFY_FAILED
 from appliance.protocol.produce_request import PartitionData, ProduceRequestView, TopicData
 from appliance.protocol.fetch_response import ProducePartition, ProduceTopic, encode_produce_response
 from appliance.quota.rates import PRODUCE as PRODUCE_QUOTA
@@ -64,6 +65,27 @@ def _flagged_transactional(records) -> bool:
 log = logging.getLogger("appliance.produce")
 
 FAILED_PRODUCE = "kafka_server_brokertopicmetrics_failedproducerequests"
+# FailedProduceRequestsPerSec counts unexpected failures only (Kafka's
+# ReplicaManager.appendToLocalLog: "not incremented for known exceptions"): not its known append
+# errors (UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER, MESSAGE_TOO_LARGE,
+# RECORD_LIST_TOO_LARGE, CORRUPT_MESSAGE, KAFKA_STORAGE_ERROR, UNKNOWN_TOPIC_ID), nor what is
+# decided before the log is asked (KafkaApis: authorization, internal or unknown topics, acks;
+# DelayedProduce: REQUEST_TIMED_OUT), nor a KIP-890 verification's refusal (``VERIFY_FAILED``).
+# Counted: record validation (INVALID_RECORD, INVALID_TIMESTAMP), sequence and epoch checks,
+# NOT_ENOUGH_REPLICAS of min.insync.replicas, anything unexpected.
+EXPECTED_PRODUCE_ERRORS = frozenset(int(e) for e in (
+    ErrorCode.unknown_topic_or_partition, ErrorCode.not_leader_or_follower,
+    ErrorCode.message_too_large, ErrorCode.record_list_too_large, ErrorCode.corrupt_message,
+    ErrorCode.kafka_storage_error, ErrorCode.unknown_topic_id,
+    ErrorCode.topic_authorization_failed, ErrorCode.transactional_id_authorization_failed,
+    ErrorCode.cluster_authorization_failed, ErrorCode.invalid_topic_exception,
+    ErrorCode.invalid_required_acks, ErrorCode.request_timed_out))
+
+
+def failed_produce(r: ProduceResult) -> bool:
+    """Whether a partition's answer counts in FailedProduceRequestsPerSec (as Kafka counts)."""
+    return bool(r.error_code) and r.error_code not in EXPECTED_PRODUCE_ERRORS and not (
+        r.error_message and r.error_message.startswith(VERIFY_FAILED))
 
 # A request gives the event loop back after this long, looked at every YIELD_EVERY partitions
 # (validating and sending a batch cost a few µs: a usual request never yields).
@@ -283,13 +305,13 @@ def _response(ctx, catalog, pending, record_errors):
 
 def _count(ctx, catalog, results: list[tuple[str, ProduceResult]]) -> None:
     """Metrics: the answer's error codes, and failed partitions of existing topics
-    (FailedProduceRequestsPerSec; the topic label of an unknown topic would be the client's to
-    choose)."""
+    (FailedProduceRequestsPerSec, ``failed_produce``; the topic label of an unknown topic would
+    be the client's to choose)."""
     errors: Counter = Counter()
     counters = ctx.broker.counters
     for name, r in results:
         errors[r.error_code] += 1
-        if r.error_code and name in catalog.topics:
+        if failed_produce(r) and name in catalog.topics:
             counters.topic(FAILED_PRODUCE, name)
     ctx.errors = errors
 

@@ -44,7 +44,12 @@ from appliance.log.producer_state import ProducerStateManager
 from appliance.protocol.records import BatchHeader, read_header
 
 __all__ = ["TransactionVerifier", "Parked", "Verifying", "AskCoordinator", "AppendParked",
-           "FailParked", "VERIFY_ERRORS"]
+           "FailParked", "VERIFY_ERRORS", "VERIFY_FAILED"]
+
+# The start of the error message of every refusal a verification decided (``FailParked``): the
+# frontend leaves them out of the failed-produce counter, as Kafka's ReplicaManager does (its
+# postVerificationCallback answers them without marking failedProduceRequestRate).
+VERIFY_FAILED = "transaction verification failed: "
 
 # KIP-890 verification failures as a producer sees them (Kafka's ReplicaManager and
 # AddPartitionsToTxnManager): retriable coordinator trouble becomes NOT_ENOUGH_REPLICAS, which old
@@ -104,7 +109,7 @@ class FailParked(NamedTuple):
 
     @property
     def message(self) -> str:
-        return f"transaction verification failed: {self.code.name}"
+        return f"{VERIFY_FAILED}{self.code.name}"
 
 
 Action = Union[AskCoordinator, AppendParked, FailParked]

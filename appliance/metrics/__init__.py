@@ -58,10 +58,12 @@ CATALOG: dict[str, Metric] = {m.name: m for m in [
     Metric("kafka_server_brokertopicmetrics_bytesout", COUNTER,
            "Bytes of record batches returned by Fetch (BytesOutPerSec)", ("topic",)),
     Metric("kafka_server_brokertopicmetrics_failedproducerequests", COUNTER,
-           "Partitions of Produce requests answered with an error (FailedProduceRequestsPerSec)",
+           "Partitions of Produce requests that failed unexpectedly, Kafka's expected errors left out "
+           "(FailedProduceRequestsPerSec)",
            ("topic",)),
     Metric("kafka_server_brokertopicmetrics_failedfetchrequests", COUNTER,
-           "Partitions of Fetch requests answered with an error (FailedFetchRequestsPerSec)",
+           "Partitions of Fetch requests that failed unexpectedly, Kafka's expected errors left out "
+           "(FailedFetchRequestsPerSec)",
            ("topic",)),
     # -- request metrics (kafka.network:type=RequestMetrics,name=...,request=R) ------------------
     Metric("kafka_network_requestmetrics_requests", COUNTER,

@@ -24,13 +24,17 @@ whole window) takes back.
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from appliance.quota import model
 
 PRODUCE, FETCH, REQUEST, CONNECTION = "Produce", "Fetch", "Request", "Connection"
+MUTATION = "ControllerMutation"
 KEY_OF = {PRODUCE: model.PRODUCER_BYTE_RATE, FETCH: model.CONSUMER_BYTE_RATE,
-          REQUEST: model.REQUEST_PERCENTAGE, CONNECTION: model.CONNECTION_CREATION_RATE}
+          REQUEST: model.REQUEST_PERCENTAGE, CONNECTION: model.CONNECTION_CREATION_RATE,
+          MUTATION: model.CONTROLLER_MUTATION_RATE}
 PUBLISH_S = 0.02
 # Each frontend's published usage in the runtime dir: USAGE_PREFIX + frontend + ".msgpack".
 USAGE_PREFIX = "quota_usage."
@@ -86,6 +90,23 @@ class Sensor:
         self.bound = bound
 
 
+class TokenBucket:
+    """KIP-599's controller mutation quota (Kafka's TokenBucket): ``burst`` = rate x window_num x
+    window size tokens, refilled at the rate; a mutation takes as many tokens as it changes
+    partitions and may take the bucket below zero; the throttle is the time to refill to zero."""
+
+    __slots__ = ("tokens", "last_ms")
+
+    def __init__(self, burst: float, now_ms: int) -> None:
+        self.tokens = burst
+        self.last_ms = now_ms
+
+    def refill(self, rate: float, burst: float, now_ms: int) -> float:
+        self.tokens = min(burst, self.tokens + rate * max(now_ms - self.last_ms, 0) / 1000.0)
+        self.last_ms = now_ms
+        return self.tokens
+
+
 class ClientQuotas:
     """One frontend's quota sensors and decisions. Single-threaded; every time is passed in."""
 
@@ -100,6 +121,7 @@ class ClientQuotas:
         # (type, tags) -> samples published by the other frontends, by frontend
         self.others: dict[tuple[str, Tags], dict[str, list]] = {}
         self.dirty = False
+        self.buckets: dict[Tags, TokenBucket] = {}     # controller_mutation_rate, this frontend's
 
     # -- configuration --------------------------------------------------------------------------
     def settings(self, window_num: int, window_size_s: int) -> None:
@@ -157,6 +179,38 @@ class ClientQuotas:
         if qtype == REQUEST:
             throttle = min(throttle, size)
         return throttle
+
+    def unrecord(self, qtype: str, user: str, client_id: str, value: float, now_ms: int) -> None:
+        """Take ``value`` back (Kafka's unrecordQuotaSensor: a negative record into the current
+        sample): a throttled fetch is answered without the bytes it recorded."""
+        self.record(qtype, user, client_id, -value, now_ms, check=False)
+
+    def mutation(self, user: str, client_id: str, permits: float, now_ms: int,
+                 strict: bool) -> tuple[bool, int]:
+        """KIP-599 (Kafka's ControllerMutationQuotaManager): ``permits`` partitions created or
+        deleted by the client. (admitted, throttle ms). Strict (CreateTopics v6+,
+        CreatePartitions v3+, DeleteTopics v5+): refused while the bucket is below zero
+        (THROTTLING_QUOTA_EXCEEDED), else taken even past zero. Permissive (older versions):
+        always taken; the throttle time only delays the client."""
+        g = self.governing(MUTATION, user, client_id) if self.enabled[MUTATION] else None
+        if g is None:
+            return True, 0
+        rate, tags = g
+        burst = rate * self.num * self.size_ms / 1000.0
+        b = self.buckets.get(tags)
+        if b is None:
+            b = self.buckets[tags] = TokenBucket(burst, now_ms)
+        tokens = b.refill(rate, burst, now_ms)
+        if strict and tokens < 0:
+            return False, math.ceil(-tokens / rate * 1000)
+        b.tokens -= permits
+        return True, math.ceil(-b.tokens / rate * 1000) if b.tokens < 0 else 0
+
+    def unmutate(self, user: str, client_id: str, permits: float) -> None:
+        """Give back the tokens of a mutation that did not happen (the topic's creation failed)."""
+        g = self.governing(MUTATION, user, client_id) if self.enabled[MUTATION] else None
+        if g is not None and (b := self.buckets.get(g[1])) is not None:
+            b.tokens += permits
 
     def measure(self, qtype: str, tags: Tags, now_ms: int) -> tuple[float, float]:
         """(rate per second over every frontend's samples, the window in ms)."""

@@ -198,15 +198,20 @@ class TransactionCoordinator:
                                                       [part], TV_0))
 
     def verify_partition(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                         partition: Partition, *, add: bool) -> ErrorCode:
-        """KIP-890 for a partition writer. ``add=False`` (part 1, old clients): NONE only when
-        the transaction is Ongoing with this producer id and epoch and already holds the
-        partition, else INVALID_TXN_STATE; never changes state. ``add=True`` (part 2): add the
-        partition as AddPartitionsToTxn would. Codes are the ones Kafka's broker passes on after
-        its AddPartitionsToTxnManager mapping: a stale epoch is INVALID_PRODUCER_EPOCH, and a
-        partition not in the transaction is INVALID_TXN_STATE (Kafka's coordinator says
-        TRANSACTION_ABORTABLE, which its broker turns into INVALID_TXN_STATE for Produce <= v10
-        and passes through for v11+: the writer maps by produce version)."""
+                         partition: Partition, *, add: bool, raw: bool = False) -> ErrorCode:
+        """KIP-890 for a partition writer, and AddPartitionsToTxn v4+ VerifyOnly. ``add=False``
+        (part 1, old clients): NONE only when the transaction is Ongoing with this producer id
+        and epoch and already holds the partition; never changes state. ``add=True`` (part 2):
+        add the partition as AddPartitionsToTxn would.
+
+        ``raw=True`` answers the coordinator's own codes (Kafka's
+        handleVerifyPartitionsInTransaction, which KafkaApis passes through unchanged at
+        AddPartitionsToTxn v4 and v5): a stale epoch is PRODUCER_FENCED, a partition not in the
+        transaction TRANSACTION_ABORTABLE (the one place Kafka's transaction coordinator writes
+        that code). Otherwise the codes are the ones Kafka's broker passes on to its writers
+        after the AddPartitionsToTxnManager mapping: INVALID_PRODUCER_EPOCH, and
+        INVALID_TXN_STATE (which Produce v11+ and TxnOffsetCommit v4+ turn back into
+        TRANSACTION_ABORTABLE by request version: ``abortable_for``)."""
         try:
             if add:
                 err = self._add(transactional_id, producer_id, producer_epoch, [partition], TV_2)
@@ -215,6 +220,10 @@ class TransactionCoordinator:
         except IllegalTransition as e:
             log.warning("%s", e)
             err = E.invalid_txn_state
+        if raw:
+            return err
+        if err == E.transaction_abortable:
+            return E.invalid_txn_state
         return E.invalid_producer_epoch if err == E.producer_fenced else err
 
     def _verify(self, tid: str, pid: int, epoch: int, partition: Partition) -> ErrorCode:
@@ -233,7 +242,7 @@ class TransactionCoordinator:
             return E.concurrent_transactions
         if md.state == S.Ongoing and partition in md.partitions:
             return E.none
-        return E.invalid_txn_state
+        return E.transaction_abortable                       # Kafka: not in the transaction
 
     def _add(self, tid: str, pid: int, epoch: int, parts: Sequence[Partition], tv: int) -> ErrorCode:
         try:

@@ -6,8 +6,8 @@ with ``appliance.txn.coordinator.TransactionCoordinator``, which returns the res
 here. Fields are Kafka's (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
 ListTransactions, DescribeTransactions); version-dependent wire details stay with the handlers,
 which pass the request version on as ``api_version`` where the coordinator's answer depends on it
-(``fenced_for``: the error code old clients get instead of PRODUCER_FENCED). Partitions are
-(topic name, partition index).
+(``fenced_for``: the error code old clients get instead of PRODUCER_FENCED; ``abortable_for``:
+the one they get instead of TRANSACTION_ABORTABLE). Partitions are (topic name, partition index).
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ class VerifyPartitionRequest(Request):
     topic: str
     partition: int
     add: bool
+    # AddPartitionsToTxn v4+: the coordinator's own codes (``TransactionCoordinator.verify_partition``)
+    raw: bool = False
 
     def error_reply(self, code: ErrorCode) -> VerifyPartitionResult:
         return VerifyPartitionResult(code)
@@ -173,4 +175,25 @@ def fenced_for(api_version: int, first_mapped: int, err: ErrorCode) -> ErrorCode
     EndTxn < v2)."""
     if err == ErrorCode.producer_fenced and api_version < first_mapped:
         return ErrorCode.invalid_producer_epoch
+    return err
+
+
+# KIP-890 (Kafka 3.8) / KIP-1050: the first version of each API whose clients understand
+# TRANSACTION_ABORTABLE ("Version N adds support for new error code TRANSACTION_ABORTABLE" in
+# Kafka's message definitions): Produce v11, InitProducerId v5, AddPartitionsToTxn v4 (the
+# broker form: Kafka's KafkaApis passes its coordinator's answer to a VerifyOnly through at v4
+# as at v5, although the definition names v5), AddOffsetsToTxn v4, EndTxn v4, TxnOffsetCommit v4.
+ABORTABLE_SINCE = {0: 11, 22: 5, 24: 4, 25: 4, 26: 4, 28: 4}
+
+
+def abortable_for(api_key: int, api_version: int, err: ErrorCode) -> ErrorCode:
+    """TRANSACTION_ABORTABLE for clients whose request version carries it, INVALID_TXN_STATE for
+    older ones (Kafka's AddPartitionsToTxnManager ``defaultError`` mapping, "for backward
+    compatibility with clients"). Kafka's transaction coordinator writes the code only when a
+    KIP-890 verification finds the partition outside the transaction, so it reaches clients
+    through Produce and TxnOffsetCommit; InitProducerId, AddOffsetsToTxn, EndTxn and the client
+    form of AddPartitionsToTxn never carry it from Kafka 4.3, and the gate keeps it from old
+    versions of them should a path ever produce it."""
+    if err == ErrorCode.transaction_abortable and api_version < ABORTABLE_SINCE.get(api_key, 1 << 15):
+        return ErrorCode.invalid_txn_state
     return err

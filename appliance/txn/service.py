@@ -68,7 +68,7 @@ class TransactionService:
     def verify_partition(self, req: VerifyPartitionRequest) -> VerifyPartitionResult:
         return VerifyPartitionResult(self.tc.verify_partition(
             req.transactional_id, req.producer_id, req.producer_epoch, (req.topic, req.partition),
-            add=req.add))
+            add=req.add, raw=req.raw))
 
     @serves(AddOffsetsToTxnRequest, late=True)
     def add_offsets(self, req: AddOffsetsToTxnRequest, respond: Responder) -> None:

@@ -303,7 +303,8 @@ def _txn_request_for(env: Env, key, v):
             return {"v3_and_below_transactional_id": txn_id, "v3_and_below_producer_id": pid,
                     "v3_and_below_producer_epoch": epoch, "v3_and_below_topics": topics}
         # The broker-to-coordinator form (KIP-890): an add, and a verify-only check of a second
-        # transaction that already holds partition 1 (NONE) and not partition 0 (INVALID_TXN_STATE).
+        # transaction that already holds partition 1 (NONE) and not partition 0: TRANSACTION_ABORTABLE,
+        # the coordinator's own code, which Kafka's KafkaApis passes through at v4 and v5.
         other = f"every-apt-{v}-verify"
         opid, oepoch = env.init_pid(other)
         env.add_partitions(other, opid, oepoch, [TXN_PART])
@@ -370,7 +371,7 @@ def _txn_check(env: Env, key, v, resp):
                                            for t in r.topic_results for p in t.results_by_partition}
                       for r in resp.results_by_transaction}
             assert by_txn[env.pending["add"]] == {(env.topic, 0): 0, (env.topic, 1): 0}, (v, resp)
-            assert by_txn[env.pending["verify"]] == {(env.topic, TXN_PART): 0, (env.topic, 0): 48}, (v, resp)
+            assert by_txn[env.pending["verify"]] == {(env.topic, TXN_PART): 0, (env.topic, 0): 120}, (v, resp)
             # verify-only changed nothing: the second transaction still holds partition 1 only
             d = _describe(env, env.pending["verify"])
             assert [(t.topic, list(t.partitions)) for t in d.topics] == [(env.topic, [TXN_PART])], d

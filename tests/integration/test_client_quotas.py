@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from appliance_harness import eventually, free_port
 from appliance_harness import shared_appliance, watch_shared_appliance  # noqa: F401 (fixtures)
 from java_programs import java_program  # noqa: F401 (fixture)
-from raw_wire import RawClient
+from raw_wire import RawClient, create_topic, parse_batches, plain
 
 APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
 # Rates over 2 samples of 1 s (Kafka: 11): a rate quota bites at once and lets go after 2 s.
@@ -153,6 +153,101 @@ def test_connections_over_the_address_rate_are_held_then_closed(shared_appliance
 
 
 # -- enforcement --------------------------------------------------------------------------------
+
+def _served(bootstrap: str, **kw) -> RawClient:
+    """A connection the appliance answers (the connection-rate test's quota, just lifted, may
+    still hold a new connection of this address for a moment)."""
+    def attempt():
+        raw = RawClient(bootstrap, timeout=0.5, **kw)   # a held connection is given up at once
+        try:
+            raw.request(18, 3, {"client_software_name": "t", "client_software_version": "1"})
+            raw.sock.settimeout(10.0)
+            return raw
+        except (ConnectionError, OSError):
+            raw.close()
+            return None
+    return eventually(attempt, timeout=30, what="a connection served")
+
+
+def test_controller_mutation_rate_strict_and_permissive(shared_appliance):
+    """KIP-599 at 1 partition a second (a bucket of 2 here: 2 windows of 1 s): CreateTopics v6
+    takes the 8 partitions it creates (6 below zero: seconds to refill) and refuses, with
+    THROTTLING_QUOTA_EXCEEDED, the topic asked after them; while the bucket is below zero,
+    CreatePartitions v3 and DeleteTopics v5 are refused too, and an older CreateTopics (v5,
+    permissive) creates its topic and is only throttled."""
+    THROTTLED = 89
+    with _served(shared_appliance.bootstrap) as admin:
+        r = alter(admin, 1, [([("client-id", "mut-capped")], [("controller_mutation_rate", 1)])])
+        assert [e.error_code for e in r.entries] == [0]
+
+    def create(raw, v, *names):
+        return raw.request(19, v, {"topics": [{"name": n, "num_partitions": p, "replication_factor": 1,
+                                                "assignments": [], "configs": []} for n, p in names],
+                                   "timeout_ms": 30000, "validate_only": False})
+    conns = [_served(shared_appliance.bootstrap, client_id="mut-capped") for _ in range(4)]
+    try:
+        r = create(conns[0], 6, ("mut-a", 8), ("mut-b", 1))
+        assert [(t.name, t.error_code) for t in r.topics] == [("mut-a", 0), ("mut-b", THROTTLED)]
+        assert r.topics[1].error_message == "The throttling quota has been exceeded."
+        assert r.throttle_time.total_seconds() > 0
+        r = conns[1].request(37, 3, {"topics": [{"name": "mut-a", "count": 9, "assignments": None}],
+                                     "timeout_ms": 30000, "validate_only": False})
+        assert r.results[0].error_code == THROTTLED and r.throttle_time.total_seconds() > 0
+        r = conns[2].request(20, 5, {"topic_names": ["mut-a"], "timeout_ms": 30000})
+        assert r.responses[0].error_code == THROTTLED
+        r = create(conns[3], 5, ("mut-b", 1))                  # permissive: created, throttled
+        assert r.topics[0].error_code == 0 and r.throttle_time.total_seconds() > 0
+    finally:
+        for c in conns:
+            c.close()
+    with _served(shared_appliance.bootstrap) as admin:          # no quota for this client id
+        md = admin.request(3, 12, {"topics": [{"name": n, "topic_id": None} for n in ("mut-a", "mut-b")],
+                                   "allow_auto_topic_creation": False,
+                                   "include_topic_authorized_operations": False})
+        assert {t.name: (t.error_code, len(t.partitions)) for t in md.topics} == {
+            "mut-a": (0, 8), "mut-b": (0, 1)}
+        alter(admin, 1, [([("client-id", "mut-capped")], [("controller_mutation_rate", None)])])
+
+
+def test_a_throttled_fetch_answers_no_records(shared_appliance):
+    """Kafka's handleFetchRequest under consumer_byte_rate: the fetch that takes the client over
+    its bound is answered with the throttle time, error NONE, session id 0 and no partitions
+    (FetchContext.getThrottledResponse, KIP-219); its bytes are taken back, so after the mute the
+    same offset is fetched again and its records come."""
+    with _served(shared_appliance.bootstrap) as admin:
+        # The filler is not held by the module's earlier default-client producer quota.
+        r = alter(admin, 1, [([("client-id", "wire-capped")], [("consumer_byte_rate", 5000)]),
+                             ([("client-id", "wire-filler")], [("producer_byte_rate", 10**9)])])
+        assert [e.error_code for e in r.entries] == [0, 0]
+    with _served(shared_appliance.bootstrap, client_id="wire-filler") as filler:
+        create_topic(filler, "quota-empty")
+        for _ in range(40):
+            plain(filler, "quota-empty", 0, [b"y" * 900])         # ~970-byte batches
+    with _served(shared_appliance.bootstrap, client_id="wire-capped") as raw:
+        def fetch_at(offset):
+            return raw.request(1, 12, {
+                "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1200,
+                "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+                "topics": [{"topic": "quota-empty", "partitions": [
+                    {"partition": 0, "current_leader_epoch": -1, "fetch_offset": offset,
+                     "log_start_offset": -1, "partition_max_bytes": 1200}]}],
+                "forgotten_topics_data": [], "rack_id": ""})
+        offset, throttled = 0, None
+        for _ in range(30):
+            r = fetch_at(offset)
+            if r.throttle_time:
+                throttled = r
+                break
+            (batch,) = parse_batches(r.responses[0].partitions[0].records)
+            offset = batch.last_offset + 1
+        assert throttled is not None, "never throttled at 5,000 B/s"
+        assert (throttled.error_code, throttled.session_id, list(throttled.responses)) == (0, 0, []), throttled
+        assert offset >= 4                     # the first fetches went through, within the bound
+        got = eventually(lambda: (r := fetch_at(offset)).responses and r, timeout=30,
+                         what="the records after the throttle")
+        assert parse_batches(got.responses[0].partitions[0].records)[0].base_offset == offset
+
+
 
 BOUND = 400_000            # bytes per second, for the producer's client id and for the consumer's
 RECORD = b"x" * 1000

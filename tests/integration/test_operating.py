@@ -74,7 +74,8 @@ def test_metrics_move_with_produce_consume_a_transaction_and_a_group_join(applia
     assert val(before, "appliance_worker_restarts_total", role="writer") == 0
     assert val(before, "appliance_recovery_seconds") >= 0
 
-    create_topics(app, NewTopic("m", 1), NewTopic("small", 1, config={"max.message.bytes": "2048"}))
+    create_topics(app, NewTopic("m", 1), NewTopic("small", 1, config={"max.message.bytes": "2048"}),
+                  NewTopic("recent", 1, config={"message.timestamp.before.max.ms": "60000"}))
     p = Producer({"bootstrap.servers": app.bootstrap, "acks": "all", "enable.idempotence": True})
     for i in range(20):
         p.produce("m", value=b"v" * 100, key=b"%d" % i)
@@ -86,6 +87,12 @@ def test_metrics_move_with_produce_consume_a_transaction_and_a_group_join(applia
     big.produce("small", value=b"x" * 4000, on_delivery=lambda err, msg: failed.append(err))
     big.flush(30)
     assert failed and failed[0] is not None and failed[0].name() == "MSG_SIZE_TOO_LARGE", failed
+    # A record stamped in 1970 on a topic that takes the last minute only: INVALID_TIMESTAMP, a
+    # record validation failure, which Kafka's failed-produce meter counts (a too-large batch it
+    # does not: an expected error).
+    big.produce("recent", value=b"old", timestamp=1000, on_delivery=lambda err, msg: failed.append(err))
+    big.flush(30)
+    assert failed[-1] is not None and failed[-1].name() == "INVALID_TIMESTAMP", failed
 
     tp = Producer({"bootstrap.servers": app.bootstrap, "transactional.id": "metrics-tx"})
     tp.init_transactions(30)
@@ -124,7 +131,11 @@ def test_metrics_move_with_produce_consume_a_transaction_and_a_group_join(applia
     assert val(m, "kafka_server_brokertopicmetrics_messagesin_total", topic="m") == 28
     assert val(m, "kafka_server_brokertopicmetrics_bytesin_total", topic="m") > 2000
     assert val(m, "kafka_server_brokertopicmetrics_bytesout_total", topic="m") > 2000
-    assert val(m, "kafka_server_brokertopicmetrics_failedproducerequests_total", topic="small") >= 1
+    # FailedProduceRequestsPerSec as Kafka's ReplicaManager counts: not MESSAGE_TOO_LARGE (a known
+    # exception), INVALID_TIMESTAMP yes; no failed fetch (the consumer met none).
+    assert val(m, "kafka_server_brokertopicmetrics_failedproducerequests_total", topic="small") is None
+    assert val(m, "kafka_server_brokertopicmetrics_failedproducerequests_total", topic="recent") == 1
+    assert total(m, "kafka_server_brokertopicmetrics_failedfetchrequests_total") == 0
     assert val(m, "kafka_network_requestmetrics_errors_total", request="Produce",
                error="MESSAGE_TOO_LARGE") >= 1
     assert val(m, "kafka_network_requestmetrics_errors_total", request="Produce", error="NONE") >= 1

@@ -41,7 +41,10 @@ ALARM_SERIES = ("appliance_worker_up", "appliance_ring_fill_ratio")
 # tests/integration/test_bit_rot.py), so for these the scrape must declare the family (its
 # # TYPE line) and Prometheus must know the name, with no series yet.
 FIRST_EVENT_COUNTERS = ("appliance_log_scrub_corrupt_batches_total",
-                        "appliance_log_fetch_corrupt_batches_total")
+                        "appliance_log_fetch_corrupt_batches_total",
+                        # Fetch failures Kafka counts are the unexpected ones only (a read that
+                        # fails: bit rot, a broken disk), never what a client can ask for.
+                        "kafka_server_brokertopicmetrics_failedfetchrequests_total")
 
 # promtool's lint asks for no `_count` suffix on a gauge and no abbreviated units; these are
 # Kafka's own metric names (kafka.network:type=socket-server-metrics,name=connection-count and
@@ -127,21 +130,26 @@ def test_prometheus_scrapes_and_every_dashboard_expression_returns_data(applianc
     admin = AdminClient({"bootstrap.servers": app.bootstrap})
     for f in admin.create_topics([
             NewTopic("prom-plain", 2, config={"max.message.bytes": "4096"}),
-            NewTopic("prom-compacted", 1, config={"cleanup.policy": "compact"})]).values():
+            NewTopic("prom-compacted", 1, config={"cleanup.policy": "compact"}),
+            NewTopic("prom-recent", 1, config={"message.timestamp.before.max.ms": "60000"})]).values():
         f.result(30)
     p = Producer({"bootstrap.servers": app.bootstrap, "linger.ms": 5})
     for i in range(200):
         p.produce("prom-plain", b"v%d" % i, key=b"k%d" % (i % 10))
         p.produce("prom-compacted", b"v%d" % i, key=b"k%d" % (i % 5))
     assert p.flush(30) == 0
-    # A produce and a fetch answered with an error on a known topic (the failed-requests panels):
-    # a record over the topic's max.message.bytes (MESSAGE_TOO_LARGE), a fetch past the end
-    # (OFFSET_OUT_OF_RANGE).
+    # A produce and a fetch answered with an error on a known topic (the errors panel): a record
+    # over the topic's max.message.bytes (MESSAGE_TOO_LARGE), a fetch past the end
+    # (OFFSET_OUT_OF_RANGE); and one the failed-produce panel counts (Kafka counts unexpected
+    # failures only): a record older than the topic takes (INVALID_TIMESTAMP).
     failed = []
     big = Producer({"bootstrap.servers": app.bootstrap, "message.max.bytes": 100000})
     big.produce("prom-plain", b"x" * 20000, partition=1, on_delivery=lambda e, m: failed.append(e))
     big.flush(30)
     assert failed and failed[0] is not None and failed[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    big.produce("prom-recent", b"old", timestamp=1000, on_delivery=lambda e, m: failed.append(e))
+    big.flush(30)
+    assert failed[-1] is not None and failed[-1].code() == KafkaError.INVALID_TIMESTAMP, failed
     oor = Consumer({"bootstrap.servers": app.bootstrap, "group.id": "prom-oor",
                     "auto.offset.reset": "latest"})
     oor.assign([TopicPartition("prom-plain", 1, 10**6)])

@@ -32,11 +32,12 @@ from appliance_harness import coordinator_pid, eventually, stopped
 from raw_wire import (CONCURRENT_TRANSACTIONS, COORDINATOR_NOT_AVAILABLE, EARLIEST,
                       INVALID_PRODUCER_EPOCH, INVALID_PRODUCER_ID_MAPPING, INVALID_RECORD,
                       INVALID_REQUEST, INVALID_TOPIC_EXCEPTION, INVALID_TXN_STATE, NONE,
-                      NOT_ENOUGH_REPLICAS, OUT_OF_ORDER_SEQUENCE_NUMBER, READ_COMMITTED,
+                      NOT_ENOUGH_REPLICAS, OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCER_FENCED, READ_COMMITTED,
                       READ_UNCOMMITTED, TRANSACTION_ABORTABLE, TRANSACTION_COORDINATOR_FENCED,
                       RawClient, create_topic, end_offsets, fetch, list_offset, plain, produce,
                       records_of)
-from txn_wire import Txn, describe, init_pid, producers, txn_partitions, write_markers
+from java_programs import java4_program  # noqa: F401 (fixture)
+from txn_wire import Txn, add_offsets, describe, end_txn, init_pid, producers, txn_partitions, write_markers
 
 
 def test_first_transactional_batch_with_nonzero_sequence_is_out_of_order(appliance):
@@ -714,6 +715,89 @@ def test_transactional_batch_to_a_partition_not_in_the_transaction(appliance):
         t.commit()
         assert fetch(raw, "g57", 0, isolation=READ_COMMITTED).values() == [b"in"]
         assert fetch(raw, "g57", 1).batches == []
+
+
+def verify_only(raw, t: Txn, topic, partitions, *, version, pid=None, epoch=None) -> dict:
+    """AddPartitionsToTxn v4+ VerifyOnly (the broker form) for one transaction."""
+    r = raw.request(24, version, {"transactions": [{
+        "transactional_id": t.txn_id, "producer_id": t.pid if pid is None else pid,
+        "producer_epoch": t.epoch if epoch is None else epoch, "verify_only": True,
+        "topics": [{"name": topic, "partitions": list(partitions)}]}]})
+    assert r.error_code == NONE, r
+    (res,) = r.results_by_transaction
+    return {p.partition_index: p.partition_error_code for x in res.topic_results for p in x.results_by_partition}
+
+
+def test_verify_only_answers_the_coordinators_own_codes_at_v4_and_v5(appliance):
+    """KIP-890: a VerifyOnly gets what Kafka's coordinator answers (handleVerifyPartitionsInTransaction,
+    passed through by KafkaApis at v4 as at v5): TRANSACTION_ABORTABLE for a partition outside the
+    transaction (also once it completed: its partitions are gone), PRODUCER_FENCED for a stale
+    epoch, INVALID_PRODUCER_ID_MAPPING for another producer id; the transaction is unchanged."""
+    with RawClient(appliance.bootstrap) as raw:
+        create_topic(raw, "g70", 2)
+        t = Txn(raw, "g70-txn")
+        t.must_add("g70", [0])
+        for v in (4, 5):
+            assert verify_only(raw, t, "g70", [0, 1], version=v) == {0: NONE, 1: TRANSACTION_ABORTABLE}, v
+            assert verify_only(raw, t, "g70", [0], version=v, epoch=t.epoch + 1) == {0: PRODUCER_FENCED}, v
+            assert verify_only(raw, t, "g70", [0], version=v, pid=t.pid + 1) == {0: INVALID_PRODUCER_ID_MAPPING}
+        assert txn_partitions(t.describe()) == [("g70", 0)]
+        t.commit()
+        for v in (4, 5):
+            assert verify_only(raw, t, "g70", [0], version=v) == {0: TRANSACTION_ABORTABLE}, v
+
+
+def test_a_timed_out_transaction_fences_end_txn_and_add_offsets_at_every_version(appliance_factory):
+    """Kafka 4.3: the coordinator's abort of a timed-out transaction bumps the epoch, so the
+    producer's EndTxn, AddOffsetsToTxn and AddPartitionsToTxn get PRODUCER_FENCED (v2+; v0-1
+    INVALID_PRODUCER_EPOCH), never TRANSACTION_ABORTABLE, although EndTxn v4+ and AddOffsetsToTxn
+    v4+ carry that code: the coordinator writes it only when a verification fails."""
+    a = appliance_factory(transactions={"abort_timed_out_interval_ms": 200})
+    with RawClient(a.bootstrap) as raw:
+        create_topic(raw, "g71", 1)
+        t = Txn(raw, "g71-txn", timeout_ms=300)
+        t.must_add("g71", [0])
+        t.must_send("g71", 0, [b"late"])
+        t.wait_state("CompleteAbort")
+        fenced = lambda v: PRODUCER_FENCED if v >= 2 else INVALID_PRODUCER_EPOCH  # noqa: E731
+        for v in range(6):
+            for commit in (True, False):
+                assert end_txn(raw, t.txn_id, t.pid, t.epoch, commit, v).error_code == fenced(v), (v, commit)
+        for v in range(5):
+            assert add_offsets(raw, t.txn_id, t.pid, t.epoch, "g71-group", v) == fenced(v), v
+        for v in range(4):
+            assert set(t.add("g71", [0], version=v).values()) == {fenced(v)}, v
+        assert t.describe().transaction_state == "CompleteAbort"
+        assert end_offsets(raw, "g71", 0) == (2, 2)             # the record and the abort marker
+        assert fetch(raw, "g71", 0, isolation=READ_COMMITTED).aborted == [(t.pid, 0)]
+
+
+def test_java_4_producer_aborts_after_transaction_abortable_and_commits_the_next(appliance_factory,
+                                                                                java4_program):
+    """kafka-clients 4.3 at transaction.version 1 (Produce v11, EndTxn v4): a batch for a partition
+    the producer never added to its transaction is refused with TRANSACTION_ABORTABLE by the
+    verification (KIP-890) and never appended; the producer is abortable, not fenced (KIP-1050):
+    commitTransaction refuses, abortTransaction ends the transaction, and the next transaction of
+    the same producer commits (the same producer id; the client may bump its own epoch after the
+    abort, KIP-360, to reset the sequence of the failed partition)."""
+    a = appliance_factory(transactions={"transaction_version": 1})
+    with RawClient(a.bootstrap) as raw:
+        create_topic(raw, "g72", 2)
+        got = java4_program("TxnAbortable4", a.bootstrap, "g72", "g72-java")
+        assert got["send1"] == "TransactionAbortableException", got
+        assert got["commit1"].endswith("/TransactionAbortableException"), got
+        assert got["abort1"] == "ok" and got["commit2"] == "ok", got
+        pid, epoch = map(int, got["pid"].split("/"))
+        # The same producer, not fenced; whether the client bumps its own epoch after the abort
+        # depends on whether the failed batch had settled by then (KIP-360).
+        assert got["pid2"] in (f"{pid}/{epoch}", f"{pid}/{epoch + 1}"), got
+        p0 = fetch(raw, "g72", 0, isolation=READ_COMMITTED)    # t1 aborted, t2 committed
+        assert p0.values() == [b"t1-p0", b"t2-p0"] and p0.aborted == [(int(got["pid"].split("/")[0]), 0)]
+        assert fetch(raw, "g72", 1, isolation=READ_COMMITTED).values() == [b"t2-p1"]
+        # partition 1: t2's record and its commit marker only; the refused batch left nothing
+        assert end_offsets(raw, "g72", 1) == (2, 2)
+        d = describe(raw, "g72-java")
+        assert d.transaction_state == "CompleteCommit" and f"{d.producer_id}/{d.producer_epoch}" == got["pid2"]
 
 
 def test_verification_disabled_appends_without_asking_the_coordinator(appliance_factory):

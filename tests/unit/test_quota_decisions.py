@@ -117,6 +117,39 @@ def test_rate_and_throttle_time_are_kafkas():
     assert q.record(rates.PRODUCE, "u", "c", 1, 11001) == 0
 
 
+def test_a_throttled_fetchs_bytes_are_taken_back():
+    """Kafka's handleFetchRequest: a throttled fetch sends no records, so its bytes are unrecorded
+    (unrecordQuotaSensor) and only what was sent counts against consumer_byte_rate."""
+    q = rates.ClientQuotas(window_num=11, window_size_s=1)
+    q.configure({((C, "c"),): {"consumer_byte_rate": 1000.0}})
+    assert q.record(rates.FETCH, "u", "c", 10000, 0) == 0
+    assert q.record(rates.FETCH, "u", "c", 1000, 0) == 1000        # throttled: not sent
+    q.unrecord(rates.FETCH, "u", "c", 1000, 0)
+    assert q.measure(rates.FETCH, ("", "c"), 0)[0] == 1000.0         # the 10,000 sent, over 10 s
+    # No quota governs another client: nothing to take back, no sensor made.
+    q.unrecord(rates.FETCH, "u", "d", 1000, 0)
+    assert ("Fetch", ("", "d")) not in q.sensors
+
+
+def test_controller_mutation_rate_is_kip_599s_token_bucket():
+    """A burst of rate x window_num x window size tokens, refilled at the rate; strict: refused
+    while below zero, else taken even past it; permissive: always taken; the throttle is the time
+    back to zero (Kafka's ControllerMutationQuotaManager)."""
+    q = rates.ClientQuotas(window_num=11, window_size_s=1)
+    q.configure({((C, "c"),): {"controller_mutation_rate": 2.0}})
+    assert q.enabled[rates.MUTATION] and q.any
+    assert q.mutation("u", "c", 20, 0, strict=True) == (True, 0)           # 22 tokens -> 2
+    assert q.mutation("u", "c", 5, 0, strict=True) == (True, 1500)          # -> -3: 1.5 s back
+    assert q.mutation("u", "c", 1, 0, strict=True) == (False, 1500)         # below zero: refused
+    assert q.mutation("u", "c", 1, 0, strict=False) == (True, 2000)         # permissive: -4
+    assert q.mutation("u", "c", 1, 2000, strict=True) == (True, 500)        # refilled to 0: -1
+    q.unmutate("u", "c", 1)                                                 # not created: back to 0
+    assert q.mutation("u", "c", 1, 2000, strict=True) == (True, 500)
+    assert q.mutation("u", "d", 10**6, 0, strict=True) == (True, 0)         # no quota governs d
+    assert q.mutation("u", "c", 0, 10**9, strict=True) == (True, 0)         # full again, capped at 22
+    assert q.buckets[("", "c")].tokens == 22.0
+
+
 def test_request_percentage_throttle_is_bounded_by_one_window():
     q = rates.ClientQuotas(window_num=11, window_size_s=1)
     q.configure({((U, None),): {"request_percentage": 1.0}})

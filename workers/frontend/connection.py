@@ -592,8 +592,28 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if t:
                 q.throttled(REQUEST, user, client_id, t, now_ms)
                 throttle = max(throttle, t)
-        slot.throttle_ms = throttle
+        slot.throttle_ms = max(slot.throttle_ms, throttle)     # a mutation throttle may be set
         return throttle
+
+    def quota_mutation(self, slot: _Slot, permits: float, strict: bool) -> tuple[bool, int]:
+        """KIP-599: ``permits`` partition mutations against controller_mutation_rate
+        (``ClientQuotas.mutation``); a throttle mutes the connection once the answer is sent."""
+        admitted, throttle = self.broker.quotas.mutation(
+            user_of(self.principal), slot.header.client_id or "", permits,
+            int(time.monotonic() * 1000), strict)
+        slot.throttle_ms = max(slot.throttle_ms, throttle)
+        return admitted, throttle
+
+    def quota_unmutate(self, slot: _Slot, permits: float) -> None:
+        self.broker.quotas.unmutate(user_of(self.principal), slot.header.client_id or "", permits)
+
+    def quota_unrecord(self, slot: _Slot, quota_type: str, value: float) -> None:
+        """Take back ``value`` that ``quota_throttle`` recorded for ``slot`` (a throttled fetch
+        sends no records: Kafka's unrecordQuotaSensor)."""
+        q = self.broker.quotas
+        if q.enabled[quota_type]:
+            q.unrecord(quota_type, user_of(self.principal), slot.header.client_id or "",
+                       value, int(time.monotonic() * 1000))
 
     def _mute(self, ms: int) -> None:
         """KIP-219: the response has gone; read nothing more from the client for ``ms``."""
