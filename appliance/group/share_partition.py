@@ -137,6 +137,36 @@ class SharePartition:
             o += 1
         return got
 
+    def acquire_through(self, member: str, first: int, last: int, high_watermark: int,
+                        now_ms: int, lock_ms: int) -> list[tuple[int, int, int]]:
+        """Acquire for ``member`` the AVAILABLE offsets of ``[first, last]`` (below the high
+        watermark): the rest of the log batch an acquisition ended inside, which the response
+        carries anyway (Kafka's SharePartition acquires whole fetched batches: ``max_records``
+        is a soft limit, ShareAcquireMode batch_optimized). Not held to ``MAX_RECORD_LOCKS``:
+        the range is at most one batch past what was just acquired. Only from inside the
+        window or its end (``first <= end_offset``), so that the window stays contiguous."""
+        last = min(last, high_watermark - 1)
+        first = max(first, self.start_offset)
+        if first > self.end_offset or last < first:
+            return []
+        got: list[tuple[int, int, int]] = []
+        deadline = now_ms + lock_ms
+        inflight = self.inflight
+        for o in range(first, last + 1):
+            f = inflight.get(o)
+            if f is None:
+                f = inflight[o] = InFlight(AVAILABLE, 0)
+            if f.state != AVAILABLE:
+                continue
+            f.state, f.member, f.deadline_ms = ACQUIRED, member, deadline
+            f.delivery_count += 1
+            if got and got[-1][1] == o - 1 and got[-1][2] == f.delivery_count:
+                got[-1] = (got[-1][0], o, f.delivery_count)
+            else:
+                got.append((o, o, f.delivery_count))
+        self.end_offset = max(self.end_offset, last + 1)
+        return got
+
     # -- acknowledgement --------------------------------------------------------------------------
     def acknowledge(self, member: str, batches: list[tuple[int, int, list[int]]],
                     limit: int) -> ErrorCode:
