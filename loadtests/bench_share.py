@@ -12,7 +12,7 @@ records/s from the first record received to the last (the 8 share consumers: fro
 record any of them got to the last any of them got); for the share runs also the records
 delivered more than once (0 expected: no lock expires in a run this short).
 
-    .venv/bin/python loadtests/bench_share.py [N] [ROUNDS] [PRODUCER_BATCH_BYTES]
+    .venv/bin/python loadtests/bench_share.py [N] [ROUNDS] [PRODUCER_BATCH_BYTES] [MAX_RECORD_LOCKS]
 
 Starts the appliance through the integration tests' harness (tests/integration/appliance_harness.py)
 with ``groups.share_auto_offset_reset = "earliest"``. Not here: the redelivery delay after a
@@ -106,9 +106,13 @@ def main() -> None:
     # share partition (Kafka's group.share.partition.max.record.locks), so batches larger than
     # that are read by one member at a time.
     batch_bytes = int(sys.argv[3]) if len(sys.argv) > 3 else 1000000
+    # [groups] share_partition_max_record_locks (100-10,000; the appliance's default 2,000)
+    locks = int(sys.argv[4]) if len(sys.argv) > 4 else 2000
     work = tempfile.mkdtemp(prefix="bench-share-")
     a = Appliance(data_dir=os.path.join(work, "data"), log_path=os.path.join(work, "appliance.log"),
-                  config={"groups": {"share_auto_offset_reset": "earliest"}}, args=[], env={})
+                  config={"groups": {"share_auto_offset_reset": "earliest",
+                                     "share_partition_max_record_locks": locks}},
+                  args=[], env={})
     a.start()
     b = a.bootstrap
     try:
@@ -132,7 +136,7 @@ def main() -> None:
             print(f"round {rnd}: classic 1p {c1:.0f} rec/s, share 1x1p {s1:.0f} rec/s "
                   f"({s1 / c1:.2f}x, {d1} twice, {u1} distinct); classic 8p {c8:.0f} rec/s, "
                   f"share 8x1p {s8:.0f} rec/s ({s8 / c8:.2f}x, {d8} twice, {u8} distinct); "
-                  f"producer batch.size {batch_bytes}; load {os.getloadavg()[0]:.1f}", flush=True)
+                  f"producer batch.size {batch_bytes}, max record locks {locks}; load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         a.terminate()
 

@@ -39,7 +39,7 @@ from appliance.group.messages import (DescribedShareGroup, DescribedShareMember,
                                       ShareGroupDescribeResult, ShareGroupHeartbeatRequest,
                                       ShareGroupHeartbeatResult, SharePartResult, TopicPartitions)
 from appliance.group.share_admin import ShareAdmin, SharePartitions
-from appliance.group.share_partition import SharePartition
+from appliance.group.share_partition import MAX_RECORD_LOCKS, SharePartition
 from appliance.group.share_store import ShareKey, ShareLogWriteError, ShareSnapshot, ShareStateStore
 from appliance.service import serves
 
@@ -68,6 +68,7 @@ class ShareConfig:
     max_size: int = 200                        # group.share.max.size
     max_share_sessions: int = 2000             # group.share.max.share.sessions
     isolation_level: str = "read_uncommitted"  # share.isolation.level (a group config only)
+    max_record_locks: int = MAX_RECORD_LOCKS   # group.share.partition.max.record.locks
 
 
 # GROUP config resources (appliance.group_config) over [groups]: name -> (field, type).
@@ -83,7 +84,8 @@ def share_config(groups_cfg) -> ShareConfig:
     return ShareConfig(groups_cfg.share_heartbeat_interval_ms, groups_cfg.share_session_timeout_ms,
                        groups_cfg.share_record_lock_duration_ms,
                        groups_cfg.share_delivery_count_limit, groups_cfg.share_auto_offset_reset,
-                       groups_cfg.share_max_size, groups_cfg.share_max_share_sessions)
+                       groups_cfg.share_max_size, groups_cfg.share_max_share_sessions,
+                       max_record_locks=groups_cfg.share_partition_max_record_locks)
 
 
 @dataclass
@@ -403,7 +405,7 @@ class ShareService(ShareAdmin):
                     sp = self.partitions[sk] = SharePartition(start, state_epoch=1)
                     dirty[sk] = sp
                 got = sp.acquire(req.member_id, left, end, log_start, now,
-                                 cfg.record_lock_duration_ms, limit)
+                                 cfg.record_lock_duration_ms, limit, cfg.max_record_locks)
                 r = results.setdefault(tp, {})
                 r["next_offset"] = sp.end_offset
                 if got:

@@ -191,3 +191,19 @@ def test_regression_acknowledgements_sent_beside_the_leave_were_lost(tmp_path) -
     assert ("g", "n") not in env.svc.sessions
     assert env.fetch("o", 0).parts[0].acquired == [(5, 9, 2)]
     env.svc.close()
+
+
+def test_share_partition_max_record_locks_holds_the_window() -> None:
+    # [groups] share_partition_max_record_locks (Kafka's group.share.partition.max.record.locks)
+    import msgspec
+    import pytest
+    from appliance.config import GroupsConfig
+    from appliance.group.share_group import share_config
+    cfg = share_config(msgspec.convert({"share_partition_max_record_locks": 100}, GroupsConfig))
+    assert cfg.max_record_locks == 100
+    assert share_config(GroupsConfig()).max_record_locks == 2000
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"share_partition_max_record_locks": 50}, GroupsConfig)
+    sp = SharePartition(0)
+    assert sp.acquire("a", 500, 10**6, 0, 0, LOCK, LIMIT, cfg.max_record_locks) == [(0, 99, 1)]
+    assert sp.acquire("b", 500, 10**6, 0, 0, LOCK, LIMIT, cfg.max_record_locks) == []
