@@ -383,6 +383,11 @@ class GroupsConfig(_Section):
     share_auto_offset_reset: Literal["latest", "earliest"] = "latest"
     share_max_size: Positive = 200
     share_max_share_sessions: Positive = 2000
+    # The most records in flight (acquired, or acknowledged above the start offset) per share
+    # partition (group.share.partition.max.record.locks, Kafka's range 100-10000): an
+    # acquisition stops there, the rest of a log batch it ended inside is still taken. A
+    # producer's batches larger than it are read by one member at a time. Reloadable.
+    share_partition_max_record_locks: Annotated[int, msgspec.Meta(ge=100, le=10000)] = 2000
 
 
 class AuthorizerConfig(_Section):

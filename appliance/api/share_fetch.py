@@ -15,8 +15,11 @@ last stable offset (the coordinator); the frontend reads as a read_committed fet
 Kafka's SharePartition, archives the records of aborted transactions it acquired (REJECTed at the
 coordinator on the member's behalf, left out of the acquired ranges the client gets).
 
-v2 (KIP-1222) adds ``share_acquire_mode`` (record_limit: ``max_records`` is a hard limit, which
-it always is here) and RENEW acknowledgements (``is_renew_ack``; not supported: INVALID_REQUEST on
+Acquisition is by whole log batches (Kafka's batch_optimized mode, the only one below v2): when
+the read ends with a batch the acquisition ended inside, the rest of that batch is acquired too
+(a second, short call to the coordinator), so ``max_records`` is a soft limit. v2 (KIP-1206,
+KIP-1222) adds ``share_acquire_mode`` (record_limit: ``max_records`` is a hard limit, nothing
+is added) and RENEW acknowledgements (``is_renew_ack``; not supported: INVALID_REQUEST on
 the partition). Authorization (Kafka's KafkaApis.handleShareFetchRequest): Read on the group, else
 GROUP_AUTHORIZATION_FAILED for the whole request; Read on each topic, else
 TOPIC_AUTHORIZATION_FAILED on its partitions.
@@ -39,6 +42,7 @@ from appliance.protocol.records import (CONTROL_ABORT, LEADER_EPOCH, InvalidReco
 
 FINAL_EPOCH = -1
 DEFAULT_MAX_RECORDS = 500
+BATCH_OPTIMIZED = 0                 # ShareAcquireMode (v2, KIP-1206): 1 is record_limit
 
 
 def _error(ctx, code: ErrorCode, message: str | None = None):
@@ -87,8 +91,26 @@ async def handle(ctx, req):
                         acquired[tp] = list(p.acquired)
                         results.setdefault(tp, p)
     committed = r.isolation_level == 1
-    records, aborted = (await _read(ctx, acquired, req.max_bytes, timeout_s, committed)
-                        if acquired else ({}, {}))
+    records, ends, aborted = (await _read(ctx, acquired, req.max_bytes, timeout_s, committed)
+                              if acquired else ({}, {}, {}))
+    extend = [(tid, p, acquired[(tid, p)][-1][1] + 1, end) for (tid, p), end in ends.items()
+              if end > acquired[(tid, p)][-1][1]]
+    if extend and getattr(req, "share_acquire_mode", BATCH_OPTIMIZED) == BATCH_OPTIMIZED:
+        # The read ends with the whole log batch the acquisition ended inside: acquire the
+        # rest of it too, as Kafka's SharePartition acquires whole fetched batches
+        # (max_records is a soft limit in batch_optimized mode, KIP-1206): one more hop to
+        # the coordinator, but a batch of a large producer is delivered in one fetch instead
+        # of being sent again, whole, to every member that acquires a slice of it.
+        more = await broker.call_coordinator(ShareFetchRequest(
+            req.group_id, req.member_id, req.share_session_epoch, [], [], True, 0, again=True,
+            extend=extend))
+        if more.error == ErrorCode.none:
+            for p in more.parts:
+                tp = (bytes(p.topic_id), p.partition)
+                if tp in acquired:
+                    acquired[tp] = _joined(acquired[tp], list(p.acquired))
+    aborted = {tp: inside for tp, spans in aborted.items()
+               if (inside := _within(spans, acquired.get(tp, [])))}
     if aborted:
         # Kafka's SharePartition (read_committed): records of aborted transactions are archived,
         # not delivered.
@@ -125,6 +147,30 @@ async def handle(ctx, req):
                  responses=tuple(dict(topic_id=tid, partitions=tuple(ps))
                                  for tid, ps in by_topic.items()),
                  node_endpoints=())
+
+
+def _joined(ranges: list, more: list) -> list:
+    """Acquired (first, last, delivery count) ranges followed by ``more`` (all past them),
+    adjacent runs of one delivery count merged."""
+    out = list(ranges)
+    for f, last, n in more:
+        if out and out[-1][1] == f - 1 and out[-1][2] == n:
+            out[-1] = (out[-1][0], last, n)
+        else:
+            out.append((f, last, n))
+    return out
+
+
+def _within(spans: list, ranges: list) -> list[tuple[int, int]]:
+    """The parts of the (first, last) ``spans`` inside the acquired (first, last, count)
+    ``ranges``: only what the member holds may be rejected on its behalf."""
+    out = []
+    for f, last in spans:
+        for a, b, _n in ranges:
+            lo, hi = max(f, a), min(last, b)
+            if lo <= hi:
+                out.append((lo, hi))
+    return out
 
 
 def _without(ranges: list, spans: list) -> list:
@@ -175,11 +221,12 @@ def _aborted_spans(mv, aborted_txns, ranges) -> list[tuple[int, int]]:
 
 
 async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float,
-                committed: bool = False) -> tuple[dict, dict]:
+                committed: bool = False) -> tuple[dict, dict, dict]:
     """The records from each partition's first acquired offset through its last, read by a
-    fetcher as Fetch reads them; the batches after the last acquired offset cut off. With
-    ``committed`` (read_committed), also the acquired offsets of aborted transactions, per
-    partition."""
+    fetcher as Fetch reads them; the batches after the last acquired offset cut off. Also, per
+    partition, the last offset of the batch holding the last acquired one when the read got
+    that far; with ``committed`` (read_committed), the offsets of aborted transactions in what
+    was read."""
     broker = ctx.broker
     order = list(acquired)
     asks = [ipc.FetchPart(tid, p, acquired[(tid, p)][0][0], max(max_bytes, 1)) for tid, p in order]
@@ -187,7 +234,8 @@ async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float,
                                                       asks),
                                      ctx.connection.fetcher, timeout_s,
                                      ErrorCode.not_leader_or_follower)
-    out, aborted = {}, {}
+    out, ends, aborted = {}, {}, {}
+    everything = [(0, 2**63 - 1, 0)]
     views = broker.segment_views
     catalog = broker.catalog
     for (tid, p), res in zip(order, resp.parts):
@@ -205,15 +253,17 @@ async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float,
                     end = pos + h.batch_length + 12
                     if h.base_offset + h.last_offset_delta >= last:
                         done = True
+                        ends[(tid, p)] = h.base_offset + h.last_offset_delta
                         break
                 chunks.append(bytes(mv[:end]))
                 if committed and res.aborted:
-                    spans = _aborted_spans(mv[:end], res.aborted, acquired[(tid, p)])
+                    spans = _aborted_spans(mv[:end], res.aborted, everything)
                     if spans:
                         aborted.setdefault((tid, p), []).extend(spans)
                 if done:
                     break
         except KafkaError:
             chunks = []          # retention or a cleaner swap took the segment: redelivered later
+            ends.pop((tid, p), None)
         out[(tid, p)] = b"".join(chunks)
-    return out, aborted
+    return out, ends, aborted

@@ -452,6 +452,10 @@ class ShareFetchRequest(Request):
     acquire: bool = True
     max_records: int = 500
     again: bool = False
+    # (topic id, partition, first, last): acquire the AVAILABLE offsets of these ranges too, the
+    # rest of the log batch the frontend read an acquisition ending inside (as ``again``: no
+    # session epoch, no acknowledgements; Kafka's batch_optimized acquisition).
+    extend: list[tuple[bytes, int, int, int]] = []
 
     def error_reply(self, code: ErrorCode) -> ShareFetchResult:
         return ShareFetchResult(code)

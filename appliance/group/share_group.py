@@ -39,7 +39,7 @@ from appliance.group.messages import (DescribedShareGroup, DescribedShareMember,
                                       ShareGroupDescribeResult, ShareGroupHeartbeatRequest,
                                       ShareGroupHeartbeatResult, SharePartResult, TopicPartitions)
 from appliance.group.share_admin import ShareAdmin, SharePartitions
-from appliance.group.share_partition import SharePartition
+from appliance.group.share_partition import MAX_RECORD_LOCKS, SharePartition
 from appliance.group.share_store import ShareKey, ShareLogWriteError, ShareSnapshot, ShareStateStore
 from appliance.service import serves
 
@@ -49,6 +49,9 @@ E = ErrorCode
 INITIAL_EPOCH, FINAL_EPOCH = 0, -1
 INT32_MAX = 2**31 - 1
 TICK_MS = 100
+# How long the share session of a member that left waits for its final ShareAcknowledge/
+# ShareFetch (epoch -1) before it closes and its records are released.
+LEFT_SESSION_GRACE_MS = 5000
 
 
 def next_epoch(epoch: int) -> int:
@@ -65,6 +68,7 @@ class ShareConfig:
     max_size: int = 200                        # group.share.max.size
     max_share_sessions: int = 2000             # group.share.max.share.sessions
     isolation_level: str = "read_uncommitted"  # share.isolation.level (a group config only)
+    max_record_locks: int = MAX_RECORD_LOCKS   # group.share.partition.max.record.locks
 
 
 # GROUP config resources (appliance.group_config) over [groups]: name -> (field, type).
@@ -80,7 +84,8 @@ def share_config(groups_cfg) -> ShareConfig:
     return ShareConfig(groups_cfg.share_heartbeat_interval_ms, groups_cfg.share_session_timeout_ms,
                        groups_cfg.share_record_lock_duration_ms,
                        groups_cfg.share_delivery_count_limit, groups_cfg.share_auto_offset_reset,
-                       groups_cfg.share_max_size, groups_cfg.share_max_share_sessions)
+                       groups_cfg.share_max_size, groups_cfg.share_max_share_sessions,
+                       max_record_locks=groups_cfg.share_partition_max_record_locks)
 
 
 @dataclass
@@ -132,6 +137,8 @@ class ShareService(ShareAdmin):
         self._snapshot_epochs: dict[ShareKey, tuple[int, int]] = {}   # (snapshot epoch, created)
         self._next_tick = 0
         self._due: int | None = None
+        # Sessions of members that left the group: (group, member) -> when they close anyway.
+        self._left: dict[tuple[str, str], int] = {}
 
     def gcfg(self, group_id: str) -> ShareConfig:
         """The share configs of one group: its GROUP config resource over ``cfg``."""
@@ -172,7 +179,7 @@ class ShareService(ShareAdmin):
         g = self.groups.get(req.group_id)
         if req.member_epoch == -1:
             if g is not None and req.member_id in g.members:
-                self._remove_member(g, req.member_id)
+                self._remove_member(g, req.member_id, leaving=True)
             return ShareGroupHeartbeatResult(E.none, member_id=req.member_id, member_epoch=-1)
         m = g.members.get(req.member_id) if g is not None else None
         if req.member_epoch == 0:
@@ -187,6 +194,7 @@ class ShareService(ShareAdmin):
                         E.group_max_size_reached,
                         f"The share group has reached its maximum capacity of {self.cfg.max_size} members.")
                 m = g.members[req.member_id] = ShareMember(req.member_id)
+                self._left.pop((req.group_id, req.member_id), None)     # back: session kept
         elif m is None:
             return ShareGroupHeartbeatResult(
                 E.unknown_member_id, f"Member {req.member_id} is not a member of group {req.group_id}.")
@@ -225,10 +233,21 @@ class ShareService(ShareAdmin):
                 out.extend((t[0], p) for p in range(t[1]))
         return out
 
-    def _remove_member(self, g: ShareGroup, member_id: str) -> None:
+    def _remove_member(self, g: ShareGroup, member_id: str, leaving: bool = False) -> None:
+        """A member out of the group. One that leaves (heartbeat epoch -1) keeps its share
+        session for ``LEFT_SESSION_GRACE_MS``: a closing client sends the leave and its final
+        ShareAcknowledge (epoch -1) at once on two connections (librdkafka does), and the
+        acknowledgements must apply, not meet SHARE_SESSION_NOT_FOUND with their records
+        released to the others (Kafka's share sessions live apart from membership, in the
+        broker's ShareSessionCache). A member whose heartbeats stopped loses its session and
+        its records at once."""
         g.members.pop(member_id, None)
         g.epoch += 1
-        self.sessions.pop((g.group_id, member_id), None)
+        key = (g.group_id, member_id)
+        if leaving and key in self.sessions:
+            self._left[key] = self.now() + LEFT_SESSION_GRACE_MS
+            return
+        self.sessions.pop(key, None)
         self._release(g.group_id, member_id)
 
     def _release(self, group: str, member: str) -> None:
@@ -279,6 +298,12 @@ class ShareService(ShareAdmin):
             for m in [m for m in g.members.values() if m.last_seen_ms + timeout < now_ms]:
                 log.info("share group %s: member %s's session timed out", g.group_id, m.member_id)
                 self._remove_member(g, m.member_id)
+        for key in [k for k, t in self._left.items() if t <= now_ms]:
+            del self._left[key]
+            if self.sessions.pop(key, None) is not None:
+                log.info("share group %s: the share session of member %s, which left, closed "
+                         "without its final request; its records are released", *key)
+                self._release(*key)
         limits: dict[str, int] = {}
         due = None
         for (gid, _t, _p), sp in self.partitions.items():
@@ -303,6 +328,8 @@ class ShareService(ShareAdmin):
         if req.again:
             if session is None:
                 return ShareFetchResult(E.share_session_not_found)
+            if req.extend:
+                return self._extend(req, now)
         elif req.acquire and epoch == INITIAL_EPOCH:
             if has_acks:
                 return ShareFetchResult(E.invalid_request, "Acknowledge data present on initial "
@@ -316,6 +343,7 @@ class ShareService(ShareAdmin):
                          "are released", req.group_id, req.member_id)
                 self._release(req.group_id, req.member_id)
             session = self.sessions[key] = ShareSession(next_epoch(0))
+            self._left.pop(key, None)
         elif epoch == INITIAL_EPOCH:          # ShareAcknowledge may not open a session
             return ShareFetchResult(E.invalid_share_session_epoch)
         elif session is None:
@@ -354,6 +382,7 @@ class ShareService(ShareAdmin):
                 dirty[sk] = sp
         if close:
             self.sessions.pop(key, None)
+            self._left.pop(key, None)
             self._release(req.group_id, req.member_id)
         elif req.acquire:
             left = req.max_records if req.max_records > 0 else 500
@@ -376,7 +405,7 @@ class ShareService(ShareAdmin):
                     sp = self.partitions[sk] = SharePartition(start, state_epoch=1)
                     dirty[sk] = sp
                 got = sp.acquire(req.member_id, left, end, log_start, now,
-                                 cfg.record_lock_duration_ms, limit)
+                                 cfg.record_lock_duration_ms, limit, cfg.max_record_locks)
                 r = results.setdefault(tp, {})
                 r["next_offset"] = sp.end_offset
                 if got:
@@ -396,6 +425,25 @@ class ShareService(ShareAdmin):
         return ShareFetchResult(E.none, None, parts, cfg.record_lock_duration_ms,
                                 [] if close or session is None else list(session.parts),
                                 1 if cfg.isolation_level == "read_committed" else 0)
+
+    def _extend(self, req: ShareFetchRequest, now: int) -> ShareFetchResult:
+        """The rest of the log batches a ShareFetch's read ended inside (``req.extend``),
+        acquired for the member when AVAILABLE (``SharePartition.acquire_through``). Nothing is
+        written: acquisitions are not persisted."""
+        cfg = self.gcfg(req.group_id)
+        parts = []
+        for tid, p, first, last in req.extend:
+            tid = bytes(tid)
+            sp = self.partitions.get((req.group_id, tid, p))
+            mk = self.marks(tid, p)
+            if sp is None or mk is None:
+                continue
+            end = mk[2] if cfg.isolation_level == "read_committed" and len(mk) > 2 else mk[0]
+            got = sp.acquire_through(req.member_id, first, last, end, now,
+                                     cfg.record_lock_duration_ms)
+            if got:
+                parts.append(SharePartResult(tid, p, acquired=got, next_offset=sp.end_offset))
+        return ShareFetchResult(E.none, None, parts, cfg.record_lock_duration_ms)
 
     def _persist(self, dirty: dict[ShareKey, SharePartition], now: int) -> ErrorCode:
         """Write the snapshots of ``dirty`` (one batch) before the answer goes out."""

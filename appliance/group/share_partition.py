@@ -37,9 +37,11 @@ E = ErrorCode
 AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED = 0, 1, 2, 4
 # AcknowledgeType on the wire (KIP-932): 0 is the GAP of an offset the batch did not hold.
 GAP, ACCEPT, RELEASE, REJECT = 0, 1, 2, 3
-# Most offsets in flight per share partition (Kafka's group.share.partition.max.record.locks,
-# 2000 by default): the window never grows past it, so that neither a huge max_records nor a
-# backlog makes the coordinator hold (or walk) millions of records.
+# Most offsets in flight per share partition by default (Kafka's
+# group.share.partition.max.record.locks, 2000; ``[groups] share_partition_max_record_locks``):
+# the window never grows past it (but for the rest of one log batch, ``acquire_through``), so
+# that neither a huge max_records nor a backlog makes the coordinator hold (or walk) millions
+# of records.
 MAX_RECORD_LOCKS = 2000
 
 
@@ -107,9 +109,10 @@ class SharePartition:
 
     # -- acquisition ------------------------------------------------------------------------------
     def acquire(self, member: str, max_records: int, high_watermark: int, log_start: int,
-                now_ms: int, lock_ms: int, limit: int) -> list[tuple[int, int, int]]:
+                now_ms: int, lock_ms: int, limit: int,
+                max_locks: int = MAX_RECORD_LOCKS) -> list[tuple[int, int, int]]:
         """Acquire up to ``max_records`` offsets for ``member``: (first, last, delivery count)
-        ranges in offset order."""
+        ranges in offset order; no new offset ``max_locks`` or more past the start offset."""
         self.expire(now_ms, limit)
         if log_start > self.start_offset:
             self._move_start(log_start)
@@ -120,7 +123,7 @@ class SharePartition:
         while left > 0 and o < high_watermark:
             f = self.inflight.get(o)
             if o >= self.end_offset:
-                if o - self.start_offset >= MAX_RECORD_LOCKS:
+                if o - self.start_offset >= max_locks:
                     break
                 f = self.inflight[o] = InFlight(AVAILABLE, 0)
                 self.end_offset = o + 1
@@ -135,6 +138,36 @@ class SharePartition:
                 else:
                     got.append((o, o, f.delivery_count))
             o += 1
+        return got
+
+    def acquire_through(self, member: str, first: int, last: int, high_watermark: int,
+                        now_ms: int, lock_ms: int) -> list[tuple[int, int, int]]:
+        """Acquire for ``member`` the AVAILABLE offsets of ``[first, last]`` (below the high
+        watermark): the rest of the log batch an acquisition ended inside, which the response
+        carries anyway (Kafka's SharePartition acquires whole fetched batches: ``max_records``
+        is a soft limit, ShareAcquireMode batch_optimized). Not held to ``MAX_RECORD_LOCKS``:
+        the range is at most one batch past what was just acquired. Only from inside the
+        window or its end (``first <= end_offset``), so that the window stays contiguous."""
+        last = min(last, high_watermark - 1)
+        first = max(first, self.start_offset)
+        if first > self.end_offset or last < first:
+            return []
+        got: list[tuple[int, int, int]] = []
+        deadline = now_ms + lock_ms
+        inflight = self.inflight
+        for o in range(first, last + 1):
+            f = inflight.get(o)
+            if f is None:
+                f = inflight[o] = InFlight(AVAILABLE, 0)
+            if f.state != AVAILABLE:
+                continue
+            f.state, f.member, f.deadline_ms = ACQUIRED, member, deadline
+            f.delivery_count += 1
+            if got and got[-1][1] == o - 1 and got[-1][2] == f.delivery_count:
+                got[-1] = (got[-1][0], o, f.delivery_count)
+            else:
+                got.append((o, o, f.delivery_count))
+        self.end_offset = max(self.end_offset, last + 1)
         return got
 
     # -- acknowledgement --------------------------------------------------------------------------

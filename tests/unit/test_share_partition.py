@@ -155,3 +155,55 @@ def test_regression_a_huge_max_records_is_held_to_the_record_lock_limit() -> Non
     sp.acknowledge("a", [(0, 9, [ACCEPT])], LIMIT)
     assert sp.acquire("b", 100, 10**9, 0, 0, LOCK, LIMIT) == [
         (MAX_RECORD_LOCKS, MAX_RECORD_LOCKS + 9, 1)]
+
+
+def test_acquire_through_takes_the_rest_of_a_batch_that_is_available() -> None:
+    # Kafka's batch_optimized acquisition: the rest of the log batch the acquisition ended in
+    sp = SharePartition(0)
+    assert sp.acquire("a", 3, 20, 0, 0, LOCK, LIMIT) == [(0, 2, 1)]
+    assert sp.acquire("b", 2, 20, 0, 0, LOCK, LIMIT) == [(3, 4, 1)]
+    # a's batch is 0-9: 3-4 are b's, the rest is a's; nothing at or past the high watermark
+    assert sp.acquire_through("a", 3, 9, 8, 0, LOCK) == [(5, 7, 1)]
+    assert sp.end_offset == 8
+    assert sp.acquire_through("b", 20, 30, 40, 0, LOCK) == []        # past the window's end
+    assert sp.acknowledge("a", [(0, 2, [ACCEPT]), (5, 7, [ACCEPT])], LIMIT) == E.none
+    assert sp.acknowledge("b", [(3, 4, [ACCEPT])], LIMIT) == E.none
+    assert sp.start_offset == 8 and not sp.inflight
+
+
+def test_regression_acknowledgements_sent_beside_the_leave_were_lost(tmp_path) -> None:
+    # librdkafka closes by sending the leave heartbeat and the final ShareAcknowledge at once;
+    # the leave used to drop the share session, so the final acknowledgements met
+    # SHARE_SESSION_NOT_FOUND and their records were released and delivered again.
+    env = Env(tmp_path)
+    env.svc.heartbeat(ShareGroupHeartbeatRequest("g", "m", 0, None, ["t"]))
+    assert env.fetch("m", 0).parts[0].acquired == [(0, 4, 1)]
+    assert env.svc.heartbeat(ShareGroupHeartbeatRequest("g", "m", -1)).error == E.none
+    r = env.fetch("m", -1, acks=[(0, 4, ACCEPT)], acquire=False)
+    assert r.error == E.none and r.parts[0].ack_error == E.none
+    assert env.fetch("n", 0).parts[0].acquired == [(5, 9, 1)]      # 0-4 never come back
+    # a member that left and never sends its final request: released after the grace
+    from appliance.group.share_group import LEFT_SESSION_GRACE_MS, TICK_MS
+    env.svc.heartbeat(ShareGroupHeartbeatRequest("g", "n", 0, None, ["t"]))
+    env.svc.heartbeat(ShareGroupHeartbeatRequest("g", "n", -1))
+    env.now += LEFT_SESSION_GRACE_MS + TICK_MS
+    env.svc.tick(env.now)
+    assert ("g", "n") not in env.svc.sessions
+    assert env.fetch("o", 0).parts[0].acquired == [(5, 9, 2)]
+    env.svc.close()
+
+
+def test_share_partition_max_record_locks_holds_the_window() -> None:
+    # [groups] share_partition_max_record_locks (Kafka's group.share.partition.max.record.locks)
+    import msgspec
+    import pytest
+    from appliance.config import GroupsConfig
+    from appliance.group.share_group import share_config
+    cfg = share_config(msgspec.convert({"share_partition_max_record_locks": 100}, GroupsConfig))
+    assert cfg.max_record_locks == 100
+    assert share_config(GroupsConfig()).max_record_locks == 2000
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"share_partition_max_record_locks": 50}, GroupsConfig)
+    sp = SharePartition(0)
+    assert sp.acquire("a", 500, 10**6, 0, 0, LOCK, LIMIT, cfg.max_record_locks) == [(0, 99, 1)]
+    assert sp.acquire("b", 500, 10**6, 0, 0, LOCK, LIMIT, cfg.max_record_locks) == []
