@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--consumers", type=int, default=2, help="read_committed consumers in one group")
     ap.add_argument("--txn-clients", type=int, default=2,
                     help="consume-transform-produce clients (group consumer + transactional producer)")
+    ap.add_argument("--group-protocol", choices=("classic", "consumer"), default="classic",
+                    help="group.protocol of the group consumers (the read_committed consumers and the "
+                         "consume-transform-produce clients): classic (eager, roundrobin) or consumer "
+                         "(KIP-848, the broker's assignor; heartbeat 500 ms, session 6 s, as classic's)")
     ap.add_argument("--java", action="store_true",
                     help="add Kafka's Java clients (chaos_java.py): transactional producers on kafka-clients "
                          "3.9.1 and 4.3.0, a subscribed and an assigned read_committed consumer")
@@ -167,7 +171,9 @@ def appliance_config(disk: bool, per_writer: int = 1, flush_policy: str | None =
         "log": {"segment_bytes": segment_bytes, "segment_index_bytes": 65536, **flush.get("log", {})},
         "supervisor": {"heartbeat_timeout_ms": 5000, "shutdown_timeout_ms": 20000},
         "transactions": {"abort_timed_out_interval_ms": 1000},
-        "groups": {"initial_rebalance_delay_ms": 0},
+        # KIP-848 members get the classic members' heartbeat and session timeout (chaos_clients).
+        "groups": {"initial_rebalance_delay_ms": 0, "consumer_heartbeat_interval_ms": 500,
+                   "consumer_session_timeout_ms": 6000},
         "topics": {"partitions_per_writer": per_writer},
     }
 
@@ -177,6 +183,19 @@ def create_topic(bootstrap: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for f in admin.create_topics([NewTopic(TOPIC, partitions, 1)]).values():
         f.result(60)
+
+
+def describe_group_types(bootstrap: str) -> dict[str, str]:
+    """The workload groups' types as ListGroups v5 gives them (CLASSIC, CONSUMER): a run with
+    ``--group-protocol consumer`` shows its groups converted to the KIP-848 protocol."""
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": bootstrap})     # kept until the answer (else _DESTROY)
+    try:
+        listed = admin.list_consumer_groups(request_timeout=30).result(60)
+    except Exception as e:      # told, never the run's verdict: the checker's counts are
+        return {"(ListGroups failed)": repr(e)}
+    return {g.group_id: g.type.name for g in listed.valid if g.group_id.startswith("chaos-")
+            and not g.group_id.startswith("chaos-final-")}
 
 
 def log_findings(log_path: str) -> dict[str, list[str]]:
@@ -262,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                         lambda: bool(more_faults) and more_faults[0].cycles < args.fault_cycles)
         stop = threading.Event()
         shared = Shared(app.bootstrap, TOPIC, args.partitions, recorder, budget, stop,
-                        args.abort_probability, args.max_sends, seed)
+                        args.abort_probability, args.max_sends, seed, args.group_protocol)
         clients = []
         for kind, n, cls in (("p", args.producers, CkProducer), ("o", args.own_producers, OwnProducer),
                              ("c", args.consumers, CkConsumer), ("t", args.txn_clients, CkTxnClient)):
@@ -302,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         if nemesis.is_alive():
             nemesis.join(120)
         nemesis.heal()
+        group_types = describe_group_types(app.bootstrap)    # while the members are in
+        print(f"chaos: group protocol {args.group_protocol}; groups "
+              f"{', '.join(f'{g} {t}' for g, t in sorted(group_types.items())) or 'none listed'}", flush=True)
         stop.set()
         deadline = time.monotonic() + 120        # one wait for all (hung clients add none)
         for c in clients:

@@ -85,8 +85,10 @@ class Shared:
     """What every client of one run shares."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, recorder: Recorder, budget: Budget,
-                 stop: threading.Event, abort_p: float, max_sends: int, seed: int) -> None:
+                 stop: threading.Event, abort_p: float, max_sends: int, seed: int,
+                 group_protocol: str = "classic") -> None:
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
+        self.group_protocol = group_protocol     # the group consumers' group.protocol
         self.recorder, self.budget, self.stop = recorder, budget, stop
         self.abort_p, self.max_sends, self.seed = abort_p, max_sends, seed
         self.client_errors: dict[str, int] = {}
@@ -364,10 +366,16 @@ class _GroupMember:
         self.client = client
         self.rebalanced: set[str] = set()
         conf = {**_ck_common(client.s.bootstrap), "group.id": group, "isolation.level": "read_committed",
-                "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 120000,
-                "partition.assignment.strategy": "roundrobin", "fetch.wait.max.ms": 200,
-                "request.timeout.ms": 10000, **(extra or {})}
+                "enable.auto.commit": False, "auto.offset.reset": "earliest", "max.poll.interval.ms": 120000,
+                "fetch.wait.max.ms": 200, "request.timeout.ms": 10000, **(extra or {})}
+        if client.s.group_protocol == "consumer":
+            # KIP-848: the broker assigns and sets the heartbeat interval and session timeout
+            # (chaos.py gives the appliance the classic members' 500 ms / 6 s); librdkafka
+            # refuses the classic-only keys with this protocol.
+            conf["group.protocol"] = "consumer"
+        else:
+            conf.update({"session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+                         "partition.assignment.strategy": "roundrobin"})
         self.c = Consumer(conf)
         self.c.subscribe([client.s.topic], on_assign=self._changed, on_revoke=self._changed,
                          on_lost=self._changed)

@@ -36,8 +36,11 @@ classicGroupHeartbeatToConsumerGroup, classicGroupLeaveToConsumerGroup. Departur
 - **Downgrade**: when the last member using the consumer protocol leaves or is fenced and every
   member left uses the classic protocol, the group becomes a classic group (the policy
   allowing, at most ``max_size`` members): generation = the group epoch, each member's target
-  as its assignment, then a rebalance. The consumer records' tombstones and the classic record
-  go in one batch.
+  as its assignment, then a rebalance. Also when a static member joining with the classic
+  protocol takes the ``group.instance.id`` of the last consumer-protocol member (Kafka's
+  validateOnlineDowngradeWithReplacedMemberId): converted in that JoinGroup, Stable, no
+  rebalance, the joining member holding the replaced one's target. The consumer records'
+  tombstones and the classic record go in one batch.
 """
 
 from __future__ import annotations
@@ -175,6 +178,35 @@ class GroupMigration:
             log.info("cannot downgrade consumer group %r to a classic group: its size is greater "
                      "than the classic group maximum size", gid)
             return False
+        return self._convert_to_classic(group, leaving, rebalance=True)
+
+    def downgrade_on_replacement(self, group: ConsumerGroup, replaced_consumer_member: bool,
+                                 members_before: int) -> bool:
+        """Kafka's validateOnlineDowngradeWithReplacedMemberId: a static member joining with the
+        classic protocol replaced the group's static member ``replaced_consumer_member`` (it
+        used the consumer protocol), and now every member uses the classic protocol. No size
+        floor (the group is not emptied); ``members_before`` counts the replaced one."""
+        if not replaced_consumer_member or any(m.classic is None for m in group.members.values()):
+            return False
+        if not self.downgrade_enabled():
+            log.info("cannot downgrade consumer group %r to a classic group: the online downgrade "
+                     "is disabled (consumer_migration_policy %s)", group.group_id, self._policy())
+            return False
+        if members_before > self.table.config.group_max_size:
+            log.info("cannot downgrade consumer group %r to a classic group: its size is greater "
+                     "than the classic group maximum size", group.group_id)
+            return False
+        return True
+
+    def _convert_to_classic(self, group: ConsumerGroup, leaving: ConsumerMember | None, *,
+                            rebalance: bool) -> bool:
+        """Kafka's convertToClassicGroup / ClassicGroup.fromConsumerGroup: every member but
+        ``leaving`` becomes a classic member with its target as its assignment, the generation
+        is the group epoch; the consumer records' tombstones and the classic record in one
+        batch. ``rebalance``: a member left (Kafka then prepares a rebalance); a static member's
+        replacement (``leaving`` None: the joining member already holds the replaced one's
+        place and target) keeps the group Stable."""
+        gid = group.group_id
         t = self.table
         now = t.now()
         classic = ClassicGroup(gid, S.Stable, now)
@@ -202,14 +234,18 @@ class GroupMigration:
                         "consumer group", gid, err.name)
             return False
         group.transition_to(S.Dead, now)
-        leaving.session_seq = leaving.rebalance_seq = -1
+        if leaving is not None:
+            leaving.session_seq = leaving.rebalance_seq = -1
         t.groups[gid] = classic
         for m in classic.members.values():
             self.rebalance.schedule_hb(classic, m, m.session_timeout_ms)
-        log.info("consumer group %r downgraded to a classic group (generation %d, %d members)",
-                 gid, classic.generation_id, classic.size)
-        self.rebalance.prepare_rebalance(classic, f"Downgrade group {gid} from consumer to "
-                                                  f"classic.")
+        log.info("consumer group %r downgraded to a classic group (generation %d, %d members%s)",
+                 gid, classic.generation_id, classic.size,
+                 "" if rebalance else ": a classic static member replaced the last "
+                 "consumer-protocol member")
+        if rebalance:
+            self.rebalance.prepare_rebalance(classic, f"Downgrade group {gid} from consumer to "
+                                                      f"classic.")
         return True
 
     # -- timers -----------------------------------------------------------------------------------
@@ -269,11 +305,16 @@ class GroupMigration:
         rt = req.rebalance_timeout_ms if req.rebalance_timeout_ms >= 0 else req.session_timeout_ms
         member: ConsumerMember | None
         bump = False
+        members_before = len(group.members)
+        # the instance id's member before this join used the consumer protocol (a downgrade
+        # once every member is classic: Kafka's step 4 of classicGroupJoinToConsumerGroup)
+        replaced_consumer_member = False
         if iid is None:
             member = group.members.get(mid)
         else:
             old_id = group.static_members.get(iid)
             old = group.members.get(old_id) if old_id is not None else None
+            replaced_consumer_member = old is not None and old.classic is None
             if old is None:
                 member = None
             elif old.member_id == mid:
@@ -311,6 +352,13 @@ class GroupMigration:
         if bump:
             self.consumer._bump(group)
         group.reconcile(member, self._ids(sub.owned))
+        if (self.downgrade_on_replacement(group, replaced_consumer_member, members_before)
+                and self._convert_to_classic(group, None, rebalance=False)):
+            # Kafka: no session or sync timeout of the consumer group; the classic group's
+            # heartbeats are scheduled, the member syncs with its epoch as the generation.
+            return t.reply(once, JoinGroupResult(E.none, member.member_id, member.member_epoch,
+                                                 CONSUMER_PROTOCOL_TYPE, protocols[0][0], "",
+                                                 False, []))
         err = t.store_consumer_group(group)
         if err != E.none:
             return fail(err)

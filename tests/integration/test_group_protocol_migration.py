@@ -11,7 +11,10 @@ while a producer writes throughout.
   commits are kept to the end of every partition;
 - ``consumer_migration_policy = "disabled"``: a consumer-protocol heartbeat to a live classic
   group is GROUP_ID_NOT_FOUND "Group X is not a consumer group." (at the wire); the classic
-  member's generation goes on.
+  member's generation goes on;
+- static members: a classic static member taking the ``group.instance.id`` of the last
+  consumer-protocol static member (gone with a static leave) downgrades the group in its
+  JoinGroup.
 """
 
 from __future__ import annotations
@@ -183,3 +186,68 @@ def test_migration_policy_disabled_refuses_the_upgrade(appliance_factory):
         hb = c.request(12, 3, {"group_id": group, "generation_id": j.generation_id,
                                "member_id": j.member_id, "group_instance_id": None})
         assert hb.error_code == 0, hb
+
+
+class _Polling(threading.Thread):
+    """A confluent-kafka consumer in this process, polled until stopped; its assignment kept."""
+
+    def __init__(self, bootstrap, group, topic, instance, protocol):
+        super().__init__(daemon=True)
+        from confluent_kafka import Consumer
+        conf = {"bootstrap.servers": bootstrap, "group.id": group, "group.instance.id": instance,
+                "auto.offset.reset": "earliest", "enable.auto.commit": False}
+        if protocol == "consumer":
+            conf["group.protocol"] = "consumer"
+        else:
+            conf.update({"partition.assignment.strategy": "range", "session.timeout.ms": 60000,
+                         "heartbeat.interval.ms": 500})
+        self.c = Consumer(conf)
+        self.owned: set[int] = set()
+        self.halt = threading.Event()
+        self.c.subscribe([topic], on_assign=lambda _c, ps: self.owned.update(p.partition for p in ps),
+                         on_revoke=lambda _c, ps: self.owned.difference_update(p.partition for p in ps))
+
+    def run(self):
+        while not self.halt.is_set():
+            self.c.poll(0.1)
+        self.c.close()
+
+    def stop(self):
+        self.halt.set()
+        self.join(30)
+
+
+def test_regression_a_static_classic_member_replacing_the_last_static_consumer_member_downgrades_at_once(
+        appliance_factory):
+    """confluent-kafka static members (group.instance.id): a classic one, then a
+    consumer-protocol one (the group upgrades); the latter closes (a static leave, epoch -2: it
+    keeps its place until its session times out, 60 s here) and its instance id comes back on
+    the classic protocol: that JoinGroup makes the group classic again (Kafka's
+    validateOnlineDowngradeWithReplacedMemberId), long before the session timeout would have
+    removed the old member; the newcomer gets partitions in the classic group."""
+    a = appliance_factory(groups={**CONFIG["groups"], "consumer_session_timeout_ms": 60000})
+    b = a.bootstrap
+    topic, group = uid("static"), uid("gs")
+    driver("confluent").create_topics(b, {topic: (PARTITIONS, {})})
+    members = [_Polling(b, group, topic, "i-a", "classic")]
+    try:
+        members[0].start()
+        wait_until(lambda: members[0].owned, 60, "the classic member assigned")
+        members.append(_Polling(b, group, topic, "i-b", "consumer"))
+        members[1].start()
+        wait_until(lambda: group_type(b, group) == "consumer" and members[1].owned, 60,
+                   "the consumer-protocol static member in the upgraded group")
+        members[1].stop()                      # ConsumerGroupHeartbeat epoch -2
+        assert group_type(b, group) == "consumer"
+        members.append(_Polling(b, group, topic, "i-b", "classic"))
+        members[2].start()
+        wait_until(lambda: group_type(b, group) == "classic", 30,
+                   "the group downgraded by the classic member taking the instance id")
+        wait_until(lambda: members[2].owned and members[0].owned
+                   and sorted(members[0].owned | members[2].owned) == list(range(PARTITIONS))
+                   and not members[0].owned & members[2].owned, 60,
+                   "both classic members sharing the partitions")
+    finally:
+        for m in members:
+            if m.is_alive():
+                m.stop()

@@ -312,3 +312,72 @@ def test_the_conversions_survive_a_restart(tmp_path, clean):
     assert g.group_type == "classic" and set(g.members) == {c1_id}
     assert gs.offsets.consumer_group_records() == {}
     gs.close(True)
+
+
+def _static_hb(env, member, epoch, instance, owned=None):
+    tps = None if owned is None else [TopicPartitions(t, sorted(ps)) for t, ps in owned.items()]
+    return env.gc.consumer_group_heartbeat(ConsumerGroupHeartbeatRequest(
+        "g", member, epoch, instance, None, 60000 if epoch == 0 else -1,
+        ["t1"] if epoch == 0 else None, None, None, [] if epoch == 0 else tps, "client",
+        "/127.0.0.1", 1))
+
+
+def _static_join(env, instance, member_id=""):
+    got = []
+    env.gc.join_group(JoinGroupRequest("g", member_id, 10000, 20000, "consumer",
+                                       [("range", subscription())], instance, "c", "/h", 5),
+                      got.append)
+    return got
+
+
+def test_regression_a_classic_static_member_replacing_the_last_consumer_static_member_downgrades_at_once():
+    """Kafka's classicGroupJoinToConsumerGroup step 4 (validateOnlineDowngradeWithReplacedMemberId,
+    convertToClassicGroup with the joining member): a static member of the classic protocol
+    taking the instance id of the group's last consumer-protocol member converts the group to a
+    classic one in that JoinGroup, Stable, the joining member holding the replaced one's
+    assignment (was: the group stayed a consumer group of classic members only)."""
+    env = Env()
+    gen = env.classic_group_of("c1")
+    assert _static_hb(env, "m1", 0, "i-1").error == E.none         # upgrade, static
+    assert env.heartbeat("c1-x", gen) == E.rebalance_in_progress
+    (j,) = env.join("c1-x")
+    c1_parts = partitions(env.sync("c1-x", j.generation_id))
+    epoch = env.group().group_epoch
+    r = _static_hb(env, "m1", epoch, "i-1", owned={})
+    m1_parts = parts(r)
+    assert m1_parts == {0, 1, 2, 3} - c1_parts
+    assert _static_hb(env, "m1", epoch, "i-1", owned={T1: m1_parts}).error == E.none
+    # the static consumer member leaves for a while (epoch -2): it keeps its place
+    assert _static_hb(env, "m1", -2, "i-1").error == E.none
+    assert env.group().group_type == "consumer" and "m1" in env.group().members
+    # the same instance comes back on the classic protocol: the group is classic at once
+    (j,) = _static_join(env, "i-1")
+    assert j.error == E.none and j.member_id not in ("", "m1")
+    g = env.group()
+    assert g.group_type == "classic" and g.state.value == "Stable", g.group_type
+    assert set(g.members) == {"c1-x", j.member_id}
+    assert g.generation_id == epoch
+    assert set(parse_assignment(g.members[j.member_id].assignment)["t1"]) == m1_parts
+    assert set(parse_assignment(g.members["c1-x"].assignment)["t1"]) == c1_parts
+    # its SyncGroup gets the replaced member's partitions, no rebalance on the way
+    assert j.generation_id == epoch
+    assert partitions(env.sync(j.member_id, j.generation_id)) == m1_parts
+    assert env.heartbeat("c1-x", epoch) == E.none
+    assert env.heartbeat(j.member_id, epoch) == E.none
+
+
+def test_a_classic_static_member_replacing_a_consumer_static_member_keeps_the_group_when_others_use_the_consumer_protocol():
+    """Not the last consumer-protocol member (another one is in), or the policy forbids the
+    downgrade: the group stays a consumer group (Kafka's same checks)."""
+    for policy, second in (("bidirectional", True), ("upgrade", False)):
+        env = Env(consumer_migration_policy=policy)
+        assert _static_hb(env, "m1", 0, "i-1").error == E.none
+        if second:
+            assert env.hb("m2", 0).error == E.none
+        else:
+            (j,) = env.join("c1-x")             # a classic member: all but m1 classic
+            assert j.error == E.none
+        assert _static_hb(env, "m1", -2, "i-1").error == E.none
+        (j,) = _static_join(env, "i-1")
+        assert j.error == E.none
+        assert env.group().group_type == "consumer", policy
