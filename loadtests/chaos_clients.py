@@ -106,10 +106,41 @@ def _quiet() -> dict[str, Any]:
     return {"log_level": 2, "log.connection.close": False}
 
 
-def _ck_common(bootstrap: str) -> dict[str, Any]:
+def _ck_common(bootstrap: str, name: str = "") -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap, "reconnect.backoff.ms": 100,
             "reconnect.backoff.max.ms": 1000, "socket.connection.setup.timeout.ms": 5000,
-            "topic.metadata.refresh.interval.ms": 5000, **_quiet()}
+            "topic.metadata.refresh.interval.ms": 5000, **_rebootstrap(), **_quiet(), **client_debug(name)}
+
+
+def _rebootstrap() -> dict[str, Any]:
+    """librdkafka's metadata recovery (KIP-899 re-bootstrap) off, unless ``CHAOS_RDKAFKA_REBOOTSTRAP=1``.
+
+    Why: with every broker down (a restart of the appliance: kill-all, a power cut) librdkafka
+    re-bootstraps and decommissions its broker handles; a decommissioned handle stays cached as
+    the group coordinator, and ``send_offsets_to_transaction`` then waits for a state change of
+    that dead handle which never comes (confluentinc/librdkafka#5511, open), past its timeout
+    (#5456, open): the consume-transform-produce clients sat 15-30 s in that call after a power
+    cut, until the next fault's disconnect woke the lookup, or for ever after the last fault
+    (the hangs of the 30 short runs). Seen in their debug log: the TxnOffsetCommit was not sent
+    at all for 14 s while the handle looped "Handle is terminating in state TRY_CONNECT"; the
+    appliance had answered every request (AddOffsetsToTxn in 17 ms). One fixed bootstrap address
+    needs no re-bootstrap; the workload's own behaviour is unchanged."""
+    import os
+    return {} if os.environ.get("CHAOS_RDKAFKA_REBOOTSTRAP") == "1" else {"metadata.recovery.strategy": "none"}
+
+
+def client_debug(name: str) -> dict[str, Any]:
+    """librdkafka's debug log of the named clients, for diagnosing a stall: ``CHAOS_CLIENT_DEBUG``
+    = "t0,t0-consumer" (a transactional client's producer, its group consumer), contexts from
+    ``CHAOS_CLIENT_DEBUG_CONTEXTS`` (default broker,eos,cgrp,metadata,protocol). The lines go to
+    the chaos tool's stderr as librdkafka writes them (its own timestamp, taken when the line is
+    made: a Python ``logger`` would stamp it when the application next polls), each prefixed by
+    the client's name (its ``client.id``)."""
+    import os
+    if not name or name not in os.environ.get("CHAOS_CLIENT_DEBUG", "").split(","):
+        return {}
+    return {"debug": os.environ.get("CHAOS_CLIENT_DEBUG_CONTEXTS", "broker,eos,cgrp,metadata,protocol"),
+            "log_level": 7, "client.id": name}
 
 
 class Client(threading.Thread):
@@ -159,7 +190,7 @@ class CkTxn:
         while self.p is None:
             if self.c.s.stop.is_set():
                 return False
-            p = Producer({**_ck_common(self.c.s.bootstrap), "transactional.id": self.tid,
+            p = Producer({**_ck_common(self.c.s.bootstrap, self.c.base), "transactional.id": self.tid,
                           "linger.ms": 2, "transaction.timeout.ms": 20000,
                           "message.timeout.ms": 15000, "request.timeout.ms": 10000,
                           "socket.timeout.ms": 10000, "compression.type": self.compression})
@@ -363,7 +394,7 @@ class _GroupMember:
     def __init__(self, client: Client, group: str, extra: dict[str, Any] | None = None) -> None:
         self.client = client
         self.rebalanced: set[str] = set()
-        conf = {**_ck_common(client.s.bootstrap), "group.id": group, "isolation.level": "read_committed",
+        conf = {**_ck_common(client.s.bootstrap, client.base + "-consumer"), "group.id": group, "isolation.level": "read_committed",
                 "enable.auto.commit": False, "auto.offset.reset": "earliest",
                 "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 120000,
                 "partition.assignment.strategy": "roundrobin", "fetch.wait.max.ms": 200,
