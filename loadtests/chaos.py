@@ -184,9 +184,12 @@ def appliance_config(disk: bool, per_writer: int = 1, flush_policy: str | None =
     return {**flush,
         "server": {"frontends": 2, "fetchers": 1,
                    "disk_reserve_bytes": 4 * MiB if disk else 0},
-        "log": {"segment_bytes": segment_bytes, "segment_index_bytes": 65536, **flush.get("log", {})},
+        "log": {"segment_bytes": segment_bytes, "segment_index_bytes": 65536,
+                "retention_check_interval_ms": 5000, **flush.get("log", {})},
         "supervisor": {"heartbeat_timeout_ms": 5000, "shutdown_timeout_ms": 20000},
-        "transactions": {"abort_timed_out_interval_ms": 1000},
+        # A transaction no coordinator knows (an os power cut) is aborted by its writer after
+        # twice the max timeout (appliance.log.hanging): 60 s here, checked every 5 s.
+        "transactions": {"abort_timed_out_interval_ms": 1000, "max_timeout_ms": 30000},
         "groups": {"initial_rebalance_delay_ms": 0},
         "topics": {"partitions_per_writer": per_writer},
     }
@@ -199,12 +202,14 @@ def create_topic(bootstrap: str, partitions: int) -> None:
         f.result(60)
 
 
-def log_findings(log_path: str) -> dict[str, list[str]]:
+def log_findings(log_path: str, hanging_allowed: bool = False) -> dict[str, list[str]]:
     """Worker deaths the faults did not cause, and tracebacks, from the appliance's log.
 
     Ours: killed by signal 9 (a kill fault, or the supervisor's SIGKILL of a paused worker), or
-    the orphans' clean exit after kill -9 of the supervisor. Anything else is a finding."""
-    deaths, stops, tracebacks = [], [], []
+    the orphans' clean exit after kill -9 of the supervisor. Anything else is a finding. So is a
+    hanging transaction a writer aborted (``appliance.log.hanging``), unless the flush policy is
+    ``os``, whose power cuts may leave one."""
+    deaths, stops, tracebacks, hanging = [], [], [], []
     with open(log_path, errors="replace") as f:
         lines = f.read().splitlines()
     for i, line in enumerate(lines):
@@ -213,12 +218,15 @@ def log_findings(log_path: str) -> dict[str, list[str]]:
             deaths.append(line.strip())
         elif "stopping the appliance" in line:       # a crash loop or a boot error
             stops.append(line.strip())
+        if "hanging (no coordinator knows it" in line and not hanging_allowed:
+            hanging.append(line.strip())
         if "Traceback (most recent call last)" in line:
             # The log line before it names the worker; the traceback ends at the next record.
             end = next((j for j in range(i + 1, len(lines)) if re.match(r"\d{4}-\d\d-\d\d ", lines[j])),
                        len(lines))
             tracebacks.append("\n".join(lines[max(0, i - 1):min(end, i + 40)]))
-    return {"unexpected worker deaths": deaths, "appliance stops": stops, "tracebacks": tracebacks}
+    return {"unexpected worker deaths": deaths, "appliance stops": stops, "tracebacks": tracebacks,
+            "hanging transactions aborted": hanging}
 
 
 def print_history_check(path: str) -> int:
@@ -354,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                                    lambda s: print(f"chaos: {s}", flush=True), damaged=nemesis.damaged,
                                    isolation="read_uncommitted") and complete
         stop_code = app.stop()
-        findings = log_findings(app.log_path)
+        findings = log_findings(app.log_path, hanging_allowed=args.disk == "lazyfs" and args.flush_policy == "os")
         recorder.ops.extend(nemesis.history_entries(args.flush_policy))   # damage, power cuts
 
         res = queue_checker.check(recorder.ops)
