@@ -26,9 +26,9 @@ The promises (README "Durability"; the chaos workload's producers are transactio
   appliance comes back (``RECOVERY_WINDOW_S`` after ``ready``) count as rebalances of their keys.
   A value consumed by a committed transaction before the cut and again after it is not a
   duplicate-consume (the group's offset commit may be lost with the cut); nor is a committed value
-  of the cut's era that no read_committed poll returned but that the final read_uncommitted read
-  found in the log (``log`` entries): its commit marker was lost, and the transaction aborted
-  after the restart. A committed value missing from the log below the recovered end is a gap. A value whose sending transaction spans the cut, at or past the
+  of the cut's era that the final read_committed reader did not get but that the final
+  read_uncommitted read found in the log (``log`` entries): its commit marker was lost, and the
+  transaction aborted after the restart (readers before the cut may have read it committed). A committed value missing from the log below the recovered end is a gap. A value whose sending transaction spans the cut, at or past the
   end, may be either the lost one or a new one at a reused offset: given up, like a damaged batch.
 
 ``measure`` reports, per policy, the acknowledged (committed) values lost by cuts and the worst
@@ -109,17 +109,18 @@ def apply(history: list[Op]) -> Applied:
     if not lossy:
         return Applied(history, cuts, measure_lost(history, cuts), {})
     in_log = _pairs(history, ("log",))
-    polled = _pairs(history, ("txn", "poll"))
+    final = _pairs([op for op in history if op.get("process") == "final"], ("poll",))
     moved: dict[tuple[str, Any], str] = {}
     for op in history:
         for _, k, offset, v in _writes(op):
             fate = _fate(op, k, offset, lossy)
             if fate is not None:
                 moved[(k, v)] = f"{k}~cut{fate[0].n}"
-            elif op.get("type") in ("ok", "info") and (k, v) in in_log and (k, v) not in polled:
-                # In the log, never returned to a read_committed reader: its transaction was
-                # turned into an aborted one after a cut took its commit marker (or never
-                # committed: info). Out of the key's order, so readers skip it legally.
+            elif op.get("type") in ("ok", "info") and (k, v) in in_log and (k, v) not in final:
+                # In the log, but not returned to the final read_committed reader: a cut took
+                # its commit marker and the transaction was aborted after the restart (by the
+                # hanging-transaction watch, or never committed: info). Readers before the cut
+                # may have read it committed. Out of the key's order: skipping it is legal.
                 c = _era(op, lossy)
                 if c is not None:
                     moved[(k, v)] = f"{k}~cut{c.n}-aborted"
