@@ -188,9 +188,9 @@ class Coordinator(Worker):
         txn_log = TransactionStateManager(self.dir, self.cfg.log.flush.policy, _now_ms())
         opened.append(txn_log)
         # The supervisor holds a starting coordinator to its heartbeat: each log's replay beats
-        # it as it goes (CompactedLog.progress), so a load longer than heartbeat_timeout_ms is
-        # not taken for a hang (seen in a Jepsen-sized chaos run on a loaded machine: every
-        # incarnation killed at the 5 s timeout mid-load, five in a minute, the appliance stopped).
+        # it as it goes (CompactedLog.progress), so that a load longer than heartbeat_timeout_ms
+        # (big logs on a slow machine) is not taken for a hang and crash-looped until the
+        # supervisor stops the appliance.
         beat = lambda: self.hb.beat(self.ctx.heartbeat_slot)  # noqa: E731
         txn_log.progress = beat
         self.tc = TransactionCoordinator(txn_log, ProducerIdManager(self.dir), self.cfg.transactions,

@@ -309,8 +309,8 @@ class CompactedLog:
                                              f"at offset {self._log.log_end_offset} instead")
 
     # Called every PROGRESS_BATCHES batches of a replay (the coordinator beats its heartbeat
-    # there: a load longer than the supervisor's heartbeat timeout, a big log on a loaded
-    # machine, had every incarnation killed until the crash-loop rule stopped the appliance).
+    # there: a load longer than the supervisor's heartbeat timeout, a big log on a slow
+    # machine, would have every incarnation killed until the crash-loop rule stops the appliance).
     progress: Callable[[], None] | None = None
     PROGRESS_BATCHES: ClassVar[int] = 256
 
