@@ -19,9 +19,11 @@ runs at once:
   sealed segments (``chaos_storage.py``); printed as they happen (the fault schedule).
 
 What a power cut may lose is the flush policy's promise: with ``--disk lazyfs`` the appliance runs
-``[log.flush] policy = "batch"`` (nothing acknowledged may be lost, so the checker's every class
-holds unchanged). The ``os`` and ``interval`` policies' losses are measured by
-``loadtests/power_cut.py``, not here. A bit flip's batch is given up: the checker is told its
+``[log.flush] policy`` ``--flush-policy`` (``batch`` by default; ``interval``, ``os``) and the
+history gets one ``power-cut`` entry per cut (its time, the policy, each partition's recovered log
+end), which the checker applies (``queue_power_cuts.py``: under ``batch`` and ``interval`` nothing
+acknowledged may be lost, so every class holds unchanged; under ``os`` what a cut took is moved
+aside and what survived must be a gapless prefix). A bit flip's batch is given up: the checker is told its
 offsets (a ``damage`` entry of the history), counts none of its values lost, and reports any
 read of it after the damage (``corrupt-read``); the final reader, stopped at such a batch (the
 partition answers KAFKA_STORAGE_ERROR there), is moved past it (a ``reset`` of the history).
@@ -103,6 +105,17 @@ def parse_range(text: str) -> tuple[float, float]:
     return lo_f, hi_f
 
 
+def parse_pair(text: str) -> tuple[float, float]:
+    a, _, b = text.partition(",")
+    try:
+        pair = (float(a), float(b))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad pair {text!r}: want A,B seconds") from None
+    if min(pair) <= 0:
+        raise argparse.ArgumentTypeError(f"bad pair {text!r}: both must be > 0")
+    return pair
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "disk-full, power-cut, bit-flip) (default all: those the --disk allows)")
     ap.add_argument("--fault-interval", type=parse_range, default=(2.0, 6.0), metavar="MIN,MAX",
                     help="seconds between faults, uniform (default 2,6)")
+    ap.add_argument("--calm", type=parse_pair, default=None, metavar="FAULTY,CALM",
+                    help="Jepsen's calm windows: after FAULTY seconds of faults, every fault healed and "
+                         "none for CALM seconds (default: none)")
     ap.add_argument("--fault-cycles", type=int, default=0,
                     help="keep running until every enabled fault came up this many times (default 0)")
     ap.add_argument("--pause", type=parse_range, default=(0.3, 7.0), metavar="MIN,MAX",
@@ -128,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "small tmpfs, lazyfs (power cuts; no disk-full faults), or the work dir's "
                          "(then no disk-full faults)")
     ap.add_argument("--disk-mb", type=int, default=256, help="size of that file system (default 256)")
+    ap.add_argument("--flush-policy", choices=("batch", "interval", "os"), default="batch",
+                    help="[log.flush] policy with --disk lazyfs; the checker holds power cuts to its "
+                         "promise (queue_power_cuts.py; default batch)")
+    ap.add_argument("--flush-interval-ms", type=int, default=200, help="[log.flush] interval_ms (interval)")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--segment-bytes", type=int, default=256 * 1024,
                     help="the appliance's log.segment_bytes (default 256 KiB: rolls under the faults, "
@@ -168,9 +188,12 @@ def appliance_config(disk: bool, per_writer: int = 1, flush_policy: str | None =
     return {**flush,
         "server": {"frontends": 2, "fetchers": 1,
                    "disk_reserve_bytes": 4 * MiB if disk else 0},
-        "log": {"segment_bytes": segment_bytes, "segment_index_bytes": 65536, **flush.get("log", {})},
+        "log": {"segment_bytes": segment_bytes, "segment_index_bytes": 65536,
+                "retention_check_interval_ms": 5000, **flush.get("log", {})},
         "supervisor": {"heartbeat_timeout_ms": 5000, "shutdown_timeout_ms": 20000},
-        "transactions": {"abort_timed_out_interval_ms": 1000},
+        # A transaction no coordinator knows (an os power cut) is aborted by its writer after
+        # twice the max timeout (appliance.log.hanging): 60 s here, checked every 5 s.
+        "transactions": {"abort_timed_out_interval_ms": 1000, "max_timeout_ms": 30000},
         # KIP-848 members get the classic members' heartbeat and session timeout (chaos_clients).
         "groups": {"initial_rebalance_delay_ms": 0, "consumer_heartbeat_interval_ms": 500,
                    "consumer_session_timeout_ms": 6000},
@@ -198,12 +221,14 @@ def describe_group_types(bootstrap: str) -> dict[str, str]:
             and not g.group_id.startswith("chaos-final-")}
 
 
-def log_findings(log_path: str) -> dict[str, list[str]]:
+def log_findings(log_path: str, hanging_allowed: bool = False) -> dict[str, list[str]]:
     """Worker deaths the faults did not cause, and tracebacks, from the appliance's log.
 
     Ours: killed by signal 9 (a kill fault, or the supervisor's SIGKILL of a paused worker), or
-    the orphans' clean exit after kill -9 of the supervisor. Anything else is a finding."""
-    deaths, stops, tracebacks = [], [], []
+    the orphans' clean exit after kill -9 of the supervisor. Anything else is a finding. So is a
+    hanging transaction a writer aborted (``appliance.log.hanging``), unless the flush policy is
+    ``os``, whose power cuts may leave one."""
+    deaths, stops, tracebacks, hanging = [], [], [], []
     with open(log_path, errors="replace") as f:
         lines = f.read().splitlines()
     for i, line in enumerate(lines):
@@ -212,12 +237,15 @@ def log_findings(log_path: str) -> dict[str, list[str]]:
             deaths.append(line.strip())
         elif "stopping the appliance" in line:       # a crash loop or a boot error
             stops.append(line.strip())
+        if "hanging (no coordinator knows it" in line and not hanging_allowed:
+            hanging.append(line.strip())
         if "Traceback (most recent call last)" in line:
             # The log line before it names the worker; the traceback ends at the next record.
             end = next((j for j in range(i + 1, len(lines)) if re.match(r"\d{4}-\d\d-\d\d ", lines[j])),
                        len(lines))
             tracebacks.append("\n".join(lines[max(0, i - 1):min(end, i + 40)]))
-    return {"unexpected worker deaths": deaths, "appliance stops": stops, "tracebacks": tracebacks}
+    return {"unexpected worker deaths": deaths, "appliance stops": stops, "tracebacks": tracebacks,
+            "hanging transactions aborted": hanging}
 
 
 def print_history_check(path: str) -> int:
@@ -263,15 +291,17 @@ def main(argv: list[str] | None = None) -> int:
             disk.mount()
         lazy = isinstance(disk, LazyDisk)
         data_dir = disk.make_data_dir() if lazy else os.path.join(disk.mnt if disk else workdir, "data")
-        app = Appliance(workdir, data_dir, appliance_config(disk is not None and not lazy,
-                                                            args.partitions_per_writer,
-                                                            "batch" if lazy else None, args.segment_bytes))
+        config = appliance_config(disk is not None and not lazy, args.partitions_per_writer,
+                                  args.flush_policy if lazy else None, args.segment_bytes)
+        if lazy and args.flush_policy == "interval":
+            config["log"]["flush"]["interval_ms"] = args.flush_interval_ms
+        app = Appliance(workdir, data_dir, config)
         app.start()
         create_topic(app.bootstrap, args.partitions)
         start_txn_group(app.bootstrap, TOPIC, args.partitions)
         print(f"chaos: appliance at {app.bootstrap}, data dir {data_dir} "
               f"({args.disk}{f' {args.disk_mb} MiB' if disk and not lazy else ''}"
-              f"{', flush policy batch' if lazy else ''}), work dir {workdir}", flush=True)
+              f"{f', flush policy {args.flush_policy}' if lazy else ''}), work dir {workdir}", flush=True)
 
         t0 = time.monotonic()
         rng = random.Random(seed)
@@ -291,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             clients.extend(java_clients(shared, workdir, len(clients)))
         nemesis = Nemesis(app, disk, NemesisOptions(kinds=faults, interval=args.fault_interval, pause=args.pause,
                                                     topic=TOPIC, partitions=args.partitions,
-                                                    ready=lambda: budget.outcomes["ok"] > 0),
+                                                    ready=lambda: budget.outcomes["ok"] > 0, calm=args.calm),
                           random.Random(rng.randrange(1 << 31)), t0)
         if faults:
             more_faults.append(nemesis)
@@ -349,11 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos: workload stopped after {run_s:.1f}s; final reads", flush=True)
         complete = final_reads(app.bootstrap, TOPIC, args.partitions, recorder, args.final_read_timeout,
                                lambda s: print(f"chaos: {s}", flush=True), damaged=nemesis.damaged)
+        if args.disk == "lazyfs" and args.flush_policy == "os":     # the log as it is (queue_power_cuts)
+            complete = final_reads(app.bootstrap, TOPIC, args.partitions, recorder, args.final_read_timeout,
+                                   lambda s: print(f"chaos: {s}", flush=True), damaged=nemesis.damaged,
+                                   isolation="read_uncommitted") and complete
         stop_code = app.stop()
-        findings = log_findings(app.log_path)
-        for d in nemesis.damaged:       # what the checker gives up, and watches
-            recorder.ops.append({"process": "nemesis", "type": "ok", "f": "damage", "value": d.as_dict(),
-                                 "time": d.at})
+        findings = log_findings(app.log_path, hanging_allowed=args.disk == "lazyfs" and args.flush_policy == "os")
+        recorder.ops.extend(nemesis.history_entries(args.flush_policy))   # damage, power cuts
 
         res = queue_checker.check(recorder.ops)
         if args.history:

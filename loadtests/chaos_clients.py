@@ -46,8 +46,11 @@ class Recorder:
         self.ops: list[dict] = []
         self._lock = threading.Lock()
 
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 4)
+
     def add(self, op: dict) -> None:
-        op["time"] = round(time.monotonic() - self.t0, 4)
+        op["time"] = self.now()
         with self._lock:
             self.ops.append(op)
 
@@ -108,10 +111,41 @@ def _quiet() -> dict[str, Any]:
     return {"log_level": 2, "log.connection.close": False}
 
 
-def _ck_common(bootstrap: str) -> dict[str, Any]:
+def _ck_common(bootstrap: str, name: str = "") -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap, "reconnect.backoff.ms": 100,
             "reconnect.backoff.max.ms": 1000, "socket.connection.setup.timeout.ms": 5000,
-            "topic.metadata.refresh.interval.ms": 5000, **_quiet()}
+            "topic.metadata.refresh.interval.ms": 5000, **_rebootstrap(), **_quiet(), **client_debug(name)}
+
+
+def _rebootstrap() -> dict[str, Any]:
+    """librdkafka's metadata recovery (KIP-899 re-bootstrap) off, unless ``CHAOS_RDKAFKA_REBOOTSTRAP=1``.
+
+    Why: with every broker down (a restart of the appliance: kill-all, a power cut) librdkafka
+    re-bootstraps and decommissions its broker handles; a decommissioned handle stays cached as
+    the group coordinator, and ``send_offsets_to_transaction`` then waits for a state change of
+    that dead handle which never comes (confluentinc/librdkafka#5511, open), past its timeout
+    (#5456, open): the consume-transform-produce clients sat 15-30 s in that call after a power
+    cut, until the next fault's disconnect woke the lookup, or for ever after the last fault
+    (the hangs of the 30 short runs). Seen in their debug log: the TxnOffsetCommit was not sent
+    at all for 14 s while the handle looped "Handle is terminating in state TRY_CONNECT"; the
+    appliance had answered every request (AddOffsetsToTxn in 17 ms). One fixed bootstrap address
+    needs no re-bootstrap; the workload's own behaviour is unchanged."""
+    import os
+    return {} if os.environ.get("CHAOS_RDKAFKA_REBOOTSTRAP") == "1" else {"metadata.recovery.strategy": "none"}
+
+
+def client_debug(name: str) -> dict[str, Any]:
+    """librdkafka's debug log of the named clients, for diagnosing a stall: ``CHAOS_CLIENT_DEBUG``
+    = "t0,t0-consumer" (a transactional client's producer, its group consumer), contexts from
+    ``CHAOS_CLIENT_DEBUG_CONTEXTS`` (default broker,eos,cgrp,metadata,protocol). The lines go to
+    the chaos tool's stderr as librdkafka writes them (its own timestamp, taken when the line is
+    made: a Python ``logger`` would stamp it when the application next polls), each prefixed by
+    the client's name (its ``client.id``)."""
+    import os
+    if not name or name not in os.environ.get("CHAOS_CLIENT_DEBUG", "").split(","):
+        return {}
+    return {"debug": os.environ.get("CHAOS_CLIENT_DEBUG_CONTEXTS", "broker,eos,cgrp,metadata,protocol"),
+            "log_level": 7, "client.id": name}
 
 
 class Client(threading.Thread):
@@ -161,7 +195,7 @@ class CkTxn:
         while self.p is None:
             if self.c.s.stop.is_set():
                 return False
-            p = Producer({**_ck_common(self.c.s.bootstrap), "transactional.id": self.tid,
+            p = Producer({**_ck_common(self.c.s.bootstrap, self.c.base), "transactional.id": self.tid,
                           "linger.ms": 2, "transaction.timeout.ms": 20000,
                           "message.timeout.ms": 15000, "request.timeout.ms": 10000,
                           "socket.timeout.ms": 10000, "compression.type": self.compression})
@@ -275,6 +309,7 @@ class CkProducer(Client):
                      for _ in range(self.rng.randint(1, self.s.max_sends))]
             mops = [["send", self.s.key(p), [None, v]] for p, v in sends]
             outcome = "fail"
+            started = self.s.recorder.now()
             try:
                 txn.p.begin_transaction()
                 mops = txn.send_all(sends)
@@ -284,7 +319,7 @@ class CkProducer(Client):
                     outcome = txn.commit()
             except KafkaException as e:
                 txn.failed_before_commit(e)
-            self.s.recorder.add({"process": process, "type": outcome, "f": "txn", "value": mops})
+            self.s.recorder.add({"process": process, "type": outcome, "f": "txn", "value": mops, "start": started})
             self.s.budget.done(outcome)
         if txn.p is not None:
             _discard(txn.p)
@@ -317,6 +352,7 @@ class OwnProducer(Client):
             mops = [["send", self.s.key(q), [None, v]] for q, v in sends]
             outcome, replace = "fail", False
             asked_commit = False
+            started = self.s.recorder.now()
             try:
                 p.begin_transaction()
                 deliveries = [(q, v, p.send(self.s.topic, v.encode(), partition=q)) for q, v in sends]
@@ -341,7 +377,7 @@ class OwnProducer(Client):
                 self.s.count_error(f"own: {type(e).__name__}")
                 outcome = "info" if asked_commit else "fail"
                 replace = True
-            self.s.recorder.add({"process": process, "type": outcome, "f": "txn", "value": mops})
+            self.s.recorder.add({"process": process, "type": outcome, "f": "txn", "value": mops, "start": started})
             self.s.budget.done(outcome)
             if replace:
                 _close_own(p)
@@ -365,8 +401,9 @@ class _GroupMember:
     def __init__(self, client: Client, group: str, extra: dict[str, Any] | None = None) -> None:
         self.client = client
         self.rebalanced: set[str] = set()
-        conf = {**_ck_common(client.s.bootstrap), "group.id": group, "isolation.level": "read_committed",
-                "enable.auto.commit": False, "auto.offset.reset": "earliest", "max.poll.interval.ms": 120000,
+        conf = {**_ck_common(client.s.bootstrap, client.base + "-consumer"), "group.id": group,
+                "isolation.level": "read_committed", "enable.auto.commit": False,
+                "auto.offset.reset": "earliest", "max.poll.interval.ms": 120000,
                 "fetch.wait.max.ms": 200, "request.timeout.ms": 10000, **(extra or {})}
         if client.s.group_protocol == "consumer":
             # KIP-848: the broker assigns and sets the heartbeat interval and session timeout
@@ -445,6 +482,7 @@ class CkTxnClient(Client):
 
     def one(self, m: _GroupMember, txn: CkTxn) -> None:
         process = self.process
+        started = self.s.recorder.now()
         reads, rebalanced = m.poll(self.rng.randint(1, 20), 0.2)
         sends = [(self.rng.randrange(self.s.partitions), self.value())
                  for _ in range(self.rng.randint(1, max(1, self.s.max_sends // 2)))]
@@ -462,7 +500,8 @@ class CkTxnClient(Client):
                 outcome = txn.commit()
         except KafkaException as e:
             txn.failed_before_commit(e)
-        op = {"process": process, "type": outcome, "f": "txn", "value": mops, "group": self.group}
+        op = {"process": process, "type": outcome, "f": "txn", "value": mops, "group": self.group,
+              "start": started}
         if rebalanced:
             op["rebalance"] = rebalanced
         self.s.recorder.add(op)
@@ -514,17 +553,32 @@ def start_txn_group(bootstrap: str, topic: str, partitions: int) -> None:
 
 # -- the final reads --------------------------------------------------------------------------------
 def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder, timeout: float,
-                log: Callable[[str], None], damaged: list | None = None) -> bool:
+                log: Callable[[str], None], damaged: list | None = None,
+                isolation: str = "read_committed") -> bool:
     """Read every partition from the beginning to its end with a fresh read_committed consumer;
     True when each partition was read to its high watermark (no transaction left open).
 
     ``damaged``: the batches a bit flip damaged (``chaos_storage.Damage``). The partition answers
     KAFKA_STORAGE_ERROR at such a batch and librdkafka retries there for ever; a reader whose
     position stays in one is moved past it (a seek, recorded as a ``reset`` of the key), as an
-    operator would move a group past records given up."""
+    operator would move a group past records given up.
+
+    ``isolation="read_uncommitted"``: the log as it is, aborted records included, recorded as one
+    ``log`` entry per poll (process ``final-log``), which the queue checks leave alone: after a
+    power cut under policy ``os`` it tells a committed value whose transaction the cut turned
+    into an aborted one (still in the log) from a gap (``queue_power_cuts``)."""
+    as_log = isolation == "read_uncommitted"
     c = Consumer({**_ck_common(bootstrap), "group.id": f"chaos-final-{time.time_ns()}",
-                  "isolation.level": "read_committed", "enable.auto.commit": False,
-                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
+                  "isolation.level": isolation, "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
+                  # every batch's CRC-32C checked by the client too (a power cut's torn tail
+                  # must be cut by recovery, never served: issue 34's "no bad CRC")
+                  "check.crcs": True})
+    # The end is the high watermark, asked by a read_uncommitted client: the reader's own
+    # watermark query answers with its isolation level, i.e. the LSO, and a transaction left
+    # hanging (the LSO pinned below the end for ever) looked like a complete read.
+    hw = Consumer({**_ck_common(bootstrap), "group.id": f"chaos-final-hw-{time.time_ns()}",
+                   "isolation.level": "read_uncommitted", "enable.auto.commit": False})
     tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
     c.assign(tps)
     deadline = time.monotonic() + timeout
@@ -537,8 +591,11 @@ def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder,
             for m in msgs:
                 if m.error() is None:
                     reads.setdefault(f"{topic}-{m.partition()}", []).append([m.offset(), m.value().decode()])
+                elif m.error().code() != KafkaError._PARTITION_EOF:
+                    log(f"final reads: {topic}-{m.partition()}: {m.error().name()} {m.error().str()}")
             if reads:
-                recorder.add({"process": "final", "type": "ok", "f": "poll", "value": [["poll", reads]]})
+                recorder.add({"process": "final-log" if as_log else "final", "type": "ok",
+                              "f": "log" if as_log else "poll", "value": [["poll", reads]]})
                 continue
             # Nothing came: at the end? The end is the high watermark (read_uncommitted): while
             # a transaction is open the LSO stays below it, and the reader has not read it all.
@@ -563,7 +620,7 @@ def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder,
                 continue
             for tp in positions:
                 try:
-                    _, high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=5, cached=False)
+                    _, high = hw.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=5, cached=False)
                 except KafkaException:
                     done = False
                     continue
@@ -572,8 +629,17 @@ def final_reads(bootstrap: str, topic: str, partitions: int, recorder: Recorder,
                     done = False
             if done:
                 return True
+        lso = {}
+        for p in range(partitions):
+            try:
+                lso[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1]
+            except KafkaException:
+                pass
         log(f"final reads incomplete after {timeout:.0f}s: positions "
-            f"{[(tp.partition, tp.offset) for tp in c.position(c.assignment())]}, ends {ends}")
+            f"{[(tp.partition, tp.offset) for tp in c.position(c.assignment())]}, high watermarks {ends}, "
+            f"LSOs {lso}" + (" (a transaction left hanging: the LSO stays below the end)"
+                             if any(lso.get(p, 0) < ends.get(p, 0) for p in ends) else ""))
         return False
     finally:
         c.close()
+        hw.close()

@@ -43,6 +43,7 @@ import errno
 import json
 import os
 import random
+import re
 import signal
 import socket
 import struct
@@ -340,6 +341,10 @@ class NemesisOptions:
     # The schedule starts once this holds (chaos.py: a first transaction committed), so that
     # the first fault, a power cut above all, has acknowledged data to lose.
     ready: Callable[[], bool] = lambda: True
+    # Jepsen's calm windows: (faulty, calm) seconds: after ``faulty`` seconds of faults every
+    # fault in force ends and none comes for ``calm`` seconds (the system must recover and serve
+    # in them); None: faults all the time.
+    calm: tuple[float, float] | None = None
 
 
 @dataclass
@@ -364,6 +369,7 @@ class Nemesis(threading.Thread):
         self._pending: list[tuple[float, str, Callable[[], None]]] = []   # (due, what, end)
         self.lock = threading.Lock()        # held while the appliance is down on purpose
         self.damaged: list[Damage] = []     # batches a bit flip damaged, for the checker
+        self.cuts: list[dict] = []          # power cuts: at, ready, the appliance start after it
         self.error: BaseException | None = None
 
     # -- the schedule -----------------------------------------------------------------------------
@@ -372,9 +378,14 @@ class Nemesis(threading.Thread):
             while not self.opts.ready():
                 if self._wait(0.1):
                     return
+            phase = time.monotonic()
             while not self.stop_event.is_set():
                 if self._wait(self.rng.uniform(*self.opts.interval)):
                     break
+                if self.opts.calm and time.monotonic() - phase >= self.opts.calm[0]:
+                    if self._calm_window():
+                        break
+                    phase = time.monotonic()
                 if not self._order:
                     self._order = list(self.opts.kinds)
                     self.rng.shuffle(self._order)
@@ -392,6 +403,17 @@ class Nemesis(threading.Thread):
                     self.cycles += 1
         except BaseException as e:          # reported by chaos.py, which then stops the run
             self.error = e
+
+    def _calm_window(self) -> bool:
+        """End every fault in force and inject none for the calm window; True when told to stop."""
+        self._end_due(everything=True)
+        for pid in list(self._paused):
+            self._resume(pid, _start_time(pid))
+        if self.disk is not None:
+            self.disk.free()
+        seconds = self.opts.calm[1]
+        self.record(FaultEvent(self.now(), "calm", detail=f"every fault healed; none for {seconds:g}s"))
+        return self._wait(seconds)
 
     def _wait(self, seconds: float) -> bool:
         """Wait, watching the appliance; True when the nemesis is told to stop."""
@@ -536,6 +558,25 @@ class Nemesis(threading.Thread):
             return
         self._kill_group_and_restart("power-cut", "the power cut", "unsynced writes dropped; restarted in {:.1f}s",
                                      between=self.disk.cut)
+        self.cuts.append({"at": self.events[-1].at, "ready": self.now(), "start": self.app.starts})
+
+    def history_entries(self, policy: str) -> list[dict]:
+        """What the checker must know of the storage faults: each damaged batch (``damage``) and
+        each power cut (``power-cut``: its time, the flush policy, and every partition's log end
+        after recovery, from the writers' "<key> ready: log start S, log end E" lines of the
+        appliance's start after the cut; ``queue_power_cuts``)."""
+        out = [{"process": "nemesis", "type": "ok", "f": "damage", "value": d.as_dict(), "time": d.at}
+               for d in self.damaged]
+        starts = _log_sections(self.app.log_path)
+        for c in self.cuts:
+            ends: dict[str, int] = {}
+            for line in starts.get(c["start"], ()):
+                m = _READY_LINE.search(line)
+                if m and m.group(1) not in ends:
+                    ends[m.group(1)] = int(m.group(2))
+            out.append({"process": "nemesis", "type": "ok", "f": "power-cut", "time": c["at"],
+                        "value": {"at": c["at"], "ready": c["ready"], "policy": policy, "ends": ends}})
+        return out
 
     def _kill_group_and_restart(self, kind: str, what: str, detail: str,
                                 between: Callable[[], None] | None = None) -> None:
@@ -612,6 +653,27 @@ class Nemesis(threading.Thread):
             if not ev.skipped and ev.kind in FAULT_KINDS:
                 out[ev.kind] = out.get(ev.kind, 0) + 1
         return out
+
+
+_READY_LINE = re.compile(r"\] appliance\.writer: (\S+) ready: log start \d+, log end (\d+)")
+_START_MARK = re.compile(r"^--- chaos: start (\d+) ---$")
+
+
+def _log_sections(path: str) -> dict[int, list[str]]:
+    """The appliance log's lines per start (``Appliance.start`` writes the marker)."""
+    out: dict[int, list[str]] = {}
+    n = 0
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = _START_MARK.match(line.rstrip("\n"))
+                if m:
+                    n = int(m.group(1))
+                    continue
+                out.setdefault(n, []).append(line)
+    except OSError:
+        pass
+    return out
 
 
 def _start_time(pid: int) -> str | None:

@@ -12,7 +12,10 @@ set-ups so that every fault kind comes up:
   everything, of a writer, of the fetcher, and the coordinator's SIGSTOP.
 
 Each run is ``--duration`` seconds of workload (``--transactions 0``), faults every
-``--fault-interval``. Prints, per run, the seed, the set-up, the load average before it, the
+``--fault-interval``. ``--jepsen`` is Jepsen's Bufstream settings scaled to this machine (issue 34
+part 4): 300 s runs, a fault every 10 s in 60 s of faults then a 30 s calm window (every fault
+healed), 10 % aborts, transactions of up to 4 sends, the Java clients in (``--java``: a subscribed
+and an assigned read_committed consumer beside the Python group's), 64 KiB segments. Prints, per run, the seed, the set-up, the load average before it, the
 transactions, the faults injected and every anomaly class that was not zero, and at the end a
 markdown table (one line per run) and the total per anomaly class. A run's output is kept in
 ``--out`` (``run-<n>.out``, and a failed run's appliance log beside it). Exit status 1 if any run
@@ -56,6 +59,7 @@ def parse(out: str) -> dict:
     m = re.search(r"clients hung in librdkafka's send_offsets_to_transaction .*: \[(.*)\]", out)
     got["hangs"] = len(m.group(1).split(",")) if m else 0
     got["pass"] = "PASS: zero anomalies" in out
+    got["cuts"] = re.findall(r"^  (power cuts \(.*)$", out, re.M)
     got["problems"] = re.findall(r"PROBLEM: (.*)", out)
     return got
 
@@ -69,9 +73,17 @@ def main() -> int:
     ap.add_argument("--segment-bytes", type=int, default=16384,
                     help="small, so that sealed segments (the bit flip's targets) come early")
     ap.add_argument("--setups", default="lazyfs,loop", help="comma list of: " + ", ".join(SETUPS))
+    ap.add_argument("--jepsen", action="store_true",
+                    help="300 s runs, faults every 10 s with 30 s calm windows after 60 s of faults, 10 %% aborts, "
+                         "up to 4 sends a transaction, --java (overrides --duration and --fault-interval)")
+    ap.add_argument("--flush-policy", default="batch", help="the lazyfs set-up's [log.flush] policy")
     ap.add_argument("--out", default="chaos-runs")
     ap.add_argument("extra", nargs="*", help="more chaos.py arguments (after --)")
     args = ap.parse_args()
+    jepsen: list[str] = []
+    if args.jepsen:
+        args.duration, args.fault_interval, args.segment_bytes = 300, "10,10", 65536
+        jepsen = ["--calm", "60,30", "--abort-probability", "0.1", "--max-sends", "4", "--java"]
     os.makedirs(args.out, exist_ok=True)
     setups = args.setups.split(",")
     rows = []
@@ -81,7 +93,8 @@ def main() -> int:
         load = os.getloadavg()
         cmd = [sys.executable, os.path.join(HERE, "chaos.py"), "--seed", str(seed), "--transactions", "0",
                "--duration", str(args.duration), "--fault-interval", args.fault_interval,
-               "--segment-bytes", str(args.segment_bytes), *SETUPS[setup], "--work-dir", args.out,
+               "--segment-bytes", str(args.segment_bytes), *SETUPS[setup], *jepsen,
+               *(["--flush-policy", args.flush_policy] if setup == "lazyfs" else []), "--work-dir", args.out,
                "--history", os.path.join(args.out, f"run-{n}.history.jsonl"), *args.extra]
         t = time.monotonic()
         r = subprocess.run(cmd, capture_output=True, text=True,
@@ -98,6 +111,7 @@ def main() -> int:
         print(f"run {n} seed {seed} {setup} load {load[0]:.1f}: rc {r.returncode} in {wall:.0f}s, "
               f"txns {got['txns']}, faults: {got['faults']}; damaged batches {got['damaged']}; "
               f"anomalies {bad or 0}; librdkafka#5456 hangs {got['hangs']}"
+              + (f"; {'; '.join(got['cuts'])}" if got["cuts"] else "")
               + (f"; problems {got['problems']}" if got["problems"] else ""),
               flush=True)
     print("\n| run | seed | set-up | load (1 min) | txns (ok/aborted/unknown) | faults | damaged batches | "

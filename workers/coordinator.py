@@ -187,6 +187,12 @@ class Coordinator(Worker):
         self.page.publish(coordinator_epoch=epoch)
         txn_log = TransactionStateManager(self.dir, self.cfg.log.flush.policy, _now_ms())
         opened.append(txn_log)
+        # The supervisor holds a starting coordinator to its heartbeat: each log's replay beats
+        # it as it goes (CompactedLog.progress), so that a load longer than heartbeat_timeout_ms
+        # (big logs on a slow machine) is not taken for a hang and crash-looped until the
+        # supervisor stops the appliance.
+        beat = lambda: self.hb.beat(self.ctx.heartbeat_slot)  # noqa: E731
+        txn_log.progress = beat
         self.tc = TransactionCoordinator(txn_log, ProducerIdManager(self.dir), self.cfg.transactions,
                                          epoch, _now_ms)
         self.tc.load()
@@ -197,11 +203,13 @@ class Coordinator(Worker):
                                group_configs=self._group_configs,
                                describe_topic=self._describe_topic())
         opened.append(self.gs)
+        self.gs.store.progress = beat
         self.gs.load()
         self.hb.beat(self.ctx.heartbeat_slot)
         store = ShareStateStore(os.path.join(self.dir, SHARE_LOG_DIR), self.cfg.log.flush.policy,
                                 _now_ms())
         opened.append(store)
+        store.progress = beat
         self.share = ShareService(store, share_config(self.cfg.groups), _now_ms, self._topics,
                                   self._marks,
                                   other_group=lambda g: self.gs.groups.group_state(g) is not None,

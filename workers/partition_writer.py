@@ -56,6 +56,7 @@ from appliance import testhooks
 from appliance.log.cleaner import messages as cm
 from appliance.log.flusher import Flusher
 from appliance.log.group_commit import GroupCommit, policy_of
+from appliance.log.hanging import HangingWatch
 from appliance.log.markers import MarkerWriter
 from appliance.log.partition import Partition, load_producer_state
 from appliance.log.partition_log import LogSettings, PartitionLog
@@ -150,6 +151,9 @@ class PartitionWriter:
         self.parked = self.verifier.parked
         self.flusher = self.commit.flusher = Flusher(None, self.log.log_end_offset,
                                                      self.proc.flush_thread)
+        tx = self.proc.cfg.transactions
+        self.hanging = HangingWatch(self.psm, time.monotonic(), 2 * tx.max_timeout_ms / 1000,
+                                    enabled=not tx.two_phase_commit_enable)
         self.publish(status=READY)
         log.info("%s-%d ready: log start %d, log end %d, LSO %d, %d producers (replayed from %d), "
                  "generation %d", self.topic, self.index, self.log.log_start_offset,
@@ -385,9 +389,21 @@ class PartitionWriter:
         return timeout
 
     def tick(self) -> None:
-        """Retention and rolls (the process's tick, every ``log.retention_check_interval_ms``)."""
+        """Retention and rolls (the process's tick, every ``log.retention_check_interval_ms``),
+        and the hanging transactions found at the open (``appliance.log.hanging``)."""
         if self.partition.tick(_now_ms()):
             self.publish()
+        for h in self.hanging.due(self.psm, time.monotonic()):
+            code, _ = self.markers.write(ipc.WriteMarkerRequest(
+                h.producer_id, h.producer_epoch, False, h.coordinator_epoch, self.topic_id, self.index),
+                _now_ms())
+            log.warning("%s-%d: transaction of producer %d (epoch %d) open since offset %d when the "
+                        "partition opened, untouched for %.0f s (twice transactions.max_timeout_ms): "
+                        "hanging (no coordinator knows it, as after a power cut under flush policy "
+                        "os); aborted: %s", self.topic, self.index, h.producer_id, h.producer_epoch,
+                        h.first_offset, h.open_s, code.name)
+            if code == ErrorCode.none:
+                self.commit.publish_due = True       # the LSO moved
 
     # -- group commit and the page ------------------------------------------------------------------
     def flush_and_reply(self, force: bool = False) -> None:

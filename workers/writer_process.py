@@ -309,8 +309,10 @@ class WriterProcess(Worker):
     def on_tick(self, now: float) -> None:
         for w in self._open_members():
             w.tick()
-            if w.log.has_retired:
-                self.busy.add(w)     # segments retention renamed .deleted: removed by the turns
+            if w.log.has_retired or w.commit.publish_due:
+                # segments retention renamed .deleted (removed by the turns), or a hanging
+                # transaction's abort marker to publish and make durable
+                self.busy.add(w)
         self._ring_fetchers()
 
     def check_config(self) -> None:

@@ -308,12 +308,21 @@ class CompactedLog:
             raise self.Damaged(path, offset, f"{self.WHAT}: {what}; recovery truncated the log "
                                              f"at offset {self._log.log_end_offset} instead")
 
+    # Called every PROGRESS_BATCHES batches of a replay (the coordinator beats its heartbeat
+    # there: a load longer than the supervisor's heartbeat timeout, a big log on a slow
+    # machine, would have every incarnation killed until the crash-loop rule stops the appliance).
+    progress: Callable[[], None] | None = None
+    PROGRESS_BATCHES: ClassVar[int] = 256
+
     def _replay(self, apply: Callable[[BatchHeader, memoryview], None]) -> None:
         """Hand every batch of the log to ``apply``, in log order; the store has cleared its
         state. Afterwards the store knows every live record, so compaction may run."""
         self._live_bytes = 0
-        for h, batch in self._batches():
+        progress, every = self.progress, self.PROGRESS_BATCHES
+        for n, (h, batch) in enumerate(self._batches(), 1):
             apply(h, batch)
+            if progress is not None and n % every == 0:
+                progress()
         self._loaded = True
 
     def _decode(self, h: BatchHeader, batch: memoryview) -> list[Record]:

@@ -274,3 +274,66 @@ def test_corrupt_read_of_a_damaged_batch():
     assert [c["reader"]["process"] for c in res.cases["corrupt-read"]] == ["c2", "c3"]
     # (c3 read a but not b over the transaction's span: G1b, as the changed value implies)
     assert counts(h) == {"corrupt-read": 2, "garbage-read": 1, "inconsistent-offsets": 1, "G1b": 1}
+
+
+# -- power cuts (loadtests/queue_power_cuts.py) ------------------------------------------------------
+def cut(at_s, ready_s, policy, **ends):
+    return {"process": "nemesis", "type": "ok", "f": "power-cut", "time": at_s,
+            "value": {"at": at_s, "ready": ready_s, "policy": policy, "ends": ends}}
+
+
+def _cut_history(policy):
+    # p0 commits a, b (offsets 0, 1) and then c (offset 2) before the cut at 10 s; the recovered
+    # log of x ends at 2 (c, never synced, is gone); after the restart p1 commits d, which the
+    # log gives offset 2 again. c0 read a, b, c before the cut; the final reader reads a, b, d.
+    return [at(txn("p0", "ok", send("x", 0, "a"), send("x", 1, "b"), start=0.5), 1.0),
+            at(txn("p0", "ok", send("x", 2, "c"), start=8.5), 9.0),
+            at(polled("c0", x=[(0, "a"), (1, "b"), (2, "c")]), 9.5),
+            cut(10.0, 13.0, policy, x=2),
+            at(txn("p1", "ok", send("x", 2, "d"), start=40.0), 40.5),
+            at(polled("c0", x=[(2, "d")]), 41.0),
+            at(polled("final", x=[(0, "a"), (1, "b"), (2, "d")]), 60.0)]
+
+
+def test_an_os_power_cut_may_take_what_was_not_synced():
+    """Policy ``os``: c, acknowledged then lost with the cut, is neither lost nor a second value
+    at offset 2, and c0's read of d after the cut is not a step back; the loss is measured."""
+    res = check(_cut_history("os"))
+    assert res.valid, {k: v for k, v in res.cases.items() if v}
+    assert any("power cuts (os) 1: acknowledged committed values lost 1" in line for line in res.power_cuts), \
+        res.power_cuts
+
+
+def test_the_same_loss_under_policy_batch_is_an_anomaly():
+    """``batch`` promises what was acknowledged: the same history is two values at one offset."""
+    res = check(_cut_history("batch"))
+    assert counts(_cut_history("batch")) == {"inconsistent-offsets": 1, "nonmonotonic-poll": 1}
+    assert any("power cuts (batch) 1: acknowledged committed values lost 1" in line for line in res.power_cuts)
+
+
+def test_an_os_power_cut_keeps_a_gap_below_the_recovered_end_an_anomaly():
+    """What survived must be a prefix: b missing below the recovered end (3) is still a loss."""
+    h = [at(txn("p0", "ok", send("x", 0, "a"), start=0.5), 1.0),
+         at(txn("p1", "ok", send("x", 1, "b"), start=20.5), 21.0),
+         at(txn("p0", "ok", send("x", 2, "c"), start=21.5), 22.0),
+         cut(10.0, 13.0, "os", x=1),
+         cut(30.0, 33.0, "os", x=3),
+         at(polled("final", x=[(0, "a"), (2, "c")]), 60.0)]
+    h.sort(key=lambda op: op["time"])
+    assert counts(h) == {"lost-write": 1, "unseen": 1, "poll-skip": 1}
+    # b in the log (the final read_uncommitted read) but never returned to a read_committed
+    # reader: its commit marker was lost with the cut and its transaction aborted; no gap.
+    h.append(at({"process": "final-log", "type": "ok", "f": "log",
+                 "value": [poll(x=[(0, "a"), (1, "b"), (2, "c")])]}, 61.0))
+    assert counts(h) == {}
+
+
+def test_a_value_consumed_again_across_an_os_power_cut_is_no_duplicate_consume():
+    h = [at(txn("p0", "ok", send("x", 0, "a"), start=0.5), 1.0),
+         at(txn("t0", "ok", poll(x=[(0, "a")]), send("y", 0, "e"), group="g", start=2.0), 2.5),
+         cut(10.0, 13.0, "os", x=1, y=1),
+         at(txn("t0", "ok", poll(x=[(0, "a")]), send("y", 1, "f"), group="g", start=20.0), 20.5),
+         at(polled("final", x=[(0, "a")], y=[(0, "e"), (1, "f")]), 60.0)]
+    assert counts(h) == {}
+    h[2]["value"]["policy"] = "batch"
+    assert counts(h) == {"duplicate-consume": 1, "nonmonotonic-poll": 1}

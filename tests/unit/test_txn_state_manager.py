@@ -254,3 +254,22 @@ def test_damaged_coordinator_epoch_file_is_refused(tmp_path):
     (tmp_path / "coordinator-epoch").write_text("x7\n")
     with pytest.raises(ValueError):
         bump_coordinator_epoch(str(tmp_path))
+
+
+def test_a_long_coordinator_load_beats_its_heartbeat_as_it_replays(tmp_path):
+    """The coordinator sets ``progress`` to its heartbeat beat before each log's load: a replay
+    longer than the supervisor's heartbeat timeout would have every incarnation killed mid-load
+    until the crash-loop rule stopped the appliance."""
+    sm = open_sm(tmp_path)
+    sm.load()
+    for i in range(600):
+        sm.append(md(f"id{i}", pid=i))       # one batch each
+    sm.close(clean=False)
+    sm = open_sm(tmp_path)
+    beats = []
+    sm.progress = lambda: beats.append(1)
+    try:
+        assert len(sm.load()) == 600
+    finally:
+        sm.close()
+    assert len(beats) == 600 // sm.PROGRESS_BATCHES
