@@ -41,7 +41,6 @@ import psutil  # noqa: E402
 from brokers import appliance_process, create_topic  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 
-from appliance.metrics import key  # noqa: E402
 from appliance.runtime import read_processes, run_dir_of  # noqa: E402
 from shm.metrics import MetricsTable  # noqa: E402
 

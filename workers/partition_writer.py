@@ -95,7 +95,6 @@ class PartitionWriter:
         self.gen = proc.generation
         self.log: PartitionLog | None = None
         self.page = StatePage.open(proc.topo.page_path(self.name), PARTITION_PAGE_FIELDS)
-        cfg = proc.cfg
         # The topic's configs over the broker defaults (Catalog.overrides), as the catalog has them.
         self.overrides: dict[str, str] = dict(overrides)
         # The topic's flush.messages / flush.ms, defaulting to [log.flush].

@@ -532,7 +532,6 @@ class ConsumerGroupProtocol:
     # -- ConsumerGroupDescribe --------------------------------------------------------------------
     def describe(self, group_ids: list[str]) -> list[DescribedConsumerGroup]:
         out = []
-        names = None
         for gid in group_ids:
             if not self.table.loaded:
                 out.append(DescribedConsumerGroup(E.coordinator_load_in_progress, gid))

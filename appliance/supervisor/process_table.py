@@ -13,7 +13,6 @@ import collections
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from shm.metrics import MetricsTable
 from shm.statepage import StatePage
 
 from appliance.catalog.model import Catalog, TopicInfo

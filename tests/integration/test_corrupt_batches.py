@@ -5,7 +5,6 @@ confluent-kafka consumer reads every good record around the refused ones."""
 
 from __future__ import annotations
 
-import os
 import struct
 
 import crc32c

@@ -10,7 +10,6 @@ import signal
 import threading
 import time
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 

@@ -6,11 +6,9 @@ broker keeps serving everyone else, also through a thousand failed logins in a r
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
 import struct
 import threading
-import time
 
 import confluent_kafka as ck
 import psutil

@@ -15,7 +15,6 @@ real appliance.
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
 import sys

@@ -1,6 +1,5 @@
 """The topic catalog: durable commit point, Kafka's partition.metadata, crash sweeping."""
 
-import os
 
 import pytest
 

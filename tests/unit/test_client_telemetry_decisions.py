@@ -3,7 +3,6 @@
 import gzip
 import uuid
 
-import msgspec
 import zstandard
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import (Gauge, Metric, MetricsData,

@@ -268,7 +268,6 @@ def test_map_overflow_cleans_up_to_where_the_map_stopped(tmp_path):
     q.roll()
     full = q.table()
     from appliance.log.cleaner.offset_map import OffsetMap
-    import appliance.log.cleaner.offset_map as om
     rounds = 0
     while True:
         segs, c = q.plan()

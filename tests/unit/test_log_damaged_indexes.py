@@ -156,7 +156,7 @@ def test_an_aborted_index_entry_that_names_no_abort_of_its_producer_is_rebuilt(t
     """A flipped producer id passes the sanity check (order and range) but would hand a
     read_committed consumer the aborted records as committed."""
     from appliance.log.files import txnindex_path
-    from appliance.log.txn_index import read_entries, sane
+    from appliance.log.txn_index import read_entries
     d = str(tmp_path / "p")
     lg, entries = aborts(d, 3)
     bases = lg.segment_bases()

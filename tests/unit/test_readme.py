@@ -4,7 +4,6 @@ import os
 import re
 
 from appliance.api import api_ranges, load_handlers
-from appliance.protocol.messages import api_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 

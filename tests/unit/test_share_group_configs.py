@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from appliance.errors import ErrorCode as E
 from appliance.group.messages import (ShareFetchPart, ShareFetchRequest,
                                       ShareGroupHeartbeatRequest)
 from appliance.group.share_group import ShareConfig, ShareService

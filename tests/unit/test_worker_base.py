@@ -13,7 +13,7 @@ import pytest
 from appliance import ipc
 from appliance.config import Config
 from appliance.errors import ErrorCode
-from appliance.runtime import (DRAINING, HEARTBEAT_FILE, READY, RECOVERING, STOPPED, SUPERVISOR,
+from appliance.runtime import (DRAINING, HEARTBEAT_FILE, RECOVERING, STOPPED, SUPERVISOR,
                                SUPERVISOR_PAGE_FIELDS, WORKER_BOOT_ERROR, WORKER_PAGE_FIELDS,
                                WorkerContext)
 from appliance.service import serves
