@@ -24,7 +24,7 @@ def handle(ctx, req):
     m = ctx.response_module()
     if not ctx.authorize_cluster(AclOperation.DESCRIBE_CONFIGS):
         return _error(m, ErrorCode.cluster_authorization_failed, "Cluster authorization failed.")
-    quotas, _ = ctx.broker.client_quotas.view.get()
+    quotas = ctx.broker.client_quotas.current()
     try:
         found = model.describe(quotas, [(c.entity_type, int(c.match_type), c.match)
                                         for c in req.components], bool(req.strict))

@@ -100,6 +100,11 @@ class QuotasView:
         self.quotas: Quotas = {}
         self._seen = -1
 
+    @property
+    def version(self) -> int:
+        """The published version of the table held (-1: none read yet)."""
+        return self._seen
+
     def get(self) -> tuple[Quotas, bool]:
         v = self._version_source()
         if v != self._seen:

@@ -179,6 +179,11 @@ def test_controller_mutation_rate_strict_and_permissive(shared_appliance):
     with _served(shared_appliance.bootstrap) as admin:
         r = alter(admin, 1, [([("client-id", "mut-capped")], [("controller_mutation_rate", 1)])])
         assert [e.error_code for e in r.entries] == [0]
+        # The frontend (one here) enforces what it describes: wait for it to hold the quota
+        # (regression: CreateTopics reached it before its next look at the table, in CI).
+        eventually(lambda: entries(describe(admin, 1, [("client-id", 0, "mut-capped")])).get(
+            (("client-id", "mut-capped"),)) == {"controller_mutation_rate": 1.0},
+            timeout=10, what="the frontend to hold the mutation quota")
 
     def create(raw, v, *names):
         return raw.request(19, v, {"topics": [{"name": n, "num_partitions": p, "replication_factor": 1,

@@ -206,3 +206,28 @@ def test_store_is_durable_and_published(tmp_path):
     version = [3]
     view = QuotasView(pub, lambda: version[0])
     assert view.get() == (s.quotas, True) and view.get() == (s.quotas, False)
+
+
+def test_regression_a_quota_described_before_the_frontends_tick_was_never_enforced(tmp_path):
+    # DescribeClientQuotas read the frontend's view first and took its "changed" flag: the
+    # accounting kept its old table (no quota) until the next change of the quotas.
+    import types
+
+    from workers.frontend.client_quotas import QuotaShell
+    pub = str(tmp_path / "client_quotas.msgpack")
+    version = [0]
+    worker = types.SimpleNamespace(
+        topo=types.SimpleNamespace(file_path=lambda name: str(tmp_path / name)),
+        ctx=types.SimpleNamespace(name="fe0", frontends=["fe0"]),
+        sup_page=types.SimpleNamespace(read=lambda: types.SimpleNamespace(quotas_version=version[0])))
+    shell = QuotaShell(worker, types.SimpleNamespace(window_num=2, window_size_seconds=1))
+    assert not shell.quotas.any
+    s = QuotaStore(str(tmp_path))
+    s.alter([([(C, "capped")], [("producer_byte_rate", 1024.0, False)])], validate_only=False)
+    publish(s.quotas, pub)
+    version[0] = 1
+    assert shell.current() == s.quotas           # what DescribeClientQuotas shows ...
+    assert shell.quotas.any                      # ... is what this frontend enforces
+    shell.view.get()                             # another reader first, then the tick
+    shell.refresh()
+    assert shell.quotas.any

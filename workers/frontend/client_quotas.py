@@ -35,15 +35,25 @@ class QuotaShell:
                                      lambda: worker.sup_page.read().quotas_version)
         self._seen: dict[str, int] = {}
         self._next = 0.0
+        self._configured = -1          # the view's version the accounting was configured from
         self.refresh()
 
     def settings(self, cfg) -> None:
         self.quotas.settings(cfg.window_num, cfg.window_size_seconds)
 
     def refresh(self) -> None:
-        table, changed = self.view.get()
-        if changed:
+        # By version, not by get()'s "changed": another reader of the view (DescribeClientQuotas)
+        # took that flag, and the accounting kept the old table until the next change
+        # (regression: a quota described before the frontend's tick was never enforced).
+        table, _ = self.view.get()
+        if self.view.version != self._configured:
+            self._configured = self.view.version
             self.quotas.configure(table)
+
+    def current(self):
+        """The quota table this frontend enforces, brought up to date first."""
+        self.refresh()
+        return self.view.quotas
 
     def tick(self, now: float) -> None:
         """Every frontend tick: follow the published quotas; every PUBLISH_S, publish this
