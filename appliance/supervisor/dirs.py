@@ -33,6 +33,12 @@ log = logging.getLogger("appliance.supervisor")
 # every LOCK_POLL_S.
 LOCK_WAIT_S = 60.0
 LOCK_POLL_S = 0.05
+# How long a lock held by no process we can see is retried before the start is refused. A dying
+# process drops its file table (its /proc/<pid>/fd empties) before the kernel releases its open
+# files, and so its flock (the last fput runs as task work later in exit), so an exiting holder
+# is briefly invisible while the lock is still held: three immediate retries fell inside that
+# window on a loaded machine (CI). Another user's appliance stays invisible and is refused after.
+UNSEEN_GRACE_S = 2.0
 
 
 def is_runtime_dir(path: str) -> bool:
@@ -174,7 +180,8 @@ class SupervisorDirs:
         path = os.path.join(self.data_dir, ".lock")
         deadline = time.monotonic() + self.lock_wait_s
         next_say = 0.0
-        waited = unseen = 0
+        waited = 0
+        unseen_since: float | None = None
         while True:
             try:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -189,16 +196,21 @@ class SupervisorDirs:
             holders = lock_holders(path)
             named = lock_file_pid(self._lock_fd)
             live = [p for p in holders if p.pid == named or is_supervisor(p)]
-            if live or not holders:
-                # A live appliance; or no holder this user can see (another user's process, or
-                # the holders exited between the flock and the look: two more tries first).
-                unseen += not holders
-                if holders or unseen > 2:
-                    who = describe_pid(live[0].pid) if live else lock_holder(self._lock_fd)
-                    raise DataDirUnusable(
-                        f"data dir {self.data_dir} is locked by another appliance process{who}")
-                continue
             now = time.monotonic()
+            if live:
+                raise DataDirUnusable(f"data dir {self.data_dir} is locked by another appliance "
+                                      f"process{describe_pid(live[0].pid)}")
+            if not holders:
+                # No holder this user can see: another user's process, or the last holders in
+                # the middle of their exit (UNSEEN_GRACE_S).
+                if unseen_since is None:
+                    unseen_since = now
+                elif now - unseen_since >= UNSEEN_GRACE_S:
+                    raise DataDirUnusable(f"data dir {self.data_dir} is locked by another "
+                                          f"appliance process{lock_holder(self._lock_fd)}")
+                time.sleep(LOCK_POLL_S)
+                continue
+            unseen_since = None
             if now >= deadline:
                 raise DataDirUnusable(
                     f"data dir {self.data_dir} is locked by {len(holders)} process(es) of an "

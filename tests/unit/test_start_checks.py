@@ -164,6 +164,39 @@ def test_dying_workers_that_never_exit_are_waited_for_a_bounded_time(tmp_path, h
         d._take_lock()
 
 
+def test_regression_a_start_after_kill9_was_refused_while_the_last_worker_was_in_its_exit(
+        tmp_path, held, monkeypatch):
+    """Regression (CI): the last old worker, in its exit, had dropped its file table (no holder
+    seen in /proc) while the kernel still held its lock; three immediate retries fell in that
+    window and the start exited 3 ("locked by another appliance process")."""
+    fd = held(dead_pid())
+    monkeypatch.setattr(dirs, "lock_holders", lambda path: [])      # the holder, invisible
+    d = lock_dirs(str(tmp_path), wait_s=60)
+    tries = 0
+    real_flock = fcntl.flock
+
+    def flock(f, op):
+        nonlocal tries
+        tries += 1
+        if tries == 5:                     # the exit ends: the kernel releases the lock
+            real_flock(fd, fcntl.LOCK_UN)
+        return real_flock(f, op)
+    monkeypatch.setattr(dirs.fcntl, "flock", flock)
+    d._take_lock()
+    assert tries == 5
+    with pytest.raises(BlockingIOError):      # ours now
+        real_flock(os.open(tmp_path / ".lock", os.O_RDWR), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_a_lock_held_by_no_process_we_can_see_is_refused_after_a_grace(tmp_path, held, monkeypatch):
+    held(dead_pid())                       # another user's appliance, say: never seen
+    monkeypatch.setattr(dirs, "lock_holders", lambda path: [])
+    monkeypatch.setattr(dirs, "UNSEEN_GRACE_S", 0.2)
+    d = lock_dirs(str(tmp_path), wait_s=60)
+    with pytest.raises(DataDirUnusable, match="locked by another appliance process"):
+        d._take_lock()
+
+
 def test_lock_holders_sees_every_process_with_the_lock_file_open(tmp_path):
     path = tmp_path / ".lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
