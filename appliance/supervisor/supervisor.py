@@ -95,6 +95,13 @@ from .writers import WriterTable
 
 log = logging.getLogger("appliance.supervisor")
 
+# A worker that has not beaten yet is still starting (its interpreter importing its modules, a
+# coordinator opening its logs): its silence counts from its spawn, but it is given at least this
+# long, whatever heartbeat_timeout_ms is. A short timeout (the chaos suite's 5 s, so that a SIGSTOP
+# ends in a SIGKILL soon) otherwise killed every coordinator of a loaded box before its first beat,
+# at every restart, until the crash-loop rule stopped the appliance (issue 34, Jepsen-sized run 1).
+FIRST_BEAT_GRACE_NS = 30_000_000_000
+
 SUPERVISOR_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT)
 
 
@@ -686,7 +693,8 @@ class Supervisor:
 
     def silent_workers(self, timeout_ns: int):
         """(spec, ns since its last beat) of every running worker silent for longer than
-        ``timeout_ns`` (a recovering writer is not: recovery of a big log may take longer)."""
+        ``timeout_ns`` (a recovering writer is not: recovery of a big log may take longer; a
+        worker that has not beaten yet is given at least ``FIRST_BEAT_GRACE_NS`` from its spawn)."""
         now_ns = self.clock_ns()
         for spec in [s for s in list(self.by_pid.values()) if s.pid is not None]:
             last = self.hb.last(spec.heartbeat_slot)
@@ -694,9 +702,11 @@ class Supervisor:
                 st = spec.page.read()
                 if st.generation == spec.generation and st.status == RECOVERING:
                     continue
+            limit = timeout_ns
             if last == 0:
                 last = int(spec.started_at * 1e9)
-            if now_ns - last > timeout_ns:
+                limit = max(timeout_ns, FIRST_BEAT_GRACE_NS)
+            if now_ns - last > limit:
                 yield spec, now_ns - last
 
     def _murder_stale(self) -> None:

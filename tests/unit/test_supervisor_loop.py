@@ -382,12 +382,30 @@ def test_a_silent_writer_process_is_killed(sup):
     partitions_of(sup, "a", b"\x01", 2)
     sup.spawn_writers(sup.writers.processes)
     w0, w1 = sup.writers.processes
+    sup.hb.beat(w1.heartbeat_slot, sup.fake.clock_ns())
     sup.hb.beat(w0.heartbeat_slot, sup.fake.clock_ns() + int(HEARTBEAT_MS * 1e6))
     sup.fake.now += HEARTBEAT_MS / 1000 + 1              # the second one stopped beating
     assert [(s.name, age > 0) for s, age in sup.silent_workers(HEARTBEAT_MS * 1_000_000)] == \
         [("wp1", True)]
     sup._murder_stale()
     assert sup.fake.kills == [(101, signal.SIGKILL)]
+
+
+def test_regression_a_worker_slow_to_its_first_beat_was_killed_by_a_short_heartbeat_timeout(sup):
+    # Jepsen-sized chaos run 1 (issue 34): with a 5 s timeout on a loaded box every new
+    # coordinator was killed before its first beat, until the crash-loop rule stopped the
+    # appliance. A worker that has not beaten yet has FIRST_BEAT_GRACE_NS from its spawn.
+    from appliance.supervisor.supervisor import FIRST_BEAT_GRACE_NS
+    topics(sup, processes=1)
+    partitions_of(sup, "a", b"\x01", 1)
+    sup.spawn_writers(sup.writers.processes)
+    short_ns = 5_000_000_000
+    sup.fake.now += 6                                     # past the timeout, not yet beaten
+    assert list(sup.silent_workers(short_ns)) == []
+    sup._murder_stale()
+    assert sup.fake.kills == []
+    sup.fake.now += FIRST_BEAT_GRACE_NS / 1e9             # never beat: hung in its start
+    assert [s.name for s, _ in sup.silent_workers(short_ns)] == ["wp0"]
 
 
 def test_a_deleted_topic_leaves_its_processes_and_an_emptied_one_stops(sup):
