@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from typing import Callable
 
 from appliance.config import TransactionsConfig
+from appliance.durable import is_no_space
 from appliance.errors import ErrorCode
 from appliance.txn.metadata import TransactionMetadata
 from appliance.txn.producer_ids import ProducerIdManager
@@ -31,6 +33,10 @@ from appliance.txn.state_manager import TransactionStateManager, TxnLogWriteErro
 __all__ = ["TxnMetadataCache"]
 
 log = logging.getLogger("appliance.txn.coordinator")
+
+# A full coordinator dir fails every InitProducerId until space comes back: say so once in this
+# long, not once a request.
+NO_SPACE_LOG_INTERVAL_S = 10.0
 
 E = ErrorCode
 
@@ -66,6 +72,7 @@ class TxnMetadataCache:
         self.loaded = False
         self.fenced = False                      # a writer reported TRANSACTION_COORDINATOR_FENCED
         self.broken = False                      # a failed log write may have landed
+        self._no_space_said_at = float("-inf")
 
     def load(self) -> None:
         """Replay the transaction log into the cache."""
@@ -96,8 +103,22 @@ class TxnMetadataCache:
         return E.none
 
     def new_producer_id(self) -> int | None:
+        """The next producer id, or None when its block cannot be reserved (the caller answers a
+        retriable error). A full disk is an operating condition, not a fault of ours: a warning
+        without a traceback, at most once in ``NO_SPACE_LOG_INTERVAL_S``."""
         try:
             return self._pids.next_id()
+        except OSError as e:
+            if not is_no_space(e):
+                log.exception("producer id allocation failed")
+                return None
+            now = time.monotonic()
+            if now >= self._no_space_said_at + NO_SPACE_LOG_INTERVAL_S:
+                self._no_space_said_at = now
+                log.warning("producer id allocation failed: no room for the producer-id block "
+                            "in the coordinator dir (%s); InitProducerId answers "
+                            "COORDINATOR_NOT_AVAILABLE until there is", e.strerror)
+            return None
         except Exception:
             log.exception("producer id allocation failed")
             return None

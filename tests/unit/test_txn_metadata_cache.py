@@ -94,3 +94,31 @@ def test_batch_policy_fdatasyncs_before_the_reply(tmp_path, monkeypatch):
     env.tc.end_txn("t", env.tc.get("t").producer_id, 0, True)
     assert len(calls) == n + 1
     env.sm.close()
+
+
+def test_regression_a_full_disk_at_producer_id_allocation_logged_a_traceback_per_request(
+        tmp_path, monkeypatch, caplog):
+    """Chaos (disk-full on the loop device): each InitProducerId logged "producer id allocation
+    failed" with an OSError traceback. Now: a retriable answer, one warning, no traceback, and
+    ids again once there is room."""
+    import errno
+    import logging
+
+    from appliance.txn import producer_ids
+
+    sm = TransactionStateManager(str(tmp_path), "os", lambda: T0)
+    tc = TransactionCoordinator(sm, ProducerIdManager(str(tmp_path)), TransactionsConfig(), 1, lambda: T0)
+    tc.load()
+
+    def full(path, data, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(producer_ids, "atomic_write", full)
+    with caplog.at_level(logging.INFO, "appliance.txn.coordinator"):
+        for _ in range(3):
+            assert tc.init_producer_id(None, TIMEOUT).error == E.coordinator_not_available
+    said = [r for r in caplog.records if "producer id allocation failed" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and said[0].exc_info is None
+    monkeypatch.undo()
+    r = tc.init_producer_id(None, TIMEOUT)
+    assert r.error == E.none
+    sm.close()
