@@ -305,14 +305,15 @@ class CleanerWorker(Worker):
         self.mv[self.k_scrub_passes] = sc.passes
         self.next_scrub = now + read / self.scrub_rate
         for t, d in damage:
-            self.metrics.add(key("appliance_log_scrub_corrupt_batches",
-                                 [("topic", t.topic), ("partition", t.partition)]))
             what = ("the coordinator runs on what it loaded, but will refuse to start on it: "
                     "restore the file from a backup" if t.name == COORDINATOR
                     else "fetches from there answer KAFKA_STORAGE_ERROR")
             log.error("%s-%d: scrub: %s at position %d of %s (batch offset %d); %s "
                       "(`appliance dump-log --verify` lists every damaged batch)", t.topic,
                       t.partition, d.reason, d.position, d.path, d.offset, what)
+            # Counted after the line is written: whoever sees the count finds the line.
+            self.metrics.add(key("appliance_log_scrub_corrupt_batches",
+                                 [("topic", t.topic), ("partition", t.partition)]))
 
     def _scrub_targets(self) -> None:
         """Every partition of the writer processes this cleaner serves, compacted or not, and

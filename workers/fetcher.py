@@ -294,9 +294,8 @@ class Fetcher(Worker):
         return ipc.FetchResult(out), total, final
 
     def _corrupt(self, h: PartitionHandle, e: CorruptBatch) -> None:
-        """A read refused at a batch that fails its CRC: counted every time, logged once."""
-        self.metrics.add(key("appliance_log_fetch_corrupt_batches",
-                             [("topic", h.topic), ("partition", h.partition)]))
+        """A read refused at a batch that fails its CRC: counted every time, logged once (the
+        count after the line, so whoever sees the count finds the line)."""
         where = (e.path, e.position)
         if where not in self._corrupt_logged:
             if len(self._corrupt_logged) < 10000:
@@ -304,6 +303,8 @@ class Fetcher(Worker):
             log.error("%s-%d: %s; fetches from offset %d answer KAFKA_STORAGE_ERROR (the "
                       "records up to offset %d cannot be served; `appliance dump-log --verify` "
                       "lists every damaged batch)", h.topic, h.partition, e, e.offset, e.last_offset)
+        self.metrics.add(key("appliance_log_fetch_corrupt_batches",
+                             [("topic", h.topic), ("partition", h.partition)]))
 
     def _park(self, respond: Responder, req: ipc.FetchRequest, seqs: list[int],
               catalog_version: int) -> None:
