@@ -379,6 +379,10 @@ class GroupsConfig(_Section):
     share_heartbeat_interval_ms: Positive = 5000
     share_session_timeout_ms: Positive = 45000
     share_record_lock_duration_ms: Positive = 30000
+    # The bounds of a group's share.record.lock.duration.ms (group.share.min/max.record.lock.
+    # duration.ms, Kafka's 15 s and 60 s; Kafka's test clusters lower the minimum to 1 s).
+    share_min_record_lock_duration_ms: Positive = 15000
+    share_max_record_lock_duration_ms: Positive = 60000
     share_delivery_count_limit: Positive = 5
     share_auto_offset_reset: Literal["latest", "earliest"] = "latest"
     share_max_size: Positive = 200

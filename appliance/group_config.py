@@ -91,14 +91,22 @@ GROUP_CONFIGS: dict[str, GroupConfigDef] = {d.name: d for d in [
 ]}
 
 
-def alter_group_configs(current: dict[str, str], ops, incremental: bool, apply_ops) -> dict[str, str]:
+def alter_group_configs(current: dict[str, str], ops, incremental: bool, apply_ops,
+                        groups_cfg=None) -> dict[str, str]:
     """A group's new config set after ``ops`` (``topic_config._apply_ops`` semantics, passed in as
-    ``apply_ops``): INVALID_CONFIG for an unknown name or a bad value, as Kafka's GroupConfig."""
+    ``apply_ops``): INVALID_CONFIG for an unknown name or a bad value, as Kafka's GroupConfig.
+    With ``groups_cfg`` (``[groups]``), share.record.lock.duration.ms is held to its
+    ``share_min/max_record_lock_duration_ms`` instead of Kafka's default bounds."""
     new = apply_ops(current, ops, incremental, lambda n: n in GROUP_CONFIGS, lambda n: "",
                     lambda n: False,
                     lambda bad: KafkaError(ErrorCode.invalid_config, f"Unknown group config name: {bad[0]}"))
+    checks = {}
+    if groups_cfg is not None:
+        checks["share.record.lock.duration.ms"] = _int_in(
+            groups_cfg.share_min_record_lock_duration_ms,
+            groups_cfg.share_max_record_lock_duration_ms, "share.record.lock.duration.ms")
     for name, value in new.items():
-        err = GROUP_CONFIGS[name].check(value)
+        err = checks.get(name, GROUP_CONFIGS[name].check)(value)
         if err:
             raise KafkaError(ErrorCode.invalid_config,
                              f"Invalid value {value} for configuration {name}: {err}")

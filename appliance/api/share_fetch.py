@@ -6,9 +6,12 @@ coordinator (``appliance.group.share_group``) checks the share session, applies 
 acknowledgements, and acquires up to ``max_records`` offsets of the session's partitions under
 locks; then a fetcher (``workers/fetcher.py``) finds the records from the first acquired offset,
 as for Fetch, and they are sent with the acquired ranges (the client keeps only the records inside
-them). The batches past the last acquired offset are cut off. When nothing could be acquired the
-handler long-polls the fetcher on the partitions' next offsets for up to ``max_wait`` and asks the
-coordinator once more.
+them). The batches past the last acquired offset are cut off; offsets acquired past the last
+batch the read carried (its max_bytes) are given back as if never acquired. When nothing could
+be acquired and the coordinator says ``park`` (others hold the records, or the in-flight window is full) the
+handler asks it once more with ``wait_ms = max_wait``, and the coordinator holds that request
+until a lock is freed (Kafka's DelayedShareFetch); otherwise it long-polls the fetcher on the
+partitions' next offsets for up to ``max_wait`` and asks the coordinator once more.
 
 A group with ``share.isolation.level=read_committed`` (its GROUP config) acquires only below the
 last stable offset (the coordinator); the frontend reads as a read_committed fetch does and, as
@@ -43,6 +46,7 @@ from appliance.protocol.records import (CONTROL_ABORT, LEADER_EPOCH, InvalidReco
 FINAL_EPOCH = -1
 DEFAULT_MAX_RECORDS = 500
 BATCH_OPTIMIZED = 0                 # ShareAcquireMode (v2, KIP-1206): 1 is record_limit
+BOUNDS_AHEAD = 32                   # batch ends past a read told to the coordinator
 
 
 def _error(ctx, code: ErrorCode, message: str | None = None):
@@ -62,8 +66,9 @@ async def handle(ctx, req):
     forgotten = [(t.topic_id.bytes, p) for t in req.forgotten_topics_data
                  if t.topic_id is not None for p in t.partitions]
     max_records = req.max_records if req.max_records > 0 else DEFAULT_MAX_RECORDS
+    record_limit = getattr(req, "share_acquire_mode", BATCH_OPTIMIZED) != BATCH_OPTIMIZED
     ask = ShareFetchRequest(req.group_id, req.member_id, req.share_session_epoch, asks, forgotten,
-                            True, max_records)
+                            True, max_records, record_limit=record_limit)
     r = await broker.call_coordinator(ask)
     if r.error != ErrorCode.none:
         return _error(ctx, r.error, r.error_message)
@@ -77,13 +82,24 @@ async def handle(ctx, req):
         # poll on the writers' doorbells), then ask once more.
         polls = [ipc.FetchPart(p.topic_id, p.partition, p.next_offset, 1)
                  for p in r.parts if p.next_offset >= 0]
-        if polls:
+        again = None
+        if r.park:
+            # Records are there but others hold them (or the in-flight window is full): the
+            # fetcher's long poll would end at once. Wait in the coordinator for a lock to be
+            # freed instead (Kafka's DelayedShareFetch; the coordinator decides, and never
+            # parks a member that holds records: its next fetch carries their acks).
+            again = await broker.call_coordinator(ShareFetchRequest(
+                req.group_id, req.member_id, req.share_session_epoch, [], [], True, max_records,
+                again=True, wait_ms=max_wait_ms, record_limit=record_limit),
+                max_wait_ms / 1000 + timeout_s)
+        elif polls:
             await broker.call_fetcher(ipc.FetchRequest(max_wait_ms, 1, 1, 0, polls),
                                       ctx.connection.fetcher, max_wait_ms / 1000 + timeout_s,
                                       ErrorCode.not_leader_or_follower)
             again = await broker.call_coordinator(ShareFetchRequest(
                 req.group_id, req.member_id, req.share_session_epoch, [], [], True, max_records,
-                again=True))
+                again=True, record_limit=record_limit))
+        if again is not None:
             if again.error == ErrorCode.none:
                 for p in again.parts:
                     if p.acquired:
@@ -91,19 +107,36 @@ async def handle(ctx, req):
                         acquired[tp] = list(p.acquired)
                         results.setdefault(tp, p)
     committed = r.isolation_level == 1
-    records, ends, aborted = (await _read(ctx, acquired, req.max_bytes, timeout_s, committed)
-                              if acquired else ({}, {}, {}))
-    extend = [(tid, p, acquired[(tid, p)][-1][1] + 1, end) for (tid, p), end in ends.items()
-              if end > acquired[(tid, p)][-1][1]]
-    if extend and getattr(req, "share_acquire_mode", BATCH_OPTIMIZED) == BATCH_OPTIMIZED:
-        # The read ends with the whole log batch the acquisition ended inside: acquire the
-        # rest of it too, as Kafka's SharePartition acquires whole fetched batches
+    records, ends, aborted, bounds, sent, read_errors = (
+        await _read(ctx, acquired, req.max_bytes, timeout_s, committed)
+        if acquired else ({}, {}, {}, {}, {}, {}))
+    extend = [] if record_limit else [
+        (tid, p, acquired[(tid, p)][-1][1] + 1, end) for (tid, p), end in ends.items()
+        if end > acquired[(tid, p)][-1][1]]
+    # What was acquired past the last batch the read carried (max_bytes ended first, or the
+    # read failed: its error goes to the client, which backs off) goes back, as if never
+    # acquired: sent as acquired without its records, the client would acknowledge those
+    # offsets as gaps (archived: never delivered), or hold them until their lock expired
+    # (librdkafka 0171 fetch_max_bytes_small).
+    unacquire = []
+    for tp in list(acquired):
+        kept, back = _split_at(acquired[tp], sent.get(tp, -1))
+        unacquire += [(tp[0], tp[1], f, last) for f, last in back]
+        if kept:
+            acquired[tp] = kept
+        else:
+            del acquired[tp]
+    if extend or unacquire:
+        # extend: the read ends with the whole log batch the acquisition ended inside: acquire
+        # the rest of it too, as Kafka's SharePartition acquires whole fetched batches
         # (max_records is a soft limit in batch_optimized mode, KIP-1206): one more hop to
         # the coordinator, but a batch of a large producer is delivered in one fetch instead
         # of being sent again, whole, to every member that acquires a slice of it.
         more = await broker.call_coordinator(ShareFetchRequest(
             req.group_id, req.member_id, req.share_session_epoch, [], [], True, 0, again=True,
-            extend=extend))
+            extend=extend, unacquire=unacquire,
+            bounds=[(tid, p, lasts) for (tid, p), lasts in bounds.items() if lasts] if extend
+            else []))
         if more.error == ErrorCode.none:
             for p in more.parts:
                 tp = (bytes(p.topic_id), p.partition)
@@ -128,6 +161,8 @@ async def handle(ctx, req):
         p = results.get(tp)
         if err == ErrorCode.none and p is not None:
             err = p.error
+        if err == ErrorCode.none:
+            err = read_errors.get(tp, ErrorCode.none)
         ack_err = p.ack_error if p is not None else ErrorCode.none
         got = acquired.get(tp, [])
         named = any(bytes(a.topic_id) == tp[0] and a.partition == tp[1] for a in asks)
@@ -159,6 +194,21 @@ def _joined(ranges: list, more: list) -> list:
         else:
             out.append((f, last, n))
     return out
+
+
+def _split_at(ranges: list, last_sent: int) -> tuple[list, list[tuple[int, int]]]:
+    """The acquired (first, last, delivery count) ``ranges`` up to ``last_sent``, and the
+    (first, last) spans past it."""
+    kept, back = [], []
+    for f, last, n in ranges:
+        if last <= last_sent:
+            kept.append((f, last, n))
+        elif f > last_sent:
+            back.append((f, last))
+        else:
+            kept.append((f, last_sent, n))
+            back.append((last_sent + 1, last))
+    return kept, back
 
 
 def _within(spans: list, ranges: list) -> list[tuple[int, int]]:
@@ -221,12 +271,14 @@ def _aborted_spans(mv, aborted_txns, ranges) -> list[tuple[int, int]]:
 
 
 async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float,
-                committed: bool = False) -> tuple[dict, dict, dict]:
+                committed: bool = False) -> tuple[dict, dict, dict, dict, dict, dict]:
     """The records from each partition's first acquired offset through its last, read by a
     fetcher as Fetch reads them; the batches after the last acquired offset cut off. Also, per
     partition, the last offset of the batch holding the last acquired one when the read got
     that far; with ``committed`` (read_committed), the offsets of aborted transactions in what
-    was read."""
+    was read; the last offsets of the batches the read saw from that one on (up to
+    ``BOUNDS_AHEAD``); the last offset of the last batch sent (absent: nothing read); and the
+    error of a partition the fetcher could not read."""
     broker = ctx.broker
     order = list(acquired)
     asks = [ipc.FetchPart(tid, p, acquired[(tid, p)][0][0], max(max_bytes, 1)) for tid, p in order]
@@ -234,27 +286,38 @@ async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float,
                                                       asks),
                                      ctx.connection.fetcher, timeout_s,
                                      ErrorCode.not_leader_or_follower)
-    out, ends, aborted = {}, {}, {}
+    out, ends, aborted, bounds, sent, errs = {}, {}, {}, {}, {}, {}
     everything = [(0, 2**63 - 1, 0)]
     views = broker.segment_views
     catalog = broker.catalog
     for (tid, p), res in zip(order, resp.parts):
         info = catalog.by_id(tid)
         if res.error_code or info is None:
+            errs[(tid, p)] = ErrorCode(res.error_code) if res.error_code else \
+                ErrorCode.unknown_topic_id
             continue
         last = acquired[(tid, p)][-1][1]
         directory = partition_dir(broker.ctx.data_dir, info.name, p)
         chunks = []
         try:
+            seen = bounds.setdefault((tid, p), [])
             for s in res.slices:
                 mv = views.view(directory, s.segment_base, s.position, s.length, s.inode)
                 end, done = 0, False
                 for pos, h in iter_batch_headers(mv, 0, len(mv)):
+                    if done:
+                        # Past what is sent: where the next batches end, for the coordinator
+                        # to acquire by whole batches (ShareFetchRequest.bounds).
+                        seen.append(h.base_offset + h.last_offset_delta)
+                        if len(seen) >= BOUNDS_AHEAD:
+                            break
+                        continue
                     end = pos + h.batch_length + 12
+                    sent[(tid, p)] = h.base_offset + h.last_offset_delta
                     if h.base_offset + h.last_offset_delta >= last:
                         done = True
                         ends[(tid, p)] = h.base_offset + h.last_offset_delta
-                        break
+                        seen.append(ends[(tid, p)])
                 chunks.append(bytes(mv[:end]))
                 if committed and res.aborted:
                     spans = _aborted_spans(mv[:end], res.aborted, everything)
@@ -263,7 +326,8 @@ async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float,
                 if done:
                     break
         except KafkaError:
-            chunks = []          # retention or a cleaner swap took the segment: redelivered later
+            chunks = []          # retention or a cleaner swap took the segment: given back
             ends.pop((tid, p), None)
+            sent.pop((tid, p), None)
         out[(tid, p)] = b"".join(chunks)
-    return out, ends, aborted
+    return out, ends, aborted, bounds, sent, errs

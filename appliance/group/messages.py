@@ -437,6 +437,11 @@ class ShareFetchResult(Message):
     # The group's share.isolation.level: 1 (read_committed) has the frontend read as a
     # read_committed fetch and archive the aborted records it acquired (REJECT, again=True).
     isolation_level: int = 0
+    # Nothing was acquired, the member holds nothing on its session's partitions, and records
+    # are there that only a lock being freed makes acquirable (others hold them, or the
+    # in-flight window is full): the frontend waits in the coordinator (``wait_ms``), not in
+    # the fetcher's long poll, which records already there would end at once.
+    park: bool = False
 
 
 class ShareFetchRequest(Request):
@@ -456,6 +461,22 @@ class ShareFetchRequest(Request):
     # rest of the log batch the frontend read an acquisition ending inside (as ``again``: no
     # session epoch, no acknowledgements; Kafka's batch_optimized acquisition).
     extend: list[tuple[bytes, int, int, int]] = []
+    # (topic id, partition, first, last): offsets the member acquired but the read could not
+    # carry (the request's max_bytes ended before them): AVAILABLE again with their delivery
+    # count as before, as if never acquired (Kafka acquires only the batches it fetched). Sent
+    # as ``extend`` is.
+    unacquire: list[tuple[bytes, int, int, int]] = []
+    # (topic id, partition, last offsets of log batches): where the log batches the frontend's
+    # read saw end, sent with ``extend``, so that later acquisitions end where a batch ends
+    # (``SharePartition.learn_bounds``) instead of inside one.
+    bounds: list[tuple[bytes, int, list[int]]] = []
+    # ShareFetch v2's share_acquire_mode record_limit (KIP-1206): ``max_records`` is a hard
+    # limit, no acquisition is rounded up to a batch's end.
+    record_limit: bool = False
+    # With ``again``: when nothing can be acquired and the answer would say ``park``, the
+    # coordinator holds the request up to this long, until a lock of the group is freed
+    # (Kafka's DelayedShareFetch); 0 answers at once.
+    wait_ms: int = 0
 
     def error_reply(self, code: ErrorCode) -> ShareFetchResult:
         return ShareFetchResult(code)

@@ -38,7 +38,7 @@ from appliance.group.messages import (AlterShareOffsetsRequest, DeleteShareOffse
                                       DescribeShareOffsetsRequest, DescribeShareOffsetsResult,
                                       ListedGroup, ShareOffsetPartition, ShareOffsetsChangeResult,
                                       ShareOffsetsGroup, ShareOffsetsTopic)
-from appliance.group.share_partition import ACKNOWLEDGED, ARCHIVED, SharePartition
+from appliance.group.share_partition import SharePartition
 from appliance.group.share_store import ShareLogWriteError
 from appliance.service import serves
 
@@ -157,9 +157,7 @@ class ShareAdmin:
         for (gid, tid, p), sp in self.partitions.items():
             name = names.get(tid)
             if name is not None:
-                rows.append((gid, name, p, len(sp.inflight) - sum(
-                    1 for f in sp.inflight.values() if f.state in (ACKNOWLEDGED, ARCHIVED)),
-                    self._lag(tid, p, sp)[1]))
+                rows.append((gid, name, p, sp.in_flight(), self._lag(tid, p, sp)[1]))
         return by_state, rows
 
     # -- DescribeShareGroupOffsets (90) -----------------------------------------------------------
@@ -169,8 +167,7 @@ class ShareAdmin:
             return -1, -1
         hw, log_start = mk[0], mk[1]
         start = max(sp.start_offset, log_start)
-        done = sum(1 for o, f in sp.inflight.items()
-                   if o >= start and f.state in (ACKNOWLEDGED, ARCHIVED))
+        done = sp.done_from(start)
         return start, max(0, hw - start - done)
 
     @serves(DescribeShareOffsetsRequest)

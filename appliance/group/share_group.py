@@ -9,10 +9,11 @@ ShareSessionCache), and one ``appliance.group.share_partition.SharePartition`` p
 reads (ShareFetch, ShareAcknowledge). Where each lives and why: docs/architecture.md, "Share
 groups".
 
-Assignment: every member gets every partition of the topics it subscribes to (Kafka's
-``SimpleAssignor`` with fewer partitions than members; share partitions are read by many members
-at once, so there is no revocation step and a member's epoch simply follows the group epoch when
-its assignment changes). Membership is not persisted (Kafka writes it to ``__consumer_offsets``):
+Assignment: Kafka's ``simple`` assignor (``appliance.group.share_assignor``): balanced, a
+partition shared only when members outnumber partitions, sticky; computed for the whole group at each
+heartbeat and kept as the group's target, each member taking its part at its own heartbeat
+(share partitions are read by many members at once, so there is no revocation step and a
+member's epoch simply follows the group epoch when its assignment changes). Membership is not persisted (Kafka writes it to ``__consumer_offsets``):
 after a restart members get UNKNOWN_MEMBER_ID and join again, which every client does; the share
 partitions' state is what must survive, and does. The admin side (ListGroups, DeleteGroups, the
 share-group offsets APIs 90-92) is ``appliance.group.share_admin``.
@@ -24,6 +25,12 @@ otherwise; SHARE_SESSION_NOT_FOUND without a session) and may add partitions or 
 epoch -1 closes the session after its acknowledgements, releasing what the member still holds.
 A member that leaves or whose heartbeats stop for ``share_session_timeout_ms`` loses its session
 and its records the same way.
+
+Parked fetches (Kafka's DelayedShareFetch, ``serve_fetch``): a frontend's second try that would
+acquire nothing, for a member that holds nothing on its session's partitions while others hold
+the records there (or the window is full), waits here until a lock of its group is freed, the
+tick sees new records, or its ``wait_ms`` runs out; the registry's late answer (``Responder``)
+is kept meanwhile.
 """
 
 from __future__ import annotations
@@ -39,9 +46,10 @@ from appliance.group.messages import (DescribedShareGroup, DescribedShareMember,
                                       ShareGroupDescribeResult, ShareGroupHeartbeatRequest,
                                       ShareGroupHeartbeatResult, SharePartResult, TopicPartitions)
 from appliance.group.share_admin import ShareAdmin, SharePartitions
+from appliance.group.share_assignor import assign
 from appliance.group.share_partition import MAX_RECORD_LOCKS, SharePartition
 from appliance.group.share_store import ShareKey, ShareLogWriteError, ShareSnapshot, ShareStateStore
-from appliance.service import serves
+from appliance.service import Responder, serves
 
 log = logging.getLogger("appliance.group.share")
 E = ErrorCode
@@ -105,6 +113,17 @@ class ShareGroup:
     group_id: str
     epoch: int = 0
     members: dict[str, ShareMember] = field(default_factory=dict)
+    # The assignor's last answer: member -> its target partitions (share_assignor), and what
+    # it was computed from (members, their subscriptions, those topics' ids and partitions).
+    target: dict[str, list[tuple[bytes, int]]] = field(default_factory=dict)
+    target_for: tuple | None = None
+
+
+@dataclass(slots=True)
+class _Parked:
+    req: ShareFetchRequest
+    respond: Responder
+    deadline_ms: int
 
 
 @dataclass
@@ -139,6 +158,10 @@ class ShareService(ShareAdmin):
         self._due: int | None = None
         # Sessions of members that left the group: (group, member) -> when they close anyway.
         self._left: dict[tuple[str, str], int] = {}
+        # ShareFetches waiting for a lock to be freed (``serve_fetch``), in the order they
+        # came, and the groups where one was freed since they last tried.
+        self._parked: list[_Parked] = []
+        self._freed: set[str] = set()
 
     def gcfg(self, group_id: str) -> ShareConfig:
         """The share configs of one group: its GROUP config resource over ``cfg``."""
@@ -208,7 +231,7 @@ class ShareService(ShareAdmin):
             m.subscribed = sorted(set(req.subscribed_topic_names))
         m.rack_id = req.rack_id if req.rack_id is not None else m.rack_id
         m.client_id, m.client_host, m.last_seen_ms = req.client_id, req.client_host, now
-        target = self._target(m)
+        target = self._assign(g)[m.member_id]
         send = req.member_epoch == 0
         if target != m.assignment or m.epoch == 0:
             g.epoch += 1
@@ -224,14 +247,29 @@ class ShareService(ShareAdmin):
         return ShareGroupHeartbeatResult(E.none, None, m.member_id, m.epoch,
                                          self.gcfg(req.group_id).heartbeat_interval_ms, assignment)
 
-    def _target(self, m: ShareMember) -> list[tuple[bytes, int]]:
+    def _assign(self, g: ShareGroup) -> dict[str, list[tuple[bytes, int]]]:
+        """The group's target assignment (Kafka's SimpleAssignor over every member), kept as
+        ``g.target`` so that what one heartbeat deals out is what the others see held. Computed
+        again only when the members, their subscriptions or those topics change (Kafka: when the
+        group epoch moves); the assignor's answer is its own fixed point, so this is what
+        computing it at every heartbeat would give."""
         topics = self.topics()
-        out = []
-        for name in m.subscribed:
-            t = topics.get(name)
-            if t is not None:
-                out.extend((t[0], p) for p in range(t[1]))
-        return out
+        key = (tuple((mid, tuple(m.subscribed)) for mid, m in g.members.items()),
+               tuple((n, topics.get(n)) for n in sorted({n for m in g.members.values()
+                                                         for n in m.subscribed})))
+        if key == g.target_for:
+            return g.target
+        subs = {}
+        for mid, member in g.members.items():
+            parts = []
+            for name in member.subscribed:
+                t = topics.get(name)
+                if t is not None:
+                    parts.extend((t[0], p) for p in range(t[1]))
+            subs[mid] = parts
+        current = {mid: g.target.get(mid, member.assignment) for mid, member in g.members.items()}
+        g.target, g.target_for = assign(subs, current), key
+        return g.target
 
     def _remove_member(self, g: ShareGroup, member_id: str, leaving: bool = False) -> None:
         """A member out of the group. One that leaves (heartbeat epoch -1) keeps its share
@@ -242,6 +280,8 @@ class ShareService(ShareAdmin):
         broker's ShareSessionCache). A member whose heartbeats stopped loses its session and
         its records at once."""
         g.members.pop(member_id, None)
+        g.target.pop(member_id, None)
+        g.target_for = None
         g.epoch += 1
         key = (g.group_id, member_id)
         if leaving and key in self.sessions:
@@ -253,8 +293,8 @@ class ShareService(ShareAdmin):
     def _release(self, group: str, member: str) -> None:
         limit = self.gcfg(group).delivery_count_limit
         for (gid, _t, _p), sp in self.partitions.items():
-            if gid == group:
-                sp.release_member(member, limit)
+            if gid == group and sp.release_member(member, limit):
+                self._freed.add(group)
 
     @serves(ShareGroupDescribeRequest)
     def describe(self, req: ShareGroupDescribeRequest) -> ShareGroupDescribeResult:
@@ -290,6 +330,8 @@ class ShareService(ShareAdmin):
         their records available again. At most every ``TICK_MS`` (the coordinator calls this
         every turn; a walk over the in-flight records per request would cost the hot path):
         a lock expires up to that late, and an acquisition always expires the locks it meets."""
+        if self._parked:
+            self._parked_deadlines(now_ms)
         if now_ms < self._next_tick:
             return
         self._next_tick = now_ms + TICK_MS
@@ -310,14 +352,69 @@ class ShareService(ShareAdmin):
             limit = limits.get(gid)
             if limit is None:
                 limit = limits[gid] = self.gcfg(gid).delivery_count_limit
-            sp.expire(now_ms, limit)
+            if sp.expire(now_ms, limit):
+                self._freed.add(gid)
             d = sp.next_deadline_ms()
             if d is not None and (due is None or d < due):
                 due = d
         self._due = due
+        # Every tick all parked fetches try again: new records (a high watermark that moved)
+        # free nothing the coordinator is told of.
+        self._wake(everyone=True)
+
+    def _parked_deadlines(self, now_ms: int) -> None:
+        """Parked ShareFetches whose wait ran out: answered with nothing acquired."""
+        keep = []
+        for w in self._parked:
+            if w.deadline_ms <= now_ms:
+                w.respond(ShareFetchResult(E.none, None, [],
+                                           self.gcfg(w.req.group_id).record_lock_duration_ms))
+            else:
+                keep.append(w)
+        self._parked = keep
 
     # -- ShareFetch and ShareAcknowledge ----------------------------------------------------------
-    @serves(ShareFetchRequest)
+    @serves(ShareFetchRequest, late=True)
+    def serve_fetch(self, req: ShareFetchRequest, respond: Responder) -> None:
+        """ShareFetch and ShareAcknowledge from a frontend (``fetch``), with Kafka's
+        DelayedShareFetch: the frontend's second try (``again``) with ``wait_ms`` that would
+        acquire nothing and whose answer says ``park`` waits here until a lock of its group is
+        freed (``_wake``), new records come (``tick``) or ``wait_ms`` runs out. Acknowledgements
+        are never held: they come in first tries, answered at once."""
+        if req.acquire and not req.again:
+            # A new ShareFetch of a member ends what it had waiting (its client gave up on it):
+            # acquisitions must not go to an answer nobody reads.
+            self._unpark(req.group_id, req.member_id)
+        r = self.fetch(req)
+        if r.park and req.again and req.wait_ms > 0 and not req.extend:
+            self._parked.append(_Parked(req, respond, self.now() + req.wait_ms))
+        else:
+            respond(r)
+        if self._freed:
+            self._wake()
+
+    def _unpark(self, group: str, member: str) -> None:
+        for w in [w for w in self._parked if w.req.member_id == member and w.req.group_id == group]:
+            self._parked.remove(w)
+            w.respond(ShareFetchResult(E.none, None, [], self.gcfg(group).record_lock_duration_ms))
+
+    def _wake(self, everyone: bool = False) -> None:
+        """Parked ShareFetches of the groups where a lock was freed (or all of them) try again;
+        those that acquire are answered, in the order they parked."""
+        freed, self._freed = self._freed, set()
+        if not self._parked:
+            return
+        keep = []
+        for w in self._parked:
+            if everyone or w.req.group_id in freed:
+                r = self.fetch(w.req)
+                if not r.park or r.error != E.none:
+                    w.respond(r)
+                    continue
+            keep.append(w)
+        self._parked = keep
+        self._freed.clear()             # what these acquisitions changed frees nothing
+
     def fetch(self, req: ShareFetchRequest) -> ShareFetchResult:
         now = self.now()
         key = (req.group_id, req.member_id)
@@ -328,7 +425,7 @@ class ShareService(ShareAdmin):
         if req.again:
             if session is None:
                 return ShareFetchResult(E.share_session_not_found)
-            if req.extend:
+            if req.extend or req.unacquire:
                 return self._extend(req, now)
         elif req.acquire and epoch == INITIAL_EPOCH:
             if has_acks:
@@ -380,12 +477,15 @@ class ShareService(ShareAdmin):
                 r["ack_error"] = err
             else:
                 dirty[sk] = sp
+                self._freed.add(req.group_id)
         if close:
             self.sessions.pop(key, None)
             self._left.pop(key, None)
             self._release(req.group_id, req.member_id)
-        elif req.acquire:
-            left = req.max_records if req.max_records > 0 else 500
+        park = False
+        if not close and req.acquire:
+            wanted = left = req.max_records if req.max_records > 0 else 500
+            blocked = holds = False
             for tp in session.parts:
                 if left <= 0:
                     break
@@ -405,12 +505,22 @@ class ShareService(ShareAdmin):
                     sp = self.partitions[sk] = SharePartition(start, state_epoch=1)
                     dirty[sk] = sp
                 got = sp.acquire(req.member_id, left, end, log_start, now,
-                                 cfg.record_lock_duration_ms, limit, cfg.max_record_locks)
+                                 cfg.record_lock_duration_ms, limit, cfg.max_record_locks,
+                                 whole_batches=not req.record_limit)
                 r = results.setdefault(tp, {})
                 r["next_offset"] = sp.end_offset
                 if got:
                     r["acquired"] = got
                     left -= sum(last - first + 1 for first, last, _ in got)
+                elif sp.holds(req.member_id):
+                    holds = True
+                elif sp.waits_on_locks(end):
+                    blocked = True
+            # Kafka's DelayedShareFetch, with the rule librdkafka's fetching ahead needs: only a
+            # member that got nothing and holds nothing waits for a lock to be freed. A holder's
+            # next ShareFetch is what carries its acknowledgements (one ShareFetch in flight per
+            # broker), so parking it would park the window's release with it.
+            park = blocked and not holds and left == wanted
         if dirty:
             err = self._persist(dirty, now)
             if err != E.none:
@@ -424,14 +534,24 @@ class ShareService(ShareAdmin):
                  for tp, r in results.items()]
         return ShareFetchResult(E.none, None, parts, cfg.record_lock_duration_ms,
                                 [] if close or session is None else list(session.parts),
-                                1 if cfg.isolation_level == "read_committed" else 0)
+                                1 if cfg.isolation_level == "read_committed" else 0, park)
 
     def _extend(self, req: ShareFetchRequest, now: int) -> ShareFetchResult:
         """The rest of the log batches a ShareFetch's read ended inside (``req.extend``),
-        acquired for the member when AVAILABLE (``SharePartition.acquire_through``). Nothing is
-        written: acquisitions are not persisted."""
+        acquired for the member when AVAILABLE (``SharePartition.acquire_through``), and the
+        acquired offsets its read could not carry given back (``req.unacquire``,
+        ``SharePartition.unacquire``). Nothing is written: acquisitions are not persisted."""
         cfg = self.gcfg(req.group_id)
+        for tid, p, lasts in req.bounds:
+            sp = self.partitions.get((req.group_id, bytes(tid), p))
+            if sp is not None:
+                sp.learn_bounds(lasts)
         parts = []
+        for tid, p, first, last in req.unacquire:
+            sp = self.partitions.get((req.group_id, bytes(tid), p))
+            if sp is not None:
+                sp.unacquire(req.member_id, first, last)
+                self._freed.add(req.group_id)       # parked fetches may take them
         for tid, p, first, last in req.extend:
             tid = bytes(tid)
             sp = self.partitions.get((req.group_id, tid, p))
@@ -463,5 +583,10 @@ class ShareService(ShareAdmin):
 
     def next_deadline_ms(self) -> int | None:
         """The earliest lock deadline as the last tick saw it (later acquisitions are seen by
-        the next tick, which the coordinator runs at least every 200 ms anyway)."""
-        return None if self._due is None else max(self._due, self._next_tick)
+        the next tick, which the coordinator runs at least every 200 ms anyway); with parked
+        ShareFetches, the next tick (they look for new records then) or the first wait's end."""
+        due = None if self._due is None else max(self._due, self._next_tick)
+        if self._parked:
+            first = min(min(w.deadline_ms for w in self._parked), self._next_tick)
+            due = first if due is None else min(due, first)
+        return due

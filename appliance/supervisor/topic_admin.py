@@ -272,7 +272,8 @@ class TopicAdmin:
                     if not name:
                         raise KafkaError(ErrorCode.invalid_request, "Group name must not be empty.")
                     groups[name] = alter_group_configs(current.group_configs.get(name, {}), change.ops,
-                                                       req.incremental, apply_config_ops)
+                                                       req.incremental, apply_config_ops,
+                                                       self.table.cfg.groups)
                 else:
                     raise KafkaError(ErrorCode.invalid_request,
                                      f"Unknown resource type {change.resource_type}")

@@ -41,10 +41,11 @@ class ShareMember:
     """A programs/share_member.py subprocess; its ``R`` lines collected by a thread."""
 
     def __init__(self, mode: str, bootstrap: str, group: str, topic: str,
-                 max_poll_records: int | None = None) -> None:
+                 max_poll_records: int | None = None, **conf: str) -> None:
         args = [sys.executable, MEMBER, mode, bootstrap, group, topic]
-        if max_poll_records is not None:
-            args.append(str(max_poll_records))
+        if max_poll_records is not None or conf:
+            args.append(str(max_poll_records or 500))
+        args += [f"{k.replace('_', '.')}={v}" for k, v in conf.items()]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=None if os.environ.get("SHARE_MEMBER_STDERR") else subprocess.DEVNULL, text=True)
         self.records: list[tuple[int, int, int, str]] = []     # partition, offset, count, value
@@ -122,6 +123,33 @@ def test_share_members_split_one_partition_each_record_once(appliance_factory):
     finally:
         for m in members:
             m.kill()
+
+
+def test_regression_records_acquired_past_a_small_fetch_max_bytes_were_never_delivered(
+        appliance_factory):
+    """librdkafka 0171 fetch_max_bytes_small: ten 1,000-byte records, one batch each, and a
+    member with fetch.max.bytes 1500. Each ShareFetch acquired every record but carried one
+    batch; the other nine went out acquired without their records and were never delivered
+    (one of ten read in 60 s). Now every record comes, each once, at its first delivery."""
+    a = appliance_factory(**CONFIG)
+    b = a.bootstrap
+    topic, group = uid("share-small"), uid("sg")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": b, "linger.ms": 0, "batch.num.messages": 1})
+    sent = []
+    for i in range(10):
+        sent.append(f"s{i}")
+        p.produce(topic, value=f"s{i}".ljust(1000, ".").encode(), partition=0)
+        p.flush(30)                       # one batch a record
+    m = ShareMember("implicit", b, group, topic, fetch_max_bytes="1500")
+    try:
+        wait_until(lambda: len(m.values()) >= 10, 60, "all ten records delivered")
+        got = m.got()
+        assert sorted(v.rstrip(".") for v in m.values()) == sorted(sent), got
+        assert [n for _, _, n, _ in got] == [1] * 10, got       # none counted twice
+    finally:
+        m.kill()
 
 
 def test_share_release_redelivers_until_the_delivery_limit_and_reject_archives(appliance_factory):

@@ -33,3 +33,19 @@ def test_kafkas_refusals(name, value):
     with pytest.raises(KafkaError) as ei:
         alter({}, [(OP_SET, name, value)])
     assert ei.value.code == ErrorCode.invalid_config and name in ei.value.message
+
+
+def test_share_record_lock_duration_is_held_to_the_groups_section_bounds():
+    # group.share.min/max.record.lock.duration.ms: Kafka's 15 s..60 s by default; a broker (as
+    # librdkafka's test clusters with 1 s) may lower the minimum, and the group config follows.
+    import msgspec
+    import pytest
+
+    from appliance.config import GroupsConfig
+    from appliance.errors import KafkaError
+    from appliance.topic_config import apply_config_ops as ops_fn
+    op = [(OP_SET, "share.record.lock.duration.ms", "3000")]
+    with pytest.raises(KafkaError, match=r"must be in \[15000, 60000\]"):
+        alter_group_configs({}, op, True, ops_fn, GroupsConfig())
+    low = msgspec.convert({"share_min_record_lock_duration_ms": 1000}, GroupsConfig)
+    assert alter_group_configs({}, op, True, ops_fn, low) == {"share.record.lock.duration.ms": "3000"}

@@ -50,7 +50,7 @@ def test_expired_locks_redeliver_until_the_delivery_limit_then_archive() -> None
     for n in range(1, LIMIT + 1):
         assert sp.acquire("a", 1, 1, 0, n * LOCK * 2, LOCK, LIMIT) == [(0, 0, n)]
     assert sp.expire(100 * LOCK, LIMIT)
-    assert sp.start_offset == 1 and not sp.inflight
+    assert sp.start_offset == 1 and not sp.runs
 
 
 def test_release_of_a_member_and_log_start_moves() -> None:
@@ -67,7 +67,7 @@ def test_snapshot_writes_acquired_as_available_and_restores() -> None:
     sp.acknowledge("a", [(0, 0, [ACCEPT]), (2, 2, [ACCEPT]), (3, 3, [REJECT])], LIMIT)
     back = SharePartition.restore(sp.start_offset, 1, sp.snapshot())
     assert back.start_offset == 1 and back.end_offset == 6
-    assert {o: (f.state, f.delivery_count) for o, f in back.inflight.items()} == {
+    assert back.offsets() == {
         1: (AVAILABLE, 1), 2: (ACKNOWLEDGED, 1), 3: (ARCHIVED, 1), 4: (AVAILABLE, 1),
         5: (AVAILABLE, 1)}
     assert back.acquire("b", 10, 6, 0, 0, LOCK, LIMIT) == [(1, 1, 2), (4, 5, 2)]
@@ -93,13 +93,13 @@ def test_share_state_log_reopens_to_the_last_snapshot(tmp_path) -> None:
 
 
 class Env:
-    def __init__(self, tmp_path) -> None:
+    def __init__(self, tmp_path, sessions=None) -> None:
         self.now = 0
         self.hw = {(b"\x01" * 16, 0): 10}
         self.store = ShareStateStore(str(tmp_path), "os", 0)
         self.svc = ShareService(self.store, ShareConfig(record_lock_duration_ms=LOCK,
                                                         auto_offset_reset="earliest",
-                                                        max_share_sessions=2),
+                                                        max_share_sessions=2 if sessions is None else sessions),
                                 lambda: self.now, lambda: {"t": (b"\x01" * 16, 1)},
                                 lambda t, p: (self.hw[(t, p)], 0) if (t, p) in self.hw else None)
         self.svc.load()
@@ -168,7 +168,7 @@ def test_acquire_through_takes_the_rest_of_a_batch_that_is_available() -> None:
     assert sp.acquire_through("b", 20, 30, 40, 0, LOCK) == []        # past the window's end
     assert sp.acknowledge("a", [(0, 2, [ACCEPT]), (5, 7, [ACCEPT])], LIMIT) == E.none
     assert sp.acknowledge("b", [(3, 4, [ACCEPT])], LIMIT) == E.none
-    assert sp.start_offset == 8 and not sp.inflight
+    assert sp.start_offset == 8 and not sp.runs
 
 
 def test_regression_acknowledgements_sent_beside_the_leave_were_lost(tmp_path) -> None:
@@ -207,3 +207,101 @@ def test_share_partition_max_record_locks_holds_the_window() -> None:
     sp = SharePartition(0)
     assert sp.acquire("a", 500, 10**6, 0, 0, LOCK, LIMIT, cfg.max_record_locks) == [(0, 99, 1)]
     assert sp.acquire("b", 500, 10**6, 0, 0, LOCK, LIMIT, cfg.max_record_locks) == []
+
+
+def test_regression_records_acquired_past_the_fetch_max_bytes_were_never_delivered(tmp_path) -> None:
+    # librdkafka 0171 fetch_max_bytes_small: a ShareFetch acquired up to max_records, but its
+    # max_bytes carried one batch; the rest went out acquired without records (the client takes
+    # such offsets for gaps, or they stayed locked). Now the frontend gives them back: AVAILABLE,
+    # their delivery count as before, acquired again by the next fetch.
+    env = Env(tmp_path)
+    tid = b"\x01" * 16
+    assert env.fetch("m", 0).parts[0].acquired == [(0, 4, 1)]
+    r = env.svc.fetch(ShareFetchRequest("g", "m", 1, [], [], True, 0, again=True,
+                                        unacquire=[(tid, 0, 1, 4)]))
+    assert r.error == E.none
+    sp = env.svc.partitions[("g", tid, 0)]
+    offs = sp.offsets()
+    assert [(o, *offs[o]) for o in range(1, 5)] == [(o, AVAILABLE, 0) for o in range(1, 5)]
+    assert env.fetch("n", 0).parts[0].acquired == [(1, 5, 1)]      # never counted as delivered
+    # only the holder's ACQUIRED offsets are given back
+    sp.unacquire("m", 1, 5)
+    offs = sp.offsets()
+    assert all(offs[o][0] == 1 for o in range(1, 6))
+    env.svc.close()
+
+
+# -- parked ShareFetches (Kafka's DelayedShareFetch) ---------------------------------------------
+
+def _serve(env, member, epoch, acks=(), again=False, wait_ms=0, max_records=5):
+    """ShareService.serve_fetch as the coordinator's registry calls it: the answers it gives (now
+    or later) land in the returned list."""
+    out: list = []
+    part = ShareFetchPart(b"\x01" * 16, 0, [ShareAckBatch(f, l, [t]) for f, l, t in acks])
+    env.svc.serve_fetch(ShareFetchRequest("g", member, epoch, [] if again else [part], [], True,
+                                          max_records, again=again, wait_ms=wait_ms), out.append)
+    return out
+
+
+def test_a_member_that_finds_the_window_full_waits_for_the_holders_acknowledgement(tmp_path) -> None:
+    env = Env(tmp_path)
+    env.svc.cfg = ShareConfig(record_lock_duration_ms=LOCK, auto_offset_reset="earliest",
+                              max_share_sessions=4, max_record_locks=100)
+    env.hw[(b"\x01" * 16, 0)] = 1000
+    assert _serve(env, "a", 0, max_records=100)[0].parts[0].acquired == [(0, 99, 1)]
+    first = _serve(env, "b", 0)[0]          # the window is full of a's records
+    assert first.park and not first.parts[0].acquired
+    parked = _serve(env, "b", 1, again=True, wait_ms=500)
+    assert parked == [] and len(env.svc._parked) == 1
+    # a's acknowledgement frees locks: b's parked fetch acquires and is answered
+    r = _serve(env, "a", 1, acks=[(0, 9, ACCEPT)], max_records=1)[0]
+    assert r.parts[0].ack_error == E.none and r.parts[0].acquired == [(100, 100, 1)]
+    assert parked and parked[0].parts[0].acquired == [(101, 105, 1)]
+    assert env.svc._parked == []
+    env.svc.close()
+
+
+def test_regression_the_holder_of_the_window_was_parked_with_its_acknowledgements(tmp_path) -> None:
+    # librdkafka fetches ahead: the member whose records fill the window asks for more before it
+    # acknowledges them, and its acknowledgements ride on its next ShareFetch. Parked, that fetch
+    # held the window's release behind it (the trial that made 8 members slower).
+    env = Env(tmp_path)
+    env.svc.cfg = ShareConfig(record_lock_duration_ms=LOCK, auto_offset_reset="earliest",
+                              max_share_sessions=4, max_record_locks=100)
+    env.hw[(b"\x01" * 16, 0)] = 1000
+    assert _serve(env, "a", 0, max_records=100)[0].parts[0].acquired == [(0, 99, 1)]
+    again = _serve(env, "a", 1)[0]
+    assert not again.park and not again.parts[0].acquired
+    answered = _serve(env, "a", 2, again=True, wait_ms=500)                 # at once
+    assert len(answered) == 1 and not answered[0].parts[0].acquired
+    assert env.svc._parked == []
+    env.svc.close()
+
+
+def test_a_parked_fetch_is_answered_at_its_wait_by_new_records_or_by_the_members_next_fetch(tmp_path) -> None:
+    env = Env(tmp_path, sessions=4)
+    assert _serve(env, "a", 0, max_records=10)[0].parts[0].acquired == [(0, 9, 1)]
+    assert _serve(env, "b", 0)[0].park                      # a holds every record there is
+    parked = _serve(env, "b", 1, again=True, wait_ms=300)
+    env.now += 299
+    env.svc.tick(env.now)
+    assert parked == []
+    env.now += 1
+    env.svc.tick(env.now)                                   # the wait ran out: nothing
+    assert len(parked) == 1 and parked[0].parts == [] and env.svc._parked == []
+    # new records: found at the next tick
+    parked = _serve(env, "b", 1, again=True, wait_ms=10_000)
+    env.hw[(b"\x01" * 16, 0)] = 12
+    env.now += 200
+    env.svc.tick(env.now)
+    assert parked[0].parts[0].acquired == [(10, 11, 1)]
+    # a member's next ShareFetch ends the one it had parked (its client gave up on it)
+    assert _serve(env, "c", 0)[0].park
+    parked = _serve(env, "c", 1, again=True, wait_ms=10_000)
+    assert _serve(env, "c", 1)[0].park and parked[0].parts == [] and env.svc._parked == []
+    # the holder's lock expiry frees the records: the parked one gets them
+    parked = _serve(env, "c", 2, again=True, wait_ms=10_000)
+    env.now += LOCK
+    env.svc.tick(env.now)
+    assert parked[0].parts[0].acquired == [(0, 4, 2)]
+    env.svc.close()

@@ -1,7 +1,7 @@
 """A share-group member (KIP-932) in its own process, for tests/integration/test_share_groups.py:
 confluent-kafka's ShareConsumer on one topic.
 
-    share_member.py MODE BOOTSTRAP GROUP TOPIC [MAX_POLL_RECORDS]
+    share_member.py MODE BOOTSTRAP GROUP TOPIC [MAX_POLL_RECORDS [KEY=VALUE ...]]
 
 MODE: ``implicit`` (the default acknowledgement mode: a poll accepts what the last one returned);
 ``accept`` / ``release`` / ``reject``: explicit mode, each record acknowledged with that type and
@@ -23,6 +23,9 @@ def main() -> int:
     conf = {"bootstrap.servers": bootstrap, "group.id": group}
     if len(sys.argv) > 5:
         conf["max.poll.records"] = int(sys.argv[5])
+    for kv in sys.argv[6:]:                  # more client settings
+        k, _, v = kv.partition("=")
+        conf[k] = v
     if explicit:
         conf["share.acknowledgement.mode"] = "explicit"
     c = ShareConsumer(conf)
