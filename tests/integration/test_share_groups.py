@@ -279,3 +279,81 @@ def test_share_version_feature_and_find_coordinator_share_keys(appliance):
         r = c.request(10, 6, {"key_type": 2, "coordinator_keys": [good, "nope"]})
         assert [(k.key, k.error_code, k.node_id >= 0) for k in r.coordinators] == [
             (good, 0, True), ("nope", 42, False)], r
+
+
+def _assigned(member) -> set[int]:
+    return {p for tp in member.assignment.topic_partitions for p in tp.partitions}
+
+
+def test_two_share_members_on_four_partitions_get_two_each_from_the_simple_assignor(
+        appliance_factory):
+    """Kafka 4.1+'s ``simple`` share assignor through ShareGroupDescribe: two members of a
+    4-partition topic own two partitions each, together all four (not every partition each,
+    as before: librdkafka 0172 mixed_ack_mode_same_group), and each member is delivered only
+    its own partitions' records, every record once."""
+    from confluent_kafka import Producer
+    a = appliance_factory(**CONFIG)
+    b = a.bootstrap
+    topic, group = uid("share4"), uid("sg4")
+    driver("confluent").create_topics(b, {topic: (4, {})})
+    members = [ShareMember("implicit", b, group, topic, 10) for _ in range(2)]
+    try:
+        def split():
+            g = describe(b, group)
+            if g.error_code or len(g.members) != 2:
+                return None
+            owned = [_assigned(m) for m in g.members]
+            ok = (all(len(o) == 2 for o in owned) and owned[0] | owned[1] == {0, 1, 2, 3})
+            return (g, owned) if ok else None
+        wait_until(split, 60, "two members owning two partitions each")
+        g, owned = split()
+        assert (g.group_state, g.assignor_name) == ("Stable", "simple"), g
+        by_id = {m.member_id: o for m, o in zip(g.members, owned)}
+        p = Producer({"bootstrap.servers": b, "linger.ms": 5})
+        sent = []
+        for i in range(200):
+            v = f"r{i}"
+            p.produce(topic, value=v.encode(), partition=i % 4)
+            sent.append(v)
+        assert p.flush(30) == 0
+        wait_until(lambda: sorted(v for m in members for v in m.values()) == sorted(sent), 60,
+                   "every record delivered")
+        got = [v for m in members for v in m.values()]
+        assert len(got) == len(set(got)) == 200, "a record was delivered twice"
+        # Each member read from exactly one of the two described partition sets.
+        read = sorted(({part for part, _, _, _ in m.got()} for m in members), key=min)
+        assert read == sorted(by_id.values(), key=min), (read, by_id)
+    finally:
+        for m in members:
+            m.kill()
+
+
+def test_a_groups_lock_duration_is_held_to_the_brokers_bounds(appliance_factory):
+    """``share.record.lock.duration.ms`` on a GROUP resource (IncrementalAlterConfigs) must lie
+    within ``[groups] share_min/max_record_lock_duration_ms`` (Kafka's
+    group.share.min/max.record.lock.duration.ms): here lowered to 1 s, as librdkafka's test
+    clusters do, so the 3 s its tests set is taken, 999 ms and 60,001 ms are INVALID_CONFIG, and
+    DescribeConfigs shows what was taken."""
+    a = appliance_factory(groups={"share_min_record_lock_duration_ms": 1000,
+                                  "share_max_record_lock_duration_ms": 60000})
+    group = uid("sglock")
+
+    def alter(c, value):
+        r = c.request(44, 1, {"resources": [{"resource_type": 32, "resource_name": group,
+                                             "configs": [{"name": "share.record.lock.duration.ms",
+                                                          "config_operation": 0,
+                                                          "value": value}]}],
+                              "validate_only": False})
+        (x,) = r.responses
+        return x.error_code, x.error_message or ""
+
+    with RawClient(a.bootstrap) as c:
+        code, msg = alter(c, "999")
+        assert code == 40 and "share.record.lock.duration.ms" in msg, (code, msg)
+        assert alter(c, "60001")[0] == 40
+        assert alter(c, "3000") == (0, "")
+        r = c.request(32, 4, {"resources": [{"resource_type": 32, "resource_name": group,
+                                             "configuration_keys": ["share.record.lock.duration.ms"]}],
+                              "include_synonyms": False, "include_documentation": False})
+        (res,) = r.results
+        assert [(e.name, e.value) for e in res.configs] == [("share.record.lock.duration.ms", "3000")], res
