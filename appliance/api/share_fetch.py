@@ -13,6 +13,9 @@ handler asks it once more with ``wait_ms = max_wait``, and the coordinator holds
 until a lock is freed (Kafka's DelayedShareFetch); otherwise it long-polls the fetcher on the
 partitions' next offsets for up to ``max_wait`` and asks the coordinator once more.
 
+A ShareFetch of MaxBytes 0 acquires nothing and answers no records after max_wait (its read
+could carry nothing; Kafka answers it no records).
+
 A group with ``share.isolation.level=read_committed`` (its GROUP config) acquires only below the
 last stable offset (the coordinator); the frontend reads as a read_committed fetch does and, as
 Kafka's SharePartition, archives the records of aborted transactions it acquired (REJECTed at the
@@ -30,6 +33,7 @@ TOPIC_AUTHORIZATION_FAILED on its partitions.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 
 from appliance import ipc
@@ -67,8 +71,14 @@ async def handle(ctx, req):
                  if t.topic_id is not None for p in t.partitions]
     max_records = req.max_records if req.max_records > 0 else DEFAULT_MAX_RECORDS
     record_limit = getattr(req, "share_acquire_mode", BATCH_OPTIMIZED) != BATCH_OPTIMIZED
+    # MaxBytes 0 reads nothing, so nothing is acquired (Kafka acquires what its read carried):
+    # the acknowledgements and the session are applied, no records are answered, and the answer
+    # waits out max_wait as an empty fetch does, so that a client keeps to its pace (librdkafka
+    # 0180 fetch_max_bytes_zero: as against Kafka and the Java client, no records).
+    acquire = req.max_bytes > 0
     ask = ShareFetchRequest(req.group_id, req.member_id, req.share_session_epoch, asks, forgotten,
-                            True, max_records, record_limit=record_limit)
+                            True, max_records, record_limit=record_limit,
+                            acquire_none=not acquire)
     r = await broker.call_coordinator(ask)
     if r.error != ErrorCode.none:
         return _error(ctx, r.error, r.error_message)
@@ -76,7 +86,10 @@ async def handle(ctx, req):
     acquired = {tp: list(p.acquired) for tp, p in results.items() if p.acquired}
     max_wait_ms = int(req.max_wait.total_seconds() * 1000)
     timeout_s = broker.cfg.server.internal_request_timeout_ms / 1000
-    if (not acquired and req.share_session_epoch != FINAL_EPOCH and max_wait_ms > 0
+    if not acquire:
+        if req.share_session_epoch != FINAL_EPOCH and max_wait_ms > 0:
+            await asyncio.sleep(max_wait_ms / 1000)
+    elif (not acquired and req.share_session_epoch != FINAL_EPOCH and max_wait_ms > 0
             and r.session):
         # Nothing to hand out: wait for new records on a session partition (the fetcher's long
         # poll on the writers' doorbells), then ask once more.

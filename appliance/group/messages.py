@@ -473,6 +473,9 @@ class ShareFetchRequest(Request):
     # ShareFetch v2's share_acquire_mode record_limit (KIP-1206): ``max_records`` is a hard
     # limit, no acquisition is rounded up to a batch's end.
     record_limit: bool = False
+    # A ShareFetch of MaxBytes 0: its session and acknowledgements as any fetch's, nothing
+    # acquired (its read could carry nothing).
+    acquire_none: bool = False
     # With ``again``: when nothing can be acquired and the answer would say ``park``, the
     # coordinator holds the request up to this long, until a lock of the group is freed
     # (Kafka's DelayedShareFetch); 0 answers at once.

@@ -483,7 +483,7 @@ class ShareService(ShareAdmin):
             self._left.pop(key, None)
             self._release(req.group_id, req.member_id)
         park = False
-        if not close and req.acquire:
+        if not close and req.acquire and not req.acquire_none:
             wanted = left = req.max_records if req.max_records > 0 else 500
             blocked = holds = False
             for tp in session.parts:

@@ -357,3 +357,59 @@ def test_a_groups_lock_duration_is_held_to_the_brokers_bounds(appliance_factory)
                               "include_synonyms": False, "include_documentation": False})
         (res,) = r.results
         assert [(e.name, e.value) for e in res.configs] == [("share.record.lock.duration.ms", "3000")], res
+
+
+def test_a_share_fetch_of_max_bytes_zero_acquires_and_returns_nothing(appliance):
+    """librdkafka 0180 fetch_max_bytes_zero: a ShareFetch with MaxBytes 0 answers no records
+    (as against Kafka and the Java client) and acquires none: the next ShareFetch of the
+    session gets them all from the start offset, delivered for the first time."""
+    b = appliance.bootstrap
+    topic, group = uid("zero"), uid("sgzero")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    with RawClient(b) as c:
+        r = c.request(44, 1, {"resources": [{"resource_type": 32, "resource_name": group,
+                                             "configs": [{"name": "share.auto.offset.reset",
+                                                          "config_operation": 0,
+                                                          "value": "earliest"}]}],
+                              "validate_only": False})
+        assert [x.error_code for x in r.responses] == [0], r
+    produce(b, topic, 0, 5)
+    member = uuid.uuid4().hex[:22]
+    with RawClient(b) as c:
+        state = {"epoch": 0}
+
+        def assigned():
+            hb = c.request(76, 1, {"group_id": group, "member_id": member,
+                                   "member_epoch": state["epoch"],
+                                   "subscribed_topic_names": [topic] if state["epoch"] == 0 else None})
+            assert hb.error_code == 0, hb
+            state["epoch"] = hb.member_epoch
+            a = hb.assignment
+            return a is not None and any(list(tp.partitions) == [0] for tp in a.topic_partitions)
+        wait_until(assigned, 30, "the member assigned the partition")
+        md = c.request(3, 12, {"topics": [{"name": topic, "topic_id": None}],
+                               "allow_auto_topic_creation": False,
+                               "include_topic_authorized_operations": False})
+        tid = md.topics[0].topic_id
+
+        def fetch(epoch, max_bytes):
+            f = c.request(78, 1, {"group_id": group, "member_id": member,
+                                  "share_session_epoch": epoch, "max_wait": 100, "min_bytes": 1,
+                                  "max_bytes": max_bytes, "max_records": 10, "batch_size": 10,
+                                  "forgotten_topics_data": [],
+                                  "topics": [{"topic_id": tid, "partitions": [
+                                      {"partition_index": 0, "acknowledgement_batches": []}]}]})
+            assert f.error_code == 0, f
+            ((part,),) = [t.partitions for t in f.responses] or [(None,)]
+            return part
+        part = fetch(0, 0)
+        assert part is None or (part.error_code, list(part.acquired_records),
+                                bool(part.records)) == (0, [], False), part
+
+        def got():
+            p = fetch(got.epoch, 1 << 20)
+            got.epoch += 1
+            return p is not None and p.acquired_records and p
+        got.epoch = 1
+        part = wait_until(got, 30, "the records acquired by a fetch with room")
+        assert [(a.first_offset, a.delivery_count) for a in part.acquired_records][0] == (0, 1), part
