@@ -84,6 +84,7 @@ async def handle(ctx, req):
         return _error(ctx, r.error, r.error_message)
     results = {(bytes(p.topic_id), p.partition): p for p in r.parts}
     acquired = {tp: list(p.acquired) for tp, p in results.items() if p.acquired}
+    isolation = r.isolation_level
     max_wait_ms = int(req.max_wait.total_seconds() * 1000)
     timeout_s = broker.cfg.server.internal_request_timeout_ms / 1000
     if not acquire:
@@ -114,12 +115,17 @@ async def handle(ctx, req):
                 again=True, record_limit=record_limit))
         if again is not None:
             if again.error == ErrorCode.none:
+                # The isolation level of the answer that acquired: the group's config may have
+                # changed during the wait (regression: a fetch that began read_committed read the
+                # records a read_uncommitted acquisition got as read_committed, and archived those
+                # of aborted transactions: librdkafka 0177 dynamic_committed_to_uncommitted).
+                isolation = again.isolation_level
                 for p in again.parts:
                     if p.acquired:
                         tp = (bytes(p.topic_id), p.partition)
                         acquired[tp] = list(p.acquired)
                         results.setdefault(tp, p)
-    committed = r.isolation_level == 1
+    committed = isolation == 1
     records, ends, aborted, bounds, sent, read_errors = (
         await _read(ctx, acquired, req.max_bytes, timeout_s, committed)
         if acquired else ({}, {}, {}, {}, {}, {}))

@@ -171,3 +171,51 @@ def test_read_committed_share_group_never_delivers_aborted_records(shared_applia
     p.commit_transaction(30)
     out = java4_program("ShareConsumerExplicit", b, group, topic, "5", "60")
     assert (out["read"], out["values"]) == ("5", ",".join(committed)), out
+
+
+def test_a_share_group_switched_to_read_uncommitted_delivers_aborted_records(shared_appliance):
+    """librdkafka 0177 dynamic_committed_to_uncommitted: a share group read_committed at first
+    (aborted transactions' records archived, never delivered), then IncrementalAlterConfigs to
+    read_uncommitted: the records of the transactions produced after it are all delivered,
+    aborted ones included, as a read_uncommitted fetch returns them."""
+    from confluent_kafka import Producer
+    from test_share_groups import ShareMember
+    from test_groups import wait_until
+    b = shared_appliance.bootstrap
+    topic, group = uid("rcu"), uid("sgrcu")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+
+    def isolation(level):
+        with RawClient(b) as c:
+            r = c.request(44, 1, {"resources": [{"resource_type": 32, "resource_name": group,
+                                                 "configs": [
+                                                     {"name": "share.isolation.level",
+                                                      "config_operation": 0, "value": level},
+                                                     {"name": "share.auto.offset.reset",
+                                                      "config_operation": 0, "value": "earliest"}]}],
+                                  "validate_only": False})
+            assert [x.error_code for x in r.responses] == [0], r
+    isolation("read_committed")
+    p = Producer({"bootstrap.servers": b, "transactional.id": uid("tx")})
+    p.init_transactions(30)
+
+    def txn(value, commit):
+        p.begin_transaction()
+        p.produce(topic, value=value.encode(), partition=0)
+        assert p.flush(30) == 0
+        (p.commit_transaction if commit else p.abort_transaction)(30)
+    m = ShareMember("accept", b, group, topic, 10)
+    try:
+        txn("m1", True)                                  # offset 0, marker 1
+        txn("m2", False)                                 # 2, 3
+        txn("m3", True)                                  # 4, 5
+        wait_until(lambda: {"m1", "m3"} <= set(m.values()), 60, "the committed records")
+        assert "m2" not in m.values()
+        isolation("read_uncommitted")
+        for v, commit in (("m5", True), ("m6", False), ("m7", False), ("m8", True)):
+            txn(v, commit)
+        wait_until(lambda: {"m5", "m6", "m7", "m8"} <= set(m.values()), 60,
+                   "every record produced after the switch, aborted ones too")
+        assert "m2" not in m.values()
+    finally:
+        m.kill()
