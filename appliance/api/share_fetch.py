@@ -25,8 +25,9 @@ Acquisition is by whole log batches (Kafka's batch_optimized mode, the only one 
 the read ends with a batch the acquisition ended inside, the rest of that batch is acquired too
 (a second, short call to the coordinator), so ``max_records`` is a soft limit. v2 (KIP-1206,
 KIP-1222) adds ``share_acquire_mode`` (record_limit: ``max_records`` is a hard limit, nothing
-is added) and RENEW acknowledgements (``is_renew_ack``; not supported: INVALID_REQUEST on
-the partition). Authorization (Kafka's KafkaApis.handleShareFetchRequest): Read on the group, else
+is added) and RENEW acknowledgements (``is_renew_ack``, KIP-1222: the request only
+acknowledges, RENEW restarting the locks of records the member holds; fetch parameters or a
+partition without acknowledgements are INVALID_REQUEST). Authorization (Kafka's KafkaApis.handleShareFetchRequest): Read on the group, else
 GROUP_AUTHORIZATION_FAILED for the whole request; Read on each topic, else
 TOPIC_AUTHORIZATION_FAILED on its partitions.
 """
@@ -75,10 +76,17 @@ async def handle(ctx, req):
     # the acknowledgements and the session are applied, no records are answered, and the answer
     # waits out max_wait as an empty fetch does, so that a client keeps to its pace (librdkafka
     # 0180 fetch_max_bytes_zero: as against Kafka and the Java client, no records).
-    acquire = req.max_bytes > 0
+    renew = bool(getattr(req, "is_renew_ack", False))
+    if renew and (req.max_bytes or req.min_bytes or req.max_records or req.max_wait.total_seconds()
+                  or any(not p.acknowledgement_batches for t in req.topics for p in t.partitions)):
+        # KIP-1222: a renewing ShareFetch only acknowledges (its time is the renewed lock's):
+        # no fetch parameters, and acknowledgements for every partition it names.
+        return _error(ctx, ErrorCode.invalid_request,
+                      "A ShareFetch with renew acknowledgements must not fetch.")
+    acquire = req.max_bytes > 0 and not renew
     ask = ShareFetchRequest(req.group_id, req.member_id, req.share_session_epoch, asks, forgotten,
                             True, max_records, record_limit=record_limit,
-                            acquire_none=not acquire)
+                            acquire_none=not acquire, renew=renew)
     r = await broker.call_coordinator(ask)
     if r.error != ErrorCode.none:
         return _error(ctx, r.error, r.error_message)

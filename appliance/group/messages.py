@@ -476,6 +476,8 @@ class ShareFetchRequest(Request):
     # A ShareFetch of MaxBytes 0: its session and acknowledgements as any fetch's, nothing
     # acquired (its read could carry nothing).
     acquire_none: bool = False
+    # is_renew_ack (v2, KIP-1222): the acknowledgements may RENEW locks (nothing is acquired).
+    renew: bool = False
     # With ``again``: when nothing can be acquired and the answer would say ``park``, the
     # coordinator holds the request up to this long, until a lock of the group is freed
     # (Kafka's DelayedShareFetch); 0 answers at once.

@@ -472,7 +472,8 @@ class ShareService(ShareAdmin):
             sk = (req.group_id, tp[0], tp[1])
             sp = self.partitions.get(sk)
             err = E.invalid_record_state if sp is None else sp.acknowledge(
-                req.member_id, [(b.first_offset, b.last_offset, b.types) for b in p.acks], limit)
+                req.member_id, [(b.first_offset, b.last_offset, b.types) for b in p.acks], limit,
+                now + cfg.record_lock_duration_ms if req.renew else None)
             if err != E.none:
                 r["ack_error"] = err
             else:

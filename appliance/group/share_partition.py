@@ -20,7 +20,7 @@ acquiring, acknowledging, expiring and the snapshot cost per run, not per offset
 Rules (Kafka's SharePartition): an acquisition takes AVAILABLE offsets from the start, then new
 ones below the high watermark, up to ``max_records``, each one's delivery count incremented and
 locked for ``group.share.record.lock.duration.ms``. ACCEPT makes an ACQUIRED offset ACKNOWLEDGED,
-REJECT (and GAP) ARCHIVED, RELEASE AVAILABLE again; a released or expired offset that reached
+REJECT (and GAP) ARCHIVED, RELEASE AVAILABLE again, RENEW (KIP-1222) restarts its lock; a released or expired offset that reached
 ``group.share.delivery.count.limit`` deliveries is ARCHIVED instead. Only the member holding an
 offset may acknowledge it: anything else is INVALID_RECORD_STATE. The start offset moves past
 every leading ACKNOWLEDGED/ARCHIVED offset, and up to the log start offset when retention
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from appliance.errors import ErrorCode
 
 __all__ = ["AVAILABLE", "ACQUIRED", "ACKNOWLEDGED", "ARCHIVED", "GAP", "ACCEPT", "RELEASE",
-           "REJECT", "SharePartition", "StateBatch", "InFlightRun"]
+           "REJECT", "RENEW", "SharePartition", "StateBatch", "InFlightRun"]
 
 E = ErrorCode
 
@@ -44,6 +44,9 @@ AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED = 0, 1, 2, 4
 DONE = (ACKNOWLEDGED, ARCHIVED)
 # AcknowledgeType on the wire (KIP-932): 0 is the GAP of an offset the batch did not hold.
 GAP, ACCEPT, RELEASE, REJECT = 0, 1, 2, 3
+# KIP-1222 (ShareFetch / ShareAcknowledge v2 with is_renew_ack): the record stays ACQUIRED by its
+# member, its lock restarted for the group's record lock duration; its delivery count unchanged.
+RENEW = 4
 # Most offsets in flight per share partition by default (Kafka's
 # group.share.partition.max.record.locks, 2000; ``[groups] share_partition_max_record_locks``):
 # the window never grows past it (but for the rest of one log batch, ``acquire_through``), so
@@ -251,16 +254,19 @@ class SharePartition:
 
     # -- acknowledgement --------------------------------------------------------------------------
     def acknowledge(self, member: str, batches: list[tuple[int, int, list[int]]],
-                    limit: int) -> ErrorCode:
+                    limit: int, renew_until_ms: int | None = None) -> ErrorCode:
         """Apply (first, last, types) acknowledgement batches of ``member`` (one type for the
         whole range, or one per offset). All or nothing: INVALID_RECORD_STATE (nothing applied)
         when an offset is not ACQUIRED by this member, INVALID_REQUEST for a malformed batch
-        (or batches that overlap)."""
+        (or batches that overlap). RENEW is taken only from a request that says it renews
+        (``renew_until_ms``: the new lock deadline), else INVALID_REQUEST."""
+        allowed = (GAP, ACCEPT, RELEASE, REJECT) if renew_until_ms is None else (
+            GAP, ACCEPT, RELEASE, REJECT, RENEW)
         todo: list[tuple[int, int, int]] = []          # (first, last, type)
         for first, last, types in batches:
             if last < first or not types or (len(types) != 1 and len(types) != last - first + 1):
                 return E.invalid_request
-            if any(t not in (GAP, ACCEPT, RELEASE, REJECT) for t in types):
+            if any(t not in allowed for t in types):
                 return E.invalid_request
             if not self._held_by(member, first, last):
                 return E.invalid_record_state
@@ -279,6 +285,9 @@ class SharePartition:
         for first, last, t in todo:
             i, j = self._isolate(first, last)
             for r in self.runs[i:j]:
+                if t == RENEW:
+                    r.deadline_ms = renew_until_ms
+                    continue
                 self._held_less(r.member, r.last - r.first + 1)
                 if t == ACCEPT:
                     r.state = ACKNOWLEDGED

@@ -413,3 +413,29 @@ def test_a_share_fetch_of_max_bytes_zero_acquires_and_returns_nothing(appliance)
         got.epoch = 1
         part = wait_until(got, 30, "the records acquired by a fetch with room")
         assert [(a.first_offset, a.delivery_count) for a in part.acquired_records][0] == (0, 1), part
+
+
+def test_java_share_consumer_renews_its_locks_past_the_lock_duration(appliance_factory,
+                                                                     java4_program):
+    """KIP-1222 with kafka-clients 4.3.0: a KafkaShareConsumer holds three records for 8 s under
+    2 s locks, acknowledging them RENEW (ShareAcknowledge / ShareFetch v2 with is_renew_ack)
+    every 500 ms while it keeps polling: no lock lapses (a lapsed one would deliver the record
+    again, to it, with delivery count 2), every renewal is answered without error, and the
+    ACCEPT at the end is taken (after a lapse it would be INVALID_RECORD_STATE): the share
+    partition's start offset moves past the three."""
+    a = appliance_factory(groups={**CONFIG["groups"], "share_record_lock_duration_ms": 2000,
+                                  "share_min_record_lock_duration_ms": 1000})
+    b = a.bootstrap
+    topic, group = uid("renew"), uid("sgrenew")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    sent = produce(b, topic, 0, 3)
+    out = java4_program("ShareConsumerRenew", b, group, topic, "3", "8", "500")
+    assert out["held"] == ",".join(sorted(sent)), out
+    assert int(out["renewals"]) >= 8 and out["renew_errors"] == "0", out
+    assert out.get("again", "") == "" and out["accepted"] == "3", out
+    assert "accept_error" not in out, out
+    with RawClient(b) as c:
+        r = c.request(90, 1, {"groups": [{"group_id": group, "topics": [
+            {"topic_name": topic, "partitions": [0]}]}]})
+    ((p,),) = [t.partitions for t in r.groups[0].topics]
+    assert (p.error_code, p.start_offset) == (0, 3), r

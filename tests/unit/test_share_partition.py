@@ -104,10 +104,10 @@ class Env:
                                 lambda t, p: (self.hw[(t, p)], 0) if (t, p) in self.hw else None)
         self.svc.load()
 
-    def fetch(self, member, epoch, acks=(), parts=True, acquire=True):
+    def fetch(self, member, epoch, acks=(), parts=True, acquire=True, renew=False):
         part = ShareFetchPart(b"\x01" * 16, 0, [ShareAckBatch(f, l, [t]) for f, l, t in acks])
         return self.svc.fetch(ShareFetchRequest("g", member, epoch, [part] if parts else [], [],
-                                                acquire, 5))
+                                                acquire, 5, renew=renew))
 
 
 def test_heartbeat_assigns_every_partition_to_every_member(tmp_path) -> None:
@@ -304,4 +304,36 @@ def test_a_parked_fetch_is_answered_at_its_wait_by_new_records_or_by_the_members
     env.now += LOCK
     env.svc.tick(env.now)
     assert parked[0].parts[0].acquired == [(0, 4, 2)]
+    env.svc.close()
+
+
+def test_renew_restarts_the_lock_of_held_records_only_when_the_request_renews() -> None:
+    """KIP-1222: RENEW keeps the record ACQUIRED by its member with a new lock deadline and the
+    same delivery count; it is INVALID_REQUEST without the request's is_renew_ack, and a
+    record the member does not hold (its lock lapsed) is INVALID_RECORD_STATE."""
+    from appliance.group.share_partition import ACQUIRED, RENEW
+    sp = SharePartition(0)
+    assert sp.acquire("a", 5, 5, 0, 0, LOCK, LIMIT) == [(0, 4, 1)]
+    assert sp.acknowledge("a", [(0, 4, [RENEW])], LIMIT) == E.invalid_request
+    # at 900 ms: offsets 0-2 renewed until 1900, 3 accepted in the same batch, 4 left as it was
+    assert sp.acknowledge("a", [(0, 3, [RENEW, RENEW, RENEW, ACCEPT])], LIMIT, 900 + LOCK) == E.none
+    assert sp.counts() == {ACQUIRED: 4, ACKNOWLEDGED: 1}
+    assert sp.expire(LOCK, LIMIT)                     # 4's lock lapses at 1000, the others' not
+    assert sp.counts() == {ACQUIRED: 3, ACKNOWLEDGED: 1, AVAILABLE: 1}
+    assert sp.acknowledge("a", [(4, 4, [RENEW])], LIMIT, 1000 + LOCK) == E.invalid_record_state
+    assert sp.acknowledge("b", [(0, 0, [RENEW])], LIMIT, 1000 + LOCK) == E.invalid_record_state
+    assert not sp.expire(1899, LIMIT)
+    assert sp.acknowledge("a", [(0, 2, [ACCEPT])], LIMIT) == E.none
+    assert sp.start_offset == 4
+    assert sp.acquire("b", 10, 5, 0, 2000, LOCK, LIMIT) == [(4, 4, 2)]   # count kept by RENEW
+
+
+def test_share_acknowledge_renews_through_the_service_only_with_is_renew_ack(tmp_path) -> None:
+    env = Env(tmp_path)
+    r = env.fetch("m", 0)
+    assert r.parts[0].acquired == [(0, 4, 1)]
+    r = env.fetch("m", 1, acks=[(0, 4, 4)], acquire=False)
+    assert r.parts[0].ack_error == E.invalid_request
+    r = env.fetch("m", 2, acks=[(0, 4, 4)], acquire=False, renew=True)
+    assert r.parts[0].ack_error == E.none and r.lock_ms > 0
     env.svc.close()
