@@ -12,7 +12,8 @@ runs at once:
 * the workload (``chaos_clients.py``): transactional producers (confluent-kafka and the
   appliance's own client) committing or aborting at random, read_committed consumers in a
   group, and consume-transform-produce clients (KIP-447), every send, ack, outcome and poll
-  recorded in one history;
+  recorded in one history; with ``--share-consumers N`` also the share-queue workload
+  (``chaos_share.py``, KIP-932: share consumers killed -9 in turn, every value accepted once);
 * the nemesis (``chaos_nemesis.py``): kill -9 and SIGSTOP/SIGCONT of every role, kill -9 of the
   whole process group with a restart on the same data dir, disk-full episodes, power cuts (the
   data dir on lazyfs, ``--disk lazyfs``: every write not yet synced is dropped) and bit flips in
@@ -64,6 +65,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
+import chaos_share  # noqa: E402
 import queue_checker  # noqa: E402
 from chaos_nemesis import (FAULT_KINDS, ROLES, Appliance, Nemesis, NemesisOptions, SmallDisk,  # noqa: E402
                            become_subreaper)
@@ -167,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--java", action="store_true",
                     help="add Kafka's Java clients (chaos_java.py): transactional producers on kafka-clients "
                          "3.9.1 and 4.3.0, a subscribed and an assigned read_committed consumer")
+    ap.add_argument("--share-consumers", type=int, default=0,
+                    help="the share-queue workload beside it (chaos_share.py, KIP-932): this many share "
+                         "consumer processes on the topic chaos-share, killed -9 in turn (default 0: none)")
+    ap.add_argument("--share-producers", type=int, default=1, help="its idempotent producers")
+    ap.add_argument("--share-kill-interval", type=parse_range, default=(3.0, 8.0), metavar="MIN,MAX",
+                    help="seconds between kills of a share consumer (default 3,8)")
     ap.add_argument("--abort-probability", type=float, default=0.2)
     ap.add_argument("--max-sends", type=int, default=4, help="most values one transaction sends")
     ap.add_argument("--final-read-timeout", type=float, default=180.0)
@@ -284,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     disk = LazyDisk(workdir) if args.disk == "lazyfs" else \
         SmallDisk(workdir, args.disk, args.disk_mb) if args.disk != "none" else None
     app = None
+    share = None
     ok = False
     t0 = time.monotonic()
     try:
@@ -293,12 +302,20 @@ def main(argv: list[str] | None = None) -> int:
         data_dir = disk.make_data_dir() if lazy else os.path.join(disk.mnt if disk else workdir, "data")
         config = appliance_config(disk is not None and not lazy, args.partitions_per_writer,
                                   args.flush_policy if lazy else None, args.segment_bytes)
+        if args.share_consumers:
+            config["groups"].update(chaos_share.GROUP_SETTINGS)
         if lazy and args.flush_policy == "interval":
             config["log"]["flush"]["interval_ms"] = args.flush_interval_ms
         app = Appliance(workdir, data_dir, config)
         app.start()
         create_topic(app.bootstrap, args.partitions)
         start_txn_group(app.bootstrap, TOPIC, args.partitions)
+        if args.share_consumers:
+            share = chaos_share.ShareWorkload(app.bootstrap, args.partitions, args.share_producers,
+                                              args.share_consumers, random.Random(seed ^ 0x5ba4e),
+                                              time.monotonic(), args.share_kill_interval,
+                                              lambda s: print(f"chaos: {s}", flush=True))
+            share.create()
         print(f"chaos: appliance at {app.bootstrap}, data dir {data_dir} "
               f"({args.disk}{f' {args.disk_mb} MiB' if disk and not lazy else ''}"
               f"{f', flush policy {args.flush_policy}' if lazy else ''}), work dir {workdir}", flush=True)
@@ -327,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
             more_faults.append(nemesis)
         for c in clients:
             c.start()
+        if share is not None:
+            share.t0 = t0
+            share.start()
         if faults:
             nemesis.start()
         txn_clients = [c for c in clients if not isinstance(c, CkConsumer) and getattr(c, "mode", "") != "consumer"]
@@ -351,6 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         if nemesis.is_alive():
             nemesis.join(120)
         nemesis.heal()
+        share_res = None
+        if share is not None:
+            print("chaos: share workload: draining (no more kills)", flush=True)
+            share_complete = share.drain()
+            share_res = share.check()
+            share_res["complete"] = share_complete
         group_types = describe_group_types(app.bootstrap)    # while the members are in
         print(f"chaos: group protocol {args.group_protocol}; groups "
               f"{', '.join(f'{g} {t}' for g, t in sorted(group_types.items())) or 'none listed'}", flush=True)
@@ -393,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                 for op in recorder.ops:
                     f.write(json.dumps(op) + "\n")
         ok = report(args, seed, faults, nemesis, budget, shared, res, run_s, complete, stop_code,
-                    findings, stuck, errors, app)
+                    findings, stuck, errors, app, share_res)
         return 0 if ok else 1
     finally:
         if not ok and not args.keep:
@@ -403,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(OSError):
                 shutil.copyfile(os.path.join(workdir, "appliance.log"), kept)
                 print(f"chaos: appliance log kept at {kept}")
+        if share is not None:
+            share.kill_consumers()
         if app is not None and app.proc is not None:
             app.kill_all()                  # the group, also orphans of a dead supervisor
             shutil.rmtree(app.run_dir, ignore_errors=True)   # left by kill -9 (not appliance-<pid>)
@@ -415,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(args, seed, faults, nemesis, budget, shared, res, run_s, complete, stop_code, findings,
-           stuck, errors, app) -> bool:
+           stuck, errors, app, share_res=None) -> bool:
     print("\n== fault schedule ==")
     for ev in nemesis.events:
         print("  " + ev.line())
@@ -438,6 +466,19 @@ def report(args, seed, faults, nemesis, budget, shared, res, run_s, complete, st
         for case in cases[:3]:
             print(f"  e.g. {kind}: {json.dumps(case, default=str)[:600]}")
     problems = []
+    if share_res is not None:
+        print("\n== share-queue workload ==")
+        print("  " + ", ".join(f"{k} {v}" for k, v in share_res["stats"].items()))
+        print("  anomalies: " + ", ".join(f"{k} {len(v)}" for k, v in share_res["anomalies"].items()))
+        for kind, cases in share_res["anomalies"].items():
+            for case in cases[:3]:
+                print(f"  e.g. {kind}: {json.dumps(case, default=str)[:600]}")
+        if any(share_res["anomalies"].values()):
+            problems.append("share-queue anomalies found")
+        if not share_res["complete"]:
+            problems.append("the share consumers did not accept every acknowledged value")
+        if not share_res["stats"]["accepted"]:
+            problems.append("the share workload accepted nothing")
     if nemesis.error is not None:
         problems.append(f"the nemesis failed (the appliance could not be brought back?): {nemesis.error!r}")
     if not res.valid:

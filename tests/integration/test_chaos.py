@@ -6,7 +6,8 @@ nemesis kills (-9) and pauses (SIGSTOP/SIGCONT) every role, kills the whole proc
 restarts it on the same data dir, fills the data dir's file system (a small ext4 loop device:
 needs root, as CI runs; without it the test fails, it never skips) and flips a bit of a sealed
 segment; the same run with ``--group-protocol consumer`` (KIP-848 groups), kill -9 and SIGSTOP of
-every role only. A further run puts the data dir on lazyfs (FUSE, root) with the flush policy ``batch``
+every role only, with the share-queue workload beside it (KIP-932 share consumers killed -9 in
+turn: no acknowledged value lost, none accepted twice). A further run puts the data dir on lazyfs (FUSE, root) with the flush policy ``batch``
 and cuts the power (every unsynced write dropped) besides the bit flips. The checker must find
 zero of every anomaly class (a damaged batch's records are given up, and none may be read after
 the damage), the final read must reach every partition's end, the appliance must stop cleanly,
@@ -76,11 +77,20 @@ def test_queue_workload_under_every_fault_has_no_anomaly(tmp_path, group_protoco
     else:
         out = run_chaos(tmp_path, SEED, "--group-protocol", "consumer", "--transactions", "100",
                         "--fault-interval", "0.8,1.2", "--fault-cycles", "1", "--faults", ",".join(ROLE_FAULTS),
-                        "--pause", "0.3,3", "--disk", "none", "--segment-bytes", "16384")
+                        "--pause", "0.3,3", "--disk", "none", "--segment-bytes", "16384",
+                        "--share-consumers", "3", "--share-kill-interval", "2,4")
         expected = set(ROLE_FAULTS)
         least = 100
         # The groups really ran the new protocol (ListGroups v5's type, while the members were in).
         assert "groups chaos-consumers CONSUMER, chaos-txn CONSUMER" in out, out[-3000:]
+        # Issue 36: the share-queue workload beside it (share consumers killed -9 in turn, every
+        # role's faults): every acknowledged value accepted, none accepted twice.
+        m = re.search(r"== share-queue workload ==\n  (.*)\n  anomalies: (.*)", out)
+        assert m, out[-3000:]
+        stats = dict(kv.rsplit(" ", 1) for kv in m.group(1).split(", "))
+        assert int(stats["accepted"]) > 0 and int(stats["consumer kills"]) >= 1, stats
+        assert int(stats["accepted"]) == int(stats["acknowledged"]) - int(stats["accept-unknown"]), stats
+        assert all(kv.endswith(" 0") for kv in m.group(2).split(", ")), m.group(2)
     # Every fault kind asked for was injected (not skipped) at least once.
     counts = injected(out)
     assert set(counts) == expected and all(n >= 1 for n in counts.values()), counts
