@@ -681,6 +681,7 @@ class SegmentViews:
     def __init__(self, *, max_maps: int = 1024) -> None:
         self._maps: OrderedDict[tuple[str, int], tuple[memoryview, int]] = OrderedDict()
         self._max_maps = max(1, max_maps)
+        self._round: list[tuple[str, list[int]]] = []     # the sweep's directories still to look at
 
     def view(self, partition_dir: str, segment_base: int, position: int, length: int,
              inode: int = 0) -> memoryview:
@@ -742,11 +743,32 @@ class SegmentViews:
         for key in [k for k in self._maps if k[0].startswith(prefix)]:
             del self._maps[key]
 
-    def sweep(self) -> None:
+    def sweep(self, budget: int | None = None) -> bool:
         """Forget the maps of segments that no longer exist, in every cached directory: a map
-        keeps an unlinked file's disk space, so retention frees nothing until this runs."""
-        for d in {k[0] for k in self._maps}:
-            self.forget(d)
+        keeps an unlinked file's disk space, so retention frees nothing until this runs.
+
+        A round lists each directory that has maps once. With ``budget`` a call looks at most
+        that many directories, the round going on where the last call stopped (the directories
+        and their maps as the round began; later maps wait for the next round): a frontend with
+        the maps of 1,024 partitions did the whole round in one tick, every directory's listing
+        and a walk over every map for each, a stall of its event loop every 5 s that was its
+        produce latency's tail (issue 32 goal 5). True when the round is done."""
+        if not self._round:
+            by_dir: dict[str, list[int]] = {}
+            for d, base in self._maps:
+                by_dir.setdefault(d, []).append(base)
+            self._round = list(by_dir.items())
+        n = len(self._round) if budget is None else min(budget, len(self._round))
+        for _ in range(n):
+            d, bases = self._round.pop()
+            try:
+                keep = set(list_segment_bases(d))
+            except FileNotFoundError:
+                keep = set()
+            for base in bases:
+                if base not in keep:
+                    self._maps.pop((d, base), None)
+        return not self._round
 
     def close(self) -> None:
         self._maps.clear()

@@ -589,3 +589,31 @@ def test_a_batch_damaged_after_it_was_read_is_caught_once_the_checked_range_expi
     with pytest.raises(CorruptBatch):
         r.read(0, 1, high_watermark=hw, log_start_offset=0, min_one_batch=True)
     r.close()
+
+
+def test_regression_the_segment_map_sweep_looked_at_every_directory_in_one_tick(tmp_path) -> None:
+    """A frontend's sweep of deleted segments' maps (every 5 s) listed every cached directory and
+    walked every map for each in one event-loop tick: at 1,024 partitions a stall that was the
+    produce latency's tail (issue 32 goal 5). With a budget a call looks at that many
+    directories, the round going on at the next call; a deleted segment's map is gone by the
+    round's end, the others stay."""
+    from appliance.log.files import log_path
+    from appliance.log.reader import SegmentViews
+    views = SegmentViews()
+    dirs = []
+    for i in range(3):
+        d = str(tmp_path / f"t-{i}")
+        os.makedirs(d)
+        for base in (0, 100):
+            with open(log_path(d, base), "wb") as f:
+                f.write(b"x" * 64)
+            assert bytes(views.view(d, base, 0, 8)) == b"x" * 8
+        dirs.append(d)
+    os.unlink(log_path(dirs[0], 0))
+    os.unlink(log_path(dirs[2], 100))
+    assert views.sweep(budget=1) is False and views.sweep(budget=1) is False
+    # two of the three directories looked at: one deleted map gone, the other not yet
+    assert ((dirs[0], 0) in views._maps) != ((dirs[2], 100) in views._maps) and len(views._maps) == 5
+    assert views.sweep(budget=1) is True
+    assert sorted(views._maps) == sorted([(dirs[0], 100), (dirs[1], 0), (dirs[1], 100), (dirs[2], 0)])
+    assert views.sweep() is True and len(views._maps) == 4          # a new round, all at once
