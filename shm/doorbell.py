@@ -39,7 +39,7 @@ import os
 import select
 import socket
 
-__all__ = ["Doorbell", "BellSender", "MAX_PATH"]
+__all__ = ["Doorbell", "BellSender", "MAX_PATH", "MARK_STATE"]
 
 MAX_PATH = 107   # sizeof(sun_path) - 1 on Linux (104 - 1 on the BSDs; the kernel then refuses)
 
@@ -48,6 +48,20 @@ _ABSENT = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR})     # con
 # A send on a socket connected to a consumer that has died since (its socket closed with it).
 _GONE = frozenset({errno.ECONNREFUSED, errno.ENOTCONN, errno.ECONNRESET, errno.EPIPE})
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+# A ring's one byte: 0 wakes the consumer for its rings; MARK_STATE also says that a state page
+# it watches moved, so that a consumer may skip looking at its pages after a wake-up that says
+# nothing of them. Marks are OR-ed over the datagrams a drain reads (``Doorbell.marks``).
+MARK_STATE = 1
+_BYTES = [bytes((i,)) for i in range(256)]
+
+
+def _queue_limit() -> int:
+    """Datagrams a socket queues before a sender gets EAGAIN (Linux net.unix.max_dgram_qlen)."""
+    try:
+        with open("/proc/sys/net/unix/max_dgram_qlen") as f:
+            return max(1, int(f.read()))
+    except (OSError, ValueError):
+        return 10
 
 
 def _check_path(path: str) -> str:
@@ -60,7 +74,7 @@ def _check_path(path: str) -> str:
 class Doorbell:
     """Consumer side: a non-blocking datagram socket bound at ``path``."""
 
-    __slots__ = ("path", "_sock", "_ino", "_poll")
+    __slots__ = ("path", "_sock", "_ino", "_poll", "marks", "_qlen")
 
     def __init__(self, path: str) -> None:
         self.path = _check_path(path)
@@ -78,6 +92,8 @@ class Doorbell:
             sock.close()
             raise
         self._sock = sock
+        self.marks = 0           # OR of the marks of the datagrams drained since ``take_marks``
+        self._qlen = _queue_limit()
         self._poll = select.poll() if hasattr(select, "poll") else None
         if self._poll is not None:
             self._poll.register(sock.fileno(), select.POLLIN)
@@ -86,15 +102,29 @@ class Doorbell:
         return self._sock.fileno()
 
     def drain(self) -> int:
-        """Consume every pending datagram; return how many there were."""
+        """Consume every pending datagram; return how many there were. Their marks go to
+        ``marks``; a full queue (senders got EAGAIN, their marks dropped) counts as every mark."""
         n = 0
+        marks = self.marks
         recv = self._sock.recv
         while True:
             try:
-                recv(16)
+                data = recv(16)
             except (BlockingIOError, InterruptedError):
-                return n
+                break
+            if data:
+                marks |= data[0]
             n += 1
+        if n >= self._qlen:
+            marks = 0xFF
+        self.marks = marks
+        return n
+
+    def take_marks(self) -> int:
+        """The marks drained so far (pending datagrams drained first), cleared."""
+        self.drain()
+        marks, self.marks = self.marks, 0
+        return marks
 
     def wait(self, timeout: float | None) -> bool:
         """Sleep until rung or ``timeout`` seconds pass (None = forever). True if rung.
@@ -153,15 +183,17 @@ class BellSender:
         if path not in self._socks:
             self._connect(path)
 
-    def ring(self, path: str) -> bool:
-        """Send one wake-up to the doorbell at ``path``; never blocks. True if a datagram was
-        queued, False if it was not needed or not possible (see the module docstring)."""
+    def ring(self, path: str, mark: int = 0) -> bool:
+        """Send one wake-up to the doorbell at ``path``, carrying ``mark`` (``MARK_STATE``: a
+        watched state page moved); never blocks. True if a datagram was queued, False if it was
+        not needed or not possible (see the module docstring)."""
+        data = _BYTES[mark]
         for _ in range(2):
             sock = self._socks.get(path) or self._connect(path)
             if sock is None:
                 return False
             try:
-                sock.send(b"\0", _DONTWAIT)
+                sock.send(data, _DONTWAIT)
                 return True
             except OSError as e:
                 if e.errno in _PENDING:

@@ -102,16 +102,20 @@ class _Layout(NamedTuple):
     index: dict[str, int]          # field name -> position (shared by the pages: read only)
 
 
-# Layouts by (fields, flag_slots) for fields given as a tuple (every caller's constant): a process
-# opening 10,000 partitions' pages built the same layout 10,000 times (9 % of a fetcher's first
-# read of 10,000 partitions, issue 32).
+# Layouts by (fields, flag_slots): a process opening 10,000 partitions' pages built the same
+# layout 10,000 times (9 % of a fetcher's first read of 10,000 partitions, issue 32). Fields come
+# as lists (the runtime's constants), which cannot be keys: the key is their tuple (regression:
+# only tuples were cached, so no caller's layout ever was: still 6 % of a fetcher reopening
+# handles at 10,000 partitions).
 _LAYOUTS: dict[tuple[Any, int], _Layout] = {}
 
 
 def _layout(fields: Sequence[tuple[str, str]], flag_slots: int) -> _Layout:
+    if not isinstance(fields, tuple):
+        fields = tuple(tuple(f) for f in fields)
     try:
         return _LAYOUTS[fields, flag_slots]
-    except (KeyError, TypeError):              # TypeError: fields given as a list
+    except (KeyError, TypeError):
         pass
     if not 0 <= flag_slots <= MAX_FLAG_SLOTS:
         raise ValueError(f"flag_slots must be within 0..{MAX_FLAG_SLOTS}, got {flag_slots}")
@@ -121,8 +125,10 @@ def _layout(fields: Sequence[tuple[str, str]], flag_slots: int) -> _Layout:
     size = _align64(flags_off + flag_slots)
     layout = _Layout(st, tup, schema, flags_off, size, key,
                      {name: i for i, (name, _) in enumerate(key)})
-    if isinstance(fields, tuple):
+    try:
         _LAYOUTS[fields, flag_slots] = layout
+    except TypeError:                          # an unhashable field spec: not cached
+        pass
     return layout
 
 

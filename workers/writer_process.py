@@ -54,7 +54,7 @@ from appliance.runtime import (COORDINATOR, WORKER_BOOT_ERROR, WRITER_PROCESS_PA
                                WorkerContext, cleaner_of, set_process_title)
 from appliance.service import Responder, serves
 from appliance.txn.messages import VerifyPartitionResult
-from shm.doorbell import BellSender
+from shm.doorbell import MARK_STATE, BellSender
 from workers.base import Worker
 from workers.partition_writer import CannotOpen, PartitionWriter
 
@@ -287,7 +287,7 @@ class WriterProcess(Worker):
         due = self.fetchers_due
         if due:
             for j in due:
-                self.bells.ring(self.fetcher_bells[j])
+                self.bells.ring(self.fetcher_bells[j], MARK_STATE)   # a watched page moved
             due.clear()
 
     def on_turn(self, now: float) -> None:

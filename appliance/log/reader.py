@@ -298,7 +298,10 @@ class LogReader:
 
     def __init__(self, directory: str, *, max_open_segments: int = 8,
                  max_decompressed_bytes: int = DEFAULT_DECOMPRESSED_FACTOR * 1048588,
-                 verify_crc: bool = True) -> None:
+                 verify_crc: bool = True, bases: list[int] | None = None) -> None:
+        """``bases``: the segment list, when the caller knows it is current (a fetcher reopening
+        a partition whose segments_version has not moved since it last listed the directory);
+        else the directory is listed."""
         self.directory = directory
         # Check the CRC of every batch ``read`` hands out (each byte range once per crc_trust_s).
         self.verify_crc = verify_crc
@@ -309,7 +312,7 @@ class LogReader:
         self._bases: list[int] = []
         self._open: OrderedDict[int, _Segment] = OrderedDict()
         self._max_open = max(2, max_open_segments)
-        self.refresh()
+        self.refresh(bases)
 
     def _seg(self, i: int) -> _Segment:
         seg = self._segs[i]
@@ -322,11 +325,12 @@ class LogReader:
                 lru.popitem(last=False)[1].close()
         return seg
 
-    def refresh(self) -> None:
-        """Re-list segments (call when the state page's segments_version changed)."""
+    def refresh(self, bases: list[int] | None = None) -> None:
+        """Re-list segments (call when the state page's segments_version changed); ``bases``:
+        the list, known current, instead of the directory's listing."""
         old = {s.base: s for s in self._segs}
         segs = []
-        for b in list_segment_bases(self.directory):
+        for b in (list_segment_bases(self.directory) if bases is None else bases):
             s = old.pop(b, None)
             if s is not None and s.replaced():
                 s.close()

@@ -151,3 +151,22 @@ def test_connect_takes_the_descriptor_once_and_forget_gives_it_back(tmp_path):
     assert _fds() == before
     for b in bells:
         b.close()
+
+
+def test_marks_are_ored_over_the_drained_rings_and_a_full_queue_is_every_mark(tmp_path):
+    from shm.doorbell import MARK_STATE
+    path = str(tmp_path / "bell.m")
+    bell = Doorbell(path)
+    sender = BellSender()
+    assert sender.ring(path) and sender.ring(path, MARK_STATE)
+    assert bell.wait(5.0) is True
+    assert bell.take_marks() == MARK_STATE and bell.take_marks() == 0
+    assert sender.ring(path)
+    assert bell.take_marks() == 0                 # a plain wake-up says nothing of pages
+    # A full queue: a sender's marked ring may have been refused (EAGAIN), so a drain that
+    # finds the queue full counts every mark.
+    while sender.ring(path):
+        pass
+    assert bell.take_marks() & MARK_STATE
+    bell.close()
+    sender.close()

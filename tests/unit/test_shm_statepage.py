@@ -252,3 +252,13 @@ def test_page_inside_a_bigger_buffer():
         StatePage(region.buf, 4096 - 64, FIELDS)
     with pytest.raises(ValueError):
         StatePage(region.buf, 2 * size, FIELDS)    # never formatted: bad magic
+
+
+def test_regression_layouts_of_fields_given_as_lists_were_never_cached():
+    # The runtime's page fields are lists; the cache took only tuples, so every page opened
+    # (10,000 partitions' pages in a fetcher) compiled its layout again.
+    from shm import statepage
+    fields = [("a", "Q"), ("b", "I")]
+    first = statepage._layout(fields, 8)
+    assert statepage._layout(list(fields), 8) is first
+    assert statepage._layout(tuple(fields), 8) is first
