@@ -18,11 +18,16 @@ acknowledged value has a confirmed accept, or nothing new is delivered for three
 
 The checker (``check``), Kafka's promise for share groups (KIP-932):
 
-    lost              an acknowledged value never confirmed ACCEPTed and not "accept-unknown"
-                      (every delivery's accept failed without answer, or it was never delivered:
-                      an acknowledged record must reach a consumer again until it is accepted);
+    lost              an acknowledged value never confirmed ACCEPTed whose ACCEPT was never even
+                      sent (never delivered, or only to consumers killed before their commit):
+                      an acknowledged record must reach a consumer again until it is accepted; a
+                      value whose ACCEPT was sent but not confirmed (the consumer killed during the
+                      commit, or an error) counts as "accept-unknown" when it never comes back;
     accepted-twice    one offset ACCEPTed with confirmation twice (after a confirmed ACCEPT the
                       record is never delivered again, so no second accept can succeed);
+    stuck             after the drain, a share partition whose lag (DescribeShareGroupOffsets v1,
+                      KIP-1226: records neither acknowledged nor archived) is not 0: what the
+                      accept-unknown values are is settled by it (an applied accept is done);
     garbage           a value delivered that no producer sent;
     offset-mismatch   a value delivered at another offset than its delivery report said.
 
@@ -73,6 +78,7 @@ class ShareWorkload:
         self.unconfirmed: set[str] = set()
         self.kills = 0
         self.restarts = 0
+        self.lags: dict[int, int | None] | None = None     # partition -> lag after the drain
         self.last_delivery = time.monotonic()
         self.threads: list[threading.Thread] = []
         self.procs: dict[int, subprocess.Popen] = {}
@@ -139,7 +145,7 @@ class ShareWorkload:
             who = f"c{slot}.{proc.pid}"
             for line in proc.stdout:
                 kind, _, rest = line.partition(" ")
-                if kind not in ("D", "A", "F"):
+                if kind not in ("D", "T", "A", "F"):
                     continue
                 p, o, count, value = rest.split(maxsplit=3)
                 p, o, count, value = int(p), int(o), int(count), value.strip()
@@ -150,7 +156,7 @@ class ShareWorkload:
                     elif kind == "A":
                         self.accepted.setdefault((p, o), []).append(who)
                         self.accepted_values.add(value)
-                    else:
+                    else:                 # T (sent, outcome not known yet) or F (failed or unknown)
                         self.unconfirmed.add(value)
             proc.wait()
             if not self.stop_consuming.is_set():
@@ -192,10 +198,18 @@ class ShareWorkload:
             if not left or idle > quiet_s:
                 break
             time.sleep(0.5)
+        try:
+            from appliance.client.admin import AdminClient
+            with AdminClient(self.bootstrap) as admin:
+                self.lags = {p: lag for (t, p), (_, lag) in admin.share_offsets(SHARE_GROUP).items()
+                             if t == SHARE_TOPIC}
+        except Exception as e:        # told; check() then counts every partition as stuck
+            self.say(f"share workload: DescribeShareGroupOffsets failed: {e!r}")
         self.kill_consumers()
         for t in self.threads:
             t.join(30)
-        return not left
+        with self.lock:
+            return all(v in self.unconfirmed for v in left)
 
     def kill_consumers(self) -> None:
         """The end of the consumers (no restart): kill -9 of every one."""
@@ -214,7 +228,14 @@ class ShareWorkload:
             sent, delivered = dict(self.sent), dict(self.delivered)
             accepted, accepted_values = dict(self.accepted), set(self.accepted_values)
             unconfirmed = set(self.unconfirmed)
-        anomalies: dict[str, list] = {"lost": [], "accepted-twice": [], "garbage": [], "offset-mismatch": []}
+        anomalies: dict[str, list] = {"lost": [], "accepted-twice": [], "stuck": [], "garbage": [],
+                                      "offset-mismatch": []}
+        if self.lags is None:
+            anomalies["stuck"].append({"lags": "unknown (DescribeShareGroupOffsets failed)"})
+        else:
+            for p in sorted({p for p, _ in sent.values()}):
+                if self.lags.get(p, -1) != 0:
+                    anomalies["stuck"].append({"partition": p, "lag": self.lags.get(p)})
         unknown = []
         for value, at in sent.items():
             if value in accepted_values:

@@ -5,9 +5,10 @@ of its own so that the workload can kill it -9 mid-batch: confluent-kafka's Shar
     chaos_share_member.py BOOTSTRAP GROUP TOPIC
 
 Prints, flushed, one line per record: ``D <partition> <offset> <delivery count> <value>`` when a
-poll returns it, then after the commit ``A ...`` (the broker answered the partition's
-acknowledgement without error: the accept is confirmed) or ``F ...`` (an error, or no answer:
-whether it was applied is unknown).
+poll returns it, ``T ...`` just before the commit that sends its ACCEPT (killed during the commit,
+the accept may have been applied without anyone learning it), then after the commit ``A ...``
+(the broker answered the partition's acknowledgement without error: the accept is confirmed)
+or ``F ...`` (an error, or no answer: whether it was applied is unknown).
 """
 
 import sys
@@ -34,6 +35,7 @@ def main() -> int:
         print("".join(f"D {line}\n" for line in lines), end="", flush=True)
         for m in got:
             c.acknowledge(m, AcknowledgeType.ACCEPT)
+        print("".join(f"T {line}\n" for line in lines), end="", flush=True)
         try:
             res = c.commit_sync(30)
         except KafkaException:

@@ -21,6 +21,7 @@ def workload(sent, delivered=(), accepted=(), unconfirmed=()) -> ShareWorkload:
         w.accepted.setdefault((p, o), []).append(who)
         w.accepted_values.add(value)
     w.unconfirmed = set(unconfirmed)
+    w.lags = {p: 0 for p, _ in w.sent.values()}
     return w
 
 
@@ -45,6 +46,11 @@ def test_each_anomaly_class_is_found() -> None:
     # one offset accepted with confirmation by two consumers
     assert classes(workload({"s0-0": (0, 0)}, delivered=[("s0-0", 0, 0, 1, "a"), ("s0-0", 0, 0, 2, "b")],
                             accepted=[("s0-0", 0, 0, "a"), ("s0-0", 0, 0, "b")])) == {"accepted-twice": 1}
+    # a share partition left with records neither acknowledged nor archived after the drain
+    w = workload({"s0-0": (0, 0), "s0-1": (1, 0)}, delivered=[("s0-0", 0, 0, 1, "a"), ("s0-1", 1, 0, 1, "a")],
+                 accepted=[("s0-0", 0, 0, "a")], unconfirmed=["s0-1"])
+    w.lags = {0: 0, 1: 1}
+    assert classes(w) == {"stuck": 1}
     # a value nobody sent; one delivered at an offset its delivery report did not give
     assert classes(workload({"s0-0": (0, 0)}, delivered=[("x", 0, 5, 1, "a"), ("s0-0", 0, 3, 1, "a")],
                             accepted=[("s0-0", 0, 3, "a")])) == {"garbage": 1, "offset-mismatch": 1}
