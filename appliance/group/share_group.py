@@ -458,6 +458,7 @@ class ShareService(ShareAdmin):
                 session.parts.pop((bytes(tp[0]), tp[1]), None)
         results: dict[tuple[bytes, int], dict] = {}
         dirty: dict[ShareKey, SharePartition] = {}
+        before: dict[ShareKey, SharePartition] = {}     # the acknowledged partitions as they were
         cfg = self.gcfg(req.group_id)
         limit = cfg.delivery_count_limit
         for p in req.parts:
@@ -471,6 +472,8 @@ class ShareService(ShareAdmin):
             r["acked"] = True
             sk = (req.group_id, tp[0], tp[1])
             sp = self.partitions.get(sk)
+            if sp is not None and sk not in before:
+                before[sk] = sp.clone()
             err = E.invalid_record_state if sp is None else sp.acknowledge(
                 req.member_id, [(b.first_offset, b.last_offset, b.types) for b in p.acks], limit,
                 now + cfg.record_lock_duration_ms if req.renew else None)
@@ -479,6 +482,20 @@ class ShareService(ShareAdmin):
             else:
                 dirty[sk] = sp
                 self._freed.add(req.group_id)
+        if dirty:
+            # The acknowledgements are answered only once written; when the write fails they
+            # are undone, as Kafka's SharePartition rolls its state back on a failed persister
+            # write: the member keeps the records ACQUIRED until their locks expire, and they
+            # are delivered again (regression: they stayed done in memory, never delivered
+            # again, while the member was told its acknowledgement failed).
+            err = self._persist(dirty, now)
+            if err != E.none:
+                for sk in dirty:
+                    self.partitions[sk] = before[sk]
+                    r = results.get((sk[1], sk[2]))
+                    if r is not None:
+                        r["ack_error"] = err
+            dirty = {}
         if close:
             self.sessions.pop(key, None)
             self._left.pop(key, None)
@@ -523,12 +540,9 @@ class ShareService(ShareAdmin):
             # broker), so parking it would park the window's release with it.
             park = blocked and not holds and left == wanted
         if dirty:
-            err = self._persist(dirty, now)
-            if err != E.none:
-                for (_g, t, p) in dirty:
-                    r = results.get((t, p))
-                    if r is not None and r.get("acked"):
-                        r["ack_error"] = err
+            # Share partitions made by this fetch: their start offset (their acquisitions are
+            # not written; a failed write is logged, and the next write carries them).
+            self._persist(dirty, now)
         parts = [SharePartResult(tp[0], tp[1], r.get("error", E.none), r.get("ack_error", E.none),
                                  r.get("acquired", []), r.get("next_offset", -1),
                                  r.get("acked", False))

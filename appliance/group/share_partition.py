@@ -108,6 +108,13 @@ class SharePartition:
         if self.end_offset < self.start_offset:
             self.end_offset = self.start_offset
 
+    def clone(self) -> "SharePartition":
+        """An independent copy (the state to go back to when an acknowledgement's write fails)."""
+        return SharePartition(self.start_offset, self.state_epoch, self.end_offset,
+                              [InFlightRun(r.first, r.last, r.state, r.delivery_count, r.member,
+                                           r.deadline_ms) for r in self.runs],
+                              dict(self.held), list(self.bounds))
+
     # -- persistence ------------------------------------------------------------------------------
     @classmethod
     def restore(cls, start_offset: int, state_epoch: int, batches: list[StateBatch]) -> "SharePartition":

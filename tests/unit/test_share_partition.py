@@ -337,3 +337,29 @@ def test_share_acknowledge_renews_through_the_service_only_with_is_renew_ack(tmp
     r = env.fetch("m", 2, acks=[(0, 4, 4)], acquire=False, renew=True)
     assert r.parts[0].ack_error == E.none and r.lock_ms > 0
     env.svc.close()
+
+
+def test_regression_acknowledgements_whose_write_failed_stayed_done(tmp_path) -> None:
+    """An ACCEPT whose share-state write failed (a full disk) was answered
+    COORDINATOR_NOT_AVAILABLE but stayed applied in memory: the records were never delivered
+    again, though the member was told its acknowledgement failed. Now they are rolled back (as
+    Kafka's SharePartition on a failed persister write): still ACQUIRED by the member, and
+    delivered again once the lock expires."""
+    from appliance.group.share_partition import ACQUIRED
+    from appliance.group.share_store import ShareLogWriteError
+    env = Env(tmp_path)
+    assert env.fetch("m", 0).parts[0].acquired == [(0, 4, 1)]
+    real = env.store.write
+
+    def full(*a, **k):
+        raise ShareLogWriteError(E.kafka_storage_error, "No space left on device", maybe_written=False)
+    env.store.write = full
+    r = env.fetch("m", 1, acks=[(0, 4, ACCEPT)], acquire=False)
+    assert r.parts[0].ack_error == E.coordinator_not_available
+    sp = env.svc.partitions[("g", b"\x01" * 16, 0)]
+    assert sp.start_offset == 0 and sp.counts().get(ACQUIRED) == 5
+    env.store.write = real
+    env.now = LOCK + 1
+    assert sp.expire(env.now, 5)
+    assert env.fetch("n", 0).parts[0].acquired == [(0, 4, 2)]
+    env.svc.close()
