@@ -289,8 +289,10 @@ def test_two_share_members_on_four_partitions_get_two_each_from_the_simple_assig
         appliance_factory):
     """Kafka 4.1+'s ``simple`` share assignor through ShareGroupDescribe: two members of a
     4-partition topic own two partitions each, together all four (not every partition each,
-    as before: librdkafka 0172 mixed_ack_mode_same_group), and each member is delivered only
-    its own partitions' records, every record once."""
+    as before: librdkafka 0172 mixed_ack_mode_same_group); both are served, every record once.
+    Which partitions a member reads is its client's doing: a ShareFetch sent before its
+    assignment shrank (a long poll parked on all four) may still name partitions it gave up,
+    and Kafka does not refuse it either, so deliveries are not held to the assignment."""
     from confluent_kafka import Producer
     a = appliance_factory(**CONFIG)
     b = a.bootstrap
@@ -308,7 +310,6 @@ def test_two_share_members_on_four_partitions_get_two_each_from_the_simple_assig
         wait_until(split, 60, "two members owning two partitions each")
         g, owned = split()
         assert (g.group_state, g.assignor_name) == ("Stable", "simple"), g
-        by_id = {m.member_id: o for m, o in zip(g.members, owned)}
         p = Producer({"bootstrap.servers": b, "linger.ms": 5})
         sent = []
         for i in range(200):
@@ -320,9 +321,7 @@ def test_two_share_members_on_four_partitions_get_two_each_from_the_simple_assig
                    "every record delivered")
         got = [v for m in members for v in m.values()]
         assert len(got) == len(set(got)) == 200, "a record was delivered twice"
-        # Each member read from exactly one of the two described partition sets.
-        read = sorted(({part for part, _, _, _ in m.got()} for m in members), key=min)
-        assert read == sorted(by_id.values(), key=min), (read, by_id)
+        assert all(m.values() for m in members), [len(m.values()) for m in members]
     finally:
         for m in members:
             m.kill()
