@@ -180,6 +180,10 @@ class FetchPart(msgspec.Struct, array_like=True, frozen=True):
     partition: int
     fetch_offset: int
     max_bytes: int
+    # A ShareFetch's read (``LogReader.read``): through the batch holding this offset and at
+    # most ``ahead`` batches after it; -1: bounded by bytes only (Fetch).
+    through: int = -1
+    ahead: int = 0
 
 
 class Slice(msgspec.Struct, array_like=True, frozen=True):

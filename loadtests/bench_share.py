@@ -12,7 +12,7 @@ records/s from the first record received to the last (the 8 share consumers: fro
 record any of them got to the last any of them got); for the share runs also the records
 delivered more than once (0 expected: no lock expires in a run this short).
 
-    .venv/bin/python loadtests/bench_share.py [N] [ROUNDS] [PRODUCER_BATCH_BYTES] [MAX_RECORD_LOCKS]
+    .venv/bin/python loadtests/bench_share.py [N] [ROUNDS] [PRODUCER_BATCH_BYTES] [MAX_RECORD_LOCKS] [CLASSIC_QUEUE_BACKOFF_MS]
 
 Starts the appliance through the integration tests' harness (tests/integration/appliance_harness.py)
 with ``groups.share_auto_offset_reset = "earliest"``. Not here: the redelivery delay after a
@@ -79,10 +79,12 @@ def share_run(bootstrap, group, topic, n, members, work):
     return n / max(last.value - first.value, 1e-9), dupes, len(set(values))
 
 
-def classic_run(bootstrap, group, topic, n):
+def classic_run(bootstrap, group, topic, n, queue_backoff_ms=None):
     from confluent_kafka import Consumer
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                  "auto.offset.reset": "earliest"})
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    if queue_backoff_ms is not None:
+        conf["fetch.queue.backoff.ms"] = queue_backoff_ms
+    c = Consumer(conf)
     c.subscribe([topic])
     got, t0 = 0, None
     while got < n:
@@ -108,6 +110,11 @@ def main() -> None:
     batch_bytes = int(sys.argv[3]) if len(sys.argv) > 3 else 1000000
     # [groups] share_partition_max_record_locks (100-10,000; the appliance's default 2,000)
     locks = int(sys.argv[4]) if len(sys.argv) > 4 else 2000
+    # The classic consumers' fetch.queue.backoff.ms (librdkafka's default 1,000 when absent):
+    # a classic consumer reading 8 partitions fills its queued.min.messages (100,000) with one
+    # Fetch and then waits this long before it fetches again ("Fetch backoff for 1000ms: Local:
+    # Queue full" in its fetch debug), the client's wait, not the broker's.
+    backoff = int(sys.argv[5]) if len(sys.argv) > 5 else None
     work = tempfile.mkdtemp(prefix="bench-share-")
     a = Appliance(data_dir=os.path.join(work, "data"), log_path=os.path.join(work, "appliance.log"),
                   config={"groups": {"share_auto_offset_reset": "earliest",
@@ -129,14 +136,15 @@ def main() -> None:
                         p.poll(0.1)
         p.flush(120)
         for rnd in range(rounds):
-            c1 = classic_run(b, f"c1-{rnd}", "q1", n)
+            c1 = classic_run(b, f"c1-{rnd}", "q1", n, backoff)
             s1, d1, u1 = share_run(b, f"s1-{rnd}", "q1", n, 1, work)
-            c8 = classic_run(b, f"c8-{rnd}", "q8", n)
+            c8 = classic_run(b, f"c8-{rnd}", "q8", n, backoff)
             s8, d8, u8 = share_run(b, f"s8-{rnd}", "q1", n, 8, work)
             print(f"round {rnd}: classic 1p {c1:.0f} rec/s, share 1x1p {s1:.0f} rec/s "
                   f"({s1 / c1:.2f}x, {d1} twice, {u1} distinct); classic 8p {c8:.0f} rec/s, "
                   f"share 8x1p {s8:.0f} rec/s ({s8 / c8:.2f}x, {d8} twice, {u8} distinct); "
-                  f"producer batch.size {batch_bytes}, max record locks {locks}; load {os.getloadavg()[0]:.1f}", flush=True)
+                  f"producer batch.size {batch_bytes}, max record locks {locks}, classic "
+                  f"fetch.queue.backoff.ms {backoff if backoff is not None else 'default'}; load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         a.terminate()
 

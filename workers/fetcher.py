@@ -321,7 +321,8 @@ class Fetcher(Worker):
                     rr = h.reader.read(part.fetch_offset, min(part.max_bytes, max(remaining, 0)),
                                        high_watermark=st.high_watermark, max_offset=upper,
                                        log_start_offset=st.log_start_offset,
-                                       min_one_batch=(total == 0))
+                                       min_one_batch=(total == 0), through=part.through,
+                                       ahead=part.ahead)
                     slices = [ipc.Slice(s.segment_base, s.position, s.length, s.inode)
                               for s in rr.slices]
                     remaining -= rr.bytes

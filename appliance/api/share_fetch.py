@@ -308,7 +308,11 @@ async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float,
     error of a partition the fetcher could not read."""
     broker = ctx.broker
     order = list(acquired)
-    asks = [ipc.FetchPart(tid, p, acquired[(tid, p)][0][0], max(max_bytes, 1)) for tid, p in order]
+    # Each read ends with the batch holding the last acquired offset and the BOUNDS_AHEAD after
+    # it, so that one partition's read neither walks the log to max_bytes nor takes the bytes
+    # of the session's other partitions.
+    asks = [ipc.FetchPart(tid, p, acquired[(tid, p)][0][0], max(max_bytes, 1),
+                          acquired[(tid, p)][-1][1], BOUNDS_AHEAD) for tid, p in order]
     resp = await broker.call_fetcher(ipc.FetchRequest(0, 0, max(max_bytes, 1), int(committed),
                                                       asks),
                                      ctx.connection.fetcher, timeout_s,

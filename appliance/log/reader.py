@@ -466,7 +466,8 @@ class LogReader:
 
     # -- fetch -------------------------------------------------------------------------------
     def read(self, fetch_offset: int, max_bytes: int, *, high_watermark: int, log_start_offset: int,
-             min_one_batch: bool, max_offset: int | None = None) -> ReadResult:
+             min_one_batch: bool, max_offset: int | None = None, through: int = -1,
+             ahead: int = 0) -> ReadResult:
         """Whole batches from the one containing ``fetch_offset``, up to ``max_bytes`` (but at
         least one batch when ``min_one_batch``, Kafka's progress rule), never reaching
         ``max_offset`` (default: the high watermark; read_committed: the last stable offset);
@@ -476,7 +477,12 @@ class LogReader:
         at or above ``max_offset`` but within that range gets nothing and no error, as Kafka's
         LocalLog.read checks the range against the log end and answers an empty read past its
         ``maxOffsetMetadata`` (a read_committed consumer positioned between the LSO and the
-        high watermark waits; it must not be reset)."""
+        high watermark waits; it must not be reset).
+
+        ``through`` (>= 0, a ShareFetch's read): end with the batch holding that offset and at
+        most ``ahead`` batches after it, whatever ``max_bytes`` allows: a share member is sent
+        only what it acquired, and a read bounded by bytes alone walked every batch header up
+        to the client's fetch.max.bytes (50 MB) on each ShareFetch."""
         hw = high_watermark
         if fetch_offset < log_start_offset or fetch_offset > hw:
             raise _out_of_range(fetch_offset, log_start_offset, hw)
@@ -490,10 +496,12 @@ class LogReader:
                 # The caller's log start offset is older than a retention delete.
                 raise _out_of_range(fetch_offset, self._bases[0] if self._bases else hw, hw)
         return self._retrying(
-            lambda: self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch),
+            lambda: self._read(fetch_offset, max_bytes, hw, log_start_offset, min_one_batch,
+                               through, ahead),
             below_the_log)
 
-    def _read(self, fetch_offset: int, max_bytes: int, hw: int, lso: int, min_one: bool) -> ReadResult:
+    def _read(self, fetch_offset: int, max_bytes: int, hw: int, lso: int, min_one: bool,
+              through: int = -1, ahead: int = 0) -> ReadResult:
         i = bisect.bisect_right(self._bases, fetch_offset) - 1
         if i < 0:
             raise _Stale
@@ -503,11 +511,16 @@ class LogReader:
         nxt = fetch_offset
         got = self._locate(i, fetch_offset, hw)
         now = time.monotonic() if self.verify_crc else 0.0
+        past = -1 if through >= 0 else -2       # batches taken after the one holding ``through``
         while got is not None:
             i, pos, h = got
             size = h.batch_length + 12
             if h.last_offset >= hw:
                 break
+            if past >= ahead:
+                break
+            if past >= 0 or (past == -1 and h.last_offset >= through):
+                past += 1
             if total + size > max_bytes and not (total == 0 and min_one):
                 break
             seg = self._segs[i]
