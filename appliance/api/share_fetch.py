@@ -84,12 +84,23 @@ async def handle(ctx, req):
         return _error(ctx, ErrorCode.invalid_request,
                       "A ShareFetch with renew acknowledgements must not fetch.")
     acquire = req.max_bytes > 0 and not renew
+    conn = getattr(ctx, "connection", None)
+    connection_id = getattr(conn, "connection_id", "")
     ask = ShareFetchRequest(req.group_id, req.member_id, req.share_session_epoch, asks, forgotten,
                             True, max_records, record_limit=record_limit,
-                            acquire_none=not acquire, renew=renew)
+                            acquire_none=not acquire, renew=renew, connection=connection_id)
     r = await broker.call_coordinator(ask)
     if r.error != ErrorCode.none:
         return _error(ctx, r.error, r.error_message)
+    if connection_id and req.share_session_epoch in (0, FINAL_EPOCH):
+        # The session opened at epoch 0 is this connection's: when the connection closes, the
+        # coordinator closes it and releases what its member holds (KIP-932; Kafka's
+        # ShareSessionCache disconnect listener), so that a consumer killed -9 does not hold
+        # its records until their locks end. Epoch -1 closed it.
+        if req.share_session_epoch == 0:
+            conn.share_sessions.add((req.group_id, req.member_id))
+        else:
+            conn.share_sessions.discard((req.group_id, req.member_id))
     results = {(bytes(p.topic_id), p.partition): p for p in r.parts}
     acquired = {tp: list(p.acquired) for tp, p in results.items() if p.acquired}
     isolation = r.isolation_level

@@ -482,9 +482,32 @@ class ShareFetchRequest(Request):
     # coordinator holds the request up to this long, until a lock of the group is freed
     # (Kafka's DelayedShareFetch); 0 answers at once.
     wait_ms: int = 0
+    # The frontend connection the request came on (``KafkaConnection.connection_id``): a session
+    # opened at epoch 0 belongs to it, and is closed, its records released, when that
+    # connection closes (``ShareConnectionClosed``; Kafka's ShareSessionCache ties a session to
+    # the connection of its initial epoch).
+    connection: str = ""
 
     def error_reply(self, code: ErrorCode) -> ShareFetchResult:
         return ShareFetchResult(code)
+
+
+class ShareConnectionClosed(Request):
+    """A frontend's client connection closed: the share sessions it opened (``sessions``:
+    (group id, member id)) close if they still belong to it, and their members' acquired records
+    are released at once (Kafka's ShareSessionCache ConnectionDisconnectListener, onMemberLeave:
+    a consumer killed -9 loses its records to the others when its socket closes, not only at its
+    locks' end). Answered with a ``ShareConnectionClosedResult``."""
+    connection: str
+    sessions: list[tuple[str, str]]
+
+    def error_reply(self, code: ErrorCode) -> ShareConnectionClosedResult:
+        return ShareConnectionClosedResult(code)
+
+
+class ShareConnectionClosedResult(Message):
+    error: ErrorCode
+    closed: int = 0        # the sessions that were still the connection's and are now closed
 
 
 # -- KIP-932 share-group offsets admin: DescribeShareGroupOffsets (90), AlterShareGroupOffsets (91),

@@ -24,7 +24,10 @@ names; each later request must carry the session's next epoch (INVALID_SHARE_SES
 otherwise; SHARE_SESSION_NOT_FOUND without a session) and may add partitions or forget them;
 epoch -1 closes the session after its acknowledgements, releasing what the member still holds.
 A member that leaves or whose heartbeats stop for ``share_session_timeout_ms`` loses its session
-and its records the same way.
+and its records the same way, and so does a member whose session's connection closes (the
+connection of its epoch-0 ShareFetch; ``connection_closed``, Kafka's ShareSessionCache
+disconnect listener): a consumer killed -9 has its records redelivered when its socket closes,
+not at its locks' end. A session reopened on another connection is no longer the old one's.
 
 Parked fetches (Kafka's DelayedShareFetch, ``serve_fetch``): a frontend's second try that would
 acquire nothing, for a member that holds nothing on its session's partitions while others hold
@@ -42,6 +45,7 @@ from typing import Callable
 
 from appliance.errors import ErrorCode
 from appliance.group.messages import (DescribedShareGroup, DescribedShareMember,
+                                      ShareConnectionClosed, ShareConnectionClosedResult,
                                       ShareFetchRequest, ShareFetchResult, ShareGroupDescribeRequest,
                                       ShareGroupDescribeResult, ShareGroupHeartbeatRequest,
                                       ShareGroupHeartbeatResult, SharePartResult, TopicPartitions)
@@ -130,6 +134,7 @@ class _Parked:
 class ShareSession:
     epoch: int
     parts: dict[tuple[bytes, int], None] = field(default_factory=dict)    # ordered set
+    connection: str = ""        # the frontend connection of its epoch-0 ShareFetch
 
 
 class ShareService(ShareAdmin):
@@ -290,6 +295,31 @@ class ShareService(ShareAdmin):
         self.sessions.pop(key, None)
         self._release(g.group_id, member_id)
 
+    @serves(ShareConnectionClosed)
+    def connection_closed(self, req: ShareConnectionClosed) -> ShareConnectionClosedResult:
+        """A client connection closed: each session it opened that is still its own closes,
+        and what its member holds goes back to the others (Kafka's ShareSessionCache
+        ConnectionDisconnectListener -> onMemberLeave -> SharePartitionManager.releaseSession).
+        The member stays in the group while its heartbeats go on (membership is the heartbeat's);
+        a session opened again on another connection is left alone (Kafka marks the old
+        connection's entry stale)."""
+        closed = 0
+        for key in req.sessions:
+            key = (key[0], key[1])
+            session = self.sessions.get(key)
+            if session is None or not session.connection or session.connection != req.connection:
+                continue
+            del self.sessions[key]
+            self._left.pop(key, None)
+            self._unpark(*key)
+            log.info("share group %s: member %s's connection closed; its share session is "
+                     "closed and its records are released", *key)
+            self._release(*key)
+            closed += 1
+        if self._freed:
+            self._wake()
+        return ShareConnectionClosedResult(E.none, closed)
+
     def _release(self, group: str, member: str) -> None:
         limit = self.gcfg(group).delivery_count_limit
         for (gid, _t, _p), sp in self.partitions.items():
@@ -439,7 +469,7 @@ class ShareService(ShareAdmin):
                 log.info("share group %s: member %s opened a new share session; its records "
                          "are released", req.group_id, req.member_id)
                 self._release(req.group_id, req.member_id)
-            session = self.sessions[key] = ShareSession(next_epoch(0))
+            session = self.sessions[key] = ShareSession(next_epoch(0), connection=req.connection)
             self._left.pop(key, None)
         elif epoch == INITIAL_EPOCH:          # ShareAcknowledge may not open a session
             return ShareFetchResult(E.invalid_share_session_epoch)

@@ -6,8 +6,9 @@ real appliance.
 - RELEASE redelivers a record (delivery count 1, 2, ...) until
   ``groups.share_delivery_count_limit``, then it is archived; REJECT archives at once: a member
   that accepts gets none of them afterwards;
-- a member killed -9 with records acquired: they go to another member once their lock
-  (``groups.share_record_lock_duration_ms``) expires, with delivery count 2;
+- a member killed -9 with records acquired: they go to another member with delivery count 2,
+  when its connection closes (Kafka's share-session disconnect listener), long before their lock
+  (``groups.share_record_lock_duration_ms``) or the member's session timeout would end;
 - kill -9 of the coordinator worker (which owns the share partitions' state): what was accepted
   is never delivered again, what was acquired but not acknowledged is.
 """
@@ -208,6 +209,36 @@ def test_share_member_killed_mid_batch_has_its_records_redelivered_after_the_loc
     finally:
         holder.kill()
         taker.kill()
+
+
+def test_a_killed_members_records_are_released_when_its_connection_closes_not_at_the_lock(
+        appliance_factory):
+    # Kafka releases a share session's records when the connection that opened it closes
+    # (ShareSessionCache's ConnectionDisconnectListener -> onMemberLeave); before, a consumer
+    # killed -9 held its records until their lock or its member session timed out. Both are
+    # 60 s here, so a redelivery within the 30 s wait is the connection's close.
+    a = appliance_factory(groups={**CONFIG["groups"], "share_record_lock_duration_ms": 60000,
+                                  "share_session_timeout_ms": 60000})
+    b = a.bootstrap
+    topic, group = uid("share"), uid("sg")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    sent = produce(b, topic, 0, 20)
+    holder = ShareMember("hold", b, group, topic)
+    taker = None
+    try:
+        wait_until(lambda: holder.values(), 60, "the holder's batch")
+        held = holder.values()
+        holder.kill()
+        taker = ShareMember("accept", b, group, topic)
+        wait_until(lambda: sorted(taker.values()) == sorted(sent), 30,
+                   "every record, the held ones released by the holder's closed connection")
+        counts = {v: n for _, _, n, v in taker.got()}
+        assert all(counts[v] == 2 for v in held), counts
+        assert "connection closed; its share session is closed" in a.log_text()
+    finally:
+        holder.kill()
+        if taker is not None:
+            taker.kill()
 
 
 def test_share_state_survives_kill9_of_the_coordinator(appliance_factory):

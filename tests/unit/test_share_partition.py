@@ -104,10 +104,10 @@ class Env:
                                 lambda t, p: (self.hw[(t, p)], 0) if (t, p) in self.hw else None)
         self.svc.load()
 
-    def fetch(self, member, epoch, acks=(), parts=True, acquire=True, renew=False):
+    def fetch(self, member, epoch, acks=(), parts=True, acquire=True, renew=False, conn=""):
         part = ShareFetchPart(b"\x01" * 16, 0, [ShareAckBatch(f, l, [t]) for f, l, t in acks])
         return self.svc.fetch(ShareFetchRequest("g", member, epoch, [part] if parts else [], [],
-                                                acquire, 5, renew=renew))
+                                                acquire, 5, renew=renew, connection=conn))
 
 
 def test_heartbeat_assigns_every_partition_to_every_member(tmp_path) -> None:
@@ -362,4 +362,27 @@ def test_regression_acknowledgements_whose_write_failed_stayed_done(tmp_path) ->
     env.now = LOCK + 1
     assert sp.expire(env.now, 5)
     assert env.fetch("n", 0).parts[0].acquired == [(0, 4, 2)]
+    env.svc.close()
+
+
+def test_a_closed_connection_closes_its_share_sessions_and_releases_their_records(tmp_path) -> None:
+    # Kafka's ShareSessionCache disconnect listener: a consumer killed -9 loses its records to
+    # the others when its socket closes, not at the end of their locks.
+    from appliance.group.messages import ShareConnectionClosed
+    env = Env(tmp_path)
+    assert env.fetch("m", 0, conn="fe-1").parts[0].acquired == [(0, 4, 1)]
+    assert env.fetch("n", 0, conn="fe-2").parts[0].acquired == [(5, 9, 1)]
+    # another connection's close, or a session the connection did not open: nothing
+    assert env.svc.connection_closed(ShareConnectionClosed("fe-3", [("g", "m")])).closed == 0
+    assert env.svc.connection_closed(ShareConnectionClosed("fe-1", [("g", "x")])).closed == 0
+    assert ("g", "m") in env.svc.sessions
+    assert env.svc.connection_closed(ShareConnectionClosed("fe-1", [("g", "m")])).closed == 1
+    assert ("g", "m") not in env.svc.sessions
+    assert env.fetch("m", 1).error == E.share_session_not_found
+    # the released records go to the next member at once, delivered a second time
+    assert env.fetch("o", 0, conn="fe-4").parts[0].acquired == [(0, 4, 2)]
+    # a session opened again on a new connection is not the old connection's any more
+    assert env.fetch("n", 0, conn="fe-5").error == E.none
+    assert env.svc.connection_closed(ShareConnectionClosed("fe-2", [("g", "n")])).closed == 0
+    assert ("g", "n") in env.svc.sessions
     env.svc.close()

@@ -50,7 +50,9 @@ import collections
 import dataclasses
 import datetime
 import inspect
+import itertools
 import logging
+import os
 import struct
 import time
 from typing import Any
@@ -66,6 +68,7 @@ from appliance.security.sasl import MAX_RECEIVE_SIZE, SaslFailure, SaslServerAut
 from workers.frontend.metrics import error_counts
 
 log = logging.getLogger("appliance.connection")
+_SERIALS = itertools.count(1)
 
 API_VERSIONS_KEY = 18
 SASL_HANDSHAKE_KEY = 17
@@ -130,6 +133,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.auth_failed = False
         self.last_active = time.monotonic()
         self.fetcher = server.broker.next_fetcher()
+        # Unique in the appliance's life (this frontend's pid and a serial): the share sessions
+        # opened on this connection (ShareFetch at epoch 0: (group id, member id)) are closed
+        # when it closes, their records released (appliance.api.share_fetch, KIP-932: Kafka's
+        # ShareSessionCache ties a session to the connection of its initial epoch).
+        self.connection_id = f"{os.getpid()}-{next(_SERIALS)}"
+        self.share_sessions: set[tuple[str, str]] = set()
         self.tasks: dict[asyncio.Task, Any] = {}      # handler task -> the handler's coroutine
         self.produce_order: asyncio.Future | None = None   # appliance.api.produce keeps the order
         self.throttled = False      # muted by a quota (KIP-219) until unmute_at
@@ -176,6 +185,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.closed = True
         self.unsent.clear()
         self.server.connection_closed(self)     # forgets it, frees its quota, counts it
+        if self.share_sessions:
+            self.server.share_connection_closed(self.connection_id, sorted(self.share_sessions))
         for t, coro in list(self.tasks.items()):
             t.cancel()
             # A task cancelled before its first step never runs _run, so the handler's coroutine

@@ -39,6 +39,7 @@ import ssl
 import time
 
 from appliance.api import api_ranges, load_handlers
+from appliance.group.messages import ShareConnectionClosed
 from appliance.runtime import (COORDINATOR, FRONTEND_PAGE_FIELDS, SUPERVISOR, BoundListener,
                               WorkerContext, release_free_memory)
 from appliance.security import tls
@@ -73,6 +74,7 @@ class Frontend(AsyncWorker):
         self.broker = Broker(self)
         self.broker.counters = self.counters
         self.connections: set[KafkaConnection] = set()
+        self.share_closes: set = set()          # ShareConnectionClosed calls under way
         self.closed_since_trim = 0             # connections closed since malloc was last trimmed
         self.quota_keys: dict[KafkaConnection, bytes] = {}
         self.draining = False
@@ -273,6 +275,20 @@ class Frontend(AsyncWorker):
             self.quotas.release(key)
             if not self.accepting and not self.draining and self.quotas.slot_available():
                 self._resume_accepting()
+
+    def share_connection_closed(self, connection_id: str, sessions: list[tuple[str, str]]) -> None:
+        """The share sessions a closed connection opened close at the coordinator, their
+        members' records released to the others (``ShareConnectionClosed``); not awaited by
+        anyone: a coordinator that does not answer leaves them to their locks' end."""
+        async def tell() -> None:
+            try:
+                await self.broker.call_coordinator(ShareConnectionClosed(connection_id, sessions))
+            except Exception:       # noqa: BLE001 (a draining or restarting coordinator)
+                log.debug("the share sessions of connection %s were not closed", connection_id,
+                          exc_info=True)
+        task = self.event_loop.create_task(tell())
+        self.share_closes.add(task)
+        task.add_done_callback(self.share_closes.discard)
 
     # -- draining -------------------------------------------------------------------------------
     def _end_drain(self) -> None:
