@@ -505,6 +505,20 @@ class ShareConnectionClosed(Request):
         return ShareConnectionClosedResult(code)
 
 
+class ShareFrontendStarted(Request):
+    """A frontend worker started (``frontend``: its worker name, ``pid``: its process): the
+    share sessions opened on connections of an earlier process of that name are closed and
+    their members' records released. A frontend killed -9 takes its connections with it and tells
+    nobody, as a crashed Kafka broker does; Kafka's new leader of a share partition then starts
+    from the persisted state, in which nothing is acquired, and so does this. Answered with a
+    ``ShareConnectionClosedResult``."""
+    frontend: str
+    pid: int
+
+    def error_reply(self, code: ErrorCode) -> ShareConnectionClosedResult:
+        return ShareConnectionClosedResult(code)
+
+
 class ShareConnectionClosedResult(Message):
     error: ErrorCode
     closed: int = 0        # the sessions that were still the connection's and are now closed

@@ -27,7 +27,9 @@ A member that leaves or whose heartbeats stop for ``share_session_timeout_ms`` l
 and its records the same way, and so does a member whose session's connection closes (the
 connection of its epoch-0 ShareFetch; ``connection_closed``, Kafka's ShareSessionCache
 disconnect listener): a consumer killed -9 has its records redelivered when its socket closes,
-not at its locks' end. A session reopened on another connection is no longer the old one's.
+not at its locks' end. A session reopened on another connection is no longer the old one's. A
+frontend that restarts closes the sessions of its earlier process's connections
+(``frontend_started``), which that process, killed, could not announce.
 
 Parked fetches (Kafka's DelayedShareFetch, ``serve_fetch``): a frontend's second try that would
 acquire nothing, for a member that holds nothing on its session's partitions while others hold
@@ -46,6 +48,7 @@ from typing import Callable
 from appliance.errors import ErrorCode
 from appliance.group.messages import (DescribedShareGroup, DescribedShareMember,
                                       ShareConnectionClosed, ShareConnectionClosedResult,
+                                      ShareFrontendStarted,
                                       ShareFetchRequest, ShareFetchResult, ShareGroupDescribeRequest,
                                       ShareGroupDescribeResult, ShareGroupHeartbeatRequest,
                                       ShareGroupHeartbeatResult, SharePartResult, TopicPartitions)
@@ -309,16 +312,33 @@ class ShareService(ShareAdmin):
             session = self.sessions.get(key)
             if session is None or not session.connection or session.connection != req.connection:
                 continue
-            del self.sessions[key]
-            self._left.pop(key, None)
-            self._unpark(*key)
-            log.info("share group %s: member %s's connection closed; its share session is "
-                     "closed and its records are released", *key)
-            self._release(*key)
+            self._close_session(key, "connection closed")
             closed += 1
         if self._freed:
             self._wake()
         return ShareConnectionClosedResult(E.none, closed)
+
+    @serves(ShareFrontendStarted)
+    def frontend_started(self, req: ShareFrontendStarted) -> ShareConnectionClosedResult:
+        """A frontend (re)started: the sessions opened on connections of its earlier process
+        (connection ids ``<frontend>/<pid>/<serial>``, ``KafkaConnection.connection_id``) went
+        with that process, unannounced, and close now as ``connection_closed`` closes them."""
+        prefix, current = f"{req.frontend}/", f"{req.frontend}/{req.pid}/"
+        gone = [k for k, s in self.sessions.items()
+                if s.connection.startswith(prefix) and not s.connection.startswith(current)]
+        for key in gone:
+            self._close_session(key, "frontend restarted")
+        if self._freed:
+            self._wake()
+        return ShareConnectionClosedResult(E.none, len(gone))
+
+    def _close_session(self, key: tuple[str, str], why: str) -> None:
+        del self.sessions[key]
+        self._left.pop(key, None)
+        self._unpark(*key)
+        log.info("share group %s: member %s's %s; its share session is closed and its records "
+                 "are released", key[0], key[1], why)
+        self._release(*key)
 
     def _release(self, group: str, member: str) -> None:
         limit = self.gcfg(group).delivery_count_limit

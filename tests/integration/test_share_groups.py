@@ -241,6 +241,39 @@ def test_a_killed_members_records_are_released_when_its_connection_closes_not_at
             taker.kill()
 
 
+def test_records_held_through_a_killed_frontend_are_released_when_it_restarts(appliance_factory):
+    # A frontend killed -9 cannot say that its connections closed; its restarted process tells
+    # the coordinator, which closes the share sessions of the old process's connections (as a
+    # Kafka broker's crash loses its share sessions and acquisitions). Before, the holder's
+    # records waited for their 60 s lock.
+    a = appliance_factory(groups={**CONFIG["groups"], "share_record_lock_duration_ms": 60000,
+                                  "share_session_timeout_ms": 60000})
+    b = a.bootstrap
+    topic, group = uid("share"), uid("sg")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    sent = produce(b, topic, 0, 20)
+    holder = ShareMember("hold", b, group, topic)
+    taker = None
+    try:
+        wait_until(lambda: holder.values(), 60, "the holder's batch")
+        held = holder.values()
+        old = {w["pid"] for w in a.workers("frontend")}
+        for pid in old:
+            os.kill(pid, signal.SIGKILL)
+        a.wait_for(lambda: not old & {w["pid"] for w in a.workers("frontend")}
+                   and a.all_workers_ready(), 60, "new frontends")
+        taker = ShareMember("accept", b, group, topic)
+        wait_until(lambda: sorted(taker.values()) == sorted(sent), 30,
+                   "every record, the held ones released by the restarted frontend")
+        counts = {v: n for _, _, n, v in taker.got()}
+        assert all(counts[v] == 2 for v in held), counts
+        assert "frontend restarted; its share session is closed" in a.log_text()
+    finally:
+        holder.kill()
+        if taker is not None:
+            taker.kill()
+
+
 def test_share_state_survives_kill9_of_the_coordinator(appliance_factory):
     a = appliance_factory(**CONFIG)
     b = a.bootstrap

@@ -386,3 +386,20 @@ def test_a_closed_connection_closes_its_share_sessions_and_releases_their_record
     assert env.svc.connection_closed(ShareConnectionClosed("fe-2", [("g", "n")])).closed == 0
     assert ("g", "n") in env.svc.sessions
     env.svc.close()
+
+
+def test_a_restarted_frontend_closes_the_share_sessions_of_its_killed_predecessor(tmp_path) -> None:
+    # A frontend killed -9 tells nobody that its connections closed: the next process of that
+    # name does, closing every session opened on a connection of an earlier process.
+    from appliance.group.messages import ShareFrontendStarted
+    env = Env(tmp_path, sessions=4)
+    assert env.fetch("m", 0, conn="frontend-0/100/1").parts[0].acquired == [(0, 4, 1)]
+    assert env.fetch("n", 0, conn="frontend-1/200/1").parts[0].acquired == [(5, 9, 1)]
+    assert env.svc.frontend_started(ShareFrontendStarted("frontend-0", 100)).closed == 0
+    r = env.svc.frontend_started(ShareFrontendStarted("frontend-0", 300))
+    assert r.error == E.none and r.closed == 1
+    assert ("g", "m") not in env.svc.sessions and ("g", "n") in env.svc.sessions
+    assert env.fetch("o", 0, conn="frontend-0/300/1").parts[0].acquired == [(0, 4, 2)]
+    # the new process's own sessions stay when it is said again
+    assert env.svc.frontend_started(ShareFrontendStarted("frontend-0", 300)).closed == 0
+    env.svc.close()

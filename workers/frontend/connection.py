@@ -133,11 +133,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.auth_failed = False
         self.last_active = time.monotonic()
         self.fetcher = server.broker.next_fetcher()
-        # Unique in the appliance's life (this frontend's pid and a serial): the share sessions
-        # opened on this connection (ShareFetch at epoch 0: (group id, member id)) are closed
-        # when it closes, their records released (appliance.api.share_fetch, KIP-932: Kafka's
-        # ShareSessionCache ties a session to the connection of its initial epoch).
-        self.connection_id = f"{os.getpid()}-{next(_SERIALS)}"
+        # Unique in the appliance's life (this frontend's worker name, its pid and a serial):
+        # the share sessions opened on this connection (ShareFetch at epoch 0: (group id,
+        # member id)) are closed when it closes, their records released
+        # (appliance.api.share_fetch, KIP-932: Kafka's ShareSessionCache ties a session to the
+        # connection of its initial epoch), and when a restarted frontend of this name says so.
+        self.connection_id = f"{server.name}/{os.getpid()}/{next(_SERIALS)}"
         self.share_sessions: set[tuple[str, str]] = set()
         self.tasks: dict[asyncio.Task, Any] = {}      # handler task -> the handler's coroutine
         self.produce_order: asyncio.Future | None = None   # appliance.api.produce keeps the order

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 import ssl
 import time
 
 from appliance.api import api_ranges, load_handlers
-from appliance.group.messages import ShareConnectionClosed
+from appliance.group.messages import ShareConnectionClosed, ShareFrontendStarted
 from appliance.runtime import (COORDINATOR, FRONTEND_PAGE_FIELDS, SUPERVISOR, BoundListener,
                               WorkerContext, release_free_memory)
 from appliance.security import tls
@@ -107,6 +108,9 @@ class Frontend(AsyncWorker):
             self.listen_socks.append((sock, bound))
         self._resume_accepting()
         loop.call_later(REAP_IDLE_S, self._reap_idle)
+        # The share sessions of a killed predecessor's connections close (their records go back
+        # at once instead of at their locks' end): nobody could tell of those connections' close.
+        self._tell_coordinator(ShareFrontendStarted(self.name, os.getpid()), "of its predecessor")
 
     # -- TLS ------------------------------------------------------------------------------------
     def _load_tls(self) -> None:
@@ -280,12 +284,15 @@ class Frontend(AsyncWorker):
         """The share sessions a closed connection opened close at the coordinator, their
         members' records released to the others (``ShareConnectionClosed``); not awaited by
         anyone: a coordinator that does not answer leaves them to their locks' end."""
+        self._tell_coordinator(ShareConnectionClosed(connection_id, sessions),
+                               f"of connection {connection_id}")
+
+    def _tell_coordinator(self, req, whose: str) -> None:
         async def tell() -> None:
             try:
-                await self.broker.call_coordinator(ShareConnectionClosed(connection_id, sessions))
+                await self.broker.call_coordinator(req)
             except Exception:       # noqa: BLE001 (a draining or restarting coordinator)
-                log.debug("the share sessions of connection %s were not closed", connection_id,
-                          exc_info=True)
+                log.debug("the share sessions %s were not closed", whose, exc_info=True)
         task = self.event_loop.create_task(tell())
         self.share_closes.add(task)
         task.add_done_callback(self.share_closes.discard)
