@@ -6,6 +6,7 @@ Not a test; run by hand in the user's shell:
 
     .venv/bin/python loadtests/bench_rebalance.py [--partitions 64] [--consumers 8]
         [--rate 2000] [--heartbeat-ms 1000] [--protocols consumer,cooperative,eager]
+        [--client confluent|java]
 
 One appliance (``appliance run`` in its own process group, a temporary data dir, ``[groups]
 initial_rebalance_delay_ms = 0`` and ``consumer_heartbeat_interval_ms`` = ``--heartbeat-ms``),
@@ -24,6 +25,13 @@ it measures:
 
 Prints a markdown table: per protocol, the worst and median settle times of the joins and of the
 leaves, the longest gap, and the duplicates.
+
+``--client java``: the members are Kafka's Java client 4.3.0 instead (``tests/java/RebalanceMember.java``,
+one JVM each, compiled at the start against the jars of the test extra's wheel), the same
+protocols (KIP-848 with the broker's assignor; classic CooperativeStickyAssignor and
+RangeAssignor), so that a pause the client imposes is told apart from one the broker does:
+librdkafka pauses every assigned partition during an incremental rebalance until the
+application serves its callback.
 """
 
 from __future__ import annotations
@@ -88,6 +96,82 @@ class Member(threading.Thread):
         self.c.close()
         self.owned = set()
         self.closed.set()
+
+
+class JavaMember:
+    """A ``java RebalanceMember`` process with the ``Member`` interface: ``owned`` follows its
+    listener's lines, its records go to the ``Log`` (stamped when read), ``stop_flag = True``
+    closes it."""
+
+    def __init__(self, boot: str, group: str, topic: str, protocol: str, hb_ms: int,
+                 log: "Log", classpath: str) -> None:
+        self.args = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp",
+                     classpath, "RebalanceMember", boot, group, topic, protocol, str(hb_ms)]
+        self.log = log
+        self.owned: set[int] = set()
+        self.closed = threading.Event()
+        self.subscribed = threading.Event()
+        self.subscribed_at = 0.0
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Starts the JVM and returns once it has subscribed (``subscribed_at``: the join's
+        moment, as a confluent-kafka member's is its subscribe; the JVM's start is not timed)."""
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self.subscribed.wait(120):
+            raise SystemExit("a Java member did not subscribe within 120 s")
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            kind, _, rest = line.rstrip("\n").partition(" ")
+            if kind == "M":
+                now = time.monotonic()
+                for item in rest.split():
+                    p, _, off = item.partition(":")
+                    self.log.add(int(p), int(off), now)
+            elif kind in ("A", "R", "L"):
+                ps = {int(x) for x in rest.split(",") if x}
+                if kind == "A":
+                    self.owned.update(ps)
+                else:
+                    self.owned.difference_update(ps)
+            elif kind == "S":
+                self.subscribed_at = time.monotonic()
+                self.subscribed.set()
+            elif kind == "CLOSED":
+                break
+        self.owned = set()
+        self.closed.set()
+
+    @property
+    def stop_flag(self) -> bool:
+        return self.closed.is_set()
+
+    @stop_flag.setter
+    def stop_flag(self, value: bool) -> None:
+        if value and self.proc is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write("stop\n")
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+
+def java_classpath(work: str) -> str:
+    """RebalanceMember.java compiled against kafka-clients 4.3.0's jars; its class path."""
+    from chaos_java import classpath
+    jars = classpath("4.3.0")
+    out = os.path.join(work, "java-classes")
+    os.makedirs(out, exist_ok=True)
+    source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
+                          "java", "RebalanceMember.java")
+    r = subprocess.run(["javac", "-cp", jars, "-d", out, source], capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0:
+        raise SystemExit(f"javac RebalanceMember.java failed:\n{r.stderr[-3000:]}")
+    return os.pathsep.join([out, jars])
 
 
 class Log:
@@ -164,10 +248,15 @@ def run_protocol(boot: str, protocol: str, args) -> dict:
     joins, leaves, gaps = [], [], []
     before: dict[int, int] = {}
     for k in range(args.consumers):
-        m = Member(boot, f"g-{topic}", topic, protocol, args.heartbeat_ms, log)
+        if args.classpath:
+            m = JavaMember(boot, f"g-{topic}", topic, protocol, args.heartbeat_ms, log,
+                           args.classpath)
+        else:
+            m = Member(boot, f"g-{topic}", topic, protocol, args.heartbeat_ms, log)
         t0 = time.monotonic()
         members.append(m)
         m.start()
+        t0 = getattr(m, "subscribed_at", t0)
         took, after = settle(members, args.partitions, t0)
         joins.append(took)
         time.sleep(1.0)
@@ -204,8 +293,11 @@ def main() -> int:
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
     ap.add_argument("--protocols", default="consumer,cooperative,eager")
     ap.add_argument("--work-dir", default=None)
+    ap.add_argument("--client", choices=("confluent", "java"), default="confluent",
+                    help="the members: confluent-kafka (librdkafka) or Kafka's Java client 4.3.0")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bench-rebalance-", dir=args.work_dir)
+    args.classpath = java_classpath(work) if args.client == "java" else None
     port = free_port()
     conf = os.path.join(work, "appliance.toml")
     with open(conf, "w") as f:
@@ -227,7 +319,8 @@ def main() -> int:
                 if time.monotonic() > deadline:
                     raise SystemExit("the appliance did not start")
         print(f"{args.partitions} partitions, up to {args.consumers} consumers, {args.rate} "
-              f"records/s, heartbeat interval {args.heartbeat_ms} ms\n")
+              f"records/s, heartbeat interval {args.heartbeat_ms} ms, client "
+              f"{'kafka-clients 4.3.0' if args.classpath else 'confluent-kafka'}\n")
         print("| protocol | join settle max / median (s) | leave settle max / median (s) | "
               "longest pause of a partition that kept its owner (s) | records read twice |")
         print("|---|---|---|---|---|")
