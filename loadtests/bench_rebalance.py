@@ -263,6 +263,9 @@ def run_protocol(boot: str, protocol: str, args) -> dict:
         kept = {p for p, i in after.items() if before.get(p) == i}
         if kept:
             gaps.append(log.longest_gap(kept, t0, t0 + took + 1.0))
+        if args.events:
+            print(f"  {protocol} join {k + 1}: settled in {took:.2f} s, longest pause of a kept "
+                  f"partition {gaps[-1] if kept else 0:.2f} s", file=sys.stderr, flush=True)
         before = after
     while len(members) > 1:
         m = members[0]
@@ -277,6 +280,10 @@ def run_protocol(boot: str, protocol: str, args) -> dict:
         kept = {p for p, i in after.items() if old.get(p) == i}
         if kept:
             gaps.append(log.longest_gap(kept, t0, t0 + took + 1.0))
+        if args.events:
+            print(f"  {protocol} leave ({len(members)} left): settled in {took:.2f} s, longest "
+                  f"pause of a kept partition {gaps[-1] if kept else 0:.2f} s", file=sys.stderr,
+                  flush=True)
         before = after
     stop.set()
     members[0].stop_flag = True
@@ -293,6 +300,8 @@ def main() -> int:
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
     ap.add_argument("--protocols", default="consumer,cooperative,eager")
     ap.add_argument("--work-dir", default=None)
+    ap.add_argument("--events", action="store_true",
+                    help="print each join's and leave's figures to stderr as they come")
     ap.add_argument("--client", choices=("confluent", "java"), default="confluent",
                     help="the members: confluent-kafka (librdkafka) or Kafka's Java client 4.3.0")
     args = ap.parse_args()
