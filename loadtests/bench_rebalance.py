@@ -6,7 +6,7 @@ Not a test; run by hand in the user's shell:
 
     .venv/bin/python loadtests/bench_rebalance.py [--partitions 64] [--consumers 8]
         [--rate 2000] [--heartbeat-ms 1000] [--protocols consumer,cooperative,eager]
-        [--client confluent|java]
+        [--client confluent|java] [--process-ms 0] [--events]
 
 One appliance (``appliance run`` in its own process group, a temporary data dir, ``[groups]
 initial_rebalance_delay_ms = 0`` and ``consumer_heartbeat_interval_ms`` = ``--heartbeat-ms``),
@@ -22,6 +22,10 @@ it measures:
   event and one second after it settled; the producer writes every partition every
   ``partitions / rate`` seconds, so that is the floor;
 - records read twice over the run (by record offset).
+
+``--process-ms N``: each member spends N ms on every batch it gets before its commit and its next
+poll (a sleep standing for an application's work): a classic member serves its rebalance only in
+its poll, so the eager protocol's stop-the-world join waits for the slowest member's batch.
 
 Prints a markdown table: per protocol, the worst and median settle times of the joins and of the
 leaves, the longest gap, and the duplicates.
@@ -58,8 +62,9 @@ APPLIANCE = os.path.join(os.path.dirname(sys.executable), "appliance")
 
 class Member(threading.Thread):
     def __init__(self, boot: str, group: str, topic: str, protocol: str, hb_ms: int,
-                 log: "Log") -> None:
+                 log: "Log", process_ms: int = 0) -> None:
         super().__init__(daemon=True)
+        self.process_s = process_ms / 1000
         conf = {"bootstrap.servers": boot, "group.id": group, "enable.auto.commit": False,
                 "auto.offset.reset": "earliest"}
         if protocol == "consumer":
@@ -89,6 +94,8 @@ class Member(threading.Thread):
             for m in msgs:
                 self.log.add(m.partition(), m.offset(), now)
             if msgs:
+                if self.process_s:
+                    time.sleep(self.process_s)      # the application's work on the batch
                 try:
                     self.c.commit(asynchronous=False)
                 except KafkaException:
@@ -104,9 +111,10 @@ class JavaMember:
     closes it."""
 
     def __init__(self, boot: str, group: str, topic: str, protocol: str, hb_ms: int,
-                 log: "Log", classpath: str) -> None:
+                 log: "Log", classpath: str, process_ms: int = 0) -> None:
         self.args = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp",
-                     classpath, "RebalanceMember", boot, group, topic, protocol, str(hb_ms)]
+                     classpath, "RebalanceMember", boot, group, topic, protocol, str(hb_ms),
+                     str(process_ms)]
         self.log = log
         self.owned: set[int] = set()
         self.closed = threading.Event()
@@ -250,9 +258,10 @@ def run_protocol(boot: str, protocol: str, args) -> dict:
     for k in range(args.consumers):
         if args.classpath:
             m = JavaMember(boot, f"g-{topic}", topic, protocol, args.heartbeat_ms, log,
-                           args.classpath)
+                           args.classpath, args.process_ms)
         else:
-            m = Member(boot, f"g-{topic}", topic, protocol, args.heartbeat_ms, log)
+            m = Member(boot, f"g-{topic}", topic, protocol, args.heartbeat_ms, log,
+                       args.process_ms)
         t0 = time.monotonic()
         members.append(m)
         m.start()
@@ -300,6 +309,8 @@ def main() -> int:
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
     ap.add_argument("--protocols", default="consumer,cooperative,eager")
     ap.add_argument("--work-dir", default=None)
+    ap.add_argument("--process-ms", type=int, default=0,
+                    help="each member's time on every batch before its commit and next poll")
     ap.add_argument("--events", action="store_true",
                     help="print each join's and leave's figures to stderr as they come")
     ap.add_argument("--client", choices=("confluent", "java"), default="confluent",
@@ -328,7 +339,8 @@ def main() -> int:
                 if time.monotonic() > deadline:
                     raise SystemExit("the appliance did not start")
         print(f"{args.partitions} partitions, up to {args.consumers} consumers, {args.rate} "
-              f"records/s, heartbeat interval {args.heartbeat_ms} ms, client "
+              f"records/s, heartbeat interval {args.heartbeat_ms} ms, {args.process_ms} ms per "
+              f"batch, client "
               f"{'kafka-clients 4.3.0' if args.classpath else 'confluent-kafka'}\n")
         print("| protocol | join settle max / median (s) | leave settle max / median (s) | "
               "longest pause of a partition that kept its owner (s) | records read twice |")

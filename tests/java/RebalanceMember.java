@@ -1,11 +1,12 @@
 // One member of loadtests/bench_rebalance.py's group with Kafka's Java client 4.x (issue 33:
 // whether the client pauses partitions that keep their owner during a rebalance).
 //
-//   java RebalanceMember BOOTSTRAP GROUP TOPIC PROTOCOL HEARTBEAT_MS
+//   java RebalanceMember BOOTSTRAP GROUP TOPIC PROTOCOL HEARTBEAT_MS [PROCESS_MS]
 //
 // PROTOCOL: consumer (KIP-848, the broker's assignor), cooperative (classic,
 // CooperativeStickyAssignor) or eager (classic, RangeAssignor). Subscribes, polls, commits
-// synchronously after every poll that returned records, and prints, flushed:
+// synchronously after every poll that returned records (after PROCESS_MS of "work" on them, a
+// sleep: an application's time per batch), and prints, flushed:
 //   "S" once subscribed (the JVM's start is not the join), "A p,p,..." partitions assigned, "R p,p,..." revoked, "L p,p,..." lost (listener calls),
 //   "M p:offset p:offset ..." the records of one poll.
 // A line "stop" (or the end) on stdin closes the consumer (it leaves the group), then it prints
@@ -35,6 +36,7 @@ public class RebalanceMember {
     public static void main(String[] args) throws Exception {
         String bootstrap = args[0], group = args[1], topic = args[2], protocol = args[3];
         int hb = Integer.parseInt(args[4]);
+        int processMs = args.length > 5 ? Integer.parseInt(args[5]) : 0;
         Properties p = new Properties();
         p.put("bootstrap.servers", bootstrap);
         p.put("group.id", group);
@@ -80,6 +82,7 @@ public class RebalanceMember {
                 StringBuilder b = new StringBuilder("M");
                 for (ConsumerRecord<byte[], byte[]> r : rs) b.append(' ').append(r.partition()).append(':').append(r.offset());
                 say(b.toString());
+                if (processMs > 0) Thread.sleep(processMs);
                 try {
                     c.commitSync();
                 } catch (Exception e) {
