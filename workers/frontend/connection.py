@@ -138,7 +138,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         # member id)) are closed when it closes, their records released
         # (appliance.api.share_fetch, KIP-932: Kafka's ShareSessionCache ties a session to the
         # connection of its initial epoch), and when a restarted frontend of this name says so.
-        self.connection_id = f"{server.name}/{os.getpid()}/{next(_SERIALS)}"
+        name = getattr(server, "name", "frontend")      # unit tests' servers have none
+        self.connection_id = f"{name}/{os.getpid()}/{next(_SERIALS)}"
         self.share_sessions: set[tuple[str, str]] = set()
         self.tasks: dict[asyncio.Task, Any] = {}      # handler task -> the handler's coroutine
         self.produce_order: asyncio.Future | None = None   # appliance.api.produce keeps the order
