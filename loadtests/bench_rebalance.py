@@ -169,17 +169,8 @@ class JavaMember:
 
 def java_classpath(work: str) -> str:
     """RebalanceMember.java compiled against kafka-clients 4.3.0's jars; its class path."""
-    from chaos_java import classpath
-    jars = classpath("4.3.0")
-    out = os.path.join(work, "java-classes")
-    os.makedirs(out, exist_ok=True)
-    source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
-                          "java", "RebalanceMember.java")
-    r = subprocess.run(["javac", "-cp", jars, "-d", out, source], capture_output=True, text=True,
-                       timeout=300)
-    if r.returncode != 0:
-        raise SystemExit(f"javac RebalanceMember.java failed:\n{r.stderr[-3000:]}")
-    return os.pathsep.join([out, jars])
+    from chaos_java import ROOT, compile_client
+    return compile_client(work, "4.3.0", os.path.join(ROOT, "tests", "java", "RebalanceMember.java"))
 
 
 class Log:

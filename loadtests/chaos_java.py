@@ -49,16 +49,17 @@ def classpath(version: str) -> str:
                      "(make install-test installs the wheels that ship them)")
 
 
-def compile_client(workdir: str, version: str) -> str:
-    """javac ChaosClient.java against that version's jars; the full class path to run it."""
+def compile_client(workdir: str, version: str, source: str = SOURCE) -> str:
+    """javac ``source`` (ChaosClient.java unless told) against that version's jars; the full
+    class path to run it."""
     if shutil.which("javac") is None:
         raise SystemExit("--java needs a JDK 17+ (javac)")
     jars = classpath(version)
     out = os.path.join(workdir, f"java-classes-{version}")
     os.makedirs(out, exist_ok=True)
-    r = subprocess.run(["javac", "-cp", jars, "-d", out, SOURCE], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(["javac", "-cp", jars, "-d", out, source], capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
-        raise SystemExit(f"javac ChaosClient.java ({version}):\n{r.stderr[-3000:]}")
+        raise SystemExit(f"javac {os.path.basename(source)} ({version}):\n{r.stderr[-3000:]}")
     return os.pathsep.join([out, jars])
 
 

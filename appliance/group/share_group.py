@@ -308,7 +308,6 @@ class ShareService(ShareAdmin):
         connection's entry stale)."""
         closed = 0
         for key in req.sessions:
-            key = (key[0], key[1])
             session = self.sessions.get(key)
             if session is None or not session.connection or session.connection != req.connection:
                 continue

@@ -211,12 +211,11 @@ def test_share_member_killed_mid_batch_has_its_records_redelivered_after_the_loc
         taker.kill()
 
 
-def test_a_killed_members_records_are_released_when_its_connection_closes_not_at_the_lock(
-        appliance_factory):
-    # Kafka releases a share session's records when the connection that opened it closes
-    # (ShareSessionCache's ConnectionDisconnectListener -> onMemberLeave); before, a consumer
-    # killed -9 held its records until their lock or its member session timed out. Both are
-    # 60 s here, so a redelivery within the 30 s wait is the connection's close.
+def _held_records_released_by(appliance_factory, fault, released_by: str, logged: str) -> None:
+    """A holder takes its batch and never acknowledges; ``fault(appliance, holder)``; then a
+    taker gets every record, the held ones with delivery count 2, within 30 s, while the locks
+    and the member session timeout are 60 s: only ``fault``'s release (its log line ``logged``)
+    explains that."""
     a = appliance_factory(groups={**CONFIG["groups"], "share_record_lock_duration_ms": 60000,
                                   "share_session_timeout_ms": 60000})
     b = a.bootstrap
@@ -228,17 +227,35 @@ def test_a_killed_members_records_are_released_when_its_connection_closes_not_at
     try:
         wait_until(lambda: holder.values(), 60, "the holder's batch")
         held = holder.values()
-        holder.kill()
+        fault(a, holder)
         taker = ShareMember("accept", b, group, topic)
         wait_until(lambda: sorted(taker.values()) == sorted(sent), 30,
-                   "every record, the held ones released by the holder's closed connection")
+                   f"every record, the held ones released by {released_by}")
         counts = {v: n for _, _, n, v in taker.got()}
         assert all(counts[v] == 2 for v in held), counts
-        assert "connection closed; its share session is closed" in a.log_text()
+        assert logged in a.log_text()
     finally:
         holder.kill()
         if taker is not None:
             taker.kill()
+
+
+def test_a_killed_members_records_are_released_when_its_connection_closes_not_at_the_lock(
+        appliance_factory):
+    # Kafka releases a share session's records when the connection that opened it closes
+    # (ShareSessionCache's ConnectionDisconnectListener -> onMemberLeave); before, a consumer
+    # killed -9 held its records until their lock or its member session timed out.
+    _held_records_released_by(appliance_factory, lambda a, holder: holder.kill(),
+                              "the holder's closed connection",
+                              "connection closed; its share session is closed")
+
+
+def _kill_every_frontend(a, holder) -> None:
+    old = {w["pid"] for w in a.workers("frontend")}
+    for pid in old:
+        os.kill(pid, signal.SIGKILL)
+    a.wait_for(lambda: not old & {w["pid"] for w in a.workers("frontend")}
+               and a.all_workers_ready(), 60, "new frontends")
 
 
 def test_records_held_through_a_killed_frontend_are_released_when_it_restarts(appliance_factory):
@@ -246,32 +263,9 @@ def test_records_held_through_a_killed_frontend_are_released_when_it_restarts(ap
     # the coordinator, which closes the share sessions of the old process's connections (as a
     # Kafka broker's crash loses its share sessions and acquisitions). Before, the holder's
     # records waited for their 60 s lock.
-    a = appliance_factory(groups={**CONFIG["groups"], "share_record_lock_duration_ms": 60000,
-                                  "share_session_timeout_ms": 60000})
-    b = a.bootstrap
-    topic, group = uid("share"), uid("sg")
-    driver("confluent").create_topics(b, {topic: (1, {})})
-    sent = produce(b, topic, 0, 20)
-    holder = ShareMember("hold", b, group, topic)
-    taker = None
-    try:
-        wait_until(lambda: holder.values(), 60, "the holder's batch")
-        held = holder.values()
-        old = {w["pid"] for w in a.workers("frontend")}
-        for pid in old:
-            os.kill(pid, signal.SIGKILL)
-        a.wait_for(lambda: not old & {w["pid"] for w in a.workers("frontend")}
-                   and a.all_workers_ready(), 60, "new frontends")
-        taker = ShareMember("accept", b, group, topic)
-        wait_until(lambda: sorted(taker.values()) == sorted(sent), 30,
-                   "every record, the held ones released by the restarted frontend")
-        counts = {v: n for _, _, n, v in taker.got()}
-        assert all(counts[v] == 2 for v in held), counts
-        assert "frontend restarted; its share session is closed" in a.log_text()
-    finally:
-        holder.kill()
-        if taker is not None:
-            taker.kill()
+    _held_records_released_by(appliance_factory, _kill_every_frontend,
+                              "the restarted frontend",
+                              "frontend restarted; its share session is closed")
 
 
 def test_share_state_survives_kill9_of_the_coordinator(appliance_factory):

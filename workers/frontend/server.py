@@ -75,7 +75,7 @@ class Frontend(AsyncWorker):
         self.broker = Broker(self)
         self.broker.counters = self.counters
         self.connections: set[KafkaConnection] = set()
-        self.share_closes: set = set()          # ShareConnectionClosed calls under way
+        self.share_closes: set = set()          # _tell_coordinator calls under way
         self.closed_since_trim = 0             # connections closed since malloc was last trimmed
         self.quota_keys: dict[KafkaConnection, bytes] = {}
         self.draining = False
