@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 
 from appliance import ipc
 from appliance.api import handles
@@ -49,6 +50,8 @@ from appliance.protocol.share_fetch_response import (SharePartitionData, ShareTo
                                                     encode_share_fetch_response)
 from appliance.protocol.records import (CONTROL_ABORT, LEADER_EPOCH, InvalidRecord,
                                         iter_batch_headers, parse_control_record)
+
+log = logging.getLogger(__name__)
 
 FINAL_EPOCH = -1
 DEFAULT_MAX_RECORDS = 500
@@ -88,10 +91,18 @@ async def handle(ctx, req):
     acquire = req.max_bytes > 0 and not renew
     conn = getattr(ctx, "connection", None)
     connection_id = getattr(conn, "connection_id", "")
+    max_wait_ms = int(req.max_wait.total_seconds() * 1000)
+    timeout_s = broker.cfg.server.internal_request_timeout_ms / 1000
+    # An incremental fetch that acknowledges nothing may wait in the coordinator at once when
+    # others hold the records (Kafka's DelayedShareFetch): one hop instead of two for the
+    # members that wait for the in-flight window.
+    wait_ms = max_wait_ms if (acquire and req.share_session_epoch > 0 and not any(
+        a.acks for a in asks)) else 0
     ask = ShareFetchRequest(req.group_id, req.member_id, req.share_session_epoch, asks, forgotten,
                             True, max_records, record_limit=record_limit,
-                            acquire_none=not acquire, renew=renew, connection=connection_id)
-    r = await broker.call_coordinator(ask)
+                            acquire_none=not acquire, renew=renew, connection=connection_id,
+                            wait_ms=wait_ms)
+    r = await broker.call_coordinator(ask, wait_ms / 1000 + timeout_s if wait_ms else None)
     if r.error != ErrorCode.none:
         return _error(ctx, r.error, r.error_message)
     if connection_id and req.share_session_epoch in (0, FINAL_EPOCH):
@@ -105,9 +116,8 @@ async def handle(ctx, req):
             conn.share_sessions.discard((req.group_id, req.member_id))
     results = {(bytes(p.topic_id), p.partition): p for p in r.parts}
     acquired = {tp: list(p.acquired) for tp, p in results.items() if p.acquired}
+    known = {tp: p.bounds_left for tp, p in results.items() if p.acquired}
     isolation = r.isolation_level
-    max_wait_ms = int(req.max_wait.total_seconds() * 1000)
-    timeout_s = broker.cfg.server.internal_request_timeout_ms / 1000
     if not acquire:
         if req.share_session_epoch != FINAL_EPOCH and max_wait_ms > 0:
             await asyncio.sleep(max_wait_ms / 1000)
@@ -145,10 +155,14 @@ async def handle(ctx, req):
                     if p.acquired:
                         tp = (bytes(p.topic_id), p.partition)
                         acquired[tp] = list(p.acquired)
+                        known[tp] = p.bounds_left
                         results.setdefault(tp, p)
     committed = isolation == 1
     records, ends, aborted, bounds, sent, read_errors = (
-        await _read(ctx, acquired, req.max_bytes, timeout_s, committed)
+        await _read(ctx, acquired, req.max_bytes, timeout_s, committed,
+                    # Look ahead for batch ends only when the share partition knows few past
+                    # this acquisition: most reads walk just the batches they send.
+                    {tp: BOUNDS_AHEAD if n < BOUNDS_AHEAD // 2 else 0 for tp, n in known.items()})
         if acquired else ({}, {}, {}, {}, {}, {}))
     extend = [] if record_limit else [
         (tid, p, acquired[(tid, p)][-1][1] + 1, end) for (tid, p), end in ends.items()
@@ -182,6 +196,11 @@ async def handle(ctx, req):
                 tp = (bytes(p.topic_id), p.partition)
                 if tp in acquired:
                     acquired[tp] = _joined(acquired[tp], list(p.acquired))
+    elif (ahead := [(tid, p, lasts) for (tid, p), lasts in bounds.items() if len(lasts) > 1]):
+        # The read looked ahead and needed no extension: the batch ends it saw go to the
+        # coordinator without the answer waiting for them (they only shape later acquisitions).
+        _tell(broker, ShareFetchRequest(req.group_id, req.member_id, req.share_session_epoch,
+                                        [], [], True, 0, again=True, bounds=ahead))
     aborted = {tp: inside for tp, spans in aborted.items()
                if (inside := _within(spans, acquired.get(tp, [])))}
     if aborted:
@@ -235,6 +254,23 @@ async def handle(ctx, req):
                                             for f, last, n in q.acquired_records))
                      for q in t.partitions)) for t in topics),
                  node_endpoints=())
+
+
+_TOLD: set = set()          # bounds-only calls under way (a reference keeps each task alive)
+
+
+def _tell(broker, ask: ShareFetchRequest) -> None:
+    """Send ``ask`` to the coordinator without waiting for its answer: a hint whose loss costs
+    at most an extension call later."""
+    async def send() -> None:
+        try:
+            await broker.call_coordinator(ask)
+        except Exception:           # noqa: BLE001 (a hint: nobody waits for it)
+            log.debug("bounds for share group %s not delivered", ask.group_id, exc_info=True)
+
+    task = asyncio.ensure_future(send())
+    _TOLD.add(task)
+    task.add_done_callback(_TOLD.discard)
 
 
 def _joined(ranges: list, more: list) -> list:
@@ -324,21 +360,24 @@ def _aborted_spans(mv, aborted_txns, ranges) -> list[tuple[int, int]]:
 
 
 async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float,
-                committed: bool = False) -> tuple[dict, dict, dict, dict, dict, dict]:
+                committed: bool = False, ahead: dict | None = None
+                ) -> tuple[dict, dict, dict, dict, dict, dict]:
     """The records from each partition's first acquired offset through its last (segment
     views, spliced into the answer as Fetch's are), read by a fetcher as Fetch reads them; the
     batches after the last acquired offset cut off. Also, per partition, the last offset of the batch holding the last acquired one when the read got
     that far; with ``committed`` (read_committed), the offsets of aborted transactions in what
     was read; the last offsets of the batches the read saw from that one on (up to
-    ``BOUNDS_AHEAD``); the last offset of the last batch sent (absent: nothing read); and the
+    ``ahead[partition]``, default ``BOUNDS_AHEAD``); the last offset of the last batch sent (absent: nothing read); and the
     error of a partition the fetcher could not read."""
     broker = ctx.broker
     order = list(acquired)
     # Each read ends with the batch holding the last acquired offset and the BOUNDS_AHEAD after
     # it, so that one partition's read neither walks the log to max_bytes nor takes the bytes
     # of the session's other partitions.
+    ahead = ahead or {}
     asks = [ipc.FetchPart(tid, p, acquired[(tid, p)][0][0], max(max_bytes, 1),
-                          acquired[(tid, p)][-1][1], BOUNDS_AHEAD) for tid, p in order]
+                          acquired[(tid, p)][-1][1], ahead.get((tid, p), BOUNDS_AHEAD))
+            for tid, p in order]
     resp = await broker.call_fetcher(ipc.FetchRequest(0, 0, max(max_bytes, 1), int(committed),
                                                       asks),
                                      ctx.connection.fetcher, timeout_s,
@@ -365,9 +404,9 @@ async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float,
                     if done:
                         # Past what is sent: where the next batches end, for the coordinator
                         # to acquire by whole batches (ShareFetchRequest.bounds).
-                        seen.append(h.base_offset + h.last_offset_delta)
-                        if len(seen) >= BOUNDS_AHEAD:
+                        if len(seen) > ahead.get((tid, p), BOUNDS_AHEAD):
                             break
+                        seen.append(h.base_offset + h.last_offset_delta)
                         continue
                     end = pos + h.batch_length + 12
                     sent[(tid, p)] = h.base_offset + h.last_offset_delta

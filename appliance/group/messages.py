@@ -425,6 +425,9 @@ class SharePartResult(msgspec.Struct, array_like=True, frozen=True):
     acquired: list[tuple[int, int, int]] = []   # (first, last, delivery count)
     next_offset: int = -1                       # where new records would come: the long poll's
     acked: bool = False                         # the request acknowledged something here
+    # How many log batch ends past the last acquired offset the share partition knows
+    # (``SharePartition.bounds``): the frontend's read looks ahead for more only when few are.
+    bounds_left: int = 0
 
 
 class ShareFetchResult(Message):
@@ -467,8 +470,9 @@ class ShareFetchRequest(Request):
     # as ``extend`` is.
     unacquire: list[tuple[bytes, int, int, int]] = []
     # (topic id, partition, last offsets of log batches): where the log batches the frontend's
-    # read saw end, sent with ``extend``, so that later acquisitions end where a batch ends
-    # (``SharePartition.learn_bounds``) instead of inside one.
+    # read saw end, so that later acquisitions end where a batch ends
+    # (``SharePartition.learn_bounds``) instead of inside one: sent with ``extend``, or alone
+    # (``again``, nothing else) when the read looked ahead and needed no extension.
     bounds: list[tuple[bytes, int, list[int]]] = []
     # ShareFetch v2's share_acquire_mode record_limit (KIP-1206): ``max_records`` is a hard
     # limit, no acquisition is rounded up to a batch's end.
@@ -478,9 +482,10 @@ class ShareFetchRequest(Request):
     acquire_none: bool = False
     # is_renew_ack (v2, KIP-1222): the acknowledgements may RENEW locks (nothing is acquired).
     renew: bool = False
-    # With ``again``: when nothing can be acquired and the answer would say ``park``, the
-    # coordinator holds the request up to this long, until a lock of the group is freed
-    # (Kafka's DelayedShareFetch); 0 answers at once.
+    # With ``again``, or on an incremental first try without acknowledgements: when nothing
+    # can be acquired and the answer would say ``park``, the coordinator holds the request up
+    # to this long, until a lock of the group is freed (Kafka's DelayedShareFetch); 0 answers
+    # at once.
     wait_ms: int = 0
     # The frontend connection the request came on (``KafkaConnection.connection_id``): a session
     # opened at epoch 0 belongs to it, and is closed, its records released, when that

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+
+import msgspec
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -435,8 +437,12 @@ class ShareService(ShareAdmin):
             # acquisitions must not go to an answer nobody reads.
             self._unpark(req.group_id, req.member_id)
         r = self.fetch(req)
-        if r.park and req.again and req.wait_ms > 0 and not req.extend:
-            self._parked.append(_Parked(req, respond, self.now() + req.wait_ms))
+        if r.park and req.wait_ms > 0 and not req.extend and (req.again or _parks_first(req, r)):
+            # A first try parks as the second one it stands for (its session epoch is moved
+            # once, here; the tries after a freed lock or a tick are ``again``).
+            again = req if req.again else msgspec.structs.replace(req, again=True, parts=[],
+                                                                  forgotten=[])
+            self._parked.append(_Parked(again, respond, self.now() + req.wait_ms))
         else:
             respond(r)
         if self._freed:
@@ -474,7 +480,7 @@ class ShareService(ShareAdmin):
         if req.again:
             if session is None:
                 return ShareFetchResult(E.share_session_not_found)
-            if req.extend or req.unacquire:
+            if req.extend or req.unacquire or req.bounds:
                 return self._extend(req, now)
         elif req.acquire and epoch == INITIAL_EPOCH:
             if has_acks:
@@ -578,6 +584,7 @@ class ShareService(ShareAdmin):
                 r["next_offset"] = sp.end_offset
                 if got:
                     r["acquired"] = got
+                    r["bounds_left"] = sp.bounds_past(got[-1][1])
                     left -= sum(last - first + 1 for first, last, _ in got)
                 elif sp.holds(req.member_id):
                     holds = True
@@ -594,7 +601,7 @@ class ShareService(ShareAdmin):
             self._persist(dirty, now)
         parts = [SharePartResult(tp[0], tp[1], r.get("error", E.none), r.get("ack_error", E.none),
                                  r.get("acquired", []), r.get("next_offset", -1),
-                                 r.get("acked", False))
+                                 r.get("acked", False), r.get("bounds_left", 0))
                  for tp, r in results.items()]
         return ShareFetchResult(E.none, None, parts, cfg.record_lock_duration_ms,
                                 [] if close or session is None else list(session.parts),
@@ -654,3 +661,13 @@ class ShareService(ShareAdmin):
             first = min(min(w.deadline_ms for w in self._parked), self._next_tick)
             due = first if due is None else min(due, first)
         return due
+
+
+def _parks_first(req: ShareFetchRequest, r: ShareFetchResult) -> bool:
+    """Whether a first try (not ``again``) that acquired nothing may wait here at once, saving
+    the frontend the second call (a hop per ShareFetch of a member that waits for the window):
+    only an incremental fetch (epoch > 0: an opening or closing one answers its partitions)
+    without acknowledgements (they are answered before any wait) and without a partition
+    error, whose answer would be empty anyway."""
+    return (req.session_epoch > 0 and not any(p.acks for p in req.parts)
+            and all(p.error == E.none for p in r.parts))

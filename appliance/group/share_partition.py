@@ -214,6 +214,11 @@ class SharePartition:
         merged = sorted(set(self.bounds).union(o for o in lasts if o >= start))
         self.bounds = merged[:MAX_BOUNDS]
 
+    def bounds_past(self, offset: int) -> int:
+        """How many batch ends past ``offset`` are known: when few are, the next read looks
+        ahead for more (``BOUNDS_AHEAD`` in ``appliance.api.share_fetch``)."""
+        return len(self.bounds) - bisect.bisect_right(self.bounds, offset)
+
     def acquire_through(self, member: str, first: int, last: int, high_watermark: int,
                         now_ms: int, lock_ms: int) -> list[tuple[int, int, int]]:
         """Acquire for ``member`` the AVAILABLE offsets of ``[first, last]`` (below the high

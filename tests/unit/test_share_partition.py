@@ -307,6 +307,48 @@ def test_a_parked_fetch_is_answered_at_its_wait_by_new_records_or_by_the_members
     env.svc.close()
 
 
+def test_an_incremental_first_try_without_acknowledgements_parks_at_once(tmp_path) -> None:
+    # Kafka's DelayedShareFetch: a ShareFetch that finds the window full waits in the first call
+    # (one hop instead of two), as the again-try it stands for: its session epoch moves once.
+    env = Env(tmp_path)
+    env.svc.cfg = ShareConfig(record_lock_duration_ms=LOCK, auto_offset_reset="earliest",
+                              max_share_sessions=4, max_record_locks=100)
+    env.hw[(b"\x01" * 16, 0)] = 1000
+    assert _serve(env, "a", 0, max_records=100)[0].parts[0].acquired == [(0, 99, 1)]
+    assert _serve(env, "b", 0)[0].park           # an opening fetch answers its partitions
+    parked = _serve(env, "b", 1, wait_ms=500)
+    assert parked == [] and len(env.svc._parked) == 1 and env.svc._parked[0].req.again
+    assert env.svc.sessions[("g", "b")].epoch == 2
+    r = _serve(env, "a", 1, acks=[(0, 9, ACCEPT)], max_records=1)[0]
+    assert r.parts[0].acquired == [(100, 100, 1)]
+    assert parked[0].parts[0].acquired == [(101, 105, 1)]
+    # with acknowledgements it answers at once (they are answered before any wait), even
+    # with nothing to acquire: c fills what b's acknowledgement freed, b acknowledges again
+    assert _serve(env, "b", 2, acks=[(101, 105, ACCEPT)], max_records=1)[0].parts[0].acquired \
+        == [(106, 106, 1)]
+    assert _serve(env, "c", 0)[0].parts[0].acquired == [(107, 109, 1)]
+    answered = _serve(env, "b", 3, acks=[(106, 106, ACCEPT)], wait_ms=500)
+    assert len(answered) == 1 and answered[0].park and env.svc._parked == []
+    env.svc.close()
+
+
+def test_batch_ends_sent_alone_teach_the_share_partition_and_acquire_nothing(tmp_path) -> None:
+    # A read that looked ahead and needed no extension tells the coordinator the batch ends it
+    # saw (ShareFetchRequest.bounds alone); the next acquisition ends at one of them.
+    env = Env(tmp_path)
+    tid = b"\x01" * 16
+    r = env.fetch("m", 0)
+    assert r.parts[0].acquired == [(0, 4, 1)] and r.parts[0].bounds_left == 0
+    told = env.svc.fetch(ShareFetchRequest("g", "m", 1, [], [], True, 0, again=True,
+                                           bounds=[(tid, 0, [6, 8, 9])]))
+    assert told.error == E.none and told.parts == []
+    sp = env.svc.partitions[("g", tid, 0)]
+    assert sp.bounds == [6, 8, 9] and sp.bounds_past(4) == 3 and sp.bounds_past(8) == 1
+    r = env.fetch("n", 0)                  # 5-9 acquirable, max 5: ends at 9 anyway
+    assert r.parts[0].acquired == [(5, 9, 1)] and r.parts[0].bounds_left == 0
+    env.svc.close()
+
+
 def test_renew_restarts_the_lock_of_held_records_only_when_the_request_renews() -> None:
     """KIP-1222: RENEW keeps the record ACQUIRED by its member with a new lock deadline and the
     same delivery count; it is INVALID_REQUEST without the request's is_renew_ack, and a
