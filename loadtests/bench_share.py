@@ -12,7 +12,7 @@ records/s from the first record received to the last (the 8 share consumers: fro
 record any of them got to the last any of them got); for the share runs also the records
 delivered more than once (0 expected: no lock expires in a run this short).
 
-    .venv/bin/python loadtests/bench_share.py [N] [ROUNDS] [PRODUCER_BATCH_BYTES] [MAX_RECORD_LOCKS] [CLASSIC_QUEUE_BACKOFF_MS]
+    .venv/bin/python loadtests/bench_share.py [N] [ROUNDS] [PRODUCER_BATCH_BYTES] [MAX_RECORD_LOCKS] [CLASSIC_QUEUE_BACKOFF_MS] [SHARE_MAX_POLL_RECORDS]
 
 Starts the appliance through the integration tests' harness (tests/integration/appliance_harness.py)
 with ``groups.share_auto_offset_reset = "earliest"``. Not here: the redelivery delay after a
@@ -28,9 +28,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "integration"))
 
 
-def _share_member(bootstrap, group, topic, total, counter, first, last, out_path, stop):
+def _share_member(bootstrap, group, topic, total, counter, first, last, out_path, stop,
+                  max_poll_records=None):
     from confluent_kafka import ShareConsumer
-    s = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group})
+    conf = {"bootstrap.servers": bootstrap, "group.id": group}
+    if max_poll_records:
+        conf["max.poll.records"] = max_poll_records      # librdkafka's ShareFetch MaxRecords
+    s = ShareConsumer(conf)
     s.subscribe([topic])
     seen = []
     while not stop.is_set():
@@ -58,13 +62,14 @@ def _share_member(bootstrap, group, topic, total, counter, first, last, out_path
         f.write(b"\n".join(seen))
 
 
-def share_run(bootstrap, group, topic, n, members, work):
+def share_run(bootstrap, group, topic, n, members, work, max_poll_records=None):
     ctx = mp.get_context("spawn")
     counter, first, last = ctx.Value("q", 0), ctx.Value("d", 0.0), ctx.Value("d", 0.0)
     stop = ctx.Event()
     paths = [os.path.join(work, f"{group}-{i}") for i in range(members)]
     procs = [ctx.Process(target=_share_member,
-                         args=(bootstrap, group, topic, n, counter, first, last, p, stop))
+                         args=(bootstrap, group, topic, n, counter, first, last, p, stop,
+                               max_poll_records))
              for p in paths]
     for p in procs:
         p.start()
@@ -115,6 +120,9 @@ def main() -> None:
     # Fetch and then waits this long before it fetches again ("Fetch backoff for 1000ms: Local:
     # Queue full" in its fetch debug), the client's wait, not the broker's.
     backoff = int(sys.argv[5]) if len(sys.argv) > 5 else None
+    # The share consumers' max.poll.records (librdkafka's default 500), which is the MaxRecords
+    # of each ShareFetch: the broker's and the clients' costs are mostly per ShareFetch.
+    mpr = int(sys.argv[6]) if len(sys.argv) > 6 else None
     work = tempfile.mkdtemp(prefix="bench-share-")
     a = Appliance(data_dir=os.path.join(work, "data"), log_path=os.path.join(work, "appliance.log"),
                   config={"groups": {"share_auto_offset_reset": "earliest",
@@ -137,14 +145,15 @@ def main() -> None:
         p.flush(120)
         for rnd in range(rounds):
             c1 = classic_run(b, f"c1-{rnd}", "q1", n, backoff)
-            s1, d1, u1 = share_run(b, f"s1-{rnd}", "q1", n, 1, work)
+            s1, d1, u1 = share_run(b, f"s1-{rnd}", "q1", n, 1, work, mpr)
             c8 = classic_run(b, f"c8-{rnd}", "q8", n, backoff)
-            s8, d8, u8 = share_run(b, f"s8-{rnd}", "q1", n, 8, work)
+            s8, d8, u8 = share_run(b, f"s8-{rnd}", "q1", n, 8, work, mpr)
             print(f"round {rnd}: classic 1p {c1:.0f} rec/s, share 1x1p {s1:.0f} rec/s "
                   f"({s1 / c1:.2f}x, {d1} twice, {u1} distinct); classic 8p {c8:.0f} rec/s, "
                   f"share 8x1p {s8:.0f} rec/s ({s8 / c8:.2f}x, {d8} twice, {u8} distinct); "
                   f"producer batch.size {batch_bytes}, max record locks {locks}, classic "
-                  f"fetch.queue.backoff.ms {backoff if backoff is not None else 'default'}; load {os.getloadavg()[0]:.1f}", flush=True)
+                  f"fetch.queue.backoff.ms {backoff if backoff is not None else 'default'}, share "
+                  f"max.poll.records {mpr or 'default'}; load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         a.terminate()
 

@@ -8,10 +8,13 @@ locks; then a fetcher (``workers/fetcher.py``) finds the records from the first 
 as for Fetch, and they are sent with the acquired ranges (the client keeps only the records inside
 them). The batches past the last acquired offset are cut off; offsets acquired past the last
 batch the read carried (its max_bytes) are given back as if never acquired. When nothing could
-be acquired and the coordinator says ``park`` (others hold the records, or the in-flight window is full) the
-handler asks it once more with ``wait_ms = max_wait``, and the coordinator holds that request
-until a lock is freed (Kafka's DelayedShareFetch); otherwise it long-polls the fetcher on the
-partitions' next offsets for up to ``max_wait`` and asks the coordinator once more.
+be acquired and the coordinator says ``park`` (others hold the records, or the in-flight window
+is full) the coordinator holds the request until a lock is freed (Kafka's DelayedShareFetch):
+an incremental fetch without acknowledgements carries ``wait_ms = max_wait`` in its first call
+and waits there; any other is answered first and the handler asks once more with it. Otherwise
+it long-polls the fetcher on the partitions' next offsets for up to ``max_wait`` and asks the
+coordinator once more. The answer is written by ``appliance.protocol.share_fetch_response``
+(the records' segment views spliced in), kio's entity only when a quota may throttle it.
 
 A ShareFetch of MaxBytes 0 acquires nothing and answers no records after max_wait (its read
 could carry nothing; Kafka answers it no records).
@@ -239,9 +242,14 @@ async def handle(ctx, req):
         return encode_share_fetch_response(ctx.header.api_version, 0, 0, None, r.lock_ms,
                                            topics)[0]
     # With quotas the connection may set the throttle time in the answer: kio's entity.
-    return build(ctx.response_class(), throttle_time=datetime.timedelta(0),
-                 error_code=ErrorCode.none, error_message=None,
-                 acquisition_lock_timeout=datetime.timedelta(milliseconds=r.lock_ms),
+    return kio_answer(ctx.response_class(), r.lock_ms, topics)
+
+
+def kio_answer(cls, lock_ms: int, topics: list) -> object:
+    """The answer as kio's entity of ``cls`` (the same bytes as the hand encoder's), for the
+    connection to set a quota's throttle time in."""
+    return build(cls, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none,
+                 error_message=None, acquisition_lock_timeout=datetime.timedelta(milliseconds=lock_ms),
                  responses=tuple(dict(topic_id=t.topic_id, partitions=tuple(dict(
                      partition_index=q.partition_index, error_code=q.error_code,
                      error_message=None, acknowledge_error_code=q.acknowledge_error_code,

@@ -89,3 +89,18 @@ def test_share_fetch_response_is_kios_bytes(version, throttle, error, message, l
 def test_share_fetch_response_refuses_an_unknown_version():
     with pytest.raises(ValueError):
         encode_share_fetch_response(3, 0, 0, None, 0, [])
+
+
+@pytest.mark.parametrize("version", list(SHARE_FETCH_VERSIONS))
+@SETTINGS
+@given(lock_ms=st.integers(0, 2**31 - 1), topics=TOPICS)
+def test_the_handlers_kio_answer_for_quotas_is_the_same_bytes(version, lock_ms, topics):
+    # ShareFetch answers through kio's entity only when a quota may throttle them: both paths
+    # must say the same (error messages are never set by the handler).
+    from appliance.api.share_fetch import kio_answer
+    for t in topics:
+        for p in t.partitions:
+            p.error_message = p.acknowledge_error_message = None
+    parts, _ = encode_share_fetch_response(version, 0, 0, None, lock_ms, topics)
+    entity = kio_answer(messages.response_class(78, version), lock_ms, topics)
+    assert messages.encode_response(entity) == b"".join(bytes(p) for p in parts)
