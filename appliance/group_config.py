@@ -80,6 +80,11 @@ GROUP_CONFIGS: dict[str, GroupConfigDef] = {d.name: d for d in [
                    "group.share.auto.offset.reset"),
     GroupConfigDef("share.isolation.level", "STRING", "read_uncommitted",
                    _choice("read_uncommitted", "read_committed"), "group.share.isolation.level"),
+    # KIP-1240 (Kafka 4.3): a group's own in-flight window per share partition, within the
+    # broker's bounds (group.share.partition.max.record.locks' 100-10,000 here).
+    GroupConfigDef("share.partition.max.record.locks", "INT", "2000",
+                   _int_in(100, 10000, "share.partition.max.record.locks"),
+                   "group.share.partition.max.record.locks"),
     GroupConfigDef("streams.session.timeout.ms", "INT", "45000",
                    _int_in(45000, 60000, "streams.session.timeout.ms"),
                    "group.streams.session.timeout.ms"),
@@ -125,7 +130,9 @@ def describe_group_configs(configs: dict[str, str], groups_cfg=None) -> dict[str
                     "share.heartbeat.interval.ms": str(groups_cfg.share_heartbeat_interval_ms),
                     "share.record.lock.duration.ms": str(groups_cfg.share_record_lock_duration_ms),
                     "share.delivery.count.limit": str(groups_cfg.share_delivery_count_limit),
-                    "share.auto.offset.reset": str(groups_cfg.share_auto_offset_reset)}
+                    "share.auto.offset.reset": str(groups_cfg.share_auto_offset_reset),
+                    "share.partition.max.record.locks":
+                        str(getattr(groups_cfg, "share_partition_max_record_locks", 2000))}
     out = {}
     for name, d in GROUP_CONFIGS.items():
         syn = []

@@ -85,7 +85,8 @@ class ShareConfig:
     max_size: int = 200                        # group.share.max.size
     max_share_sessions: int = 2000             # group.share.max.share.sessions
     isolation_level: str = "read_uncommitted"  # share.isolation.level (a group config only)
-    max_record_locks: int = MAX_RECORD_LOCKS   # group.share.partition.max.record.locks
+    max_record_locks: int = MAX_RECORD_LOCKS   # group.share.partition.max.record.locks (and
+                                               # the group's share.partition.max.record.locks)
 
 
 # GROUP config resources (appliance.group_config) over [groups]: name -> (field, type).
@@ -94,7 +95,9 @@ _GROUP_OVERRIDES = {"share.heartbeat.interval.ms": ("heartbeat_interval_ms", int
                     "share.record.lock.duration.ms": ("record_lock_duration_ms", int),
                     "share.delivery.count.limit": ("delivery_count_limit", int),
                     "share.auto.offset.reset": ("auto_offset_reset", str),
-                    "share.isolation.level": ("isolation_level", str)}
+                    "share.isolation.level": ("isolation_level", str),
+                    # KIP-1240: the group's in-flight window per share partition
+                    "share.partition.max.record.locks": ("max_record_locks", int)}
 
 
 def share_config(groups_cfg) -> ShareConfig:

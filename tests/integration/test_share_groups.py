@@ -416,6 +416,80 @@ def test_a_groups_lock_duration_is_held_to_the_brokers_bounds(appliance_factory)
         assert [(e.name, e.value) for e in res.configs] == [("share.record.lock.duration.ms", "3000")], res
 
 
+def _first_acquisition(c, topic: str, group: str, max_records: int):
+    """A new member of ``group`` (raw ShareGroupHeartbeat until assigned partition 0 of
+    ``topic``) and the acquired ranges of its ShareFetches until one acquires something."""
+    member = uuid.uuid4().hex[:22]
+    state = {"epoch": 0}
+
+    def assigned():
+        hb = c.request(76, 1, {"group_id": group, "member_id": member,
+                               "member_epoch": state["epoch"],
+                               "subscribed_topic_names": [topic] if state["epoch"] == 0 else None})
+        assert hb.error_code == 0, hb
+        state["epoch"] = hb.member_epoch
+        a = hb.assignment
+        return a is not None and any(list(tp.partitions) == [0] for tp in a.topic_partitions)
+    wait_until(assigned, 30, "the member assigned the partition")
+    md = c.request(3, 12, {"topics": [{"name": topic, "topic_id": None}],
+                           "allow_auto_topic_creation": False,
+                           "include_topic_authorized_operations": False})
+    tid = md.topics[0].topic_id
+
+    def fetch():
+        f = c.request(78, 1, {"group_id": group, "member_id": member,
+                              "share_session_epoch": fetch.epoch, "max_wait": 100,
+                              "min_bytes": 1, "max_bytes": 1 << 20, "max_records": max_records,
+                              "batch_size": max_records, "forgotten_topics_data": [],
+                              "topics": [{"topic_id": tid, "partitions": [
+                                  {"partition_index": 0, "acknowledgement_batches": []}]}]})
+        assert f.error_code == 0, f
+        fetch.epoch += 1
+        got = [(a.first_offset, a.last_offset) for t in f.responses for p in t.partitions
+               for a in p.acquired_records]
+        return got or None
+    fetch.epoch = 0
+    return wait_until(fetch, 30, "records acquired")
+
+
+def test_a_groups_share_partition_max_record_locks_is_its_in_flight_window(appliance):
+    """KIP-1240 (Kafka 4.3): ``share.partition.max.record.locks`` on a GROUP resource is that
+    group's in-flight window per share partition: with 100, a ShareFetch of max_records 500
+    acquires offsets 0-99 of 300 records (in batches of 10); a group without it takes all 300
+    (the broker's 2,000)."""
+    from confluent_kafka import Producer
+    b = appliance.bootstrap
+    topic, small, other = uid("window"), uid("sgwin"), uid("sgwin")
+    driver("confluent").create_topics(b, {topic: (1, {})})
+    p = Producer({"bootstrap.servers": b, "linger.ms": 0})
+    for i in range(300):
+        p.produce(topic, value=f"w{i}".encode(), partition=0)
+        if i % 10 == 9:
+            assert p.flush(30) == 0
+    with RawClient(b) as c:
+        for group, configs in ((small, [("share.partition.max.record.locks", "100")]), (other, [])):
+            r = c.request(44, 1, {"resources": [{"resource_type": 32, "resource_name": group,
+                                                 "configs": [{"name": n, "config_operation": 0,
+                                                              "value": v} for n, v in
+                                                             [("share.auto.offset.reset",
+                                                               "earliest")] + configs]}],
+                                  "validate_only": False})
+            assert [x.error_code for x in r.responses] == [0], r
+        r = c.request(44, 1, {"resources": [{"resource_type": 32, "resource_name": small,
+                                             "configs": [{"name": "share.partition.max.record.locks",
+                                                          "config_operation": 0, "value": "99"}]}],
+                              "validate_only": False})
+        assert [x.error_code for x in r.responses] == [40], r          # INVALID_CONFIG
+        r = c.request(32, 4, {"resources": [{"resource_type": 32, "resource_name": small,
+                                             "configuration_keys": ["share.partition.max.record.locks"]}],
+                              "include_synonyms": False, "include_documentation": False})
+        (res,) = r.results
+        assert [(e.name, e.value) for e in res.configs] == [
+            ("share.partition.max.record.locks", "100")], res
+        assert _first_acquisition(c, topic, small, 500) == [(0, 99)]
+        assert _first_acquisition(c, topic, other, 500) == [(0, 299)]
+
+
 def test_a_share_fetch_of_max_bytes_zero_acquires_and_returns_nothing(appliance):
     """librdkafka 0180 fetch_max_bytes_zero: a ShareFetch with MaxBytes 0 answers no records
     (as against Kafka and the Java client) and acquires none: the next ShareFetch of the

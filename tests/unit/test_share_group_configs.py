@@ -51,6 +51,23 @@ def test_group_configs_override_the_broker_defaults(tmp_path) -> None:
     svc.close()
 
 
+def test_a_groups_share_partition_max_record_locks_sets_its_window(tmp_path) -> None:
+    # KIP-1240 (Kafka 4.3): share.partition.max.record.locks on a GROUP resource over
+    # [groups] share_partition_max_record_locks.
+    now[0] = 0
+    svc = service(tmp_path, {"w": {"share.auto.offset.reset": "earliest",
+                                   "share.partition.max.record.locks": "100"}})
+    svc.cfg = ShareConfig(record_lock_duration_ms=30000, auto_offset_reset="earliest",
+                          max_record_locks=6)
+    svc.marks = lambda t, p: (1000, 0, 1000)
+    assert fetch(svc, "w", n=500).parts[0].acquired == [(0, 99, 1)]
+    assert fetch(svc, "w", "m2", n=500).parts[0].acquired == []       # the window is full
+    assert fetch(svc, "other", n=500).parts[0].acquired == [(0, 5, 1)]  # the broker's 6
+    assert GROUP_CONFIGS["share.partition.max.record.locks"].check("99")
+    assert GROUP_CONFIGS["share.partition.max.record.locks"].check("10000") is None
+    svc.close()
+
+
 def test_share_group_configs_are_described_with_the_groups_defaults() -> None:
     assert GROUP_CONFIGS["share.delivery.count.limit"].check("11")
     assert GROUP_CONFIGS["share.delivery.count.limit"].check("3") is None
@@ -60,10 +77,12 @@ def test_share_group_configs_are_described_with_the_groups_defaults() -> None:
         share_session_timeout_ms, share_heartbeat_interval_ms = 45000, 5000
         share_record_lock_duration_ms, share_delivery_count_limit = 20000, 4
         share_auto_offset_reset = "earliest"
+        share_partition_max_record_locks = 3000
     d = describe_group_configs({"share.delivery.count.limit": "3"}, Groups)
     assert d["share.delivery.count.limit"][:2] == ("3", 8)
     assert d["share.record.lock.duration.ms"][:2] == ("20000", 5)
     assert d["share.auto.offset.reset"][:2] == ("earliest", 5)
+    assert d["share.partition.max.record.locks"][:2] == ("3000", 5)
 
 
 def test_read_committed_share_fetch_finds_the_aborted_records_it_acquired() -> None:
