@@ -98,6 +98,12 @@ class ConsumerMember:
     state: MemberState = MemberState.STABLE
     assigned: Assignment = field(default_factory=dict)
     pending_revocation: Assignment = field(default_factory=dict)
+    # KIP-1251's assignment epochs: for each partition the member owns, the member epoch at
+    # which it got it (kept while it keeps it). An offset commit carrying an older member
+    # epoch is still the owner's when every partition it names was assigned at or before that
+    # epoch. In memory only: after a restart a member has none, and commits need its current
+    # epoch, as before KIP-1251.
+    assignment_epochs: dict[tuple[bytes, int], int] = field(default_factory=dict)
     session_seq: int = 0
     rebalance_seq: int = 0
     # who last heartbeat as this member (in memory only: "" after a restart until it does),
@@ -300,6 +306,7 @@ class ConsumerGroup:
         new.state = old.state
         new.assigned = old.assigned
         new.pending_revocation = old.pending_revocation
+        new.assignment_epochs = old.assignment_epochs
         self.members[new.member_id] = new
         self.static_members[new.instance_id] = new.member_id
         if target is not None:
@@ -351,5 +358,24 @@ class ConsumerGroup:
         member.member_epoch = new_epoch
         member.assigned = {tid: frozenset(ps) for tid, ps in grown.items() if ps}
         member.pending_revocation = {}
+        # KIP-1251: kept partitions keep the epoch they were assigned at, new ones get this one
+        before = member.assignment_epochs
+        member.assignment_epochs = {(tid, p): before.get((tid, p), new_epoch)
+                                    for tid, ps in member.assigned.items() for p in ps}
         member.state = (MemberState.UNRELEASED_PARTITIONS if unreleased else MemberState.STABLE)
         self._claim(member)
+
+
+def assigned_at_or_before(member: ConsumerMember, epoch: int,
+                          partitions: Iterable[tuple[bytes, int]]) -> bool:
+    """KIP-1251 (Kafka's assignment epochs): may ``member``'s commit carrying the older member
+    ``epoch`` name these partitions? Each must be owned now (assigned or pending revocation)
+    and have been assigned at an epoch ``<= epoch``."""
+    owned = set(member.owned())
+    got = False
+    for tp in partitions:
+        got = True
+        at = member.assignment_epochs.get(tp)
+        if tp not in owned or at is None or at > epoch:
+            return False
+    return got

@@ -264,6 +264,7 @@ class ConsumerGroupProtocol:
             group._release(member)
             member.assigned = {}
             member.pending_revocation = {}
+            member.assignment_epochs = {}
             member.state = MemberState.STABLE
             member.member_epoch = 0
         elif req.member_epoch > member.member_epoch or (

@@ -149,7 +149,7 @@ class GroupCoordinator:
                                            new_member_join_timeout_ms=new_member_join_timeout_ms,
                                            new_uuid=new_uuid)
         self.member_requests = MemberRequests(self.table, self.rebalance)
-        self.admin = GroupAdmin(self.table, self.rebalance)
+        self.admin = GroupAdmin(self.table, self.rebalance, topics)
         # KIP-848 online migration: hooks itself into the two protocols
         self.migration = GroupMigration(self.table, self.consumer, self.rebalance)
 
@@ -315,9 +315,11 @@ class GroupCoordinator:
 
     # -- for the offsets side ---------------------------------------------------------------------
     def validate_offset_commit(self, group_id: str, generation_id: int, member_id: str | None,
-                               group_instance_id: str | None, *, api_version: int = 8) -> ErrorCode:
+                               group_instance_id: str | None, *, api_version: int = 8,
+                               partitions: list[tuple[str, int]] | None = None) -> ErrorCode:
         return self.admin.validate_offset_commit(group_id, generation_id, member_id,
-                                                 group_instance_id, api_version=api_version)
+                                                 group_instance_id, api_version=api_version,
+                                                 partitions=partitions)
 
     def validate_txn_offset_commit(self, group_id: str, generation_id: int, member_id: str | None,
                                    group_instance_id: str | None) -> ErrorCode:

@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 from appliance.errors import ErrorCode
 from appliance.group.classic_group import CLASSIC_GROUP_TYPE, ClassicGroup, GroupState
-from appliance.group.consumer_group import CONSUMER_GROUP_TYPE, ConsumerGroup
+from appliance.group.consumer_group import (CONSUMER_GROUP_TYPE, ConsumerGroup,
+                                           assigned_at_or_before)
 from appliance.group.membership_join import RebalanceProtocol
 from appliance.group.messages import DescribedGroup, ListedGroup, ListGroupsResult
 from appliance.group.records import store_group_error
@@ -46,9 +47,11 @@ class GroupInfo(NamedTuple):
 class GroupAdmin:
     """Admin requests and queries over a GroupTable, with the RebalanceProtocol."""
 
-    def __init__(self, table: GroupTable, rebalance: RebalanceProtocol) -> None:
+    def __init__(self, table: GroupTable, rebalance: RebalanceProtocol,
+                 topics: Callable[[], dict[str, tuple[bytes, int]]] = dict) -> None:
         self.table = table
         self.rebalance = rebalance
+        self.topics = topics            # topic name -> (topic id, partitions): KIP-1251's check
 
     # -- admin ------------------------------------------------------------------------------------
     def describe_groups(self, group_ids: Iterable[str]) -> list[DescribedGroup]:
@@ -159,10 +162,12 @@ class GroupAdmin:
 
     # -- for the offsets side ---------------------------------------------------------------------
     def validate_offset_commit(self, group_id: str, generation_id: int, member_id: str | None,
-                               group_instance_id: str | None, *, api_version: int = 8) -> ErrorCode:
+                               group_instance_id: str | None, *, api_version: int = 8,
+                               partitions: list[tuple[str, int]] | None = None) -> ErrorCode:
         """OffsetCommit's group checks (Kafka's validateOffsetCommit, non-transactional). A
         commit with generation < 0 to an unknown group creates it (Empty, a "simple" group). A
-        member's commit in Stable/PreparingRebalance counts as a heartbeat."""
+        member's commit in Stable/PreparingRebalance counts as a heartbeat. ``partitions``
+        (topic name, partition): what the commit names, for KIP-1251's assignment epochs."""
         self.table.enter()
         try:
             if not self.table.loaded:
@@ -175,7 +180,8 @@ class GroupAdmin:
                 return E.group_id_not_found if api_version >= 9 else E.illegal_generation
             if group.group_type == CONSUMER_GROUP_TYPE:
                 return _consumer_check(group, generation_id, member_id, transactional=False,
-                                       api_version=api_version)
+                                       api_version=api_version,
+                                       partitions=self._ids(partitions))
             err = group.validate_offset_commit(generation_id, member_id or "",
                                                group_instance_id, transactional=False)
             if err is not None:
@@ -236,6 +242,20 @@ class GroupAdmin:
             return E.none
         return E.illegal_generation if member.classic is not None else E.stale_member_epoch
 
+    def _ids(self, partitions: list[tuple[str, int]] | None) -> list[tuple[bytes, int]] | None:
+        """(topic id, partition) of named partitions; None when a topic is unknown (the
+        commit then needs the member's current epoch)."""
+        if not partitions:
+            return None
+        topics = self.topics()
+        out = []
+        for name, p in partitions:
+            t = topics.get(name)
+            if t is None:
+                return None
+            out.append((bytes(t[0]), p))
+        return out
+
     def group_state(self, group_id: str) -> str | None:
         """Kafka's state name, or None for an unknown group."""
         group = self.table.groups.get(group_id)
@@ -281,7 +301,8 @@ class GroupAdmin:
 
 
 def _consumer_check(group: ConsumerGroup, member_epoch: int, member_id: str | None, *,
-                    transactional: bool, api_version: int = 9) -> ErrorCode:
+                    transactional: bool, api_version: int = 9,
+                    partitions: list[tuple[bytes, int]] | None = None) -> ErrorCode:
     """Kafka's ConsumerGroup.validateOffsetCommit: epoch < 0 commits (admin clients, consumers
     without group management) only to an empty group; otherwise the member must exist
     (UNKNOWN_MEMBER_ID), commit with OffsetCommit v9+ (UNSUPPORTED_VERSION) unless it is
@@ -294,6 +315,15 @@ def _consumer_check(group: ConsumerGroup, member_epoch: int, member_id: str | No
     if not transactional and member.classic is None and api_version < 9:
         return E.unsupported_version
     if member_epoch == member.member_epoch:
+        return E.none
+    # KIP-1251 (assignment epochs): a commit with an older epoch is the owner's when every
+    # partition it names has been the member's since that epoch or before. A member's epoch
+    # moves at every new target assignment, and the client learns it only from its next
+    # heartbeat: before, a consumer committing after each batch got STALE_MEMBER_EPOCH, and its
+    # synchronous commit (so its partitions, kept ones too) waited up to a heartbeat interval.
+    if (member.classic is None and 0 <= member_epoch < member.member_epoch
+            and partitions is not None
+            and assigned_at_or_before(member, member_epoch, partitions)):
         return E.none
     # a classic member (KIP-848 migration) commits with its generation: Kafka's
     # validateMemberEpoch answers it as a classic group would

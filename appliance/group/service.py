@@ -208,7 +208,9 @@ class GroupService:
         if self._is_share(req.group_id):        # Kafka's ShareGroup.validateOffsetCommit
             return OffsetsResult(E.group_id_not_found)
         err = self.groups.validate_offset_commit(req.group_id, req.generation_id, req.member_id,
-                                                 req.group_instance_id, api_version=req.api_version)
+                                                 req.group_instance_id, api_version=req.api_version,
+                                                 partitions=[(o.topic, o.partition)
+                                                             for o in req.offsets])
         if err != E.none:
             return OffsetsResult(err)
         res = self.offsets.commit_offsets(req.group_id, _items(req.offsets), self.now())

@@ -257,6 +257,41 @@ def test_offset_commit_and_fetch_check_the_member_epoch():
     assert gc.validate_offset_commit("g", -1, "", None, api_version=9) == E.none
 
 
+def test_regression_a_commit_at_the_epoch_before_a_rebalance_was_stale_for_kept_partitions():
+    # KIP-1251 (assignment epochs): m1's epoch moves to 2 when m2 joins, but its client learns
+    # that only from its next heartbeat; its commit of the partitions it keeps, still at epoch
+    # 1, was STALE_MEMBER_EPOCH, and a consumer committing synchronously after every batch
+    # stopped (its kept partitions too) until that heartbeat. Now it is accepted when every
+    # partition it names has been the member's since epoch 1; not for one assigned later, not
+    # from a member that does not own it, not with an epoch from the future.
+    env = Env()
+    gc = env.gc
+    env.hb("m1", 0)
+    env.hb("m2", 0)
+    kept = parts(env.hb("m1", 1))
+    moved = {0, 1, 2, 3} - kept
+    k, m = min(kept), min(moved)
+    # revoking (still epoch 1): its own epoch, every partition it still owns
+    assert gc.validate_offset_commit("g", 1, "m1", None, api_version=9,
+                                     partitions=[("t1", k), ("t1", m)]) == E.none
+    assert env.hb("m1", 1, owned={T1: kept}).member_epoch == 2        # revoked: epoch 2
+    assert gc.validate_offset_commit("g", 1, "m1", None, api_version=9,
+                                     partitions=[("t1", p) for p in kept]) == E.none
+    assert gc.validate_offset_commit("g", 1, "m1", None, api_version=9,
+                                     partitions=[("t1", m)]) == E.stale_member_epoch
+    assert gc.validate_offset_commit("g", 1, "m1", None, api_version=9) == E.stale_member_epoch
+    assert gc.validate_offset_commit("g", 3, "m1", None, api_version=9,
+                                     partitions=[("t1", k)]) == E.stale_member_epoch
+    assert gc.validate_offset_commit("g", 1, "m1", None, api_version=9,
+                                     partitions=[("nope", k)]) == E.stale_member_epoch
+    # m2 got the moved ones at epoch 2: a commit of them at epoch 1 is not its
+    assert parts(env.hb("m2", 2, owned={})) == moved
+    assert gc.validate_offset_commit("g", 2, "m2", None, api_version=9,
+                                     partitions=[("t1", m)]) == E.none
+    assert gc.validate_offset_commit("g", 1, "m2", None, api_version=9,
+                                     partitions=[("t1", m)]) == E.stale_member_epoch
+
+
 # -- assignors -----------------------------------------------------------------------------------
 
 def _count(res):
