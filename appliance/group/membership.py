@@ -322,9 +322,10 @@ class GroupCoordinator:
                                                  partitions=partitions)
 
     def validate_txn_offset_commit(self, group_id: str, generation_id: int, member_id: str | None,
-                                   group_instance_id: str | None) -> ErrorCode:
+                                   group_instance_id: str | None,
+                                   partitions: list[tuple[str, int]] | None = None) -> ErrorCode:
         return self.admin.validate_txn_offset_commit(group_id, generation_id, member_id,
-                                                     group_instance_id)
+                                                     group_instance_id, partitions)
 
     def validate_offset_fetch(self, group_id: str, member_id: str | None,
                               member_epoch: int) -> ErrorCode:

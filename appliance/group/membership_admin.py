@@ -197,7 +197,8 @@ class GroupAdmin:
             self.table.leave()
 
     def validate_txn_offset_commit(self, group_id: str, generation_id: int, member_id: str | None,
-                                   group_instance_id: str | None) -> ErrorCode:
+                                   group_instance_id: str | None,
+                                   partitions: list[tuple[str, int]] | None = None) -> ErrorCode:
         """TxnOffsetCommit's group checks (KIP-447). Generation -1 with no member id and no
         instance id (v0-2 clients, standalone producers) passes without checks; otherwise the
         member must exist (UNKNOWN_MEMBER_ID), a static one must be current
@@ -216,7 +217,8 @@ class GroupAdmin:
                 return E.illegal_generation
             if group.group_type == CONSUMER_GROUP_TYPE:
                 # KIP-848 carries KIP-447 over: the member epoch fences a zombie's commit
-                return _consumer_check(group, generation_id, member_id, transactional=True)
+                return _consumer_check(group, generation_id, member_id, transactional=True,
+                                       partitions=self._ids(partitions))
             err = group.validate_offset_commit(generation_id, member_id or "",
                                                group_instance_id, transactional=True)
             return E.none if err is None else err

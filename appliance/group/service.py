@@ -233,7 +233,9 @@ class GroupService:
             err = E.group_id_not_found
         if err == E.none and req.api_version >= 3:
             err = self.groups.validate_txn_offset_commit(req.group_id, req.generation_id,
-                                                         req.member_id, req.group_instance_id)
+                                                         req.member_id, req.group_instance_id,
+                                                         [(o.topic, o.partition)
+                                                          for o in req.offsets])
         if err != E.none:
             return OffsetsResult(err)
         res = self.offsets.txn_commit_offsets(req.group_id, req.producer_id, req.producer_epoch,

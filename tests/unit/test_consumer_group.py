@@ -280,6 +280,9 @@ def test_regression_a_commit_at_the_epoch_before_a_rebalance_was_stale_for_kept_
     assert gc.validate_offset_commit("g", 1, "m1", None, api_version=9,
                                      partitions=[("t1", m)]) == E.stale_member_epoch
     assert gc.validate_offset_commit("g", 1, "m1", None, api_version=9) == E.stale_member_epoch
+    # TxnOffsetCommit (KIP-447's group-fenced commits) is checked the same way, as in Kafka
+    assert gc.validate_txn_offset_commit("g", 1, "m1", None, [("t1", k)]) == E.none
+    assert gc.validate_txn_offset_commit("g", 1, "m1", None, [("t1", m)]) == E.stale_member_epoch
     assert gc.validate_offset_commit("g", 3, "m1", None, api_version=9,
                                      partitions=[("t1", k)]) == E.stale_member_epoch
     assert gc.validate_offset_commit("g", 1, "m1", None, api_version=9,
