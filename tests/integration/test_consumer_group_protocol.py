@@ -122,8 +122,22 @@ def test_consumer_protocol_members_share_rebalance_and_commit(appliance_factory,
                                                 "committed_metadata": ""}]}]}
             r = c.request(8, 9, {**base, "generation_id_or_member_epoch": 1, "member_id": "nobody"})
             assert r.topics[0].partitions[0].error_code == E_UNKNOWN_MEMBER_ID, r
-            r = c.request(8, 9, {**base, "generation_id_or_member_epoch": member.member_epoch - 1,
-                                 "member_id": member.member_id})
+            # KIP-1251: an older epoch is stale for a partition the member does not own (it
+            # would be taken for a partition it has owned since that epoch), a newer one always
+            owned = {p for tp in member.assignment.topic_partitions for p in tp.partitions}
+            other = min(set(range(PARTITIONS)) - owned)
+            mine = min(owned)
+
+            def commit(epoch, partition):
+                return c.request(8, 9, {**base, "generation_id_or_member_epoch": epoch,
+                                        "member_id": member.member_id, "topics": [
+                                            {"name": topic, "partitions": [
+                                                {"partition_index": partition, "committed_offset": 300,
+                                                 "committed_leader_epoch": -1,
+                                                 "committed_metadata": ""}]}]})
+            r = commit(member.member_epoch - 1, other)
+            assert r.topics[0].partitions[0].error_code == E_STALE_MEMBER_EPOCH, r
+            r = commit(member.member_epoch + 1, mine)
             assert r.topics[0].partitions[0].error_code == E_STALE_MEMBER_EPOCH, r
             f = c.request(9, 9, {"groups": [{"group_id": group, "member_id": member.member_id,
                                              "member_epoch": member.member_epoch + 5,
