@@ -132,7 +132,7 @@ def describe_group_configs(configs: dict[str, str], groups_cfg=None) -> dict[str
                     "share.delivery.count.limit": str(groups_cfg.share_delivery_count_limit),
                     "share.auto.offset.reset": str(groups_cfg.share_auto_offset_reset),
                     "share.partition.max.record.locks":
-                        str(getattr(groups_cfg, "share_partition_max_record_locks", 2000))}
+                        str(groups_cfg.share_partition_max_record_locks)}
     out = {}
     for name, d in GROUP_CONFIGS.items():
         syn = []

@@ -102,10 +102,27 @@ def classic_run(bootstrap, group, topic, n, queue_backoff_ms=None):
     return rate
 
 
-def main() -> None:
-    from appliance_harness import Appliance
+def fill(bootstrap, n, batch_bytes):
+    """Topics q1 (1 partition) and q8 (8 partitions), each given the same ``n`` records of 100
+    bytes (unique values) by one producer of ``batch.size`` ``batch_bytes``."""
     from client_drivers import driver
     from confluent_kafka import Producer
+    driver("confluent").create_topics(bootstrap, {"q1": (1, {}), "q8": (8, {})})
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": batch_bytes})
+    for i in range(n):
+        v = f"r{i:09d}".encode() + b"x" * 90
+        for topic, part in (("q1", 0), ("q8", i % 8)):
+            while True:
+                try:
+                    p.produce(topic, value=v, partition=part)
+                    break
+                except BufferError:          # the producer's queue is full: let it send
+                    p.poll(0.1)
+    p.flush(120)
+
+
+def main() -> None:
+    from appliance_harness import Appliance
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     # The producer's batch.size (librdkafka's default 1,000,000: ~7,600 records of this size a
@@ -131,18 +148,7 @@ def main() -> None:
     a.start()
     b = a.bootstrap
     try:
-        driver("confluent").create_topics(b, {"q1": (1, {}), "q8": (8, {})})
-        p = Producer({"bootstrap.servers": b, "linger.ms": 5, "batch.size": batch_bytes})
-        for i in range(n):
-            v = f"r{i:09d}".encode() + b"x" * 90
-            for topic, part in (("q1", 0), ("q8", i % 8)):
-                while True:
-                    try:
-                        p.produce(topic, value=v, partition=part)
-                        break
-                    except BufferError:          # the producer's queue is full: let it send
-                        p.poll(0.1)
-        p.flush(120)
+        fill(b, n, batch_bytes)
         for rnd in range(rounds):
             c1 = classic_run(b, f"c1-{rnd}", "q1", n, backoff)
             s1, d1, u1 = share_run(b, f"s1-{rnd}", "q1", n, 1, work, mpr)

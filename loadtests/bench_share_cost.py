@@ -83,8 +83,8 @@ def _appliance_processes():
 def main() -> None:
     import psutil
     from appliance_harness import Appliance
-    from client_drivers import driver
-    from confluent_kafka import Consumer, Producer
+    from bench_share import fill
+    from confluent_kafka import Consumer
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1500000
     members = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     locks = int(sys.argv[3]) if len(sys.argv) > 3 else 2000
@@ -97,18 +97,7 @@ def main() -> None:
     a.start()
     b = a.bootstrap
     try:
-        driver("confluent").create_topics(b, {"q1": (1, {}), "q8": (8, {})})
-        p = Producer({"bootstrap.servers": b, "linger.ms": 5, "batch.size": 16384})
-        for i in range(n):
-            v = f"r{i:09d}".encode() + b"x" * 90
-            for topic, part in (("q1", 0), ("q8", i % 8)):
-                while True:
-                    try:
-                        p.produce(topic, value=v, partition=part)
-                        break
-                    except BufferError:
-                        p.poll(0.1)
-        p.flush(120)
+        fill(b, n, 16384)
         broker = _appliance_processes()
 
         ctx = mp.get_context("spawn")

@@ -372,10 +372,11 @@ async def _read(ctx, acquired: dict, max_bytes: int, timeout_s: float,
                 ) -> tuple[dict, dict, dict, dict, dict, dict]:
     """The records from each partition's first acquired offset through its last (segment
     views, spliced into the answer as Fetch's are), read by a fetcher as Fetch reads them; the
-    batches after the last acquired offset cut off. Also, per partition, the last offset of the batch holding the last acquired one when the read got
-    that far; with ``committed`` (read_committed), the offsets of aborted transactions in what
-    was read; the last offsets of the batches the read saw from that one on (up to
-    ``ahead[partition]``, default ``BOUNDS_AHEAD``); the last offset of the last batch sent (absent: nothing read); and the
+    batches after the last acquired offset cut off. Also, per partition, the last offset of the
+    batch holding the last acquired one when the read got that far; with ``committed``
+    (read_committed), the offsets of aborted transactions in what was read; the last offsets of
+    the batches the read saw from that one on (up to ``ahead[partition]``, default
+    ``BOUNDS_AHEAD``); the last offset of the last batch sent (absent: nothing read); and the
     error of a partition the fetcher could not read."""
     broker = ctx.broker
     order = list(acquired)

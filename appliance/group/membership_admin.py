@@ -181,7 +181,7 @@ class GroupAdmin:
             if group.group_type == CONSUMER_GROUP_TYPE:
                 return _consumer_check(group, generation_id, member_id, transactional=False,
                                        api_version=api_version,
-                                       partitions=self._ids(partitions))
+                                       partitions=lambda: self._ids(partitions))
             err = group.validate_offset_commit(generation_id, member_id or "",
                                                group_instance_id, transactional=False)
             if err is not None:
@@ -218,7 +218,7 @@ class GroupAdmin:
             if group.group_type == CONSUMER_GROUP_TYPE:
                 # KIP-848 carries KIP-447 over: the member epoch fences a zombie's commit
                 return _consumer_check(group, generation_id, member_id, transactional=True,
-                                       partitions=self._ids(partitions))
+                                       partitions=lambda: self._ids(partitions))
             err = group.validate_offset_commit(generation_id, member_id or "",
                                                group_instance_id, transactional=True)
             return E.none if err is None else err
@@ -304,7 +304,8 @@ class GroupAdmin:
 
 def _consumer_check(group: ConsumerGroup, member_epoch: int, member_id: str | None, *,
                     transactional: bool, api_version: int = 9,
-                    partitions: list[tuple[bytes, int]] | None = None) -> ErrorCode:
+                    partitions: Callable[[], list[tuple[bytes, int]] | None] | None = None
+                    ) -> ErrorCode:
     """Kafka's ConsumerGroup.validateOffsetCommit: epoch < 0 commits (admin clients, consumers
     without group management) only to an empty group; otherwise the member must exist
     (UNKNOWN_MEMBER_ID), commit with OffsetCommit v9+ (UNSUPPORTED_VERSION) unless it is
@@ -323,10 +324,12 @@ def _consumer_check(group: ConsumerGroup, member_epoch: int, member_id: str | No
     # moves at every new target assignment, and the client learns it only from its next
     # heartbeat: before, a consumer committing after each batch got STALE_MEMBER_EPOCH, and its
     # synchronous commit (so its partitions, kept ones too) waited up to a heartbeat interval.
+    # (``partitions`` resolves the commit's topic names only here, off the common path)
     if (member.classic is None and 0 <= member_epoch < member.member_epoch
-            and partitions is not None
-            and assigned_at_or_before(member, member_epoch, partitions)):
-        return E.none
+            and partitions is not None):
+        named = partitions()
+        if named is not None and assigned_at_or_before(member, member_epoch, named):
+            return E.none
     # a classic member (KIP-848 migration) commits with its generation: Kafka's
     # validateMemberEpoch answers it as a classic group would
     return E.illegal_generation if member.classic is not None else E.stale_member_epoch

@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-
-import msgspec
 from dataclasses import dataclass, field
 from typing import Callable
+
+import msgspec
 
 from appliance.errors import ErrorCode
 from appliance.group.messages import (DescribedShareGroup, DescribedShareMember,

@@ -76,6 +76,7 @@ __all__ = [
     "FetchTopic",
     "NodeEndpoint",
     "encode_fetch_response",
+    "node_endpoints_array",
     "ProducePartition",
     "ProduceTopic",
     "encode_produce_response",
@@ -127,7 +128,9 @@ class FetchTopic:
     partitions: list[FetchPartition] = field(default_factory=list)
 
 
-def _node_endpoints_tag(node_endpoints: Sequence[NodeEndpoint]) -> bytes:
+def node_endpoints_array(node_endpoints: Sequence[NodeEndpoint]) -> bytes:
+    """A compact array of NodeEndpoint (node_id int32, host string, port int32, rack
+    nullable string, tags): Fetch's tagged field 0 (v16+) and ShareFetch's NodeEndpoints."""
     payload = bytearray(uvarint(len(node_endpoints) + 1))
     for ep in node_endpoints:
         payload += I32.pack(ep.node_id)
@@ -135,6 +138,11 @@ def _node_endpoints_tag(node_endpoints: Sequence[NodeEndpoint]) -> bytes:
         payload += I32.pack(ep.port)
         payload += compact_nullable_string(ep.rack)
         payload += NO_TAGS
+    return bytes(payload)
+
+
+def _node_endpoints_tag(node_endpoints: Sequence[NodeEndpoint]) -> bytes:
+    payload = node_endpoints_array(node_endpoints)
     return b"\x01\x00" + uvarint(len(payload)) + payload
 
 

@@ -33,15 +33,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Final, Sequence
 
-from appliance.protocol.fetch_response import NodeEndpoint, _uuid_bytes
-from appliance.protocol.primitives import (
-    I32,
-    NO_TAGS,
-    buffer_len,
-    compact_nullable_string,
-    compact_string,
-    uvarint,
-)
+from appliance.protocol.fetch_response import NodeEndpoint, _uuid_bytes, node_endpoints_array
+from appliance.protocol.primitives import (I32, NO_TAGS, buffer_len, compact_nullable_string,
+                                           uvarint)
 
 __all__ = ["SHARE_FETCH_VERSIONS", "SharePartitionData", "ShareTopic",
            "encode_share_fetch_response"]
@@ -119,13 +113,7 @@ def encode_share_fetch_response(
                 buf += _ACQUIRED.pack(first, last, count, 0)
             buf += NO_TAGS
         buf += NO_TAGS
-    buf += uvarint(len(node_endpoints) + 1)
-    for ep in node_endpoints:
-        buf += I32.pack(ep.node_id)
-        buf += compact_string(ep.host)
-        buf += I32.pack(ep.port)
-        buf += compact_nullable_string(ep.rack)
-        buf += NO_TAGS
+    buf += node_endpoints_array(node_endpoints)
     buf += NO_TAGS
     chunk = bytes(buf)
     parts.append(chunk)

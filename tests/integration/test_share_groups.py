@@ -416,9 +416,9 @@ def test_a_groups_lock_duration_is_held_to_the_brokers_bounds(appliance_factory)
         assert [(e.name, e.value) for e in res.configs] == [("share.record.lock.duration.ms", "3000")], res
 
 
-def _first_acquisition(c, topic: str, group: str, max_records: int):
-    """A new member of ``group`` (raw ShareGroupHeartbeat until assigned partition 0 of
-    ``topic``) and the acquired ranges of its ShareFetches until one acquires something."""
+def _raw_share_member(c, topic: str, group: str) -> tuple[str, object]:
+    """A new member of ``group`` over ``c`` (raw ShareGroupHeartbeat until it is assigned
+    partition 0 of ``topic``): its member id and the topic's id."""
     member = uuid.uuid4().hex[:22]
     state = {"epoch": 0}
 
@@ -434,7 +434,13 @@ def _first_acquisition(c, topic: str, group: str, max_records: int):
     md = c.request(3, 12, {"topics": [{"name": topic, "topic_id": None}],
                            "allow_auto_topic_creation": False,
                            "include_topic_authorized_operations": False})
-    tid = md.topics[0].topic_id
+    return member, md.topics[0].topic_id
+
+
+def _first_acquisition(c, topic: str, group: str, max_records: int):
+    """A new member of ``group`` (``_raw_share_member``) and the acquired ranges of its
+    ShareFetches until one acquires something."""
+    member, tid = _raw_share_member(c, topic, group)
 
     def fetch():
         f = c.request(78, 1, {"group_id": group, "member_id": member,
@@ -505,23 +511,8 @@ def test_a_share_fetch_of_max_bytes_zero_acquires_and_returns_nothing(appliance)
                               "validate_only": False})
         assert [x.error_code for x in r.responses] == [0], r
     produce(b, topic, 0, 5)
-    member = uuid.uuid4().hex[:22]
     with RawClient(b) as c:
-        state = {"epoch": 0}
-
-        def assigned():
-            hb = c.request(76, 1, {"group_id": group, "member_id": member,
-                                   "member_epoch": state["epoch"],
-                                   "subscribed_topic_names": [topic] if state["epoch"] == 0 else None})
-            assert hb.error_code == 0, hb
-            state["epoch"] = hb.member_epoch
-            a = hb.assignment
-            return a is not None and any(list(tp.partitions) == [0] for tp in a.topic_partitions)
-        wait_until(assigned, 30, "the member assigned the partition")
-        md = c.request(3, 12, {"topics": [{"name": topic, "topic_id": None}],
-                               "allow_auto_topic_creation": False,
-                               "include_topic_authorized_operations": False})
-        tid = md.topics[0].topic_id
+        member, tid = _raw_share_member(c, topic, group)
 
         def fetch(epoch, max_bytes):
             f = c.request(78, 1, {"group_id": group, "member_id": member,
