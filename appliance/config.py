@@ -103,6 +103,9 @@ class ServerConfig(_Section):
     frontends: WorkerCount = 0
     # Fetch worker processes.
     fetchers: Annotated[int, msgspec.Meta(ge=1, le=MAX_WORKERS_PER_ROLE)] = 1
+    # Incremental fetch sessions (KIP-227) kept, over all frontends (Kafka's
+    # max.incremental.fetch.session.cache.slots); 0 = none (clients send full fetches).
+    max_incremental_fetch_session_cache_slots: NonNegative = 1000
     # Largest request frame accepted (Kafka's socket.request.max.bytes); bigger: connection closed.
     socket_request_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 104857600
     # Idle client connections are closed after this long (Kafka's connections.max.idle.ms).

@@ -80,6 +80,8 @@ RESTART_REASONS: dict[str, str] = {
     "server.disk_reserve_bytes": "the reserve is made at start",
     "server.frontends": "the rings between processes are made at start",
     "server.fetchers": "the rings between processes are made at start",
+    "server.max_incremental_fetch_session_cache_slots":
+        "each frontend sizes its fetch-session cache once, at start (as Kafka's is static)",
     "server.max_connections": "each frontend reads its connection quotas once, at start",
     "server.max_connections_per_ip": "each frontend reads its connection quotas once, at start "
                                      "(and the shared per-address tables are made only then)",

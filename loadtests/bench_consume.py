@@ -8,8 +8,9 @@ transaction in ``--abort-every`` aborted, flushed first so that the aborted reco
 log), timing the fill (the produce rate of the same data), then read the whole topic with
 ``--consumers`` consumer processes (confluent-kafka, partitions assigned round-robin, batch
 ``consume(10000)``; or ``--client batches``: the appliance's own client counting whole batches,
-so that the consumer's per-record work does not bound the rate), once per isolation level per
-round, alternating. The rate of a read is the
+so that the consumer's per-record work does not bound the rate; or ``--client java``: Kafka's
+Java consumer 4.3.0, ``tests/java/CatchUpConsumer.java``, which uses KIP-227 fetch sessions),
+once per isolation level per round, alternating. The rate of a read is the
 records delivered to the applications over the wall time from the first consumer's start to the
 last one's end; read_committed delivers only the committed records and is counted by those.
 Every read of the appliance must deliver exactly the records it should (else the run fails);
@@ -19,7 +20,7 @@ Printed: records/s and MB/s of each cell (best of ``--rounds``), appliance / pee
 produce (the fill rate), read_committed / read_uncommitted.
 
     .venv/bin/python loadtests/bench_consume.py [--records 1000000] [--record-size 100]
-        [--partitions 1,64] [--consumers 2] [--client confluent|batches] [--peer tansu] [--rounds 3]
+        [--partitions 1,64] [--consumers 2] [--client confluent|batches|java] [--peer tansu] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ from peers import TANSU_HINT, tansu, tansu_binary  # noqa: E402
 
 ISOLATIONS = ("read_uncommitted", "read_committed")
 CLIENTS = {"confluent": "confluent-kafka, consume(10000)",
-           "batches": "the appliance's client reading whole batches, poll_batches"}
+           "batches": "the appliance's client reading whole batches, poll_batches",
+           "java": "Kafka's Java client 4.3.0, KafkaConsumer.poll"}
+# librdkafka's queue settings mean nothing to the Java client (its fetch settings have the same
+# names and defaults: fetch.max.bytes 50 MiB, max.partition.fetch.bytes 1 MiB).
+LIBRDKAFKA_ONLY = ("queued.min.messages", "queued.max.messages.kbytes")
 
 
 def fill(bootstrap: str, topic: str, records: int, size: int, commit_ms: int, abort_every: int
@@ -171,10 +176,49 @@ def _batch_consumer(bootstrap: str, topic: str, partitions: list[int], isolation
     out.put((got, nbytes, t0, t1))
 
 
+def _java_consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, n: int,
+                      settings: dict, classpath: str) -> list[tuple[int, int, float, float]]:
+    """``n`` ``java CatchUpConsumer`` processes (tests/java/CatchUpConsumer.java), started
+    together once every one is READY; their (records, bytes, start, end)."""
+    import subprocess
+    extra = [f"{k}={v}" for k, v in settings.items() if k not in LIBRDKAFKA_ONLY]
+    procs = [subprocess.Popen(["java", "-Xmx1g", "-cp", classpath, "CatchUpConsumer", bootstrap,
+                               topic, str(partitions), str(i), str(n), isolation, *extra],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for i in range(n)]
+    try:
+        for p in procs:
+            line = p.stdout.readline()
+            if line.strip() != "READY":
+                raise RuntimeError(f"a Java consumer did not start: {line!r}")
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        out = []
+        for p in procs:
+            line = p.stdout.readline().split()
+            if not line or line[0] != "DONE":
+                raise RuntimeError(f"a Java consumer failed: {line!r}")
+            out.append((int(line[1]), int(line[2]), float(line[3]), float(line[4])))
+        for p in procs:
+            p.stdin.close()                 # closes the consumer
+            p.wait(60)
+        return out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, consumers: int,
-                client: str = "confluent", settings: dict | None = None
-                ) -> tuple[float, int, int]:
+                client: str = "confluent", settings: dict | None = None,
+                classpath: str | None = None) -> tuple[float, int, int]:
     """(seconds, records, bytes) of reading the whole topic with ``consumers`` processes."""
+    if client == "java":
+        results = _java_consume_all(bootstrap, topic, partitions, isolation,
+                                    min(consumers, partitions), settings or {}, classpath)
+        return (max(r[3] for r in results) - min(r[2] for r in results),
+                sum(r[0] for r in results), sum(r[1] for r in results))
     ctx = mp.get_context("spawn")         # a fresh librdkafka per process (no fork of its threads)
     n = min(consumers, partitions)
     go, out = ctx.Event(), ctx.Queue()
@@ -215,7 +259,7 @@ def measure(name: str, bootstrap: str, args, results: dict) -> None:
         for _ in range(args.rounds):
             for setting, iso in [(s, i) for s in args.settings for i in args.isolations]:
                 dt, got, nbytes = consume_all(bootstrap, topic, parts, iso, args.consumers, args.client,
-                                              settings_of(setting, args))
+                                              settings_of(setting, args), args.classpath)
                 if got != expect[iso]:
                     wrong = (f"{name}, {parts} partition(s), {setting}, {iso}: delivered {got:,} "
                              f"records, expected {expect[iso]:,}")
@@ -237,10 +281,11 @@ def main() -> int:
     ap.add_argument("--record-size", type=int, default=100)
     ap.add_argument("--partitions", default="1", help="comma-separated partition counts (default 1)")
     ap.add_argument("--consumers", type=int, default=1, help="consumer processes per read (default 1)")
-    ap.add_argument("--client", choices=("confluent", "batches"), default="confluent",
+    ap.add_argument("--client", choices=("confluent", "batches", "java"), default="confluent",
                     help="confluent: confluent-kafka consume(10000), one Message per record; "
                          "batches: the appliance's own client, whole batches counted (no object per "
-                         "record: the broker bounds the rate)")
+                         "record: the broker bounds the rate); java: Kafka's Java client 4.3.0 "
+                         "(tests/java/CatchUpConsumer.java, needs javac)")
     ap.add_argument("--fetch-max-bytes", type=int, default=52428800,
                     help="the consumers' fetch.max.bytes (default Kafka's, 50 MiB)")
     ap.add_argument("--max-partition-fetch-bytes", type=int, default=1048576,
@@ -267,6 +312,11 @@ def main() -> int:
         if name != "custom" and name not in SETTINGS:
             ap.error(f"unknown --settings {name}")
     workdir = tempfile.mkdtemp(prefix="bench-consume-", dir=args.work_dir)
+    args.classpath = None
+    if args.client == "java":
+        from chaos_java import ROOT, compile_client
+        args.classpath = compile_client(workdir, "4.3.0",
+                                        os.path.join(ROOT, "tests", "java", "CatchUpConsumer.java"))
     brokers = ["appliance"]
     if args.peer == "tansu":
         if tansu_binary() is None:

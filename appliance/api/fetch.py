@@ -5,10 +5,12 @@ to return and long-polls for ``min_bytes`` up to ``max_wait_ms``; this handler t
 it passes read-only memoryviews of the segment files to the socket through the hand-written
 encoder in ``appliance.protocol.fetch_response``.
 
-Fetch sessions (KIP-227, v7+): we never create one. A full fetch (session id 0, epoch 0 or -1) is
-answered with session id 0, which tells the client to keep sending full fetches, as it does when a
-Kafka broker's session cache is full. Anything else names a session that does not exist:
-FETCH_SESSION_ID_NOT_FOUND, as Kafka's FetchManager answers.
+Fetch sessions (KIP-227, v7+; ``appliance.fetch_session``, one cache per frontend): a full fetch
+with epoch 0 is answered with a new session's id when the cache has room; an incremental fetch
+names only the partitions that changed, the session's whole partition list is read and only the
+partitions with something new are answered. A session this frontend does not know is
+FETCH_SESSION_ID_NOT_FOUND, a wrong epoch INVALID_FETCH_SESSION_EPOCH, as Kafka's FetchManager
+answers.
 
 Authorization (Kafka's KafkaApis.handleFetchRequest): a consumer needs Read on each topic (else
 TOPIC_AUTHORIZATION_FAILED, checked before the topic's existence); a follower (replica id >= 0)
@@ -20,6 +22,7 @@ v17's.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 from appliance import ipc
@@ -27,6 +30,7 @@ from appliance.acl.model import AclOperation, ResourceType
 from appliance.api import handles
 from appliance.data_layout import partition_dir
 from appliance.errors import ErrorCode, KafkaError
+from appliance.fetch_session import answer_incremental
 from appliance.protocol.fetch_response import FetchPartition, FetchTopic, encode_fetch_response
 from appliance.quota.rates import FETCH as FETCH_QUOTA
 
@@ -50,12 +54,24 @@ EXPECTED_FETCH_ERRORS = frozenset(int(e) for e in (
 async def handle(ctx, req):
     v = ctx.version
     broker = ctx.broker
-    session_id = getattr(req, "session_id", 0)
-    session_epoch = getattr(req, "session_epoch", -1)
-    if session_id != 0 or session_epoch not in (0, -1):
-        ctx.errors = Counter({int(ErrorCode.fetch_session_id_not_found): 1})
-        parts, _ = encode_fetch_response(v, 0, int(ErrorCode.fetch_session_id_not_found), 0, [])
+    # A partition named twice is fetched once, at its first place with its last fetch position:
+    # Kafka keeps a full fetch's partitions in a LinkedHashMap (regression: a request repeating
+    # one partition 40,000 times was answered with 40,000 copies of its records, 18 MB).
+    requested: dict[tuple, object] = {}
+    for t in req.topics:
+        tkey = t.topic_id if v >= 13 else t.topic
+        for p in t.partitions:
+            requested[(tkey, p.partition)] = p
+    forgotten = [(t.topic_id if v >= 13 else t.topic, p)
+                 for t in getattr(req, "forgotten_topics_data", ()) for p in t.partitions]
+    sessions = broker.fetch_sessions
+    session_ctx = sessions.context(getattr(req, "session_id", 0), getattr(req, "session_epoch", -1),
+                                   v, requested, forgotten, time.monotonic() * 1000)
+    if session_ctx.error:
+        ctx.errors = Counter({session_ctx.error: 1})
+        parts, _ = encode_fetch_response(v, 0, session_ctx.error, 0, [])
         return parts
+    entries = session_ctx.partitions
     catalog = broker.catalog
     isolation = getattr(req, "isolation_level", 0)
     asks: list[ipc.FetchPart] = []
@@ -70,16 +86,10 @@ async def handle(ctx, req):
         authorize = None if replica_id >= 0 else ctx.authorize
     else:
         authorize = None
-    # A partition named twice is fetched once, at its first place with its last fetch position:
-    # Kafka keeps a full fetch's partitions in a LinkedHashMap (regression: a request repeating
-    # one partition 40,000 times was answered with 40,000 copies of its records, 18 MB).
-    entries: dict[tuple, object] = {}
-    for t in req.topics:
-        tkey = t.topic_id if v >= 13 else t.topic
-        for p in t.partitions:
-            entries[(tkey, p.partition)] = p
+    answered: list[tuple[tuple, FetchPartition, FetchTopic]] = []   # every one read, in order
     ft, ft_key, info, missing, denied = None, None, None, ErrorCode.unknown_topic_or_partition, False
-    for (tkey, _index), p in entries.items():
+    for key, p in entries.items():
+        tkey = key[0]
         if ft is None or tkey != ft_key:
             ft_key = tkey
             if v >= 13:
@@ -97,6 +107,7 @@ async def handle(ctx, req):
                                          authorize(AclOperation.READ, ResourceType.TOPIC, name))
         fp = FetchPartition(p.partition)
         ft.partitions.append(fp)
+        answered.append((key, fp, ft))
         if denied:
             fp.error_code = int(ErrorCode.topic_authorization_failed)
             continue
@@ -143,9 +154,24 @@ async def handle(ctx, req):
                 # is gone too: answer nothing for this partition; the next fetch reads anew.
                 records = []
             fp.records = records
+    session_id = 0
+    if session_ctx.session is not None:
+        session_id = session_ctx.session.id
+        if session_ctx.session.epoch != session_ctx.expected_epoch:
+            # Another fetch of this session came and moved its epoch while this one was read
+            # (Kafka's IncrementalFetchContext.updateAndGenerateResponseData).
+            ctx.errors = Counter({int(ErrorCode.invalid_fetch_session_epoch): 1})
+            parts, _ = encode_fetch_response(v, 0, int(ErrorCode.invalid_fetch_session_epoch),
+                                             session_id, [])
+            return parts
     if not broker.quotas.any:
+        if session_ctx.session is not None:
+            topics = _regroup(answered, answer_incremental(session_ctx, [(k, fp) for k, fp, _ in answered]))
+        elif session_ctx.create:
+            session_id = sessions.create(v, [(k, entries[k], fp) for k, fp, _ in answered],
+                                         time.monotonic() * 1000)
         _count(ctx, catalog, topics)
-        parts, _ = encode_fetch_response(v, 0, 0, 0, topics)
+        parts, _ = encode_fetch_response(v, 0, 0, session_id, topics)
         return parts
     # KIP-13: the response's bytes against consumer_byte_rate, the request's time against
     # request_percentage. Throttled by either, Kafka's handleFetchRequest answers no records
@@ -153,14 +179,42 @@ async def handle(ctx, req):
     # full fetch, no partitions), takes the bytes back from the byte-rate quota
     # (unrecordQuotaSensor) and mutes the connection for the throttle time (KIP-219); the
     # client fetches the same offsets again after it. Nothing was sent: no bytes out.
-    parts, size = encode_fetch_response(v, 0, 0, 0, topics)
+    # A full fetch's throttled answer creates no session (FullFetchContext.getThrottledResponse:
+    # session id 0); an incremental one keeps its session, whose cached partitions are not
+    # updated (they were not sent).
+    if session_ctx.session is not None:
+        topics = _regroup(answered, answer_incremental(session_ctx, [(k, fp) for k, fp, _ in answered], update=False))
+    parts, size = encode_fetch_response(v, 0, 0, session_id, topics)
     throttle = ctx.throttle(FETCH_QUOTA, size)
     if throttle:
         ctx.unrecord(FETCH_QUOTA, size)
         topics = []
-        parts, _ = encode_fetch_response(v, throttle, 0, 0, topics)
+        parts, _ = encode_fetch_response(v, throttle, 0, session_id, topics)
+    else:
+        if session_ctx.session is not None:
+            answer_incremental(session_ctx, [(k, fp) for k, fp, _ in answered])
+        elif session_ctx.create:
+            session_id = sessions.create(v, [(k, entries[k], fp) for k, fp, _ in answered],
+                                         time.monotonic() * 1000)
+            parts, _ = encode_fetch_response(v, 0, 0, session_id, topics)
     _count(ctx, catalog, topics)
     return parts
+
+
+def _regroup(answered: list[tuple[tuple, FetchPartition, FetchTopic]], sent: set
+             ) -> list[FetchTopic]:
+    """An incremental answer: the partitions in ``sent``, in reading order, a topic entry for
+    each run of one topic's partitions (as Kafka's FetchResponse.toMessage groups them)."""
+    topics: list[FetchTopic] = []
+    last = None
+    for key, fp, ft in answered:
+        if key not in sent:
+            continue
+        if last is None or last[0] is not ft:
+            last = (ft, FetchTopic(ft.name, ft.topic_id))
+            topics.append(last[1])
+        last[1].partitions.append(fp)
+    return topics
 
 
 def _count(ctx, catalog, topics: list[FetchTopic]) -> None:

@@ -76,6 +76,13 @@ CATALOG: dict[str, Metric] = {m.name: m for m in [
            scale=1e-3, bounds=TOTAL_TIME_MS_BOUNDS),
     Metric("kafka_server_socket_server_metrics_connection_count", GAUGE,
            "Open client connections (socket-server-metrics connection-count)", ("listener",)),
+    # -- fetch sessions (kafka.server:type=FetchSessionCache,name=...), KIP-227 -------------------
+    Metric("kafka_server_fetchsessioncache_numincrementalfetchsessions", GAUGE,
+           "Incremental fetch sessions cached, over all frontends (NumIncrementalFetchSessions)"),
+    Metric("kafka_server_fetchsessioncache_numincrementalfetchpartitionscached", GAUGE,
+           "Partitions in the cached fetch sessions (NumIncrementalFetchPartitionsCached)"),
+    Metric("kafka_server_fetchsessioncache_incrementalfetchsessionevictions", COUNTER,
+           "Fetch sessions evicted for new ones (IncrementalFetchSessionEvictionsPerSec)"),
     # -- logs (kafka.log:type=Log,name=...,topic=T,partition=P) ----------------------------------
     Metric("kafka_log_log_logendoffset", GAUGE, "Log end offset (= high watermark)", _TP),
     Metric("kafka_log_log_logstartoffset", GAUGE, "Log start offset", _TP),

@@ -101,22 +101,32 @@ def _check_version(jar: str) -> None:
 class JavaProgram:
     """``java_program(name, *args)`` runs ``name`` from tests/java/ (compiled on first use) and
     returns its output lines as {first word: the rest}, failing the test on a non-zero exit;
-    ``java_program.process(name, *args)`` returns the finished process, whatever its exit."""
+    ``java_program.process(name, *args)`` returns the finished process, whatever its exit;
+    ``java_program.popen(name, *args)`` the running one."""
 
     def __init__(self, out: str, classpath_jars: str) -> None:
         self.out = out
         self.classpath_jars = classpath_jars
         self.compiled: set[str] = set()
 
-    def process(self, name: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    def _command(self, name: str, args: tuple[str, ...]) -> list[str]:
         if name not in self.compiled:
             r = subprocess.run(["javac", "-cp", self.classpath_jars, "-d", self.out,
                                 os.path.join(JAVA_DIR, f"{name}.java")],
                                capture_output=True, text=True, timeout=300)
             assert r.returncode == 0, f"javac {name}.java:\n{r.stderr[-4000:]}"
             self.compiled.add(name)
-        return subprocess.run(["java", "-cp", os.pathsep.join([self.out, self.classpath_jars]),
-                               name, *args], capture_output=True, text=True, timeout=timeout)
+        return ["java", "-cp", os.pathsep.join([self.out, self.classpath_jars]), name, *args]
+
+    def process(self, name: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return subprocess.run(self._command(name, args), capture_output=True, text=True,
+                              timeout=timeout)
+
+    def popen(self, name: str, *args: str) -> subprocess.Popen:
+        """``name`` running, its stdin and stdout pipes of text lines (stderr discarded), for
+        programs driven line by line; the caller waits for it."""
+        return subprocess.Popen(self._command(name, args), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     def __call__(self, name: str, *args: str, timeout: float = 180) -> dict[str, str]:
         r = self.process(name, *args, timeout=timeout)

@@ -23,7 +23,7 @@ LAYERS = [
     {"appliance.protocol", "appliance.config", "appliance.config_print",
      "appliance.broker_dynamic_configs", "appliance.group_config"},
     {"appliance.ipc", "appliance.service", "appliance.runtime", "appliance.topic_config",
-     "appliance.data_layout", "appliance.reload"},
+     "appliance.data_layout", "appliance.reload", "appliance.fetch_session"},
     {"appliance.catalog", "appliance.log", "appliance.acl", "appliance.security",
      "appliance.metrics", "appliance.quota"},
     {"appliance.txn", "appliance.client"},
@@ -39,7 +39,8 @@ LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 CLIENT_SIDE = {"appliance.client", "appliance.spark"}
 BROKER_SIDE = {"appliance.ipc", "appliance.service", "appliance.catalog", "appliance.log",
                "appliance.metrics", "appliance.quota", "appliance.txn", "appliance.group", "appliance.api", "workers",
-               "appliance.supervisor", "appliance.runtime", "appliance.reload"}
+               "appliance.supervisor", "appliance.runtime", "appliance.reload",
+               "appliance.fetch_session"}
 
 
 def _modules(root: Path = ROOT) -> dict[str, Path]:

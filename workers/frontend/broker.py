@@ -28,6 +28,7 @@ from appliance.acl.authorizer import Authorizer
 from appliance.acl.store import PUBLISHED_FILE as ACL_PUBLISHED_FILE, AclView
 from appliance.catalog.model import Catalog, TopicInfo
 from appliance.errors import ErrorCode
+from appliance.fetch_session import FetchSessionCache
 from appliance.ipc import ProduceResult
 from appliance.log.reader import SegmentViews
 from appliance.metrics.client_telemetry import SNAPSHOT_PREFIX, ClientTelemetry
@@ -143,6 +144,11 @@ class Broker:
         self.loop: asyncio.AbstractEventLoop | None = None
         # Read-only maps of segment files, for splicing fetched ranges into responses.
         self.segment_views = SegmentViews()
+        # KIP-227: this frontend's share of the broker's fetch sessions (appliance.fetch_session).
+        n = max(1, len(ctx.frontends))
+        index = ctx.frontends.index(ctx.name) if ctx.name in ctx.frontends else 0
+        self.fetch_sessions = FetchSessionCache(
+            -(-ctx.config.server.max_incremental_fetch_session_cache_slots // n), index, n)
         self._topic_names: dict[bytes, str] = {}
         self._next_sweep = 0.0
         self._sweeping = False
@@ -191,6 +197,10 @@ class Broker:
         if now >= self._next_telemetry:
             self._next_telemetry = now + 1.0
             self._publish_telemetry()
+            if self.counters is not None:
+                fs = self.fetch_sessions
+                self.counters.fetch_sessions(len(fs.sessions), fs.partitions_cached(),
+                                             fs.evictions)
         if self._sweeping or now >= self._next_sweep:
             # Release the maps of segments retention deleted: a round every 5 s, a few
             # directories a tick (SegmentViews.sweep).

@@ -40,6 +40,7 @@ class FrontendMetrics:
         self._topics: dict[tuple[str, str], int] = {}
         # Open connections per listener (Kafka's socket-server-metrics, listener=NAME).
         self._connections: dict[str, int] = {}
+        self._session_slots: tuple[int, int, int] | None = None
         for name in listeners:
             # A restarted frontend starts with no connections.
             self.values[self._connection_slot(name)] = 0
@@ -72,6 +73,18 @@ class FrontendMetrics:
                         "kafka_network_requestmetrics_errors",
                         [("request", api), ("error", error_name(code))]))
                 v[slot] += n
+
+    def fetch_sessions(self, sessions: int, partitions: int, evictions: int) -> None:
+        """This frontend's fetch-session cache (KIP-227): two gauges and its evictions so far
+        (the collector sums the frontends')."""
+        slots = self._session_slots
+        if slots is None:
+            slots = self._session_slots = tuple(self.table.slot(key(name, [])) for name in (
+                "kafka_server_fetchsessioncache_numincrementalfetchsessions",
+                "kafka_server_fetchsessioncache_numincrementalfetchpartitionscached",
+                "kafka_server_fetchsessioncache_incrementalfetchsessionevictions"))
+        v = self.values
+        v[slots[0]], v[slots[1]], v[slots[2]] = sessions, partitions, evictions
 
     def topic(self, metric: str, topic: str, n: int = 1) -> None:
         """Add ``n`` to a per-topic counter (``kafka_server_brokertopicmetrics_...``)."""
