@@ -97,7 +97,16 @@ def test_java_consumers_read_through_a_session_and_close_it(appliance_factory, r
         # no error answered, so every one after the first was incremental in one session.
         app.wait_for(lambda: total(scrape(app.metrics_port), SESSIONS) == 1
                      and total(scrape(app.metrics_port), CACHED) == 24, what="a cached session")
+        # Records produced now reach it through the same session (it polls on, following the
+        # tail, until its stdin closes).
+        with RawClient(app.bootstrap) as raw:
+            plain(raw, "catch-up", 7, [b"tail-%d" % i for i in range(5)])
+        line = proc.stdout.readline().split()
+        while line != ["TAILED", "5"]:
+            assert line[:1] == ["TAILED"] and int(line[1]) < 5, line
+            line = proc.stdout.readline().split()
         proc.stdin.close()
+        assert proc.stdout.readline().split() == ["TAIL", "5"]
         assert proc.stdout.readline().strip() == "CLOSED"
         assert proc.wait(60) == 0
     finally:

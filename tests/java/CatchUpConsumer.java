@@ -6,8 +6,10 @@
 // Assigns the partitions START, START+STRIDE, ... below PARTITIONS (no group: assign, no
 // commits), takes their end offsets, seeks to the beginning, prints "READY", waits for a line
 // on stdin, then polls until every position has reached its end offset and prints
-// "DONE records bytes t0 t1" (value bytes; wall-clock seconds, comparable across processes), and
-// closes the consumer at the next line or the end of stdin, then prints "CLOSED".
+// "DONE records bytes t0 t1" (value bytes; wall-clock seconds, comparable across processes), then
+// follows the tail (polling on; "TAILED n" after each poll that brought records, n read since
+// DONE) until the next line or the end of stdin, prints "TAIL n", closes the consumer and prints
+// "CLOSED".
 // KEY=VALUE pairs are consumer settings over the client's defaults. Kafka's Java consumer fetches
 // through KIP-227 fetch sessions where the broker grants them, and closes them on close.
 import java.io.BufferedReader;
@@ -65,7 +67,24 @@ public class CatchUpConsumer {
             double t1 = System.currentTimeMillis() / 1000.0;
             System.out.println("DONE " + got + " " + bytes + " " + t0 + " " + t1);
             System.out.flush();
-            in.readLine();
+            // Then it follows the tail, polling, until a line or the end of stdin.
+            java.util.concurrent.atomic.AtomicBoolean stop = new java.util.concurrent.atomic.AtomicBoolean();
+            Thread reader = new Thread(() -> {
+                try { in.readLine(); } catch (java.io.IOException e) { }
+                stop.set(true);
+            });
+            reader.setDaemon(true);
+            reader.start();
+            long tail = 0;
+            while (!stop.get()) {
+                int n = c.poll(Duration.ofMillis(100)).count();
+                if (n > 0) {
+                    tail += n;
+                    System.out.println("TAILED " + tail);
+                    System.out.flush();
+                }
+            }
+            System.out.println("TAIL " + tail);
         }
         System.out.println("CLOSED");
         System.out.flush();
