@@ -112,6 +112,8 @@ def test_java_consumers_read_through_a_session_and_close_it(appliance_factory, r
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait(30)
+        proc.stdout.close()
     app.wait_for(lambda: total(scrape(app.metrics_port), SESSIONS) == 0, what="the session closed")
     m = scrape(app.metrics_port)
     errors = {dict(k)["error"]: v for k, v in m["kafka_network_requestmetrics_errors_total"].items()
