@@ -103,6 +103,10 @@ class ServerConfig(_Section):
     frontends: WorkerCount = 0
     # Fetch worker processes.
     fetchers: Annotated[int, msgspec.Meta(ge=1, le=MAX_WORKERS_PER_ROLE)] = 1
+    # Most bytes a Fetch is answered with, whatever the client's max_bytes asks (Kafka's broker
+    # fetch.max.bytes: the answer is min(request's max_bytes, this); a partition's first batch
+    # still goes out whole, KIP-74).
+    fetch_max_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 57671680
     # Incremental fetch sessions (KIP-227) kept, over all frontends (Kafka's
     # max.incremental.fetch.session.cache.slots); 0 = none (clients send full fetches).
     max_incremental_fetch_session_cache_slots: NonNegative = 1000

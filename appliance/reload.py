@@ -38,6 +38,7 @@ log = logging.getLogger("appliance.supervisor")
 # (a reload that changes one logs that it needs a restart). A whole section is named by "x.*".
 LIVE: dict[str, str] = {
     "server.socket_request_max_bytes": "frontends, for connections accepted after the reload",
+    "server.fetch_max_bytes": "frontends, from their next Fetch",
     "server.connections_max_idle_ms": "frontends",
     "server.connection_failed_authentication_delay_ms": "frontends",
     "server.internal_request_timeout_ms": "frontends and partition writers, for new requests",

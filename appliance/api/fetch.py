@@ -123,7 +123,8 @@ async def handle(ctx, req):
         asks.append(ipc.FetchPart(info.topic_id, p.partition, p.fetch_offset, p.partition_max_bytes))
     if asks:
         max_wait_ms = int(req.max_wait.total_seconds() * 1000)
-        max_bytes = getattr(req, "max_bytes", 0x7FFFFFFF)
+        # Kafka's KafkaApis: min(the request's max_bytes, the broker's fetch.max.bytes).
+        max_bytes = min(getattr(req, "max_bytes", 0x7FFFFFFF), broker.cfg.server.fetch_max_bytes)
         resp = await broker.call_fetcher(
             ipc.FetchRequest(max_wait_ms, req.min_bytes, max_bytes, isolation, asks),
             ctx.connection.fetcher, max_wait_ms / 1000 + broker.cfg.server.internal_request_timeout_ms / 1000,

@@ -187,3 +187,26 @@ def test_recreated_topic_does_not_serve_the_old_files(appliance):
             with RawClient(appliance.bootstrap) as r2:
                 assert decode_records(bytes(fetch(r2, "again", 0).records))[0].value == b"new" * 10
         assert decode_records(bytes(fetch(raw, "again", 0).records))[0].value == b"new" * 10
+
+
+def test_the_brokers_fetch_max_bytes_caps_every_answer_but_a_first_batch_goes_whole(appliance_factory):
+    """Kafka's broker fetch.max.bytes: the answer is min(the request's max_bytes, it); a first
+    batch larger than the limit is still sent whole (KIP-74), so that a consumer progresses."""
+    app = appliance_factory(server={"fetch_max_bytes": 3000})
+    with RawClient(app.bootstrap) as raw:
+        create(raw, "cap")
+        for i in range(4):
+            produce(raw, "cap", batch_of(10, start=10 * i))              # ~1.2 KB each
+        produce(raw, "cap", batch_of(40, start=40))                       # ~4.5 KB
+        sizes = []
+        offset = 0
+        while offset < 80:
+            p = fetch(raw, "cap", offset, max_bytes=50 << 20, part_max=50 << 20)
+            assert p.error_code == 0, p
+            batches = [h for _, h in iter_batch_headers(bytes(p.records or b""))]
+            assert batches, offset
+            sizes.append((len(batches), len(bytes(p.records))))
+            offset = batches[-1].last_offset + 1
+        # Two small batches fit in 3,000 bytes, a third does not; the big one goes alone, whole.
+        assert [n for n, _ in sizes] == [2, 2, 1], sizes
+        assert all(size <= 3000 for _, size in sizes[:2]) and sizes[2][1] > 3000, sizes
