@@ -56,7 +56,7 @@ from appliance.group.messages import (DescribedShareGroup, DescribedShareMember,
                                       ShareGroupHeartbeatResult, SharePartResult, TopicPartitions)
 from appliance.group.share_admin import ShareAdmin, SharePartitions
 from appliance.group.share_assignor import assign
-from appliance.group.share_partition import MAX_RECORD_LOCKS, SharePartition
+from appliance.group.share_partition import MAX_RECORD_LOCKS, RENEW, SharePartition
 from appliance.group.share_store import ShareKey, ShareLogWriteError, ShareSnapshot, ShareStateStore
 from appliance.service import Responder, serves
 
@@ -537,9 +537,11 @@ class ShareService(ShareAdmin):
                 now + cfg.record_lock_duration_ms if req.renew else None)
             if err != E.none:
                 r["ack_error"] = err
-            else:
+            elif not all(t == RENEW for b in p.acks for t in b.types):
                 dirty[sk] = sp
                 self._freed.add(req.group_id)
+            # RENEW alone (KIP-1222) moves only a lock's deadline, which the snapshot does not
+            # carry (ACQUIRED is written as AVAILABLE): nothing to write, nothing freed.
         if dirty:
             # The acknowledgements are answered only once written; when the write fails they
             # are undone, as Kafka's SharePartition rolls its state back on a failed persister

@@ -381,6 +381,21 @@ def test_share_acknowledge_renews_through_the_service_only_with_is_renew_ack(tmp
     env.svc.close()
 
 
+def test_a_renew_only_acknowledgement_writes_no_share_state(tmp_path) -> None:
+    """RENEW (KIP-1222) moves only a lock's deadline, which the snapshot does not carry: no
+    write for it (there was one per renew); an ACCEPT beside it is written."""
+    env = Env(tmp_path)
+    assert env.fetch("m", 0).parts[0].acquired == [(0, 4, 1)]
+    writes = []
+    real = env.store.write
+    env.store.write = lambda *a, **k: (writes.append(a), real(*a, **k))[1]
+    r = env.fetch("m", 1, acks=[(0, 4, 4)], acquire=False, renew=True)
+    assert r.parts[0].ack_error == E.none and writes == []
+    r = env.fetch("m", 2, acks=[(0, 1, 4), (2, 4, 1)], acquire=False, renew=True)
+    assert r.parts[0].ack_error == E.none and len(writes) == 1
+    env.svc.close()
+
+
 def test_regression_acknowledgements_whose_write_failed_stayed_done(tmp_path) -> None:
     """An ACCEPT whose share-state write failed (a full disk) was answered
     COORDINATOR_NOT_AVAILABLE but stayed applied in memory: the records were never delivered
