@@ -182,7 +182,7 @@ def _batch_consumer(bootstrap: str, topic: str, partitions: list[int], isolation
 
 
 def _java_consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, n: int,
-                      settings: dict, classpath: str) -> list[tuple[int, int, float, float]]:
+                      settings: dict, classpath: str, mark=None) -> list[tuple[int, int, float, float]]:
     """``n`` ``java CatchUpConsumer`` processes (tests/java/CatchUpConsumer.java), started
     together once every one is READY; their (records, bytes, start, end)."""
     import subprocess
@@ -196,6 +196,8 @@ def _java_consume_all(bootstrap: str, topic: str, partitions: int, isolation: st
             line = p.stdout.readline()
             if line.strip() != "READY":
                 raise RuntimeError(f"a Java consumer did not start: {line!r}")
+        if mark is not None:
+            mark()
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
@@ -217,11 +219,14 @@ def _java_consume_all(bootstrap: str, topic: str, partitions: int, isolation: st
 
 def consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, consumers: int,
                 client: str = "confluent", settings: dict | None = None,
-                classpath: str | None = None) -> tuple[float, int, int]:
-    """(seconds, records, bytes) of reading the whole topic with ``consumers`` processes."""
+                classpath: str | None = None, mark=None) -> tuple[float, int, int]:
+    """(seconds, records, bytes) of reading the whole topic with ``consumers`` processes;
+    ``mark()`` is called when they are all set up and start reading (the broker's CPU is taken
+    from there: the set-up's ListOffsets, 2,500 a consumer at 10,000 partitions, are not the
+    read's)."""
     if client == "java":
         results = _java_consume_all(bootstrap, topic, partitions, isolation,
-                                    min(consumers, partitions), settings or {}, classpath)
+                                    min(consumers, partitions), settings or {}, classpath, mark)
         return (max(r[3] for r in results) - min(r[2] for r in results),
                 sum(r[0] for r in results), sum(r[1] for r in results))
     ctx = mp.get_context("spawn")         # a fresh librdkafka per process (no fork of its threads)
@@ -237,6 +242,8 @@ def consume_all(bootstrap: str, topic: str, partitions: int, isolation: str, con
     for r in readies:
         if not r.wait(600):      # 2,500 ListOffsets each at 10,000 partitions, on a loaded machine
             raise RuntimeError("a consumer process did not start")
+    if mark is not None:
+        mark()
     go.set()
     results = [out.get(timeout=600) for _ in procs]
     for p in procs:
@@ -283,11 +290,12 @@ def measure(name: str, bootstrap: str, args, results: dict, pid: int | None = No
         results[(name, parts, "counts")] = (committed, aborted)
         for _ in range(args.rounds):
             for setting, iso in [(s, i) for s in args.settings for i in args.isolations]:
-                cpu0 = cpu_seconds(pid)
+                cpu0 = []
                 dt, got, nbytes = consume_all(bootstrap, topic, parts, iso, args.consumers, args.client,
-                                              settings_of(setting, args), args.classpath)
+                                              settings_of(setting, args), args.classpath,
+                                              lambda: cpu0.append(cpu_seconds(pid)))
                 results.setdefault((name, parts, (setting, iso), "cpu"), []).append(
-                    (cpu_seconds(pid) - cpu0) / max(got, 1) * 1e6)
+                    (cpu_seconds(pid) - cpu0[0]) / max(got, 1) * 1e6)
                 if got != expect[iso]:
                     wrong = (f"{name}, {parts} partition(s), {setting}, {iso}: delivered {got:,} "
                              f"records, expected {expect[iso]:,}")
