@@ -123,10 +123,15 @@ def test_metrics_move_with_produce_consume_a_transaction_and_a_group_join(applia
         scrape(port)), what="the group, Stable with its member, in the metrics")
     c.close()
 
-    # The coordinator publishes once a second: wait for its values, then check everything.
+    # The coordinator publishes once a second: wait for its values, then check everything. Its
+    # gauges go into its metrics table and the groups' offsets into a snapshot file, so one scrape
+    # can read the table before a publish and the file after it (seen: the lag exposed,
+    # numoffsets still 0): wait for both.
     m = app.wait_for(lambda: (lambda m: m if (val(m, "kafka_coordinator_transaction_aborts_total") or 0) >= 1
                               and val(m, "kafka_consumergroup_lag", group="mg", topic="m", partition=0)
-                              is not None else None)(scrape(port)),
+                              is not None
+                              and (val(m, "kafka_coordinator_group_groupmetadatamanager_numoffsets")
+                                   or 0) >= 1 else None)(scrape(port)),
                      what="the coordinator's metrics")
     assert val(m, "kafka_server_brokertopicmetrics_messagesin_total", topic="m") == 28
     assert val(m, "kafka_server_brokertopicmetrics_bytesin_total", topic="m") > 2000
