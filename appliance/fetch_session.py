@@ -170,8 +170,9 @@ class FetchSessionCache:
     def _new_id(self) -> int:
         top = MAX_ID // self._stride
         while True:
+            # Below top * stride <= MAX_ID, never 0.
             sid = self._rng.randint(1, top - 1) * self._stride + self._index
-            if 0 < sid <= MAX_ID and sid not in self.sessions:
+            if sid not in self.sessions:
                 return sid
 
     def _evict(self, size: int, now_ms: float) -> bool:
@@ -198,14 +199,13 @@ def next_epoch(epoch: int) -> int:
     return 1 if epoch == MAX_ID else epoch + 1
 
 
-def answer_incremental(ctx: Context, answered: list[tuple[tuple, object]],
-                       update: bool = True) -> set[tuple]:
-    """The keys of an incremental answer's partitions ([(key, answered partition)] in reading
-    order) that the client is told of; with ``update`` (the answer is sent) those move to the
-    end of the session's order and the session remembers what they said."""
+def answer_incremental(ctx: Context, answered: list[tuple], update: bool = True) -> set[tuple]:
+    """The keys of an incremental answer's partitions ([(key, answered partition, ...)] in
+    reading order) that the client is told of; with ``update`` (the answer is sent) those move
+    to the end of the session's order and the session remembers what they said."""
     partitions = ctx.session.partitions
     sent = []
-    for key, fp in answered:
+    for key, fp, *_ in answered:
         cached = partitions.get(key)
         if cached is not None and cached.must_respond(
                 bool(fp.records), fp.error_code, fp.high_watermark, fp.log_start_offset, update):

@@ -258,19 +258,12 @@ def cpu_seconds(pid: int | None) -> float:
     if pid is None:
         return 0.0
     import psutil
+    from bench_scale import cpu_seconds as cpu_of
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return cpu_of([root, *root.children(recursive=True)])
     except psutil.NoSuchProcess:
         return 0.0
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def measure(name: str, bootstrap: str, args, results: dict, pid: int | None = None) -> None:

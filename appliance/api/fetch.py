@@ -156,7 +156,8 @@ async def handle(ctx, req):
                 records = []
             fp.records = records
     session_id = 0
-    if session_ctx.session is not None:
+    incremental = session_ctx.session is not None
+    if incremental:
         session_id = session_ctx.session.id
         if session_ctx.session.epoch != session_ctx.expected_epoch:
             # Another fetch of this session came and moved its epoch while this one was read
@@ -165,39 +166,36 @@ async def handle(ctx, req):
             parts, _ = encode_fetch_response(v, 0, int(ErrorCode.invalid_fetch_session_epoch),
                                              session_id, [])
             return parts
-    if not broker.quotas.any:
-        if session_ctx.session is not None:
-            topics = _regroup(answered, answer_incremental(session_ctx, [(k, fp) for k, fp, _ in answered]))
-        elif session_ctx.create:
-            session_id = sessions.create(v, [(k, entries[k], fp) for k, fp, _ in answered],
-                                         time.monotonic() * 1000)
-        _count(ctx, catalog, topics)
+    quotas = broker.quotas.any
+    if incremental:
+        # Without quotas the answer surely goes out, so the session remembers what it says at
+        # once; with them it is only sized first (a throttled answer sends none of it).
+        topics = _regroup(answered, answer_incremental(session_ctx, answered, update=not quotas))
+    parts = None
+    if quotas:
+        # KIP-13: the response's bytes against consumer_byte_rate, the request's time against
+        # request_percentage. Throttled by either, Kafka's handleFetchRequest answers no records
+        # (FetchContext.getThrottledResponse: error NONE, the throttle time, session id 0 for a
+        # full fetch, no partitions), takes the bytes back from the byte-rate quota
+        # (unrecordQuotaSensor) and mutes the connection for the throttle time (KIP-219); the
+        # client fetches the same offsets again after it. Nothing was sent: no bytes out. A
+        # full fetch's throttled answer creates no session; an incremental one keeps its
+        # session, whose cached partitions are not updated (they were not sent).
+        parts, size = encode_fetch_response(v, 0, 0, session_id, topics)
+        throttle = ctx.throttle(FETCH_QUOTA, size)
+        if throttle:
+            ctx.unrecord(FETCH_QUOTA, size)
+            parts, _ = encode_fetch_response(v, throttle, 0, session_id, [])
+            _count(ctx, catalog, [])
+            return parts
+        if incremental:
+            answer_incremental(session_ctx, answered)
+    if session_ctx.create:
+        session_id = sessions.create(v, [(k, entries[k], fp) for k, fp, _ in answered],
+                                     time.monotonic() * 1000)
+        parts = None
+    if parts is None:
         parts, _ = encode_fetch_response(v, 0, 0, session_id, topics)
-        return parts
-    # KIP-13: the response's bytes against consumer_byte_rate, the request's time against
-    # request_percentage. Throttled by either, Kafka's handleFetchRequest answers no records
-    # (FetchContext.getThrottledResponse: error NONE, the throttle time, session id 0 for a
-    # full fetch, no partitions), takes the bytes back from the byte-rate quota
-    # (unrecordQuotaSensor) and mutes the connection for the throttle time (KIP-219); the
-    # client fetches the same offsets again after it. Nothing was sent: no bytes out.
-    # A full fetch's throttled answer creates no session (FullFetchContext.getThrottledResponse:
-    # session id 0); an incremental one keeps its session, whose cached partitions are not
-    # updated (they were not sent).
-    if session_ctx.session is not None:
-        topics = _regroup(answered, answer_incremental(session_ctx, [(k, fp) for k, fp, _ in answered], update=False))
-    parts, size = encode_fetch_response(v, 0, 0, session_id, topics)
-    throttle = ctx.throttle(FETCH_QUOTA, size)
-    if throttle:
-        ctx.unrecord(FETCH_QUOTA, size)
-        topics = []
-        parts, _ = encode_fetch_response(v, throttle, 0, session_id, topics)
-    else:
-        if session_ctx.session is not None:
-            answer_incremental(session_ctx, [(k, fp) for k, fp, _ in answered])
-        elif session_ctx.create:
-            session_id = sessions.create(v, [(k, entries[k], fp) for k, fp, _ in answered],
-                                         time.monotonic() * 1000)
-            parts, _ = encode_fetch_response(v, 0, 0, session_id, topics)
     _count(ctx, catalog, topics)
     return parts
 
